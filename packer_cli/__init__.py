@@ -1,2 +1,27 @@
-"""packer: offline sequence packing for LLM fine-tuning."""
+"""packer: offline sequence packing for LLM fine-tuning.
+
+::
+
+    from packer_cli import PackSpec, pack, first_fit_decreasing
+    summary = pack(["train.parquet"], "packed/", PackSpec(pack_size=4096, cp=2))
+
+The CLI (``packer pack|inspect|verify``) is a thin layer over these functions.
+"""
 __version__ = "0.1.0"
+
+from packer_cli.errors import ConfigError, DataError, PackerError  # noqa: E402
+from packer_cli.plan import first_fit_decreasing  # noqa: E402
+from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec  # noqa: E402
+
+
+def pack(*args, **kwargs):
+    """Pack tokenized samples into THD-ready shards; see :func:`packer_cli.pipeline.pack`."""
+    from packer_cli.pipeline import pack as _pack
+
+    return _pack(*args, **kwargs)
+
+
+__all__ = [
+    "Algorithm", "BadRecordPolicy", "ConfigError", "DataError", "OverlongPolicy", "PackSpec",
+    "PackerError", "SourceSpec", "first_fit_decreasing", "pack",
+]

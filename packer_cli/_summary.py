@@ -1,0 +1,117 @@
+"""The result of a pack run: counts, quality against lower bounds, Bridge's metadata keys.
+
+One object serves the summary table, ``--json`` and ``metadata.json`` so the three always agree.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from packer_cli.plan import martello_toth_l2
+from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION
+from packer_cli.spec import OverlongPolicy, PackSpec
+
+
+def bridge_keys(pack_load: np.ndarray, seqs_per_pack: np.ndarray, padded: np.ndarray, pack_size: int) -> dict:
+    """Megatron-Bridge's six metadata keys, in runtime tokens including alignment padding."""
+    return {
+        "dataset_max_seqlen": int(padded.max()),
+        "max_samples_per_bin": int(seqs_per_pack.max()),
+        "packing_factor": round(float(padded.size / pack_load.size), 2),
+        "packing_efficiency": round(float(pack_load.mean() / pack_size * 100), 2),
+        "pack_size": int(pack_size),
+        "min_packed_seqlen": int(pack_load.min()),
+    }
+
+
+@dataclass
+class PackSummary:
+    spec: dict
+    source: dict
+    counts: dict
+    quality: dict
+    bridge: dict
+    static: dict
+    bad_records: list
+    out: str | None
+    dry_run: bool
+
+    def to_dict(self) -> dict:
+        return {
+            "out": self.out, "dry_run": self.dry_run, "spec": self.spec, "source": self.source,
+            "counts": self.counts, "quality": self.quality, "bridge": self.bridge, "static": self.static,
+            "bad_records": self.bad_records,
+        }
+
+    def metadata(self, version: str) -> dict:
+        record = self.to_dict()
+        record.pop("out")
+        record.pop("dry_run")
+        record.update(format=FORMAT_NAME, format_version=FORMAT_VERSION, packer_version=version)
+        return record
+
+
+def summarize(*, spec: PackSpec, files, stream, read_counts, bad_listed, lengths, targets, dropped, seqs,
+              overlong, plan, pack_order, out, dry_run) -> PackSummary:
+    C = spec.pack_size
+    n_packs = plan.num_packs
+    seqs_per_pack = np.diff(plan.pack_offsets)
+    padded_total = int(seqs.padded.sum())
+    runtime_total = int(seqs.length.sum())
+    kept = ~dropped
+    targets_kept = int(targets[kept].sum())
+    if spec.overlong is OverlongPolicy.TRUNCATE:
+        targets_kept -= overlong.targets_lost
+    lower = -(-padded_total // C)
+    l2 = int(martello_toth_l2(seqs.padded, C))
+    counts = {
+        "records": read_counts["records"],
+        "bad_records": read_counts["bad_records"],
+        "too_short_dropped": read_counts["too_short"],
+        "no_target_samples": int(((targets == 0) & kept).sum()),
+        "samples_packed": int(kept.sum()),
+        "sequences": int(seqs.padded.size),
+        "packs": int(n_packs),
+        "runtime_tokens": runtime_total,
+        "padded_tokens": padded_total,
+        "target_tokens": int(targets_kept),
+        "alignment_padding": padded_total - runtime_total,
+        "tail_padding": n_packs * C - padded_total,
+        "overlong": {
+            "policy": spec.overlong.value,
+            "samples": overlong.samples,
+            "tokens_lost": overlong.tokens_lost,
+            "target_tokens_lost": overlong.targets_lost,
+            "extra_pieces": max(0, overlong.pieces - overlong.samples),
+            "dropped": int(dropped.sum()),
+        },
+    }
+    quality = {
+        "efficiency": runtime_total / (n_packs * C),
+        "fill": padded_total / (n_packs * C),
+        "lower_bound": lower,
+        "gap_to_lower_bound": n_packs - lower,
+        "gap_to_lower_bound_pct": 100.0 * (n_packs - lower) / lower,
+        "l2_bound": l2,
+        "gap_to_l2": n_packs - l2,
+        "gap_to_l2_pct": 100.0 * (n_packs - l2) / l2,
+    }
+    bridge = bridge_keys(plan.pack_load, seqs_per_pack, seqs.padded, C)
+    static = {
+        "pack_len": C if spec.pad_to_max_length else None,
+        "cu_seqlens_len": bridge["max_samples_per_bin"] + 2,
+        "max_seqlen": (max(bridge["dataset_max_seqlen"], C - bridge["min_packed_seqlen"])
+                       if spec.pad_to_max_length else bridge["dataset_max_seqlen"]),
+    }
+    sup = stream.supervision
+    source = {
+        "inputs": [{"path": os.path.abspath(f.path), "format": f.format, "bytes": f.size} for f in files],
+        "tokens_field": stream.spec.tokens_field,
+        "supervision": {"kind": sup.kind, "field": sup.field},
+        "vocab_size": stream.spec.vocab_size,
+        "on_bad_record": stream.spec.on_bad_record.value,
+    }
+    return PackSummary(spec=spec.as_dict(), source=source, counts=counts, quality=quality, bridge=bridge,
+                       static=static, bad_records=bad_listed, out=out, dry_run=dry_run)

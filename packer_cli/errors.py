@@ -1,0 +1,33 @@
+"""Errors packer raises on purpose, each mapped to one exit code.
+
+Anything a user can cause (bad options, bad data) is a :class:`PackerError`; the CLI turns
+it into a one-line message and an exit code, never a traceback.
+"""
+from __future__ import annotations
+
+
+class PackerError(Exception):
+    """Base of every error packer reports to users."""
+
+    exit_code = 1
+
+
+class ConfigError(PackerError):
+    """The options or the spec are unusable (exit code 2)."""
+
+    exit_code = 2
+
+
+class DataError(PackerError):
+    """The input data is bad: malformed, missing fields, out-of-range ids (exit code 1)."""
+
+    exit_code = 1
+
+
+class BadRecord(DataError):
+    """One record is bad; carries where it is so `--on-bad-record skip` can count it."""
+
+    def __init__(self, path: str, row: int, reason: str, *, line: int | None = None):
+        self.path, self.row, self.reason, self.line = path, row, reason, line
+        where = f"line {line}" if line is not None else f"row {row}"
+        super().__init__(f"{path}: {where}: {reason}")

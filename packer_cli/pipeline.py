@@ -1,0 +1,242 @@
+"""`pack()`: read → plan → write, the typed API the CLI is a thin layer over.
+
+::
+
+    inputs ─read─▶ spill (tokens, targets) + lengths ─sequences─▶ padded lengths
+           ─plan─▶ packs ─shuffle─▶ gather ─▶ packs-*.arrow ─▶ manifest.json, metadata.json ─rename─▶ OUT
+
+Pass one streams every input once, validating records and appending their tokens to flat
+spill files in the temporary output directory; only per-sample lengths stay in memory. The
+plan needs only the padded lengths. Pass two gathers each pack's tokens from the memory-mapped
+spill with a compiled kernel and writes shards. Everything is written into a temporary
+sibling directory that is renamed into place at the end, so OUT either is complete or absent.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from packer_cli import __version__
+from packer_cli._sequences import SequenceTable, build_sequences
+from packer_cli._summary import PackSummary, summarize
+from packer_cli.errors import ConfigError, DataError
+from packer_cli.plan import plan_packs
+from packer_cli.progress import Progress
+from packer_cli.shards._gather import gather_packs
+from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE
+from packer_cli.shards.writer import ShardWriter, pack_record_batch
+from packer_cli.sources import SampleStream, discover_inputs
+from packer_cli.spec import PackSpec, SourceSpec
+
+DEFAULT_SHARD_BYTES = 256 << 20
+BATCH_TOKENS = 8 << 20  # tokens per record batch: bounds gather memory (~45 MB)
+MAX_LISTED_BAD = 1000
+
+
+@dataclass
+class _Samples:
+    """Per-sample columns collected in pass one (the only per-sample state kept in memory)."""
+
+    lengths: list = field(default_factory=list)
+    source_index: list = field(default_factory=list)
+    targets: list = field(default_factory=list)
+    tail_targets: list = field(default_factory=list)
+
+    def arrays(self):
+        cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)  # noqa: E731
+        return cat(self.lengths), cat(self.source_index), cat(self.targets), cat(self.tail_targets)
+
+
+def _target_counts(batch, cap: int):
+    """Runtime targets per sample (Σ targets[1:n]) and those past a truncation at ``cap``."""
+    ends = np.cumsum(batch.lengths)
+    starts = ends - batch.lengths
+    cs = np.concatenate([[0], np.cumsum(batch.targets, dtype=np.int64)])
+    first = batch.targets[starts].astype(np.int64) if starts.size else np.zeros(0, dtype=np.int64)
+    runtime = cs[ends] - cs[starts] - first
+    tail = cs[ends] - cs[np.minimum(starts + cap + 1, ends)]
+    return runtime, tail
+
+
+def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress: Progress):
+    """Pass one: validate, spill tokens/targets, keep lengths and counts."""
+    samples = _Samples()
+    counts = {"records": 0, "too_short": 0, "bad_records": 0}
+    bad_listed: list[dict] = []
+    tok_file = tgt_file = None
+    if spill_dir:
+        tok_file = open(os.path.join(spill_dir, "tokens.bin"), "wb")
+        tgt_file = open(os.path.join(spill_dir, "targets.bin"), "wb")
+    try:
+        task = progress.task("reading", total=None, unit="samples")
+        for batch in stream:
+            counts["records"] += batch.records
+            counts["too_short"] += batch.too_short
+            counts["bad_records"] += len(batch.bad)
+            for bad in batch.bad[: max(0, MAX_LISTED_BAD - len(bad_listed))]:
+                bad_listed.append({"path": bad.path, "row": bad.row, "line": bad.line, "reason": bad.reason})
+            if batch.lengths.size:
+                runtime, tail = _target_counts(batch, cap)
+                samples.lengths.append(batch.lengths)
+                samples.source_index.append(batch.source_index)
+                samples.targets.append(runtime)
+                samples.tail_targets.append(tail)
+                if tok_file:
+                    batch.tokens.tofile(tok_file)
+                    batch.targets.tofile(tgt_file)
+            progress.advance(task, batch.records)
+    finally:
+        if tok_file:
+            tok_file.close()
+            tgt_file.close()
+    return samples, counts, bad_listed
+
+
+def _output_sequences(plan, pack_order: np.ndarray):
+    """Sequence indices in output order and the per-output-pack offsets into them."""
+    sizes = np.diff(plan.pack_offsets)[pack_order]
+    starts = plan.pack_offsets[:-1][pack_order]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    idx = np.repeat(starts - offsets[:-1], sizes) + np.arange(offsets[-1])
+    return plan.order[idx], offsets
+
+
+def _write_shards(tmp: str, spill_dir: str, seqs: SequenceTable, sample_start, source_index,
+                  plan, pack_order, spec: PackSpec, shard_bytes: int, progress: Progress) -> list[dict]:
+    order, pack_offsets = _output_sequences(plan, pack_order)
+    seq_sample, seq_offset = seqs.sample[order], seqs.offset[order]
+    seq_len, seq_pad = seqs.length[order], seqs.padded[order]
+    spill_tokens = np.memmap(os.path.join(spill_dir, "tokens.bin"), dtype=np.int32, mode="r")
+    spill_targets = np.memmap(os.path.join(spill_dir, "targets.bin"), dtype=np.uint8, mode="r")
+    pack_tokens = np.concatenate([[0], np.cumsum(plan.pack_load[pack_order])])
+    writer = ShardWriter(tmp, shard_bytes)
+    n_packs = pack_order.size
+    task = progress.task("writing", total=n_packs, unit="packs")
+    a = 0
+    while a < n_packs:
+        b = int(np.searchsorted(pack_tokens, pack_tokens[a] + BATCH_TOKENS, side="right")) - 1
+        b = min(max(b, a + 1), n_packs)
+        s0, s1 = pack_offsets[a], pack_offsets[b]
+        run_offsets = pack_offsets[a:b + 1] - s0
+        sl = slice(s0, s1)
+        tokens, mask, last, cu = gather_packs(
+            spill_tokens, spill_targets, sample_start, seq_sample[sl], seq_offset[sl],
+            seq_len[sl], seq_pad[sl], run_offsets, spec.pad_id,
+        )
+        batch = pack_record_batch(tokens, mask, cu, seq_len[sl], last, source_index[seq_sample[sl]],
+                                  seq_offset[sl], run_offsets)
+        writer.write(batch, int(tokens.size))
+        progress.advance(task, b - a)
+        a = b
+    del spill_tokens, spill_targets
+    return writer.finish()
+
+
+def _write_json(path: str, obj) -> None:
+    import orjson
+
+    with open(path, "wb") as f:
+        f.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+
+
+def _prepare_out(out: str, overwrite: bool) -> str:
+    out = os.path.normpath(out)
+    if os.path.exists(out) and not overwrite:
+        raise ConfigError(f"{out} already exists; pass --overwrite to replace it")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"{out} exists and is not a directory")
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        raise ConfigError(f"{parent}: output parent directory does not exist")
+    tmp = f"{out}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    return tmp
+
+
+def _commit(tmp: str, out: str) -> None:
+    """Rename the finished temporary directory into place (replacing OUT if allowed)."""
+    out = os.path.normpath(out)
+    trash = None
+    if os.path.exists(out):
+        trash = f"{out}.old-{os.getpid()}"
+        os.rename(out, trash)
+    os.rename(tmp, out)
+    if trash:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def pack(
+    inputs: list[str],
+    out: str | None,
+    spec: PackSpec,
+    source: SourceSpec = SourceSpec(),
+    *,
+    overwrite: bool = False,
+    dry_run: bool = False,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    progress: bool = False,
+    warn: Callable[[str], None] | None = None,
+) -> PackSummary:
+    """Pack tokenized samples from ``inputs`` into ``out`` (nothing is written with ``dry_run``).
+
+    Raises :class:`ConfigError` for unusable options and :class:`DataError` for bad data;
+    on any error nothing is left at ``out``.
+    """
+    spec.validate()
+    source.validate()
+    if shard_bytes < 1:
+        raise ConfigError(f"shard size must be positive, got {shard_bytes}")
+    files = discover_inputs(list(inputs))
+    if not dry_run and not out:
+        raise ConfigError("an output directory (-o OUT) is required unless --dry-run")
+    tmp = None if dry_run else _prepare_out(out, overwrite)
+    spill_dir = None
+    try:
+        if tmp:
+            spill_dir = os.path.join(tmp, "_spill")
+            os.makedirs(spill_dir)
+        with Progress(enabled=progress) as bar:
+            stream = SampleStream(files, source)
+            samples, read_counts, bad_listed = _read_inputs(stream, spill_dir, spec.max_sequence_length, bar)
+            lengths, source_index, targets, tail_targets = samples.arrays()
+            if read_counts["records"] == 0:
+                raise DataError(f"{files[0].path}: empty input (no records)")
+            seqs, overlong, dropped = build_sequences(
+                lengths, tail_targets, targets, spec,
+                locate=lambda k: stream.locate(int(source_index[k])),
+            )
+            if seqs.padded.size == 0:
+                raise DataError("no samples left to pack (all were too short, bad or dropped)")
+            task = bar.task("planning", total=None, unit="sequences")
+            plan = plan_packs(seqs.padded, spec.pack_size, spec.algorithm.value, seed=spec.seed)
+            bar.advance(task, seqs.padded.size)
+            pack_order = (np.random.default_rng(spec.seed).permutation(plan.num_packs)
+                          if spec.shuffle else np.arange(plan.num_packs))
+            manifest = None
+            if tmp:
+                sample_start = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+                entries = _write_shards(tmp, spill_dir, seqs, sample_start, source_index, plan,
+                                        pack_order, spec, shard_bytes, bar)
+                manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "shards": entries}
+        summary = summarize(
+            spec=spec, files=files, stream=stream, read_counts=read_counts, bad_listed=bad_listed,
+            lengths=lengths, targets=targets, dropped=dropped, seqs=seqs, overlong=overlong,
+            plan=plan, pack_order=pack_order, out=out, dry_run=dry_run,
+        )
+        if summary.counts["no_target_samples"] and warn:
+            warn(f"{summary.counts['no_target_samples']} samples have no target tokens (kept, they add no loss)")
+        if tmp:
+            shutil.rmtree(spill_dir)
+            _write_json(os.path.join(tmp, MANIFEST_FILE), manifest)
+            _write_json(os.path.join(tmp, METADATA_FILE), summary.metadata(__version__))
+            _commit(tmp, out)
+            tmp = None
+        return summary
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,26 @@
+"""Compiler flags and limits shared by every kernel in :mod:`packer_cli.plan`.
+
+Kernels never hard-code numba options; they use ``@njit(**NJIT_FLAGS)`` so the
+flags can be changed in one place.
+"""
+
+from __future__ import annotations
+
+#: Flags passed to every ``numba.njit`` kernel of the planner. ``cache=True``
+#: stores compiled code next to the sources; ``nogil=True`` lets callers run
+#: kernels from worker threads; ``error_model="numpy"`` drops the
+#: division-by-zero checks (the wrappers guarantee non-zero divisors).
+NJIT_FLAGS: dict = {
+    "cache": True,
+    "nogil": True,
+    "fastmath": False,
+    "boundscheck": False,
+    "error_model": "numpy",
+}
+
+#: Largest pack capacity accepted by the planner. Best-fit and the L2 bound use
+#: tables indexed by capacity, so their memory grows linearly with it.
+MAX_CAPACITY: int = 1 << 24
+
+#: Dtypes the kernels accept for ``lengths`` (anything else is converted to int64).
+KERNEL_DTYPES = ("int32", "int64")

@@ -1,0 +1,468 @@
+"""Private numba kernels of the planner.
+
+Every kernel takes contiguous ``int32``/``int64`` arrays and plain integers and
+trusts its caller: validation (lengths in ``[1, capacity]``, capacity in range)
+is done by the Python wrappers in :mod:`packer_cli.plan.algorithms`.
+
+Pack numbers are dense and follow opening order. "Placement order" is the order
+in which an algorithm assigned items; the grouping kernel turns it into the
+``order``/``pack_offsets`` layout of :class:`packer_cli.plan.PackPlan`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ._config import NJIT_FLAGS
+
+# ---------------------------------------------------------------------------
+# Ordering
+# ---------------------------------------------------------------------------
+
+
+@njit(**NJIT_FLAGS)
+def _length_histogram(lengths, capacity):
+    """Count items per length.
+
+    Parameters
+    ----------
+    lengths : int32[:] or int64[:]
+        Item lengths, each in ``[1, capacity]``.
+    capacity : int
+        Largest possible length.
+
+    Returns
+    -------
+    counts : int64[capacity + 1]
+        ``counts[L]`` is the number of items of length ``L``.
+    """
+    counts = np.zeros(capacity + 1, np.int64)
+    for i in range(lengths.shape[0]):
+        counts[lengths[i]] += 1
+    return counts
+
+
+@njit(**NJIT_FLAGS)
+def _order_decreasing(lengths, counts):
+    """Stable counting sort: items by decreasing length, ties by input index.
+
+    Parameters
+    ----------
+    lengths : int32[:] or int64[:]
+        Item lengths.
+    counts : int64[:]
+        Histogram from :func:`_length_histogram`.
+
+    Returns
+    -------
+    order : int64[N]
+        Item indices in processing order.
+    """
+    capacity = counts.shape[0] - 1
+    start = np.empty(capacity + 1, np.int64)
+    acc = 0
+    for length in range(capacity, -1, -1):
+        start[length] = acc
+        acc += counts[length]
+    order = np.empty(lengths.shape[0], np.int64)
+    for i in range(lengths.shape[0]):
+        length = lengths[i]
+        order[start[length]] = i
+        start[length] += 1
+    return order
+
+
+@njit(**NJIT_FLAGS)
+def _order_increasing(lengths, counts):
+    """Stable counting sort: items by increasing length, ties by input index.
+
+    Returns
+    -------
+    order : int64[N]
+        Item indices; bucket ``L`` occupies ``order[starts[L]:starts[L + 1]]``.
+    starts : int64[capacity + 2]
+        Bucket boundaries.
+    """
+    capacity = counts.shape[0] - 1
+    starts = np.empty(capacity + 2, np.int64)
+    acc = 0
+    for length in range(capacity + 1):
+        starts[length] = acc
+        acc += counts[length]
+    starts[capacity + 1] = acc
+    fill = starts[: capacity + 1].copy()
+    order = np.empty(lengths.shape[0], np.int64)
+    for i in range(lengths.shape[0]):
+        length = lengths[i]
+        order[fill[length]] = i
+        fill[length] += 1
+    return order, starts
+
+
+# ---------------------------------------------------------------------------
+# Max segment tree (leaves at tree[size:], root at tree[1])
+# ---------------------------------------------------------------------------
+
+
+@njit(**NJIT_FLAGS)
+def _tree_find_first(tree, size, lo, need):
+    """Leftmost leaf index ``>= lo`` whose value is ``>= need``, or -1.
+
+    Parameters
+    ----------
+    tree : int32[2 * size] or int64[2 * size]
+        Max segment tree; node ``i`` has children ``2i`` and ``2i + 1``.
+    size : int
+        Number of leaves (a power of two).
+    lo : int
+        First leaf considered.
+    need : int
+        Threshold.
+    """
+    if lo >= size:
+        return -1
+    i = lo + size
+    while tree[i] < need:
+        # Move to the next subtree on the right: climb while i is a right child.
+        while i & 1:
+            i >>= 1
+        if i == 0:
+            return -1
+        i += 1
+    while i < size:
+        i <<= 1
+        if tree[i] < need:
+            i += 1
+    return i - size
+
+
+@njit(**NJIT_FLAGS)
+def _tree_set(tree, size, leaf, value):
+    """Set a leaf and repair its ancestors (stops as soon as nothing changes)."""
+    i = leaf + size
+    tree[i] = value
+    i >>= 1
+    while i >= 1:
+        left = tree[2 * i]
+        right = tree[2 * i + 1]
+        best = left if left >= right else right
+        if tree[i] == best:
+            break
+        tree[i] = best
+        i >>= 1
+
+
+# ---------------------------------------------------------------------------
+# First fit
+# ---------------------------------------------------------------------------
+
+
+@njit(**NJIT_FLAGS)
+def _ffd(lengths, order, counts, capacity, tree):
+    """First-fit decreasing over items already ordered by decreasing length.
+
+    Equal lengths are handled as one group: once a pack has taken items of
+    length ``L`` the next item of that length can only go to the same pack or
+    to a later one (earlier packs had no room and never gain any), so the
+    search restarts from there, and a pack takes ``min(remaining // L, left)``
+    items at once.
+
+    Parameters
+    ----------
+    lengths : int32[:] or int64[:]
+        Item lengths in ``[1, capacity]``.
+    order : int64[N]
+        Items by decreasing length, ties by index (:func:`_order_decreasing`).
+    counts : int64[capacity + 1]
+        Histogram of ``lengths``.
+    capacity : int
+        Pack capacity.
+    tree : int32[2 * size]
+        Work array; ``size`` (a power of two) must be at least the number of
+        packs the run can open. Overwritten.
+
+    Returns
+    -------
+    pack_of_item : int64[N]
+    num_packs : int
+    """
+    n = lengths.shape[0]
+    size = tree.shape[0] // 2
+    tree[:] = capacity  # unopened packs read as empty packs
+    pack_of_item = np.empty(n, np.int64)
+    num_packs = 0
+    pos = 0
+    for length in range(capacity, 0, -1):
+        end = pos + counts[length]
+        pack = 0
+        while pos < end:
+            pack = _tree_find_first(tree, size, pack, length)
+            room = tree[size + pack]
+            take = room // length
+            if take > end - pos:
+                take = end - pos
+            for j in range(pos, pos + take):
+                pack_of_item[order[j]] = pack
+            pos += take
+            _tree_set(tree, size, pack, room - take * length)
+            if pack >= num_packs:
+                num_packs = pack + 1
+            pack += 1
+    return pack_of_item, num_packs
+
+
+@njit(**NJIT_FLAGS)
+def _first_fit(seq_lengths, capacity, tree):
+    """Plain first fit in the given order (leftmost pack with room).
+
+    Parameters
+    ----------
+    seq_lengths : int64[M]
+        Lengths in processing order.
+    capacity : int
+        Pack capacity.
+    tree : int32[2 * size]
+        Work array as in :func:`_ffd`.
+
+    Returns
+    -------
+    pack_of_position : int64[M]
+        Pack of the ``k``-th processed length.
+    num_packs : int
+    """
+    m = seq_lengths.shape[0]
+    size = tree.shape[0] // 2
+    tree[:] = capacity
+    pack_of_position = np.empty(m, np.int64)
+    num_packs = 0
+    for k in range(m):
+        length = seq_lengths[k]
+        pack = _tree_find_first(tree, size, 0, length)
+        _tree_set(tree, size, pack, tree[size + pack] - length)
+        pack_of_position[k] = pack
+        if pack >= num_packs:
+            num_packs = pack + 1
+    return pack_of_position, num_packs
+
+
+# ---------------------------------------------------------------------------
+# Best fit: capacity-indexed tree of non-empty buckets + one pairing heap of
+# pack numbers per remaining-capacity bucket (ties go to the lowest pack).
+# ---------------------------------------------------------------------------
+
+
+@njit(**NJIT_FLAGS)
+def _heap_meld(a, b, child, sibling):
+    if a < 0:
+        return b
+    if b < 0:
+        return a
+    if a < b:
+        sibling[b] = child[a]
+        child[a] = b
+        return a
+    sibling[a] = child[b]
+    child[b] = a
+    return b
+
+
+@njit(**NJIT_FLAGS)
+def _heap_pop(root, child, sibling, stack):
+    """Remove the root of a pairing heap; return the new root (two-pass pairing)."""
+    c = child[root]
+    child[root] = -1
+    top = 0
+    while c >= 0:
+        a = c
+        b = sibling[a]
+        sibling[a] = -1
+        if b < 0:
+            stack[top] = a
+            top += 1
+            break
+        c = sibling[b]
+        sibling[b] = -1
+        stack[top] = _heap_meld(a, b, child, sibling)
+        top += 1
+    if top == 0:
+        return -1
+    res = stack[top - 1]
+    for j in range(top - 2, -1, -1):
+        res = _heap_meld(stack[j], res, child, sibling)
+    return res
+
+
+@njit(**NJIT_FLAGS)
+def _bfd(lengths, order, capacity, max_packs, flag_tree):
+    """Best-fit decreasing.
+
+    Each item (decreasing length, ties by index) goes to the pack with the
+    least remaining room that still fits, ties to the lowest pack number;
+    otherwise a new pack is opened.
+
+    Parameters
+    ----------
+    lengths : int32[:] or int64[:]
+        Item lengths in ``[1, capacity]``.
+    order : int64[N]
+        Processing order.
+    capacity : int
+        Pack capacity.
+    max_packs : int
+        Upper bound on the number of packs.
+    flag_tree : int32[2 * size]
+        Work array, ``size >= capacity + 1``; leaf ``r`` is 1 when some pack
+        has exactly ``r`` free tokens. Overwritten.
+
+    Returns
+    -------
+    pack_of_item : int64[N]
+    num_packs : int
+    """
+    n = lengths.shape[0]
+    size = flag_tree.shape[0] // 2
+    flag_tree[:] = 0
+    bucket_root = np.full(capacity + 1, -1, np.int64)
+    child = np.full(max_packs, -1, np.int64)
+    sibling = np.full(max_packs, -1, np.int64)
+    stack = np.empty(max_packs, np.int64)
+    room = np.empty(max_packs, np.int64)
+    pack_of_item = np.empty(n, np.int64)
+    num_packs = 0
+    for k in range(n):
+        item = order[k]
+        length = lengths[item]
+        r = _tree_find_first(flag_tree, size, length, 1)
+        if r < 0:
+            pack = num_packs
+            num_packs += 1
+            room[pack] = capacity
+        else:
+            pack = bucket_root[r]
+            new_root = _heap_pop(pack, child, sibling, stack)
+            bucket_root[r] = new_root
+            if new_root < 0:
+                _tree_set(flag_tree, size, r, 0)
+        left = room[pack] - length
+        room[pack] = left
+        pack_of_item[item] = pack
+        if left > 0:
+            old_root = bucket_root[left]
+            bucket_root[left] = _heap_meld(old_root, pack, child, sibling)
+            if old_root < 0:
+                _tree_set(flag_tree, size, left, 1)
+    return pack_of_item, num_packs
+
+
+# ---------------------------------------------------------------------------
+# Next fit
+# ---------------------------------------------------------------------------
+
+
+@njit(**NJIT_FLAGS)
+def _next_fit(lengths, capacity):
+    """Order-preserving next fit: one open pack, a new one when an item does not fit."""
+    n = lengths.shape[0]
+    pack_of_item = np.empty(n, np.int64)
+    pack = -1
+    room = 0
+    for i in range(n):
+        length = lengths[i]
+        if length > room:
+            pack += 1
+            room = capacity
+        room -= length
+        pack_of_item[i] = pack
+    return pack_of_item, pack + 1
+
+
+# ---------------------------------------------------------------------------
+# Layout
+# ---------------------------------------------------------------------------
+
+
+@njit(**NJIT_FLAGS)
+def _group_by_pack(sequence, pack_of_sequence, lengths_of_sequence, num_packs):
+    """Stable counting sort of a placement sequence by pack.
+
+    Parameters
+    ----------
+    sequence : int64[M]
+        Values in placement order (item indices, or positions).
+    pack_of_sequence : int64[M]
+        Pack of ``sequence[k]``.
+    lengths_of_sequence : int32[M] or int64[M]
+        Length of ``sequence[k]``.
+    num_packs : int
+
+    Returns
+    -------
+    grouped : int64[M]
+        ``sequence`` regrouped by pack number, placement order kept within a pack.
+    offsets : int64[num_packs + 1]
+    load : int64[num_packs]
+    """
+    m = sequence.shape[0]
+    offsets = np.zeros(num_packs + 1, np.int64)
+    load = np.zeros(num_packs, np.int64)
+    for k in range(m):
+        p = pack_of_sequence[k]
+        offsets[p + 1] += 1
+        load[p] += lengths_of_sequence[k]
+    for p in range(num_packs):
+        offsets[p + 1] += offsets[p]
+    fill = offsets[:num_packs].copy()
+    grouped = np.empty(m, np.int64)
+    for k in range(m):
+        p = pack_of_sequence[k]
+        grouped[fill[p]] = sequence[k]
+        fill[p] += 1
+    return grouped, offsets, load
+
+
+@njit(**NJIT_FLAGS)
+def _gather(values, index):
+    out = np.empty(index.shape[0], np.int64)
+    for k in range(index.shape[0]):
+        out[k] = values[index[k]]
+    return out
+
+
+@njit(**NJIT_FLAGS)
+def _bind_buckets(positions, seq_lengths, bin_of_position, bucket_items, bucket_starts):
+    """Bind items to placed lengths by popping the end of each length bucket.
+
+    Parameters
+    ----------
+    positions : int64[M]
+        Positions of the processed sequence, grouped by bin in bin order and
+        in placement order within a bin.
+    seq_lengths : int64[M]
+        Length at each position.
+    bin_of_position : int64[M]
+        Bin of each position.
+    bucket_items : int64[N]
+        Item indices grouped by length (ascending), each bucket already
+        permuted.
+    bucket_starts : int64[capacity + 2]
+        Bucket boundaries in ``bucket_items``.
+
+    Returns
+    -------
+    order : int64[M]
+        Item indices in output order.
+    pack_of_item : int64[M]
+    """
+    m = positions.shape[0]
+    ends = bucket_starts[1:].copy()
+    order = np.empty(m, np.int64)
+    pack_of_item = np.empty(m, np.int64)
+    for k in range(m):
+        pos = positions[k]
+        length = seq_lengths[pos]
+        ends[length] -= 1
+        item = bucket_items[ends[length]]
+        order[k] = item
+        pack_of_item[item] = bin_of_position[pos]
+    return order, pack_of_item

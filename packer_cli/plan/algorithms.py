@@ -1,0 +1,179 @@
+"""Bin-packing algorithms: validating Python wrappers around compiled kernels.
+
+All functions take item ``lengths`` (1-D integers, each in ``[1, capacity]``)
+and a pack ``capacity`` and number packs densely in opening order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _kernels as K
+from ._validate import check_lengths
+
+__all__ = [
+    "first_fit_decreasing",
+    "best_fit_decreasing",
+    "next_fit",
+    "bridge_first_fit_shuffle",
+]
+
+
+def _max_packs(lengths: np.ndarray, capacity: int) -> int:
+    """Upper bound on the packs any any-fit algorithm can open.
+
+    In any-fit packing at most one pack is at most half full, so
+    ``packs <= 2 * sum / capacity + 1``; it is also at most ``N``.
+    """
+    n = lengths.shape[0]
+    total = int(lengths.sum(dtype=np.int64))
+    return max(1, min(n, 2 * (total // capacity) + 2))
+
+
+def _tree(leaves: int) -> np.ndarray:
+    size = 1
+    while size < leaves:
+        size <<= 1
+    return np.empty(2 * size, np.int32)
+
+
+# Internal entry points: (pack_of_item, placement sequence, num_packs), on
+# validated arrays. ``plan_packs`` uses the placement sequence.
+
+
+def _run_ffd(arr: np.ndarray, capacity: int):
+    counts = K._length_histogram(arr, capacity)
+    order = K._order_decreasing(arr, counts)
+    pack_of_item, num_packs = K._ffd(arr, order, counts, capacity, _tree(_max_packs(arr, capacity)))
+    return pack_of_item, order, num_packs
+
+
+def _run_bfd(arr: np.ndarray, capacity: int):
+    counts = K._length_histogram(arr, capacity)
+    order = K._order_decreasing(arr, counts)
+    pack_of_item, num_packs = K._bfd(
+        arr, order, capacity, _max_packs(arr, capacity), _tree(capacity + 1)
+    )
+    return pack_of_item, order, num_packs
+
+
+def _run_next_fit(arr: np.ndarray, capacity: int):
+    pack_of_item, num_packs = K._next_fit(arr, capacity)
+    return pack_of_item, np.arange(arr.shape[0], dtype=np.int64), num_packs
+
+
+def _run_bridge(arr: np.ndarray, capacity: int, seed):
+    """Returns (pack_of_item, order, offsets, load, num_packs); ``order`` is already grouped."""
+    rng = np.random.RandomState(seed)
+    # 1-2. ascending list of all lengths, shuffled with the legacy MT19937 stream.
+    shuffled = np.sort(arr).astype(np.int64)
+    rng.shuffle(shuffled)
+    # 3. first fit over the shuffled lengths.
+    bin_of_position, num_packs = K._first_fit(shuffled, capacity, _tree(_max_packs(arr, capacity)))
+    positions = np.arange(shuffled.shape[0], dtype=np.int64)
+    positions, offsets, load = K._group_by_pack(positions, bin_of_position, shuffled, num_packs)
+    # 4. one permutation per non-empty bucket, ascending length.
+    counts = K._length_histogram(arr, capacity)
+    bucket_items, starts = K._order_increasing(arr, counts)
+    for length in np.flatnonzero(counts):
+        lo, hi = starts[length], starts[length + 1]
+        bucket_items[lo:hi] = bucket_items[lo:hi][rng.permutation(hi - lo)]
+    # 5. bins in order, lengths in placement order, pop() from each bucket's end.
+    order, pack_of_item = K._bind_buckets(positions, shuffled, bin_of_position, bucket_items, starts)
+    return pack_of_item, order, offsets, load, num_packs
+
+
+def first_fit_decreasing(lengths, capacity) -> np.ndarray:
+    """First-fit decreasing (FFD).
+
+    Items are taken by decreasing length (ties in input order) and each goes to
+    the lowest-numbered pack with enough room; packs are numbered in opening
+    order. Runs in ``O(N + C + N log P)``: a counting sort plus a max segment
+    tree over pack slots searched leftmost-first.
+
+    Parameters
+    ----------
+    lengths : array-like of int, shape (N,)
+        Item lengths, each in ``[1, capacity]``.
+    capacity : int
+        Pack capacity (tokens per pack).
+
+    Returns
+    -------
+    numpy.ndarray of int64, shape (N,)
+        Pack index of every item.
+
+    Raises
+    ------
+    ValueError
+        A length is below 1 or above ``capacity``, or ``capacity < 1``.
+    """
+    arr, capacity = check_lengths(lengths, capacity)
+    if arr.shape[0] == 0:
+        return np.zeros(0, np.int64)
+    return _run_ffd(arr, capacity)[0]
+
+
+def best_fit_decreasing(lengths, capacity) -> np.ndarray:
+    """Best-fit decreasing (BFD).
+
+    Items are taken by decreasing length (ties in input order) and each goes to
+    the pack with the least remaining room that still fits it (ties to the
+    lowest pack number), otherwise to a new pack. Runs in
+    ``O(N log C + N log P)`` amortized (tree over remaining capacities plus a
+    pairing heap of pack numbers per capacity).
+
+    Parameters and errors as :func:`first_fit_decreasing`.
+    """
+    arr, capacity = check_lengths(lengths, capacity)
+    if arr.shape[0] == 0:
+        return np.zeros(0, np.int64)
+    return _run_bfd(arr, capacity)[0]
+
+
+def next_fit(lengths, capacity) -> np.ndarray:
+    """Order-preserving next fit: items stay in input order, and a new pack is
+    opened whenever the current one cannot take the next item.
+
+    Parameters and errors as :func:`first_fit_decreasing`.
+    """
+    arr, capacity = check_lengths(lengths, capacity)
+    if arr.shape[0] == 0:
+        return np.zeros(0, np.int64)
+    return _run_next_fit(arr, capacity)[0]
+
+
+def bridge_first_fit_shuffle(lengths, capacity, seed) -> tuple[np.ndarray, np.ndarray]:
+    """Megatron-Bridge's default ``first_fit_shuffle`` + ``fill_packing_strategy``.
+
+    Reproduces Bridge's random stream and binding exactly:
+
+    1. a legacy MT19937 stream seeded with ``seed`` (``np.random.RandomState``,
+       the same stream as ``np.random.seed``; the global RNG is not touched);
+    2. the ascending-sorted list of all lengths is ``shuffle``-d;
+    3. first fit over that order (leftmost pack with room);
+    4. for each non-empty length bucket in ascending length order,
+       ``permutation(len(bucket))`` of the bucket's item indices (input order);
+    5. for each pack in order and each length in its placement order, the last
+       element of that bucket is popped.
+
+    Parameters
+    ----------
+    lengths, capacity
+        As :func:`first_fit_decreasing`. Pass Bridge's ``seq_len`` values
+        (stored length minus one) to reproduce its packs.
+    seed : int
+        Anything ``np.random.seed`` accepts.
+
+    Returns
+    -------
+    pack_of_item : numpy.ndarray of int64, shape (N,)
+    order : numpy.ndarray of int64, shape (N,)
+        Item indices in output order: pack 0's items in placement order, then
+        pack 1's, and so on.
+    """
+    arr, capacity = check_lengths(lengths, capacity)
+    if arr.shape[0] == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    pack_of_item, order, _, _, _ = _run_bridge(arr, capacity, seed)
+    return pack_of_item, order

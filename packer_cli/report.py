@@ -1,0 +1,45 @@
+"""Human-readable summaries (rich tables) of what the API returns."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}%"
+
+
+def pack_summary_table(summary) -> Table:
+    c, q, s = summary.counts, summary.quality, summary.spec
+    title = "packer pack — dry run (nothing written)" if summary.dry_run else f"packer pack → {summary.out}"
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value", justify="right")
+    rows = [
+        ("spec", f"C={s['pack_size']} m={s['pad_seq_to_mult']} CP={s['cp']} TP={s['tp']} "
+                 f"SP={'on' if s['sp'] else 'off'} {s['algorithm']} seed={s['seed']}"),
+        ("records read", f"{c['records']:,}"),
+        ("samples packed", f"{c['samples_packed']:,}"),
+        ("sequences", f"{c['sequences']:,}"),
+        ("packs", f"{c['packs']:,}"),
+        ("runtime tokens", f"{c['runtime_tokens']:,}"),
+        ("target tokens", f"{c['target_tokens']:,}"),
+        ("efficiency (real / packs·C)", _pct(q["efficiency"])),
+        ("lower bound ⌈Σp/C⌉ / gap", f"{q['lower_bound']:,} / +{q['gap_to_lower_bound']} ({q['gap_to_lower_bound_pct']:.3f}%)"),
+        ("L2 bound / gap", f"{q['l2_bound']:,} / +{q['gap_to_l2']} ({q['gap_to_l2_pct']:.3f}%)"),
+        ("alignment padding", f"{c['alignment_padding']:,} ({_pct(c['alignment_padding'] / max(1, c['packs'] * s['pack_size']))})"),
+        ("tail padding", f"{c['tail_padding']:,} ({_pct(c['tail_padding'] / max(1, c['packs'] * s['pack_size']))})"),
+        (f"over-long ({c['overlong']['policy']})",
+         f"{c['overlong']['samples']:,} samples, {c['overlong']['tokens_lost']:,} tokens / "
+         f"{c['overlong']['target_tokens_lost']:,} targets lost"),
+        ("dropped (too short / over-long)", f"{c['too_short_dropped']:,} / {c['overlong']['dropped']:,}"),
+        ("bad records skipped", f"{c['bad_records']:,}"),
+        ("samples without targets", f"{c['no_target_samples']:,}"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def print_pack_summary(summary, console: Console | None = None) -> None:
+    (console or Console()).print(pack_summary_table(summary))

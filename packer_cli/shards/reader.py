@@ -1,0 +1,117 @@
+"""Read a native output directory: metadata, manifest and memory-mapped pack rows.
+
+``PackedReader(out)`` opens every shard named by the manifest with ``pa.memory_map`` and gives
+random access to packs. :meth:`PackedReader.row` returns NumPy views into the mapped files, so
+reading a pack copies nothing.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from packer_cli.errors import DataError
+from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA
+
+COLUMNS = PACK_SCHEMA.names
+
+
+@dataclass(frozen=True)
+class PackRow:
+    """One pack: per-token ``tokens``/``loss_mask``, per-sequence arrays, ``cu_seqlens``."""
+
+    tokens: np.ndarray
+    loss_mask: np.ndarray
+    cu_seqlens: np.ndarray
+    seq_lens: np.ndarray
+    last_token: np.ndarray
+    source_index: np.ndarray
+    source_offset: np.ndarray
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_lens.size)
+
+
+def read_json(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return orjson.loads(f.read())
+    except FileNotFoundError:
+        raise DataError(f"{path}: missing") from None
+    except orjson.JSONDecodeError as exc:
+        raise DataError(f"{path}: empty or corrupted JSON ({exc})") from None
+
+
+def load_metadata(out_dir: str) -> dict:
+    """metadata.json of an output, rejecting unknown formats and versions by name."""
+    if not os.path.isdir(out_dir):
+        raise DataError(f"{out_dir}: not a directory")
+    meta = read_json(os.path.join(out_dir, METADATA_FILE))
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise DataError(f"{out_dir}: unsupported data format {meta.get('format') if isinstance(meta, dict) else None!r}; expected {FORMAT_NAME!r}")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise DataError(
+            f"{out_dir}: unsupported format version {meta.get('format_version')!r}; this packer reads version {FORMAT_VERSION}"
+        )
+    return meta
+
+
+class _Batch:
+    """NumPy views of one record batch's list columns (values + offsets)."""
+
+    def __init__(self, batch: pa.RecordBatch):
+        self.columns = {}
+        for name in COLUMNS:
+            arr = batch.column(name)
+            offsets = np.asarray(arr.offsets)
+            self.columns[name] = (np.asarray(arr.values), offsets)
+
+    def row(self, i: int) -> PackRow:
+        parts = {}
+        for name, (values, offsets) in self.columns.items():
+            parts[name] = values[offsets[i]:offsets[i + 1]]
+        return PackRow(**parts)
+
+
+class PackedReader:
+    """Random access to the packs of an output directory (native format)."""
+
+    def __init__(self, out_dir: str):
+        self.out_dir = out_dir
+        self.metadata = load_metadata(out_dir)
+        self.manifest = read_json(os.path.join(out_dir, MANIFEST_FILE))
+        self._batches: list[_Batch] = []
+        starts = [0]
+        for entry in self.manifest["shards"]:
+            path = os.path.join(out_dir, entry["name"])
+            try:
+                reader = pa.ipc.open_file(pa.memory_map(path))
+            except (OSError, pa.ArrowException) as exc:
+                raise DataError(f"{path}: cannot open shard ({exc})") from None
+            for b in range(reader.num_record_batches):
+                batch = reader.get_batch(b)
+                self._batches.append(_Batch(batch))
+                starts.append(starts[-1] + batch.num_rows)
+        self._starts = np.asarray(starts, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def row(self, i: int) -> PackRow:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"pack {i} out of range for {len(self)} packs")
+        i %= len(self)
+        b = int(np.searchsorted(self._starts, i, side="right") - 1)
+        return self._batches[b].row(i - int(self._starts[b]))
+
+    @property
+    def spec(self) -> dict:
+        return self.metadata["spec"]
+
+    def pack_len(self, row: PackRow) -> int:
+        """Physical length T of a pack as a loader builds it (C when padded to max length)."""
+        return self.spec["pack_size"] if self.spec["pad_to_max_length"] else int(row.tokens.size)

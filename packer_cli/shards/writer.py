@@ -1,0 +1,94 @@
+"""Write packs into Arrow IPC shards and describe them in a manifest.
+
+The writer is handed runs of packs as flat arrays (see :func:`gather_packs`) and turns each
+run into one record batch; a shard is closed when it reaches its byte budget. Files are
+hashed after they are closed, and the manifest lists name, bytes, rows, tokens and hash.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from packer_cli.shards.format import CHECKSUM, PACK_SCHEMA, shard_name
+
+
+def _list(offsets: np.ndarray, values: np.ndarray, type_: pa.DataType) -> pa.ListArray:
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32, copy=False)), pa.array(values, type=type_))
+
+
+def pack_record_batch(tokens, loss_mask, cu_seqlens, seq_lens, last_token, source_index, source_offset,
+                      pack_seq_offsets: np.ndarray) -> pa.RecordBatch:
+    """One record batch of packs from flat arrays; ``pack_seq_offsets`` delimits sequences."""
+    n_packs = pack_seq_offsets.size - 1
+    seq_counts = np.diff(pack_seq_offsets)
+    cu_offsets = pack_seq_offsets + np.arange(n_packs + 1)
+    token_offsets = cu_seqlens[cu_offsets[1:] - 1].astype(np.int64).cumsum()
+    token_offsets = np.concatenate([[0], token_offsets])
+    assert token_offsets[-1] == tokens.size and seq_counts.sum() == seq_lens.size
+    columns = [
+        _list(token_offsets, tokens, pa.int32()),
+        _list(token_offsets, loss_mask, pa.uint8()),
+        _list(cu_offsets, cu_seqlens, pa.int32()),
+        _list(pack_seq_offsets, seq_lens.astype(np.int32, copy=False), pa.int32()),
+        _list(pack_seq_offsets, last_token, pa.int32()),
+        _list(pack_seq_offsets, source_index.astype(np.int64, copy=False), pa.int64()),
+        _list(pack_seq_offsets, source_offset.astype(np.int32, copy=False), pa.int32()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=PACK_SCHEMA)
+
+
+def file_checksum(path: str) -> str:
+    digest = xxhash.xxh3_64()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass
+class ShardWriter:
+    """Appends record batches to ``packs-NNNNN.arrow`` files in ``directory``."""
+
+    directory: str
+    shard_bytes: int
+    entries: list[dict] = field(default_factory=list)
+    _writer: pa.ipc.RecordBatchFileWriter | None = None
+    _sink: pa.OSFile | None = None
+    _rows: int = 0
+    _tokens: int = 0
+
+    def _open(self) -> None:
+        name = shard_name(len(self.entries))
+        self._sink = pa.OSFile(os.path.join(self.directory, name), "wb")
+        self._writer = pa.ipc.new_file(self._sink, PACK_SCHEMA)
+        self.entries.append({"name": name})
+        self._rows = self._tokens = 0
+
+    def write(self, batch: pa.RecordBatch, tokens: int) -> None:
+        if self._writer is None:
+            self._open()
+        self._writer.write_batch(batch)
+        self._rows += batch.num_rows
+        self._tokens += tokens
+        if self._sink.tell() >= self.shard_bytes:
+            self._close()
+
+    def _close(self) -> None:
+        if self._writer is None:
+            return
+        self._writer.close()
+        self._sink.close()
+        path = os.path.join(self.directory, self.entries[-1]["name"])
+        self.entries[-1].update(
+            bytes=os.path.getsize(path), rows=self._rows, tokens=self._tokens, **{CHECKSUM: file_checksum(path)}
+        )
+        self._writer = self._sink = None
+
+    def finish(self) -> list[dict]:
+        """Close the open shard and return the manifest entries."""
+        self._close()
+        return self.entries

@@ -1,0 +1,85 @@
+"""Sources: read tokenized SFT samples from JSONL, Parquet, Arrow IPC and HF datasets dirs.
+
+::
+
+    INPUT... ──discover_inputs──▶ [InputFile] ──SampleStream──▶ SampleBatch, SampleBatch, ...
+                                                  (validated, flat int32 tokens + uint8 targets)
+
+All inputs form one stream; a sample's *source index* is its record position in that stream
+(bad or dropped records keep their position, so indices always point back at input rows).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from packer_cli.errors import DataError
+from packer_cli.sources.discover import InputFile, discover_inputs
+from packer_cli.sources.normalize import SampleBatch, Supervision, detect_supervision, normalize_batch
+from packer_cli.sources.readers import arrow_field_names, jsonl_field_names, read_file
+from packer_cli.spec import SourceSpec
+
+__all__ = ["InputFile", "SampleBatch", "SampleStream", "Supervision", "discover_inputs"]
+
+
+@dataclass
+class Segment:
+    """A run of consecutive source indices that came from one file (or datasets part)."""
+
+    path: str
+    first_index: int
+    first_row: int
+    count: int
+
+
+@dataclass
+class SampleStream:
+    """Iterates validated samples of all inputs and remembers where each index came from."""
+
+    files: list[InputFile]
+    spec: SourceSpec
+    supervision: Supervision | None = None
+    segments: list[Segment] = field(default_factory=list)
+    records: int = 0
+
+    def _field_names(self, file: InputFile) -> list[str]:
+        return jsonl_field_names(file.path) if file.format == "jsonl" else arrow_field_names(file)
+
+    def _detect(self) -> Supervision:
+        try:
+            names = self._field_names(self.files[0])
+        except Exception as exc:  # the read below reports it with the file name
+            names = []
+            del exc
+        return detect_supervision(names, self.spec)
+
+    def __iter__(self) -> Iterator[SampleBatch]:
+        self.supervision = sup = self._detect()
+        fields = [self.spec.tokens_field] + ([sup.field] if sup.field else [])
+        scalar = {sup.field} if sup.kind == "answer" else set()
+        for file in self.files:
+            before = self.records
+            for raw in read_file(file, fields, scalar):
+                n = raw.batch.num_rows
+                last = self.segments[-1] if self.segments else None
+                if last and last.path == raw.path and last.first_row + last.count == raw.row0:
+                    last.count += n
+                else:
+                    self.segments.append(Segment(raw.path, self.records, raw.row0, n))
+                batch = normalize_batch(
+                    raw.batch, path=raw.path, row0=raw.row0, index0=self.records, sup=sup,
+                    spec=self.spec, lines=raw.lines, pre_bad=raw.pre_bad,
+                )
+                self.records += n
+                yield batch
+            if self.records == before:
+                raise DataError(f"{file.path}: empty input (no records)")
+
+    def locate(self, source_index: int) -> str:
+        """'path: row R' for a source index (used in error messages)."""
+        for seg in self.segments:
+            if seg.first_index <= source_index < seg.first_index + seg.count:
+                return f"{seg.path}: row {seg.first_row + source_index - seg.first_index}"
+        return f"source index {source_index}"

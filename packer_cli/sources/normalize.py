@@ -1,0 +1,228 @@
+"""Validate one batch of records and normalize it to flat token / target arrays.
+
+Every reader hands a :class:`pyarrow.RecordBatch` to :func:`normalize_batch`. It checks every
+record with vectorized NumPy (no per-token Python), and returns a :class:`SampleBatch`:
+
+* ``tokens``  — int32, all kept samples' token ids concatenated;
+* ``targets`` — uint8, input-aligned: 1 where that token is a training target;
+* ``lengths`` — int64 tokens per kept sample; ``source_index`` — int64 stream position.
+
+Supervision comes from one of (detected from the field names, or forced):
+
+==================  ===========================================================
+``loss_mask``       input-aligned 0/1, 1 = this token is a target
+``labels``          HF style, unshifted: -100 = ignored, otherwise the token id
+``answer_start_idx`` targets from that index on
+(none)              every token is a target
+==================  ===========================================================
+
+Bad records (null/missing field, non-integer or negative ids, ids ≥ vocab size, a mask whose
+length differs from the tokens, ...) are reported as :class:`BadRecord` with the file and the
+row (or JSONL line); samples with fewer than 2 tokens are dropped and counted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from packer_cli.errors import BadRecord, DataError
+from packer_cli.spec import SourceSpec
+
+INT32_MAX = 2**31 - 1
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class Supervision:
+    """Where the training targets come from: kind ∈ {mask, labels, answer, all}."""
+
+    kind: str
+    field: str | None = None
+
+    def describe(self) -> str:
+        return "every token" if self.kind == "all" else f"{self.kind} field '{self.field}'"
+
+
+def detect_supervision(names: list[str], spec: SourceSpec) -> Supervision:
+    """Pick the supervision source from the available field names (or the forced one)."""
+    if spec.mask_field:
+        return Supervision("mask", spec.mask_field)
+    if spec.labels_field:
+        return Supervision("labels", spec.labels_field)
+    for kind, name in (("mask", "loss_mask"), ("labels", "labels"), ("answer", "answer_start_idx")):
+        if name in names:
+            return Supervision(kind, name)
+    return Supervision("all")
+
+
+@dataclass
+class SampleBatch:
+    """Normalized, validated samples of one record batch."""
+
+    tokens: np.ndarray
+    targets: np.ndarray
+    lengths: np.ndarray
+    source_index: np.ndarray
+    records: int = 0
+    too_short: int = 0
+    no_targets: int = 0
+    bad: list[BadRecord] = field(default_factory=list)
+
+
+def _list_parts(arr: pa.Array, name: str, path: str, row0: int):
+    """Flat values and rebased int64 offsets of a list column; rejects non-list types."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
+        if pa.types.is_fixed_size_list(arr.type):
+            arr = arr.cast(pa.list_(arr.type.value_type))
+        elif pa.types.is_null(arr.type):
+            return None, None
+        else:
+            raise DataError(f"{path}: row {row0}: field '{name}' has type {arr.type}, expected a list of integers")
+    offsets = np.asarray(arr.offsets, dtype=np.int64)
+    values = arr.values.slice(offsets[0], offsets[-1] - offsets[0])
+    return values, offsets - offsets[0]
+
+
+def _row_of(offsets: np.ndarray, flat_index: np.ndarray) -> np.ndarray:
+    return np.searchsorted(offsets, flat_index, side="right") - 1
+
+
+def _first_per_row(bad: dict, offsets, violating: np.ndarray, message) -> None:
+    """Record, for each row with a violating value, a message about its first one."""
+    idx = np.flatnonzero(violating)
+    if idx.size == 0:
+        return
+    rows = _row_of(offsets, idx)
+    rows_unique, first = np.unique(rows, return_index=True)
+    for row, flat in zip(rows_unique.tolist(), idx[first].tolist()):
+        bad.setdefault(row, message(flat - offsets[row], flat))
+
+
+def _int_values(values: pa.Array, name: str, path: str, row0: int, offsets, bad: dict) -> np.ndarray:
+    if not (pa.types.is_integer(values.type) or pa.types.is_boolean(values.type)):
+        raise DataError(
+            f"{path}: row {row0 + int(_row_of(offsets, np.array([0]))[0])}: field '{name}' holds "
+            f"{values.type} values, expected integers"
+        )
+    if values.null_count:
+        nulls = np.asarray(values.is_null().to_numpy(zero_copy_only=False))
+        _first_per_row(bad, offsets, nulls, lambda j, _: f"{name}[{j}] is null")
+        values = values.fill_null(0)
+    return np.asarray(values.to_numpy(zero_copy_only=False)).astype(np.int64, copy=False)
+
+
+def _null_rows(arr, name: str, bad: dict) -> None:
+    if arr.null_count:
+        for row in np.flatnonzero(np.asarray(arr.is_null().to_numpy(zero_copy_only=False))).tolist():
+            bad.setdefault(int(row), f"missing field '{name}'")
+
+
+def _targets(batch: pa.RecordBatch, sup: Supervision, tokens, offsets, lengths, path, row0, bad, name):
+    """Input-aligned uint8 target flags, same length as ``tokens``."""
+    if sup.kind == "all":
+        return np.ones(tokens.size, dtype=np.uint8)
+    if sup.field not in batch.schema.names:
+        raise DataError(f"{path}: row {row0}: missing field '{sup.field}' (fields: {', '.join(batch.schema.names)})")
+    col = batch.column(sup.field)
+    _null_rows(col, sup.field, bad)
+    if sup.kind == "answer":
+        if not pa.types.is_integer(col.type):
+            raise DataError(f"{path}: row {row0}: field '{sup.field}' has type {col.type}, expected an integer")
+        start = np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False)).astype(np.int64)
+        for row in np.flatnonzero((start < 0) | (start > lengths)).tolist():
+            bad.setdefault(row, f"{sup.field} = {start[row]} is outside [0, {lengths[row]}]")
+        position = np.arange(tokens.size, dtype=np.int64) - np.repeat(offsets[:-1], lengths)
+        return (position >= np.repeat(start, lengths)).astype(np.uint8)
+    values, m_offsets = _list_parts(col, sup.field, path, row0)
+    if values is None:
+        raise DataError(f"{path}: row {row0}: field '{sup.field}' is null in every record")
+    m_lengths = np.diff(m_offsets)
+    mismatch = np.flatnonzero(m_lengths != lengths)
+    for row in mismatch.tolist():
+        bad.setdefault(row, f"{sup.field} has {m_lengths[row]} values but {name} has {lengths[row]}")
+    if mismatch.size:  # drop the ragged rows' values so the checks below stay vectorized
+        same = m_lengths == lengths
+        values = values.filter(pa.array(np.repeat(same, m_lengths)))
+        m_offsets = np.concatenate([[0], np.cumsum(np.where(same, lengths, 0))])
+    mask = _int_values(values, sup.field, path, row0, m_offsets, bad)
+    if mismatch.size:
+        full = np.zeros(tokens.size, dtype=np.int64)
+        full[np.repeat(same, lengths)] = mask
+        mask = full
+    if sup.kind == "mask":
+        _first_per_row(bad, offsets, (mask != 0) & (mask != 1),
+                       lambda j, flat: f"{sup.field}[{j}] = {mask[flat]} is not 0 or 1")
+        return mask.astype(np.uint8)
+    _first_per_row(
+        bad, offsets, (mask != IGNORE_INDEX) & (mask != tokens),
+        lambda j, flat: f"{sup.field}[{j}] = {mask[flat]} is neither -100 nor the token id {tokens[flat]}",
+    )
+    return (mask != IGNORE_INDEX).astype(np.uint8)
+
+
+def normalize_batch(
+    batch: pa.RecordBatch,
+    *,
+    path: str,
+    row0: int,
+    index0: int,
+    sup: Supervision,
+    spec: SourceSpec,
+    lines: np.ndarray | None = None,
+    pre_bad: dict[int, str] | None = None,
+) -> SampleBatch:
+    """Validate and flatten one batch; rows are numbered from ``row0`` within ``path``.
+
+    ``index0`` is the stream position (source index) of the batch's first record. Bad records
+    raise :class:`BadRecord` (the first in file order) unless ``spec.on_bad_record`` is skip.
+    """
+    name = spec.tokens_field
+    n_rows = batch.num_rows
+    bad: dict[int, str] = dict(pre_bad or {})
+    if name not in batch.schema.names:
+        raise DataError(f"{path}: row {row0}: missing field '{name}' (fields: {', '.join(batch.schema.names) or 'none'})")
+    col = batch.column(name)
+    _null_rows(col, name, bad)
+    values, offsets = _list_parts(col, name, path, row0)
+    if values is None:
+        raise DataError(f"{path}: row {row0}: missing field '{name}'")
+    tokens = _int_values(values, name, path, row0, offsets, bad)
+    lengths = np.diff(offsets)
+    _first_per_row(bad, offsets, tokens < 0, lambda j, flat: f"{name}[{j}] = {tokens[flat]} is negative")
+    if spec.vocab_size is not None:
+        _first_per_row(bad, offsets, tokens >= spec.vocab_size,
+                       lambda j, flat: f"{name}[{j}] = {tokens[flat]} is >= vocab size {spec.vocab_size}")
+    _first_per_row(bad, offsets, tokens > INT32_MAX,
+                   lambda j, flat: f"{name}[{j}] = {tokens[flat]} does not fit in int32")
+    targets = _targets(batch, sup, tokens, offsets, lengths, path, row0, bad, name)
+
+    def located(row: int) -> BadRecord:
+        line = int(lines[row]) if lines is not None else None
+        return BadRecord(path, row0 + row, bad[row], line=line)
+
+    bad_list = [located(row) for row in sorted(bad)]
+    if bad_list and spec.on_bad_record.value == "error":
+        raise bad_list[0]
+    keep = np.ones(n_rows, dtype=bool)
+    if bad:
+        keep[list(bad)] = False
+    too_short = keep & (lengths < 2)
+    keep &= ~too_short
+    out = SampleBatch(
+        tokens=tokens.astype(np.int32),
+        targets=targets,
+        lengths=lengths.astype(np.int64),
+        source_index=np.arange(index0, index0 + n_rows, dtype=np.int64),
+        records=n_rows,
+        too_short=int(too_short.sum()),
+        bad=bad_list,
+    )
+    if not keep.all():
+        token_keep = np.repeat(keep, lengths)
+        out.tokens, out.targets = out.tokens[token_keep], out.targets[token_keep]
+        out.lengths, out.source_index = out.lengths[keep], out.source_index[keep]
+    return out

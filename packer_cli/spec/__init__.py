@@ -1,0 +1,192 @@
+"""The packing spec: capacity, parallel layout, algorithm and policies, validated in one place.
+
+The spec is a frozen dataclass; :meth:`PackSpec.validate` raises :class:`ConfigError` with a
+message that names the fix, and :meth:`PackSpec.as_dict` is the JSON record written into every
+output's metadata.
+
+The per-sequence alignment ``m`` follows Megatron-Bridge's rule so that context-parallel (CP)
+and sequence-parallel (SP) THD training can slice every sequence::
+
+    cp_multiple = 2*CP if CP > 1 else 1          # TE splits each sequence into 2*CP chunks
+    sp_multiple = CP*TP if SP and TP > 1 else 1  # SP scatters each CP rank's tokens over TP
+    m = lcm(cp_multiple, sp_multiple)
+
+>>> PackSpec(pack_size=4096, cp=2, tp=4, sp=True).pad_multiple
+8
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+from packer_cli.errors import ConfigError
+
+
+class Algorithm(str, Enum):
+    """How sequences are assigned to packs. All are global over the whole input."""
+
+    FFD = "ffd"
+    """First-fit decreasing (default): longest first, each into the first pack with room."""
+    BFD = "bfd"
+    """Best-fit decreasing: longest first, each into the fullest pack it still fits."""
+    FIRST_FIT_SHUFFLE = "first-fit-shuffle"
+    """Megatron-Bridge's default: first-fit over a seeded shuffle, Bridge's RNG call order."""
+    SEQUENTIAL = "sequential"
+    """Order-preserving next-fit, for curricula: packs follow the input order."""
+
+
+class OverlongPolicy(str, Enum):
+    """What happens to a sequence whose padded runtime length exceeds the pack size."""
+
+    TRUNCATE = "truncate"
+    """Keep the first largest-multiple-of-m runtime positions that fit (default)."""
+    DROP = "drop"
+    """Leave the sample out (counted)."""
+    SPLIT = "split"
+    """Cut into consecutive pieces, each packed as its own sequence with positions restarting."""
+    ERROR = "error"
+    """Stop with an error naming the sample."""
+
+
+class BadRecordPolicy(str, Enum):
+    """What a malformed record does."""
+
+    ERROR = "error"
+    """Stop with a one-line error naming the file and record (default)."""
+    SKIP = "skip"
+    """Skip it, count it and list it in the metadata."""
+
+
+def pad_multiple_for(cp: int, tp: int, sp: bool) -> int:
+    """The smallest per-sequence alignment for this parallel layout (Bridge's rule)."""
+    cp_multiple = 2 * cp if cp > 1 else 1
+    sp_multiple = cp * tp if sp and tp > 1 else 1
+    return math.lcm(cp_multiple, sp_multiple)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackSpec:
+    """Everything that decides which sequences land in which pack, and how they are laid out."""
+
+    pack_size: int
+    """Capacity C of a pack in padded runtime tokens (Σ p_i ≤ C)."""
+    cp: int = 1
+    """Context-parallel size the data is prepared for."""
+    tp: int = 1
+    """Tensor-parallel size (matters only with sequence parallelism)."""
+    sp: bool = False
+    """Sequence parallelism on: each CP rank's tokens are scattered over TP ranks."""
+    pad_seq_to_mult: int | None = None
+    """Override of the alignment m; must be a multiple of the layout's own multiple."""
+    algorithm: Algorithm = Algorithm.FFD
+    """Assignment algorithm."""
+    seed: int = 0
+    """Seed for the pack-order shuffle (and for first-fit-shuffle)."""
+    shuffle: bool = True
+    """Shuffle packs after planning so length-sorted order never reaches training."""
+    overlong: OverlongPolicy = OverlongPolicy.TRUNCATE
+    """Policy for sequences longer than the pack size."""
+    pad_to_max_length: bool = False
+    """Every pack is read back padded at its tail to exactly C (CUDA graphs, fixed-width kernels)."""
+    pad_cu_seqlens: bool = False
+    """Record what a static-shape loader needs; requires pad_to_max_length."""
+    pad_id: int = 0
+    """Token id written into alignment padding."""
+
+    @property
+    def layout_multiple(self) -> int:
+        """The alignment the parallel layout requires."""
+        return pad_multiple_for(self.cp, self.tp, self.sp)
+
+    @property
+    def pad_multiple(self) -> int:
+        """The alignment m every sequence's runtime length is padded to."""
+        return self.pad_seq_to_mult or self.layout_multiple
+
+    @property
+    def max_sequence_length(self) -> int:
+        """Largest runtime length a single sequence may keep: the largest multiple of m ≤ C."""
+        return (self.pack_size // self.pad_multiple) * self.pad_multiple
+
+    def validate(self) -> "PackSpec":
+        """Raise :class:`ConfigError` naming the fix when the spec cannot work."""
+        for name in ("pack_size", "cp", "tp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        required = self.layout_multiple
+        if self.pad_seq_to_mult is not None:
+            if self.pad_seq_to_mult < 1 or self.pad_seq_to_mult % required:
+                raise ConfigError(
+                    f"pad-seq-to-mult {self.pad_seq_to_mult} must be a positive multiple of {required}, "
+                    f"the alignment required by CP={self.cp}, TP={self.tp}, SP={'on' if self.sp else 'off'}"
+                )
+        if self.cp > 1 and self.pack_size % (2 * self.cp):
+            raise ConfigError(
+                f"pack-size {self.pack_size} must be divisible by 2*CP = {2 * self.cp} with context "
+                f"parallelism; use --pack-size {self.pack_size // (2 * self.cp) * (2 * self.cp)} or "
+                f"{(self.pack_size // (2 * self.cp) + 1) * (2 * self.cp)}"
+            )
+        if self.max_sequence_length < 1:
+            raise ConfigError(
+                f"pack-size {self.pack_size} is smaller than the sequence alignment {self.pad_multiple}"
+            )
+        if self.pad_to_max_length and self.pack_size % self.pad_multiple:
+            raise ConfigError(
+                f"--pad-to-max-length needs pack-size {self.pack_size} to be a multiple of the "
+                f"alignment {self.pad_multiple}, so the tail segment is itself aligned"
+            )
+        if self.pad_cu_seqlens and not self.pad_to_max_length:
+            raise ConfigError("--pad-cu-seqlens requires --pad-to-max-length (as in Megatron-Bridge)")
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"seed must be in [0, 2**32), got {self.seed}")
+        if not 0 <= self.pad_id < 2**31:
+            raise ConfigError(f"pad-id must be a non-negative int32, got {self.pad_id}")
+        return self
+
+    def as_dict(self) -> dict:
+        """JSON-safe record of the spec, with the derived alignment."""
+        record = asdict(self)
+        record.update(
+            algorithm=self.algorithm.value,
+            overlong=self.overlong.value,
+            pad_seq_to_mult=self.pad_multiple,
+            pad_seq_to_mult_override=self.pad_seq_to_mult is not None,
+        )
+        return record
+
+    @classmethod
+    def from_dict(cls, record: dict) -> "PackSpec":
+        """Inverse of :meth:`as_dict` (used when reading an output back)."""
+        names = {f for f in cls.__dataclass_fields__}
+        kwargs = {k: v for k, v in record.items() if k in names}
+        kwargs["algorithm"] = Algorithm(kwargs.get("algorithm", "ffd"))
+        kwargs["overlong"] = OverlongPolicy(kwargs.get("overlong", "truncate"))
+        if not record.get("pad_seq_to_mult_override", False):
+            kwargs["pad_seq_to_mult"] = None
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceSpec:
+    """How records are read: which fields hold the tokens and the supervision."""
+
+    tokens_field: str = "input_ids"
+    """List of token ids."""
+    mask_field: str | None = None
+    """Force an input-aligned loss mask field (1 = token is a training target)."""
+    labels_field: str | None = None
+    """Force an HF-style labels field (unshifted, -100 = ignored)."""
+    vocab_size: int | None = None
+    """When given, ids ≥ vocab_size are bad records."""
+    on_bad_record: BadRecordPolicy = BadRecordPolicy.ERROR
+    """Stop or skip on malformed records."""
+    extra: dict = field(default_factory=dict)
+
+    def validate(self) -> "SourceSpec":
+        if self.mask_field and self.labels_field:
+            raise ConfigError("--mask-field and --labels-field are mutually exclusive")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ConfigError(f"vocab-size must be positive, got {self.vocab_size}")
+        return self

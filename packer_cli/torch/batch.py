@@ -1,0 +1,218 @@
+"""``THDBatch``: one packed micro-batch in THD layout, ready for Megatron-core, flash-attn or HF.
+
+THD means all sequences of the micro-batch are concatenated along one token axis of
+length ``T`` (the tensors are ``[1, T]``); boundaries travel as cumulative-length vectors.
+For real lengths ``[5, 3, 9]`` padded to multiples of 4 (CP=2)::
+
+    tokens        a a a a a . . . | b b b . | c c c c c c c c c . . .      T = 24
+    cu_seqlens           [0, 5, 8, 17]          real (logical) boundaries
+    cu_seqlens_padded    [0, 8, 12, 24]         physical offsets, last == T
+    position_ids  0 1 2 3 4 5 6 7 | 0 1 2 3 | 0 1 ... 11  (padding keeps counting)
+    seq_idx       0 ...         0 | 1 ... 1 | 2 ...    2
+    padding_mask  . . . . . X X X | . . . X | . ...  X X X
+    max_seqlen = 12, seqlen_sq_sum = 25 + 9 + 81 = 115
+
+Per-token tensors (``tokens``, ``labels``, ``loss_mask``, ``position_ids``, ``seq_idx``,
+``padding_mask``) are the only ones :meth:`THDBatch.for_cp_rank` slices; the boundary
+vectors, ``max_seqlen`` and the host statistics always describe the whole pack, which is
+what Transformer Engine expects (it divides by ``cp_size`` itself).
+
+When no sequence has alignment padding, ``cu_seqlens_padded is cu_seqlens`` (one
+object): consumers that test identity (TE's ``pad_between_seqs``) then keep the fast
+FlashAttention path. :meth:`to`, :meth:`pin_memory` and :meth:`concat` preserve that.
+
+Labels are pre-shifted within each sequence (``labels[t]`` is the target of input ``t``)
+and never cross a sequence boundary; padding has label ``-100`` and loss weight 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from packer_cli.torch.cp import cp_partition_indices
+from packer_cli.torch.params import make_packed_seq_params
+
+#: Bridge's error for a CP slice of more than one physical row (gpt_step.py).
+CP_MBS_ERROR = "Packed THD batches expect micro-batch size 1 for context-parallel slicing (THD layout)"
+
+PER_TOKEN_FIELDS = ("tokens", "labels", "loss_mask", "position_ids", "seq_idx", "padding_mask")
+
+
+@dataclass
+class THDBatch:
+    """A packed micro-batch. Tensors are CPU until :meth:`to` moves them.
+
+    Attributes:
+        tokens: ``[1, T]`` int64 input ids (``T/CP`` after :meth:`for_cp_rank`).
+        labels: ``[1, T]`` int64 pre-shifted targets, ``-100`` on padding.
+        loss_mask: ``[1, T]`` float32, 1 where the label is trained.
+        position_ids: ``[1, T]`` int64, 0 at each segment start, counting through padding.
+        seq_idx: ``[1, T]`` int32 segment index of every token (Mamba ``seq_idx``).
+        padding_mask: ``[1, T]`` bool, True on alignment and tail padding.
+        cu_seqlens: ``[N+1]`` int32 cumulative real lengths (longer when static).
+        cu_seqlens_padded: ``[N+1]`` int32 physical offsets, last == T; the same object as
+            ``cu_seqlens`` when no sequence is padded.
+        max_seqlen: longest physical segment (host int; a dataset-wide constant when static).
+        source_index: ``[N]`` int64 sample index of each sequence in the input stream.
+        num_seqs, num_real_tokens, seqlen_sq_sum, num_loss_tokens: host ints over the full
+            pack, computed from real lengths before any CP slicing (``seqlen_sq_sum`` is
+            ``Σ s_i²``, exact in Python ints).
+        num_tokens: physical length ``T`` of the full pack (before CP).
+        num_segments: segments carrying tokens (sequences plus a tail segment, if any);
+            ``cu_seqlens[: num_segments + 1]`` drops only static-shape repeats.
+        num_packs: how many stored packs were concatenated into this row.
+        cp_size, cp_rank: the CP slice this batch holds (1, 0 when unsliced).
+    """
+
+    tokens: torch.Tensor
+    labels: torch.Tensor
+    loss_mask: torch.Tensor
+    position_ids: torch.Tensor
+    seq_idx: torch.Tensor
+    padding_mask: torch.Tensor
+    cu_seqlens: torch.Tensor
+    cu_seqlens_padded: torch.Tensor
+    max_seqlen: int
+    source_index: torch.Tensor
+    num_seqs: int
+    num_real_tokens: int
+    seqlen_sq_sum: int
+    num_loss_tokens: int
+    num_tokens: int
+    num_segments: int
+    num_packs: int = 1
+    cp_size: int = 1
+    cp_rank: int = 0
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_row(cls, row: Any, meta: dict, *, static: bool = False) -> "THDBatch":
+        """Build the batch of one stored pack (see :func:`packer_cli.torch.build.build_thd_batch`)."""
+        from packer_cli.torch.build import build_thd_batch
+
+        return build_thd_batch(row, meta, static=static)
+
+    @classmethod
+    def concat(cls, batches: list["THDBatch"]) -> "THDBatch":
+        """Concatenate whole (unsliced) packs into one THD row; boundaries are offset."""
+        from packer_cli.torch.build import concat_batches
+
+        return concat_batches(batches)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def has_padding(self) -> bool:
+        """True when some sequence has alignment padding (distinct padded boundaries)."""
+        return self.cu_seqlens_padded is not self.cu_seqlens
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    # ------------------------------------------------------------------ tensor plumbing
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "THDBatch":
+        """Apply ``fn`` to every tensor, keeping ``cu_seqlens_padded is cu_seqlens``."""
+        changes: dict[str, Any] = {name: fn(getattr(self, name)) for name in PER_TOKEN_FIELDS}
+        changes["source_index"] = fn(self.source_index)
+        changes["cu_seqlens"] = fn(self.cu_seqlens)
+        changes["cu_seqlens_padded"] = (
+            fn(self.cu_seqlens_padded) if self.has_padding else changes["cu_seqlens"]
+        )
+        return dataclasses.replace(self, **changes)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every distinct tensor of the batch (the shared boundary vector once)."""
+        out = [getattr(self, name) for name in PER_TOKEN_FIELDS]
+        out += [self.source_index, self.cu_seqlens]
+        if self.has_padding:
+            out.append(self.cu_seqlens_padded)
+        return out
+
+    def to(self, device: torch.device | str, non_blocking: bool = True) -> "THDBatch":
+        """Copy every tensor to ``device``; host ints stay host ints (no sync).
+
+        ``non_blocking`` is only asynchronous from pinned memory (see :meth:`pin_memory`).
+        """
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "THDBatch":
+        """Pinned copy; ``torch.utils.data.DataLoader(pin_memory=True)`` calls this."""
+        return self._map(lambda t: t.pin_memory())
+
+    def record_stream(self, stream: "torch.cuda.Stream") -> None:
+        """Tell the CUDA caching allocator that ``stream`` uses these tensors."""
+        for t in self.tensors():
+            t.record_stream(stream)
+
+    # ------------------------------------------------------------------ context parallel
+    def for_cp_rank(self, cp_size: int, cp_rank: int) -> "THDBatch":
+        """This rank's ``T/cp_size`` tokens (TE zig-zag); boundaries and stats stay global.
+
+        Runs on the batch's device without a sync. On CPU tensors it also checks that every
+        physical boundary is divisible by ``2 * cp_size`` (a device check would sync).
+        """
+        if cp_size == 1:
+            return self
+        if self.num_packs > 1:
+            raise ValueError(CP_MBS_ERROR)
+        if self.cp_size != 1:
+            raise ValueError(f"batch is already sliced for CP rank {self.cp_rank} of {self.cp_size}")
+        if self.cu_seqlens_padded.device.type == "cpu":
+            bad = torch.remainder(self.cu_seqlens_padded, 2 * cp_size).any()
+            if bool(bad):
+                raise ValueError(
+                    f"cu_seqlens_padded {self.cu_seqlens_padded.tolist()} has entries not divisible by "
+                    f"2*cp_size={2 * cp_size}: pack the data with cp={cp_size} (pad_seq_to_mult)"
+                )
+        idx = cp_partition_indices(self.cu_seqlens_padded, self.num_tokens, cp_size, cp_rank)
+        changes = {name: getattr(self, name).index_select(1, idx) for name in PER_TOKEN_FIELDS}
+        return dataclasses.replace(self, cp_size=cp_size, cp_rank=cp_rank, **changes)
+
+    # ------------------------------------------------------------------ consumers
+    def packed_seq_params(self, *, with_total_tokens: bool = False) -> Any:
+        """Megatron-core ``PackedSeqParams`` (or the field-compatible stand-in), ``qkv_format="thd"``.
+
+        Padded fields are set only when some sequence is padded. ``with_total_tokens``
+        passes the physical length so Megatron builds ``seq_idx`` for Mamba layers.
+        """
+        return make_packed_seq_params(
+            self.cu_seqlens,
+            self.cu_seqlens_padded,
+            self.max_seqlen,
+            total_tokens=self.num_tokens if with_total_tokens else None,
+        )
+
+    def flash_attn_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``flash_attn_varlen_func`` on the (unsliced) THD row.
+
+        FA2 segments must be contiguous, so these are the **physical** boundaries: each
+        sequence's alignment padding sits after its real tokens inside its own segment,
+        which is exact for causal attention (no real query sees it; its loss is 0). For
+        bidirectional attention use :meth:`packed_seq_params` (real + padded vectors).
+        """
+        return {
+            "cu_seqlens_q": self.cu_seqlens_padded,
+            "cu_seqlens_k": self.cu_seqlens_padded,
+            "max_seqlen_q": self.max_seqlen,
+            "max_seqlen_k": self.max_seqlen,
+        }
+
+    def hf_kwargs(self) -> dict[str, torch.Tensor]:
+        """Inputs for a Hugging Face causal LM in padding-free mode (batch dim 1, no mask).
+
+        ``position_ids`` restart at 0 per segment, which is how HF finds boundaries.
+        ``labels`` are -100 where not trained. They are already shifted, so they are also
+        passed as ``shift_labels``: recent transformers' ``ForCausalLMLoss`` then uses them
+        as-is instead of shifting again (a second shift would cross sequence boundaries).
+        """
+        labels = torch.where(self.loss_mask > 0, self.labels, torch.full_like(self.labels, -100))
+        return {
+            "input_ids": self.tokens,
+            "labels": labels,
+            "shift_labels": labels,
+            "position_ids": self.position_ids,
+        }

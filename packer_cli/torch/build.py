@@ -1,0 +1,219 @@
+"""Turn one stored pack (numpy arrays) into a :class:`~packer_cli.torch.batch.THDBatch`.
+
+A stored row holds, for each sequence ``i`` with real length ``s_i`` and physical length
+``p_i`` (a multiple of the pad multiple), its ``s_i`` input tokens then ``p_i - s_i``
+alignment pads; the label-aligned ``loss_mask``; the physical ``cu_seqlens``; ``seq_lens``;
+and ``last_token`` (the label of the last input token). Labels are rebuilt per sequence::
+
+    j in [o, o + s_i - 1)  -> tokens[j + 1]        (o = cu_seqlens[i])
+    j == o + s_i - 1       -> last_token[i]
+    padding                -> -100
+
+With ``spec.pad_to_max_length`` the row is extended to ``pack_size`` by one tail segment
+(pad tokens, label -100, loss 0, ``padding_mask`` True, positions restarting at 0).
+
+Everything here is vectorized numpy on host arrays: this runs in DataLoader workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from packer_cli.torch.batch import THDBatch
+
+
+class StaticShapeError(ValueError):
+    """Static (CUDA-graph) shapes were asked for but the data or metadata cannot give them."""
+
+
+def static_shape(meta: dict) -> tuple[int, int, int]:
+    """``(T, len(cu_seqlens), max_seqlen)`` for static-shape batches of this output.
+
+    ``T`` is ``spec.pack_size``; boundaries have ``max_samples_per_bin + 2`` entries (a
+    leading 0, up to ``max_samples_per_bin`` sequences, one tail segment); ``max_seqlen``
+    is Bridge's ``max(dataset_max_seqlen, pack_size - min_packed_seqlen)``, which bounds
+    every sequence and the tail segment.
+    """
+    spec = meta.get("spec", {})
+    if not spec.get("pad_to_max_length", False):
+        raise StaticShapeError(
+            "static shapes need every pack padded to pack_size: repack with pad_to_max_length=True "
+            "(pad_cu_seqlens requires pad_to_max_length)"
+        )
+    bridge = meta.get("bridge") or {}
+    needed = ("max_samples_per_bin", "dataset_max_seqlen", "min_packed_seqlen")
+    missing = [k for k in needed if bridge.get(k) is None]
+    if missing or spec.get("pack_size") is None:
+        raise StaticShapeError(
+            f"static shapes need metadata.json 'bridge' keys {list(needed)} and spec.pack_size; "
+            f"missing: {missing or ['spec.pack_size']}"
+        )
+    t = int(spec["pack_size"])
+    cu_len = int(bridge["max_samples_per_bin"]) + 2
+    max_seqlen = max(int(bridge["dataset_max_seqlen"]), t - int(bridge["min_packed_seqlen"]))
+    return t, cu_len, max_seqlen
+
+
+def _check_row(tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s: np.ndarray, p: np.ndarray) -> None:
+    if cu.size < 1 or cu[0] != 0 or cu[-1] != tokens.size or loss.size != tokens.size:
+        raise ValueError(
+            f"malformed pack: cu_seqlens must start at 0 and end at len(tokens)={tokens.size} "
+            f"(got {cu[:1].tolist()}..{cu[-1:].tolist()}), len(loss_mask)={loss.size}"
+        )
+    if s.size != p.size or (p < s).any() or (s < 1).any():
+        raise ValueError(f"malformed pack: need 1 <= seq_lens <= physical lengths, got {s.tolist()} vs {p.tolist()}")
+
+
+def build_thd_batch(row: Any, meta: dict, *, static: bool = False) -> THDBatch:
+    """Build the CPU :class:`THDBatch` of one stored pack.
+
+    Args:
+        row: object with numpy arrays ``tokens, loss_mask, cu_seqlens, seq_lens,
+            last_token, source_index`` (the reader's row).
+        meta: the output's ``metadata.json`` (``spec.pad_id``, ``spec.pack_size``,
+            ``spec.pad_to_max_length``; the ``bridge`` keys when ``static``).
+        static: CUDA-graph shapes: ``T = pack_size``, boundaries extended to
+            ``max_samples_per_bin + 2`` entries by repeating their last value, and a
+            constant ``max_seqlen`` (see :func:`static_shape`).
+    """
+    spec = meta.get("spec", {})
+    pad_id = int(spec.get("pad_id", 0))
+    tokens_in = np.asarray(row.tokens)
+    loss_in = np.asarray(row.loss_mask)
+    cu_in = np.asarray(row.cu_seqlens, dtype=np.int64)
+    s = np.asarray(row.seq_lens, dtype=np.int64)
+    p = np.diff(cu_in)
+    _check_row(tokens_in, loss_in, cu_in, s, p)
+    n = s.size
+    phys = int(cu_in[-1])
+
+    if static:
+        t, cu_len, static_max = static_shape(meta)
+    elif spec.get("pad_to_max_length", False):
+        t = int(spec["pack_size"])
+    else:
+        t = phys
+    if phys > t:
+        raise ValueError(f"pack has {phys} physical tokens, more than pack_size={t}")
+    tail = t - phys
+
+    # Segments: the sequences, then the tail (if any). seg_real is what is trained/attended
+    # for labels and padding_mask; the tail has no real tokens.
+    seg_p = np.append(p, tail) if tail else p
+    seg_real = np.append(s, 0) if tail else s
+    nseg = seg_p.size
+    padded = bool((p != s).any())
+
+    cu_pad = np.zeros(nseg + 1, dtype=np.int64)
+    np.cumsum(seg_p, out=cu_pad[1:])
+    if padded:
+        cu_real = np.zeros(nseg + 1, dtype=np.int64)
+        np.cumsum(seg_real, out=cu_real[1:])
+    else:
+        # No alignment padding: the tail is kept as an ordinary (attended, untrained)
+        # segment so one vector serves both fields and TE keeps FlashAttention eligible.
+        cu_real = cu_pad
+
+    seg = np.repeat(np.arange(nseg, dtype=np.int64), seg_p)  # [T] segment of each token
+    pos = np.arange(t, dtype=np.int64) - cu_pad[seg]  # restarts at 0 per segment
+    real_len = seg_real[seg]
+    padding_mask = pos >= real_len
+
+    tok = np.full(t, pad_id, dtype=np.int64)
+    tok[:phys] = tokens_in
+    nxt = np.full(t, -100, dtype=np.int64)
+    nxt[:-1] = tok[1:]
+    last = np.asarray(row.last_token, dtype=np.int64)
+    if tail:
+        last = np.append(last, -100)
+    labels = np.where(pos < real_len - 1, nxt, np.where(pos == real_len - 1, last[seg], -100))
+
+    loss = np.zeros(t, dtype=np.float32)
+    loss[:phys] = loss_in
+    loss[padding_mask] = 0.0
+
+    max_seqlen = int(seg_p.max()) if nseg else 0
+    if static:
+        if nseg + 1 > cu_len:
+            raise StaticShapeError(
+                f"pack has {nseg} segments but metadata max_samples_per_bin allows {cu_len - 2} (+1 tail)"
+            )
+        if max_seqlen > static_max:
+            raise StaticShapeError(
+                f"segment of {max_seqlen} tokens exceeds the static max_seqlen {static_max} from metadata"
+            )
+        cu_pad = np.concatenate([cu_pad, np.full(cu_len - nseg - 1, cu_pad[-1])])
+        cu_real = cu_pad if not padded else np.concatenate([cu_real, np.full(cu_len - nseg - 1, cu_real[-1])])
+        max_seqlen = static_max
+
+    cu_pad_t = torch.from_numpy(cu_pad.astype(np.int32))
+    cu_real_t = cu_pad_t if cu_real is cu_pad else torch.from_numpy(cu_real.astype(np.int32))
+    return THDBatch(
+        tokens=torch.from_numpy(tok).view(1, t),
+        labels=torch.from_numpy(labels).view(1, t),
+        loss_mask=torch.from_numpy(loss).view(1, t),
+        position_ids=torch.from_numpy(pos).view(1, t),
+        seq_idx=torch.from_numpy(seg.astype(np.int32)).view(1, t),
+        padding_mask=torch.from_numpy(padding_mask).view(1, t),
+        cu_seqlens=cu_real_t,
+        cu_seqlens_padded=cu_pad_t,
+        max_seqlen=max_seqlen,
+        source_index=torch.from_numpy(np.array(row.source_index, dtype=np.int64)),
+        num_seqs=n,
+        num_real_tokens=int(s.sum()),
+        seqlen_sq_sum=int((s * s).sum()),
+        num_loss_tokens=int(np.count_nonzero(loss)),
+        num_tokens=t,
+        num_segments=nseg,
+    )
+
+
+def concat_batches(batches: list[THDBatch]) -> THDBatch:
+    """One THD row from several whole packs (micro-batch of ``len(batches)`` packs, CP=1).
+
+    Token tensors are concatenated; each pack's boundaries are offset by the physical
+    (resp. real) length before it and its leading 0 dropped; ``seq_idx`` is offset by the
+    number of boundary segments before it so it still indexes ``cu_seqlens``.
+    """
+    if len(batches) == 1:
+        return batches[0]
+    if any(b.cp_size != 1 for b in batches):
+        raise ValueError("concatenate packs before slicing them for a CP rank")
+    cat = lambda name: torch.cat([getattr(b, name) for b in batches], dim=1)  # noqa: E731
+    off_pad = off_seg = 0
+    off_real = torch.zeros((), dtype=torch.int32, device=batches[0].cu_seqlens.device)  # no host read
+    cu_pad, cu_real, seq_idx = [batches[0].cu_seqlens_padded[:1]], [batches[0].cu_seqlens[:1]], []
+    segments = 0
+    for b in batches:
+        cu_pad.append(b.cu_seqlens_padded[1:] + off_pad)
+        cu_real.append(b.cu_seqlens[1:] + off_real)
+        seq_idx.append(b.seq_idx + off_seg)
+        segments = off_seg + b.num_segments
+        off_pad += b.num_tokens
+        off_real = off_real + b.cu_seqlens[-1]
+        off_seg += b.cu_seqlens.numel() - 1
+    cu_pad_t = torch.cat(cu_pad)
+    padded = any(b.has_padding for b in batches)
+    cu_real_t = torch.cat(cu_real) if padded else cu_pad_t
+    return THDBatch(
+        tokens=cat("tokens"),
+        labels=cat("labels"),
+        loss_mask=cat("loss_mask"),
+        position_ids=cat("position_ids"),
+        seq_idx=torch.cat(seq_idx, dim=1),
+        padding_mask=cat("padding_mask"),
+        cu_seqlens=cu_real_t,
+        cu_seqlens_padded=cu_pad_t,
+        max_seqlen=max(b.max_seqlen for b in batches),
+        source_index=torch.cat([b.source_index for b in batches]),
+        num_seqs=sum(b.num_seqs for b in batches),
+        num_real_tokens=sum(b.num_real_tokens for b in batches),
+        seqlen_sq_sum=sum(b.seqlen_sq_sum for b in batches),
+        num_loss_tokens=sum(b.num_loss_tokens for b in batches),
+        num_tokens=off_pad,
+        num_segments=segments,
+        num_packs=sum(b.num_packs for b in batches),
+    )

@@ -1,0 +1,89 @@
+"""Context-parallel (CP) partition of a packed THD row, identical to Transformer Engine.
+
+Under context parallelism every rank holds ``T / cp_size`` of the pack's ``T`` tokens.
+The split is TE's "dual chunk" (zig-zag) rule, applied to every sequence separately:
+
+* each physical segment of length ``p_i`` (a multiple of ``2 * cp_size``) is cut into
+  ``2 * cp_size`` equal chunks of ``c_i = p_i / (2 * cp_size)`` tokens;
+* rank ``r`` keeps chunk ``r`` and chunk ``2 * cp_size - 1 - r`` of every segment, in that
+  order, and segments stay in pack order.
+
+Pairing an early chunk with a late one balances the causal attention work across ranks.
+The function below returns the same ``int32`` index vector as TE's
+``thd_get_partitioned_indices(cu_seqlens, total_tokens, world_size, rank)``, including
+for zero-length segments (the repeated boundaries of a static-shape ``cu_seqlens``),
+but it is pure torch: it runs on CPU (in a DataLoader worker) or on GPU, and reads no
+value back to the host.
+
+Example (``cu_seqlens_padded = [0, 8, 12, 24]``, CP=2)::
+
+    >>> cp_partition_indices(torch.tensor([0, 8, 12, 24]), 24, 2, 0).tolist()
+    [0, 1, 6, 7, 8, 11, 12, 13, 14, 21, 22, 23]
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def cp_partition_indices(
+    cu_seqlens_padded: torch.Tensor, total_tokens: int, cp_size: int, cp_rank: int
+) -> torch.Tensor:
+    """Token indices of CP rank ``cp_rank`` in a THD row of ``total_tokens`` tokens.
+
+    Args:
+        cu_seqlens_padded: 1-D int32/int64 physical boundaries ``[0, p_0, p_0+p_1, ...]``.
+            Every entry must be divisible by ``2 * cp_size`` and the last must equal
+            ``total_tokens`` (as in TE, an uncovered tail gives undefined indices).
+            Repeated entries (zero-length segments) are allowed.
+        total_tokens: ``T``, the physical length of the row (a Python int, so no sync).
+        cp_size: the context-parallel world size (``>= 1``).
+        cp_rank: this rank, ``0 <= cp_rank < cp_size``.
+
+    Returns:
+        ``int32`` tensor of shape ``[total_tokens // cp_size]`` on the device of
+        ``cu_seqlens_padded``: use it with ``index_select(1, idx)`` on ``[1, T]`` tensors.
+
+    Raises:
+        ValueError: on bad sizes or ranks (checked with host ints only; the per-entry
+            divisibility is the caller's contract, as in TE, because checking it on a
+            device tensor would force a sync).
+    """
+    if cp_size < 1 or not 0 <= cp_rank < cp_size:
+        raise ValueError(f"need 0 <= cp_rank < cp_size, got cp_rank={cp_rank}, cp_size={cp_size}")
+    if cu_seqlens_padded.dim() != 1 or cu_seqlens_padded.numel() < 2:
+        raise ValueError("cu_seqlens_padded must be 1-D with at least 2 entries")
+    two_cp = 2 * cp_size
+    if total_tokens % two_cp:
+        raise ValueError(f"total_tokens={total_tokens} is not divisible by 2*cp_size={two_cp}")
+
+    cu = cu_seqlens_padded.to(torch.int64)
+    lens = cu[1:] - cu[:-1]
+    chunk = lens // two_cp  # c_i: chunk size of segment i
+    # Rank-local boundaries: every segment contributes 2*c_i tokens to every rank.
+    local_cu = torch.zeros_like(cu)
+    local_cu[1:] = torch.cumsum(2 * chunk, 0)
+    tok = torch.arange(total_tokens // cp_size, device=cu.device)
+    # right=True picks the last of equal starts, so zero-length segments own no token
+    # (TE's binary search does the same).
+    seq = torch.searchsorted(local_cu[1:], tok, right=True).clamp_(max=lens.numel() - 1)
+    j = tok - local_cu[seq]  # offset of the token inside this rank's share of segment seq
+    c = chunk[seq]
+    first_half = cp_rank * c + j
+    second_half = (two_cp - 1 - cp_rank) * c + (j - c)
+    return (cu[seq] + torch.where(j < c, first_half, second_half)).to(torch.int32)
+
+
+def cp_partition_reference(cu_seqlens_padded: list[int], cp_size: int, cp_rank: int) -> list[int]:
+    """The obvious loop form of the same rule, kept as a test oracle and for reading.
+
+    For each segment ``[o, o + p)``, with ``c = p // (2 * cp_size)``, rank ``r`` takes
+    ``range(o + r*c, o + (r+1)*c)`` then ``range(o + (2cp-1-r)*c, o + (2cp-r)*c)``.
+    """
+    out: list[int] = []
+    two_cp = 2 * cp_size
+    for o, e in zip(cu_seqlens_padded[:-1], cu_seqlens_padded[1:]):
+        c = (e - o) // two_cp
+        out.extend(range(o + cp_rank * c, o + (cp_rank + 1) * c))
+        out.extend(range(o + (two_cp - 1 - cp_rank) * c, o + (two_cp - cp_rank) * c))
+    return out

@@ -1,0 +1,99 @@
+"""``PackedDataset``: a map-style torch dataset over packer's output directory.
+
+One item is one stored pack, returned as a CPU :class:`~packer_cli.torch.batch.THDBatch`.
+The shards are Arrow IPC files read through memory maps by
+``packer_cli.shards.reader.PackedReader``; nothing is loaded up front, so opening a
+dataset of any size is instant and DataLoader workers share the page cache.
+
+    >>> ds = PackedDataset("out/")              # doctest: +SKIP
+    >>> len(ds), ds[0].cu_seqlens_padded         # doctest: +SKIP
+
+The reader is opened lazily in each process (and dropped when pickled), so the dataset
+works with fork and spawn DataLoader workers alike.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from torch.utils.data import Dataset
+
+from packer_cli.torch.batch import THDBatch
+from packer_cli.torch.build import build_thd_batch, concat_batches, static_shape
+
+
+def _open_reader(out_dir: str) -> Any:
+    try:
+        from packer_cli.shards.reader import PackedReader
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ImportError(f"cannot read packed shards: packer_cli.shards.reader is unavailable ({exc})") from exc
+    return PackedReader(out_dir)
+
+
+class PackedDataset(Dataset):
+    """Map-style dataset: ``len`` = number of packs, ``ds[i]`` = THDBatch of pack ``i``.
+
+    Args:
+        source: the output directory written by ``packer pack``, or an already open
+            reader-like object (``.metadata``, ``len()``, ``.row(i)``).
+        static: CUDA-graph shapes (fixed ``T``, boundary length and ``max_seqlen``).
+            ``None`` follows the data's ``spec.pad_cu_seqlens``. Checked at construction:
+            a clear :class:`~packer_cli.torch.build.StaticShapeError` when the data was not
+            padded to ``pack_size`` or the metadata lacks Bridge's keys.
+    """
+
+    def __init__(self, source: str | os.PathLike | Any, *, static: bool | None = None) -> None:
+        if isinstance(source, (str, os.PathLike)):
+            self.out_dir: str | None = os.fspath(source)
+            self._reader: Any = None
+        else:
+            self.out_dir = None
+            self._reader = source
+        meta = self.reader.metadata
+        self.metadata: dict = meta
+        spec = meta.get("spec", {})
+        self.static = bool(spec.get("pad_cu_seqlens", False)) if static is None else bool(static)
+        if self.static:
+            static_shape(meta)  # raises early with a clear message
+        self._len = len(self.reader)
+
+    # -- reader lifecycle: open per process, never pickle a memory map ---------------
+    @property
+    def reader(self) -> Any:
+        if self._reader is None:
+            self._reader = _open_reader(self.out_dir)  # type: ignore[arg-type]
+        return self._reader
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        if self.out_dir is not None:
+            state["_reader"] = None
+        return state
+
+    # -- map-style protocol ----------------------------------------------------------
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> THDBatch:
+        if index < 0:
+            index += self._len
+        if not 0 <= index < self._len:
+            raise IndexError(f"pack index {index} out of range for {self._len} packs")
+        return build_thd_batch(self.reader.row(index), self.metadata, static=self.static)
+
+    def micro_batch(self, indices: Sequence[int], cp_size: int = 1, cp_rank: int = 0) -> THDBatch:
+        """The THD row of packs ``indices`` (concatenated), sliced for one CP rank.
+
+        This is the whole host-side job of a DataLoader worker: read, build, concatenate,
+        slice, so only ``T / cp_size`` tokens per pack cross to the GPU.
+        """
+        batch = concat_batches([self[i] for i in indices])
+        return batch.for_cp_rank(cp_size, cp_rank)
+
+    @property
+    def pad_multiple(self) -> int | None:
+        """The per-sequence padding multiple the data was packed with, if recorded."""
+        spec = self.metadata.get("spec", {})
+        value = spec.get("pad_seq_to_mult")
+        return int(value) if value is not None else None

@@ -1,0 +1,129 @@
+"""In-batch packing: turn a right-padded ``[B, S]`` micro-batch into one THD row.
+
+This is the VLM path, where samples are not packed offline: the collator gives a padded
+``[B, S]`` batch and it is packed on the fly. Semantics follow Megatron-Bridge's
+``pack_batch_sequences``:
+
+* Row length: ``padding_mask[i].sum()`` when a mask is given, else the index of the last
+  token ``!= pad_token_id`` plus one. Empty rows are dropped.
+* Each length is rounded up to ``pad_to_multiple_of`` (``lcm(2*CP, CP*TP with SP)``), and
+  ``cu_seqlens`` uses the **padded** lengths so THD RoPE and CP slicing line up.
+* Added padding: token ``pad_token_id``, label -100, loss 0, positions continuing from the
+  row's last position + 1.
+
+Example: rows of lengths 3 and 5 with ``pad_to_multiple_of=2`` give ``cu_seqlens = [0, 4, 10]``
+and ``max_seqlen = 6``.
+
+Unlike offline packing this needs one host read (the lengths decide the output shape);
+run it at collate time, not in the step.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def _row_lengths(tokens: torch.Tensor, pad_token_id: int, padding_mask: torch.Tensor | None) -> torch.Tensor:
+    if padding_mask is not None:
+        return padding_mask.to(torch.int64).sum(dim=1)
+    width = tokens.shape[1]
+    nonpad = tokens != pad_token_id
+    # index of the last non-pad token + 1, via argmax over the reversed row; 0 if none
+    last_from_end = torch.argmax(nonpad.flip(1).to(torch.int8), dim=1)
+    return torch.where(nonpad.any(dim=1), width - last_from_end, torch.zeros_like(last_from_end))
+
+
+def pack_batch_sequences(
+    tokens: torch.Tensor,
+    labels: torch.Tensor | None,
+    loss_mask: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor,
+    pad_token_id: int = 0,
+    pad_to_multiple_of: int = 1,
+    padding_mask: torch.Tensor | None = None,
+) -> tuple[
+    torch.Tensor,
+    torch.Tensor | None,
+    torch.Tensor | None,
+    None,
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+]:
+    """Pack the rows of a right-padded batch into one ``[1, total]`` THD row.
+
+    Args:
+        tokens: ``[B, S]`` token ids, right-padded with ``pad_token_id``.
+        labels, loss_mask: ``[B, S]`` or ``None`` (non-last pipeline stages); ``None``
+            passes through.
+        attention_mask: ignored; the packed row has none (boundaries replace it).
+        position_ids: ``[B, S]`` positions (may be expanded views).
+        pad_token_id: padding token id, used to find lengths without a mask.
+        pad_to_multiple_of: each row's length is rounded up to this multiple.
+        padding_mask: optional ``[B, S]`` mask, True/1 on real tokens (the collator's
+            attention mask); its row sums are the lengths.
+
+    Returns:
+        ``(tokens, labels, loss_mask, None, position_ids, cu_seqlens, max_seqlen)`` with
+        ``[1, total]`` tensors in the input dtypes, ``cu_seqlens`` int32 ``[rows+1]`` over
+        padded lengths, and ``max_seqlen`` a 0-dim int32 tensor; all on the input device.
+        An all-padding batch logs a warning and gives ``[1, 0]`` tensors, ``cu_seqlens=[0]``
+        and ``max_seqlen=0``.
+    """
+    del attention_mask  # replaced by cu_seqlens
+    if pad_to_multiple_of < 1:
+        raise ValueError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}")
+    device = tokens.device
+    batch, width = tokens.shape
+    lengths = _row_lengths(tokens, pad_token_id, padding_mask)
+    keep = lengths > 0  # empty rows are dropped
+    rows = torch.arange(batch, device=device)[keep]
+    lens = lengths[keep]
+    padded = (lens + pad_to_multiple_of - 1) // pad_to_multiple_of * pad_to_multiple_of
+    cu = torch.zeros(padded.numel() + 1, dtype=torch.int32, device=device)
+    cu[1:] = torch.cumsum(padded, 0).to(torch.int32)
+    total = int(cu[-1])  # the one host read: the output size depends on the data
+
+    if total == 0:
+        logger.warning("pack_batch_sequences: every row is padding; returning an empty packed batch")
+        empty = lambda t: None if t is None else t.new_empty((1, 0))  # noqa: E731
+        return (
+            empty(tokens),
+            empty(labels),
+            empty(loss_mask),
+            None,
+            empty(position_ids),
+            cu,
+            torch.zeros((), dtype=torch.int32, device=device),
+        )
+
+    seg = torch.repeat_interleave(torch.arange(rows.numel(), device=device), padded, output_size=total)
+    j = torch.arange(total, device=device) - cu[:-1].to(torch.int64)[seg]  # offset in the row
+    row = rows[seg]
+    seg_len = lens[seg]
+    real = j < seg_len
+    col = torch.minimum(j, torch.full_like(j, width - 1))  # padding may run past S
+
+    def gather(t: torch.Tensor, fill: float | int) -> torch.Tensor:
+        vals = t[row, col]
+        return torch.where(real, vals, torch.full_like(vals, fill))
+
+    last_pos = position_ids[row, seg_len - 1]
+    pos = torch.where(real, position_ids[row, col], last_pos + (j - seg_len + 1))
+    out_labels = None if labels is None else gather(labels, -100).view(1, total)
+    out_loss = None if loss_mask is None else gather(loss_mask, 0).view(1, total)
+    max_seqlen = padded.max().to(torch.int32)
+    return (
+        gather(tokens, pad_token_id).view(1, total),
+        out_labels,
+        out_loss,
+        None,
+        pos.to(position_ids.dtype).view(1, total),
+        cu,
+        max_seqlen,
+    )

@@ -1,0 +1,77 @@
+"""Which packs each data-parallel rank reads, in which order, from where it left off.
+
+Every epoch is a seeded permutation of the packs (``numpy.random.default_rng([seed, epoch])``),
+cut into micro-batches of ``batch_packs`` packs; micro-batch ``k`` goes to DP rank
+``k % dp_size``. So:
+
+* all ranks agree on the order without communicating (same seed, same epoch);
+* the CP ranks of one DP replica are *not* part of the sharding: they get the same
+  packs, which is what context parallelism needs (each then keeps its own slice);
+* every DP rank gets the same number of micro-batches (the remainder is dropped), so
+  no rank waits for a step another rank never takes;
+* the position inside an epoch is one integer, which makes resuming exact.
+
+Example: 10 packs, ``batch_packs=2``, ``dp_size=2`` -> 2 micro-batches per rank per epoch
+(the last 2 packs of the permutation are dropped).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+
+class MicroBatchSampler:
+    """Yields, for one DP rank, lists of pack indices (one list per micro-batch).
+
+    Args:
+        num_packs: dataset length.
+        batch_packs: packs per micro-batch (concatenated into one THD row).
+        dp_size, dp_rank: data-parallel world size and rank.
+        seed: base seed; the permutation of epoch ``e`` depends on ``(seed, e)`` only.
+        shuffle: False keeps pack order (useful for evaluation).
+    """
+
+    def __init__(
+        self,
+        num_packs: int,
+        *,
+        batch_packs: int = 1,
+        dp_size: int = 1,
+        dp_rank: int = 0,
+        seed: int = 0,
+        shuffle: bool = True,
+    ) -> None:
+        if batch_packs < 1 or dp_size < 1 or not 0 <= dp_rank < dp_size:
+            raise ValueError(f"bad sharding: batch_packs={batch_packs}, dp_size={dp_size}, dp_rank={dp_rank}")
+        self.num_packs = num_packs
+        self.batch_packs = batch_packs
+        self.dp_size = dp_size
+        self.dp_rank = dp_rank
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.start = 0  # micro-batches of this epoch already consumed by this rank
+
+    @property
+    def per_epoch(self) -> int:
+        """Micro-batches per epoch for every DP rank."""
+        return self.num_packs // (self.batch_packs * self.dp_size)
+
+    def __len__(self) -> int:
+        return self.per_epoch - self.start
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """``[per_epoch, batch_packs]`` pack indices of this rank for ``epoch``."""
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, epoch]).permutation(self.num_packs)
+        else:
+            order = np.arange(self.num_packs)
+        used = self.per_epoch * self.batch_packs * self.dp_size
+        groups = order[:used].reshape(self.per_epoch, self.dp_size, self.batch_packs)
+        return groups[:, self.dp_rank, :]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for row in self.epoch_order(self.epoch)[self.start :]:
+            yield row.tolist()
