@@ -1,0 +1,17 @@
+# Sourced by demo.sh and test.sh: create or update .venv with the project installed.
+# torch is pinned to 2.13.0: on these machines that is a local CPU build; a plain or newer
+# torch would download several GB of CUDA packages.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+VPY="$ROOT/.venv/bin/python"
+stamp=".venv/.packer-installed-$1"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  "$VPY" -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
+  "$VPY" -m pip install --quiet -e ".[$1]" "torch==2.13.0"
+  touch "$stamp"
+fi

@@ -1,0 +1,63 @@
+"""Shared fixtures: synthetic SFT data the project generates itself, and ../shared/data when present."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from packer_cli.demo import demo_table
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED_FILES = sorted(SHARED_DATA.glob("*.parquet")) if SHARED_DATA.is_dir() else []
+
+
+def require_shared():
+    if not SHARED_FILES:
+        pytest.skip(f"real SFT data not found at {SHARED_DATA} (only in the project's CI layout)")
+    return SHARED_FILES
+
+
+@pytest.fixture(scope="session")
+def shared_files():
+    return require_shared()
+
+
+@pytest.fixture(scope="session")
+def synthetic_parquet(tmp_path_factory) -> Path:
+    """3,000 synthetic samples with a long tail (some longer than 2,048 tokens)."""
+    path = tmp_path_factory.mktemp("synthetic") / "synthetic.parquet"
+    pq.write_table(demo_table(3000, seed=7), path, row_group_size=1000)
+    return path
+
+
+def read_samples(path) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Tokens and input-aligned target flags of every record of a Parquet file (test oracle)."""
+    table = pq.read_table(path)
+    tokens = [np.asarray(x, dtype=np.int64) for x in table.column("input_ids").to_pylist()]
+    masks = [np.asarray(x, dtype=np.int64) for x in table.column("loss_mask").to_pylist()]
+    return tokens, masks
+
+
+def packed_sequences(out_dir) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
+    """(source_index, source_offset) → (inputs, labels, label loss mask, padded length), read back
+    from the raw shard files with plain pyarrow (independent of packer's reader)."""
+    out = {}
+    for shard in sorted(Path(out_dir).glob("packs-*.arrow")):
+        table = pa.ipc.open_file(pa.memory_map(str(shard))).read_all()
+        for row in table.to_pylist():
+            cu = row["cu_seqlens"]
+            for i, s in enumerate(row["seq_lens"]):
+                o, e = cu[i], cu[i + 1]
+                inputs = np.asarray(row["tokens"][o:o + s])
+                labels = np.append(np.asarray(row["tokens"][o + 1:o + s]), row["last_token"][i])
+                mask = np.asarray(row["loss_mask"][o:o + s])
+                key = (row["source_index"][i], row["source_offset"][i])
+                assert key not in out, f"sequence {key} packed twice"
+                out[key] = (inputs, labels, mask, e - o)
+                assert all(t == row["tokens"][o + s] for t in row["tokens"][o + s:e]) or s == e - o
+                assert not any(row["loss_mask"][o + s:e]), "loss on padding"
+    return out

@@ -1,0 +1,164 @@
+"""Slow, obvious reference implementations used to test the compiled planner."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+
+def _decreasing(lengths):
+    return sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+
+
+def first_fit_decreasing(lengths, capacity):
+    """Linear-scan FFD: each item (decreasing, ties by index) into the first pack with room."""
+    lengths = [int(x) for x in lengths]
+    room, out = [], [0] * len(lengths)
+    for i in _decreasing(lengths):
+        for p, r in enumerate(room):
+            if r >= lengths[i]:
+                break
+        else:
+            room.append(capacity)
+            p = len(room) - 1
+        room[p] -= lengths[i]
+        out[i] = p
+    return np.array(out, dtype=np.int64)
+
+
+def best_fit_decreasing(lengths, capacity):
+    """Linear-scan BFD: least remaining room that fits, ties to the lowest pack."""
+    lengths = [int(x) for x in lengths]
+    room, out = [], [0] * len(lengths)
+    for i in _decreasing(lengths):
+        best = -1
+        for p, r in enumerate(room):
+            if r >= lengths[i] and (best < 0 or r < room[best]):
+                best = p
+        if best < 0:
+            room.append(capacity)
+            best = len(room) - 1
+        room[best] -= lengths[i]
+        out[i] = best
+    return np.array(out, dtype=np.int64)
+
+
+def next_fit(lengths, capacity):
+    out, pack, room = [], -1, 0
+    for x in lengths:
+        if x > room:
+            pack, room = pack + 1, capacity
+        room -= x
+        out.append(pack)
+    return np.array(out, dtype=np.int64)
+
+
+def bridge_first_fit_shuffle(lengths, capacity, seed):
+    """Transcription of Megatron-Bridge's create_packing_strategy(first_fit_shuffle)
+    followed by fill_packing_strategy, on item indices instead of token rows.
+
+    Uses the global legacy RNG exactly as Bridge does (np.random.seed, shuffle of
+    a Python list, permutation per bucket), restoring the global state afterwards.
+    """
+    lengths = [int(x) for x in lengths]
+    saved = np.random.get_state()
+    try:
+        np.random.seed(seed)
+        # create_hist: buckets of items per length, in dataset order; histogram.
+        sequences = {}
+        for i, x in enumerate(lengths):
+            sequences.setdefault(x, []).append(i)
+        histogram = [0] * (capacity + 1)
+        for x in lengths:
+            histogram[x] += 1
+        # create_packing_strategy: expand the histogram ascending, then first_fit_shuffle.
+        all_seq_lens = []
+        for x, count in enumerate(histogram):
+            all_seq_lens.extend([x] * count)
+        shuffled = all_seq_lens[:]
+        np.random.shuffle(shuffled)
+        bins, sums = [], []
+        for x in shuffled:
+            for b in range(len(bins)):
+                if sums[b] + x <= capacity:
+                    bins[b].append(x)
+                    sums[b] += x
+                    break
+            else:
+                bins.append([x])
+                sums.append(x)
+        # fill_packing_strategy: permute every non-empty bucket, ascending length.
+        for x in range(capacity + 1):
+            if sequences.get(x):
+                perm = np.random.permutation(len(sequences[x]))
+                sequences[x] = [sequences[x][j] for j in perm]
+        pack_of_item = [0] * len(lengths)
+        order = []
+        for b, assignment in enumerate(bins):
+            for x in assignment:
+                item = sequences[x].pop()
+                pack_of_item[item] = b
+                order.append(item)
+        assert all(not v for v in sequences.values())
+    finally:
+        np.random.set_state(saved)
+    return np.array(pack_of_item, dtype=np.int64), np.array(order, dtype=np.int64)
+
+
+def martello_toth_l2(lengths, capacity):
+    """L2 evaluated set by set for every integer K in [0, C/2]."""
+    lengths = [int(x) for x in lengths]
+    if not lengths:
+        return 0
+    c = capacity
+    best = 0
+    for k in range(0, c // 2 + 1):
+        j1 = [s for s in lengths if s > c - k]
+        j2 = [s for s in lengths if c - k >= s and 2 * s > c]
+        j3 = [s for s in lengths if 2 * s <= c and s >= k]
+        extra = max(0, math.ceil((sum(j3) - (len(j2) * c - sum(j2))) / c))
+        best = max(best, len(j1) + len(j2) + extra)
+    return best
+
+
+def optimal_packs(lengths, capacity):
+    """Exact minimum number of packs by exhaustive search (tiny inputs only)."""
+    lengths = sorted((int(x) for x in lengths), reverse=True)
+    n = len(lengths)
+    if n == 0:
+        return 0
+    best = [n]
+
+    def place(i, room):
+        if len(room) >= best[0]:
+            return
+        if i == n:
+            best[0] = len(room)
+            return
+        seen = set()
+        for p in range(len(room)):
+            if room[p] >= lengths[i] and room[p] not in seen:
+                seen.add(room[p])
+                room[p] -= lengths[i]
+                place(i + 1, room)
+                room[p] += lengths[i]
+        room.append(capacity - lengths[i])
+        place(i + 1, room)
+        room.pop()
+
+    place(0, [])
+    return best[0]
+
+
+def pack_layout(pack_of_item, placement):
+    """(order, offsets) from a pack assignment and a placement sequence."""
+    pack_of_item = np.asarray(pack_of_item)
+    p = int(pack_of_item.max()) + 1 if len(pack_of_item) else 0
+    groups = [[] for _ in range(p)]
+    for i in placement:
+        groups[pack_of_item[i]].append(int(i))
+    order = list(itertools.chain.from_iterable(groups))
+    offsets = np.cumsum([0] + [len(g) for g in groups])
+    return np.array(order, dtype=np.int64), offsets.astype(np.int64)

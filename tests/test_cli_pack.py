@@ -1,0 +1,131 @@
+"""`packer pack` from the command line: exit codes, one-line errors, nothing half-written."""
+from __future__ import annotations
+
+import json
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from packer_cli.cli import app
+
+runner = CliRunner()
+GOOD = {"input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 1]}
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def write_jsonl(path, records, raw_line3: str | None = None):
+    lines = [orjson.dumps(r).decode() for r in records]
+    if raw_line3 is not None:
+        lines.insert(2, raw_line3)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def assert_nothing_written(parent):
+    leftovers = [p.name for p in parent.iterdir() if p.name.startswith("out")]
+    assert leftovers == [], f"half-written output left behind: {leftovers}"
+
+
+BAD_LINES = [
+    ('{"input_ids": [1, 2,', "line 3: malformed JSON"),
+    ('[1, 2, 3]', "line 3: malformed JSON: the record is not a JSON object"),
+    ('{"loss_mask": [0, 1]}', "line 3: missing field 'input_ids'"),
+    ('{"input_ids": [1, 2.5, 3], "loss_mask": [0, 1, 1]}', "line 3: input_ids[1] = 2.5 is not an integer"),
+    ('{"input_ids": [1, "a"], "loss_mask": [0, 1]}', "line 3: input_ids[1] = 'a' is not an integer"),
+    ('{"input_ids": [1, -4, 3], "loss_mask": [0, 1, 1]}', "line 3: input_ids[1] = -4 is negative"),
+    ('{"input_ids": 7, "loss_mask": [0, 1, 1]}', "line 3: field 'input_ids' is not a list"),
+    ('{"input_ids": [1, 2, 3], "loss_mask": [0, 1]}', "line 3: loss_mask has 2 values but input_ids has 3"),
+    ('{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 2]}', "line 3: loss_mask[2] = 2 is not 0 or 1"),
+    ('{"input_ids": [1, 2, 3]}', "line 3: missing field 'loss_mask'"),
+    ('{"input_ids": [1, 2, 40000], "loss_mask": [0, 1, 1]}', "line 3: input_ids[2] = 40000 is >= vocab size 32000"),
+]
+
+
+@pytest.mark.parametrize("line,message", BAD_LINES)
+def test_bad_jsonl_record_is_one_line_error(tmp_path, line, message):
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 4, raw_line3=line)
+    result = run("pack", path, "-o", tmp_path / "out", "--vocab-size", 32000)
+    assert result.exit_code == 1, result.output
+    assert f"data.jsonl: {message}" in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+    assert_nothing_written(tmp_path)
+
+
+def test_skip_bad_records_counts_and_lists_them(tmp_path):
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 4, raw_line3='{"input_ids": [1, -4]}')
+    result = run("pack", path, "-o", tmp_path / "out", "--on-bad-record", "skip", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["counts"]["bad_records"] == 1 and summary["counts"]["samples_packed"] == 4
+    meta = json.loads((tmp_path / "out" / "metadata.json").read_text())
+    assert meta["bad_records"][0]["line"] == 3 and meta["bad_records"][0]["row"] == 2
+
+
+def test_bad_parquet_rows_name_the_row(tmp_path):
+    table = pa.table({"input_ids": [[1, 2, 3]] * 5 + [[1, -2, 3]], "loss_mask": [[0, 1, 1]] * 6})
+    pq.write_table(table, tmp_path / "d.parquet")
+    result = run("pack", tmp_path / "d.parquet", "-o", tmp_path / "out")
+    assert result.exit_code == 1 and "d.parquet: row 5: input_ids[1] = -2 is negative" in result.output
+    float_table = pa.table({"input_ids": [[1.0, 2.0]], "loss_mask": [[0, 1]]})
+    pq.write_table(float_table, tmp_path / "f.parquet")
+    result = run("pack", tmp_path / "f.parquet", "-o", tmp_path / "out")
+    assert result.exit_code == 1 and "f.parquet: row 0: field 'input_ids' holds double values" in result.output
+    assert_nothing_written(tmp_path)
+
+
+def test_empty_unreadable_and_unknown_inputs(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    result = run("pack", tmp_path / "empty.jsonl", "-o", tmp_path / "out")
+    assert result.exit_code == 1 and "empty.jsonl: empty input" in result.output
+    (tmp_path / "junk.parquet").write_bytes(b"this is not parquet at all")
+    result = run("pack", tmp_path / "junk.parquet", "-o", tmp_path / "out")
+    assert result.exit_code == 1 and "junk.parquet: cannot read as Parquet" in result.output
+    (tmp_path / "x.txt").write_text("hello")
+    result = run("pack", tmp_path / "x.txt", "-o", tmp_path / "out")
+    assert result.exit_code == 1 and "x.txt: unknown file type" in result.output
+    assert_nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--cp", "2", "--pack-size", "4094"], "pack-size 4094 must be divisible by 2*CP = 4"),
+    (["--cp", "2", "--tp", "4", "--sp", "--pad-seq-to-mult", "12"], "must be a positive multiple of 8"),
+    (["--pad-cu-seqlens"], "--pad-cu-seqlens requires --pad-to-max-length"),
+    (["--pack-size", "0"], "pack-size must be a positive integer"),
+])
+def test_bad_options_exit_2(tmp_path, args, message):
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD])
+    result = run("pack", path, "-o", tmp_path / "out", *args)
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert_nothing_written(tmp_path)
+
+
+def test_existing_out_needs_overwrite(tmp_path):
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
+    assert run("pack", path, "-o", tmp_path / "out").exit_code == 0
+    result = run("pack", path, "-o", tmp_path / "out")
+    assert result.exit_code == 2 and "already exists; pass --overwrite" in result.output
+    assert run("pack", path, "-o", tmp_path / "out", "--overwrite", "--pack-size", "8").exit_code == 0
+    assert json.loads((tmp_path / "out" / "metadata.json").read_text())["spec"]["pack_size"] == 8
+
+
+def test_dry_run_and_json(tmp_path):
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 10)
+    result = run("pack", path, "--dry-run", "--json", "--pack-size", "6")
+    assert result.exit_code == 0
+    summary = json.loads(result.stdout)
+    assert summary["dry_run"] and summary["counts"]["packs"] == 5  # 10 sequences of 3 runtime tokens, 2 per pack
+    assert_nothing_written(tmp_path)
+
+
+def test_no_target_samples_are_kept_and_warned(tmp_path):
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD, {"input_ids": [1, 2, 3], "loss_mask": [1, 0, 0]}])
+    result = run("pack", path, "-o", tmp_path / "out", "--json")
+    assert result.exit_code == 0
+    assert "1 samples have no target tokens" in result.stderr
+    assert json.loads(result.stdout)["counts"]["no_target_samples"] == 1

@@ -1,0 +1,327 @@
+"""Tests of packer_cli.plan against the naive references in tests/naive.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.testing as npt
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packer_cli.plan import (
+    ALGORITHMS,
+    PackPlan,
+    best_fit_decreasing,
+    bridge_first_fit_shuffle,
+    first_fit_decreasing,
+    lower_bound,
+    martello_toth_l2,
+    next_fit,
+    plan_packs,
+    validate_plan,
+)
+
+try:
+    from tests import naive
+except ImportError:  # tests/ is not a package
+    import naive
+
+KERNELS = [
+    (first_fit_decreasing, naive.first_fit_decreasing),
+    (best_fit_decreasing, naive.best_fit_decreasing),
+    (next_fit, naive.next_fit),
+]
+KERNEL_IDS = ["ffd", "bfd", "next_fit"]
+
+
+@st.composite
+def instances(draw, max_capacity=64, max_items=60):
+    capacity = draw(st.integers(1, max_capacity))
+    top = draw(st.integers(1, capacity))
+    lengths = draw(st.lists(st.integers(1, top), max_size=max_items))
+    return np.array(lengths, dtype=np.int64), capacity
+
+
+def edge_cases():
+    return [
+        ([], 5),
+        ([3], 3),
+        ([1], 1),
+        ([1, 1, 1, 1], 1),
+        ([7] * 9, 7),
+        ([1] * 33, 8),
+        ([3] * 10, 8),
+        ([5, 5, 5, 5], 10),
+        ([6, 4, 6, 4, 6, 4], 10),
+        ([4096, 1, 4095, 2, 4094], 4096),
+        ([2, 5, 4, 7, 1, 3, 8], 10),
+    ]
+
+
+def pack_loads(pack_of_item, lengths):
+    if len(lengths) == 0:
+        return np.zeros(0, np.int64)
+    return np.bincount(pack_of_item, weights=lengths).astype(np.int64)
+
+
+# ---------------------------------------------------------------------------
+# Kernels equal the naive references
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fast,slow", KERNELS, ids=KERNEL_IDS)
+@pytest.mark.parametrize("lengths,capacity", edge_cases())
+def test_kernel_edge_cases(fast, slow, lengths, capacity):
+    got = fast(lengths, capacity)
+    assert got.dtype == np.int64
+    npt.assert_array_equal(got, slow(lengths, capacity))
+
+
+@pytest.mark.parametrize("fast,slow", KERNELS, ids=KERNEL_IDS)
+@settings(max_examples=150, deadline=None)
+@given(inst=instances())
+def test_kernel_matches_naive(fast, slow, inst):
+    lengths, capacity = inst
+    got = fast(lengths, capacity)
+    npt.assert_array_equal(got, slow(lengths, capacity))
+    if len(lengths):
+        assert pack_loads(got, lengths).max() <= capacity
+        assert set(np.unique(got)) == set(range(got.max() + 1))
+
+
+@pytest.mark.parametrize("fast,slow", KERNELS, ids=KERNEL_IDS)
+def test_kernel_matches_naive_many_ties(fast, slow):
+    # Few distinct lengths and many packs: exercises tie-breaking and grouping.
+    rng = np.random.default_rng(5)
+    for capacity in (10, 97, 1000):
+        lengths = rng.choice([1, 2, capacity // 3 or 1, capacity // 2 or 1, capacity - 1 or 1], 700)
+        npt.assert_array_equal(fast(lengths, capacity), slow(lengths, capacity))
+
+
+def test_ffd_bfd_hand_computed():
+    # decreasing: 8(i6) 7(i3) 5(i1) 4(i2) 3(i5) 2(i0) 1(i4)
+    lengths = [2, 5, 4, 7, 1, 3, 8]
+    # FFD: 8->P0(2 left) 7->P1(3) 5->P2(5) 4->P2(1) 3->P1(0) 2->P0(0) 1->P2(0)
+    npt.assert_array_equal(first_fit_decreasing(lengths, 10), [0, 2, 2, 1, 2, 1, 0])
+    # BFD: same packs here
+    npt.assert_array_equal(best_fit_decreasing(lengths, 10), [0, 2, 2, 1, 2, 1, 0])
+    # FFD and BFD differ: 7 -> P0 (3 left), 4, 4 -> P1 (2 left); the 1 goes to
+    # P0 under FFD (first with room) and to P1 under BFD (least room).
+    lengths = [1, 4, 7, 4]
+    npt.assert_array_equal(first_fit_decreasing(lengths, 10), [0, 1, 0, 1])
+    npt.assert_array_equal(best_fit_decreasing(lengths, 10), [1, 1, 0, 1])
+    npt.assert_array_equal(next_fit([6, 5, 4, 1], 10), [0, 1, 1, 1])
+
+
+def test_input_dtypes_and_layouts():
+    lengths = np.array([5, 3, 8, 2, 9, 1, 4], dtype=np.int64)
+    want = naive.first_fit_decreasing(lengths, 10)
+    for variant in (
+        lengths.astype(np.int32),
+        lengths.astype(np.uint16),
+        lengths.astype(">i8"),
+        np.repeat(lengths, 2)[::2],
+        lengths.tolist(),
+        tuple(lengths.tolist()),
+    ):
+        npt.assert_array_equal(first_fit_decreasing(variant, np.int64(10)), want)
+
+
+# ---------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "func", [first_fit_decreasing, best_fit_decreasing, next_fit, lower_bound, martello_toth_l2]
+)
+def test_validation(func):
+    with pytest.raises(ValueError, match=r"lengths\[2\] = 5000 exceeds capacity 4096"):
+        func([1, 2, 5000, 9000], 4096)
+    with pytest.raises(ValueError, match=r"lengths\[1\] = 0 is below 1"):
+        func([1, 0, 3], 4096)
+    with pytest.raises(ValueError, match=r"lengths\[0\] = -3"):
+        func([-3], 4096)
+    with pytest.raises(ValueError, match="capacity = 0"):
+        func([1], 0)
+    with pytest.raises(ValueError, match="1-D"):
+        func([[1, 2]], 4)
+    with pytest.raises(TypeError):
+        func([1.5, 2.0], 4)
+    with pytest.raises(TypeError):
+        func([True, False], 4)
+    with pytest.raises(TypeError):
+        func([1, 2], 4.0)
+    with pytest.raises(ValueError, match="supported maximum"):
+        func([1], 1 << 40)
+
+
+def test_validation_shuffle_and_plan():
+    with pytest.raises(ValueError, match=r"lengths\[0\] = 9 exceeds capacity 8"):
+        bridge_first_fit_shuffle([9], 8, 0)
+    with pytest.raises(ValueError, match=r"lengths\[1\] = 9 exceeds capacity 8"):
+        plan_packs([1, 9], 8, "bfd")
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        plan_packs([1], 8, "worst-fit")
+
+
+def test_empty_inputs():
+    for f in (first_fit_decreasing, best_fit_decreasing, next_fit):
+        out = f([], 10)
+        assert out.dtype == np.int64 and out.shape == (0,)
+    pack, order = bridge_first_fit_shuffle(np.zeros(0, np.int32), 10, 3)
+    assert pack.shape == order.shape == (0,)
+    assert lower_bound([], 10) == 0 and martello_toth_l2([], 10) == 0
+    for algorithm in ALGORITHMS:
+        plan = plan_packs([], 10, algorithm)
+        assert plan.num_packs == 0
+        npt.assert_array_equal(plan.pack_offsets, [0])
+
+
+# ---------------------------------------------------------------------------
+# Megatron-Bridge first_fit_shuffle binding
+# ---------------------------------------------------------------------------
+
+
+@settings(max_examples=100, deadline=None)
+@given(inst=instances(max_capacity=40, max_items=80), seed=st.integers(0, 2**32 - 1))
+def test_bridge_matches_transcription(inst, seed):
+    lengths, capacity = inst
+    pack, order = bridge_first_fit_shuffle(lengths, capacity, seed)
+    want_pack, want_order = naive.bridge_first_fit_shuffle(lengths, capacity, seed)
+    npt.assert_array_equal(pack, want_pack)
+    npt.assert_array_equal(order, want_order)
+
+
+def test_bridge_larger_and_global_rng_untouched():
+    rng = np.random.default_rng(11)
+    lengths = np.clip(rng.lognormal(np.log(60), 0.8, 3000).round(), 1, 512).astype(np.int64)
+    np.random.seed(123)
+    before = np.random.get_state()
+    pack, order = bridge_first_fit_shuffle(lengths, 512, 42)
+    after = np.random.get_state()
+    assert before[0] == after[0] and (before[1] == after[1]).all() and before[2:] == after[2:]
+    want_pack, want_order = naive.bridge_first_fit_shuffle(lengths, 512, 42)
+    npt.assert_array_equal(pack, want_pack)
+    npt.assert_array_equal(order, want_order)
+    # A different seed gives a different result.
+    assert not np.array_equal(bridge_first_fit_shuffle(lengths, 512, 43)[1], order)
+
+
+# ---------------------------------------------------------------------------
+# plan_packs / PackPlan
+# ---------------------------------------------------------------------------
+
+
+def _placement(lengths, algorithm):
+    n = len(lengths)
+    if algorithm == "sequential":
+        return list(range(n))
+    return sorted(range(n), key=lambda i: (-lengths[i], i))
+
+
+@pytest.mark.parametrize("algorithm", ["ffd", "bfd", "sequential"])
+@settings(max_examples=60, deadline=None)
+@given(inst=instances())
+def test_plan_layout(algorithm, inst):
+    lengths, capacity = inst
+    plan = plan_packs(lengths, capacity, algorithm)
+    assert isinstance(plan, PackPlan)
+    validate_plan(plan, lengths, capacity)
+    slow = {"ffd": naive.first_fit_decreasing, "bfd": naive.best_fit_decreasing,
+            "sequential": naive.next_fit}[algorithm]
+    want = slow(lengths, capacity)
+    npt.assert_array_equal(plan.pack_of_item, want)
+    order, offsets = naive.pack_layout(want, _placement(lengths.tolist(), algorithm))
+    npt.assert_array_equal(plan.order, order)
+    npt.assert_array_equal(plan.pack_offsets, offsets)
+    npt.assert_array_equal(plan.pack_load, pack_loads(want, lengths))
+    for arr in (plan.order, plan.pack_of_item, plan.pack_offsets, plan.pack_load):
+        assert arr.dtype == np.int64
+
+
+@settings(max_examples=40, deadline=None)
+@given(inst=instances(max_capacity=30), seed=st.integers(0, 1000))
+def test_plan_first_fit_shuffle(inst, seed):
+    lengths, capacity = inst
+    plan = plan_packs(lengths, capacity, "first-fit-shuffle", seed=seed)
+    validate_plan(plan, lengths, capacity)
+    pack, order = naive.bridge_first_fit_shuffle(lengths, capacity, seed)
+    npt.assert_array_equal(plan.pack_of_item, pack)
+    npt.assert_array_equal(plan.order, order)
+
+
+def test_plan_api():
+    plan = plan_packs([2, 5, 4, 7, 1, 3, 8], 10, "ffd")
+    assert plan.num_packs == 3 and plan.num_items == 7 and plan.capacity == 10
+    npt.assert_array_equal(plan.pack_items(0), [6, 0])
+    npt.assert_array_equal(plan.pack_items(1), [3, 5])
+    npt.assert_array_equal(plan.pack_items(2), [1, 2, 4])
+    npt.assert_array_equal(plan.pack_load, [10, 10, 10])
+    with pytest.raises(ValueError):
+        plan.order[0] = 1
+    with pytest.raises(AttributeError):
+        plan.capacity = 3
+
+
+def test_validate_plan_detects_overflow():
+    plan = plan_packs([3, 3], 6, "ffd")
+    with pytest.raises(ValueError, match="above capacity 5"):
+        validate_plan(plan, [3, 3], 5)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_algorithm_respects_capacity(algorithm):
+    rng = np.random.default_rng(1)
+    for capacity in (1, 7, 512, 4096):
+        lengths = rng.integers(1, capacity + 1, 2000)
+        plan = plan_packs(lengths, capacity, algorithm, seed=7)
+        validate_plan(plan, lengths, capacity)
+        assert plan.num_packs >= lower_bound(lengths, capacity)
+
+
+# ---------------------------------------------------------------------------
+# Lower bounds
+# ---------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(inst=instances(max_capacity=40, max_items=40))
+def test_l2_matches_brute_force(inst):
+    lengths, capacity = inst
+    l1 = lower_bound(lengths, capacity)
+    l2 = martello_toth_l2(lengths, capacity)
+    assert l2 == naive.martello_toth_l2(lengths, capacity)
+    assert l1 <= l2 <= (first_fit_decreasing(lengths, capacity).max() + 1 if len(lengths) else 0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(inst=instances(max_capacity=20, max_items=9))
+def test_l2_below_optimum(inst):
+    lengths, capacity = inst
+    assert martello_toth_l2(lengths, capacity) <= naive.optimal_packs(lengths, capacity)
+
+
+def test_bounds_hand_computed():
+    assert lower_bound([5, 5, 5], 10) == 2
+    assert martello_toth_l2([5, 5, 5], 10) == 2
+    # Three items just above half: L1 = 2, L2 = 3.
+    assert lower_bound([6, 6, 6], 10) == 2
+    assert martello_toth_l2([6, 6, 6], 10) == 3
+    # K = 3: J1 = {8, 8}, J2 = {}, J3 = {3, 3, 3}: 2 + ceil(9 / 10) = 3 (L1 = 3 too).
+    assert martello_toth_l2([8, 8, 3, 3, 3], 10) == 3
+    # K = 5: J1 = {6, 6} (nothing >= 5 fits beside them), J3 = {5, 5, 5}:
+    # 2 + ceil(15 / 10) = 4, while L1 = ceil(27 / 10) = 3.
+    assert lower_bound([6, 6, 5, 5, 5], 10) == 3
+    assert martello_toth_l2([6, 6, 5, 5, 5], 10) == 4
+    # Items of 4 with capacity 10, but 7s pair with nothing >= 4: L1 = 3, L2 = 4.
+    assert lower_bound([7, 7, 7, 4, 4], 10) == 3
+    assert martello_toth_l2([7, 7, 7, 4, 4], 10) == 4
+    assert lower_bound([1] * 9, 1) == 9 and martello_toth_l2([1] * 9, 1) == 9
+
+
+def test_l2_large_sample_consistent():
+    rng = np.random.default_rng(3)
+    lengths = np.clip(rng.normal(500, 120, 5000).round(), 100, 1000).astype(np.int64)
+    l1, l2 = lower_bound(lengths, 1000), martello_toth_l2(lengths, 1000)
+    assert l1 <= l2 <= first_fit_decreasing(lengths, 1000).max() + 1

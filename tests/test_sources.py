@@ -1,0 +1,122 @@
+"""Readers: every input format gives the same samples; supervision fields are detected."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+
+from packer_cli.demo import demo_table
+from packer_cli.sources import SampleStream, discover_inputs
+from packer_cli.spec import SourceSpec
+
+
+def collect(paths, spec=SourceSpec()):
+    stream = SampleStream(discover_inputs([str(p) for p in paths]), spec)
+    batches = list(stream)
+    tokens = np.concatenate([b.tokens for b in batches])
+    targets = np.concatenate([b.targets for b in batches])
+    lengths = np.concatenate([b.lengths for b in batches])
+    index = np.concatenate([b.source_index for b in batches])
+    return tokens, targets, lengths, index, stream
+
+
+@pytest.fixture(scope="module")
+def table():
+    return demo_table(300, seed=1)
+
+
+def write_all_formats(table: pa.Table, d):
+    rows = table.to_pylist()
+    lines = b"".join(orjson.dumps(r) + b"\n" for r in rows)
+    (d / "a.jsonl").write_bytes(lines)
+    (d / "b.jsonl.gz").write_bytes(gzip.compress(lines))
+    import zstandard
+
+    (d / "c.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines))
+    pq.write_table(table, d / "d.parquet", row_group_size=100)
+    with pa.ipc.new_file(str(d / "e.arrow"), table.schema) as w:
+        w.write_table(table, max_chunksize=70)
+    with pa.ipc.new_stream(str(d / "f_stream.arrow"), table.schema) as w:
+        w.write_table(table)
+    feather.write_feather(table, d / "g.feather")
+    return sorted(d.iterdir())
+
+
+def test_all_formats_read_identically(table, tmp_path):
+    files = write_all_formats(table, tmp_path)
+    expected_tokens = np.concatenate([np.asarray(x) for x in table.column("input_ids").to_pylist()])
+    expected_mask = np.concatenate([np.asarray(x) for x in table.column("loss_mask").to_pylist()])
+    for f in files:
+        tokens, targets, lengths, index, stream = collect([f])
+        np.testing.assert_array_equal(tokens, expected_tokens, err_msg=f.name)
+        np.testing.assert_array_equal(targets, expected_mask, err_msg=f.name)
+        assert stream.supervision.kind == "mask"
+        np.testing.assert_array_equal(index, np.arange(300))
+    # the directory is one stream in sorted order
+    tokens, _, _, index, _ = collect([tmp_path])
+    assert index.size == 300 * len(files) and tokens.size == expected_tokens.size * len(files)
+
+
+def test_hf_datasets_directory(table, tmp_path):
+    datasets = pytest.importorskip("datasets", reason="the hf extra (datasets) is not installed")
+    ds = datasets.Dataset(table)
+    ds.save_to_disk(str(tmp_path / "hf"), max_shard_size="200KB")
+    tokens, targets, lengths, index, _ = collect([tmp_path / "hf"])
+    expected = np.concatenate([np.asarray(x) for x in table.column("input_ids").to_pylist()])
+    np.testing.assert_array_equal(tokens, expected)
+    assert index.size == 300
+    dd = datasets.DatasetDict({"train": ds})
+    dd.save_to_disk(str(tmp_path / "dd"))
+    from packer_cli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="DatasetDict with splits .'train'."):
+        discover_inputs([str(tmp_path / "dd")])
+
+
+def test_supervision_kinds(tmp_path):
+    rows = [{"input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 1]}]
+    labels = [{"input_ids": [5, 6, 7, 8], "labels": [-100, -100, 7, 8]}]
+    answer = [{"input_ids": [5, 6, 7, 8], "answer_start_idx": 2}]
+    plain = [{"input_ids": [5, 6, 7, 8]}]
+    for name, recs, kind in (("m", rows, "mask"), ("l", labels, "labels"), ("a", answer, "answer"), ("p", plain, "all")):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        tokens, targets, _, _, stream = collect([path])
+        assert stream.supervision.kind == kind
+        expected = [1, 1, 1, 1] if kind == "all" else [0, 0, 1, 1]
+        np.testing.assert_array_equal(targets, expected)
+
+
+def test_forced_mask_field(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_text(json.dumps({"ids": [1, 2, 3], "labels": [1, 2, 3], "assistant": [0, 1, 1]}) + "\n")
+    _, targets, _, _, stream = collect([path], SourceSpec(tokens_field="ids", mask_field="assistant"))
+    assert stream.supervision.field == "assistant"
+    np.testing.assert_array_equal(targets, [0, 1, 1])
+
+
+def test_too_short_samples_are_dropped_and_counted(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_text("".join(json.dumps({"input_ids": ids}) + "\n" for ids in ([1], [], [1, 2], [3, 4, 5])))
+    stream = SampleStream(discover_inputs([str(path)]), SourceSpec())
+    batches = list(stream)
+    assert sum(b.too_short for b in batches) == 2
+    np.testing.assert_array_equal(np.concatenate([b.source_index for b in batches]), [2, 3])
+
+
+def test_unknown_type_and_missing_inputs(tmp_path):
+    from packer_cli.errors import DataError
+
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(DataError, match=r"x\.csv: unknown file type"):
+        discover_inputs([str(tmp_path / "x.csv")])
+    with pytest.raises(DataError, match="matches no files"):
+        discover_inputs([str(tmp_path / "*.parquet")])
+    with pytest.raises(DataError, match="no supported input files"):
+        discover_inputs([str(tmp_path)])

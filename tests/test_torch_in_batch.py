@@ -1,0 +1,108 @@
+"""pack_batch_sequences: Megatron-Bridge's in-batch packing, on the values of Bridge's tests."""
+
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from packer_cli.torch import pack_batch_sequences  # noqa: E402
+
+
+def _pack(tokens, m=1, labels=True, loss=True, positions=None, padding_mask=None):
+    tokens = torch.tensor(tokens)
+    b, s = tokens.shape
+    lab = torch.where(tokens != 0, tokens + 1, torch.full_like(tokens, -100)) if labels else None
+    lm = torch.ones(b, s, dtype=torch.float32) if loss else None
+    pos = torch.arange(s).unsqueeze(0).expand(b, -1) if positions is None else torch.tensor(positions)
+    return pack_batch_sequences(
+        tokens=tokens,
+        labels=lab,
+        loss_mask=lm,
+        attention_mask=None,
+        position_ids=pos,
+        pad_token_id=0,
+        pad_to_multiple_of=m,
+        padding_mask=padding_mask,
+    )
+
+
+@pytest.mark.parametrize(
+    "name, tokens, m, total, cu, max_seqlen",
+    [
+        ("basic_packing", [[1, 2, 3, 0, 0, 0, 0, 0], [4, 5, 6, 7, 0, 0, 0, 0]], 1, 7, [0, 3, 7], 4),
+        ("pad_to_multiple_of", [[1, 2, 3] + [0] * 7, [4, 5, 6, 7, 8] + [0] * 5], 2, 10, [0, 4, 10], 6),
+        ("larger_multiple", [[1, 2] + [0] * 6, [3, 4, 5] + [0] * 5], 4, 8, [0, 4, 8], 4),
+        ("single_sequence", [[1, 2, 3, 4, 5, 0, 0, 0]], 1, 5, [0, 5], 5),
+        ("no_padding_sequences", [[1, 2, 3, 4], [5, 6, 7, 8]], 1, 8, [0, 4, 8], 4),
+        ("none_labels_with_padding", [[1, 2, 3, 0, 0, 0, 0, 0], [4, 5, 6, 7, 8, 0, 0, 0]], 4, 12, [0, 4, 12], 8),
+        ("get_batch_enable_packing", [[1, 2, 3, 0, 0], [4, 5, 6, 7, 8]], 1, 8, [0, 3, 8], 5),
+        ("get_batch_with_cp2", [[1, 2, 3, 0, 0], [4, 5, 6, 7, 8]], 4, 12, [0, 4, 12], 8),
+    ],
+)
+def test_bridge_vectors(name, tokens, m, total, cu, max_seqlen):
+    out_tokens, labels, loss, attn, pos, cu_seqlens, max_len = _pack(tokens, m)
+    assert out_tokens.shape == (1, total) and labels.shape == loss.shape == pos.shape == (1, total)
+    assert cu_seqlens.tolist() == cu and cu_seqlens.dtype == torch.int32
+    assert max_len.item() == max_seqlen and max_len.dtype == torch.int32 and max_len.dim() == 0
+    assert attn is None
+
+
+def test_values_of_packed_rows_and_padding():
+    tokens, labels, loss, _, pos, cu, _ = _pack([[1, 2, 3, 0, 0], [4, 5, 6, 7, 8]], m=4)
+    assert tokens.tolist() == [[1, 2, 3, 0, 4, 5, 6, 7, 8, 0, 0, 0]]
+    assert labels.tolist() == [[2, 3, 4, -100, 5, 6, 7, 8, 9, -100, -100, -100]]
+    assert loss.tolist() == [[1, 1, 1, 0, 1, 1, 1, 1, 1, 0, 0, 0]]
+    # padding continues the positions, even past the input width (row 2 is full)
+    assert pos.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7]]
+
+
+def test_preserves_loss_mask_zeros():
+    t = torch.tensor([[1, 2, 3, 0, 0]])
+    out = pack_batch_sequences(
+        t, torch.tensor([[2, 3, -100, -100, -100]]), torch.tensor([[1.0, 0.0, 1.0, 0.0, 0.0]]), None, torch.arange(5)[None]
+    )
+    assert out[2].tolist() == [[1.0, 0.0, 1.0]]
+
+
+def test_position_ids_reset_and_extend():
+    pos = _pack([[1, 2, 0, 0], [3, 4, 5, 0]], positions=[[0, 1, 2, 3], [0, 1, 2, 3]])[4]
+    assert pos.tolist() == [[0, 1, 0, 1, 2]]
+    pos = _pack([[1, 2, 3, 0]], m=4, positions=[[0, 1, 2, 3]])[4]
+    assert pos.tolist() == [[0, 1, 2, 3]]  # padding_extends_position_ids
+
+
+def test_empty_batch_warns(caplog):
+    with caplog.at_level(logging.WARNING):
+        tokens, labels, loss, attn, pos, cu, max_len = _pack([[0, 0, 0, 0]])
+    assert tokens.shape == labels.shape == loss.shape == pos.shape == (1, 0)
+    assert cu.tolist() == [0] and max_len.item() == 0 and attn is None
+    assert "padding" in caplog.text
+    tokens, labels, loss, *_ = _pack([[0, 0, 0]], labels=False, loss=False)  # none_labels_empty_batch
+    assert tokens.shape == (1, 0) and labels is None and loss is None
+
+
+def test_none_labels_and_dtypes():
+    tokens, labels, loss, attn, pos, cu, max_len = _pack(
+        [[1, 2, 3, 0, 0, 0, 0, 0], [4, 5, 6, 7, 0, 0, 0, 0]], labels=False, loss=False
+    )
+    assert tokens.tolist() == [[1, 2, 3, 4, 5, 6, 7]] and labels is None and loss is None
+    assert pos.tolist() == [[0, 1, 2, 0, 1, 2, 3]] and cu.tolist() == [0, 3, 7] and max_len.item() == 4
+    t, lab, lm, _, p, _, _ = _pack([[1, 2, 3, 0]])
+    assert (t.dtype, lab.dtype, lm.dtype, p.dtype) == (torch.long, torch.long, torch.float32, torch.long)
+
+
+def test_padding_mask_gives_lengths_and_empty_rows_are_dropped():
+    # row 0 has a real token equal to pad id 0 inside it: the mask, not the ids, decides
+    mask = torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    tokens, _, _, _, pos, cu, _ = _pack([[5, 0, 6, 0], [0, 0, 0, 0], [7, 8, 0, 0]], padding_mask=mask)
+    assert tokens.tolist() == [[5, 0, 6, 7, 8]] and cu.tolist() == [0, 3, 5]
+    assert pos.tolist() == [[0, 1, 2, 0, 1]]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_tensors_stay_on_device():
+    t = torch.tensor([[1, 2, 3, 0], [4, 5, 0, 0]], device="cuda")
+    out = pack_batch_sequences(t, None, None, None, torch.arange(4, device="cuda").expand(2, -1), pad_to_multiple_of=2)
+    assert out[0].is_cuda and out[5].is_cuda and out[5].tolist() == [0, 4, 6]
