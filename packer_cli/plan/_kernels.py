@@ -247,8 +247,136 @@ def _first_fit(seq_lengths, capacity, tree):
 
 
 # ---------------------------------------------------------------------------
-# Best fit: capacity-indexed tree of non-empty buckets + one pairing heap of
-# pack numbers per remaining-capacity bucket (ties go to the lowest pack).
+# Hierarchical bitset (64-ary): "first set bit >= pos" in O(log64 n) with few
+# branches. Level 0 holds one bit per index; a bit at level l + 1 is set iff
+# the matching word at level l is non-zero. Layout: one uint64 array, level l
+# starting at word offsets[l].
+# ---------------------------------------------------------------------------
+
+_ONE = np.uint64(1)
+_ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
+_DEBRUIJN = np.uint64(0x03F79D71B4CB0A89)
+_DEBRUIJN_TABLE = np.array(
+    [0, 1, 48, 2, 57, 49, 28, 3, 61, 58, 50, 42, 38, 29, 17, 4,
+     62, 55, 59, 36, 53, 51, 43, 22, 45, 39, 33, 30, 24, 18, 12, 5,
+     63, 47, 56, 27, 60, 41, 37, 16, 54, 35, 52, 21, 44, 32, 23, 11,
+     46, 26, 40, 15, 34, 20, 31, 10, 25, 14, 19, 9, 13, 8, 7, 6],
+    dtype=np.int64,
+)
+
+
+@njit(**NJIT_FLAGS)
+def _ctz(word):
+    """Index of the lowest set bit of a non-zero uint64."""
+    low = word & (~word + _ONE)
+    return _DEBRUIJN_TABLE[np.int64((low * _DEBRUIJN) >> np.uint64(58))]
+
+
+def _bitset_layout(nbits):
+    """Word offsets of each level of a hierarchical bitset over ``nbits`` bits."""
+    offsets = [0]
+    words = (nbits + 63) // 64
+    while True:
+        offsets.append(offsets[-1] + words)
+        if words == 1:
+            break
+        words = (words + 63) // 64
+    return np.array(offsets, dtype=np.int64)
+
+
+@njit(**NJIT_FLAGS)
+def _bitset_next(bits, offsets, pos):
+    """Smallest set index ``>= pos``, or -1."""
+    levels = offsets.shape[0] - 1
+    level = 0
+    p = pos
+    while True:
+        if level == levels:
+            return -1
+        w = p >> 6
+        if offsets[level] + w >= offsets[level + 1]:
+            return -1
+        masked = bits[offsets[level] + w] & (_ALL << np.uint64(p & 63))
+        if masked != np.uint64(0):
+            p = (w << 6) | _ctz(masked)
+            break
+        p = w + 1
+        level += 1
+    while level > 0:
+        level -= 1
+        p = (p << 6) | _ctz(bits[offsets[level] + p])
+    return p
+
+
+@njit(**NJIT_FLAGS)
+def _msb(word):
+    """Index of the highest set bit of a non-zero uint64."""
+    word |= word >> np.uint64(1)
+    word |= word >> np.uint64(2)
+    word |= word >> np.uint64(4)
+    word |= word >> np.uint64(8)
+    word |= word >> np.uint64(16)
+    word |= word >> np.uint64(32)
+    return _ctz((word >> np.uint64(1)) + _ONE)
+
+
+@njit(**NJIT_FLAGS)
+def _bitset_prev(bits, offsets, pos):
+    """Largest set index ``<= pos``, or -1."""
+    if pos < 0:
+        return -1
+    levels = offsets.shape[0] - 1
+    level = 0
+    p = pos
+    while True:
+        if level == levels:
+            return -1
+        w = p >> 6
+        if offsets[level] + w >= offsets[level + 1]:
+            # Past the end of this level: clamp to its last bit.
+            w = offsets[level + 1] - offsets[level] - 1
+            p = (w << 6) | 63
+        masked = bits[offsets[level] + w] & (_ALL >> np.uint64(63 - (p & 63)))
+        if masked != np.uint64(0):
+            p = (w << 6) | _msb(masked)
+            break
+        if w == 0:
+            return -1
+        p = w - 1
+        level += 1
+    while level > 0:
+        level -= 1
+        p = (p << 6) | _msb(bits[offsets[level] + p])
+    return p
+
+
+@njit(**NJIT_FLAGS)
+def _bitset_set(bits, offsets, pos):
+    p = pos
+    for level in range(offsets.shape[0] - 1):
+        w = offsets[level] + (p >> 6)
+        was = bits[w]
+        bits[w] = was | (_ONE << np.uint64(p & 63))
+        if was != np.uint64(0):
+            return
+        p >>= 6
+
+
+@njit(**NJIT_FLAGS)
+def _bitset_clear(bits, offsets, pos):
+    p = pos
+    for level in range(offsets.shape[0] - 1):
+        w = offsets[level] + (p >> 6)
+        now = bits[w] & ~(_ONE << np.uint64(p & 63))
+        bits[w] = now
+        if now != np.uint64(0):
+            return
+        p >>= 6
+
+
+# ---------------------------------------------------------------------------
+# Best fit: bitset of non-empty remaining-capacity buckets + one pairing heap
+# of pack numbers per bucket (ties go to the lowest pack number).
 # ---------------------------------------------------------------------------
 
 
@@ -294,26 +422,34 @@ def _heap_pop(root, child, sibling, stack):
 
 
 @njit(**NJIT_FLAGS)
-def _bfd(lengths, order, capacity, max_packs, flag_tree):
+def _bfd(lengths, order, counts, capacity, max_packs, bits, offsets):
     """Best-fit decreasing.
 
     Each item (decreasing length, ties by index) goes to the pack with the
     least remaining room that still fits, ties to the lowest pack number;
-    otherwise a new pack is opened.
+    otherwise a new pack is opened. After pack ``p`` drops from ``r`` to
+    ``r - L`` free tokens, the next item of the same length ``L`` goes to ``p``
+    again when ``r - L >= L`` and no lower-numbered pack has exactly ``r - L``
+    free (buckets in ``[L, r)`` were empty), which skips most heap work.
 
     Parameters
     ----------
     lengths : int32[:] or int64[:]
         Item lengths in ``[1, capacity]``.
     order : int64[N]
-        Processing order.
+        Items by decreasing length, ties by index.
+    counts : int64[capacity + 1]
+        Histogram of ``lengths``.
     capacity : int
         Pack capacity.
     max_packs : int
         Upper bound on the number of packs.
-    flag_tree : int32[2 * size]
-        Work array, ``size >= capacity + 1``; leaf ``r`` is 1 when some pack
-        has exactly ``r`` free tokens. Overwritten.
+    bits : uint64[:]
+        Zeroed hierarchical bitset over ``capacity + 1`` bits
+        (:func:`_bitset_layout`); bit ``r`` is set when some pack has exactly
+        ``r`` free tokens. Overwritten.
+    offsets : int64[:]
+        Level offsets of ``bits``.
 
     Returns
     -------
@@ -321,37 +457,43 @@ def _bfd(lengths, order, capacity, max_packs, flag_tree):
     num_packs : int
     """
     n = lengths.shape[0]
-    size = flag_tree.shape[0] // 2
-    flag_tree[:] = 0
     bucket_root = np.full(capacity + 1, -1, np.int64)
     child = np.full(max_packs, -1, np.int64)
     sibling = np.full(max_packs, -1, np.int64)
     stack = np.empty(max_packs, np.int64)
-    room = np.empty(max_packs, np.int64)
     pack_of_item = np.empty(n, np.int64)
     num_packs = 0
-    for k in range(n):
-        item = order[k]
-        length = lengths[item]
-        r = _tree_find_first(flag_tree, size, length, 1)
-        if r < 0:
-            pack = num_packs
-            num_packs += 1
-            room[pack] = capacity
-        else:
-            pack = bucket_root[r]
-            new_root = _heap_pop(pack, child, sibling, stack)
-            bucket_root[r] = new_root
-            if new_root < 0:
-                _tree_set(flag_tree, size, r, 0)
-        left = room[pack] - length
-        room[pack] = left
-        pack_of_item[item] = pack
-        if left > 0:
-            old_root = bucket_root[left]
-            bucket_root[left] = _heap_meld(old_root, pack, child, sibling)
-            if old_root < 0:
-                _tree_set(flag_tree, size, left, 1)
+    pos = 0
+    for length in range(capacity, 0, -1):
+        end = pos + counts[length]
+        while pos < end:
+            r = _bitset_next(bits, offsets, length)
+            if r < 0:
+                pack = num_packs
+                num_packs += 1
+                room = capacity
+            else:
+                pack = bucket_root[r]
+                new_root = _heap_pop(pack, child, sibling, stack)
+                bucket_root[r] = new_root
+                if new_root < 0:
+                    _bitset_clear(bits, offsets, r)
+                room = r
+            # Place as many items of this length into ``pack`` as best fit allows.
+            while True:
+                pack_of_item[order[pos]] = pack
+                pos += 1
+                room -= length
+                if pos == end or room < length:
+                    break
+                other = bucket_root[room]
+                if other >= 0 and other < pack:
+                    break
+            if room > 0:
+                old_root = bucket_root[room]
+                bucket_root[room] = _heap_meld(old_root, pack, child, sibling)
+                if old_root < 0:
+                    _bitset_set(bits, offsets, room)
     return pack_of_item, num_packs
 
 

@@ -51,9 +51,9 @@ def _run_ffd(arr: np.ndarray, capacity: int):
 def _run_bfd(arr: np.ndarray, capacity: int):
     counts = K._length_histogram(arr, capacity)
     order = K._order_decreasing(arr, counts)
-    pack_of_item, num_packs = K._bfd(
-        arr, order, capacity, _max_packs(arr, capacity), _tree(capacity + 1)
-    )
+    offsets = K._bitset_layout(capacity + 1)
+    bits = np.zeros(offsets[-1], np.uint64)
+    pack_of_item, num_packs = K._bfd(arr, order, counts, capacity, _max_packs(arr, capacity), bits, offsets)
     return pack_of_item, order, num_packs
 
 
@@ -120,8 +120,8 @@ def best_fit_decreasing(lengths, capacity) -> np.ndarray:
     Items are taken by decreasing length (ties in input order) and each goes to
     the pack with the least remaining room that still fits it (ties to the
     lowest pack number), otherwise to a new pack. Runs in
-    ``O(N log C + N log P)`` amortized (tree over remaining capacities plus a
-    pairing heap of pack numbers per capacity).
+    ``O(N log C + N log P)`` amortized (a 64-ary bitset over remaining
+    capacities plus a pairing heap of pack numbers per capacity).
 
     Parameters and errors as :func:`first_fit_decreasing`.
     """

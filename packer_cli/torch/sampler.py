@@ -73,5 +73,5 @@ class MicroBatchSampler:
         return groups[:, self.dp_rank, :]
 
     def __iter__(self) -> Iterator[list[int]]:
-        for row in self.epoch_order(self.epoch)[self.start :]:
-            yield row.tolist()
+        # Evaluated now, not lazily: later changes to epoch/start do not affect this pass.
+        return iter(self.epoch_order(self.epoch)[self.start :].tolist())
