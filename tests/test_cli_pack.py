@@ -129,3 +129,15 @@ def test_no_target_samples_are_kept_and_warned(tmp_path):
     assert result.exit_code == 0
     assert "1 samples have no target tokens" in result.stderr
     assert json.loads(result.stdout)["counts"]["no_target_samples"] == 1
+
+
+@pytest.mark.parametrize("line,message", [
+    ('{"input_ids": [1, 2, 3], "labels": [-100, 2]}', "line 3: labels has 2 values but input_ids has 3"),
+    ('{"input_ids": [1, 2, 3], "labels": [-100, 2, 9]}', "line 3: labels[2] = 9 is neither -100 nor the token id 3"),
+])
+def test_bad_labels_records(tmp_path, line, message):
+    good = {"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}
+    path = write_jsonl(tmp_path / "data.jsonl", [good] * 3, raw_line3=line)
+    result = run("pack", path, "-o", tmp_path / "out")
+    assert result.exit_code == 1 and f"data.jsonl: {message}" in result.output, result.output
+    assert_nothing_written(tmp_path)
