@@ -141,3 +141,19 @@ def test_bad_labels_records(tmp_path, line, message):
     result = run("pack", path, "-o", tmp_path / "out")
     assert result.exit_code == 1 and f"data.jsonl: {message}" in result.output, result.output
     assert_nothing_written(tmp_path)
+
+
+def test_missing_column_lists_the_fields(tmp_path):
+    pq.write_table(pa.table({"ids": [[1, 2, 3]], "loss_mask": [[0, 1, 1]]}), tmp_path / "d.parquet")
+    result = run("pack", tmp_path / "d.parquet", "-o", tmp_path / "out")
+    assert result.exit_code == 1
+    assert "d.parquet: row 0: missing field 'input_ids' (fields: ids, loss_mask)" in result.output
+
+
+def test_supervision_detected_past_a_malformed_first_line(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"input_ids": [1,\n' + "\n".join(orjson.dumps(GOOD).decode() for _ in range(3)) + "\n")
+    result = run("pack", path, "-o", tmp_path / "out", "--on-bad-record", "skip", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["source"]["supervision"]["kind"] == "mask" and summary["counts"]["bad_records"] == 1

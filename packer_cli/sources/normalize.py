@@ -102,8 +102,9 @@ def _first_per_row(bad: dict, offsets, violating: np.ndarray, message) -> None:
         bad.setdefault(row, message(flat - offsets[row], flat))
 
 
-def _int_values(values: pa.Array, name: str, path: str, row0: int, offsets, bad: dict) -> np.ndarray:
-    if not (pa.types.is_integer(values.type) or pa.types.is_boolean(values.type)):
+def _int_values(values: pa.Array, name: str, path: str, row0: int, offsets, bad: dict,
+                allow_bool: bool = False) -> np.ndarray:
+    if not (pa.types.is_integer(values.type) or (allow_bool and pa.types.is_boolean(values.type))):
         raise DataError(
             f"{path}: row {row0 + int(_row_of(offsets, np.array([0]))[0])}: field '{name}' holds "
             f"{values.type} values, expected integers"
@@ -148,7 +149,7 @@ def _targets(batch: pa.RecordBatch, sup: Supervision, tokens, offsets, lengths, 
         same = m_lengths == lengths
         values = values.filter(pa.array(np.repeat(same, m_lengths)))
         m_offsets = np.concatenate([[0], np.cumsum(np.where(same, lengths, 0))])
-    mask = _int_values(values, sup.field, path, row0, m_offsets, bad)
+    mask = _int_values(values, sup.field, path, row0, m_offsets, bad, allow_bool=sup.kind == "mask")
     if mismatch.size:
         full = np.zeros(tokens.size, dtype=np.int64)
         full[np.repeat(same, lengths)] = mask

@@ -92,13 +92,14 @@ def _column(name: str, values: list, scalar: bool, pre_bad: dict[int, str]) -> p
 def jsonl_field_names(path: str) -> list[str]:
     """Keys of the first JSON object record (used to detect the supervision field)."""
     with _open_text(path) as f:
-        for raw in f:
+        for _, raw in zip(range(10_000), f):  # skip malformed lines: they are reported later
             if raw.strip():
                 try:
                     record = orjson.loads(raw)
                 except orjson.JSONDecodeError:
-                    return []
-                return list(record) if isinstance(record, dict) else []
+                    continue
+                if isinstance(record, dict):
+                    return list(record)
     return []
 
 
@@ -165,17 +166,25 @@ def _select(batch: pa.RecordBatch, fields: list[str]) -> pa.RecordBatch:
     return batch.select(names)
 
 
+def _require_fields(path: str, schema: pa.Schema, fields: list[str]) -> None:
+    """A columnar file lacking a wanted column is bad as a whole: say so with its fields."""
+    for name in fields:
+        if name not in schema.names:
+            raise DataError(f"{path}: row 0: missing field '{name}' (fields: {', '.join(schema.names) or 'none'})")
+
+
 def read_parquet(path: str, fields: list[str]) -> Iterator[RawBatch]:
     pf = pq.ParquetFile(path)
-    columns = [n for n in fields if n in pf.schema_arrow.names] or pf.schema_arrow.names[:1]
+    _require_fields(path, pf.schema_arrow, fields)
     row0 = 0
-    for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=columns):
-        yield RawBatch(path, row0, _select(batch, fields) if columns else batch)
+    for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=fields):
+        yield RawBatch(path, row0, batch)
         row0 += batch.num_rows
 
 
 def read_ipc(path: str, fields: list[str]) -> Iterator[RawBatch]:
-    batches, _ = _open_ipc(path)
+    batches, schema = _open_ipc(path)
+    _require_fields(path, schema, fields)
     row0 = 0
     for batch in batches:
         for start in range(0, batch.num_rows, BATCH_ROWS):
