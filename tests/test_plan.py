@@ -18,6 +18,7 @@ from packer_cli.plan import (
     martello_toth_l2,
     next_fit,
     plan_packs,
+    refine_plan,
     validate_plan,
 )
 
@@ -325,3 +326,98 @@ def test_l2_large_sample_consistent():
     lengths = np.clip(rng.normal(500, 120, 5000).round(), 100, 1000).astype(np.int64)
     l1, l2 = lower_bound(lengths, 1000), martello_toth_l2(lengths, 1000)
     assert l1 <= l2 <= first_fit_decreasing(lengths, 1000).max() + 1
+
+
+# ---------------------------------------------------------------------------
+# Refinement
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@settings(max_examples=40, deadline=None)
+@given(inst=instances(max_capacity=80, max_items=120), seed=st.integers(0, 100))
+def test_refine_invariants(algorithm, inst, seed):
+    lengths, capacity = inst
+    base = plan_packs(lengths, capacity, algorithm, seed=seed)
+    refined = refine_plan(lengths, base)
+    validate_plan(refined, lengths, capacity)
+    assert martello_toth_l2(lengths, capacity) <= refined.num_packs <= base.num_packs
+    assert refined.algorithm == f"{algorithm}+refine"
+    assert refined.refine_seconds is not None and refined.refine_seconds >= 0
+    again = refine_plan(lengths, base)
+    npt.assert_array_equal(again.pack_of_item, refined.pack_of_item)
+    npt.assert_array_equal(again.order, refined.order)
+
+
+def test_refine_reaches_bound_on_small_items():
+    # Many small items: FFD leaves a few tokens free in most packs; exact
+    # filling closes them.
+    rng = np.random.default_rng(2)
+    lengths = np.clip(rng.gamma(5, 20, 20000).round(), 10, 1024).astype(np.int64)
+    base = plan_packs(lengths, 1024, "ffd")
+    refined = plan_packs(lengths, 1024, "ffd", refine=True)
+    validate_plan(refined, lengths, 1024)
+    l2 = martello_toth_l2(lengths, 1024)
+    assert refined.num_packs < base.num_packs
+    assert refined.num_packs <= l2 + 2
+    # Full packs of the input are kept, first, in their old order.
+    full = np.flatnonzero(base.pack_load == 1024)
+    for new, old in enumerate(full[:50]):
+        npt.assert_array_equal(refined.pack_items(new), base.pack_items(old))
+
+
+def test_refine_hand_instance():
+    # FFD (C=10): 6->P0 5,5->P1 4->P0 4,3,3->P2 3,3->P3: 4 packs; the total
+    # is 36 so L1 = 4 and refine keeps 4 packs.
+    lengths = [6, 5, 5, 4, 4, 3, 3, 3, 3]
+    assert refine_plan(lengths, plan_packs(lengths, 10)).num_packs == 4
+    # Next fit in input order wastes room; refine re-packs to the optimum (2).
+    lengths = [6, 5, 4, 5]
+    base = plan_packs(lengths, 10, "sequential")
+    assert base.num_packs == 3
+    refined = refine_plan(lengths, base)
+    validate_plan(refined, lengths, 10)
+    assert refined.num_packs == 2
+
+
+def test_refine_errors_and_empty():
+    assert refine_plan([], plan_packs([], 8)).num_packs == 0
+    with pytest.raises(ValueError, match="covers 2 items"):
+        refine_plan([1, 2, 3], plan_packs([1, 2], 8))
+
+
+# ---------------------------------------------------------------------------
+# Internal structures
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nbits", [1, 63, 64, 65, 4097, 70000])
+def test_bitset_matches_set(nbits):
+    from packer_cli.plan import _kernels as K
+
+    rng = np.random.default_rng(nbits)
+    offsets = K._bitset_layout(nbits)
+    bits = np.zeros(offsets[-1], np.uint64)
+    ref = set()
+    for _ in range(400):
+        v = int(rng.integers(0, nbits))
+        if rng.random() < 0.6:
+            K._bitset_set(bits, offsets, v)
+            ref.add(v)
+        else:
+            K._bitset_clear(bits, offsets, v)
+            ref.discard(v)
+        q = int(rng.integers(0, nbits))
+        assert K._bitset_next(bits, offsets, q) == min((a for a in ref if a >= q), default=-1)
+        assert K._bitset_prev(bits, offsets, q) == max((a for a in ref if a <= q), default=-1)
+
+
+def test_plan_packs_refine_flag():
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(1, 300, 3000)
+    direct = refine_plan(lengths, plan_packs(lengths, 512, "bfd"))
+    flagged = plan_packs(lengths, 512, "bfd", refine=True)
+    npt.assert_array_equal(direct.pack_of_item, flagged.pack_of_item)
+    npt.assert_array_equal(direct.order, flagged.order)
+    assert flagged.algorithm == "bfd+refine"
+    assert plan_packs([], 8, refine=True).algorithm == "ffd+refine"

@@ -24,6 +24,7 @@ from .algorithms import (
 )
 from .bounds import lower_bound, martello_toth_l2
 from .plan import ALGORITHMS, PackPlan, plan_packs, validate_plan
+from .refine import refine_plan
 
 __all__ = [
     "ALGORITHMS",
@@ -35,5 +36,6 @@ __all__ = [
     "martello_toth_l2",
     "next_fit",
     "plan_packs",
+    "refine_plan",
     "validate_plan",
 ]

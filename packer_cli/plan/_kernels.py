@@ -272,16 +272,27 @@ def _ctz(word):
     return _DEBRUIJN_TABLE[np.int64((low * _DEBRUIJN) >> np.uint64(58))]
 
 
+@njit(**NJIT_FLAGS)
 def _bitset_layout(nbits):
-    """Word offsets of each level of a hierarchical bitset over ``nbits`` bits."""
-    offsets = [0]
+    """Word offsets of each level of a hierarchical bitset over ``nbits`` bits.
+
+    Returns
+    -------
+    offsets : int64[levels + 1]
+        Level ``l`` occupies words ``offsets[l]:offsets[l + 1]``; the bitset
+        needs ``offsets[-1]`` zeroed ``uint64`` words.
+    """
+    levels = 1
     words = (nbits + 63) // 64
-    while True:
-        offsets.append(offsets[-1] + words)
-        if words == 1:
-            break
+    while words > 1:
         words = (words + 63) // 64
-    return np.array(offsets, dtype=np.int64)
+        levels += 1
+    offsets = np.zeros(levels + 1, np.int64)
+    words = (nbits + 63) // 64
+    for level in range(levels):
+        offsets[level + 1] = offsets[level] + words
+        words = (words + 63) // 64
+    return offsets
 
 
 @njit(**NJIT_FLAGS)

@@ -112,9 +112,10 @@ def plan_packs(lengths, capacity, algorithm: str = "ffd", seed=0, *, refine: boo
         raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
     arr, capacity = check_lengths(lengths, capacity)
     if arr.shape[0] == 0:
-        return _empty_plan(capacity, algorithm)
-    if algorithm == "first-fit-shuffle":
+        plan = _empty_plan(capacity, algorithm)
+    elif algorithm == "first-fit-shuffle":
         pack_of_item, order, offsets, load, _ = _run_bridge(arr, capacity, seed)
+        plan = _make_plan(pack_of_item, order, offsets, load, capacity, algorithm)
     else:
         run = {"ffd": _run_ffd, "bfd": _run_bfd, "sequential": _run_next_fit}[algorithm]
         pack_of_item, sequence, num_packs = run(arr, capacity)
@@ -122,7 +123,7 @@ def plan_packs(lengths, capacity, algorithm: str = "ffd", seed=0, *, refine: boo
         order, offsets, load = K._group_by_pack(
             sequence, K._gather(pack_of_item, sequence), seq_lengths, num_packs
         )
-    plan = _make_plan(pack_of_item, order, offsets, load, capacity, algorithm)
+        plan = _make_plan(pack_of_item, order, offsets, load, capacity, algorithm)
     if refine:
         from .refine import refine_plan
 
