@@ -93,6 +93,14 @@ class PackSpec:
     """Record what a static-shape loader needs; requires pad_to_max_length."""
     pad_id: int = 0
     """Token id written into alignment padding."""
+    refine: bool = True
+    """After ffd/bfd, re-fill the non-full packs toward the Martello–Toth L2 bound (never more
+    packs; ignored by the order-defined first-fit-shuffle and sequential algorithms)."""
+
+    @property
+    def refines(self) -> bool:
+        """Whether the improvement pass actually runs for this algorithm."""
+        return self.refine and self.algorithm in (Algorithm.FFD, Algorithm.BFD)
 
     @property
     def layout_multiple(self) -> int:
