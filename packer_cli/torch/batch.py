@@ -53,7 +53,9 @@ class THDBatch:
         position_ids: ``[1, T]`` int64, 0 at each segment start, counting through padding.
         seq_idx: ``[1, T]`` int32 segment index of every token (Mamba ``seq_idx``).
         padding_mask: ``[1, T]`` bool, True on alignment and tail padding.
-        cu_seqlens: ``[N+1]`` int32 cumulative real lengths (longer when static).
+        cu_seqlens: ``[N+1]`` int32 cumulative real lengths (longer when static). A tail
+            segment counts 0 real tokens, except in a pack without alignment padding: there
+            it is kept whole (attended, never trained) so one vector serves both fields.
         cu_seqlens_padded: ``[N+1]`` int32 physical offsets, last == T; the same object as
             ``cu_seqlens`` when no sequence is padded.
         max_seqlen: longest physical segment (host int; a dataset-wide constant when static).

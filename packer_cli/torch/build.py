@@ -117,20 +117,20 @@ def build_thd_batch(row: Any, meta: dict, *, static: bool = False) -> THDBatch:
         # segment so one vector serves both fields and TE keeps FlashAttention eligible.
         cu_real = cu_pad
 
-    seg = np.repeat(np.arange(nseg, dtype=np.int64), seg_p)  # [T] segment of each token
-    pos = np.arange(t, dtype=np.int64) - cu_pad[seg]  # restarts at 0 per segment
-    real_len = seg_real[seg]
-    padding_mask = pos >= real_len
+    seg = np.repeat(np.arange(nseg, dtype=np.int32), seg_p)  # [T] segment of each token
+    pos = np.arange(t, dtype=np.int64)
+    pos -= np.repeat(cu_pad[:-1], seg_p)  # restarts at 0 at every segment start
+    padding_mask = pos >= np.repeat(seg_real, seg_p)
 
-    tok = np.full(t, pad_id, dtype=np.int64)
+    tok = np.empty(t, dtype=np.int64)
     tok[:phys] = tokens_in
-    nxt = np.full(t, -100, dtype=np.int64)
-    nxt[:-1] = tok[1:]
-    last = np.asarray(row.last_token, dtype=np.int64)
-    if tail:
-        last = np.append(last, -100)
-    labels = np.where(pos < real_len - 1, nxt, np.where(pos == real_len - 1, last[seg], -100))
-
+    tok[phys:] = pad_id
+    # labels[j] = tokens[j + 1] inside a sequence, last_token at its last input, -100 on
+    # padding. labels[-1] is always covered: a row ends on a last input or on padding.
+    labels = np.empty(t, dtype=np.int64)
+    labels[:-1] = tok[1:]
+    labels[cu_pad[:n] + s - 1] = np.asarray(row.last_token, dtype=np.int64)
+    labels[padding_mask] = -100
     loss = np.zeros(t, dtype=np.float32)
     loss[:phys] = loss_in
     loss[padding_mask] = 0.0
@@ -156,7 +156,7 @@ def build_thd_batch(row: Any, meta: dict, *, static: bool = False) -> THDBatch:
         labels=torch.from_numpy(labels).view(1, t),
         loss_mask=torch.from_numpy(loss).view(1, t),
         position_ids=torch.from_numpy(pos).view(1, t),
-        seq_idx=torch.from_numpy(seg.astype(np.int32)).view(1, t),
+        seq_idx=torch.from_numpy(seg).view(1, t),
         padding_mask=torch.from_numpy(padding_mask).view(1, t),
         cu_seqlens=cu_real_t,
         cu_seqlens_padded=cu_pad_t,

@@ -58,20 +58,17 @@ def cp_partition_indices(
         raise ValueError(f"total_tokens={total_tokens} is not divisible by 2*cp_size={two_cp}")
 
     cu = cu_seqlens_padded.to(torch.int64)
-    lens = cu[1:] - cu[:-1]
-    chunk = lens // two_cp  # c_i: chunk size of segment i
-    # Rank-local boundaries: every segment contributes 2*c_i tokens to every rank.
-    local_cu = torch.zeros_like(cu)
-    local_cu[1:] = torch.cumsum(2 * chunk, 0)
-    tok = torch.arange(total_tokens // cp_size, device=cu.device)
-    # right=True picks the last of equal starts, so zero-length segments own no token
-    # (TE's binary search does the same).
-    seq = torch.searchsorted(local_cu[1:], tok, right=True).clamp_(max=lens.numel() - 1)
-    j = tok - local_cu[seq]  # offset of the token inside this rank's share of segment seq
-    c = chunk[seq]
-    first_half = cp_rank * c + j
-    second_half = (two_cp - 1 - cp_rank) * c + (j - c)
-    return (cu[seq] + torch.where(j < c, first_half, second_half)).to(torch.int32)
+    chunk = (cu[1:] - cu[:-1]) // two_cp  # c_i: chunk size of segment i
+    # Each segment contributes two contiguous runs of c_i tokens to this rank: the
+    # concatenation of those runs, in order, is the answer. Zero-length segments add
+    # empty runs, so static-shape repeats need no special case.
+    run_start = torch.stack((cu[:-1] + cp_rank * chunk, cu[:-1] + (two_cp - 1 - cp_rank) * chunk), 1).flatten()
+    run_len = torch.stack((chunk, chunk), 1).flatten()
+    run_offset = torch.cumsum(run_len, 0) - run_len  # where each run lands in the output
+    local = total_tokens // cp_size
+    # output_size is a host int, so repeat_interleave needs no device sync to size its output
+    shift = torch.repeat_interleave(run_start - run_offset, run_len, output_size=local)
+    return (shift + torch.arange(local, device=cu.device)).to(torch.int32)
 
 
 def cp_partition_reference(cu_seqlens_padded: list[int], cp_size: int, cp_rank: int) -> list[int]:

@@ -1,0 +1,191 @@
+"""``THDLoader``: packed micro-batches for one (DP rank, CP rank), delivered to the GPU.
+
+Data flow::
+
+    MicroBatchSampler (main process)        seeded order, DP shard, resume position
+          | [pack ids]
+    DataLoader workers (CPU)                read rows (mmap) -> THDBatch -> concat packs
+          |                                 -> slice for this CP rank (T/CP tokens)
+    pin-memory thread                       THDBatch.pin_memory()
+          |
+    cuda_prefetch (side stream)             non_blocking H2D, one batch ahead, record_stream
+          v
+    training step                           THDBatch on the GPU; max_seqlen and the
+                                            statistics are Python ints: no device sync
+
+Every CP rank of a DP replica builds the same packs (CP is not part of the sharding)
+and keeps only its own zig-zag slice, so only ``T/CP`` tokens per rank cross PCIe; the
+boundary vectors stay global, as Transformer Engine expects.
+
+Example::
+
+    ds = PackedDataset("out/")
+    loader = THDLoader(ds, cp_size=2, cp_rank=cp_rank, dp_size=dp, dp_rank=dp_rank, seed=1)
+    for epoch in range(start_epoch, epochs):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            out = model(batch.tokens, position_ids=batch.position_ids,
+                        packed_seq_params=batch.packed_seq_params())
+        ...
+    ckpt["loader"] = loader.state_dict()       # exact resume: loader.load_state_dict(...)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from packer_cli.torch.batch import CP_MBS_ERROR, THDBatch
+from packer_cli.torch.config import validate_training_config
+from packer_cli.torch.dataset import PackedDataset
+from packer_cli.torch.prefetch import cuda_prefetch
+from packer_cli.torch.sampler import MicroBatchSampler
+
+
+class _MicroBatches(Dataset):
+    """Worker-side view: item ``[pack ids]`` -> this CP rank's THD row."""
+
+    def __init__(self, dataset: PackedDataset, cp_size: int, cp_rank: int) -> None:
+        self.dataset = dataset
+        self.cp_size = cp_size
+        self.cp_rank = cp_rank
+
+    def __getitem__(self, indices: Sequence[int]) -> THDBatch:  # type: ignore[override]
+        return self.dataset.micro_batch(indices, self.cp_size, self.cp_rank)
+
+
+def _as_is(batch: THDBatch) -> THDBatch:
+    return batch
+
+
+class THDLoader:
+    """Iterable of :class:`THDBatch` for one rank, on ``device``; resumable.
+
+    Args:
+        dataset: a :class:`PackedDataset`.
+        batch_packs: packs concatenated into each micro-batch row (``> 1`` needs CP=1:
+            Bridge's CP slicing expects one physical pack per micro-batch).
+        cp_size, cp_rank: context parallelism; each rank gets its zig-zag slice.
+        dp_size, dp_rank: data parallelism (excluding CP); ranks get disjoint packs.
+        seed: shuffle seed; epoch ``e`` is a permutation seeded by ``(seed, e)``.
+        shuffle: False keeps the stored order.
+        device: ``"cuda"`` (or ``"cuda:N"``) for pinned, stream-prefetched copies;
+            ``"cpu"`` yields the worker batches directly.
+        num_workers: DataLoader worker processes building batches (0 = in-process).
+        pin_memory: pin host batches (only meaningful for a CUDA device).
+        prefetch_factor: batches each worker keeps ready.
+    """
+
+    def __init__(
+        self,
+        dataset: PackedDataset,
+        *,
+        batch_packs: int = 1,
+        cp_size: int = 1,
+        cp_rank: int = 0,
+        dp_size: int = 1,
+        dp_rank: int = 0,
+        seed: int = 0,
+        shuffle: bool = True,
+        device: str | torch.device = "cuda",
+        num_workers: int = 2,
+        pin_memory: bool = True,
+        prefetch_factor: int = 2,
+    ) -> None:
+        if batch_packs > 1 and cp_size > 1:
+            raise ValueError(CP_MBS_ERROR)
+        if not 0 <= cp_rank < cp_size:
+            raise ValueError(f"need 0 <= cp_rank < cp_size, got {cp_rank}, {cp_size}")
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"THDLoader(device={str(device)!r}) needs CUDA, which is unavailable; pass device='cpu'")
+        spec = dataset.metadata.get("spec", {})
+        validate_training_config(
+            seq_length=spec.get("pack_size"),
+            micro_batch_size=1,  # batch_packs packs form ONE physical THD row
+            context_parallel_size=cp_size,
+            offline_packing=True,
+            pack_size=spec.get("pack_size"),
+            pad_to_max_length=bool(spec.get("pad_to_max_length", False)),
+            pad_cu_seqlens=dataset.static,
+            data_pad_multiple=dataset.pad_multiple,
+        )
+        self.dataset = dataset
+        self.device = torch.device(device)
+        self.cp_size, self.cp_rank = cp_size, cp_rank
+        self.sampler = MicroBatchSampler(
+            len(dataset), batch_packs=batch_packs, dp_size=dp_size, dp_rank=dp_rank, seed=seed, shuffle=shuffle
+        )
+        self._position = 0  # micro-batches handed to the caller in the current epoch
+        cuda = self.device.type == "cuda"
+        self._loader = DataLoader(
+            _MicroBatches(dataset, cp_size, cp_rank),
+            batch_size=None,
+            sampler=self.sampler,
+            collate_fn=_as_is,
+            num_workers=num_workers,
+            pin_memory=pin_memory and cuda,
+            persistent_workers=num_workers > 0,
+            prefetch_factor=prefetch_factor if num_workers > 0 else None,
+        )
+
+    # -- epochs and resume ------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the permutation of ``epoch``; a new epoch starts at its beginning.
+
+        Calling it with the current epoch keeps the position, so
+        ``load_state_dict(...)`` followed by the usual ``set_epoch(e)`` resumes exactly.
+        """
+        if epoch != self.sampler.epoch:
+            self.sampler.epoch = epoch
+            self._position = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position of this rank: epoch, micro-batches consumed, and what defines the order."""
+        s = self.sampler
+        return {
+            "epoch": s.epoch,
+            "position": self._position,
+            "seed": s.seed,
+            "num_packs": s.num_packs,
+            "batch_packs": s.batch_packs,
+            "dp_size": s.dp_size,
+            "dp_rank": s.dp_rank,
+            "shuffle": s.shuffle,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue after the last micro-batch recorded in ``state``."""
+        s = self.sampler
+        for key in ("seed", "num_packs", "batch_packs", "dp_size", "dp_rank", "shuffle"):
+            if key in state and state[key] != getattr(s, key):
+                raise ValueError(f"loader state has {key}={state[key]!r} but this loader has {getattr(s, key)!r}")
+        s.epoch = int(state["epoch"])
+        self._position = int(state["position"])
+
+    # -- iteration --------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Micro-batches per epoch for this rank."""
+        return self.sampler.per_epoch
+
+    def _host_batches(self) -> Iterator[THDBatch]:
+        self.sampler.start = self._position
+        try:
+            yield from self._loader
+        finally:
+            self.sampler.start = 0
+
+    def __iter__(self) -> Iterator[THDBatch]:
+        batches = self._host_batches()
+        if self.device.type == "cuda":
+            batches = cuda_prefetch(batches, self.device)
+        for batch in batches:
+            self._position += 1
+            yield batch
+        self.sampler.epoch += 1  # a completed pass moves on to the next permutation
+        self._position = 0

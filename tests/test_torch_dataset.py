@@ -1,0 +1,69 @@
+"""PackedDataset: map-style access to packs, static shapes from metadata, pickling for workers."""
+
+import json
+import pickle
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from packer_cli.torch import PackedDataset, StaticShapeError, THDBatch  # noqa: E402
+from packer_cli.torch.testing import InMemoryReader, make_meta, make_row  # noqa: E402
+
+ROWS = [make_row([[1, 2, 3, 4], [5, 6, 7]], multiple=2), make_row([[8, 9, 10, 11, 12]], multiple=2)]
+
+
+def test_map_style_access():
+    ds = PackedDataset(InMemoryReader(ROWS, make_meta(ROWS, pack_size=8, multiple=2)))
+    assert len(ds) == 2 and not ds.static and ds.pad_multiple == 2
+    assert isinstance(ds[0], THDBatch) and ds[0].cu_seqlens_padded.tolist() == [0, 4, 6]
+    assert ds[-1].tokens.tolist() == [[8, 9, 10, 11]]
+    with pytest.raises(IndexError):
+        ds[2]
+    both = ds.micro_batch([1, 0])
+    assert both.source_index.tolist() == [0, 0, 1] and both.num_packs == 2
+
+
+def test_static_follows_metadata_and_fails_early():
+    meta = make_meta(ROWS, pack_size=8, multiple=2, pad_to_max_length=True, pad_cu_seqlens=True)
+    ds = PackedDataset(InMemoryReader(ROWS, meta))
+    assert ds.static and {ds[i].cu_seqlens.numel() for i in range(2)} == {4}
+    assert not PackedDataset(InMemoryReader(ROWS, meta), static=False).static
+    plain = make_meta(ROWS, pack_size=8, multiple=2)
+    with pytest.raises(StaticShapeError, match="pad_to_max_length"):
+        PackedDataset(InMemoryReader(ROWS, plain), static=True)
+
+
+@pytest.fixture(scope="module")
+def packed_dir(tmp_path_factory):
+    packer = pytest.importorskip("packer_cli")
+    tmp = tmp_path_factory.mktemp("packed")
+    src = tmp / "in.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": list(range(1, 3 + k % 17))}) + "\n" for k in range(60)))
+    spec = packer.PackSpec(pack_size=64, cp=2, tp=2, sp=True, pad_to_max_length=True, pad_cu_seqlens=True)
+    packer.pack([str(src)], str(tmp / "out"), spec)
+    return tmp / "out"
+
+
+def test_real_output_batches(packed_dir):
+    ds = PackedDataset(packed_dir)
+    meta = ds.metadata
+    assert ds.static and ds.pad_multiple == 4 and len(ds) == meta["counts"]["packs"]
+    total = 0
+    for i in range(len(ds)):
+        b = ds[i]
+        assert b.num_tokens == 64 and b.cu_seqlens_padded[-1] == 64
+        assert b.cu_seqlens.numel() == meta["static"]["cu_seqlens_len"] and b.max_seqlen == meta["static"]["max_seqlen"]
+        assert bool((b.cu_seqlens_padded % 4 == 0).all())
+        total += b.num_real_tokens
+        half = b.for_cp_rank(2, 1)
+        assert half.tokens.shape == (1, 32)
+    assert total == meta["counts"]["runtime_tokens"]
+
+
+def test_pickles_without_the_memory_map(packed_dir):
+    ds = PackedDataset(packed_dir)
+    ds[0]
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone._reader is None  # reopened lazily in the worker process
+    assert torch.equal(clone[3].tokens, ds[3].tokens)

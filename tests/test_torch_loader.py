@@ -1,0 +1,229 @@
+"""MicroBatchSampler and THDLoader: sharding, epochs, CP slices, resume, and the no-sync GPU path."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from packer_cli.torch import PackedDataset, THDLoader, TrainingConfigError  # noqa: E402
+from packer_cli.torch.batch import CP_MBS_ERROR  # noqa: E402
+from packer_cli.torch.sampler import MicroBatchSampler  # noqa: E402
+from packer_cli.torch.testing import InMemoryReader, make_meta, make_row  # noqa: E402
+
+
+def _dataset(num_packs=13, multiple=4, cp=2, pack_size=64, pad_to_max_length=False):
+    g = torch.Generator().manual_seed(num_packs)
+    rows = []
+    for k in range(num_packs):
+        lengths = torch.randint(2, 14, (3,), generator=g).tolist()
+        samples = [torch.randint(1, 99, (n,), generator=g).tolist() for n in lengths]
+        rows.append(make_row(samples, multiple=multiple, source_index=[3 * k, 3 * k + 1, 3 * k + 2]))
+    meta = make_meta(rows, pack_size=pack_size, multiple=multiple, cp=cp, pad_to_max_length=pad_to_max_length)
+    return PackedDataset(InMemoryReader(rows, meta))
+
+
+def _ids(batches):
+    return [b.source_index.tolist() for b in batches]
+
+
+# ---------------------------------------------------------------------------- sampler
+def test_sampler_shards_disjoint_equal_and_deterministic():
+    ranks = [list(MicroBatchSampler(23, batch_packs=2, dp_size=3, dp_rank=r, seed=5)) for r in range(3)]
+    assert [len(r) for r in ranks] == [3, 3, 3]  # 23 // (2*3); the 5 left over are dropped
+    flat = [i for r in ranks for mb in r for i in mb]
+    assert len(flat) == len(set(flat)) == 18
+    assert all(len(mb) == 2 for r in ranks for mb in r)
+    assert ranks[1] == list(MicroBatchSampler(23, batch_packs=2, dp_size=3, dp_rank=1, seed=5))
+
+
+def test_sampler_epochs_reshuffle_and_seed_matters():
+    s = MicroBatchSampler(50, seed=1)
+    e0 = list(s)
+    s.epoch = 1
+    e1 = list(s)
+    assert e0 != e1 and sorted(e0) == sorted(e1) == [[i] for i in range(50)]
+    assert list(MicroBatchSampler(50, seed=2)) != e0
+    assert list(MicroBatchSampler(5, shuffle=False)) == [[0], [1], [2], [3], [4]]
+
+
+def test_sampler_rejects_bad_sharding():
+    with pytest.raises(ValueError, match="bad sharding"):
+        MicroBatchSampler(10, dp_size=2, dp_rank=2)
+
+
+# ---------------------------------------------------------------------------- loader on CPU
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_cp_ranks_of_a_replica_see_the_same_packs_and_their_slices(num_workers):
+    ds = _dataset()
+    loaders = [THDLoader(ds, cp_size=2, cp_rank=r, seed=3, device="cpu", num_workers=num_workers) for r in range(2)]
+    per_rank = [list(loader) for loader in loaders]
+    assert len(per_rank[0]) == len(ds) and _ids(per_rank[0]) == _ids(per_rank[1])
+    order = list(loaders[0].sampler.epoch_order(0).tolist())
+    for step, (b0, b1) in enumerate(zip(*per_rank)):
+        full = ds.micro_batch(order[step])
+        assert b0.tokens.shape[1] == b1.tokens.shape[1] == full.num_tokens // 2
+        assert torch.equal(b0.tokens, full.for_cp_rank(2, 0).tokens) and torch.equal(b1.labels, full.for_cp_rank(2, 1).labels)
+        assert torch.equal(b0.cu_seqlens_padded, full.cu_seqlens_padded) and b0.max_seqlen == full.max_seqlen
+        assert type(b0.num_loss_tokens) is int and b0.seqlen_sq_sum == full.seqlen_sq_sum
+
+
+def test_dp_ranks_get_disjoint_packs():
+    ds = _dataset(num_packs=20)
+    seen = [_ids(THDLoader(ds, dp_size=2, dp_rank=r, device="cpu", num_workers=0, cp_size=1)) for r in range(2)]
+    flat = [i for rank in seen for b in rank for i in b]
+    assert len(flat) == len(set(flat)) == 60
+
+
+def test_batch_packs_concatenates_and_cp_rejects_it():
+    ds = _dataset()
+    batches = list(THDLoader(ds, batch_packs=3, device="cpu", num_workers=0, seed=1))
+    assert len(batches) == 4 and all(b.num_packs == 3 and b.num_seqs == 9 for b in batches)
+    assert all(b.cu_seqlens_padded[-1].item() == b.num_tokens == b.tokens.shape[1] for b in batches)
+    with pytest.raises(ValueError, match=CP_MBS_ERROR.replace("(", "\\(").replace(")", "\\)")):
+        THDLoader(ds, batch_packs=2, cp_size=2, device="cpu")
+
+
+def test_loader_validates_data_against_cp():
+    ds = _dataset(multiple=2, cp=1, pack_size=64)  # sequences aligned to 2, CP=2 needs 4
+    with pytest.raises(TrainingConfigError, match="needs multiples of 4"):
+        THDLoader(ds, cp_size=2, device="cpu")
+    with pytest.raises(TrainingConfigError, match="2 \\* context parallel"):
+        THDLoader(_dataset(multiple=12, cp=3, pack_size=60), cp_size=4, device="cpu")
+
+
+def test_epochs_and_exact_resume():
+    ds = _dataset(num_packs=10)
+    ref = THDLoader(ds, seed=9, device="cpu", num_workers=0)
+    epoch0, epoch1 = _ids(ref), _ids(ref)  # a finished pass moves to the next permutation
+    assert epoch0 != epoch1 and sorted(epoch0) == sorted(epoch1)
+
+    first = THDLoader(ds, seed=9, device="cpu", num_workers=2)
+    it = iter(first)
+    got = [next(it).source_index.tolist() for _ in range(4)]
+    state = first.state_dict()
+    assert state["epoch"] == 0 and state["position"] == 4
+
+    resumed = THDLoader(ds, seed=9, device="cpu", num_workers=2)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(0)  # the usual loop call keeps the restored position
+    got += _ids(resumed)
+    assert got == epoch0
+    assert resumed.epoch == 1 and _ids(resumed) == epoch1
+
+    with pytest.raises(ValueError, match="seed"):
+        THDLoader(ds, seed=1, device="cpu").load_state_dict(state)
+
+
+def test_set_epoch_selects_permutation():
+    ds = _dataset(num_packs=10)
+    a = THDLoader(ds, seed=4, device="cpu", num_workers=0)
+    a.set_epoch(3)
+    b = THDLoader(ds, seed=4, device="cpu", num_workers=0)
+    for _ in range(3):
+        list(b)
+    assert _ids(a) == _ids(b) and len(a) == 10
+
+
+def test_real_output_through_workers(tmp_path):
+    packer = pytest.importorskip("packer_cli")
+    src = tmp_path / "in.jsonl"
+    g = torch.Generator().manual_seed(0)
+    lines = [torch.randint(1, 999, (int(torch.randint(2, 40, (1,), generator=g)),), generator=g).tolist() for _ in range(120)]
+    src.write_text("".join('{"input_ids": %s}\n' % x for x in lines))
+    spec = packer.PackSpec(pack_size=96, cp=2, pad_to_max_length=True, pad_cu_seqlens=True)
+    packer.pack([str(src)], str(tmp_path / "out"), spec)
+    ds = PackedDataset(tmp_path / "out")
+    static = ds.metadata["static"]
+    loader = THDLoader(ds, cp_size=2, cp_rank=1, device="cpu", num_workers=2, seed=0)
+    seen = []
+    for b in loader:
+        assert b.tokens.shape == (1, 48) and b.cu_seqlens.shape == (static["cu_seqlens_len"],)
+        assert b.max_seqlen == static["max_seqlen"]
+        seen += b.source_index.tolist()
+    assert sorted(seen) == list(range(120))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_cuda_device_without_cuda_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="device='cpu'"):
+        THDLoader(_dataset(), device="cuda")
+
+
+# ---------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_cuda_loader_never_syncs(num_workers):
+    ds = _dataset(num_packs=12, pad_to_max_length=True)
+    cpu = list(THDLoader(ds, cp_size=2, cp_rank=1, device="cpu", num_workers=0, seed=2))
+    loader = THDLoader(ds, cp_size=2, cp_rank=1, device="cuda", num_workers=num_workers, pin_memory=True, seed=2)
+    torch.zeros(1, device="cuda")  # initialise CUDA before watching for syncs
+    torch.cuda.synchronize()
+    got, acc = [], torch.zeros((), dtype=torch.int64, device="cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for b in loader:
+            acc += b.tokens.sum() + b.cu_seqlens_padded.sum()  # some GPU work per step
+            assert b.tokens.is_cuda and b.cu_seqlens.is_cuda and type(b.max_seqlen) is int
+            params = b.packed_seq_params()
+            assert type(params.max_seqlen_q) is int
+            got.append(b)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert len(got) == len(cpu)
+    for g, c in zip(got, cpu):
+        assert torch.equal(g.tokens.cpu(), c.tokens) and torch.equal(g.cu_seqlens_padded.cpu(), c.cu_seqlens_padded)
+    assert int(acc) == sum(int(c.tokens.sum() + c.cu_seqlens_padded.sum()) for c in cpu)
+
+
+def test_prefetch_order_of_operations(monkeypatch):
+    """The side-stream protocol, checked with stand-ins (runs without a GPU)."""
+    from packer_cli.torch import prefetch
+
+    log = []
+
+    class FakeStream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_stream(self, other):
+            log.append(f"{self.name} waits {other.name}")
+
+    copy, compute = FakeStream("copy"), FakeStream("compute")
+
+    class Ctx:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            log.append(f"enter {self.stream.name}")
+
+        def __exit__(self, *exc):
+            log.append(f"exit {self.stream.name}")
+
+    class FakeBatch:
+        def __init__(self, k, on_gpu=False):
+            self.k, self.on_gpu = k, on_gpu
+
+        def to(self, device, non_blocking):
+            assert non_blocking
+            log.append(f"copy {self.k}")
+            return FakeBatch(self.k, on_gpu=True)
+
+        def record_stream(self, stream):
+            log.append(f"record {self.k} on {stream.name}")
+
+    monkeypatch.setattr(prefetch.torch.cuda, "Stream", lambda device=None: copy)
+    monkeypatch.setattr(prefetch.torch.cuda, "stream", Ctx)
+    monkeypatch.setattr(prefetch.torch.cuda, "current_stream", lambda device=None: compute)
+    for b in prefetch.cuda_prefetch([FakeBatch(0), FakeBatch(1)], torch.device("cuda")):
+        assert b.on_gpu
+        log.append(f"step {b.k}")
+    assert log == [
+        "enter copy", "copy 0", "exit copy",
+        "compute waits copy", "record 0 on compute",
+        "enter copy", "copy 1", "exit copy",  # next copy issued before step 0 runs
+        "step 0",
+        "compute waits copy", "record 1 on compute",
+        "step 1",
+    ]  # fmt: skip
