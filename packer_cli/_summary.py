@@ -37,13 +37,18 @@ class PackSummary:
     bad_records: list
     out: str | None
     dry_run: bool
+    output: dict | None = None
+    """Format-specific record (``--format megatron-bridge``: split, files, EOS id); None for native."""
 
     def to_dict(self) -> dict:
-        return {
+        record = {
             "out": self.out, "dry_run": self.dry_run, "spec": self.spec, "source": self.source,
             "counts": self.counts, "quality": self.quality, "bridge": self.bridge, "static": self.static,
             "bad_records": self.bad_records,
         }
+        if self.output is not None:
+            record["output"] = self.output
+        return record
 
     def metadata(self, version: str) -> dict:
         record = self.to_dict()
@@ -89,6 +94,7 @@ def summarize(*, spec: PackSpec, files, stream, read_counts, bad_listed, lengths
         },
     }
     quality = {
+        "plan": plan.algorithm,
         "efficiency": runtime_total / (n_packs * C),
         "fill": padded_total / (n_packs * C),
         "lower_bound": lower,

@@ -11,7 +11,8 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from packer_cli.errors import PackerError
+from packer_cli.errors import ConfigError, PackerError
+from packer_cli.shards.bridge import OutputFormat, Split
 from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec
 
 app = typer.Typer(
@@ -58,6 +59,7 @@ def pack_command(
     pad_to_max_length: Annotated[bool, typer.Option(help="Pad every pack's tail to exactly the pack size.")] = False,
     pad_cu_seqlens: Annotated[bool, typer.Option(help="Record static-shape metadata (needs --pad-to-max-length).")] = False,
     pad_id: Annotated[int, typer.Option(help="Token id used for alignment padding.")] = 0,
+    refine: Annotated[bool, typer.Option("--refine/--no-refine", help="After ffd/bfd, re-fill non-full packs toward the L2 bound.")] = True,
     tokens_field: Annotated[str, typer.Option(help="Field holding the token ids.")] = "input_ids",
     mask_field: Annotated[Optional[str], typer.Option(help="Force an input-aligned loss-mask field.")] = None,
     labels_field: Annotated[Optional[str], typer.Option(help="Force an HF-style labels field (-100 = ignored).")] = None,
@@ -67,6 +69,10 @@ def pack_command(
     overwrite: Annotated[bool, typer.Option(help="Replace an existing OUT.")] = False,
     dry_run: Annotated[bool, typer.Option(help="Plan and print the summary; write nothing.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
+    out_format: Annotated[OutputFormat, typer.Option("--format", help="Output format: native shards, or Megatron-Bridge's Parquet layout.")] = OutputFormat.NATIVE,
+    split: Annotated[Optional[Split], typer.Option(help="megatron-bridge: which split file to write (default training).")] = None,
+    eos_id: Annotated[Optional[int], typer.Option(help="megatron-bridge: end-of-sequence id for alignment padding (inferred when every sample ends with one id).")] = None,
+    row_group_size: Annotated[Optional[int], typer.Option(help="megatron-bridge: packs per Parquet row group (default: about 1 MiB of tokens, at most 500).")] = None,
 ) -> None:
     """Pack tokenized samples into fixed-capacity packs (native THD shards)."""
     from packer_cli.pipeline import pack
@@ -75,14 +81,15 @@ def pack_command(
     spec = PackSpec(
         pack_size=pack_size, cp=cp, tp=tp, sp=sp, pad_seq_to_mult=pad_seq_to_mult, algorithm=algorithm,
         seed=seed, shuffle=shuffle, overlong=overlong, pad_to_max_length=pad_to_max_length,
-        pad_cu_seqlens=pad_cu_seqlens, pad_id=pad_id,
+        pad_cu_seqlens=pad_cu_seqlens, pad_id=pad_id, refine=refine,
     )
     source = SourceSpec(tokens_field=tokens_field, mask_field=mask_field, labels_field=labels_field,
                         vocab_size=vocab_size, on_bad_record=on_bad_record)
     try:
+        output = _bridge_output(out_format, split, eos_id, row_group_size)
         summary = pack(inputs, out, spec, source, overwrite=overwrite, dry_run=dry_run,
                        shard_bytes=parse_size(shard_size), progress=not json_out,
-                       warn=lambda msg: err.print(f"warning: {msg}", markup=False))
+                       warn=lambda msg: err.print(f"warning: {msg}", markup=False), output=output)
     except PackerError as exc:
         fail(exc)
     if json_out:
@@ -91,6 +98,68 @@ def pack_command(
         sys.stdout.write(orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         print_pack_summary(summary)
+        if summary.output:
+            from packer_cli.shards.bridge import describe
+
+            print(describe(summary.output))
+
+
+def _bridge_output(out_format: OutputFormat, split, eos_id, row_group_size):
+    """The BridgeOutput for ``--format megatron-bridge``; its options are errors otherwise."""
+    if out_format is OutputFormat.NATIVE:
+        given = [name for name, v in (("--split", split), ("--eos-id", eos_id), ("--row-group-size", row_group_size))
+                 if v is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)} only apply to --format megatron-bridge")
+        return None
+    from packer_cli.shards.bridge_output import BridgeOutput
+
+    return BridgeOutput(split=(split or Split.TRAINING).value, eos_id=eos_id, row_group_size=row_group_size).validate()
+
+
+@app.command("inspect")
+def inspect_command(
+    out: Annotated[str, typer.Argument(help="Output directory written by `packer pack`.")],
+    pack: Annotated[Optional[int], typer.Option("--pack", help="Also show pack N in detail (0-based).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout (docs/AUDIT.md).")] = False,
+) -> None:
+    """Summarize packed shards: counts, padding, bounds, distributions and attention work."""
+    from packer_cli.audit import inspect_output
+
+    try:
+        report = inspect_output(out, pack=pack)
+    except PackerError as exc:
+        fail(exc)
+    if json_out:
+        import orjson
+
+        sys.stdout.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        Console().print(report)
+
+
+@app.command("verify")
+def verify_command(
+    out: Annotated[str, typer.Argument(help="Output directory written by `packer pack`.")],
+    source: Annotated[Optional[list[str]], typer.Option(
+        "--source", help="Original input (file, directory or glob; repeat for several): every sample must be accounted for.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout (docs/AUDIT.md).")] = False,
+    limit: Annotated[int, typer.Option(help="Problems listed per check (all are counted).")] = 20,
+) -> None:
+    """Check shards, metadata and (with --source) the inputs; exit 0 ok, 1 problems, 2 unusable."""
+    from packer_cli.audit import verify_output
+
+    try:
+        report = verify_output(out, sources=source, limit=max(1, limit))
+    except PackerError as exc:
+        fail(exc)
+    if json_out:
+        import orjson
+
+        sys.stdout.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        Console(highlight=False, soft_wrap=True).print(report)
+    raise typer.Exit(report.exit_code)
 
 
 def main() -> None:

@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import os
 import shutil
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from packer_cli import __version__
+from packer_cli._background import background
 from packer_cli._sequences import SequenceTable, build_sequences
 from packer_cli._summary import PackSummary, summarize
 from packer_cli.errors import ConfigError, DataError
 from packer_cli.plan import plan_packs
 from packer_cli.progress import Progress
-from packer_cli.shards._gather import gather_packs
+from packer_cli.shards._gather import SpillReader, output_order
+from packer_cli.shards.bridge_output import BridgeOutput
 from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE
 from packer_cli.shards.writer import ShardWriter, pack_record_batch
 from packer_cli.sources import SampleStream, discover_inputs
@@ -39,26 +42,47 @@ MAX_LISTED_BAD = 1000
 
 @dataclass
 class _Samples:
-    """Per-sample columns collected in pass one (the only per-sample state kept in memory)."""
+    """Per-sample columns collected in pass one (the only per-sample state kept in memory).
+
+    Columns are stored in the narrowest safe dtype (int32 unless a value needs more), so the
+    resident cost stays at 16 bytes per sample however many tokens the samples hold.
+    """
 
     lengths: list = field(default_factory=list)
     source_index: list = field(default_factory=list)
     targets: list = field(default_factory=list)
     tail_targets: list = field(default_factory=list)
 
+    def add(self, lengths: np.ndarray, source_index: np.ndarray, targets: np.ndarray, tail: np.ndarray) -> None:
+        self.lengths.append(_narrow(lengths))
+        self.source_index.append(_narrow(source_index))
+        self.targets.append(_narrow(targets))
+        self.tail_targets.append(_narrow(tail))
+
     def arrays(self):
-        cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)  # noqa: E731
+        """The four columns, concatenated; the per-batch pieces are released."""
+        def cat(parts: list) -> np.ndarray:
+            out = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+            parts.clear()
+            return out
+
         return cat(self.lengths), cat(self.source_index), cat(self.targets), cat(self.tail_targets)
+
+
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """int32 when every value fits, else int64 (concatenation promotes mixed pieces)."""
+    if values.size == 0 or (values.min() >= -(2**31) and values.max() < 2**31):
+        return values.astype(np.int32, copy=False)
+    return values.astype(np.int64, copy=False)
 
 
 def _target_counts(batch, cap: int):
     """Runtime targets per sample (Σ targets[1:n]) and those past a truncation at ``cap``."""
-    ends = np.cumsum(batch.lengths)
-    starts = ends - batch.lengths
-    cs = np.concatenate([[0], np.cumsum(batch.targets, dtype=np.int64)])
-    first = batch.targets[starts].astype(np.int64) if starts.size else np.zeros(0, dtype=np.int64)
-    runtime = cs[ends] - cs[starts] - first
-    tail = cs[ends] - cs[np.minimum(starts + cap + 1, ends)]
+    from packer_cli.sources._kernels import target_counts
+
+    runtime = np.empty(batch.lengths.size, dtype=np.int64)
+    tail = np.empty(batch.lengths.size, dtype=np.int64)
+    target_counts(batch.targets, batch.lengths, cap, runtime, tail)
     return runtime, tail
 
 
@@ -73,22 +97,10 @@ def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress
         tgt_file = open(os.path.join(spill_dir, "targets.bin"), "wb")
     try:
         task = progress.task("reading", total=None, unit="samples")
-        for batch in stream:
-            counts["records"] += batch.records
-            counts["too_short"] += batch.too_short
-            counts["bad_records"] += len(batch.bad)
-            for bad in batch.bad[: max(0, MAX_LISTED_BAD - len(bad_listed))]:
-                bad_listed.append({"path": bad.path, "row": bad.row, "line": bad.line, "reason": bad.reason})
-            if batch.lengths.size:
-                runtime, tail = _target_counts(batch, cap)
-                samples.lengths.append(batch.lengths)
-                samples.source_index.append(batch.source_index)
-                samples.targets.append(runtime)
-                samples.tail_targets.append(tail)
-                if tok_file:
-                    batch.tokens.tofile(tok_file)
-                    batch.targets.tofile(tgt_file)
-            progress.advance(task, batch.records)
+        with closing(background(iter(stream), depth=3)) as validated:  # read + validate on a second core
+            for batch in validated:
+                _take(batch, counts, bad_listed, samples, cap, tok_file, tgt_file)
+                progress.advance(task, batch.records)
     finally:
         if tok_file:
             tok_file.close()
@@ -96,43 +108,62 @@ def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress
     return samples, counts, bad_listed
 
 
+def _take(batch, counts: dict, bad_listed: list, samples: _Samples, cap: int, tok_file, tgt_file) -> None:
+    """Count one validated batch, keep its per-sample columns and spill its tokens and targets."""
+    counts["records"] += batch.records
+    counts["too_short"] += batch.too_short
+    counts["bad_records"] += len(batch.bad)
+    for bad in batch.bad[: max(0, MAX_LISTED_BAD - len(bad_listed))]:
+        bad_listed.append({"path": bad.path, "row": bad.row, "line": bad.line, "reason": bad.reason})
+    if batch.lengths.size:
+        runtime, tail = _target_counts(batch, cap)
+        samples.add(batch.lengths, batch.source_index, runtime, tail)
+        if tok_file:
+            batch.tokens.tofile(tok_file)
+            batch.targets.tofile(tgt_file)
+
+
 def _output_sequences(plan, pack_order: np.ndarray):
     """Sequence indices in output order and the per-output-pack offsets into them."""
-    sizes = np.diff(plan.pack_offsets)[pack_order]
-    starts = plan.pack_offsets[:-1][pack_order]
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    idx = np.repeat(starts - offsets[:-1], sizes) + np.arange(offsets[-1])
-    return plan.order[idx], offsets
+    return output_order(plan.order, plan.pack_offsets, np.ascontiguousarray(pack_order, dtype=np.int64))
 
 
-def _write_shards(tmp: str, spill_dir: str, seqs: SequenceTable, sample_start, source_index,
-                  plan, pack_order, spec: PackSpec, shard_bytes: int, progress: Progress) -> list[dict]:
-    order, pack_offsets = _output_sequences(plan, pack_order)
-    seq_sample, seq_offset = seqs.sample[order], seqs.offset[order]
-    seq_len, seq_pad = seqs.length[order], seqs.padded[order]
-    spill_tokens = np.memmap(os.path.join(spill_dir, "tokens.bin"), dtype=np.int32, mode="r")
-    spill_targets = np.memmap(os.path.join(spill_dir, "targets.bin"), dtype=np.uint8, mode="r")
-    pack_tokens = np.concatenate([[0], np.cumsum(plan.pack_load[pack_order])])
-    writer = ShardWriter(tmp, shard_bytes)
-    n_packs = pack_order.size
-    task = progress.task("writing", total=n_packs, unit="packs")
+def _runs(pack_tokens: np.ndarray):
+    """(first, end) output packs of each record batch: about ``BATCH_TOKENS`` tokens, at least one pack."""
+    n_packs = pack_tokens.size - 1
     a = 0
     while a < n_packs:
         b = int(np.searchsorted(pack_tokens, pack_tokens[a] + BATCH_TOKENS, side="right")) - 1
         b = min(max(b, a + 1), n_packs)
-        s0, s1 = pack_offsets[a], pack_offsets[b]
-        run_offsets = pack_offsets[a:b + 1] - s0
-        sl = slice(s0, s1)
-        tokens, mask, last, cu = gather_packs(
-            spill_tokens, spill_targets, sample_start, seq_sample[sl], seq_offset[sl],
-            seq_len[sl], seq_pad[sl], run_offsets, spec.pad_id,
-        )
-        batch = pack_record_batch(tokens, mask, cu, seq_len[sl], last, source_index[seq_sample[sl]],
-                                  seq_offset[sl], run_offsets)
-        writer.write(batch, int(tokens.size))
-        progress.advance(task, b - a)
+        yield a, b
         a = b
-    del spill_tokens, spill_targets
+
+
+def _write_shards(tmp: str, spill_dir: str, seqs: SequenceTable, sample_start, source_index,
+                  plan, pack_order, spec: PackSpec, shard_bytes: int, progress: Progress) -> list[dict]:
+    """Pass two: a background thread gathers run after run of packs (``pread`` from the spill,
+    compiled, GIL released) while this thread writes and hashes the previous record batch."""
+    order, pack_offsets = _output_sequences(plan, pack_order)
+    pack_tokens = np.concatenate([[0], np.cumsum(plan.pack_load[pack_order])])
+    writer = ShardWriter(tmp, shard_bytes)
+    task = progress.task("writing", total=pack_order.size, unit="packs")
+
+    def batches(spill: SpillReader):
+        for a, b in _runs(pack_tokens):
+            s0, s1 = pack_offsets[a], pack_offsets[b]
+            run_offsets = pack_offsets[a:b + 1] - s0
+            run = order[s0:s1]
+            tokens, mask, last, cu = spill.gather(sample_start, seqs.sample, seqs.offset, seqs.length, seqs.padded,
+                                                  run, run_offsets, spec.pad_id)
+            batch = pack_record_batch(tokens, mask, cu, seqs.length[run], last, source_index[seqs.sample[run]],
+                                      seqs.offset[run], run_offsets)
+            yield batch, int(tokens.size), b - a
+
+    with SpillReader(spill_dir) as spill:
+        with closing(background(batches(spill), depth=2)) as gathered:
+            for batch, n_tokens, n_packs in gathered:
+                writer.write(batch, n_tokens)
+                progress.advance(task, n_packs)
     return writer.finish()
 
 
@@ -181,8 +212,12 @@ def pack(
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     progress: bool = False,
     warn: Callable[[str], None] | None = None,
+    output: BridgeOutput | None = None,
 ) -> PackSummary:
     """Pack tokenized samples from ``inputs`` into ``out`` (nothing is written with ``dry_run``).
+
+    ``output``: a :class:`~packer_cli.shards.bridge_output.BridgeOutput` writes Megatron-Bridge's
+    Parquet layout (one split per call) instead of native shards, from the same plan.
 
     Raises :class:`ConfigError` for unusable options and :class:`DataError` for bad data;
     on any error nothing is left at ``out``.
@@ -194,7 +229,9 @@ def pack(
     files = discover_inputs(list(inputs))
     if not dry_run and not out:
         raise ConfigError("an output directory (-o OUT) is required unless --dry-run")
-    tmp = None if dry_run else _prepare_out(out, overwrite)
+    if output:
+        output.validate()
+    tmp = None if dry_run else (output.prepare(out, overwrite, spec) if output else _prepare_out(out, overwrite))
     spill_dir = None
     try:
         if tmp:
@@ -213,16 +250,21 @@ def pack(
             if seqs.padded.size == 0:
                 raise DataError("no samples left to pack (all were too short, bad or dropped)")
             task = bar.task("planning", total=None, unit="sequences")
-            plan = plan_packs(seqs.padded, spec.pack_size, spec.algorithm.value, seed=spec.seed)
+            plan = plan_packs(seqs.padded, spec.pack_size, spec.algorithm.value, seed=spec.seed,
+                              refine=spec.refines)
             bar.advance(task, seqs.padded.size)
             pack_order = (np.random.default_rng(spec.seed).permutation(plan.num_packs)
                           if spec.shuffle else np.arange(plan.num_packs))
             manifest = None
             if tmp:
                 sample_start = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-                entries = _write_shards(tmp, spill_dir, seqs, sample_start, source_index, plan,
-                                        pack_order, spec, shard_bytes, bar)
-                manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "shards": entries}
+                if output:
+                    manifest = output.write(tmp, spill_dir, seqs, sample_start, lengths, source_index, plan,
+                                            pack_order, spec, bar)
+                else:
+                    entries = _write_shards(tmp, spill_dir, seqs, sample_start, source_index, plan,
+                                            pack_order, spec, shard_bytes, bar)
+                    manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "shards": entries}
         summary = summarize(
             spec=spec, files=files, stream=stream, read_counts=read_counts, bad_listed=bad_listed,
             lengths=lengths, targets=targets, dropped=dropped, seqs=seqs, overlong=overlong,
@@ -230,6 +272,12 @@ def pack(
         )
         if summary.counts["no_target_samples"] and warn:
             warn(f"{summary.counts['no_target_samples']} samples have no target tokens (kept, they add no loss)")
+        if output:
+            output.annotate(summary, warn)
+        if tmp and output:
+            shutil.rmtree(spill_dir)
+            output.commit(tmp, manifest, summary.metadata(__version__))
+            tmp = None
         if tmp:
             shutil.rmtree(spill_dir)
             _write_json(os.path.join(tmp, MANIFEST_FILE), manifest)

@@ -46,10 +46,18 @@ def read_json(path: str) -> dict:
         raise DataError(f"{path}: empty or corrupted JSON ({exc})") from None
 
 
-def load_metadata(out_dir: str) -> dict:
-    """metadata.json of an output, rejecting unknown formats and versions by name."""
+def load_metadata(out_dir: str, split: str | None = None) -> dict:
+    """metadata.json of an output, rejecting unknown formats and versions by name.
+
+    A Megatron-Bridge layout has one metadata file per split (``split`` picks it; see
+    :mod:`packer_cli.shards.bridge`).
+    """
     if not os.path.isdir(out_dir):
         raise DataError(f"{out_dir}: not a directory")
+    if _wants_bridge(out_dir, split):
+        from packer_cli.shards.bridge_reader import load_bridge_metadata
+
+        return load_bridge_metadata(out_dir, split)
     meta = read_json(os.path.join(out_dir, METADATA_FILE))
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise DataError(f"{out_dir}: unsupported data format {meta.get('format') if isinstance(meta, dict) else None!r}; expected {FORMAT_NAME!r}")
@@ -77,10 +85,29 @@ class _Batch:
         return PackRow(**parts)
 
 
-class PackedReader:
-    """Random access to the packs of an output directory (native format)."""
+def _wants_bridge(out_dir, split) -> bool:
+    from packer_cli.shards.bridge import is_bridge_dir
 
-    def __init__(self, out_dir: str):
+    native = os.path.isfile(os.path.join(os.fspath(out_dir), METADATA_FILE))
+    return split is not None or (not native and is_bridge_dir(out_dir))
+
+
+class PackedReader:
+    """Random access to the packs of an output directory.
+
+    For a Megatron-Bridge layout (``--format megatron-bridge``) this constructs a
+    :class:`~packer_cli.shards.bridge_reader.BridgeReader` of ``split`` (default: training),
+    which yields the same rows as the native output of the same plan.
+    """
+
+    def __new__(cls, out_dir=None, split: str | None = None):
+        if cls is PackedReader and out_dir is not None and _wants_bridge(out_dir, split):
+            from packer_cli.shards.bridge_reader import BridgeReader
+
+            cls = BridgeReader
+        return super().__new__(cls)
+
+    def __init__(self, out_dir: str, split: str | None = None):
         self.out_dir = out_dir
         self.metadata = load_metadata(out_dir)
         self.manifest = read_json(os.path.join(out_dir, MANIFEST_FILE))

@@ -1,0 +1,152 @@
+"""The Megatron-Bridge drop-in format: names, layout and the stored row of a sequence.
+
+``packer pack --format megatron-bridge`` writes what Bridge's offline packing writes, so a
+Bridge config can point at it unchanged (docs/MEGATRON_BRIDGE.md)::
+
+    OUT/
+      training_4096.idx.parquet     one row per pack: input_ids, loss_mask, seq_start_id
+                                    (+ packer_seq_lens, packer_source_index, packer_source_offset)
+      validation_4096.idx.parquet   written by a second run with --split validation
+      4096_metadata.jsonl           a JSON *array*, one dict of Bridge's six keys per split
+      training.metadata.json        packer's own metadata of the split (inspect, verify, readers)
+      training.manifest.json        the split's file: name, bytes, rows, tokens, xxh3_64
+      validation.metadata.json, validation.manifest.json
+
+How one sequence is stored. A sample of n tokens has s = n − 1 runtime positions padded to
+p = ceil(s/m)·m. Bridge stores the sequence *with* its last label, so it takes p + 1 stored
+slots; alignment padding is the end-of-sequence id E with loss 0 (m = 4, n = 6, s = 5, p = 8)::
+
+    stored      x0 x1 x2 x3 x4 x5 E  E  E        p + 1 = 9 slots, seq_start_id points at x0
+    inputs      x0 x1 x2 x3 x4 x5 E  E           stored[0:p]
+    labels      x1 x2 x3 x4 x5 E  E  E           stored[1:p+1]
+    loss_mask   m1 m2 m3 m4 m5 0  0  0  0        element j: is stored[j+1] a target?
+
+packer's native row keeps the same runtime stream but writes ``pad_id`` where Bridge has x5
+and the padding, and keeps x5 apart as ``last_token``; the ``packer_*`` columns (ignored by
+Bridge) make the conversion exact both ways (:mod:`packer_cli.shards.bridge_reader`).
+"""
+from __future__ import annotations
+
+import os
+import re
+from enum import Enum
+
+BRIDGE_FORMAT = "megatron-bridge"
+BRIDGE_FORMAT_VERSION = 1
+
+#: Bridge's reader requires these three columns; it ignores any others.
+BRIDGE_COLUMNS = ("input_ids", "loss_mask", "seq_start_id")
+#: packer's per-sequence columns: real runtime length, input record, runtime offset in it.
+PACKER_COLUMNS = ("packer_seq_lens", "packer_source_index", "packer_source_offset")
+
+#: Target uncompressed bytes of one row group (see :func:`default_row_group_size`).
+ROW_GROUP_BYTES = 1 << 20
+#: Bridge's own writer uses 500 rows per group; the default never exceeds it.
+BRIDGE_ROW_GROUP_ROWS = 500
+#: Stored bytes per token: int64 input id + int8 loss flag.
+STORED_TOKEN_BYTES = 9
+
+
+class OutputFormat(str, Enum):
+    """What ``packer pack`` writes."""
+
+    NATIVE = "native"
+    """packer's Arrow IPC shards (docs/FORMAT.md)."""
+    MEGATRON_BRIDGE = "megatron-bridge"
+    """Bridge's ``{split}_{C}.idx.parquet`` + ``{C}_metadata.jsonl`` (docs/MEGATRON_BRIDGE.md)."""
+
+
+class Split(str, Enum):
+    """Bridge's two packed splits (Bridge never packs ``test``)."""
+
+    TRAINING = "training"
+    VALIDATION = "validation"
+
+
+SPLITS = tuple(s.value for s in Split)
+
+
+def data_name(split: str, pack_size: int) -> str:
+    """Bridge's data file name, e.g. ``training_4096.idx.parquet``."""
+    return f"{split}_{pack_size}.idx.parquet"
+
+
+def bridge_metadata_name(pack_size: int) -> str:
+    """Bridge's metadata file name, e.g. ``4096_metadata.jsonl`` (a JSON array despite .jsonl)."""
+    return f"{pack_size}_metadata.jsonl"
+
+
+def split_metadata_name(split: str) -> str:
+    return f"{split}.metadata.json"
+
+
+def split_manifest_name(split: str) -> str:
+    return f"{split}.manifest.json"
+
+
+_LAYOUT_NAMES = (
+    re.compile(r"^(training|validation)_(\d+)\.idx\.parquet$"),
+    re.compile(r"^(\d+)_metadata\.jsonl$"),
+    re.compile(r"^(training|validation)\.(metadata|manifest)\.json$"),
+)
+
+
+def default_row_group_size(pack_size: int) -> int:
+    """Rows per Parquet row group: about :data:`ROW_GROUP_BYTES` of stored tokens.
+
+    Bridge's reader keeps only the last row group it read, and its sampler visits rows in a
+    shuffled order, so nearly every row costs one whole row group read and decoded. Small
+    groups keep that cost near one pack; 1 MiB (a Parquet data page) keeps the footer small
+    (one entry per column per group, read once at start-up).
+
+    >>> default_row_group_size(4096), default_row_group_size(32768), default_row_group_size(512)
+    (28, 3, 227)
+    """
+    rows = ROW_GROUP_BYTES // (STORED_TOKEN_BYTES * max(1, pack_size))
+    return int(min(BRIDGE_ROW_GROUP_ROWS, max(1, rows)))
+
+
+def layout_files(out_dir: str) -> list[str] | None:
+    """The entries of ``out_dir`` if it looks like a Bridge layout (or is empty), else None."""
+    names = sorted(os.listdir(out_dir))
+    if all(any(p.match(n) for p in _LAYOUT_NAMES) for n in names):
+        return names
+    return None
+
+
+def layout_pack_sizes(names: list[str]) -> set[int]:
+    """Pack sizes named by the Bridge files among ``names``."""
+    sizes = set()
+    for n in names:
+        for p in _LAYOUT_NAMES[:2]:
+            if match := p.match(n):
+                sizes.add(int(match.groups()[-1]))
+    return sizes
+
+
+def is_bridge_dir(out_dir) -> bool:
+    """True when ``out_dir`` holds at least one split written with ``--format megatron-bridge``."""
+    out_dir = os.fspath(out_dir)
+    return any(os.path.isfile(os.path.join(out_dir, split_metadata_name(s))) for s in SPLITS)
+
+
+def splits_in(out_dir: str) -> list[str]:
+    """Splits of a Bridge layout that packer wrote, in Bridge's order (training first)."""
+    return [s for s in SPLITS if os.path.isfile(os.path.join(out_dir, split_metadata_name(s)))]
+
+
+def describe(output: dict) -> str:
+    """One line for the summary: where the split went and where the EOS id came from."""
+    eos = output.get("eos_id")
+    source = output.get("eos_id_source")
+    why = {
+        "given": "--eos-id",
+        "inferred": "inferred: every sample ends with it",
+        "not needed": "no alignment padding, so none was needed",
+        "not checked": "dry run: not checked",
+    }.get(source, source)
+    eos_text = f"eos id {eos} ({why})" if eos is not None else f"eos id: {why}"
+    files = output.get("files", {})
+    where = files.get("data", output.get("split"))
+    return (f"megatron-bridge: {where} (row groups of {output.get('row_group_size')} packs), "
+            f"{files.get('bridge_metadata', '')}; {eos_text}")

@@ -1,0 +1,218 @@
+"""``BridgeOutput``: the steps of ``pack()`` that differ for ``--format megatron-bridge``.
+
+``pack()`` calls, in order::
+
+    prepare(out, overwrite, spec) → tmp    check OUT, make a temporary sibling directory
+    write(tmp, ...) → manifest             the split's Parquet file, built inside tmp
+    annotate(summary, warn)                EOS id, file names, Bridge-scan diagnostics
+    commit(tmp, manifest, metadata)        per-split JSON, Bridge's metadata array, rename
+
+OUT may already hold a Bridge layout with the *other* split: then this split's files are
+moved into it one by one (each rename is atomic, Bridge's metadata array last), and its dict
+is appended to ``{C}_metadata.jsonl`` as Bridge does. Otherwise the whole temporary directory
+is renamed into place. Either way no file is ever seen half-written.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from packer_cli.errors import ConfigError, DataError
+from packer_cli.shards.bridge import (
+    BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, SPLITS, bridge_metadata_name, data_name, default_row_group_size,
+    layout_files, layout_pack_sizes, split_manifest_name, split_metadata_name, splits_in,
+)
+
+
+def _write_json(path: str, obj) -> None:
+    import orjson
+
+    with open(path, "wb") as f:
+        f.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+
+
+def _read_json(path: str):
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: cannot read ({exc})") from None
+
+
+def read_bridge_array(path: str) -> list:
+    """Bridge's metadata file: a JSON array of dicts (empty when the file does not exist)."""
+    if not os.path.exists(path):
+        return []
+    array = _read_json(path)
+    if not isinstance(array, list) or not all(isinstance(d, dict) for d in array):
+        raise DataError(f"{path}: not a JSON array of dicts (Bridge's packing metadata)")
+    return array
+
+
+@dataclass
+class BridgeOutput:
+    """Options of the Megatron-Bridge output, and the state of one ``pack()`` run."""
+
+    split: str = "training"
+    """``training`` or ``validation``: picks ``{split}_{C}.idx.parquet``."""
+    eos_id: int | None = None
+    """End-of-sequence id for alignment padding; inferred when every sample ends with one id."""
+    row_group_size: int | None = None
+    """Packs per Parquet row group; None = :func:`default_row_group_size`."""
+    _out: str = ""
+    _pack_size: int = 0
+    _replace_whole: bool = True
+    _old_entry: dict | None = None
+    _notes: list = field(default_factory=list)
+    _result: dict = field(default_factory=dict)
+
+    def validate(self) -> "BridgeOutput":
+        if self.split not in SPLITS:
+            raise ConfigError(f"split must be one of {', '.join(SPLITS)}, got {self.split!r}")
+        if self.eos_id is not None and not 0 <= self.eos_id < 2**31:
+            raise ConfigError(f"eos-id must be a non-negative int32, got {self.eos_id}")
+        if self.row_group_size is not None and self.row_group_size < 1:
+            raise ConfigError(f"row-group-size must be a positive number of packs, got {self.row_group_size}")
+        return self
+
+    def rows_per_group(self, pack_size: int) -> int:
+        return self.row_group_size or default_row_group_size(pack_size)
+
+    # -- prepare -----------------------------------------------------------------------
+    def prepare(self, out: str, overwrite: bool, spec) -> str:
+        """Check OUT against this split and return an empty temporary sibling directory."""
+        self.validate()
+        self._old_entry, self._notes, self._result = None, [], {}
+        out = self._out = os.path.normpath(out)
+        self._pack_size = spec.pack_size
+        parent = os.path.dirname(os.path.abspath(out))
+        if not os.path.isdir(parent):
+            raise ConfigError(f"{parent}: output parent directory does not exist")
+        self._replace_whole = True
+        if os.path.exists(out):
+            if not os.path.isdir(out):
+                raise ConfigError(f"{out} exists and is not a directory")
+            names = layout_files(out)
+            if names is None:
+                if not overwrite:
+                    raise ConfigError(f"{out} exists and is not a Megatron-Bridge layout; pass --overwrite "
+                                      "to replace it, or choose another directory")
+            else:
+                self._check_layout(out, names, overwrite, spec)
+                self._replace_whole = False
+        tmp = f"{out}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        return tmp
+
+    def _check_layout(self, out: str, names: list[str], overwrite: bool, spec) -> None:
+        C = spec.pack_size
+        others = sorted(layout_pack_sizes(names) - {C})
+        if others:
+            raise ConfigError(
+                f"{out} holds Bridge files for pack size {others[0]}; Bridge reads both splits with one "
+                f"packed_sequence_size, so pack with --pack-size {others[0]} or into another directory"
+            )
+        for split in splits_in(out):
+            if split == self.split:
+                continue
+            other = _read_json(os.path.join(out, split_metadata_name(split))).get("spec", {})
+            if other.get("pad_seq_to_mult") != spec.pad_multiple:
+                raise ConfigError(
+                    f"{out} holds the {split} split packed with pad_seq_to_mult={other.get('pad_seq_to_mult')}, "
+                    f"this run uses {spec.pad_multiple}; Bridge uses one pad_seq_to_mult for both splits"
+                )
+        read_bridge_array(os.path.join(out, bridge_metadata_name(C)))  # fail early if malformed
+        mine = [n for n in (data_name(self.split, C), split_metadata_name(self.split),
+                            split_manifest_name(self.split)) if n in names]
+        if mine and not overwrite:
+            raise ConfigError(f"{out} already holds the {self.split} split ({mine[0]}); pass --overwrite "
+                              "to replace that split")
+        meta_path = os.path.join(out, split_metadata_name(self.split))
+        if os.path.exists(meta_path):
+            self._old_entry = _read_json(meta_path).get("bridge")
+        elif mine:
+            self._notes.append(f"could not tell which entry of {bridge_metadata_name(C)} belonged to the old "
+                               f"{self.split} split; appended a new one (Bridge takes max/min over entries)")
+
+    # -- write -------------------------------------------------------------------------
+    def write(self, tmp, spill_dir, seqs, sample_start, lengths, source_index, plan, pack_order, spec,
+              progress) -> dict:
+        """Write the split's Parquet file into ``tmp`` and return its manifest."""
+        from packer_cli.shards.bridge_writer import output_sequences, resolve_eos, write_bridge_file
+
+        spill_tokens = np.memmap(os.path.join(spill_dir, "tokens.bin"), dtype=np.int32, mode="r")
+        spill_targets = np.memmap(os.path.join(spill_dir, "targets.bin"), dtype=np.uint8, mode="r")
+        needs_padding = bool((seqs.padded != seqs.length).any())
+        last_tokens = np.asarray(spill_tokens[sample_start + lengths - 1])
+        eos, source = resolve_eos(self.eos_id, last_tokens, needs_padding)
+        order, pack_offsets = output_sequences(plan, pack_order)
+        rows = self.rows_per_group(spec.pack_size)
+        entry, diagnostics = write_bridge_file(
+            os.path.join(tmp, data_name(self.split, spec.pack_size)),
+            spill_tokens=spill_tokens, spill_targets=spill_targets, sample_start=sample_start,
+            seq_sample=seqs.sample[order], seq_offset=seqs.offset[order], seq_len=seqs.length[order],
+            seq_pad=seqs.padded[order], seq_source=source_index[seqs.sample[order]], pack_offsets=pack_offsets,
+            pack_size=spec.pack_size, pad_id=spec.pad_id, eos=eos, pad_multiple=spec.pad_multiple,
+            row_group_size=rows, progress=progress,
+        )
+        del spill_tokens, spill_targets
+        not_ending = int((last_tokens != eos).sum()) if eos is not None else None
+        self._result = {"eos_id": eos, "eos_id_source": source, "samples_not_ending_with_eos": not_ending,
+                        **diagnostics}
+        return {"format": BRIDGE_FORMAT, "format_version": BRIDGE_FORMAT_VERSION, "split": self.split,
+                "shards": [entry]}
+
+    # -- summary -----------------------------------------------------------------------
+    def annotate(self, summary, warn=None) -> dict:
+        """Add the ``output`` record to ``summary`` (and emit warnings worth a user's attention)."""
+        C = summary.spec["pack_size"]
+        result = self._result or {"eos_id": self.eos_id,
+                                  "eos_id_source": "given" if self.eos_id is not None else "not checked"}
+        output = {
+            "format": BRIDGE_FORMAT, "split": self.split, "row_group_size": self.rows_per_group(C),
+            "files": {"data": data_name(self.split, C), "bridge_metadata": bridge_metadata_name(C),
+                      "metadata": split_metadata_name(self.split), "manifest": split_manifest_name(self.split)},
+            **result,
+        }
+        summary.output = output
+        if warn:
+            for note in self._notes:
+                warn(note)
+            if output.get("eos_scan_too_short"):
+                warn(f"{output['eos_scan_too_short']} sequences end their inputs with the EOS id "
+                     f"{output['eos_id']}: with pad_seq_to_mult > 1 Bridge's real-length scan stops before "
+                     "those trailing EOS inputs and treats them as padding (docs/MEGATRON_BRIDGE.md)")
+        return output
+
+    # -- commit ------------------------------------------------------------------------
+    def commit(self, tmp: str, manifest: dict, metadata: dict) -> None:
+        """Write the JSON files into ``tmp`` and move everything into OUT."""
+        out, C = self._out, self._pack_size
+        metadata = dict(metadata, format=BRIDGE_FORMAT, format_version=BRIDGE_FORMAT_VERSION, split=self.split)
+        _write_json(os.path.join(tmp, split_manifest_name(self.split)), manifest)
+        _write_json(os.path.join(tmp, split_metadata_name(self.split)), metadata)
+        array_name = bridge_metadata_name(C)
+        array = [] if self._replace_whole else read_bridge_array(os.path.join(out, array_name))
+        if self._old_entry in array:
+            array.remove(self._old_entry)
+        array.append(metadata["bridge"])
+        with open(os.path.join(tmp, array_name), "w") as f:
+            json.dump(array, f)
+        if self._replace_whole:
+            trash = None
+            if os.path.exists(out):
+                trash = f"{out}.old-{os.getpid()}"
+                os.rename(out, trash)
+            os.rename(tmp, out)
+            if trash:
+                shutil.rmtree(trash, ignore_errors=True)
+            return
+        for name in (data_name(self.split, C), split_manifest_name(self.split), split_metadata_name(self.split),
+                     array_name):
+            os.replace(os.path.join(tmp, name), os.path.join(out, name))
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,177 @@
+"""Write one split as Bridge's Parquet file, from the same gathered packs as the native shards.
+
+::
+
+    spill ─gather_packs─▶ native runtime rows ─to_bridge_rows─▶ stored rows ─▶ {split}_{C}.idx.parquet
+
+The native gather (:func:`packer_cli.shards._gather.gather_packs`) produces each pack's runtime
+stream; :func:`to_bridge_rows` re-lays it out the way Bridge stores it (each sequence followed by
+its last label, alignment padding as the end-of-sequence id) with vectorized NumPy only. Row
+groups are whole multiples of the configured size, so every group but the last has exactly
+``row_group_size`` packs.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packer_cli.errors import ConfigError
+from packer_cli.shards._gather import gather_packs
+from packer_cli.shards.bridge import BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION
+from packer_cli.shards.writer import file_checksum
+
+#: Tokens gathered per write step (bounds memory: about 40 bytes per token at the peak).
+BATCH_TOKENS = 4 << 20
+
+#: Bridge's three columns with the types its writer produces, then packer's own (ignored by Bridge).
+BRIDGE_SCHEMA = pa.schema([
+    pa.field("input_ids", pa.list_(pa.int64())),
+    pa.field("loss_mask", pa.list_(pa.int8())),
+    pa.field("seq_start_id", pa.list_(pa.int64())),
+    pa.field("packer_seq_lens", pa.list_(pa.int32())),
+    pa.field("packer_source_index", pa.list_(pa.int64())),
+    pa.field("packer_source_offset", pa.list_(pa.int32())),
+])
+
+
+def output_sequences(plan, pack_order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sequence indices in output order (packs permuted by ``pack_order``) and per-pack offsets.
+
+    The same order the native writer uses, so both formats of one plan hold the same packs in
+    the same rows.
+    """
+    sizes = np.diff(plan.pack_offsets)[pack_order]
+    starts = plan.pack_offsets[:-1][pack_order]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    idx = np.repeat(starts - offsets[:-1], sizes) + np.arange(offsets[-1])
+    return plan.order[idx], offsets
+
+
+def resolve_eos(eos_id: int | None, last_tokens: np.ndarray, needs_padding: bool) -> tuple[int | None, str]:
+    """The end-of-sequence id to pad with, and where it came from.
+
+    ``--eos-id`` wins. Otherwise, when every sample ends with the same token, that token is the
+    EOS id ("inferred"). Otherwise it is needed only if some sequence has alignment padding:
+    then this raises a :class:`ConfigError` asking for ``--eos-id``.
+    """
+    if eos_id is not None:
+        return int(eos_id), "given"
+    if last_tokens.size and (last_tokens == last_tokens[0]).all():
+        return int(last_tokens[0]), "inferred"
+    if not needs_padding:
+        return None, "not needed"
+    values, counts = np.unique(last_tokens, return_counts=True)
+    top = np.argsort(counts)[::-1][:3]
+    seen = ", ".join(f"{int(values[k])} ({int(counts[k])} samples)" for k in top)
+    raise ConfigError(
+        "alignment padding must use the end-of-sequence id (Bridge finds real lengths by scanning "
+        f"for it), but samples end with different tokens ({seen}{', ...' if values.size > 3 else ''}); "
+        "pass --eos-id"
+    )
+
+
+def to_bridge_rows(tokens, mask, last, seq_len, seq_pad, pack_seq_offsets, eos):
+    """Bridge's stored layout of a run of packs, from the native runtime stream.
+
+    Sequence ``k`` (real runtime length ``s``, padded ``p``) occupies native positions
+    ``[o, o + p)`` and stored positions ``[o + k, o + k + p + 1)``: its ``s`` real inputs, then
+    its last label, then ``p - s`` copies of ``eos``. The stored loss mask is the native one
+    shifted the same way, with 0 on the sequence's final slot.
+
+    Returns ``(input_ids int64, loss_mask int8, row_offsets, seq_start_id int64)``: flat stored
+    values, each pack's stored extent, and each sequence's start within its pack.
+    """
+    n = seq_pad.size
+    p = seq_pad.astype(np.int64)
+    s = seq_len.astype(np.int64)
+    native_start = np.concatenate([[0], np.cumsum(p)[:-1]]).astype(np.int64)
+    stored_start = native_start + np.arange(n, dtype=np.int64)
+    total = int(p.sum()) + n
+    seq_of_token = np.repeat(np.arange(n, dtype=np.int64), p)
+    dest = np.arange(int(p.sum()), dtype=np.int64) + seq_of_token
+    real = (np.arange(dest.size, dtype=np.int64) - native_start[seq_of_token]) < s[seq_of_token]
+    ids = np.full(total, 0 if eos is None else eos, dtype=np.int64)
+    ids[dest[real]] = tokens[real]
+    ids[stored_start + s] = last
+    loss = np.zeros(total, dtype=np.int8)
+    loss[dest] = mask
+    seq_ends = np.concatenate([[0], np.cumsum(p + 1)])
+    row_offsets = seq_ends[pack_seq_offsets]
+    pack_of_seq = np.repeat(np.arange(pack_seq_offsets.size - 1), np.diff(pack_seq_offsets))
+    seq_start = stored_start - row_offsets[pack_of_seq]
+    return ids, loss, row_offsets, seq_start
+
+
+def logical_length_mismatches(tokens, last, seq_len, seq_pad, eos) -> tuple[int, int]:
+    """How many sequences Bridge's EOS scan would measure too short, and too long (by one).
+
+    With ``pad_seq_to_mult > 1`` Bridge takes a sequence's real length to end at its last input
+    that is not EOS. Too short: the real inputs themselves end with EOS (then trailing real
+    tokens are treated as padding). Too long by one: the last label is not EOS and padding
+    follows (harmless: one extra causal position with loss 0).
+    """
+    p = seq_pad.astype(np.int64)
+    s = seq_len.astype(np.int64)
+    native_start = np.concatenate([[0], np.cumsum(p)[:-1]]).astype(np.int64)
+    last_input = tokens[native_start + s - 1]
+    short = (last_input == eos) & ((p == s) | (last == eos))
+    long = (p > s) & (last != eos)
+    return int(short.sum()), int(long.sum())
+
+
+def _list(offsets, values, type_) -> pa.ListArray:
+    return pa.ListArray.from_arrays(pa.array(np.asarray(offsets, dtype=np.int32)), pa.array(values, type=type_))
+
+
+def write_bridge_file(path: str, *, spill_tokens, spill_targets, sample_start, seq_sample, seq_offset, seq_len,
+                      seq_pad, seq_source, pack_offsets, pack_size: int, pad_id: int, eos: int | None,
+                      pad_multiple: int, row_group_size: int, progress) -> tuple[dict, dict]:
+    """Write all packs (sequence arrays in output order) into one Parquet file.
+
+    Returns the manifest entry and the diagnostics (EOS-scan mismatches when ``m > 1``).
+    """
+    n_packs = pack_offsets.size - 1
+    step = row_group_size * max(1, BATCH_TOKENS // (row_group_size * pack_size))
+    schema = BRIDGE_SCHEMA.with_metadata({
+        "packer_format": BRIDGE_FORMAT, "packer_format_version": str(BRIDGE_FORMAT_VERSION),
+        "eos_id": "" if eos is None else str(eos),
+    })
+    short = long = stored_tokens = runtime_tokens = 0
+    task = progress.task("writing", total=n_packs, unit="packs")
+    with pq.ParquetWriter(path, schema, write_statistics=False) as writer:
+        for a in range(0, n_packs, step):
+            b = min(a + step, n_packs)
+            s0, s1 = pack_offsets[a], pack_offsets[b]
+            run_offsets = pack_offsets[a:b + 1] - s0
+            sl = slice(s0, s1)
+            tokens, mask, last, _ = gather_packs(
+                spill_tokens, spill_targets, sample_start, seq_sample[sl], seq_offset[sl],
+                seq_len[sl], seq_pad[sl], run_offsets, pad_id,
+            )
+            ids, loss, row_offsets, seq_start = to_bridge_rows(tokens, mask, last, seq_len[sl], seq_pad[sl],
+                                                               run_offsets, eos)
+            if eos is not None and pad_multiple > 1:
+                ds, dl = logical_length_mismatches(tokens, last, seq_len[sl], seq_pad[sl], eos)
+                short, long = short + ds, long + dl
+            table = pa.Table.from_arrays([
+                _list(row_offsets, ids, pa.int64()),
+                _list(row_offsets, loss, pa.int8()),
+                _list(run_offsets, seq_start, pa.int64()),
+                _list(run_offsets, seq_len[sl].astype(np.int32), pa.int32()),
+                _list(run_offsets, seq_source[sl].astype(np.int64), pa.int64()),
+                _list(run_offsets, seq_offset[sl].astype(np.int32), pa.int32()),
+            ], schema=schema)
+            writer.write_table(table, row_group_size=row_group_size)
+            stored_tokens += int(ids.size)
+            runtime_tokens += int(tokens.size)
+            progress.advance(task, b - a)
+    entry = {
+        "name": os.path.basename(path), "bytes": os.path.getsize(path), "rows": int(n_packs),
+        "tokens": runtime_tokens, "stored_tokens": stored_tokens,
+        "row_group_size": int(row_group_size), "row_groups": -(-int(n_packs) // row_group_size),
+        "xxh3_64": file_checksum(path),
+    }
+    return entry, {"eos_scan_too_short": short, "eos_scan_too_long": long}
