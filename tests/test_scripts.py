@@ -18,3 +18,6 @@ def test_demo_script_runs():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "packer pack → demo/packed" in result.stdout
     assert (ROOT / "demo" / "packed" / "metadata.json").is_file()
+    assert "attention work" in result.stdout                     # inspect ran
+    assert "verify: OK: demo/packed" in result.stdout + result.stderr  # verify --source passed
+    assert "cu_seqlens_padded" in result.stdout and "qkv_format = thd" in result.stdout  # a batch loaded
