@@ -1,0 +1,168 @@
+"""Verify's whole-output checks: sequence provenance, then metadata.json against the data.
+
+``check_provenance`` sorts every packed sequence by ``(source_index, source_offset)``:
+
+* ``output.duplicate`` — no ``(index, offset)`` pair occurs twice;
+* ``output.pieces``    — with ``split``, a sample's pieces sit at offsets 0, cap, 2·cap, … and all
+  but the last are exactly cap long; with any other policy every offset is 0.
+
+``check_metadata`` recomputes what the data determines and compares it with metadata.json:
+``metadata.counts`` (totals, samples, pieces, and what the over-long policy implies),
+``metadata.quality`` (efficiency, fill, both lower bounds and gaps), ``metadata.bridge``
+(Megatron-Bridge's six keys), ``metadata.static`` and ``metadata.spec``. Counts that only the
+source knows (records, bad, too short, over-long) are compared exactly by the source check.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from packer_cli.audit.findings import FindingSink
+from packer_cli.audit.report import InspectReport
+from packer_cli.shards.format import METADATA_FILE
+
+MISSING = object()
+MAX_LISTED_BAD = 1000
+
+
+def check_provenance(arr: dict, cap: int, policy: str, seqs, sink: FindingSink) -> dict:
+    """Duplicate and piece checks; returns per-sample facts the metadata check needs."""
+    order = np.lexsort((arr["offset"], arr["index"]))
+    idx, off, real = arr["index"][order], arr["offset"][order], arr["real"][order]
+    loc = lambda j: seqs.where(arr["batch"][order[j]], arr["row"][order[j]], arr["seq"][order[j]])  # noqa: E731
+    dup = np.flatnonzero((idx[1:] == idx[:-1]) & (off[1:] == off[:-1])) + 1
+    sink.add_many("output.duplicate", dup, lambda j: (
+        f"source index {idx[j]} offset {off[j]} is packed twice (also at {_fmt(loc(j - 1))})", loc(j)))
+    unique = np.ones(idx.size, dtype=bool)
+    unique[dup] = False
+    idx, off, real, order_u = idx[unique], off[unique], real[unique], np.flatnonzero(unique)
+    new = np.concatenate([[True], idx[1:] != idx[:-1]]) if idx.size else np.zeros(0, bool)
+    starts = np.flatnonzero(new)
+    group = np.cumsum(new) - 1
+    rank = np.arange(idx.size) - starts[group]
+    pieces = np.bincount(group, minlength=starts.size)
+    at = lambda j: loc(order_u[j])  # noqa: E731
+    if policy == "split":
+        sink.add_many("output.pieces", np.flatnonzero(off != rank * cap), lambda j: (
+            f"piece of source index {idx[j]} at offset {off[j]} should be at {rank[j] * cap} "
+            f"(a piece is missing)", at(j)))
+        not_last = np.flatnonzero(~np.concatenate([new[1:], [True]]) & (real != cap)) if idx.size else []
+        sink.add_many("output.pieces", not_last, lambda j: (
+            f"piece of source index {idx[j]} at offset {off[j]} has {real[j]} tokens; every piece "
+            f"but the last must have {cap}", at(j)))
+    else:
+        sink.add_many("output.pieces", np.flatnonzero(off != 0), lambda j: (
+            f"source index {idx[j]} has offset {off[j]}, but only --overlong split makes pieces", at(j)))
+    targets = arr["targets"][order][unique]
+    per_sample = np.add.reduceat(targets, starts) if starts.size else np.zeros(0, np.int64)
+    return {
+        "samples_packed": int(starts.size), "extra_pieces": int(idx.size - starts.size),
+        "multi_piece_samples": int((pieces > 1).sum()), "zero_target_samples": int((per_sample == 0).sum()),
+        "at_cap_sequences": int((arr["real"] == cap).sum()),
+    }
+
+
+def _fmt(where: dict) -> str:
+    return f"{where['shard']} row {where['row']} seq {where['seq']}"
+
+
+def _get(meta: dict, path: str):
+    node = meta
+    for key in path.split("."):
+        if not isinstance(node, dict) or key not in node:
+            return MISSING
+        node = node[key]
+    return node
+
+
+def _same(recorded, expected) -> bool:
+    """Exact equality (floats too: both sides come from the same integer sums by one division)."""
+    if isinstance(expected, float) and isinstance(recorded, (int, float)) and not isinstance(recorded, bool):
+        return recorded == expected or (math.isnan(recorded) and math.isnan(expected))
+    return type(recorded) is type(expected) and recorded == expected
+
+
+def compare(sink: FindingSink, check: str, meta: dict, path: str, expected, what: str = "the data has") -> None:
+    """One finding when ``meta[path]`` is missing or differs from ``expected``."""
+    recorded = _get(meta, path)
+    if recorded is MISSING:
+        sink.add(check, f"{path} is missing", shard=METADATA_FILE)
+    elif not _same(recorded, expected):
+        sink.add(check, f"{path} is {recorded!r} but {what} {expected!r}", shard=METADATA_FILE)
+
+
+def expected_bridge(report: InspectReport) -> dict:
+    """Megatron-Bridge's metadata keys recomputed from the packs (runtime lengths incl. padding)."""
+    C = int(report.spec["pack_size"])
+    loads = np.flatnonzero(report.load_hist)
+    return {
+        "dataset_max_seqlen": int(np.flatnonzero(report.padded_hist)[-1]),
+        "max_samples_per_bin": int(np.flatnonzero(report.seqs_hist)[-1]),
+        "packing_factor": round(report.sequences / report.packs, 2),
+        "packing_efficiency": round(report.padded_tokens / report.packs / C * 100, 2),
+        "pack_size": C,
+        "min_packed_seqlen": int(loads[0]),
+    }
+
+
+def check_metadata(meta: dict, report: InspectReport, facts: dict, sink: FindingSink) -> None:
+    """Compare metadata.json with what ``report`` and ``facts`` (from the data) determine."""
+    if report.packs == 0:
+        sink.add("metadata.counts", "no pack could be read, so no count can be checked", shard=METADATA_FILE)
+        return
+    d = report.to_dict()
+    t = d["totals"]
+    for key in ("packs", "sequences", "runtime_tokens", "padded_tokens", "target_tokens", "alignment_padding",
+                "tail_padding"):
+        compare(sink, "metadata.counts", meta, f"counts.{key}", t[key])
+    compare(sink, "metadata.counts", meta, "counts.samples_packed", facts["samples_packed"])
+    compare(sink, "metadata.counts", meta, "counts.overlong.extra_pieces", facts["extra_pieces"])
+    _check_policy_counts(meta, facts, sink)
+    for key, value in d["quality"].items():
+        compare(sink, "metadata.quality", meta, f"quality.{key}", value)
+    bridge = expected_bridge(report)
+    for key, value in bridge.items():
+        compare(sink, "metadata.bridge", meta, f"bridge.{key}", value)
+    spec = report.spec
+    pad_max = bool(spec.get("pad_to_max_length"))
+    C = int(spec["pack_size"])
+    compare(sink, "metadata.static", meta, "static.pack_len", C if pad_max else None)
+    compare(sink, "metadata.static", meta, "static.cu_seqlens_len", bridge["max_samples_per_bin"] + 2)
+    compare(sink, "metadata.static", meta, "static.max_seqlen",
+            max(bridge["dataset_max_seqlen"], C - bridge["min_packed_seqlen"]) if pad_max
+            else bridge["dataset_max_seqlen"])
+
+
+def _check_policy_counts(meta: dict, facts: dict, sink: FindingSink) -> None:
+    """What the over-long policy implies about its counts, and records = packed + left out."""
+    counts = meta.get("counts") if isinstance(meta.get("counts"), dict) else {}
+    over = counts.get("overlong") if isinstance(counts.get("overlong"), dict) else {}
+    policy = _get(meta, "spec.overlong")
+    compare(sink, "metadata.counts", meta, "counts.overlong.policy", policy, "the spec says")
+    n = lambda v: v if type(v) is int else None  # noqa: E731
+    samples, dropped = n(over.get("samples")), n(over.get("dropped"))
+    if policy == "split":
+        compare(sink, "metadata.counts", meta, "counts.overlong.samples", facts["multi_piece_samples"])
+    if policy in ("split", "truncate", "error"):
+        compare(sink, "metadata.counts", meta, "counts.overlong.dropped", 0, f"policy {policy} drops")
+    if policy in ("split", "error"):
+        compare(sink, "metadata.counts", meta, "counts.overlong.tokens_lost", 0, f"policy {policy} loses")
+    if policy == "error":
+        compare(sink, "metadata.counts", meta, "counts.overlong.samples", 0, "policy error allows")
+    if policy == "drop" and samples is not None:
+        compare(sink, "metadata.counts", meta, "counts.overlong.dropped", samples, "overlong.samples says")
+    if policy == "truncate" and samples is not None and samples > facts["at_cap_sequences"]:
+        sink.add("metadata.counts", f"counts.overlong.samples is {samples} but only {facts['at_cap_sequences']} "
+                 f"sequences are at the truncation length", shard=METADATA_FILE)
+    if policy != "truncate" or samples == 0:
+        compare(sink, "metadata.counts", meta, "counts.no_target_samples", facts["zero_target_samples"])
+    parts = [n(counts.get(k)) for k in ("samples_packed", "too_short_dropped", "bad_records")] + [dropped]
+    records = n(counts.get("records"))
+    if records is not None and None not in parts and records != sum(parts):
+        sink.add("metadata.counts", f"counts.records is {records} but samples_packed + too_short_dropped + "
+                 f"bad_records + overlong.dropped = {sum(parts)}", shard=METADATA_FILE)
+    listed, bad = meta.get("bad_records"), n(counts.get("bad_records"))
+    if not isinstance(listed, list) or (bad is not None and len(listed) != min(bad, MAX_LISTED_BAD)):
+        sink.add("metadata.counts", f"bad_records lists {len(listed) if isinstance(listed, list) else 'no'} "
+                 f"records but counts.bad_records is {bad}", shard=METADATA_FILE)

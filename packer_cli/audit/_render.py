@@ -1,0 +1,120 @@
+"""Rich renderables for the audit reports: summary tables and histograms drawn with blocks."""
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from packer_cli.audit._histogram import buckets
+
+BLOCKS = " ▏▎▍▌▋▊▉█"
+
+
+def bar(count: int, largest: int, width: int = 40) -> str:
+    """A horizontal bar ``width`` cells long at ``largest``, with eighth-cell resolution."""
+    eighths = round(8 * width * count / largest) if largest else 0
+    if count and not eighths:
+        eighths = 1
+    return "█" * (eighths // 8) + (BLOCKS[eighths % 8] if eighths % 8 else "")
+
+
+def histogram_table(title: str, hist, label=lambda lo, hi: f"{lo:,}–{hi:,}" if hi > lo else f"{lo:,}",
+                    n: int = 16) -> Table:
+    rows = buckets(hist, n)
+    largest = max((c for _, _, c in rows), default=0)
+    table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 1))
+    table.add_column("range", justify="right", style="bold")
+    table.add_column("bar", style="cyan", no_wrap=True)
+    table.add_column("count", justify="right")
+    for lo, hi, count in rows:
+        table.add_row(label(lo, hi), bar(count, largest), f"{count:,}")
+    return table
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{x:.2f}%"
+
+
+def _stat(summary: dict, key: str) -> str:
+    value = summary[key]
+    return "n/a" if value is None else (f"{value:,}" if isinstance(value, int) else f"{value:,.1f}")
+
+
+def summary_table(report, d: dict) -> Table:
+    s, t, q, r = d["spec"], d["totals"], d["quality"], d["recorded"]
+    spp = d["sequences_per_pack"]
+    table = Table(title=f"packer inspect → {report.out}", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value", justify="right")
+    over = r.get("overlong") if isinstance(r.get("overlong"), dict) else {}
+    gap = lambda b, g, p: "n/a" if b is None else f"{b:,} / +{g:,} ({p:.3f}%)"  # noqa: E731
+    rows = [
+        ("spec", f"C={s.get('pack_size')} m={s.get('pad_seq_to_mult')} CP={s.get('cp')} TP={s.get('tp')} "
+                 f"SP={'on' if s.get('sp') else 'off'} {s.get('algorithm')} seed={s.get('seed')} "
+                 f"overlong={s.get('overlong')}"),
+        ("packs", f"{t['packs']:,}"),
+        ("sequences", f"{t['sequences']:,}"),
+        ("runtime tokens (real)", f"{t['runtime_tokens']:,}"),
+        ("target tokens", f"{t['target_tokens']:,}"),
+        ("alignment padding", f"{t['alignment_padding']:,} ({_pct(t['alignment_padding_pct'])})"),
+        ("tail padding", f"{t['tail_padding']:,} ({_pct(t['tail_padding_pct'])})"),
+        ("efficiency (real / packs·C)", _pct(100 * q["efficiency"])),
+        ("fill (Σp / packs·C)", _pct(100 * q["fill"])),
+        ("lower bound ⌈Σp/C⌉ / gap", gap(q["lower_bound"], q["gap_to_lower_bound"], q["gap_to_lower_bound_pct"])),
+        ("Martello–Toth L2 / gap", gap(q["l2_bound"], q["gap_to_l2"], q["gap_to_l2_pct"])),
+        ("sequences per pack min / median / max", " / ".join(_stat(spp, k) for k in ("min", "median", "max"))),
+        (f"over-long ({over.get('policy', s.get('overlong'))})",
+         f"{over.get('samples', 'n/a')} samples, {over.get('tokens_lost', 'n/a')} tokens lost, "
+         f"{over.get('extra_pieces', 'n/a')} extra pieces"),
+        ("dropped: too short / over-long", f"{r.get('too_short_dropped', 'n/a')} / {over.get('dropped', 'n/a')}"),
+        ("bad records skipped", f"{r.get('bad_records', 'n/a')}"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def attention_table(d: dict) -> Table:
+    a = d["attention"]
+    table = Table(title="attention work (Σ over packs)", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value", justify="right")
+    ratio = "n/a" if a["overstatement"] is None else f"{a['overstatement']:.2f}×"
+    share = "n/a" if a["linear_real_share"] is None else _pct(100 * a["linear_real_share"])
+    table.add_row("Σ s_i² (real sequences)", f"{a['sum_sq_real']:,}")
+    table.add_row("Σ T² (pack as one sequence)", f"{a['sum_sq_pack']:,}")
+    table.add_row("pack-as-one-sequence overstates attention by", ratio)
+    table.add_row("real-token share of linear-layer work (Σs / ΣT)", share)
+    return table
+
+
+def detail_table(detail) -> Table:
+    table = Table(title=f"pack {detail.pack} ({detail.shard} row {detail.row}, T={detail.pack_len:,})",
+                  title_justify="left")
+    for name in ("seq", "source index", "offset", "start", "real", "padded", "targets"):
+        table.add_column(name, justify="right")
+    for k in range(len(detail.real_len)):
+        table.add_row(str(k), f"{detail.source_index[k]}", f"{detail.source_offset[k]}", f"{detail.start[k]:,}",
+                      f"{detail.real_len[k]:,}", f"{detail.padded_len[k]:,}", f"{detail.target_tokens[k]:,}")
+    return table
+
+
+def render_inspect(report) -> Group:
+    d = report.to_dict()
+    C = int(report.spec["pack_size"])
+    fill = lambda lo, hi: f"{100 * lo / C:.1f}–{100 * (hi + 1) / C:.1f}%"  # noqa: E731
+    parts = [
+        summary_table(report, d), attention_table(d),
+        histogram_table("sequence length (real runtime tokens)", report.real_hist),
+        histogram_table("pack fill (Σp / C)", report.load_hist, label=fill),
+        histogram_table("sequences per pack", report.seqs_hist),
+    ]
+    if report.detail is not None:
+        parts.append(detail_table(report.detail))
+    return Group(*parts)
+
+
+def render_verify(report) -> Group:
+    lines = [Text(f.line(), style="yellow" if f.severity == "warning" else "red") for f in report.findings]
+    style = "bold green" if report.ok else "bold red"
+    return Group(*lines, Text(report.verdict(), style=style))

@@ -1,0 +1,222 @@
+"""``verify --source``: replay the inputs and account for every sample exactly once.
+
+::
+
+    SampleStream (recorded source spec) ──▶ windows of ≥ 4M tokens, in source order
+        │                                          │
+        │  expected pieces of each kept sample      │  packed sequences whose source index falls
+        │  under the recorded over-long policy      │  in the window (one slice of the sorted table)
+        └──────────── match (index, offset) ───────┘
+             missing ◀─┘   │   └─▶ length differs
+                           ▼
+          tokens, targets and last label compared piece by piece in a compiled loop
+
+A sample of n tokens is expected as the pieces ``(offset o, length s)`` its runtime positions
+``0..n−2`` make under the policy: one ``(0, n−1)`` when it fits, ``(0, cap)`` when truncated,
+``(k·cap, min(cap, n−1−k·cap))`` for each piece when split, none when dropped. Samples the
+stream itself leaves out (bad records, fewer than 2 tokens) must not be packed at all, and the
+counts the run recorded for them are compared exactly. Memory: one window of source tokens;
+packed pieces are compared in place, in the memory-mapped shards.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from packer_cli.audit._kernels import compare_pieces, segment_sums
+from packer_cli.audit._meta_checks import MAX_LISTED_BAD, compare
+from packer_cli.audit.findings import FindingSink
+from packer_cli.errors import PackerError
+from packer_cli.sources import SampleStream
+from packer_cli.spec import BadRecordPolicy, SourceSpec
+
+WINDOW_TOKENS = 1 << 22
+
+
+def _excl(x: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(x)[:-1]]).astype(np.int64) if x.size else np.zeros(0, np.int64)
+
+
+def recorded_source_spec(meta: dict) -> SourceSpec:
+    """The :class:`SourceSpec` the output was packed with, from ``metadata["source"]``."""
+    src = meta["source"]
+    sup = src["supervision"]
+    kind, name = sup["kind"], sup.get("field")
+    return SourceSpec(tokens_field=src["tokens_field"], mask_field=name if kind == "mask" else None,
+                      labels_field=name if kind == "labels" else None, vocab_size=src.get("vocab_size"),
+                      on_bad_record=BadRecordPolicy(src["on_bad_record"])).validate()
+
+
+def _by_batch(bids: np.ndarray):
+    """``(batch id, positions)`` for each batch id present, positions in their original order."""
+    order = np.argsort(bids, kind="stable")
+    cuts = np.flatnonzero(np.diff(bids[order])) + 1
+    return [(int(bids[g[0]]), g) for g in np.split(order, cuts)] if order.size else []
+
+
+class _Replay:
+    """State of one source replay: the sorted packed table, counters and the sink."""
+
+    def __init__(self, meta, lim, arr, seqs, sink: FindingSink, stream: SampleStream):
+        self.lim, self.seqs, self.sink, self.stream = lim, seqs, sink, stream
+        self.policy = meta["spec"].get("overlong")
+        valid = (arr["index"] >= 0) & (arr["index"] < 2**32) & (arr["offset"] >= 0)  # key fits in int64
+        order = np.flatnonzero(valid)[np.lexsort((arr["offset"][valid], arr["index"][valid]))]
+        self.t = {k: v[order] for k, v in arr.items()}
+        self.key = (self.t["index"] << 31) | self.t["offset"]
+        self.matched = np.zeros(order.size, dtype=bool)
+        self.counts = dict(records=0, too_short=0, bad=0, over=0, tokens_lost=0, targets_lost=0, dropped=0,
+                           no_target=0, packed=0, compared_tokens=0)
+        self.bad_listed: list[tuple] = []
+
+    def where(self, q: int) -> dict:
+        t = self.t
+        return self.seqs.where(t["batch"][q], t["row"][q], t["seq"][q])
+
+    def add_batch(self, batch) -> None:
+        c = self.counts
+        c["records"] += batch.records
+        c["too_short"] += batch.too_short
+        c["bad"] += len(batch.bad)
+        for bad in batch.bad[: max(0, MAX_LISTED_BAD - len(self.bad_listed))]:
+            self.bad_listed.append((bad.row, bad.line, bad.reason))
+
+    def window(self, batches, lo: int, hi: int) -> None:
+        """Compare the samples with source index in ``[lo, hi)`` against their packed pieces."""
+        cap, c, sink = self.lim.cap, self.counts, self.sink
+        tok = np.concatenate([b.tokens for b in batches])
+        tgt = np.concatenate([b.targets for b in batches])
+        n = np.concatenate([b.lengths for b in batches])
+        sidx = np.concatenate([b.source_index for b in batches])
+        ss = _excl(n)
+        r = n - 1
+        over = r > cap
+        runtime_t = segment_sums(tgt, ss + 1, ss + n)  # targets of labels 1..n-1
+        c["over"] += int(over.sum())
+        if self.policy == "truncate":
+            c["tokens_lost"] += int((r[over] - cap).sum())
+            c["targets_lost"] += int(segment_sums(tgt, (ss + cap + 1)[over], (ss + n)[over]).sum())
+        left_out = over if self.policy in ("drop", "error") else np.zeros(n.size, dtype=bool)
+        if self.policy == "drop":
+            c["dropped"] += int(over.sum())
+            c["tokens_lost"] += int(r[over].sum())
+            c["targets_lost"] += int(runtime_t[over].sum())
+        if self.policy == "error":
+            sink.add_many("source.counts", np.flatnonzero(over), lambda i: (
+                f"{self.stream.locate(int(sidx[i]))}: sample has {r[i]} runtime tokens, more than {cap}, "
+                f"but the policy is error", {}))
+        c["no_target"] += int(((runtime_t == 0) & ~left_out).sum())
+        c["packed"] += int((~left_out).sum())
+
+        pieces = np.where(left_out, 0, np.where(over & (self.policy == "split"), -(-r // cap), 1))
+        e_sample = np.repeat(np.arange(n.size), pieces)
+        e_off = (np.arange(e_sample.size) - np.repeat(_excl(pieces), pieces)) * cap
+        e_len = np.minimum(r[e_sample] - e_off, cap)
+        e_idx = sidx[e_sample]
+        e_key = (e_idx << 31) | e_off
+
+        a, b = np.searchsorted(self.t["index"], [lo, hi])
+        p_key = self.key[a:b]
+        self.matched[a:b] = np.isin(p_key, e_key)
+        pos = np.minimum(np.searchsorted(p_key, e_key), max(p_key.size - 1, 0))
+        found = (p_key[pos] == e_key) if p_key.size else np.zeros(e_key.size, dtype=bool)
+        piece = lambda i: f"piece at offset {e_off[i]} of " if pieces[e_sample[i]] > 1 else ""  # noqa: E731
+        sink.add_many("source.missing", np.flatnonzero(~found), lambda i: (
+            f"{self.stream.locate(int(e_idx[i]))}: {piece(i)}sample (source index {e_idx[i]}) is not in the output, "
+            f"and not listed as dropped", {}))
+        fe = np.flatnonzero(found)
+        q = a + pos[fe]
+        same = self.t["real"][q] == e_len[fe]
+        sink.add_many("source.length", np.flatnonzero(~same), lambda j: (
+            f"holds {self.t['real'][q[j]]} runtime tokens of source index {e_idx[fe[j]]} offset {e_off[fe[j]]}, "
+            f"the source and policy give {e_len[fe[j]]}", self.where(q[j])))
+        self._compare_tokens(fe[same], q[same], tok, tgt, ss[e_sample] + e_off, e_len, e_idx)
+
+    def _compare_tokens(self, E, Q, tok, tgt, src_start, e_len, e_idx) -> None:
+        """Tokens, targets and last label of matched pieces ``E`` (expected) ↔ ``Q`` (packed)."""
+        t, seqs = self.t, self.seqs
+        L, starts = e_len[E], src_start[E]
+        self.counts["compared_tokens"] += int(L.sum())
+        tok_diff = np.full(E.size, -1, np.int64)
+        tgt_diff = np.full(E.size, -1, np.int64)
+        got_last = np.empty(E.size, np.int64)
+        for b, sel in _by_batch(t["batch"][Q]):
+            batch, q = seqs.batches[b], Q[sel]
+            pk_tok, pk_mask = batch.column("tokens")[0], batch.column("loss_mask")[0]
+            tok_diff[sel], tgt_diff[sel] = compare_pieces(tok, tgt, starts[sel], pk_tok, pk_mask, t["start"][q],
+                                                          t["mstart"][q], L[sel])
+            got_last[sel] = batch.column("last_token")[0][t["seq_pos"][q]]
+        source = lambda j: self.stream.locate(int(e_idx[E[j]]))  # noqa: E731
+
+        for check, diff, column, start, values, shift, what in (
+                ("source.tokens", tok_diff, "tokens", "start", tok, 0, "token"),
+                ("source.targets", tgt_diff, "loss_mask", "mstart", tgt, 1, "loss mask (target) at")):
+            def message(j, diff=diff, column=column, start=start, values=values, shift=shift, what=what):
+                pos = int(diff[j])
+                got = seqs.batches[t["batch"][Q[j]]].column(column)[0][t[start][Q[j]] + pos]
+                return (f"{what} position {pos} is {got} but the source ({source(j)}) has "
+                        f"{values[starts[j] + shift + pos]}", self.where(Q[j]))
+            self.sink.add_many(check, np.flatnonzero(diff >= 0), message)
+        want = tok[starts + L]
+        self.sink.add_many("source.tokens", np.flatnonzero(got_last != want), lambda j: (
+            f"last label is {got_last[j]} but the source ({source(j)}) has {want[j]}", self.where(Q[j])))
+
+
+def check_source(files, meta: dict, lim, arr: dict, seqs, sink: FindingSink) -> dict | None:
+    """Replay ``files`` with the recorded source spec and compare; returns a summary."""
+    try:
+        spec = recorded_source_spec(meta)
+    except (PackerError, KeyError, TypeError, ValueError) as exc:
+        sink.add("source.spec", f"metadata.json does not record a usable source spec ({exc})", shard="metadata.json")
+        return None
+    stream = SampleStream(files, spec)
+    replay = _Replay(meta, lim, arr, seqs, sink, stream)
+    window, tokens, lo = [], 0, 0
+    try:
+        for batch in stream:
+            replay.add_batch(batch)
+            window.append(batch)
+            tokens += int(batch.tokens.size)
+            if tokens >= WINDOW_TOKENS:
+                replay.window(window, lo, stream.records)
+                window, tokens, lo = [], 0, stream.records
+        replay.window(window, lo, stream.records) if window else None
+    except PackerError as exc:
+        sink.add("source.read", f"the source could not be read to the end: {exc}")
+        return {"inputs": len(files), "records": stream.records, "complete": False}
+    t = replay.t
+    sink.add_many("source.unexpected", np.flatnonzero(~replay.matched), lambda q: (
+        f"source index {t['index'][q]} offset {t['offset'][q]} is not a piece of any kept source sample "
+        f"(out of range, a bad or too-short record, or dropped)", replay.where(q)))
+    _compare_counts(meta, replay, stream, files, sink)
+    c = replay.counts
+    return {"inputs": len(files), "records": c["records"], "samples_packed": c["packed"],
+            "tokens_compared": c["compared_tokens"], "complete": True}
+
+
+def _compare_counts(meta, replay: _Replay, stream, files, sink: FindingSink) -> None:
+    c = replay.counts
+    src = "the source has"
+    for path, value in (("counts.records", c["records"]), ("counts.bad_records", c["bad"]),
+                        ("counts.too_short_dropped", c["too_short"]), ("counts.samples_packed", c["packed"]),
+                        ("counts.no_target_samples", c["no_target"]), ("counts.overlong.samples", c["over"]),
+                        ("counts.overlong.tokens_lost", c["tokens_lost"]),
+                        ("counts.overlong.target_tokens_lost", c["targets_lost"]),
+                        ("counts.overlong.dropped", c["dropped"])):
+        compare(sink, "source.counts", meta, path, value, src)
+    listed = meta.get("bad_records") if isinstance(meta.get("bad_records"), list) else []
+    recorded = [(e.get("row"), e.get("line"), e.get("reason")) if isinstance(e, dict) else None for e in listed]
+    if recorded != replay.bad_listed:
+        sink.add("source.counts", f"bad_records lists {len(recorded)} records that differ from the "
+                 f"{len(replay.bad_listed)} the source gives", shard="metadata.json")
+    sup = meta["source"]["supervision"]
+    if stream.supervision and (stream.supervision.kind, stream.supervision.field) != (sup["kind"], sup.get("field")):
+        sink.add("source.spec", f"targets come from {stream.supervision.describe()} in the source, but the "
+                 f"output recorded {sup['kind']} {sup.get('field')!r}", shard="metadata.json")
+    inputs = meta["source"].get("inputs") or []
+    sizes = [e.get("bytes") for e in inputs if isinstance(e, dict)]
+    if len(files) != len(inputs):
+        sink.warn("source.inputs", f"{len(files)} input files given, the output records {len(inputs)}")
+    else:
+        for f, size in zip(files, sizes):
+            if f.size != size:
+                sink.warn("source.inputs", f"{f.path}: {f.size:,} bytes, the output recorded {size:,}")

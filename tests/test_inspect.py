@@ -1,0 +1,201 @@
+"""`packer inspect`: its numbers against values computed independently from the source with numpy.
+
+Per-sample expectations come from the input file alone (runtime length s = min(n−1, cap),
+padded p = ⌈s/m⌉·m, targets = Σ loss_mask[1 : s+1]); per-pack facts (how many packs, which
+sequences share one) are read from the shards with plain pyarrow. Synthetic data is made
+here; /work/shared/data is used when it exists.
+"""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from packer_cli import pipeline
+from packer_cli.audit import InspectReport, inspect_output
+from packer_cli.audit.store import PackBatch
+from packer_cli.cli import app
+from packer_cli.plan import martello_toth_l2
+from packer_cli.spec import PackSpec
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+runner = CliRunner()
+
+
+def write_synthetic(path: Path, n: int = 400, seed: int = 1) -> Path:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(2, 400, n)
+    lengths[[3, 9]] = 1
+    lengths[[20, 21, 22]] = [600, 800, 1500]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    ids = rng.integers(0, 9000, int(lengths.sum())).astype(np.int32)
+    pos = np.arange(ids.size) - np.repeat(offsets[:-1], lengths)
+    mask = (pos >= np.repeat((lengths * rng.uniform(0.1, 0.9, n)).astype(int), lengths)).astype(np.uint8)
+    pq.write_table(pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids)),
+                             "loss_mask": pa.ListArray.from_arrays(pa.array(offsets), pa.array(mask))}), path)
+    return path
+
+
+def pack_to(src: Path, out: Path, spec: PackSpec) -> Path:
+    with pytest.MonkeyPatch.context() as mp:  # small batches → several shards and batches
+        mp.setattr(pipeline, "BATCH_TOKENS", 20_000)
+        pipeline.pack([str(src)], str(out), spec, shard_bytes=1)
+    return out
+
+
+def expected_from_source(src: Path, C: int, m: int) -> dict:
+    """Per-sequence facts of a truncating pack, from the input file alone."""
+    table = pq.read_table(src)
+    ids, mask = table.column("input_ids").combine_chunks(), table.column("loss_mask").combine_chunks()
+    n = np.diff(np.asarray(ids.offsets)).astype(np.int64)
+    starts = np.asarray(mask.offsets)[:-1].astype(np.int64)
+    flat = np.asarray(mask.values).astype(np.int64)
+    cap = C // m * m
+    kept = n >= 2
+    s = np.minimum(n - 1, cap)[kept]
+    cum = np.concatenate([[0], np.cumsum(flat)])
+    targets = cum[starts[kept] + 1 + s] - cum[starts[kept] + 1]
+    return {"s": s, "p": -(-s // m) * m, "targets": targets, "too_short": int((~kept).sum()),
+            "overlong": int((n[kept] - 1 > cap).sum()),
+            "sample_targets": dict(zip(np.flatnonzero(kept).tolist(), targets.tolist()))}
+
+
+def read_packs(out: Path) -> dict:
+    """Per-pack facts read straight from the shards with pyarrow (no packer code)."""
+    man = json.loads((out / "manifest.json").read_text())
+    tables = [pa.ipc.open_file(str(out / e["name"])).read_all() for e in man["shards"]]
+    table = pa.concat_tables(tables)
+    return {"loads": np.array([len(x) for x in table.column("tokens").to_pylist()]),
+            "seqs": np.array([len(x) for x in table.column("seq_lens").to_pylist()]), "table": table}
+
+
+def check_against_source(report: InspectReport, src: Path, out: Path, C: int, m: int, pad_to_max: bool = False):
+    e, packs = expected_from_source(src, C, m), read_packs(out)
+    d = report.to_dict()
+    t, q, a = d["totals"], d["quality"], d["attention"]
+    s, p, P = e["s"], e["p"], packs["loads"].size
+    assert t["packs"] == P and t["sequences"] == s.size
+    assert t["runtime_tokens"] == s.sum() and t["padded_tokens"] == p.sum() == packs["loads"].sum()
+    assert t["target_tokens"] == e["targets"].sum()
+    assert t["alignment_padding"] == p.sum() - s.sum() and t["tail_padding"] == P * C - p.sum()
+    assert t["tail_padding_pct"] == pytest.approx(100 * (P * C - p.sum()) / (P * C))
+    assert q["efficiency"] == pytest.approx(s.sum() / (P * C)) and q["fill"] == pytest.approx(p.sum() / (P * C))
+    assert q["lower_bound"] == -(-p.sum() // C) and q["gap_to_lower_bound"] == P - -(-p.sum() // C)
+    assert q["l2_bound"] == martello_toth_l2(p, C) and q["gap_to_l2"] == P - q["l2_bound"]
+    L = d["sequence_length"]
+    assert (L["min"], L["max"], L["median"], L["p90"]) == (s.min(), s.max(), np.median(s), np.percentile(s, 90))
+    spp = d["sequences_per_pack"]
+    assert (spp["min"], spp["median"], spp["max"]) == (packs["seqs"].min(), np.median(packs["seqs"]), packs["seqs"].max())
+    hist = d["histograms"]["sequence_length"]
+    assert hist["values"] == np.unique(s).tolist() and hist["counts"] == np.unique(s, return_counts=True)[1].tolist()
+    T = np.full(P, C) if pad_to_max else packs["loads"]
+    assert a["sum_sq_real"] == (s * s).sum() and a["sum_sq_pack"] == (T.astype(np.int64) ** 2).sum()
+    assert a["overstatement"] == pytest.approx((T.astype(np.int64) ** 2).sum() / (s * s).sum())
+    assert a["linear_real_share"] == pytest.approx(s.sum() / T.sum())
+    assert d["recorded"]["too_short_dropped"] == e["too_short"]
+    assert d["recorded"]["overlong"]["samples"] == e["overlong"]
+    return d, e
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inspect")
+    src = write_synthetic(root / "train.parquet")
+    return src, pack_to(src, root / "out", PackSpec(pack_size=512, cp=2, tp=2, sp=True))
+
+
+def test_numbers_match_independent_computation(synth):
+    src, out = synth
+    assert len(json.loads((out / "manifest.json").read_text())["shards"]) > 2
+    result = runner.invoke(app, ["inspect", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    check_against_source(InspectReport.from_dict(json.loads(result.output)), src, out, 512, 4)
+
+
+def test_pad_to_max_length_counts_full_packs(tmp_path, synth):
+    out = pack_to(synth[0], tmp_path / "out", PackSpec(pack_size=512, cp=2, pad_to_max_length=True))
+    check_against_source(inspect_output(str(out)), synth[0], out, 512, 4, pad_to_max=True)
+
+
+@pytest.mark.parametrize("name", ["sft_gsm8k.parquet", "sft_codealpaca.parquet"])
+def test_real_data(tmp_path, name):
+    src = DATA / name
+    if not src.exists():
+        pytest.skip(f"{src} not available")
+    out = pack_to(src, tmp_path / "out", PackSpec(pack_size=4096, cp=2, tp=2, sp=True))
+    d, _ = check_against_source(inspect_output(str(out)), src, out, 4096, 4)
+    readme = {"sft_gsm8k.parquet": (7473, 1_252_770), "sft_codealpaca.parquet": (6552, 684_452)}[name]
+    assert d["totals"]["sequences"] == readme[0] and d["totals"]["runtime_tokens"] == readme[1] - readme[0]
+    assert d["attention"]["overstatement"] > 10  # short SFT samples in 4K packs: the naive count is far off
+
+
+def test_pack_detail(synth):
+    src, out = synth
+    e, table = expected_from_source(src, 512, 4), read_packs(out)["table"]
+    n = 7
+    row = {c: table.column(c)[n].as_py() for c in ("source_index", "seq_lens", "cu_seqlens", "source_offset")}
+    result = runner.invoke(app, ["inspect", str(out), "--pack", str(n), "--json"])
+    detail = json.loads(result.output)["pack"]
+    assert detail["pack"] == n and detail["source_index"] == row["source_index"]
+    assert detail["real_len"] == row["seq_lens"] and detail["padded_len"] == np.diff(row["cu_seqlens"]).tolist()
+    assert detail["start"] == row["cu_seqlens"][:-1] and detail["pack_len"] == row["cu_seqlens"][-1]
+    assert detail["target_tokens"] == [e["sample_targets"][i] for i in row["source_index"]]
+    text = runner.invoke(app, ["inspect", str(out), "--pack", str(n)], terminal_width=140).output
+    assert f"pack {n} (" in text and all(str(i) in text for i in row["source_index"])
+
+
+def test_reads_only_the_columns_it_needs(synth, monkeypatch):
+    seen = set()
+    original = PackBatch.column
+
+    def spy(self, name):
+        seen.add(name)
+        return original(self, name)
+
+    monkeypatch.setattr(PackBatch, "column", spy)
+    inspect_output(str(synth[1]))
+    assert seen == {"cu_seqlens", "seq_lens", "loss_mask"}
+
+
+def test_reports_merge_and_round_trip():
+    spec = {"pack_size": 16}
+    a = InspectReport.partial(out="o", spec=spec, recorded={}, real=[3, 5, 16], padded=[4, 8, 16], seq_counts=[2, 1],
+                              target_tokens=7)
+    b = InspectReport.partial(out="o", spec=spec, recorded={}, real=[1, 9], padded=[4, 12], seq_counts=[2],
+                              target_tokens=2)
+    whole = InspectReport.partial(out="o", spec=spec, recorded={}, real=[3, 5, 16, 1, 9], padded=[4, 8, 16, 4, 12],
+                                  seq_counts=[2, 1, 2], target_tokens=9)
+    assert (a + b).to_dict() == whole.to_dict() == (b + a).to_dict()
+    assert InspectReport.from_dict(whole.to_dict()).to_dict() == whole.to_dict()
+    d = whole.to_dict()
+    assert d["totals"]["packs"] == 3 and d["totals"]["tail_padding"] == 3 * 16 - 44
+    assert d["attention"]["sum_sq_pack"] == 12 ** 2 + 16 ** 2 + 16 ** 2
+    assert d["sequences_per_pack"] == {"count": 3, "min": 1, "max": 2, "mean": 5 / 3, "median": 2.0, "p90": 2.0,
+                                       "p99": 2.0}
+
+
+def test_rich_rendering(synth):
+    buf = io.StringIO()
+    Console(file=buf, width=100).print(inspect_output(str(synth[1]), pack=0))
+    text = buf.getvalue()
+    for label in ("packs", "tail padding", "Martello–Toth L2", "overstates attention by", "sequence length",
+                  "pack fill", "sequences per pack", "█", "pack 0 ("):
+        assert label in text, label
+
+
+def test_errors_exit_codes(synth, tmp_path):
+    assert runner.invoke(app, ["inspect", str(tmp_path / "nope")]).exit_code == 2
+    result = runner.invoke(app, ["inspect", str(synth[1]), "--pack", "100000"])
+    assert result.exit_code == 2 and "out of range" in result.output
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "metadata.json").write_text("{oops")
+    result = runner.invoke(app, ["inspect", str(broken)])
+    assert result.exit_code == 1 and "metadata.json: empty or corrupted JSON" in result.output

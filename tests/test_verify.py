@@ -1,0 +1,386 @@
+"""`packer verify`: good outputs pass; each corruption is caught with its location and exit 1.
+
+Broken outputs are made from real ones: a pack is edited with pyarrow, the shard rewritten
+and its manifest entry (bytes, rows, tokens, checksum) fixed, so only the intended check fires
+among the structural ones. Runs on a synthetic dataset made here, and on /work/shared/data
+when it exists.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import xxhash
+from typer.testing import CliRunner
+
+from packer_cli import pipeline
+from packer_cli.audit import VerifyReport, verify_output
+from packer_cli.cli import app
+from packer_cli.shards.format import PACK_SCHEMA
+from packer_cli.spec import BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+GSM8K = DATA / "sft_gsm8k.parquet"
+C, CP = 256, 2  # m = 4, cap = 256
+runner = CliRunner()
+
+
+def write_synthetic(path: Path, n: int = 300, seed: int = 0) -> Path:
+    """Prompt/response samples: lengths 2..300, two too short, two far over C."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(2, 300, n)
+    lengths[[5, 17]] = 1
+    lengths[[30, 31]] = [700, 1000]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    ids = rng.integers(0, 5000, int(lengths.sum())).astype(np.int32)
+    pos = np.arange(ids.size) - np.repeat(offsets[:-1], lengths)
+    mask = (pos >= np.repeat((lengths * rng.uniform(0.2, 0.8, n)).astype(int), lengths)).astype(np.uint8)
+    pq.write_table(pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids)),
+                             "loss_mask": pa.ListArray.from_arrays(pa.array(offsets), pa.array(mask))}), path)
+    return path
+
+
+def pack_to(inputs, out: Path, spec: PackSpec, source: SourceSpec = SourceSpec()) -> Path:
+    """Pack with small record batches and shards, so the output has several shards."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline, "BATCH_TOKENS", 12_000)
+        pipeline.pack([str(p) for p in inputs], str(out), spec, source, shard_bytes=1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    root = tmp_path_factory.mktemp("verify")
+    src = write_synthetic(root / "train.parquet")
+    outs = {p: pack_to([src], root / f"out-{p.value}", PackSpec(pack_size=C, cp=CP, overlong=p))
+            for p in (OverlongPolicy.TRUNCATE, OverlongPolicy.SPLIT, OverlongPolicy.DROP)}
+    return src, outs
+
+
+@pytest.fixture
+def broken(synth, tmp_path):
+    """A fresh copy of the truncate output to corrupt."""
+    return Path(shutil.copytree(synth[1][OverlongPolicy.TRUNCATE], tmp_path / "out"))
+
+
+def verify(*args):
+    result = runner.invoke(app, ["verify", *map(str, args)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result
+
+
+def manifest(out: Path) -> dict:
+    return json.loads((out / "manifest.json").read_text())
+
+
+def rewrite(out: Path, shard: str, edit) -> None:
+    """Apply ``edit(rows)`` to a shard's rows (dicts of lists), rewrite it, fix the manifest."""
+    path = out / shard
+    rows = pa.ipc.open_file(str(path)).read_all().to_pylist()
+    edit(rows)
+    with pa.ipc.new_file(str(path), PACK_SCHEMA) as writer:
+        writer.write_table(pa.Table.from_pylist(rows, schema=PACK_SCHEMA))
+    man = manifest(out)
+    entry = next(e for e in man["shards"] if e["name"] == shard)
+    entry.update(bytes=path.stat().st_size, rows=len(rows), tokens=sum(len(r["tokens"]) for r in rows),
+                 xxh3_64=xxhash.xxh3_64(path.read_bytes()).hexdigest())
+    (out / "manifest.json").write_text(json.dumps(man))
+
+
+def first_shard(out: Path) -> str:
+    return manifest(out)["shards"][0]["name"]
+
+
+# --- good outputs --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("policy", [OverlongPolicy.TRUNCATE, OverlongPolicy.SPLIT, OverlongPolicy.DROP])
+def test_good_output_passes(synth, policy):
+    src, outs = synth
+    assert len(manifest(outs[policy])["shards"]) > 2
+    for args in ([outs[policy]], [outs[policy], "--source", src]):
+        result = verify(*args)
+        assert result.exit_code == 0, result.output
+        assert "verify: OK" in result.output
+
+
+def test_bad_and_short_records_are_accounted_for(tmp_path):
+    lines = [json.dumps({"input_ids": list(range(1, n + 1)), "loss_mask": [0] * (n // 2) + [1] * (n - n // 2)})
+             for n in (5, 1, 40, 300, 12)]
+    lines[2] = "{not json"
+    lines.append(json.dumps({"input_ids": [1, "x", 3], "loss_mask": [0, 1, 1]}))
+    src = tmp_path / "train.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    out = pack_to([src], tmp_path / "out", PackSpec(pack_size=64, overlong=OverlongPolicy.DROP),
+                  SourceSpec(on_bad_record=BadRecordPolicy.SKIP))
+    report = verify_output(str(out), [str(src)])
+    assert report.ok, [f.line() for f in report.findings]
+    assert report.source["records"] == 6 and report.source["samples_packed"] == 2
+    meta = json.loads((out / "metadata.json").read_text())
+    meta["counts"]["too_short_dropped"] = 0
+    meta["counts"]["records"] -= 1
+    (out / "metadata.json").write_text(json.dumps(meta))
+    result = verify(out, "--source", src)
+    assert result.exit_code == 1 and "counts.too_short_dropped is 0 but the source has 1" in result.output
+
+
+@pytest.mark.skipif(not GSM8K.exists(), reason=f"{GSM8K} not available")
+def test_real_data_passes_with_source(tmp_path):
+    out = pack_to([GSM8K], tmp_path / "out", PackSpec(pack_size=4096, cp=2, tp=2, sp=True))
+    report = verify_output(str(out), [str(GSM8K)])
+    assert report.ok, [f.line() for f in report.findings]
+    assert report.source["tokens_compared"] == 1_252_770 - 7_473
+
+
+# --- corruptions: each caught with its location --------------------------------------------
+
+def test_flipped_byte_in_shard(broken):
+    shard = first_shard(broken)
+    data = bytearray((broken / shard).read_bytes())
+    data[len(data) // 2] ^= 0x10
+    (broken / shard).write_bytes(bytes(data))
+    result = verify(broken)
+    assert result.exit_code == 1
+    assert re.search(rf"{shard}: xxh3_64 is \w+ but manifest.json records \w+ .*\[shard.checksum\]", result.output)
+    assert "verify: FAILED" in result.output
+
+
+def test_truncated_shard(broken):
+    shard = first_shard(broken)
+    data = (broken / shard).read_bytes()
+    (broken / shard).write_bytes(data[: len(data) // 3])
+    result = verify(broken)
+    assert result.exit_code == 1
+    assert f"{shard}: {len(data) // 3:,} bytes, but manifest.json records {len(data):,}" in result.output
+    assert re.search(rf"{shard}: cannot open as Arrow IPC .*\[shard.unreadable\]", result.output)
+
+
+def test_missing_shard(broken):
+    shard = manifest(broken)["shards"][1]["name"]
+    (broken / shard).unlink()
+    result = verify(broken)
+    assert result.exit_code == 1
+    assert f"{shard}: listed in manifest.json but missing [shard.missing]" in result.output
+
+
+def test_extra_file(broken):
+    (broken / "notes.txt").write_text("hello")
+    result = verify(broken)
+    assert result.exit_code == 1
+    assert "notes.txt: unexpected file, not listed in manifest.json [structure.files]" in result.output
+
+
+def test_tampered_metadata_count(broken):
+    meta = json.loads((broken / "metadata.json").read_text())
+    true = meta["counts"]["target_tokens"]
+    meta["counts"]["target_tokens"] += 1
+    (broken / "metadata.json").write_text(json.dumps(meta))
+    result = verify(broken)
+    assert result.exit_code == 1
+    assert f"metadata.json: counts.target_tokens is {true + 1} but the data has {true} [metadata.counts]" in result.output
+
+
+def test_token_changed_in_source(synth, tmp_path):
+    src, outs = synth
+    table = pq.read_table(src)
+    ids = table.column("input_ids").to_pylist()
+    ids[40][3] += 1
+    changed = tmp_path / "changed.parquet"
+    pq.write_table(table.set_column(0, "input_ids", pa.array(ids, pa.list_(pa.int32()))), changed)
+    result = verify(outs[OverlongPolicy.TRUNCATE], "--source", changed)
+    assert result.exit_code == 1
+    line = next(x for x in result.output.splitlines() if "[source.tokens]" in x)
+    assert re.match(r"packs-\d{5}\.arrow row \d+ \(pack \d+\) seq \d+: token position 3 is \d+ but the source "
+                    rf"\(.*changed.parquet: row 40\) has {ids[40][3]}", line), line
+
+
+def test_sample_missing_from_output(broken, synth):
+    shard = first_shard(broken)
+    removed = {}
+
+    def drop_sequence(rows):
+        row = next(r for r in rows if len(r["seq_lens"]) > 1)
+        a, b = row["cu_seqlens"][0], row["cu_seqlens"][1]
+        removed["index"] = row["source_index"][0]
+        for col in ("tokens", "loss_mask"):
+            del row[col][a:b]
+        row["cu_seqlens"] = [c - (b - a) for c in row["cu_seqlens"][1:]]
+        for col in ("seq_lens", "last_token", "source_index", "source_offset"):
+            del row[col][0]
+
+    rewrite(broken, shard, drop_sequence)
+    result = verify(broken, "--source", synth[0])
+    assert result.exit_code == 1
+    assert (f"train.parquet: row {removed['index']}: sample (source index {removed['index']}) is not in the "
+            f"output, and not listed as dropped [source.missing]") in result.output
+    assert "counts.sequences" in verify(broken).output  # without the source, the counts still disagree
+
+
+def test_pack_over_capacity(broken):
+    shard = first_shard(broken)
+    moved = {}
+
+    def move_sequence(rows):
+        loads = [len(r["tokens"]) for r in rows]
+        src = next(i for i, r in enumerate(rows) if len(r["seq_lens"]) > 1)
+        p = rows[src]["cu_seqlens"][1]
+        dst = next(i for i in range(len(rows)) if i != src and loads[i] + p > C)
+        moved["row"], moved["load"] = dst, loads[dst] + p
+        a, b = rows[src], rows[dst]
+        b["cu_seqlens"] += [loads[dst] + p]
+        for col in ("tokens", "loss_mask"):
+            b[col] += a[col][:p]
+            del a[col][:p]
+        a["cu_seqlens"] = [c - p for c in a["cu_seqlens"][1:]]
+        for col in ("seq_lens", "last_token", "source_index", "source_offset"):
+            b[col].append(a[col].pop(0))
+
+    rewrite(broken, shard, move_sequence)
+    result = verify(broken)
+    assert result.exit_code == 1
+    assert (f"{shard} row {moved['row']} (pack {moved['row']}): the pack holds {moved['load']:,} runtime tokens (Σp), "
+            f"more than C = {C} [pack.capacity]") in result.output
+
+
+def test_padded_length_not_multiple_of_m(broken):
+    shard = first_shard(broken)
+    where = {}
+
+    def grow_last(rows):
+        i = next(i for i, r in enumerate(rows) if len(r["tokens"]) < C)
+        r = rows[i]
+        r["tokens"].append(0)
+        r["loss_mask"].append(0)
+        r["cu_seqlens"][-1] += 1
+        where.update(row=i, seq=len(r["seq_lens"]) - 1, p=r["cu_seqlens"][-1] - r["cu_seqlens"][-2])
+
+    rewrite(broken, shard, grow_last)
+    result = verify(broken)
+    assert result.exit_code == 1
+    assert (f"{shard} row {where['row']} (pack {where['row']}) seq {where['seq']}: padded length {where['p']} is not "
+            f"a multiple of m = 4 [pack.alignment]") in result.output
+    assert "[pack.padding]" not in result.output and "[pack.cu_seqlens]" not in result.output
+
+
+def test_loss_on_padding(broken):
+    shard = first_shard(broken)
+    where = {}
+
+    def set_loss(rows):
+        for i, r in enumerate(rows):
+            cu, s = r["cu_seqlens"], r["seq_lens"]
+            pads = [k for k in range(len(s)) if cu[k + 1] - cu[k] > s[k]]
+            if pads:
+                k = pads[0]
+                r["loss_mask"][cu[k] + s[k]] = 1
+                where.update(row=i, seq=k)
+                return
+
+    rewrite(broken, shard, set_loss)
+    result = verify(broken)
+    assert result.exit_code == 1
+    assert re.search(rf"{shard} row {where['row']} \(pack {where['row']}\) seq {where['seq']}: loss mask is 1 on 1 of "
+                     r"its \d padding positions \[pack.padding\]", result.output)
+    assert "[metadata.counts]" not in result.output  # targets count real positions only
+
+
+def test_json_report_and_limit(broken):
+    shard = first_shard(broken)
+
+    def zero_cu(rows):
+        for r in rows:
+            r["cu_seqlens"][0] = 1
+
+    rewrite(broken, shard, zero_cu)
+    result = runner.invoke(app, ["verify", str(broken), "--json", "--limit", "3"])
+    assert result.exit_code == 1
+    doc = json.loads(result.output)
+    assert doc["ok"] is False and doc["exit_code"] == 1
+    rows = len(pa.ipc.open_file(str(broken / shard)).read_all())
+    assert doc["errors"]["pack.cu_seqlens"] == rows
+    first = doc["findings"][0]
+    assert first == {"check": "pack.cu_seqlens", "message": "cu_seqlens starts at 1, not 0", "shard": shard,
+                     "row": 0, "pack": 0, "seq": None, "severity": "error"}
+    assert any(f["message"] == f"{rows - 3} more pack.cu_seqlens problems not shown" for f in doc["findings"])
+    assert VerifyReport.from_dict(doc).to_dict() == doc
+
+
+# --- unusable arguments: exit 2 -------------------------------------------------------------
+
+def test_unusable_arguments(tmp_path, synth):
+    assert verify(tmp_path / "nope").exit_code == 2
+    (tmp_path / "empty").mkdir()
+    result = verify(tmp_path / "empty")
+    assert result.exit_code == 2 and "not a packer output" in result.output
+    result = verify(synth[1][OverlongPolicy.TRUNCATE], "--source", tmp_path / "missing.parquet")
+    assert result.exit_code == 2 and "--source" in result.output
+
+
+# --- fuzz: random byte flips and truncations never give a traceback --------------------------
+
+#: metadata.json fields no check can confirm from the shards alone (docs/AUDIT.md).
+UNVERIFIED = re.compile(r"^(packer_version|spec\.seed|source\.inputs\.\d+\.(path|bytes)|source\.tokens_field|"
+                        r"source\.supervision\.field|source\.vocab_size|bad_records\..*|quality\.plan|output\..*)$")
+
+
+def _diff(a, b, path=""):
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        return [p for k in a for p in _diff(a[k], b[k], f"{path}.{k}" if path else k)]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [p for i, (x, y) in enumerate(zip(a, b)) for p in _diff(x, y, f"{path}.{i}")]
+    return [] if a == b and type(a) is type(b) else [path or "<root>"]
+
+
+def test_fuzz_never_tracebacks(synth, tmp_path):
+    good = synth[1][OverlongPolicy.SPLIT]
+    rng = random.Random(1234)
+    for it in range(30):
+        out = Path(shutil.copytree(good, tmp_path / f"fz{it}"))
+        name = rng.choice(sorted(os.listdir(out)))
+        data = bytearray((out / name).read_bytes())
+        if rng.random() < 0.3:
+            data = data[: rng.randrange(len(data))]
+        else:
+            for _ in range(rng.choice([1, 1, 3, 20])):
+                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        (out / name).write_bytes(bytes(data))
+        result = verify(out)
+        assert result.output.strip(), name
+        if result.exit_code == 0:  # only a change no check can see: an unverified metadata field
+            assert name == "metadata.json"
+            changed = _diff(json.loads((good / name).read_text()), json.loads(bytes(data)))
+            assert changed and all(UNVERIFIED.match(p) for p in changed), changed
+        else:
+            assert result.exit_code in (1, 2), result.output
+        inspected = runner.invoke(app, ["inspect", str(out)])
+        assert inspected.exception is None or isinstance(inspected.exception, SystemExit), inspected.output
+        shutil.rmtree(out)
+
+
+def test_megatron_bridge_output(synth, tmp_path):
+    """The Bridge layout is read through its own store; the same checks run on it."""
+    src = synth[0]
+    packed = runner.invoke(app, ["pack", str(src), "-o", str(tmp_path / "br"), "-C", str(C), "--cp", str(CP),
+                                 "--format", "megatron-bridge", "--eos-id", "4999"])
+    if packed.exit_code != 0 and "--format" in packed.output:
+        pytest.skip("this build has no --format megatron-bridge")
+    assert packed.exit_code == 0, packed.output
+    out = tmp_path / "br"
+    result = verify(out, "--source", src)
+    assert result.exit_code == 0, result.output
+    native = json.loads((synth[1][OverlongPolicy.TRUNCATE] / "metadata.json").read_text())["counts"]
+    totals = json.loads(runner.invoke(app, ["inspect", str(out), "--json"]).output)["totals"]
+    assert (totals["packs"], totals["runtime_tokens"]) == (native["packs"], native["runtime_tokens"])
+    data = next(out.glob("*.parquet"))
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    data.write_bytes(bytes(raw))
+    result = verify(out)
+    assert result.exit_code == 1 and data.name in result.output
