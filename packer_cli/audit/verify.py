@@ -28,7 +28,7 @@ from packer_cli.audit.findings import ERROR, WARNING, Finding, FindingSink
 from packer_cli.audit.report import InspectReport
 from packer_cli.audit.store import STORES, NativeStore, ShardError, manifest_problems, read_json_file
 from packer_cli.errors import ConfigError, DataError, PackerError
-from packer_cli.shards.format import FORMAT_NAME, MANIFEST_FILE, METADATA_FILE
+from packer_cli.shards.format import FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, metadata_checksum_problem
 from packer_cli.shards.writer import file_checksum
 from packer_cli.spec import PackSpec
 
@@ -240,6 +240,8 @@ def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20
     sink = FindingSink(limit)
     store, meta, entries = _open_output(out, listing, sink)
     lim = _limits(meta, sink)
+    if meta is not None and (problem := metadata_checksum_problem(meta)):
+        sink.add("metadata.checksum", problem, shard=METADATA_FILE)
     if lim is not None:
         check_schema(meta, sink)
     report = VerifyReport(out=out)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from packer_cli.errors import ConfigError, DataError
+from packer_cli.shards.format import seal_metadata
 from packer_cli.shards.bridge import (
     BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, SPLITS, bridge_metadata_name, data_name, default_row_group_size,
     layout_files, layout_pack_sizes, split_manifest_name, split_metadata_name, splits_in,
@@ -193,7 +194,8 @@ class BridgeOutput:
     def commit(self, tmp: str, manifest: dict, metadata: dict) -> None:
         """Write the JSON files into ``tmp`` and move everything into OUT."""
         out, C = self._out, self._pack_size
-        metadata = dict(metadata, format=BRIDGE_FORMAT, format_version=BRIDGE_FORMAT_VERSION, split=self.split)
+        metadata = seal_metadata(dict(metadata, format=BRIDGE_FORMAT, format_version=BRIDGE_FORMAT_VERSION,
+                                      split=self.split))
         _write_json(os.path.join(tmp, split_manifest_name(self.split)), manifest)
         _write_json(os.path.join(tmp, split_metadata_name(self.split)), metadata)
         array_name = bridge_metadata_name(C)

@@ -18,6 +18,31 @@ MANIFEST_FILE = "manifest.json"
 CHECKSUM = "xxh3_64"
 
 
+def metadata_checksum(meta: dict) -> str:
+    """xxh3_64 of the metadata's canonical JSON (sorted keys), without its own checksum key."""
+    import orjson
+    import xxhash
+
+    body = {k: v for k, v in meta.items() if k != "checksum"}
+    return xxhash.xxh3_64_hexdigest(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
+
+
+def seal_metadata(meta: dict) -> dict:
+    """The metadata with ``checksum`` added, so any later edit of any field is detectable."""
+    return {**meta, "checksum": {CHECKSUM: metadata_checksum(meta)}}
+
+
+def metadata_checksum_problem(meta: dict) -> str | None:
+    """Why the metadata's self-checksum does not hold (None when it does)."""
+    recorded = meta.get("checksum")
+    if not isinstance(recorded, dict) or CHECKSUM not in recorded:
+        return f"has no checksum.{CHECKSUM}"
+    actual = metadata_checksum(meta)
+    if recorded[CHECKSUM] != actual:
+        return f"checksum.{CHECKSUM} is {recorded[CHECKSUM]!r} but its content hashes to {actual!r} (edited after writing)"
+    return None
+
+
 def shard_name(index: int) -> str:
     return f"packs-{index:05d}.arrow"
 
