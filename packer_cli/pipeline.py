@@ -30,7 +30,7 @@ from packer_cli.plan import plan_packs
 from packer_cli.progress import Progress
 from packer_cli.shards._gather import SpillReader, output_order
 from packer_cli.shards.bridge_output import BridgeOutput
-from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE
+from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, seal_metadata
 from packer_cli.shards.writer import ShardWriter, pack_record_batch
 from packer_cli.sources import SampleStream, discover_inputs
 from packer_cli.spec import PackSpec, SourceSpec
@@ -97,7 +97,7 @@ def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress
         tgt_file = open(os.path.join(spill_dir, "targets.bin"), "wb")
     try:
         task = progress.task("reading", total=None, unit="samples")
-        with closing(background(iter(stream), depth=3)) as validated:  # read + validate on a second core
+        with closing(background(iter(stream), depth=2)) as validated:  # read + validate on a second core
             for batch in validated:
                 _take(batch, counts, bad_listed, samples, cap, tok_file, tgt_file)
                 progress.advance(task, batch.records)
@@ -153,16 +153,20 @@ def _write_shards(tmp: str, spill_dir: str, seqs: SequenceTable, sample_start, s
             s0, s1 = pack_offsets[a], pack_offsets[b]
             run_offsets = pack_offsets[a:b + 1] - s0
             run = order[s0:s1]
-            tokens, mask, last, cu = spill.gather(sample_start, seqs.sample, seqs.offset, seqs.length, seqs.padded,
-                                                  run, run_offsets, spec.pad_id)
+            tokens, mask, last, cu, buffers = spill.gather(
+                sample_start, seqs.sample, seqs.offset, seqs.length, seqs.padded, run, run_offsets, spec.pad_id,
+                min_buffer=BATCH_TOKENS + spec.pack_size,
+            )
             batch = pack_record_batch(tokens, mask, cu, seqs.length[run], last, source_index[seqs.sample[run]],
                                       seqs.offset[run], run_offsets)
-            yield batch, int(tokens.size), b - a
+            yield batch, int(tokens.size), b - a, buffers
 
     with SpillReader(spill_dir) as spill:
-        with closing(background(batches(spill), depth=2)) as gathered:
-            for batch, n_tokens, n_packs in gathered:
+        with closing(background(batches(spill), depth=1)) as gathered:
+            for batch, n_tokens, n_packs, buffers in gathered:
                 writer.write(batch, n_tokens)
+                del batch  # the file holds the bytes now; the buffers can take the next run
+                spill.recycle(buffers)
                 progress.advance(task, n_packs)
     return writer.finish()
 
@@ -281,7 +285,7 @@ def pack(
         if tmp:
             shutil.rmtree(spill_dir)
             _write_json(os.path.join(tmp, MANIFEST_FILE), manifest)
-            _write_json(os.path.join(tmp, METADATA_FILE), summary.metadata(__version__))
+            _write_json(os.path.join(tmp, METADATA_FILE), seal_metadata(summary.metadata(__version__)))
             _commit(tmp, out)
             tmp = None
         return summary

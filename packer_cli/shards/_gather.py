@@ -1,12 +1,25 @@
 """Compiled gather: copy each packed sequence's tokens and targets out of the spill files.
 
-The kernel works on flat arrays only (no Python objects), one memcpy-like loop per sequence,
-and releases the GIL so reading, gathering and writing can overlap on separate threads.
+The kernels work on flat arrays only (no Python objects), one memcpy-like step per sequence,
+and release the GIL so reading, gathering and writing can overlap on separate threads.
+
+:func:`gather_packs` reads from arrays (memory-mapped spill files or in-memory arrays).
+:class:`SpillReader` reads the spill files with ``pread`` straight into the output buffers:
+no page of the spill is ever mapped into the process, so resident memory stays bounded by
+the output buffers however large the spill is (touched pages of a memory map count toward
+RSS, and a run of packs touches pages all over the file).
 """
 from __future__ import annotations
 
+import os
+import queue
+
 import numpy as np
-from numba import njit
+import pyarrow as pa
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 
 @njit(cache=True, nogil=True)
@@ -51,3 +64,146 @@ def gather_packs(spill_tokens, spill_targets, sample_start, seq_sample, seq_offs
     _gather_kernel(spill_tokens, spill_targets, sample_start, seq_sample, seq_offset, seq_len, seq_pad,
                    pack_seq_offsets, np.int32(pad_id), out_tokens, out_mask, out_last, out_cu)
     return out_tokens, out_mask, out_last, out_cu
+
+
+@intrinsic
+def _pread(typingctx, fd, address, nbytes, offset):
+    """libc ``pread(fd, address, nbytes, offset)``, bound by symbol name so the kernel caches."""
+    sig = types.int64(types.int64, types.uint64, types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):
+        char_p = ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(ir.IntType(64), [ir.IntType(32), char_p, ir.IntType(64), ir.IntType(64)])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "pread")
+        fd_, address_, nbytes_, offset_ = args
+        return builder.call(fn, [builder.trunc(fd_, ir.IntType(32)), builder.inttoptr(address_, char_p),
+                                 nbytes_, offset_])
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True)
+def _read_exact(fd, address, nbytes, offset):
+    """Read ``nbytes`` at ``offset`` into ``address``; False on an error or a short file."""
+    while nbytes > 0:
+        got = _pread(fd, address, nbytes, offset)
+        if got <= 0:
+            return False
+        address += got
+        nbytes -= got
+        offset += got
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _pread_gather_kernel(fd_tokens, fd_targets, sample_start, order, seq_sample, seq_offset, seq_len, seq_pad,
+                         pack_seq_offsets, pad_id, out_tokens, out_mask, out_last, out_cu):
+    """Like :func:`_gather_kernel`, for the sequences ``order[...]`` of the full sequence table.
+
+    Each sequence costs two ``pread`` calls: its s+1 tokens (the last one is the final label,
+    overwritten by padding or the next sequence; ``out_tokens`` has one spare slot at the end)
+    and the s target flags after its first token. Returns False when a read fails.
+    """
+    tok_base = out_tokens.ctypes.data
+    mask_base = out_mask.ctypes.data
+    pos = 0
+    cu_pos = 0
+    for k in range(pack_seq_offsets.size - 1):
+        pack_start = pos
+        out_cu[cu_pos] = 0
+        cu_pos += 1
+        for i in range(pack_seq_offsets[k], pack_seq_offsets[k + 1]):
+            q = order[i]
+            src = sample_start[seq_sample[q]] + seq_offset[q]
+            s = seq_len[q]
+            p = seq_pad[q]
+            if not _read_exact(fd_tokens, tok_base + pos * 4, (s + 1) * 4, src * 4):
+                return False
+            if not _read_exact(fd_targets, mask_base + pos, s, src + 1):
+                return False
+            out_last[i] = out_tokens[pos + s]
+            for j in range(s, p):
+                out_tokens[pos + j] = pad_id
+                out_mask[pos + j] = 0
+            pos += p
+            out_cu[cu_pos] = pos - pack_start
+            cu_pos += 1
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _output_order_kernel(plan_order, plan_offsets, pack_order, out_order, out_offsets):
+    pos = 0
+    out_offsets[0] = 0
+    for k in range(pack_order.size):
+        p = pack_order[k]
+        for i in range(plan_offsets[p], plan_offsets[p + 1]):
+            out_order[pos] = plan_order[i]
+            pos += 1
+        out_offsets[k + 1] = pos
+
+
+def output_order(plan_order: np.ndarray, plan_offsets: np.ndarray, pack_order: np.ndarray):
+    """Sequence indices in output pack order, and each output pack's offsets into them."""
+    out_order = np.empty(plan_order.size, dtype=np.int64)
+    out_offsets = np.empty(pack_order.size + 1, dtype=np.int64)
+    _output_order_kernel(plan_order, plan_offsets, pack_order, out_order, out_offsets)
+    return out_order, out_offsets
+
+
+class SpillReader:
+    """Gathers runs of packs from the spill files ``tokens.bin`` / ``targets.bin`` with ``pread``.
+
+    Output buffers handed back with :meth:`recycle` are reused by later runs: a fresh
+    multi-megabyte allocation is a fresh memory map, and faulting its pages in costs as much
+    as the copy itself. New buffers come from Arrow's memory pool, so they reuse the memory
+    the Parquet decoder held in pass one instead of adding to the peak.
+    """
+
+    def __init__(self, spill_dir: str):
+        self._fds = []
+        self._free: queue.SimpleQueue = queue.SimpleQueue()
+        for name in ("tokens.bin", "targets.bin"):
+            self._fds.append(os.open(os.path.join(spill_dir, name), os.O_RDONLY))
+
+    def recycle(self, buffers) -> None:
+        """Give back the ``buffers`` of a gathered run once nothing reads them any more."""
+        self._free.put(buffers)
+
+    def _buffers(self, total: int):
+        try:
+            tokens, mask = self._free.get_nowait()
+            if tokens.size > total:
+                return tokens, mask
+        except queue.Empty:
+            pass
+        # From Arrow's memory pool, which still holds the pages pass one decoded into.
+        tokens = np.frombuffer(pa.allocate_buffer(4 * (total + 1)), dtype=np.int32)
+        return tokens, np.frombuffer(pa.allocate_buffer(total), dtype=np.uint8)
+
+    def close(self) -> None:
+        while self._fds:
+            os.close(self._fds.pop())
+
+    def __enter__(self) -> "SpillReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def gather(self, sample_start, seq_sample, seq_offset, seq_len, seq_pad, order, pack_seq_offsets, pad_id,
+               min_buffer: int = 0):
+        """Same outputs as :func:`gather_packs`, for the sequences ``order`` of the full table,
+        plus the buffers to :meth:`recycle` (new ones hold at least ``min_buffer`` tokens)."""
+        n_seq = order.size
+        n_packs = pack_seq_offsets.size - 1
+        total = int(seq_pad[order].sum())
+        buffers = self._buffers(max(total, min_buffer))
+        out_tokens, out_mask = buffers
+        out_last = np.empty(n_seq, dtype=np.int32)
+        out_cu = np.empty(n_seq + n_packs, dtype=np.int32)
+        ok = _pread_gather_kernel(self._fds[0], self._fds[1], sample_start, order, seq_sample, seq_offset, seq_len,
+                                  seq_pad, pack_seq_offsets, np.int32(pad_id), out_tokens, out_mask, out_last, out_cu)
+        if not ok:
+            raise OSError("reading the spill files failed (were they removed or truncated?)")
+        return out_tokens[:total], out_mask[:total], out_last, out_cu, buffers

@@ -1,8 +1,9 @@
 """Write packs into Arrow IPC shards and describe them in a manifest.
 
 The writer is handed runs of packs as flat arrays (see :func:`gather_packs`) and turns each
-run into one record batch; a shard is closed when it reaches its byte budget. Files are
-hashed after they are closed, and the manifest lists name, bytes, rows, tokens and hash.
+run into one record batch; a shard is closed when it reaches its byte budget. Every byte is
+hashed on its way to the file (no re-read), and the manifest lists name, bytes, rows, tokens
+and hash.
 """
 from __future__ import annotations
 
@@ -43,10 +44,48 @@ def pack_record_batch(tokens, loss_mask, cu_seqlens, seq_lens, last_token, sourc
 
 def file_checksum(path: str) -> str:
     digest = xxhash.xxh3_64()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
+    buffer = bytearray(1 << 22)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            digest.update(view[:n])
     return digest.hexdigest()
+
+
+class _HashingFile:
+    """A write-only file that hashes (xxh3_64) every byte it writes, for ``pa.ipc.new_file``.
+
+    Arrow hands over its buffers without copies; both the hash and ``write`` release the GIL.
+    """
+
+    def __init__(self, path: str):
+        self._file = open(path, "wb", buffering=0)
+        self.digest = xxhash.xxh3_64()
+        self._pos = 0
+        self.closed = False
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self.digest.update(view)
+        done = 0
+        while done < view.nbytes:
+            done += self._file.write(view[done:])
+        self._pos += done
+        return done
+
+    def tell(self) -> int:
+        return self._pos
+
+    def writable(self) -> bool:
+        return True
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if not self.closed:
+            self._file.close()
+            self.closed = True
 
 
 @dataclass
@@ -57,13 +96,13 @@ class ShardWriter:
     shard_bytes: int
     entries: list[dict] = field(default_factory=list)
     _writer: pa.ipc.RecordBatchFileWriter | None = None
-    _sink: pa.OSFile | None = None
+    _sink: _HashingFile | None = None
     _rows: int = 0
     _tokens: int = 0
 
     def _open(self) -> None:
         name = shard_name(len(self.entries))
-        self._sink = pa.OSFile(os.path.join(self.directory, name), "wb")
+        self._sink = _HashingFile(os.path.join(self.directory, name))
         self._writer = pa.ipc.new_file(self._sink, PACK_SCHEMA)
         self.entries.append({"name": name})
         self._rows = self._tokens = 0
@@ -83,9 +122,8 @@ class ShardWriter:
         self._writer.close()
         self._sink.close()
         path = os.path.join(self.directory, self.entries[-1]["name"])
-        self.entries[-1].update(
-            bytes=os.path.getsize(path), rows=self._rows, tokens=self._tokens, **{CHECKSUM: file_checksum(path)}
-        )
+        digest = self._sink.digest.hexdigest()
+        self.entries[-1].update(bytes=os.path.getsize(path), rows=self._rows, tokens=self._tokens, **{CHECKSUM: digest})
         self._writer = self._sink = None
 
     def finish(self) -> list[dict]:

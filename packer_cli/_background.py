@@ -1,0 +1,71 @@
+"""Run a producer on a background thread, handing its items over through a bounded queue.
+
+The pipeline uses it to overlap stages on two cores: reading and validating the next batch
+while the main thread spills the previous one, and gathering the next run of packs while the
+main thread writes the previous one. The heavy work on both sides (Parquet decoding, numba
+kernels, file writes, hashing) releases the GIL.
+
+>>> list(background(iter(range(3))))
+[0, 1, 2]
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Iterator, TypeVar
+
+T = TypeVar("T")
+
+_DONE = object()
+
+
+class _Failed:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def background(items: Iterator[T], depth: int = 2) -> Iterator[T]:
+    """Yield ``items`` in order, computed ahead on a thread (at most ``depth`` waiting).
+
+    An exception raised by the producer is re-raised unchanged in the consumer, after the items
+    produced before it. When the consumer stops early (an error, or ``close()``), the producer
+    is told to stop and joined, so no thread outlives the call.
+    """
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(_DONE)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            put(_Failed(exc))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=run, name="packer-background", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Failed):
+                raise item.exc
+            yield item
+    finally:
+        stop.set()
+        thread.join()

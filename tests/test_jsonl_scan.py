@@ -1,0 +1,157 @@
+"""The compiled JSON Lines scanner against orjson: it may give up on any record, but every record
+it accepts must be one orjson accepts, with the same values; and the reader built on it must give
+exactly the batches of the all-orjson reference reader."""
+from __future__ import annotations
+
+import gzip
+import random
+
+import numpy as np
+import orjson
+import pytest
+
+from packer_cli.sources import _jsonl_scan as scan
+from packer_cli.sources.readers import BATCH_ROWS, read_jsonl, read_jsonl_orjson
+
+FIELDS = ["input_ids", "loss_mask", "answer_start_idx"]
+SCALAR = {"answer_start_idx"}
+
+
+def _json_value(rng: random.Random, depth: int = 0):
+    kind = rng.randrange(9 if depth < 3 else 6)
+    if kind == 0:
+        return rng.choice(["", "plain", "caf\u00e9", "\u2603 snow", "\U0001F600", 'q"uote', "back\\slash",
+                           "line\nbreak", "tab\t", "\x7f", "\u0000"])
+    if kind == 1:
+        return rng.randint(-(2**63), 2**63 - 1)
+    if kind == 2:
+        return rng.choice([0.5, -1e-7, 3.25e20, 1e300, float(rng.randint(-5, 5))])
+    if kind == 3:
+        return rng.choice([True, False, None])
+    if kind == 4:
+        return rng.randint(-1000, 1000)
+    if kind == 5:
+        return [rng.randint(-3, 10**6) for _ in range(rng.randrange(4))]
+    if kind in (6, 7):
+        return [_json_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {rng.choice(["a", "b", "input", "é", "ids"]): _json_value(rng, depth + 1) for _ in range(rng.randrange(3))}
+
+
+def _record(rng: random.Random) -> bytes:
+    n = rng.randrange(6)
+    rec = {}
+    keys = FIELDS + ["text", "meta", "id"]
+    rng.shuffle(keys)
+    for key in keys:
+        roll = rng.random()
+        if key in ("input_ids", "loss_mask"):
+            if roll < 0.9:
+                rec[key] = [rng.choice([0, 1, 7, 31999, 2**31 - 1, -(2**31), -1, 2**31, 10**12]) if rng.random() < 0.03
+                            else rng.randrange(100) for _ in range(n)]
+            elif roll < 0.95:
+                rec[key] = _json_value(rng)
+        elif key == "answer_start_idx":
+            if roll < 0.9:
+                rec[key] = rng.choice([0, 1, 5, -1, 2**40, None, 1.5, True]) if roll < 0.1 else rng.randrange(-9, 99)
+        elif roll < 0.6:
+            rec[key] = _json_value(rng)
+    text = orjson.dumps(rec)
+    if rng.random() < 0.3:
+        text = text.replace(b",", b" ,\t").replace(b":", b" : ")
+    return text
+
+
+def _mutate(rng: random.Random, line: bytes) -> bytes:
+    b = bytearray(line)
+    for _ in range(rng.randrange(1, 3)):
+        op = rng.randrange(4)
+        i = rng.randrange(len(b) + 1)
+        if op == 0 and b:
+            del b[min(i, len(b) - 1)]
+        elif op == 1:
+            b.insert(i, rng.choice(b'{}[],:"\\-.0123456789eE+ \ttrufalsn\x00\x0c\xc3\xa9\xed\xa0\xff'))
+        elif op == 2 and b:
+            b[min(i, len(b) - 1)] = rng.randrange(256)
+        else:
+            b[i:i] = rng.choice([b"\\u00e9", b"\\ud83d\\ude00", b"\\udc00", b"01", b"1e999", b"-0", b"[[1]]",
+                                 b'"input_ids":[1],', b"null", b"\r"])
+    return bytes(b).replace(b"\n", b" ")
+
+
+def _scan_one(line: bytes):
+    """(accepted, values per field) for one line scanned on its own."""
+    names = [f.encode() for f in FIELDS]
+    buf = np.frombuffer(line + b"\n", dtype=np.uint8)
+    k = len(FIELDS)
+    state = np.zeros(4, np.int64)
+    offsets = np.zeros((k, 2), np.int64)
+    values = np.empty((k, 1 << 12), np.int32)
+    scalars = np.zeros((k, 1), np.int64)
+    slow_rows = np.empty(1, np.int64)
+    slow_spans = np.empty((1, 2), np.int64)
+    scan.scan(buf, 0, buf.size, True, 1, np.frombuffer(b"".join(names), np.uint8),
+              np.cumsum([0] + [len(n) for n in names]).astype(np.int64), np.array([f in SCALAR for f in FIELDS]),
+              state, np.empty(1, np.int64), offsets, values, scalars, slow_rows, slow_spans)
+    if state[scan.ROWS] == 0:
+        return None, None  # blank
+    if state[scan.SLOW]:
+        return False, None
+    out = [int(scalars[j, 0]) if FIELDS[j] in SCALAR else values[j, offsets[j, 0]:offsets[j, 1]].tolist()
+           for j in range(k)]
+    return True, out
+
+
+def test_accepted_records_match_orjson():
+    rng = random.Random(1234)
+    accepted = given_up = 0
+    for i in range(30000):
+        line = _record(rng)
+        if i % 2:
+            line = _mutate(rng, line)
+        ok, values = _scan_one(line)
+        if ok is None:
+            assert not line.strip()
+            continue
+        if not ok:
+            given_up += 1
+            continue
+        accepted += 1
+        record = orjson.loads(line)  # must not raise
+        assert isinstance(record, dict)
+        assert [record[f] for f in FIELDS] == values, line
+    assert accepted > 3000 and given_up > 3000  # both paths exercised
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_reader_matches_orjson_reader(tmp_path, compress):
+    rng = random.Random(99)
+    lines = []
+    for i in range(3 * BATCH_ROWS + 17):
+        line = _record(rng)
+        if i % 50 == 3:
+            line = _mutate(rng, line)
+        if i % 97 == 0:
+            lines.append(rng.choice([b"", b"  ", b"\t\x0b\x0c\r"]))
+        lines.append(line)
+    data = b"\n".join(lines) + (b"\n" if compress else b"")  # one file ends without a newline
+    path = tmp_path / ("d.jsonl.gz" if compress else "d.jsonl")
+    path.write_bytes(gzip.compress(data) if compress else data)
+    got = list(read_jsonl(str(path), FIELDS, SCALAR))
+    want = list(read_jsonl_orjson(str(path), FIELDS, SCALAR))
+    assert len(got) == len(want) == 4
+    for g, w in zip(got, want):
+        assert (g.path, g.row0, g.pre_bad) == (w.path, w.row0, w.pre_bad)
+        np.testing.assert_array_equal(g.lines, w.lines)
+        assert g.batch.to_pydict() == w.batch.to_pydict()
+
+
+def test_scanner_grows_its_buffers(tmp_path, monkeypatch):
+    from packer_cli.sources import readers
+
+    monkeypatch.setattr(readers, "SCAN_CHUNK", 64)
+    rows = [{"input_ids": list(range(i % 300)), "loss_mask": [1] * (i % 300)} for i in range(2000)]
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    got = [b for batch in read_jsonl(str(path), ["input_ids", "loss_mask"], set())
+           for b in batch.batch.to_pylist()]
+    assert got == rows
