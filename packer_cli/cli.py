@@ -5,6 +5,7 @@ Every error is one line on stderr; no tracebacks.
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated, Optional
 
@@ -117,25 +118,53 @@ def _bridge_output(out_format: OutputFormat, split, eos_id, row_group_size):
     return BridgeOutput(split=(split or Split.TRAINING).value, eos_id=eos_id, row_group_size=row_group_size).validate()
 
 
+def _splits_to_audit(out: str, split: Optional[Split]) -> list[Optional[str]]:
+    """The split(s) to inspect or verify: the one asked for, else every split of a
+    Megatron-Bridge layout, else the output itself (None)."""
+    if split is not None:
+        return [split.value]
+    from packer_cli.shards.bridge import is_bridge_dir, splits_in
+    from packer_cli.shards.format import METADATA_FILE
+
+    if os.path.isdir(out) and not os.path.exists(os.path.join(out, METADATA_FILE)) and is_bridge_dir(out):
+        return splits_in(out)
+    return [None]
+
+
+def _print_reports(reports: dict, json_out: bool, console: Console) -> None:
+    """One report as itself; several (one per Bridge split) keyed by split name."""
+    if json_out:
+        import orjson
+
+        doc = next(iter(reports.values())).to_dict() if len(reports) == 1 else {
+            "splits": {name: r.to_dict() for name, r in reports.items()}}
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return
+    for name, report in reports.items():
+        if len(reports) > 1:
+            console.rule(f"split: {name}")
+        console.print(report)
+
+
+SplitOption = Annotated[Optional[Split], typer.Option(
+    help="One split of a Megatron-Bridge layout (default: every split there).")]
+
+
 @app.command("inspect")
 def inspect_command(
     out: Annotated[str, typer.Argument(help="Output directory written by `packer pack`.")],
     pack: Annotated[Optional[int], typer.Option("--pack", help="Also show pack N in detail (0-based).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout (docs/AUDIT.md).")] = False,
+    split: SplitOption = None,
 ) -> None:
     """Summarize packed shards: counts, padding, bounds, distributions and attention work."""
     from packer_cli.audit import inspect_output
 
     try:
-        report = inspect_output(out, pack=pack)
+        reports = {s: inspect_output(out, pack=pack, split=s) for s in _splits_to_audit(out, split)}
     except PackerError as exc:
         fail(exc)
-    if json_out:
-        import orjson
-
-        sys.stdout.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
-    else:
-        Console().print(report)
+    _print_reports(reports, json_out, Console())
 
 
 @app.command("verify")
@@ -145,21 +174,20 @@ def verify_command(
         "--source", help="Original input (file, directory or glob; repeat for several): every sample must be accounted for.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout (docs/AUDIT.md).")] = False,
     limit: Annotated[int, typer.Option(help="Problems listed per check (all are counted).")] = 20,
+    split: SplitOption = None,
 ) -> None:
     """Check shards, metadata and (with --source) the inputs; exit 0 ok, 1 problems, 2 unusable."""
     from packer_cli.audit import verify_output
 
+    splits = _splits_to_audit(out, split)
+    if source and len(splits) > 1:
+        fail(ConfigError(f"{out} holds the splits {', '.join(splits)}; with --source name the one it fed (--split)"))
     try:
-        report = verify_output(out, sources=source, limit=max(1, limit))
+        reports = {s: verify_output(out, sources=source, limit=max(1, limit), split=s) for s in splits}
     except PackerError as exc:
         fail(exc)
-    if json_out:
-        import orjson
-
-        sys.stdout.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
-    else:
-        Console(highlight=False, soft_wrap=True).print(report)
-    raise typer.Exit(report.exit_code)
+    _print_reports(reports, json_out, Console(highlight=False, soft_wrap=True))
+    raise typer.Exit(max(r.exit_code for r in reports.values()))
 
 
 def main() -> None:

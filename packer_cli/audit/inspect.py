@@ -88,7 +88,7 @@ def _spec_of(meta: dict) -> dict:
     return spec
 
 
-def inspect_output(out: str, pack: int | None = None) -> InspectReport:
+def inspect_output(out: str, pack: int | None = None, split: str | None = None) -> InspectReport:
     """Read ``out`` and return its report; ``pack`` adds that pack's detail (global index).
 
     Raises :class:`ConfigError` when ``out`` is not a directory or ``pack`` is out of range,
@@ -96,7 +96,7 @@ def inspect_output(out: str, pack: int | None = None) -> InspectReport:
     """
     if not os.path.isdir(out):
         raise ConfigError(f"{out}: not a directory")
-    store = open_store(out)
+    store = open_store(out, split)
     spec = _spec_of(store.metadata)
     counts = store.metadata.get("counts") if isinstance(store.metadata.get("counts"), dict) else {}
     recorded = {k: counts.get(k) for k in RECORDED}

@@ -208,12 +208,15 @@ def _first_line(exc: Exception) -> str:
 STORES = {FORMAT_NAME: NativeStore}
 
 
-def open_store(out: str) -> NativeStore:
-    """The store for ``out``, chosen by the ``format`` its metadata records (or ``detect``)."""
+def open_store(out: str, split: str | None = None) -> NativeStore:
+    """The store for ``out``, chosen by the ``format`` its metadata records (or ``detect``).
+
+    ``split`` picks one split of a layout that holds several (Megatron-Bridge's).
+    """
     if not os.path.exists(os.path.join(out, METADATA_FILE)):
         for store in STORES.values():
             if getattr(store, "detect", None) and store.detect(out):
-                return store.open(out)
+                return store.open(out, split=split)
     meta = read_json_file(os.path.join(out, METADATA_FILE))
     store = STORES.get(meta.get("format"))
     if store is None:

@@ -98,7 +98,7 @@ def _load(out: str, name: str, sink: FindingSink) -> dict | None:
         return None
 
 
-def _open_output(out: str, listing: list[str], sink: FindingSink):
+def _open_output(out: str, listing: list[str], sink: FindingSink, split: str | None = None):
     """``(store, metadata, shard entries)`` of ``out``; None for each part that is unusable.
 
     The native layout is opened piece by piece so that a broken metadata.json still lets the
@@ -109,7 +109,7 @@ def _open_output(out: str, listing: list[str], sink: FindingSink):
         for cls in STORES.values():
             if getattr(cls, "detect", None) and cls.detect(out):
                 try:
-                    store = cls.open(out)
+                    store = cls.open(out, split=split)
                 except DataError as exc:
                     sink.add("structure.manifest", str(exc))
                     return None, None, None
@@ -218,7 +218,8 @@ def _check_shard_rows(store, entry, first_pack, lim, sink, seqs, spec, out):
     return stats, tokens
 
 
-def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20) -> VerifyReport:
+def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20,
+                  split: str | None = None) -> VerifyReport:
     """Verify ``out``; with ``sources``, also replay those inputs and match every sample.
 
     Raises :class:`ConfigError` only when the arguments are unusable: ``out`` is not a
@@ -238,7 +239,7 @@ def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20
             raise ConfigError(f"--source: {exc}") from None
     listing = os.listdir(out)
     sink = FindingSink(limit)
-    store, meta, entries = _open_output(out, listing, sink)
+    store, meta, entries = _open_output(out, listing, sink, split)
     lim = _limits(meta, sink)
     if meta is not None and (problem := metadata_checksum_problem(meta)):
         sink.add("metadata.checksum", problem, shard=METADATA_FILE)

@@ -1,0 +1,54 @@
+"""inspect/verify on a Megatron-Bridge layout holding two splits."""
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from packer_cli.cli import app
+from packer_cli.demo import demo_table
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def two_splits(tmp_path_factory):
+    d = tmp_path_factory.mktemp("splits")
+    pq.write_table(demo_table(400, seed=1, max_len=1500), d / "train.parquet")
+    pq.write_table(demo_table(150, seed=2, max_len=1500), d / "val.parquet")
+    out = d / "bridge"
+    for src, split in (("train.parquet", "training"), ("val.parquet", "validation")):
+        r = runner.invoke(app, ["pack", str(d / src), "-o", str(out), "-C", "2048", "--format", "megatron-bridge",
+                                "--split", split])
+        assert r.exit_code == 0, r.output
+    return d, out
+
+
+def test_verify_checks_every_split_by_default(two_splits):
+    d, out = two_splits
+    r = runner.invoke(app, ["verify", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert sorted(doc["splits"]) == ["training", "validation"]
+    packs = {name: rep["packs"] for name, rep in doc["splits"].items()}
+    assert packs["training"] > packs["validation"] > 0
+
+
+def test_source_needs_a_split_and_is_checked_against_it(two_splits):
+    d, out = two_splits
+    r = runner.invoke(app, ["verify", str(out), "--source", str(d / "val.parquet")])
+    assert r.exit_code == 2 and "name the one it fed (--split)" in r.output
+    ok = runner.invoke(app, ["verify", str(out), "--split", "validation", "--source", str(d / "val.parquet")])
+    assert ok.exit_code == 0, ok.output
+    wrong = runner.invoke(app, ["verify", str(out), "--split", "validation", "--source", str(d / "train.parquet")])
+    assert wrong.exit_code == 1 and "source." in wrong.output
+
+
+def test_inspect_one_split(two_splits):
+    d, out = two_splits
+    one = json.loads(runner.invoke(app, ["inspect", str(out), "--split", "validation", "--json"]).stdout)
+    both = json.loads(runner.invoke(app, ["inspect", str(out), "--json"]).stdout)
+    assert one == both["splits"]["validation"]
+    assert one["totals"]["sequences"] == 150
