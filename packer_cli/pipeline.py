@@ -7,9 +7,15 @@
 
 Pass one streams every input once, validating records and appending their tokens to flat
 spill files in the temporary output directory; only per-sample lengths stay in memory. The
-plan needs only the padded lengths. Pass two gathers each pack's tokens from the memory-mapped
-spill with a compiled kernel and writes shards. Everything is written into a temporary
-sibling directory that is renamed into place at the end, so OUT either is complete or absent.
+plan needs only the padded lengths. Pass two gathers each pack's tokens from the spill with a
+compiled kernel (``pread`` straight into the output buffers, so no spill page is ever resident)
+and writes and hashes the shards. Everything is written into a temporary sibling directory
+that is renamed into place at the end, so OUT either is complete or absent.
+
+Both passes use both cores: in pass one a reader thread decodes and validates the next batch
+while this thread spills the previous one; in pass two two threads gather runs of packs while
+this thread writes them in order. The kernels, Arrow's decoder and the file writes release
+the GIL; memory stays bounded by a few batches in flight.
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 from packer_cli import __version__
-from packer_cli._background import background
+from packer_cli._background import background, ordered_map
 from packer_cli._sequences import SequenceTable, build_sequences
 from packer_cli._summary import PackSummary, summarize
 from packer_cli.errors import ConfigError, DataError
@@ -141,28 +147,28 @@ def _runs(pack_tokens: np.ndarray):
 
 def _write_shards(tmp: str, spill_dir: str, seqs: SequenceTable, sample_start, source_index,
                   plan, pack_order, spec: PackSpec, shard_bytes: int, progress: Progress) -> list[dict]:
-    """Pass two: a background thread gathers run after run of packs (``pread`` from the spill,
-    compiled, GIL released) while this thread writes and hashes the previous record batch."""
+    """Pass two: two threads gather runs of packs (``pread`` from the spill, compiled, GIL
+    released) while this thread writes and hashes the record batches in order."""
     order, pack_offsets = _output_sequences(plan, pack_order)
     pack_tokens = np.concatenate([[0], np.cumsum(plan.pack_load[pack_order])])
     writer = ShardWriter(tmp, shard_bytes)
     task = progress.task("writing", total=pack_order.size, unit="packs")
 
-    def batches(spill: SpillReader):
-        for a, b in _runs(pack_tokens):
-            s0, s1 = pack_offsets[a], pack_offsets[b]
-            run_offsets = pack_offsets[a:b + 1] - s0
-            run = order[s0:s1]
-            tokens, mask, last, cu, buffers = spill.gather(
-                sample_start, seqs.sample, seqs.offset, seqs.length, seqs.padded, run, run_offsets, spec.pad_id,
-                min_buffer=BATCH_TOKENS + spec.pack_size,
-            )
-            batch = pack_record_batch(tokens, mask, cu, seqs.length[run], last, source_index[seqs.sample[run]],
-                                      seqs.offset[run], run_offsets)
-            yield batch, int(tokens.size), b - a, buffers
+    def gather(spill: SpillReader, a: int, b: int):
+        s0, s1 = pack_offsets[a], pack_offsets[b]
+        run_offsets = pack_offsets[a:b + 1] - s0
+        run = order[s0:s1]
+        tokens, mask, last, cu, buffers = spill.gather(
+            sample_start, seqs.sample, seqs.offset, seqs.length, seqs.padded, run, run_offsets, spec.pad_id,
+            min_buffer=BATCH_TOKENS + spec.pack_size,
+        )
+        batch = pack_record_batch(tokens, mask, cu, seqs.length[run], last, source_index[seqs.sample[run]],
+                                  seqs.offset[run], run_offsets)
+        return batch, int(tokens.size), b - a, buffers
 
     with SpillReader(spill_dir) as spill:
-        with closing(background(batches(spill), depth=1)) as gathered:
+        runs = ordered_map(lambda run: gather(spill, *run), _runs(pack_tokens), workers=2, ahead=3)
+        with closing(runs) as gathered:
             for batch, n_tokens, n_packs, buffers in gathered:
                 writer.write(batch, n_tokens)
                 del batch  # the file holds the bytes now; the buffers can take the next run

@@ -14,11 +14,13 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
+from packer_cli._arrow import from_numpy
 from packer_cli.shards.format import CHECKSUM, PACK_SCHEMA, shard_name
 
 
 def _list(offsets: np.ndarray, values: np.ndarray, type_: pa.DataType) -> pa.ListArray:
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32, copy=False)), pa.array(values, type=type_))
+    values = from_numpy(values.astype(type_.to_pandas_dtype(), copy=False))
+    return pa.ListArray.from_arrays(from_numpy(offsets.astype(np.int32, copy=False)), values)
 
 
 def pack_record_batch(tokens, loss_mask, cu_seqlens, seq_lens, last_token, source_index, source_offset,

@@ -16,7 +16,10 @@ numbers, integers outside int32, nesting deeper than 64.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 _FLAGS = {"cache": True, "nogil": True, "boundscheck": False}
 #: Small helpers are inlined into their callers (numba does not inline across njit functions by itself).
@@ -36,6 +39,33 @@ _VT, _FF = 11, 12
 _QUOTE, _BACKSLASH, _COMMA, _COLON = 34, 92, 44, 58
 _LBRACKET, _RBRACKET, _LBRACE, _RBRACE = 91, 93, 123, 125
 _MINUS, _PLUS, _DOT, _ZERO, _NINE = 45, 43, 46, 48, 57
+
+
+@intrinsic
+def _memchr(typingctx, address, byte, nbytes):
+    """libc ``memchr``: the offset of ``byte`` in ``nbytes`` bytes at ``address``, or -1."""
+    sig = types.int64(types.uint64, types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):
+        char_p = ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(char_p, [char_p, ir.IntType(32), ir.IntType(64)])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "memchr")
+        address_, byte_, nbytes_ = args
+        found = builder.call(fn, [builder.inttoptr(address_, char_p), builder.trunc(byte_, ir.IntType(32)), nbytes_])
+        offset = builder.sub(builder.ptrtoint(found, ir.IntType(64)), address_)
+        missing = builder.icmp_unsigned("==", found, ir.Constant(char_p, None))
+        return builder.select(missing, ir.Constant(ir.IntType(64), -1), offset)
+
+    return sig, codegen
+
+
+@njit(**_INLINE)
+def _line_end(buf, pos, end):
+    """Index of the next newline in ``buf[pos:end]``, or ``end`` (libc memchr: vectorized)."""
+    if pos >= end:
+        return end
+    found = _memchr(buf.ctypes.data + pos, _LF, end - pos)
+    return end if found < 0 else pos + found
 
 
 @njit(**_INLINE)
@@ -443,9 +473,7 @@ def scan(buf, pos, end, eof, max_rows, names, name_offsets, scalar, state, lines
         if pos >= end:
             state[STATUS] = NEED_DATA
             return end
-        line_end = pos
-        while line_end < end and buf[line_end] != _LF:
-            line_end += 1
+        line_end = _line_end(buf, pos, end)
         if line_end == end and not eof:
             state[STATUS] = NEED_DATA
             return pos
@@ -475,3 +503,27 @@ def scan(buf, pos, end, eof, max_rows, names, name_offsets, scalar, state, lines
             state[SLOW] += 1
         state[ROWS] = row + 1
         pos = line_end + 1
+
+
+@njit(**_FLAGS)
+def batch_span(buf, pos, end, eof, max_rows):
+    """Where the next ``max_rows`` records starting at ``pos`` end: (position, records, lines).
+
+    Fewer records when the complete lines run out (a last line without a newline counts only
+    when ``eof``); blank lines are counted as lines, not records. Lets the reader cut a batch
+    into halves that two threads scan at once.
+    """
+    rows = 0
+    lines = 0
+    while rows < max_rows and pos < end:
+        line_end = _line_end(buf, pos, end)
+        if line_end == end and not eof:
+            break
+        lines += 1
+        for j in range(pos, line_end):
+            c = buf[j]
+            if c != _SPACE and c != _TAB and c != _CR and c != _VT and c != _FF:
+                rows += 1
+                break
+        pos = line_end + 1
+    return min(pos, end), rows, lines

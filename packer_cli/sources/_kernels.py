@@ -8,7 +8,6 @@ All kernels release the GIL so a reader thread can validate while the main threa
 """
 from __future__ import annotations
 
-import numpy as np
 from numba import njit
 
 IGNORE_INDEX = -100

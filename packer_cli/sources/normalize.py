@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from packer_cli._arrow import to_numpy
 from packer_cli.errors import BadRecord, DataError
 from packer_cli.spec import SourceSpec
 
@@ -179,13 +180,13 @@ def _clean_list(arr):
         return None
     if arr.type.value_type not in _FAST_INTS:
         return None
-    offsets = np.asarray(arr.offsets)
+    offsets = to_numpy(arr.offsets)
     if offsets.size == 0:
         return None
     values = arr.values.slice(offsets[0], offsets[-1] - offsets[0])
     if values.null_count:
         return None
-    return np.asarray(values), offsets - offsets[0]
+    return to_numpy(values), offsets - offsets[0]
 
 
 def _fast_batch(batch: pa.RecordBatch, name: str, sup: Supervision, spec: SourceSpec, index0: int):
@@ -214,7 +215,7 @@ def _fast_batch(batch: pa.RecordBatch, name: str, sup: Supervision, spec: Source
         col = batch.column(sup.field)
         if not pa.types.is_integer(col.type) or col.null_count:
             return None
-        start = np.asarray(col.to_numpy(zero_copy_only=False)).astype(np.int64)
+        start = to_numpy(col).astype(np.int64)
         if ((start < 0) | (start > lengths)).any():
             return None
         targets = np.empty(tokens.size, dtype=np.uint8)

@@ -16,6 +16,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from packer_cli._arrow import from_numpy
 from packer_cli.errors import DataError
 from packer_cli.sources.discover import InputFile
 
@@ -157,9 +158,11 @@ def read_jsonl_orjson(path: str, fields: list[str], scalar_fields: set[str]) -> 
 class _ScannedBatches:
     """Batches of a JSON Lines stream parsed by the compiled scanner (:mod:`._jsonl_scan`).
 
-    The stream is read in chunks into one reusable buffer. Records the scanner cannot vouch
-    for are parsed by orjson, one by one, and a batch holding any of them is assembled exactly
-    as :func:`read_jsonl_orjson` assembles it, so messages and results do not change.
+    The stream is read into one buffer until it holds a whole batch; the batch is cut in two
+    halves at a line boundary and both are scanned at once (this thread and one helper; the
+    scanner releases the GIL). Records the scanner cannot vouch for are parsed by orjson, one
+    by one, and a batch holding any of them is assembled exactly as :func:`read_jsonl_orjson`
+    assembles it, so messages and results do not change.
     """
 
     def __init__(self, path: str, f, fields: list[str], scalar_fields: set[str]):
@@ -172,8 +175,6 @@ class _ScannedBatches:
         self.lo = self.hi = 0
         self.eof = False
         self.error: BaseException | None = None
-        self.state = np.zeros(4, dtype=np.int64)
-        self.capacity = 1 << 20
 
     def _fill(self) -> None:
         """Keep the unscanned bytes, read the next chunk after them (growing the buffer if needed)."""
@@ -193,76 +194,150 @@ class _ScannedBatches:
             self.eof = True
         self.hi += n or 0
 
-    def __iter__(self) -> Iterator[RawBatch]:
+    def _span(self):
+        """(end, records, lines, half) of the next batch, reading until the buffer holds all of it.
+
+        ``half`` is (end, records, lines) of the batch's first half (None for a short last batch).
+        Counting resumes where it stopped after each read, so every byte is looked at once.
+        """
+        from packer_cli.sources._jsonl_scan import batch_span
+
+        pos, rows, lines, half = self.lo, 0, 0, None
+        while True:
+            for target in (BATCH_ROWS // 2, BATCH_ROWS):
+                if rows >= target:
+                    continue
+                pos, more_rows, more_lines = batch_span(self.buf, pos, self.hi, self.eof, target - rows)
+                rows, lines = rows + more_rows, lines + more_lines
+                if rows < target:
+                    break
+                if target == BATCH_ROWS // 2:
+                    half = (pos, rows, lines)
+            if rows == BATCH_ROWS or self.eof:
+                return pos, rows, lines, half if rows == BATCH_ROWS else None
+            shift = self.lo
+            self._fill()
+            pos -= shift
+            if half is not None:
+                half = (half[0] - shift, half[1], half[2])
+
+    def _scan(self, lo: int, hi: int, rows: int, line0: int, room: int = 0) -> _ScannedPart:
+        """Scan the ``rows`` records of ``buf[lo:hi]`` (whole lines; the first is line ``line0 + 1``).
+
+        Values get room for ``room`` more bytes of input (the half that will be appended).
+        """
         from packer_cli.sources import _jsonl_scan as scan
 
         k = len(self.fields)
-        row0 = 0
-        state = self.state
+        part = _ScannedPart(k, rows, capacity=(hi - lo + room) // 2 + 1)  # a value takes at least 2 bytes
+        state = np.zeros(4, dtype=np.int64)
+        state[scan.LINE] = line0
         while True:
-            lines = np.empty(BATCH_ROWS, dtype=np.int64)
-            offsets = np.zeros((k, BATCH_ROWS + 1), dtype=np.int64)
-            values = np.empty((k, self.capacity), dtype=np.int32)
-            scalars = np.zeros((k, BATCH_ROWS), dtype=np.int64)
-            slow_rows = np.empty(BATCH_ROWS, dtype=np.int64)
-            slow_spans = np.empty((BATCH_ROWS, 2), dtype=np.int64)
-            slow: dict[int, bytes] = {}
+            scan.scan(self.buf, lo, hi, True, rows, self.names, self.name_offsets, self.scalar, state, part.lines,
+                      part.offsets, part.values, part.scalars, part.slow_rows, part.slow_spans)
+            if state[scan.STATUS] != scan.NEED_SPACE:  # cannot happen: a value takes at least 2 bytes
+                break
+            part.values = np.empty((k, 2 * part.values.shape[1]), dtype=np.int32)
             state[scan.ROWS] = state[scan.SLOW] = 0
-            while True:
-                self.lo = scan.scan(self.buf, self.lo, self.hi, self.eof, BATCH_ROWS, self.names, self.name_offsets,
-                                    self.scalar, state, lines, offsets, values, scalars, slow_rows, slow_spans)
-                for j in range(len(slow), int(state[scan.SLOW])):
-                    a, b = slow_spans[j]
-                    slow[int(slow_rows[j])] = self.buf[a:b].tobytes()
-                status = state[scan.STATUS]
-                if status == scan.BATCH_FULL:
-                    break
-                if status == scan.NEED_SPACE:
-                    self.capacity *= 2
-                    grown = np.empty((k, self.capacity), dtype=np.int32)
-                    grown[:, :values.shape[1]] = values
-                    values = grown
-                    continue
-                if self.eof:
-                    break
-                self._fill()
-            rows = int(state[scan.ROWS])
-            if rows == 0:
-                if self.error is not None:
-                    raise self.error
-                return
-            if self.eof and self.error is not None:
-                raise self.error
-            yield self._batch(row0, rows, lines, offsets, values, scalars, slow)
-            row0 += rows
+            state[scan.LINE] = line0
+        assert state[scan.ROWS] == rows
+        part.slow = {int(part.slow_rows[j]): self.buf[a:b].tobytes()
+                     for j, (a, b) in enumerate(part.slow_spans[:state[scan.SLOW]])}
+        return part
 
-    def _batch(self, row0, rows, lines, offsets, values, scalars, slow: dict[int, bytes]) -> RawBatch:
-        if slow:
-            return self._mixed_batch(row0, rows, lines, offsets, values, scalars, slow)
+    def __iter__(self) -> Iterator[RawBatch]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from packer_cli.sources._jsonl_scan import batch_span
+
+        row0 = line0 = 0
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packer-jsonl") as helper:
+            while True:
+                end, rows, lines, first_half = self._span()
+                if self.error is not None and rows < BATCH_ROWS:
+                    raise self.error
+                if rows == 0:
+                    return
+                lo = self.lo
+                if rows >= 256:
+                    mid, half, half_lines = first_half or batch_span(self.buf, lo, end, True, rows // 2)
+                    second = helper.submit(self._scan, mid, end, rows - half, line0 + half_lines)
+                    part = self._scan(lo, mid, half, line0, room=end - mid)
+                    part.append(second.result())
+                else:
+                    part = self._scan(lo, end, rows, line0)
+                self.lo = end
+                line0 += lines
+                yield self._batch(row0, part)
+                row0 += rows
+
+    def _batch(self, row0: int, part: "_ScannedPart") -> RawBatch:
+        rows = part.rows
+        if part.slow:
+            return self._mixed_batch(row0, part)
         arrays = []
         for k, name in enumerate(self.fields):
             if self.scalar[k]:
-                arrays.append(pa.array(scalars[k, :rows]))
+                arrays.append(from_numpy(part.scalars[k, :rows]))
                 continue
-            ends = offsets[k, :rows + 1]
-            flat = pa.array(values[k, :ends[-1]])
-            list_type = pa.LargeListArray if ends[-1] >= 2**31 else pa.ListArray
-            arrays.append(list_type.from_arrays(pa.array(ends if ends[-1] >= 2**31 else ends.astype(np.int32)), flat))
+            ends = part.offsets[k, :rows + 1]
+            flat = from_numpy(part.values[k, :ends[-1]])
+            if ends[-1] >= 2**31:
+                arrays.append(pa.LargeListArray.from_arrays(from_numpy(ends), flat))
+            else:
+                arrays.append(pa.ListArray.from_arrays(from_numpy(ends.astype(np.int32)), flat))
         batch = pa.RecordBatch.from_arrays(arrays, names=self.fields)
-        return RawBatch(self.path, row0, batch, lines[:rows].copy(), {})
+        return RawBatch(self.path, row0, batch, part.lines[:rows].copy(), {})
 
-    def _mixed_batch(self, row0, rows, lines, offsets, values, scalars, slow: dict[int, bytes]) -> RawBatch:
+    def _mixed_batch(self, row0: int, part: "_ScannedPart") -> RawBatch:
         columns: dict[str, list] = {name: [] for name in self.fields}
         pre_bad: dict[int, str] = {}
-        for row in range(rows):
-            if row in slow:
-                parsed = _orjson_values(slow[row], self.fields, pre_bad, row)
+        values, offsets, scalars = part.values, part.offsets, part.scalars
+        for row in range(part.rows):
+            if row in part.slow:
+                parsed = _orjson_values(part.slow[row], self.fields, pre_bad, row)
             else:
-                parsed = [int(scalars[k, row]) if self.scalar[k] else values[k, offsets[k, row]:offsets[k, row + 1]].tolist()
-                          for k in range(len(self.fields))]
+                parsed = [int(scalars[k, row]) if self.scalar[k]
+                          else values[k, offsets[k, row]:offsets[k, row + 1]].tolist() for k in range(len(self.fields))]
             for name, value in zip(self.fields, parsed):
                 columns[name].append(value)
-        return _python_batch(self.path, row0, self.fields, self.scalar_fields, columns, lines[:rows], pre_bad)
+        return _python_batch(self.path, row0, self.fields, self.scalar_fields, columns, part.lines[:part.rows], pre_bad)
+
+
+class _ScannedPart:
+    """The scanner's output for a run of records: per-field offsets/values, scalars, lines, slow records."""
+
+    def __init__(self, k: int, rows: int, capacity: int):
+        self.rows = rows
+        self.lines = np.empty(rows, dtype=np.int64)
+        self.offsets = np.zeros((k, rows + 1), dtype=np.int64)
+        # From Arrow's pool, which keeps and reuses freed memory: a fresh multi-megabyte NumPy
+        # array is a fresh memory map whose pages all fault in (the values end up in Arrow anyway).
+        self.values = np.frombuffer(pa.allocate_buffer(4 * k * capacity), dtype=np.int32).reshape(k, capacity)
+        self.scalars = np.zeros((k, rows), dtype=np.int64)
+        self.slow_rows = np.empty(rows, dtype=np.int64)
+        self.slow_spans = np.empty((rows, 2), dtype=np.int64)
+        self.slow: dict[int, bytes] = {}
+
+    def append(self, other: "_ScannedPart") -> None:
+        """Extend with the records that follow (the second half of a batch)."""
+        k = self.offsets.shape[0]
+        ends = self.offsets[:, self.rows]
+        counts = other.offsets[:, other.rows]
+        if int((ends + counts).max(initial=0)) > self.values.shape[1]:
+            grown = np.empty((k, int((ends + counts).max())), dtype=np.int32)
+            grown[:, :self.values.shape[1]] = self.values
+            self.values = grown
+        offsets = np.empty((k, self.rows + other.rows + 1), dtype=np.int64)
+        for f in range(k):
+            self.values[f, ends[f]:ends[f] + counts[f]] = other.values[f, :counts[f]]
+            offsets[f, :self.rows + 1] = self.offsets[f, :self.rows + 1]
+            offsets[f, self.rows + 1:] = other.offsets[f, 1:other.rows + 1] + ends[f]
+        self.offsets = offsets
+        self.scalars = np.concatenate([self.scalars[:, :self.rows], other.scalars[:, :other.rows]], axis=1)
+        self.lines = np.concatenate([self.lines[:self.rows], other.lines[:other.rows]])
+        self.slow.update({row + self.rows: raw for row, raw in other.slow.items()})
+        self.rows += other.rows
 
 
 def read_jsonl(path: str, fields: list[str], scalar_fields: set[str]) -> Iterator[RawBatch]:

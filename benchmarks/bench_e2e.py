@@ -1,0 +1,199 @@
+"""End-to-end throughput: ``packer pack`` against TRL, pyarrow and the disk, interleaved.
+
+Each round runs every selected tool once, in turn, so all of them see the same machine noise;
+the summary reports medians over the rounds and ratios between tools of the same run.
+
+Tools (``--tools``):
+
+* ``cli``        ``packer pack IN -o OUT`` in a fresh process (interpreter start, imports and
+                 numba cache loading included), Parquet or JSONL to shards on disk;
+* ``api``        ``packer_cli.pack()`` in a warm process (same work, no start-up);
+* ``trl``        TRL ``pack_dataset(ds, C, strategy="bfd")`` on the same table held in memory
+                 (``datasets`` default: packed in 1,000-row ``map`` batches);
+* ``trl_whole``  the same with ``map_kwargs={"batch_size": None}`` (one global BFD);
+* ``decode``     pyarrow ``ParquetFile.iter_batches`` over the input: the decode floor;
+* ``read_json``  ``pyarrow.json.read_json`` of a JSON Lines input;
+* ``disk``       sequential write of ``--disk-gb`` GB with ``np.tofile`` + ``fsync``.
+
+    python benchmarks/bench_e2e.py --input benchmarks/_data/sft4k_200000.parquet --runs 5
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+
+from _util import HERE, PACKER, PYTHON, Worker, dir_bytes, emit, median, run_measured, serve
+
+OUT = os.path.join(HERE, "_out")
+
+
+def _count_tokens(path: str) -> tuple[int, int]:
+    """(samples, tokens) of the input (tokens = Σ len(input_ids))."""
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        samples = tokens = 0
+        for batch in pq.ParquetFile(path).iter_batches(columns=["input_ids"]):  # streamed: keeps this process small
+            samples += batch.num_rows
+            tokens += len(batch.column(0).values)
+        return samples, tokens
+    samples = tokens = 0
+    with open(path, "rb") as f:
+        for line in f:
+            samples += 1
+            start = line.index(b"[")
+            tokens += line.count(b",", start, line.index(b"]", start)) + 1
+    return samples, tokens
+
+
+# --- workers (persistent processes) ----------------------------------------------------------
+
+def serve_packer(args) -> None:
+    from packer_cli import PackSpec, pack
+
+    def run_pack():
+        t0 = time.perf_counter()
+        summary = pack([args.input], args.out, PackSpec(pack_size=args.pack_size), overwrite=True)
+        return {"seconds": time.perf_counter() - t0, "packs": summary.counts["packs"],
+                "runtime_tokens": summary.counts["runtime_tokens"], "out_bytes": dir_bytes(args.out)}
+
+    def run_decode():
+        import pyarrow.parquet as pq
+
+        t0 = time.perf_counter()
+        for _ in pq.ParquetFile(args.input).iter_batches(batch_size=8192):
+            pass
+        return {"seconds": time.perf_counter() - t0}
+
+    run_pack()  # warm-up: numba cache load, page cache
+    serve({"api": run_pack, "decode": run_decode})
+
+
+def serve_trl(args) -> None:
+    import datasets
+    import pyarrow.parquet as pq
+    from datasets import Dataset
+    from datasets.table import InMemoryTable
+    from trl import pack_dataset
+
+    datasets.disable_progress_bars()
+    table = pq.read_table(args.input)
+    ds = Dataset(InMemoryTable(table))
+
+    def run(map_kwargs):
+        def go():
+            t0 = time.perf_counter()
+            out = pack_dataset(ds, args.pack_size, strategy="bfd", map_kwargs=map_kwargs)
+            return {"seconds": time.perf_counter() - t0, "packs": len(out)}
+        return go
+
+    serve({"trl": run(None), "trl_whole": run({"batch_size": None})})
+
+
+def serve_read_json(args) -> None:
+    import pyarrow.json as pj
+
+    def run():
+        t0 = time.perf_counter()
+        table = pj.read_json(args.input)
+        return {"seconds": time.perf_counter() - t0, "rows": table.num_rows}
+
+    serve({"read_json": run})
+
+
+# --- in-process tools -------------------------------------------------------------------------
+
+def run_cli(args) -> dict:
+    cmd = [PACKER, "pack", args.input, "-o", args.out, "--pack-size", str(args.pack_size), "--overwrite", "--json"]
+    r = run_measured(cmd)
+    return {"seconds": r["wall_s"], "peak_rss_bytes": r["peak_rss_bytes"], "cpu_s": r["cpu_s"],
+            "out_bytes": dir_bytes(args.out)}
+
+
+def run_disk(args) -> dict:
+    """Sequential write bandwidth: ``np.tofile`` of 64 MiB blocks, then ``fsync``, timed together."""
+    path = os.path.join(OUT, "disk_probe.bin")
+    block = np.random.default_rng(0).integers(0, 255, 64 << 20, dtype=np.uint8)
+    n_blocks = max(1, int(args.disk_gb * (1 << 30)) // block.size)
+    t0 = time.perf_counter()
+    with open(path, "wb") as f:
+        for _ in range(n_blocks):
+            block.tofile(f)
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - t0
+    os.unlink(path)
+    return {"seconds": seconds, "bytes": n_blocks * block.size, "bytes_per_s": n_blocks * block.size / seconds}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--input", required=True)
+    ap.add_argument("--pack-size", type=int, default=4096)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--tools", default="cli,api,trl,trl_whole,decode,disk")
+    ap.add_argument("--disk-gb", type=float, default=2.0)
+    ap.add_argument("--out", default=os.path.join(OUT, "e2e"))
+    ap.add_argument("--serve", choices=["packer", "trl", "read_json"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve:
+        {"packer": serve_packer, "trl": serve_trl, "read_json": serve_read_json}[args.serve](args)
+        return
+    os.makedirs(OUT, exist_ok=True)
+    tools = args.tools.split(",")
+    samples, tokens = _count_tokens(args.input)
+    base = ["bench_e2e.py", "--input", args.input, "--pack-size", str(args.pack_size)]
+    workers: dict[str, Worker] = {}
+    try:
+        if "api" in tools or "decode" in tools:
+            workers["packer"] = Worker(base + ["--serve", "packer", "--out", args.out + "_api"])
+        if "trl" in tools or "trl_whole" in tools:
+            workers["trl"] = Worker(base + ["--serve", "trl"])
+        if "read_json" in tools:
+            workers["read_json"] = Worker(base + ["--serve", "read_json"])
+        if "cli" in tools:
+            run_cli(args)  # warm-up (page cache, numba cache files)
+        rows: dict[str, list[dict]] = {t: [] for t in tools}
+        for r in range(args.runs):
+            for tool in tools:
+                if tool == "cli":
+                    row = run_cli(args)
+                elif tool == "disk":
+                    row = run_disk(args)
+                elif tool in ("api", "decode"):
+                    row = workers["packer"].call(tool)
+                elif tool in ("trl", "trl_whole"):
+                    row = workers["trl"].call(tool)
+                else:
+                    row = workers["read_json"].call(tool)
+                row.update(what="run", tool=tool, round=r)
+                emit(row)
+                rows[tool].append(row)
+    finally:
+        for w in workers.values():
+            w.close()
+        shutil.rmtree(args.out + "_api", ignore_errors=True)
+    summary = {"what": "summary", "input": os.path.relpath(args.input, os.path.dirname(HERE)), "samples": samples,
+               "tokens": tokens, "input_bytes": os.path.getsize(args.input), "pack_size": args.pack_size,
+               "runs": args.runs, "python": PYTHON}
+    for tool, tool_rows in rows.items():
+        sec = median([x["seconds"] for x in tool_rows])
+        entry = {"median_s": sec, "min_s": min(x["seconds"] for x in tool_rows)}
+        if tool != "disk":
+            entry["tokens_per_s"] = tokens / sec
+        for key in ("packs", "out_bytes", "peak_rss_bytes", "bytes_per_s"):
+            if key in tool_rows[0]:
+                entry[key] = median([x[key] for x in tool_rows])
+        summary[tool] = entry
+    emit(summary)
+    shutil.rmtree(args.out, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, HERE)
+    main()

@@ -1,0 +1,57 @@
+"""Peak resident memory of ``packer pack`` on 1× and k× the same input.
+
+The k× run passes the same file k times (one stream of k·N samples and k·T tokens), so the
+two runs differ only in size. Peak RSS is the child's ``VmHWM`` (the kernel's high-water mark,
+memory-mapped pages included). The target is ``peak ≤ 1.5 GB + 16 B × samples``; the growth
+between the runs, divided by the extra samples, is the measured per-sample cost.
+
+    python benchmarks/bench_memory.py --input benchmarks/_data/sft4k_200000.parquet --times 10
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+
+from _util import HERE, PACKER, dir_bytes, emit, run_measured
+
+OUT = os.path.join(HERE, "_out", "memory")
+BUDGET_BYTES = 1.5e9
+PER_SAMPLE_BYTES = 16
+
+
+def measure(inputs: list[str], pack_size: int) -> dict:
+    cmd = [PACKER, "pack", *inputs, "-o", OUT, "--pack-size", str(pack_size), "--overwrite", "--json"]
+    r = run_measured(cmd)
+    summary = json.loads(r["stdout"])
+    row = {"copies": len(inputs), "seconds": r["wall_s"], "peak_rss_bytes": r["peak_rss_bytes"],
+           "samples": summary["counts"]["samples_packed"], "records": summary["counts"]["records"],
+           "tokens": summary["counts"]["runtime_tokens"] + summary["counts"]["samples_packed"],
+           "out_bytes": dir_bytes(OUT)}
+    row["bound_bytes"] = BUDGET_BYTES + PER_SAMPLE_BYTES * row["records"]
+    row["within_bound"] = row["peak_rss_bytes"] <= row["bound_bytes"]
+    shutil.rmtree(OUT, ignore_errors=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--input", required=True)
+    ap.add_argument("--times", type=int, default=10)
+    ap.add_argument("--pack-size", type=int, default=4096)
+    args = ap.parse_args()
+    small = measure([args.input], args.pack_size)
+    emit({"what": "run", **small})
+    large = measure([args.input] * args.times, args.pack_size)
+    emit({"what": "run", **large})
+    extra = large["records"] - small["records"]
+    growth = large["peak_rss_bytes"] - small["peak_rss_bytes"]
+    emit({"what": "summary", "small": small, "large": large, "growth_bytes": growth,
+          "growth_per_extra_sample": growth / extra, "growth_per_extra_token": growth / (large["tokens"] - small["tokens"]),
+          "per_sample_target": PER_SAMPLE_BYTES,
+          "growth_within_target": growth <= PER_SAMPLE_BYTES * extra})
+
+
+if __name__ == "__main__":
+    main()

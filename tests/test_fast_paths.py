@@ -1,0 +1,115 @@
+"""The compiled fast paths give exactly what the reference paths give.
+
+* ``normalize_batch``: the one-pass kernels (all records good) against the vectorized checks;
+* ``SpillReader.gather`` (``pread`` into the output) against ``gather_packs`` on a memory map;
+* ``ShardWriter``: the hash taken while writing equals the hash of the file read back.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from packer_cli.shards._gather import SpillReader, gather_packs, output_order
+from packer_cli.shards.writer import ShardWriter, file_checksum, pack_record_batch
+from packer_cli.sources import normalize
+from packer_cli.sources.normalize import Supervision, normalize_batch
+from packer_cli.spec import SourceSpec
+
+
+def _batch(rng, n_rows, value_type, list_type, kind):
+    lengths = rng.integers(0, 40, n_rows)
+    lengths[::7] = 1  # some too short to keep
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64 if list_type is pa.large_list else np.int32)
+    tokens = rng.integers(0, 120, int(offsets[-1])).astype(value_type.to_pandas_dtype())
+    ids = list_type(value_type)
+    columns = {"input_ids": pa.Array.from_buffers(ids, n_rows, [None, pa.py_buffer(offsets)],
+                                                  children=[pa.array(tokens, type=value_type)])}
+    if kind == "mask":
+        mask = rng.integers(0, 2, tokens.size).astype(np.uint8)
+        columns["loss_mask"] = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(mask))
+    elif kind == "labels":
+        labels = np.where(rng.random(tokens.size) < 0.5, -100, tokens.astype(np.int64))
+        columns["labels"] = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(labels))
+    elif kind == "answer":
+        columns["answer_start_idx"] = pa.array((lengths * rng.random(n_rows)).astype(np.int64))
+    return pa.RecordBatch.from_pydict(columns), Supervision(kind, {"mask": "loss_mask", "labels": "labels",
+                                                                   "answer": "answer_start_idx"}.get(kind))
+
+
+@pytest.mark.parametrize("value_type", [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(),
+                                        pa.uint32()])
+@pytest.mark.parametrize("list_type", [pa.list_, pa.large_list])
+@pytest.mark.parametrize("kind", ["all", "mask", "labels", "answer"])
+def test_normalize_fast_path_matches_vectorized(monkeypatch, value_type, list_type, kind):
+    rng = np.random.default_rng(hash((str(value_type), str(list_type), kind)) % 2**32)
+    batch, sup = _batch(rng, 300, value_type, list_type, kind)
+    for spec in (SourceSpec(), SourceSpec(vocab_size=1000)):
+        kwargs = dict(path="x", row0=10, index0=1000, sup=sup, spec=spec)
+        fast = normalize._fast_batch(batch, spec.tokens_field, sup, spec, 1000)
+        assert fast is not None, "a clean batch must take the fast path"
+        monkeypatch.setattr(normalize, "_fast_batch", lambda *a: None)
+        slow = normalize_batch(batch, **kwargs)
+        monkeypatch.undo()
+        for name in ("tokens", "targets", "lengths", "source_index"):
+            got, want = getattr(fast, name), getattr(slow, name)
+            assert got.dtype == want.dtype, name
+            np.testing.assert_array_equal(got, want, err_msg=name)
+        assert (fast.records, fast.too_short, fast.bad) == (slow.records, slow.too_short, slow.bad)
+
+
+def test_normalize_fast_path_declines_bad_batches():
+    batch = pa.RecordBatch.from_pydict({"input_ids": pa.array([[1, 2], [3, -4]], type=pa.list_(pa.int32()))})
+    assert normalize._fast_batch(batch, "input_ids", Supervision("all"), SourceSpec(), 0) is None
+    big = pa.RecordBatch.from_pydict({"input_ids": pa.array([[1, 2], [3, 70000]], type=pa.list_(pa.int32()))})
+    assert normalize._fast_batch(big, "input_ids", Supervision("all"), SourceSpec(vocab_size=32000), 0) is None
+
+
+def test_pread_gather_matches_memmap_gather(tmp_path):
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(2, 300, 2000)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    tokens = rng.integers(0, 50000, int(lengths.sum()), dtype=np.int32)
+    targets = rng.integers(0, 2, tokens.size, dtype=np.uint8)
+    tokens.tofile(tmp_path / "tokens.bin")
+    targets.tofile(tmp_path / "targets.bin")
+    # sequence table: every sample once, some split into two pieces
+    sample = np.repeat(np.arange(lengths.size), 2)[: 3000]
+    offset = np.where(np.arange(sample.size) % 2 == 1, 1, 0).astype(np.int64)
+    length = np.maximum(1, lengths[sample] - 1 - offset - rng.integers(0, 2, sample.size))
+    padded = -(-length // 4) * 4
+    plan_order = rng.permutation(sample.size).astype(np.int64)
+    plan_offsets = np.concatenate([[0], np.cumsum(np.full(sample.size // 6, 6))]).astype(np.int64)
+    pack_order = rng.permutation(plan_offsets.size - 1).astype(np.int64)
+    order, pack_offsets = output_order(plan_order, plan_offsets, pack_order)
+    spill_tokens = np.memmap(tmp_path / "tokens.bin", dtype=np.int32, mode="r")
+    spill_targets = np.memmap(tmp_path / "targets.bin", dtype=np.uint8, mode="r")
+    with SpillReader(str(tmp_path)) as spill:
+        for a, b in [(0, 1), (3, 40), (40, pack_order.size)]:
+            s0, s1 = pack_offsets[a], pack_offsets[b]
+            run, run_offsets = order[s0:s1], pack_offsets[a:b + 1] - s0
+            want = gather_packs(spill_tokens, spill_targets, starts, sample[run], offset[run], length[run], padded[run],
+                                run_offsets, 7)
+            got = spill.gather(starts, sample, offset, length, padded, run, run_offsets, 7)
+            for g, w in zip(got[:4], want):
+                np.testing.assert_array_equal(g, w)
+            spill.recycle(got[4])
+
+
+def test_hash_while_writing_equals_file_hash(tmp_path):
+    writer = ShardWriter(str(tmp_path), shard_bytes=1 << 14)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        n_seq = 40
+        seq_lens = rng.integers(1, 100, n_seq)
+        pack_seq_offsets = np.arange(0, n_seq + 1, 4)
+        cu = np.concatenate([np.concatenate([[0], np.cumsum(seq_lens[i:i + 4])])
+                             for i in range(0, n_seq, 4)]).astype(np.int32)
+        tokens = rng.integers(0, 1000, int(seq_lens.sum()), dtype=np.int32)
+        batch = pack_record_batch(tokens, np.ones(tokens.size, np.uint8), cu, seq_lens, np.zeros(n_seq, np.int32),
+                                  np.arange(n_seq), np.zeros(n_seq), pack_seq_offsets)
+        writer.write(batch, int(tokens.size))
+    entries = writer.finish()
+    assert len(entries) > 1
+    for entry in entries:
+        assert entry["xxh3_64"] == file_checksum(str(tmp_path / entry["name"]))
