@@ -17,12 +17,16 @@ from packer_cli.spec import OverlongPolicy, PackSpec
 
 @dataclass
 class SequenceTable:
-    """One entry per packed sequence (vectorized columns)."""
+    """One entry per packed sequence (vectorized int32 columns: 16 bytes a sequence).
 
-    sample: np.ndarray   # int64 index into the kept-sample arrays
-    offset: np.ndarray   # int64 runtime start within the sample
-    length: np.ndarray   # int64 real runtime length s
-    padded: np.ndarray   # int64 padded length p
+    int32 always suffices: lengths are at most the pack size, offsets lie inside one sample
+    (stored as int32 in the shards too) and there are fewer than 2**31 samples.
+    """
+
+    sample: np.ndarray   # index into the kept-sample arrays
+    offset: np.ndarray   # runtime start within the sample
+    length: np.ndarray   # real runtime length s
+    padded: np.ndarray   # padded length p
 
 
 @dataclass
@@ -76,6 +80,7 @@ def build_sequences(lengths: np.ndarray, tail_targets: np.ndarray, targets: np.n
 
 
 def _table(sample, offset, length, m) -> SequenceTable:
-    length = length.astype(np.int64)
-    padded = -(-length // m) * m
-    return SequenceTable(sample=sample, offset=offset.astype(np.int64), length=length, padded=padded)
+    length = length.astype(np.int32)
+    padded = (-(-length // m) * m).astype(np.int32)
+    return SequenceTable(sample=sample.astype(np.int32), offset=offset.astype(np.int32), length=length,
+                         padded=padded)
