@@ -191,12 +191,25 @@ def verify_command(
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    The work is complete (files closed, output renamed) when a command returns, so the
+    process leaves with ``os._exit`` after flushing: tearing down numba's and pyarrow's
+    module state at interpreter shutdown costs ~0.15 s per run and achieves nothing.
+    """
     try:
         app()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
+        code = 130
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover
