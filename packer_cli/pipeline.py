@@ -34,6 +34,7 @@ from packer_cli._summary import PackSummary, summarize
 from packer_cli.errors import ConfigError, DataError
 from packer_cli.plan import plan_packs
 from packer_cli.progress import Progress
+from packer_cli.shards._atomic import replace_dir
 from packer_cli.shards._gather import SpillReader, output_order
 from packer_cli.shards.bridge_output import BridgeOutput
 from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, seal_metadata
@@ -199,18 +200,6 @@ def _prepare_out(out: str, overwrite: bool) -> str:
     return tmp
 
 
-def _commit(tmp: str, out: str) -> None:
-    """Rename the finished temporary directory into place (replacing OUT if allowed)."""
-    out = os.path.normpath(out)
-    trash = None
-    if os.path.exists(out):
-        trash = f"{out}.old-{os.getpid()}"
-        os.rename(out, trash)
-    os.rename(tmp, out)
-    if trash:
-        shutil.rmtree(trash, ignore_errors=True)
-
-
 def pack(
     inputs: list[str],
     out: str | None,
@@ -292,7 +281,7 @@ def pack(
             shutil.rmtree(spill_dir)
             _write_json(os.path.join(tmp, MANIFEST_FILE), manifest)
             _write_json(os.path.join(tmp, METADATA_FILE), seal_metadata(summary.metadata(__version__)))
-            _commit(tmp, out)
+            replace_dir(tmp, out)
             tmp = None
         return summary
     finally:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from packer_cli.errors import ConfigError, DataError
+from packer_cli.shards._atomic import replace_dir
 from packer_cli.shards.format import seal_metadata
 from packer_cli.shards.bridge import (
     BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, SPLITS, bridge_metadata_name, data_name, default_row_group_size,
@@ -206,13 +207,7 @@ class BridgeOutput:
         with open(os.path.join(tmp, array_name), "w") as f:
             json.dump(array, f)
         if self._replace_whole:
-            trash = None
-            if os.path.exists(out):
-                trash = f"{out}.old-{os.getpid()}"
-                os.rename(out, trash)
-            os.rename(tmp, out)
-            if trash:
-                shutil.rmtree(trash, ignore_errors=True)
+            replace_dir(tmp, out)
             return
         for name in (data_name(self.split, C), split_manifest_name(self.split), split_metadata_name(self.split),
                      array_name):
