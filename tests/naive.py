@@ -162,3 +162,27 @@ def pack_layout(pack_of_item, placement):
     order = list(itertools.chain.from_iterable(groups))
     offsets = np.cumsum([0] + [len(g) for g in groups])
     return np.array(order, dtype=np.int64), offsets.astype(np.int64)
+
+
+def gather_packs(spill_tokens, spill_targets, sample_start, seq_sample, seq_offset, seq_len, seq_pad,
+                 pack_seq_offsets, pad_id):
+    """Obvious per-sequence gather (oracle for the compiled ``pread`` gather).
+
+    Sequences are in output order; for each: its s input tokens then p − s ``pad_id``; the
+    label-aligned mask (targets of tokens 1..s, then 0); its last label (token s); and each
+    pack's physical offsets ``[0, p₀, p₀+p₁, …]``.
+    """
+    tokens, mask, last, cu = [], [], [], []
+    for k in range(len(pack_seq_offsets) - 1):
+        cu.append(0)
+        pos = 0
+        for i in range(pack_seq_offsets[k], pack_seq_offsets[k + 1]):
+            src = int(sample_start[seq_sample[i]] + seq_offset[i])
+            s, p = int(seq_len[i]), int(seq_pad[i])
+            tokens += list(spill_tokens[src:src + s]) + [pad_id] * (p - s)
+            mask += list(spill_targets[src + 1:src + s + 1]) + [0] * (p - s)
+            last.append(int(spill_tokens[src + s]))
+            pos += p
+            cu.append(pos)
+    return (np.asarray(tokens, dtype=np.int32), np.asarray(mask, dtype=np.uint8),
+            np.asarray(last, dtype=np.int32), np.asarray(cu, dtype=np.int32))

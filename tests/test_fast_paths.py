@@ -1,7 +1,7 @@
 """The compiled fast paths give exactly what the reference paths give.
 
 * ``normalize_batch``: the one-pass kernels (all records good) against the vectorized checks;
-* ``SpillReader.gather`` (``pread`` into the output) against ``gather_packs`` on a memory map;
+* ``SpillReader.gather`` (``pread`` into the output) against the naive ``gather_packs`` on a memory map;
 * ``ShardWriter``: the hash taken while writing equals the hash of the file read back.
 """
 from __future__ import annotations
@@ -10,7 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from packer_cli.shards._gather import SpillReader, gather_packs, output_order
+from naive import gather_packs
+from packer_cli.shards._gather import SpillReader, output_order
 from packer_cli.shards.writer import ShardWriter, file_checksum, pack_record_batch
 from packer_cli.sources import normalize
 from packer_cli.sources.normalize import Supervision, normalize_batch
@@ -113,3 +114,14 @@ def test_hash_while_writing_equals_file_hash(tmp_path):
     assert len(entries) > 1
     for entry in entries:
         assert entry["xxh3_64"] == file_checksum(str(tmp_path / entry["name"]))
+
+
+def test_tokens_at_reads_single_positions(tmp_path):
+    values = np.arange(1000, dtype=np.int32) * 3
+    values.tofile(tmp_path / "tokens.bin")
+    np.zeros(1000, dtype=np.uint8).tofile(tmp_path / "targets.bin")
+    with SpillReader(str(tmp_path)) as spill:
+        positions = np.array([0, 999, 17, 17, 500])
+        np.testing.assert_array_equal(spill.tokens_at(positions), values[positions])
+        with pytest.raises(OSError, match="reading the spill files failed"):
+            spill.tokens_at(np.array([1000]))

@@ -3,7 +3,6 @@
 The kernels work on flat arrays only (no Python objects), one memcpy-like step per sequence,
 and release the GIL so reading, gathering and writing can overlap on separate threads.
 
-:func:`gather_packs` reads from arrays (memory-mapped spill files or in-memory arrays).
 :class:`SpillReader` reads the spill files with ``pread`` straight into the output buffers:
 no page of the spill is ever mapped into the process, so resident memory stays bounded by
 the output buffers however large the spill is (touched pages of a memory map count toward
@@ -20,50 +19,6 @@ from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
-
-
-@njit(cache=True, nogil=True)
-def _gather_kernel(spill_tokens, spill_targets, sample_start, seq_sample, seq_offset, seq_len, seq_pad,
-                   pack_seq_offsets, pad_id, out_tokens, out_mask, out_last, out_cu):
-    pos = 0
-    cu_pos = 0
-    for k in range(pack_seq_offsets.size - 1):
-        pack_start = pos
-        out_cu[cu_pos] = 0
-        cu_pos += 1
-        for i in range(pack_seq_offsets[k], pack_seq_offsets[k + 1]):
-            src = sample_start[seq_sample[i]] + seq_offset[i]
-            s = seq_len[i]
-            for j in range(s):
-                out_tokens[pos + j] = spill_tokens[src + j]
-                out_mask[pos + j] = spill_targets[src + 1 + j]  # label-aligned: target of token j+1
-            for j in range(s, seq_pad[i]):
-                out_tokens[pos + j] = pad_id
-                out_mask[pos + j] = 0
-            out_last[i] = spill_tokens[src + s]
-            pos += seq_pad[i]
-            out_cu[cu_pos] = pos - pack_start
-            cu_pos += 1
-
-
-def gather_packs(spill_tokens, spill_targets, sample_start, seq_sample, seq_offset, seq_len, seq_pad,
-                 pack_seq_offsets, pad_id):
-    """Build the flat per-token and per-sequence values of a run of packs.
-
-    Sequence arrays are in output order; ``pack_seq_offsets`` (len P+1) delimits each pack's
-    sequences. Returns ``tokens`` (int32), ``loss_mask`` (uint8, label-aligned), ``last_token``
-    (int32 per sequence) and ``cu_seqlens`` (int32, N_k+1 entries per pack, concatenated).
-    """
-    total = int(seq_pad.sum())
-    n_seq = seq_pad.size
-    n_packs = pack_seq_offsets.size - 1
-    out_tokens = np.empty(total, dtype=np.int32)
-    out_mask = np.empty(total, dtype=np.uint8)
-    out_last = np.empty(n_seq, dtype=np.int32)
-    out_cu = np.empty(n_seq + n_packs, dtype=np.int32)
-    _gather_kernel(spill_tokens, spill_targets, sample_start, seq_sample, seq_offset, seq_len, seq_pad,
-                   pack_seq_offsets, np.int32(pad_id), out_tokens, out_mask, out_last, out_cu)
-    return out_tokens, out_mask, out_last, out_cu
 
 
 @intrinsic
@@ -98,8 +53,11 @@ def _read_exact(fd, address, nbytes, offset):
 @njit(cache=True, nogil=True)
 def _pread_gather_kernel(fd_tokens, fd_targets, sample_start, order, seq_sample, seq_offset, seq_len, seq_pad,
                          pack_seq_offsets, pad_id, out_tokens, out_mask, out_last, out_cu):
-    """Like :func:`_gather_kernel`, for the sequences ``order[...]`` of the full sequence table.
+    """Copy the sequences ``order[...]`` of the full sequence table, pack by pack.
 
+    For sequence i (start ``src`` in the spill, real length s, padded length p): s input tokens,
+    then p − s copies of ``pad_id``; the label-aligned mask is the targets of tokens 1..s; the
+    last label is token s; ``out_cu`` gets each pack's physical offsets (N_k + 1 entries).
     Each sequence costs two ``pread`` calls: its s+1 tokens (the last one is the final label,
     overwritten by padding or the next sequence; ``out_tokens`` has one spare slot at the end)
     and the s target flags after its first token. Returns False when a read fails.
@@ -128,6 +86,15 @@ def _pread_gather_kernel(fd_tokens, fd_targets, sample_start, order, seq_sample,
             pos += p
             out_cu[cu_pos] = pos - pack_start
             cu_pos += 1
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _pread_tokens_kernel(fd_tokens, positions, out):
+    base = out.ctypes.data
+    for i in range(positions.size):
+        if not _read_exact(fd_tokens, base + i * 4, 4, positions[i] * 4):
+            return False
     return True
 
 
@@ -191,10 +158,21 @@ class SpillReader:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def tokens_at(self, positions: np.ndarray) -> np.ndarray:
+        """The spilled tokens at ``positions`` (one small ``pread`` each, nothing mapped)."""
+        out = np.empty(positions.size, dtype=np.int32)
+        if not _pread_tokens_kernel(self._fds[0], np.ascontiguousarray(positions, dtype=np.int64), out):
+            raise OSError("reading the spill files failed (were they removed or truncated?)")
+        return out
+
     def gather(self, sample_start, seq_sample, seq_offset, seq_len, seq_pad, order, pack_seq_offsets, pad_id,
                min_buffer: int = 0):
-        """Same outputs as :func:`gather_packs`, for the sequences ``order`` of the full table,
-        plus the buffers to :meth:`recycle` (new ones hold at least ``min_buffer`` tokens)."""
+        """Gather the packs of the output-order sequences ``order`` (delimited by
+        ``pack_seq_offsets``) from the full sequence table.
+
+        Returns ``tokens`` (int32), ``loss_mask`` (uint8, label-aligned), ``last_token`` (int32
+        per sequence), ``cu_seqlens`` (int32, N_k+1 entries per pack, concatenated) and the
+        buffers to :meth:`recycle` (new ones hold at least ``min_buffer`` tokens)."""
         n_seq = order.size
         n_packs = pack_seq_offsets.size - 1
         total = int(seq_pad[order].sum())

@@ -19,10 +19,10 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from packer_cli.errors import ConfigError, DataError
 from packer_cli.shards._atomic import replace_dir
+from packer_cli.shards._gather import SpillReader
 from packer_cli.shards.format import seal_metadata
 from packer_cli.shards.bridge import (
     BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, SPLITS, bridge_metadata_name, data_name, default_row_group_size,
@@ -147,22 +147,25 @@ class BridgeOutput:
         """Write the split's Parquet file into ``tmp`` and return its manifest."""
         from packer_cli.shards.bridge_writer import output_sequences, resolve_eos, write_bridge_file
 
-        spill_tokens = np.memmap(os.path.join(spill_dir, "tokens.bin"), dtype=np.int32, mode="r")
-        spill_targets = np.memmap(os.path.join(spill_dir, "targets.bin"), dtype=np.uint8, mode="r")
         needs_padding = bool((seqs.padded != seqs.length).any())
-        last_tokens = np.asarray(spill_tokens[sample_start + lengths - 1])
-        eos, source = resolve_eos(self.eos_id, last_tokens, needs_padding)
         order, pack_offsets = output_sequences(plan, pack_order)
         rows = self.rows_per_group(spec.pack_size)
-        entry, diagnostics = write_bridge_file(
-            os.path.join(tmp, data_name(self.split, spec.pack_size)),
-            spill_tokens=spill_tokens, spill_targets=spill_targets, sample_start=sample_start,
-            seq_sample=seqs.sample[order], seq_offset=seqs.offset[order], seq_len=seqs.length[order],
-            seq_pad=seqs.padded[order], seq_source=source_index[seqs.sample[order]], pack_offsets=pack_offsets,
-            pack_size=spec.pack_size, pad_id=spec.pad_id, eos=eos, pad_multiple=spec.pad_multiple,
-            row_group_size=rows, progress=progress,
-        )
-        del spill_tokens, spill_targets
+        with SpillReader(spill_dir) as spill:
+            last_tokens = spill.tokens_at(sample_start + lengths - 1)
+            eos, source = resolve_eos(self.eos_id, last_tokens, needs_padding)
+
+            def gather(sl: slice, run_offsets):
+                tokens, mask, last, _, _ = spill.gather(sample_start, seqs.sample, seqs.offset, seqs.length,
+                                                        seqs.padded, order[sl], run_offsets, spec.pad_id)
+                return tokens, mask, last
+
+            entry, diagnostics = write_bridge_file(
+                os.path.join(tmp, data_name(self.split, spec.pack_size)), gather=gather,
+                seq_offset=seqs.offset[order], seq_len=seqs.length[order], seq_pad=seqs.padded[order],
+                seq_source=source_index[seqs.sample[order]], pack_offsets=pack_offsets,
+                pack_size=spec.pack_size, eos=eos, pad_multiple=spec.pad_multiple,
+                row_group_size=rows, progress=progress,
+            )
         not_ending = int((last_tokens != eos).sum()) if eos is not None else None
         self._result = {"eos_id": eos, "eos_id_source": source, "samples_not_ending_with_eos": not_ending,
                         **diagnostics}

@@ -2,9 +2,9 @@
 
 ::
 
-    spill ─gather_packs─▶ native runtime rows ─to_bridge_rows─▶ stored rows ─▶ {split}_{C}.idx.parquet
+    spill ─SpillReader.gather─▶ native runtime rows ─to_bridge_rows─▶ stored rows ─▶ {split}_{C}.idx.parquet
 
-The native gather (:func:`packer_cli.shards._gather.gather_packs`) produces each pack's runtime
+The native gather (:class:`packer_cli.shards._gather.SpillReader`) produces each pack's runtime
 stream; :func:`to_bridge_rows` re-lays it out the way Bridge stores it (each sequence followed by
 its last label, alignment padding as the end-of-sequence id) with vectorized NumPy only. Row
 groups are whole multiples of the configured size, so every group but the last has exactly
@@ -19,7 +19,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer_cli.errors import ConfigError
-from packer_cli.shards._gather import gather_packs
 from packer_cli.shards.bridge import BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION
 from packer_cli.shards.writer import file_checksum
 
@@ -126,10 +125,13 @@ def _list(offsets, values, type_) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(np.asarray(offsets, dtype=np.int32)), pa.array(values, type=type_))
 
 
-def write_bridge_file(path: str, *, spill_tokens, spill_targets, sample_start, seq_sample, seq_offset, seq_len,
-                      seq_pad, seq_source, pack_offsets, pack_size: int, pad_id: int, eos: int | None,
-                      pad_multiple: int, row_group_size: int, progress) -> tuple[dict, dict]:
+def write_bridge_file(path: str, *, gather, seq_offset, seq_len, seq_pad, seq_source, pack_offsets,
+                      pack_size: int, eos: int | None, pad_multiple: int, row_group_size: int,
+                      progress) -> tuple[dict, dict]:
     """Write all packs (sequence arrays in output order) into one Parquet file.
+
+    ``gather(sequences, run_offsets)`` returns the runtime ``tokens``, label-aligned ``mask``
+    and ``last`` labels of the output-order slice ``sequences`` (see ``SpillReader.gather``).
 
     Returns the manifest entry and the diagnostics (EOS-scan mismatches when ``m > 1``).
     """
@@ -147,10 +149,7 @@ def write_bridge_file(path: str, *, spill_tokens, spill_targets, sample_start, s
             s0, s1 = pack_offsets[a], pack_offsets[b]
             run_offsets = pack_offsets[a:b + 1] - s0
             sl = slice(s0, s1)
-            tokens, mask, last, _ = gather_packs(
-                spill_tokens, spill_targets, sample_start, seq_sample[sl], seq_offset[sl],
-                seq_len[sl], seq_pad[sl], run_offsets, pad_id,
-            )
+            tokens, mask, last = gather(sl, run_offsets)
             ids, loss, row_offsets, seq_start = to_bridge_rows(tokens, mask, last, seq_len[sl], seq_pad[sl],
                                                                run_offsets, eos)
             if eos is not None and pad_multiple > 1:

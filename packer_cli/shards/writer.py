@@ -1,6 +1,6 @@
 """Write packs into Arrow IPC shards and describe them in a manifest.
 
-The writer is handed runs of packs as flat arrays (see :func:`gather_packs`) and turns each
+The writer is handed runs of packs as flat arrays (see ``SpillReader.gather``) and turns each
 run into one record batch; a shard is closed when it reaches its byte budget. Every byte is
 hashed on its way to the file (no re-read), and the manifest lists name, bytes, rows, tokens
 and hash.
