@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import zlib
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -188,7 +189,7 @@ class _ScannedBatches:
             self.buf = grown
         try:
             n = self.f.readinto(memoryview(self.buf)[tail:])
-        except (OSError, EOFError, ValueError, _ZstdError) as exc:  # raised once the lines before it are used
+        except (OSError, EOFError, ValueError, zlib.error, _ZstdError) as exc:  # raised once the lines before it are used
             self.error, n = exc, 0
         if not n:
             self.eof = True
@@ -399,6 +400,8 @@ def read_ipc(path: str, fields: list[str]) -> Iterator[RawBatch]:
     _require_fields(path, schema, fields)
     row0 = 0
     for batch in batches:
+        # IPC buffers are taken as written: check offsets and bounds before trusting them.
+        _select(batch, fields).validate(full=True)
         for start in range(0, batch.num_rows, BATCH_ROWS):
             piece = batch.slice(start, BATCH_ROWS)
             yield RawBatch(path, row0, _select(piece, fields))
@@ -418,7 +421,7 @@ def read_file(file: InputFile, fields: list[str], scalar_fields: set[str]) -> It
                 yield from read_ipc(path, fields)
         except DataError:
             raise
-        except (pa.ArrowException, OSError, EOFError, ValueError, UnicodeDecodeError, _ZstdError) as exc:
+        except (pa.ArrowException, OSError, EOFError, ValueError, UnicodeDecodeError, zlib.error, _ZstdError) as exc:
             kind = {"jsonl": "JSON Lines", "parquet": "Parquet", "arrow": "Arrow IPC", "hf": "Arrow IPC"}
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise DataError(f"{path}: cannot read as {kind[file.format]}: {message}") from None
