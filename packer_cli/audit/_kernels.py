@@ -75,23 +75,22 @@ def scan_sequences(tokens: np.ndarray, mask: np.ndarray, start: np.ndarray, mask
 
 
 @njit(cache=True, nogil=True)
+def _first_diff(a, b):
+    """Index of the first position where ``a`` and ``b`` differ (same length), or -1."""
+    for j in range(a.size):
+        if a[j] != b[j]:
+            return j
+    return -1
+
+
+@njit(cache=True, nogil=True)
 def _compare_kernel(src_tok, src_tgt, src_start, pk_tok, pk_mask, pk_start, pk_mstart, lens, tok_diff, tgt_diff):
     for i in range(lens.size):
         n = lens[i]
-        a = src_tok[src_start[i]:src_start[i] + n]
-        b = pk_tok[pk_start[i]:pk_start[i] + n]
-        tok_diff[i] = -1
-        for j in range(n):
-            if a[j] != b[j]:
-                tok_diff[i] = j
-                break
-        g = src_tgt[src_start[i] + 1:src_start[i] + 1 + n]  # labels: target flag of the next token
-        m = pk_mask[pk_mstart[i]:pk_mstart[i] + n]
-        tgt_diff[i] = -1
-        for j in range(n):
-            if g[j] != m[j]:
-                tgt_diff[i] = j
-                break
+        tok_diff[i] = _first_diff(src_tok[src_start[i]:src_start[i] + n], pk_tok[pk_start[i]:pk_start[i] + n])
+        # labels: the target flag of the next source token
+        tgt_diff[i] = _first_diff(src_tgt[src_start[i] + 1:src_start[i] + 1 + n],
+                                  pk_mask[pk_mstart[i]:pk_mstart[i] + n])
 
 
 def compare_pieces(src_tok: np.ndarray, src_tgt: np.ndarray, src_start: np.ndarray, pk_tok: np.ndarray,

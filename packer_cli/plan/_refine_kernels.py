@@ -33,6 +33,15 @@ def _find_pair(room, counts, bits, offsets):
     return -1, -1
 
 
+
+@njit(**NJIT_FLAGS)
+def _place(s, pack, placed, room, by_size, counts, fill, bits, offs, pack_of_position, sequence):
+    """Take one pooled item of length ``s`` into ``pack``; returns the new (placed, room)."""
+    k = by_size[_pool_take(s, counts, fill, bits, offs)]
+    pack_of_position[k] = pack
+    sequence[placed] = k
+    return placed + 1, room - s
+
 @njit(**NJIT_FLAGS)
 def _rebuild(pool_lengths, capacity, threshold, max_triples):
     """Pack a pool of items, aiming at packs filled exactly to ``capacity``.
@@ -90,21 +99,13 @@ def _rebuild(pool_lengths, capacity, threshold, max_triples):
         room = capacity
         # 1. largest remaining item
         s = _bitset_prev(bits, offs, room)
-        k = by_size[_pool_take(s, counts, fill, bits, offs)]
-        pack_of_position[k] = pack
-        sequence[placed] = k
-        placed += 1
-        room -= s
+        placed, room = _place(s, pack, placed, room, by_size, counts, fill, bits, offs, pack_of_position, sequence)
         # 2. greedy, keeping ``threshold`` free
         while placed < m and room > threshold:
             s = _bitset_prev(bits, offs, room - threshold)
             if s < 1:
                 break
-            k = by_size[_pool_take(s, counts, fill, bits, offs)]
-            pack_of_position[k] = pack
-            sequence[placed] = k
-            placed += 1
-            room -= s
+            placed, room = _place(s, pack, placed, room, by_size, counts, fill, bits, offs, pack_of_position, sequence)
         # 3. exact close: one item, a pair, a triple
         if placed < m and room > 0:
             a = -1
@@ -129,20 +130,12 @@ def _rebuild(pool_lengths, capacity, threshold, max_triples):
                         c = -1
             for s in (c, a, b):
                 if s > 0:
-                    k = by_size[_pool_take(s, counts, fill, bits, offs)]
-                    pack_of_position[k] = pack
-                    sequence[placed] = k
-                    placed += 1
-                    room -= s
+                    placed, room = _place(s, pack, placed, room, by_size, counts, fill, bits, offs, pack_of_position, sequence)
         # 4. best fit for whatever room is left
         while placed < m and room > 0:
             s = _bitset_prev(bits, offs, room)
             if s < 1:
                 break
-            k = by_size[_pool_take(s, counts, fill, bits, offs)]
-            pack_of_position[k] = pack
-            sequence[placed] = k
-            placed += 1
-            room -= s
+            placed, room = _place(s, pack, placed, room, by_size, counts, fill, bits, offs, pack_of_position, sequence)
         pack += 1
     return pack_of_position, sequence, pack

@@ -210,6 +210,20 @@ _FALSE = np.frombuffer(b"false", dtype=np.uint8)
 _NULL = np.frombuffer(b"null", dtype=np.uint8)
 
 
+@njit(**_INLINE)
+def _key_colon(buf, i, end):
+    """Skip an object key and the colon after it (``i`` at the opening quote); -1 when malformed."""
+    if i >= end or buf[i] != _QUOTE:
+        return -1
+    i, _ = _string(buf, i, end)
+    if i < 0:
+        return -1
+    i = _ws(buf, i, end)
+    if i >= end or buf[i] != _COLON:
+        return -1
+    return i + 1
+
+
 @njit(**_FLAGS)
 def _skip_value(buf, i, end, stack):
     """Validate and skip any JSON value; -1 when malformed or unsupported."""
@@ -237,15 +251,9 @@ def _skip_value(buf, i, end, stack):
                     i += 1
                     expect_value = False
                 elif c == _LBRACE:
-                    if buf[i] != _QUOTE:
-                        return -1
-                    i, _ = _string(buf, i, end)
+                    i = _key_colon(buf, i, end)
                     if i < 0:
                         return -1
-                    i = _ws(buf, i, end)
-                    if i >= end or buf[i] != _COLON:
-                        return -1
-                    i += 1
                 continue
             if c == _QUOTE:
                 i, _ = _string(buf, i, end)
@@ -267,15 +275,9 @@ def _skip_value(buf, i, end, stack):
             if c == _COMMA:
                 i = _ws(buf, i + 1, end)
                 if top == _LBRACE:
-                    if i >= end or buf[i] != _QUOTE:
-                        return -1
-                    i, _ = _string(buf, i, end)
+                    i = _key_colon(buf, i, end)
                     if i < 0:
                         return -1
-                    i = _ws(buf, i, end)
-                    if i >= end or buf[i] != _COLON:
-                        return -1
-                    i += 1
                 expect_value = True
             elif (top == _LBRACE and c == _RBRACE) or (top == _LBRACKET and c == _RBRACKET):
                 depth -= 1
