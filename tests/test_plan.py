@@ -74,7 +74,7 @@ def pack_loads(pack_of_item, lengths):
 @pytest.mark.parametrize("lengths,capacity", edge_cases())
 def test_kernel_edge_cases(fast, slow, lengths, capacity):
     got = fast(lengths, capacity)
-    assert got.dtype == np.int64
+    assert got.dtype == np.int32
     npt.assert_array_equal(got, slow(lengths, capacity))
 
 
@@ -169,7 +169,7 @@ def test_validation_shuffle_and_plan():
 def test_empty_inputs():
     for f in (first_fit_decreasing, best_fit_decreasing, next_fit):
         out = f([], 10)
-        assert out.dtype == np.int64 and out.shape == (0,)
+        assert out.dtype == np.int32 and out.shape == (0,)
     pack, order = bridge_first_fit_shuffle(np.zeros(0, np.int32), 10, 3)
     assert pack.shape == order.shape == (0,)
     assert lower_bound([], 10) == 0 and martello_toth_l2([], 10) == 0
@@ -237,8 +237,10 @@ def test_plan_layout(algorithm, inst):
     npt.assert_array_equal(plan.order, order)
     npt.assert_array_equal(plan.pack_offsets, offsets)
     npt.assert_array_equal(plan.pack_load, pack_loads(want, lengths))
-    for arr in (plan.order, plan.pack_of_item, plan.pack_offsets, plan.pack_load):
-        assert arr.dtype == np.int64
+    # 12 bytes per item at most: int32 items and loads, int64 offsets (one per pack).
+    for arr, dtype in ((plan.order, np.int32), (plan.pack_of_item, np.int32), (plan.pack_offsets, np.int64),
+                       (plan.pack_load, np.int32)):
+        assert arr.dtype == dtype
 
 
 @settings(max_examples=40, deadline=None)
@@ -421,3 +423,22 @@ def test_plan_packs_refine_flag():
     npt.assert_array_equal(direct.order, flagged.order)
     assert flagged.algorithm == "bfd+refine"
     assert plan_packs([], 8, refine=True).algorithm == "ffd+refine"
+
+
+@pytest.mark.parametrize("algorithm_any", ALGORITHMS)
+@settings(max_examples=40, deadline=None)
+@given(inst=instances(), data=st.data())
+def test_skip_empty_plans_the_rest_as_if_alone(algorithm_any, inst, data):
+    """Empty items are left out and the others are planned exactly as without them."""
+    lengths, capacity = inst
+    holes = data.draw(st.lists(st.integers(0, lengths.size), max_size=8))
+    with_empty = np.insert(lengths, sorted(holes), 0)
+    kept = np.flatnonzero(with_empty)
+    plan = plan_packs(with_empty, capacity, algorithm_any, seed=5, skip_empty=True, refine=True)
+    alone = plan_packs(lengths, capacity, algorithm_any, seed=5, refine=True)
+    validate_plan(plan, with_empty, capacity, skip_empty=True)
+    npt.assert_array_equal(plan.order, kept[alone.order])
+    npt.assert_array_equal(plan.pack_offsets, alone.pack_offsets)
+    assert (plan.pack_of_item[with_empty == 0] == -1).all()
+    with pytest.raises(ValueError, match="below 1"):
+        plan_packs(with_empty if holes else np.append(lengths, 0), capacity, algorithm_any)

@@ -44,36 +44,6 @@ def _length_histogram(lengths, capacity):
 
 
 @njit(**NJIT_FLAGS)
-def _order_decreasing(lengths, counts):
-    """Stable counting sort: items by decreasing length, ties by input index.
-
-    Parameters
-    ----------
-    lengths : int32[:] or int64[:]
-        Item lengths.
-    counts : int64[:]
-        Histogram from :func:`_length_histogram`.
-
-    Returns
-    -------
-    order : int64[N]
-        Item indices in processing order.
-    """
-    capacity = counts.shape[0] - 1
-    start = np.empty(capacity + 1, np.int64)
-    acc = 0
-    for length in range(capacity, -1, -1):
-        start[length] = acc
-        acc += counts[length]
-    order = np.empty(lengths.shape[0], np.int64)
-    for i in range(lengths.shape[0]):
-        length = lengths[i]
-        order[start[length]] = i
-        start[length] += 1
-    return order
-
-
-@njit(**NJIT_FLAGS)
 def _order_increasing(lengths, counts):
     """Stable counting sort: items by increasing length, ties by input index.
 
@@ -159,8 +129,13 @@ def _tree_set(tree, size, leaf, value):
 
 
 @njit(**NJIT_FLAGS)
-def _ffd(lengths, order, counts, capacity, tree):
-    """First-fit decreasing over items already ordered by decreasing length.
+def _ffd_positions(counts, capacity, tree):
+    """First-fit decreasing, from the length histogram alone.
+
+    Items are placed by decreasing length, ties by input index, so the ``j``-th
+    placement ("position" ``j``) is fully determined by the histogram; the
+    item behind a position is recovered later by :func:`_positions_to_items`
+    or :func:`_scatter_items`, which is why no N-sized order array is needed.
 
     Equal lengths are handled as one group: once a pack has taken items of
     length ``L`` the next item of that length can only go to the same pack or
@@ -170,27 +145,27 @@ def _ffd(lengths, order, counts, capacity, tree):
 
     Parameters
     ----------
-    lengths : int32[:] or int64[:]
-        Item lengths in ``[1, capacity]``.
-    order : int64[N]
-        Items by decreasing length, ties by index (:func:`_order_decreasing`).
     counts : int64[capacity + 1]
-        Histogram of ``lengths``.
+        Histogram of the item lengths; ``counts[0]`` (empty items) is ignored.
     capacity : int
         Pack capacity.
     tree : int32[2 * size]
-        Work array; ``size`` (a power of two) must be at least the number of
-        packs the run can open. Overwritten.
+        Work array; ``size`` is a power of two. Overwritten.
 
     Returns
     -------
-    pack_of_item : int64[N]
+    pack_of_position : int32[n]
+        Pack of each placement position (``n = counts[1:].sum()``).
     num_packs : int
+        Packs used, or -1 when ``size`` leaves were too few (retry with a
+        larger tree).
     """
-    n = lengths.shape[0]
+    n = 0
+    for length in range(1, capacity + 1):
+        n += counts[length]
     size = tree.shape[0] // 2
     tree[:] = capacity  # unopened packs read as empty packs
-    pack_of_item = np.empty(n, np.int64)
+    pack_of_position = np.empty(n, np.int32)
     num_packs = 0
     pos = 0
     for length in range(capacity, 0, -1):
@@ -198,18 +173,19 @@ def _ffd(lengths, order, counts, capacity, tree):
         pack = 0
         while pos < end:
             pack = _tree_find_first(tree, size, pack, length)
+            if pack < 0:
+                return pack_of_position, -1
             room = tree[size + pack]
             take = room // length
             if take > end - pos:
                 take = end - pos
-            for j in range(pos, pos + take):
-                pack_of_item[order[j]] = pack
+            pack_of_position[pos:pos + take] = pack
             pos += take
             _tree_set(tree, size, pack, room - take * length)
             if pack >= num_packs:
                 num_packs = pack + 1
             pack += 1
-    return pack_of_item, num_packs
+    return pack_of_position, num_packs
 
 
 @njit(**NJIT_FLAGS)
@@ -433,7 +409,7 @@ def _heap_pop(root, child, sibling, stack):
 
 
 @njit(**NJIT_FLAGS)
-def _bfd(lengths, order, counts, capacity, max_packs, bits, offsets):
+def _bfd_positions(counts, capacity, max_packs, bits, offsets):
     """Best-fit decreasing.
 
     Each item (decreasing length, ties by index) goes to the pack with the
@@ -443,14 +419,13 @@ def _bfd(lengths, order, counts, capacity, max_packs, bits, offsets):
     again when ``r - L >= L`` and no lower-numbered pack has exactly ``r - L``
     free (buckets in ``[L, r)`` were empty), which skips most heap work.
 
+    Like :func:`_ffd_positions` it works from the histogram alone and returns
+    the pack of each placement position.
+
     Parameters
     ----------
-    lengths : int32[:] or int64[:]
-        Item lengths in ``[1, capacity]``.
-    order : int64[N]
-        Items by decreasing length, ties by index.
     counts : int64[capacity + 1]
-        Histogram of ``lengths``.
+        Histogram of the item lengths; ``counts[0]`` is ignored.
     capacity : int
         Pack capacity.
     max_packs : int
@@ -464,15 +439,17 @@ def _bfd(lengths, order, counts, capacity, max_packs, bits, offsets):
 
     Returns
     -------
-    pack_of_item : int64[N]
+    pack_of_position : int32[n]
     num_packs : int
     """
-    n = lengths.shape[0]
-    bucket_root = np.full(capacity + 1, -1, np.int64)
-    child = np.full(max_packs, -1, np.int64)
-    sibling = np.full(max_packs, -1, np.int64)
-    stack = np.empty(max_packs, np.int64)
-    pack_of_item = np.empty(n, np.int64)
+    n = 0
+    for length in range(1, capacity + 1):
+        n += counts[length]
+    bucket_root = np.full(capacity + 1, -1, np.int32)
+    child = np.full(max_packs, -1, np.int32)
+    sibling = np.full(max_packs, -1, np.int32)
+    stack = np.empty(max_packs, np.int32)
+    pack_of_position = np.empty(n, np.int32)
     num_packs = 0
     pos = 0
     for length in range(capacity, 0, -1):
@@ -492,7 +469,7 @@ def _bfd(lengths, order, counts, capacity, max_packs, bits, offsets):
                 room = r
             # Place as many items of this length into ``pack`` as best fit allows.
             while True:
-                pack_of_item[order[pos]] = pack
+                pack_of_position[pos] = pack
                 pos += 1
                 room -= length
                 if pos == end or room < length:
@@ -505,7 +482,7 @@ def _bfd(lengths, order, counts, capacity, max_packs, bits, offsets):
                 bucket_root[room] = _heap_meld(old_root, pack, child, sibling)
                 if old_root < 0:
                     _bitset_set(bits, offsets, room)
-    return pack_of_item, num_packs
+    return pack_of_position, num_packs
 
 
 # ---------------------------------------------------------------------------
@@ -517,7 +494,7 @@ def _bfd(lengths, order, counts, capacity, max_packs, bits, offsets):
 def _next_fit(lengths, capacity):
     """Order-preserving next fit: one open pack, a new one when an item does not fit."""
     n = lengths.shape[0]
-    pack_of_item = np.empty(n, np.int64)
+    pack_of_item = np.empty(n, np.int32)
     pack = -1
     room = 0
     for i in range(n):
@@ -536,29 +513,111 @@ def _next_fit(lengths, capacity):
 
 
 @njit(**NJIT_FLAGS)
+def _decreasing_starts(counts):
+    """First placement position of each length when items go by decreasing length.
+
+    Returns ``start`` (int64[capacity + 1]); empty items (``counts[0]``) come last.
+    """
+    capacity = counts.shape[0] - 1
+    start = np.empty(capacity + 1, np.int64)
+    acc = 0
+    for length in range(capacity, 0, -1):
+        start[length] = acc
+        acc += counts[length]
+    start[0] = acc
+    return start
+
+
+@njit(**NJIT_FLAGS)
+def _positions_to_slots(pack_of_position, counts, num_packs):
+    """Turn the pack of each placement position into its slot in the grouped layout, in place.
+
+    Slots number the items pack by pack (pack 0's first), in placement order within
+    a pack, which is the ``order``/``pack_offsets`` layout of ``PackPlan``.
+
+    Returns
+    -------
+    offsets : int64[num_packs + 1]
+    load : int32[num_packs]
+    """
+    capacity = counts.shape[0] - 1
+    offsets = np.zeros(num_packs + 1, np.int64)
+    load = np.zeros(num_packs, np.int32)
+    pos = 0
+    for length in range(capacity, 0, -1):
+        for _ in range(counts[length]):
+            p = pack_of_position[pos]
+            offsets[p + 1] += 1
+            load[p] += length
+            pos += 1
+    for p in range(num_packs):
+        offsets[p + 1] += offsets[p]
+    fill = offsets[:num_packs].copy()
+    for j in range(pos):
+        p = pack_of_position[j]
+        pack_of_position[j] = fill[p]
+        fill[p] += 1
+    return offsets, load
+
+
+@njit(**NJIT_FLAGS)
+def _scatter_items(lengths, counts, slot_of_position, out):
+    """``out[slot_of_position[j]] = i`` for the item ``i`` placed at position ``j``.
+
+    The stable decreasing counting sort is replayed instead of stored: item ``i``
+    of length ``L`` sits at the next free position of its length. Empty items
+    (length 0) have no position and are skipped.
+    """
+    start = _decreasing_starts(counts)
+    for i in range(lengths.shape[0]):
+        length = lengths[i]
+        if length > 0:
+            j = start[length]
+            start[length] = j + 1
+            out[slot_of_position[j]] = i
+
+
+@njit(**NJIT_FLAGS)
+def _positions_to_items(lengths, counts, value_of_position, missing):
+    """``out[i] = value_of_position[j]`` for the position ``j`` of item ``i``; ``missing``
+    for empty items (int32[N])."""
+    start = _decreasing_starts(counts)
+    out = np.empty(lengths.shape[0], np.int32)
+    for i in range(lengths.shape[0]):
+        length = lengths[i]
+        if length > 0:
+            j = start[length]
+            start[length] = j + 1
+            out[i] = value_of_position[j]
+        else:
+            out[i] = missing
+    return out
+
+
+@njit(**NJIT_FLAGS)
 def _group_by_pack(sequence, pack_of_sequence, lengths_of_sequence, num_packs):
     """Stable counting sort of a placement sequence by pack.
 
     Parameters
     ----------
-    sequence : int64[M]
+    sequence : int[M]
         Values in placement order (item indices, or positions).
-    pack_of_sequence : int64[M]
+    pack_of_sequence : int[M]
         Pack of ``sequence[k]``.
-    lengths_of_sequence : int32[M] or int64[M]
+    lengths_of_sequence : int[M]
         Length of ``sequence[k]``.
     num_packs : int
 
     Returns
     -------
-    grouped : int64[M]
+    grouped : int32[M]
         ``sequence`` regrouped by pack number, placement order kept within a pack.
     offsets : int64[num_packs + 1]
-    load : int64[num_packs]
+    load : int32[num_packs]
     """
     m = sequence.shape[0]
     offsets = np.zeros(num_packs + 1, np.int64)
-    load = np.zeros(num_packs, np.int64)
+    load = np.zeros(num_packs, np.int32)
     for k in range(m):
         p = pack_of_sequence[k]
         offsets[p + 1] += 1
@@ -566,7 +625,7 @@ def _group_by_pack(sequence, pack_of_sequence, lengths_of_sequence, num_packs):
     for p in range(num_packs):
         offsets[p + 1] += offsets[p]
     fill = offsets[:num_packs].copy()
-    grouped = np.empty(m, np.int64)
+    grouped = np.empty(m, np.int32)
     for k in range(m):
         p = pack_of_sequence[k]
         grouped[fill[p]] = sequence[k]
@@ -575,10 +634,12 @@ def _group_by_pack(sequence, pack_of_sequence, lengths_of_sequence, num_packs):
 
 
 @njit(**NJIT_FLAGS)
-def _gather(values, index):
-    out = np.empty(index.shape[0], np.int64)
-    for k in range(index.shape[0]):
-        out[k] = values[index[k]]
+def _pack_of_item(order, offsets, num_items):
+    """Inverse of the grouped layout: pack of every item, -1 for items in no pack."""
+    out = np.full(num_items, -1, np.int32)
+    for p in range(offsets.shape[0] - 1):
+        for k in range(offsets[p], offsets[p + 1]):
+            out[order[k]] = p
     return out
 
 
@@ -609,8 +670,8 @@ def _bind_buckets(positions, seq_lengths, bin_of_position, bucket_items, bucket_
     """
     m = positions.shape[0]
     ends = bucket_starts[1:].copy()
-    order = np.empty(m, np.int64)
-    pack_of_item = np.empty(m, np.int64)
+    order = np.empty(m, np.int32)
+    pack_of_item = np.empty(m, np.int32)
     for k in range(m):
         pos = positions[k]
         length = seq_lengths[pos]

@@ -35,15 +35,14 @@ def _find_pair(room, counts, bits, offsets):
 
 
 @njit(**NJIT_FLAGS)
-def _place(s, pack, placed, room, by_size, counts, fill, bits, offs, pack_of_position, sequence):
-    """Take one pooled item of length ``s`` into ``pack``; returns the new (placed, room)."""
+def _place(s, placed, room, by_size, counts, fill, bits, offs, pool, sequence):
+    """Take one pooled item of length ``s`` into the open pack; returns the new (placed, room)."""
     k = by_size[_pool_take(s, counts, fill, bits, offs)]
-    pack_of_position[k] = pack
-    sequence[placed] = k
+    sequence[placed] = pool[k]
     return placed + 1, room - s
 
 @njit(**NJIT_FLAGS)
-def _rebuild(pool_lengths, capacity, threshold, max_triples):
+def _rebuild(lengths, pool, capacity, threshold, max_triples):
     """Pack a pool of items, aiming at packs filled exactly to ``capacity``.
 
     Each pack takes the largest remaining item, then greedily the largest item
@@ -54,8 +53,10 @@ def _rebuild(pool_lengths, capacity, threshold, max_triples):
 
     Parameters
     ----------
-    pool_lengths : int64[M]
-        Lengths of the pool's items (each in ``[1, capacity]``).
+    lengths : int[N]
+        Lengths of all items.
+    pool : int32[M]
+        The pool's item indices (lengths in ``[1, capacity]``).
     capacity : int
     threshold : int
         Room kept free by the greedy phase for the exact phase.
@@ -64,23 +65,25 @@ def _rebuild(pool_lengths, capacity, threshold, max_triples):
 
     Returns
     -------
-    pack_of_position : int64[M]
-        New pack (from 0) of each pool position.
-    sequence : int64[M]
-        Pool positions in placement order.
+    sequence : int32[M]
+        Pool items grouped by new pack, in placement order (packs are built one
+        after another, so placement order is already grouped).
+    ends : int64[M + 1]
+        New pack ``q`` holds ``sequence[ends[q]:ends[q + 1]]`` (only the first
+        ``num_packs + 1`` entries are set).
     num_packs : int
     """
-    m = pool_lengths.shape[0]
+    m = pool.shape[0]
     counts = np.zeros(capacity + 1, np.int64)
     for k in range(m):
-        counts[pool_lengths[k]] += 1
+        counts[lengths[pool[k]]] += 1
     starts = np.zeros(capacity + 2, np.int64)
     for s in range(capacity + 1):
         starts[s + 1] = starts[s] + counts[s]
     fill = starts[: capacity + 1].copy()
-    by_size = np.empty(m, np.int64)
+    by_size = np.empty(m, np.int32)
     for k in range(m):
-        s = pool_lengths[k]
+        s = lengths[pool[k]]
         by_size[fill[s]] = k
         fill[s] += 1
     fill[:] = starts[: capacity + 1]
@@ -91,21 +94,22 @@ def _rebuild(pool_lengths, capacity, threshold, max_triples):
         if counts[s] > 0:
             _bitset_set(bits, offs, s)
 
-    pack_of_position = np.empty(m, np.int64)
-    sequence = np.empty(m, np.int64)
+    sequence = np.empty(m, np.int32)
+    ends = np.empty(m + 1, np.int64)
+    ends[0] = 0
     placed = 0
     pack = 0
     while placed < m:
         room = capacity
         # 1. largest remaining item
         s = _bitset_prev(bits, offs, room)
-        placed, room = _place(s, pack, placed, room, by_size, counts, fill, bits, offs, pack_of_position, sequence)
+        placed, room = _place(s, placed, room, by_size, counts, fill, bits, offs, pool, sequence)
         # 2. greedy, keeping ``threshold`` free
         while placed < m and room > threshold:
             s = _bitset_prev(bits, offs, room - threshold)
             if s < 1:
                 break
-            placed, room = _place(s, pack, placed, room, by_size, counts, fill, bits, offs, pack_of_position, sequence)
+            placed, room = _place(s, placed, room, by_size, counts, fill, bits, offs, pool, sequence)
         # 3. exact close: one item, a pair, a triple
         if placed < m and room > 0:
             a = -1
@@ -130,12 +134,39 @@ def _rebuild(pool_lengths, capacity, threshold, max_triples):
                         c = -1
             for s in (c, a, b):
                 if s > 0:
-                    placed, room = _place(s, pack, placed, room, by_size, counts, fill, bits, offs, pack_of_position, sequence)
+                    placed, room = _place(s, placed, room, by_size, counts, fill, bits, offs, pool, sequence)
         # 4. best fit for whatever room is left
         while placed < m and room > 0:
             s = _bitset_prev(bits, offs, room)
             if s < 1:
                 break
-            placed, room = _place(s, pack, placed, room, by_size, counts, fill, bits, offs, pack_of_position, sequence)
+            placed, room = _place(s, placed, room, by_size, counts, fill, bits, offs, pool, sequence)
         pack += 1
-    return pack_of_position, sequence, pack
+        ends[pack] = placed
+    return sequence, ends, pack
+
+
+@njit(**NJIT_FLAGS)
+def _collect(order, offsets, packs):
+    """The items of ``packs`` (their grouped segments concatenated), int32."""
+    total = 0
+    for q in packs:
+        total += offsets[q + 1] - offsets[q]
+    out = np.empty(total, np.int32)
+    k = 0
+    for q in packs:
+        for i in range(offsets[q], offsets[q + 1]):
+            out[k] = order[i]
+            k += 1
+    return out
+
+
+@njit(**NJIT_FLAGS)
+def _compose(order, offsets, kept_packs, sequence, out):
+    """``out`` = the kept packs' segments (old order), then ``sequence``."""
+    k = 0
+    for q in kept_packs:
+        for i in range(offsets[q], offsets[q + 1]):
+            out[k] = order[i]
+            k += 1
+    out[k:] = sequence

@@ -21,7 +21,7 @@ def check_capacity(capacity) -> int:
     return capacity
 
 
-def check_lengths(lengths, capacity) -> tuple[np.ndarray, int]:
+def check_lengths(lengths, capacity, *, allow_zero: bool = False) -> tuple[np.ndarray, int]:
     """Validate ``lengths`` against ``capacity``.
 
     Returns a contiguous ``int32`` or ``int64`` 1-D array (the input itself when
@@ -32,7 +32,7 @@ def check_lengths(lengths, capacity) -> tuple[np.ndarray, int]:
     TypeError
         ``lengths`` is not an integer array-like, or ``capacity`` is not an integer.
     ValueError
-        ``lengths`` is not 1-D, a length is below 1 or above ``capacity``, or
+        ``lengths`` is not 1-D, a length is below 1 (0 with ``allow_zero``) or above ``capacity``, or
         ``capacity`` is out of range. The message names the first offending index.
     """
     capacity = check_capacity(capacity)
@@ -43,10 +43,11 @@ def check_lengths(lengths, capacity) -> tuple[np.ndarray, int]:
         return np.zeros(0, np.int64), capacity
     if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"lengths must hold integers, got dtype {arr.dtype}")
+    floor = 0 if allow_zero else 1
     low = arr.min()
-    if low < 1:
-        i = int(np.flatnonzero(arr < 1)[0])
-        raise ValueError(f"lengths[{i}] = {int(arr[i])} is below 1 (every length must be >= 1)")
+    if low < floor:
+        i = int(np.flatnonzero(arr < floor)[0])
+        raise ValueError(f"lengths[{i}] = {int(arr[i])} is below {floor} (every length must be >= {floor})")
     high = arr.max()
     if high > capacity:
         i = int(np.flatnonzero(arr > capacity)[0])

@@ -37,29 +37,49 @@ def _tree(leaves: int) -> np.ndarray:
     return np.empty(2 * size, np.int32)
 
 
-# Internal entry points: (pack_of_item, placement sequence, num_packs), on
-# validated arrays. ``plan_packs`` uses the placement sequence.
+# Internal entry points on validated arrays. FFD and BFD work from the length
+# histogram and return the pack of each *placement position* (items by
+# decreasing length, ties by index); ``K._positions_to_slots`` and
+# ``K._scatter_items`` turn that into the grouped layout without ever holding
+# an N-sized order array, which keeps the planner at 12 bytes per item.
 
 
-def _run_ffd(arr: np.ndarray, capacity: int):
-    counts = K._length_histogram(arr, capacity)
-    order = K._order_decreasing(arr, counts)
-    pack_of_item, num_packs = K._ffd(arr, order, counts, capacity, _tree(_max_packs(arr, capacity)))
-    return pack_of_item, order, num_packs
+def _run_ffd_positions(counts: np.ndarray, capacity: int, total: int):
+    """(pack_of_position int32, num_packs). The tree starts a little above the
+    continuous bound ceil(total / C) and doubles in the rare case FFD needs more."""
+    leaves = max(64, (-(-total // capacity)) * 5 // 4 + 64)
+    while True:
+        pack_of_position, num_packs = K._ffd_positions(counts, capacity, _tree(leaves))
+        if num_packs >= 0:
+            return pack_of_position, num_packs
+        leaves *= 2
 
 
-def _run_bfd(arr: np.ndarray, capacity: int):
-    counts = K._length_histogram(arr, capacity)
-    order = K._order_decreasing(arr, counts)
+def _run_bfd_positions(counts: np.ndarray, capacity: int, max_packs: int):
     offsets = K._bitset_layout(capacity + 1)
     bits = np.zeros(offsets[-1], np.uint64)
-    pack_of_item, num_packs = K._bfd(arr, order, counts, capacity, _max_packs(arr, capacity), bits, offsets)
-    return pack_of_item, order, num_packs
+    return K._bfd_positions(counts, capacity, max_packs, bits, offsets)
+
+
+def _decreasing_positions(arr: np.ndarray, capacity: int, algorithm: str):
+    """(histogram, pack_of_position, num_packs) of FFD or BFD; empty items are skipped."""
+    counts = K._length_histogram(arr, capacity)
+    total = int(arr.sum(dtype=np.int64))
+    if algorithm == "ffd":
+        pack_of_position, num_packs = _run_ffd_positions(counts, capacity, total)
+    else:
+        pack_of_position, num_packs = _run_bfd_positions(counts, capacity, _max_packs(arr, capacity))
+    return counts, pack_of_position, num_packs
+
+
+def _pack_of_item_decreasing(arr: np.ndarray, capacity: int, algorithm: str) -> np.ndarray:
+    counts, pack_of_position, _ = _decreasing_positions(arr, capacity, algorithm)
+    return K._positions_to_items(arr, counts, pack_of_position, -1)
 
 
 def _run_next_fit(arr: np.ndarray, capacity: int):
     pack_of_item, num_packs = K._next_fit(arr, capacity)
-    return pack_of_item, np.arange(arr.shape[0], dtype=np.int64), num_packs
+    return pack_of_item, num_packs
 
 
 def _run_bridge(arr: np.ndarray, capacity: int, seed):
@@ -100,7 +120,7 @@ def first_fit_decreasing(lengths, capacity) -> np.ndarray:
 
     Returns
     -------
-    numpy.ndarray of int64, shape (N,)
+    numpy.ndarray of int32, shape (N,)
         Pack index of every item.
 
     Raises
@@ -110,8 +130,8 @@ def first_fit_decreasing(lengths, capacity) -> np.ndarray:
     """
     arr, capacity = check_lengths(lengths, capacity)
     if arr.shape[0] == 0:
-        return np.zeros(0, np.int64)
-    return _run_ffd(arr, capacity)[0]
+        return np.zeros(0, np.int32)
+    return _pack_of_item_decreasing(arr, capacity, "ffd")
 
 
 def best_fit_decreasing(lengths, capacity) -> np.ndarray:
@@ -127,8 +147,8 @@ def best_fit_decreasing(lengths, capacity) -> np.ndarray:
     """
     arr, capacity = check_lengths(lengths, capacity)
     if arr.shape[0] == 0:
-        return np.zeros(0, np.int64)
-    return _run_bfd(arr, capacity)[0]
+        return np.zeros(0, np.int32)
+    return _pack_of_item_decreasing(arr, capacity, "bfd")
 
 
 def next_fit(lengths, capacity) -> np.ndarray:
@@ -139,7 +159,7 @@ def next_fit(lengths, capacity) -> np.ndarray:
     """
     arr, capacity = check_lengths(lengths, capacity)
     if arr.shape[0] == 0:
-        return np.zeros(0, np.int64)
+        return np.zeros(0, np.int32)
     return _run_next_fit(arr, capacity)[0]
 
 
@@ -167,13 +187,13 @@ def bridge_first_fit_shuffle(lengths, capacity, seed) -> tuple[np.ndarray, np.nd
 
     Returns
     -------
-    pack_of_item : numpy.ndarray of int64, shape (N,)
-    order : numpy.ndarray of int64, shape (N,)
+    pack_of_item : numpy.ndarray of int32, shape (N,)
+    order : numpy.ndarray of int32, shape (N,)
         Item indices in output order: pack 0's items in placement order, then
         pack 1's, and so on.
     """
     arr, capacity = check_lengths(lengths, capacity)
     if arr.shape[0] == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
     pack_of_item, order, _, _, _ = _run_bridge(arr, capacity, seed)
     return pack_of_item, order

@@ -34,11 +34,19 @@ def martello_toth_l2(lengths, capacity) -> int:
     Parameters and errors as :func:`packer_cli.plan.first_fit_decreasing`.
     """
     arr, capacity = check_lengths(lengths, capacity)
-    n = arr.shape[0]
+    if arr.shape[0] == 0:
+        return 0
+    return _l2_of_histogram(np.bincount(arr, minlength=capacity + 1), capacity)
+
+
+def _l2_of_histogram(hist: np.ndarray, capacity: int) -> int:
+    """L2 from a length histogram ``hist[0..C]`` (``hist[0]``, empty items, is ignored)."""
+    c = capacity
+    hist = np.asarray(hist, dtype=np.int64).copy()
+    hist[0] = 0
+    n = int(hist.sum())
     if n == 0:
         return 0
-    c = capacity
-    hist = np.bincount(arr, minlength=c + 1).astype(np.int64)
     # cnt_le[v] = #items with s <= v, sum_le[v] = total length of those items.
     cnt_le = np.cumsum(hist)
     sum_le = np.cumsum(hist * np.arange(c + 1, dtype=np.int64))

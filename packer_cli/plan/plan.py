@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from . import _kernels as K
 from ._validate import check_lengths
-from .algorithms import _run_bfd, _run_bridge, _run_ffd, _run_next_fit
+from .algorithms import _decreasing_positions, _run_bridge, _run_next_fit
 
 __all__ = ["ALGORITHMS", "PackPlan", "plan_packs", "validate_plan"]
 
@@ -23,19 +24,20 @@ def _frozen(a: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class PackPlan:
-    """Assignment of items to packs.
+    """Assignment of items to packs, stored grouped by pack (12 bytes per item at most).
 
     Attributes
     ----------
-    pack_of_item : int64[N]
-        Pack number of every item (packs numbered densely from 0).
-    order : int64[N]
-        Item indices grouped by pack in pack-number order; within a pack, in
-        placement order.
+    order : int32[M]
+        Packed item indices grouped by pack in pack-number order; within a pack,
+        in placement order.
     pack_offsets : int64[P + 1]
         Pack ``p`` holds ``order[pack_offsets[p]:pack_offsets[p + 1]]``.
-    pack_load : int64[P]
+    pack_load : int32[P]
         Sum of the item lengths of each pack.
+    num_items : int
+        ``N``, the number of items planned (``M == N`` unless empty items were
+        skipped, see :func:`plan_packs`).
     capacity : int
         Pack capacity the plan was made for.
     algorithm : str
@@ -44,10 +46,10 @@ class PackPlan:
         Wall time of the refinement pass, when one ran.
     """
 
-    pack_of_item: np.ndarray
     order: np.ndarray
     pack_offsets: np.ndarray
     pack_load: np.ndarray
+    num_items: int
     capacity: int = 0
     algorithm: str = ""
     refine_seconds: float | None = None
@@ -57,40 +59,78 @@ class PackPlan:
         """Number of packs ``P``."""
         return int(self.pack_load.shape[0])
 
-    @property
-    def num_items(self) -> int:
-        """Number of items ``N``."""
-        return int(self.pack_of_item.shape[0])
+    @cached_property
+    def pack_of_item(self) -> np.ndarray:
+        """int32[N]: pack number of every item, -1 for skipped empty items.
+
+        Derived from ``order`` on first use (the planner itself never needs it,
+        so a plan of N items costs 4 bytes less per item until someone asks).
+        """
+        return _frozen(K._pack_of_item(self.order, self.pack_offsets, self.num_items))
 
     def pack_items(self, pack: int) -> np.ndarray:
         """Item indices of ``pack`` in placement order."""
         return self.order[self.pack_offsets[pack] : self.pack_offsets[pack + 1]]
 
 
-def _make_plan(pack_of_item, order, offsets, load, capacity, algorithm, refine_seconds=None):
+def _make_plan(order, offsets, load, num_items, capacity, algorithm, refine_seconds=None):
     return PackPlan(
-        pack_of_item=_frozen(pack_of_item),
-        order=_frozen(order),
-        pack_offsets=_frozen(offsets),
-        pack_load=_frozen(load),
+        order=_frozen(np.asarray(order, dtype=np.int32)),
+        pack_offsets=_frozen(np.asarray(offsets, dtype=np.int64)),
+        pack_load=_frozen(np.asarray(load, dtype=np.int32)),
+        num_items=int(num_items),
         capacity=capacity,
         algorithm=algorithm,
         refine_seconds=refine_seconds,
     )
 
 
-def _empty_plan(capacity: int, algorithm: str) -> PackPlan:
-    z = np.zeros(0, np.int64)
-    return _make_plan(z, z.copy(), np.zeros(1, np.int64), z.copy(), capacity, algorithm)
+def _empty_plan(num_items: int, capacity: int, algorithm: str) -> PackPlan:
+    z = np.zeros(0, np.int32)
+    return _make_plan(z, np.zeros(1, np.int64), z.copy(), num_items, capacity, algorithm)
 
 
-def plan_packs(lengths, capacity, algorithm: str = "ffd", seed=0, *, refine: bool = False) -> PackPlan:
+def _plan_decreasing(arr: np.ndarray, capacity: int, algorithm: str) -> PackPlan:
+    """FFD/BFD straight into the grouped layout: histogram → pack of each placement
+    position → (in place) slot of each position → item of each slot."""
+    counts, slots, num_packs = _decreasing_positions(arr, capacity, algorithm)
+    offsets, load = K._positions_to_slots(slots, counts, num_packs)
+    order = np.empty(slots.shape[0], np.int32)
+    K._scatter_items(arr, counts, slots, order)
+    del slots
+    return _make_plan(order, offsets, load, arr.shape[0], capacity, algorithm)
+
+
+def _plan_compacted(arr: np.ndarray, capacity: int, algorithm: str, seed) -> PackPlan:
+    """Sequential and first-fit-shuffle plans, over the non-empty items only."""
+    keep = None
+    if arr.min() == 0:
+        keep = np.flatnonzero(arr).astype(np.int32)
+        sub = arr[keep]
+    else:
+        sub = arr
+    if sub.shape[0] == 0:
+        return _empty_plan(arr.shape[0], capacity, algorithm)
+    if algorithm == "first-fit-shuffle":
+        _, order, offsets, load, _ = _run_bridge(sub, capacity, seed)
+    else:
+        pack_of_item, num_packs = _run_next_fit(sub, capacity)
+        order, offsets, load = K._group_by_pack(np.arange(sub.shape[0], dtype=np.int32), pack_of_item, sub,
+                                                num_packs)
+    if keep is not None:
+        order = keep[order]
+    return _make_plan(order, offsets, load, arr.shape[0], capacity, algorithm)
+
+
+def plan_packs(lengths, capacity, algorithm: str = "ffd", seed=0, *, refine: bool = False,
+               skip_empty: bool = False) -> PackPlan:
     """Assign items to packs of ``capacity`` tokens.
 
     Parameters
     ----------
     lengths : array-like of int, shape (N,)
-        Item lengths, each in ``[1, capacity]``.
+        Item lengths, each in ``[1, capacity]`` (``[0, capacity]`` with ``skip_empty``).
+        ``int32`` input is used as is; anything else is converted.
     capacity : int
         Pack capacity.
     algorithm : {"ffd", "bfd", "first-fit-shuffle", "sequential"}
@@ -103,6 +143,10 @@ def plan_packs(lengths, capacity, algorithm: str = "ffd", seed=0, *, refine: boo
     refine : bool
         Run :func:`packer_cli.plan.refine_plan` on the result to reduce the
         number of packs (deterministic; the time is in ``refine_seconds``).
+    skip_empty : bool
+        Accept items of length 0 and leave them out of every pack (their
+        ``pack_of_item`` is -1). The other items are planned exactly as if the
+        empty ones were not there.
 
     Returns
     -------
@@ -110,50 +154,42 @@ def plan_packs(lengths, capacity, algorithm: str = "ffd", seed=0, *, refine: boo
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
-    arr, capacity = check_lengths(lengths, capacity)
+    arr, capacity = check_lengths(lengths, capacity, allow_zero=skip_empty)
     if arr.shape[0] == 0:
-        plan = _empty_plan(capacity, algorithm)
-    elif algorithm == "first-fit-shuffle":
-        pack_of_item, order, offsets, load, _ = _run_bridge(arr, capacity, seed)
-        plan = _make_plan(pack_of_item, order, offsets, load, capacity, algorithm)
+        plan = _empty_plan(0, capacity, algorithm)
+    elif algorithm in ("ffd", "bfd"):
+        plan = _plan_decreasing(arr, capacity, algorithm)
     else:
-        run = {"ffd": _run_ffd, "bfd": _run_bfd, "sequential": _run_next_fit}[algorithm]
-        pack_of_item, sequence, num_packs = run(arr, capacity)
-        seq_lengths = K._gather(arr, sequence)
-        order, offsets, load = K._group_by_pack(
-            sequence, K._gather(pack_of_item, sequence), seq_lengths, num_packs
-        )
-        plan = _make_plan(pack_of_item, order, offsets, load, capacity, algorithm)
+        plan = _plan_compacted(arr, capacity, algorithm, seed)
     if refine:
-        from .refine import refine_plan
+        from .refine import _refine
 
-        plan = refine_plan(arr, plan)
+        plan = _refine(arr, plan)
     return plan
 
 
-def validate_plan(plan: PackPlan, lengths, capacity=None) -> None:
+def validate_plan(plan: PackPlan, lengths, capacity=None, *, skip_empty: bool = False) -> None:
     """Check a plan's invariants; raise ``ValueError`` on the first violation.
 
-    Every item is assigned exactly once, ``order``/``pack_offsets`` agree with
-    ``pack_of_item``, loads are the sums of lengths, no pack is empty and no
-    load exceeds the capacity.
+    Every (non-empty, with ``skip_empty``) item is in exactly one pack, loads
+    are the sums of lengths, no pack is empty and no load exceeds the capacity.
     """
     capacity = plan.capacity if capacity is None else capacity
-    arr, capacity = check_lengths(lengths, capacity)
+    arr, capacity = check_lengths(lengths, capacity, allow_zero=skip_empty)
     n = arr.shape[0]
+    packed = np.flatnonzero(arr) if skip_empty else np.arange(n)
     p = plan.num_packs
-    if plan.pack_of_item.shape != (n,) or plan.order.shape != (n,):
+    if plan.num_items != n or plan.order.shape != packed.shape:
         raise ValueError("plan does not cover every item")
-    if plan.pack_offsets.shape != (p + 1,) or plan.pack_offsets[0] != 0 or plan.pack_offsets[-1] != n:
+    if plan.pack_offsets.shape != (p + 1,) or plan.pack_offsets[0] != 0 or plan.pack_offsets[-1] != packed.size:
         raise ValueError("pack_offsets are inconsistent")
-    if n and (np.sort(plan.order) != np.arange(n)).any():
+    if packed.size and (np.sort(plan.order) != packed).any():
         raise ValueError("order is not a permutation of the items")
     sizes = np.diff(plan.pack_offsets)
     if (sizes <= 0).any():
         raise ValueError(f"pack {int(np.flatnonzero(sizes <= 0)[0])} is empty")
-    if (plan.pack_of_item[plan.order] != np.repeat(np.arange(p), sizes)).any():
-        raise ValueError("order does not match pack_of_item")
-    load = np.bincount(plan.pack_of_item, weights=arr, minlength=p).astype(np.int64) if n else np.zeros(0, np.int64)
+    pack_of_slot = np.repeat(np.arange(p), sizes)
+    load = np.bincount(pack_of_slot, weights=arr[plan.order], minlength=p).astype(np.int64)
     if (load != plan.pack_load).any():
         raise ValueError("pack_load does not match the item lengths")
     if p and plan.pack_load.max() > capacity:

@@ -19,9 +19,9 @@ import time
 import numpy as np
 
 from . import _kernels as K
-from ._refine_kernels import _rebuild
+from ._refine_kernels import _collect, _compose, _rebuild
 from ._validate import check_lengths
-from .bounds import martello_toth_l2
+from .bounds import _l2_of_histogram
 from .plan import PackPlan, _make_plan
 
 __all__ = ["refine_plan"]
@@ -33,39 +33,57 @@ _MAX_TRIPLES = 64
 
 
 def _refine_round(arr: np.ndarray, plan: PackPlan, target: int):
-    """One round: rebuild the non-full packs; return a better plan or None."""
+    """One round: rebuild the non-full packs; return a better plan or None.
+
+    Memory: the pool (items of non-full packs, usually a small share) costs
+    12 bytes per pooled item; the new ``order`` 4 bytes per item.
+    """
     capacity = plan.capacity
     nonfull = plan.pack_load < capacity
     num_nonfull = int(nonfull.sum())
     if num_nonfull <= 1:
         return None
-    pool = np.flatnonzero(nonfull[plan.pack_of_item])
-    pool_lengths = np.ascontiguousarray(arr[pool], dtype=np.int64)
-    kept = plan.num_packs - num_nonfull
+    # Sorted by item index so equal lengths are taken in index order.
+    pool = np.sort(_collect(plan.order, plan.pack_offsets, np.flatnonzero(nonfull)))
+    kept_packs = np.flatnonzero(~nonfull)
+    kept = kept_packs.size
     best = None
     for divisor in _THRESHOLD_DIVISORS:
         threshold = max(1, capacity // divisor)
-        pack_of_position, sequence, num_new = _rebuild(pool_lengths, capacity, threshold, _MAX_TRIPLES)
+        sequence, ends, num_new = _rebuild(arr, pool, capacity, threshold, _MAX_TRIPLES)
         if num_new < num_nonfull and (best is None or num_new < best[2]):
-            best = (pack_of_position, sequence, num_new)
+            best = (sequence, ends[: num_new + 1].copy(), num_new)
             if kept + num_new <= target:
                 break
     if best is None:
         return None
-    pack_of_position, sequence, num_new = best
-    # Renumber: kept (full) packs first in their old order, then the new packs.
-    new_id = np.full(plan.num_packs, -1, np.int64)
-    new_id[~nonfull] = np.arange(kept, dtype=np.int64)
-    pack_of_item = new_id[plan.pack_of_item]
-    pack_of_item[pool] = kept + pack_of_position
-    # Placement sequence: kept packs' items in their old order, then the pool's.
-    old_order = np.asarray(plan.order)
-    kept_sequence = old_order[~nonfull[plan.pack_of_item[old_order]]]
-    full_sequence = np.concatenate([kept_sequence, pool[sequence]])
-    order, offsets, load = K._group_by_pack(
-        full_sequence, K._gather(pack_of_item, full_sequence), K._gather(arr, full_sequence), kept + num_new
-    )
-    return _make_plan(pack_of_item, order, offsets, load, capacity, plan.algorithm)
+    sequence, ends, num_new = best
+    del pool
+    # Kept (full) packs first in their old order, then the new packs.
+    order = np.empty(plan.order.shape[0], np.int32)
+    _compose(plan.order, plan.pack_offsets, kept_packs, sequence, order)
+    kept_sizes = np.diff(plan.pack_offsets)[kept_packs]
+    offsets = np.concatenate([[0], np.cumsum(kept_sizes), kept_sizes.sum() + ends[1:]])
+    new_load = np.add.reduceat(arr[sequence], ends[:-1]) if num_new else np.zeros(0, np.int64)
+    load = np.concatenate([plan.pack_load[kept_packs], new_load])
+    return _make_plan(order, offsets, load, plan.num_items, capacity, plan.algorithm)
+
+
+def _refine(arr: np.ndarray, plan: PackPlan, *, max_rounds: int = 4) -> PackPlan:
+    """:func:`refine_plan` on validated lengths (empty items allowed, they stay unpacked)."""
+    start = time.perf_counter()
+    current = plan
+    if plan.order.shape[0]:
+        target = _l2_of_histogram(K._length_histogram(arr, plan.capacity), plan.capacity)
+        for _ in range(max_rounds):
+            if current.num_packs <= target:
+                break
+            better = _refine_round(arr, current, target)
+            if better is None:
+                break
+            current = better
+    return _make_plan(current.order, current.pack_offsets, current.pack_load, current.num_items, plan.capacity,
+                      plan.algorithm + "+refine", refine_seconds=time.perf_counter() - start)
 
 
 def refine_plan(lengths, plan: PackPlan, *, max_rounds: int = 4) -> PackPlan:
@@ -93,26 +111,8 @@ def refine_plan(lengths, plan: PackPlan, *, max_rounds: int = 4) -> PackPlan:
         ``algorithm`` gets a ``"+refine"`` suffix and ``refine_seconds`` the
         wall time of the pass.
     """
-    start = time.perf_counter()
-    arr, capacity = check_lengths(lengths, plan.capacity)
+    skipped = plan.order.shape[0] != plan.num_items
+    arr, _ = check_lengths(lengths, plan.capacity, allow_zero=skipped)
     if arr.shape[0] != plan.num_items:
         raise ValueError(f"plan covers {plan.num_items} items but {arr.shape[0]} lengths were given")
-    current = plan
-    if arr.shape[0]:
-        target = martello_toth_l2(arr, capacity)
-        for _ in range(max_rounds):
-            if current.num_packs <= target:
-                break
-            better = _refine_round(arr, current, target)
-            if better is None:
-                break
-            current = better
-    return _make_plan(
-        np.array(current.pack_of_item),
-        np.array(current.order),
-        np.array(current.pack_offsets),
-        np.array(current.pack_load),
-        capacity,
-        plan.algorithm + "+refine",
-        refine_seconds=time.perf_counter() - start,
-    )
+    return _refine(arr, plan, max_rounds=max_rounds)
