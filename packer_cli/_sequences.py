@@ -1,32 +1,134 @@
-"""From samples to sequences: runtime lengths, alignment padding and the over-long policy.
+"""From samples to sequences (the items the planner packs), without a per-sequence table.
 
 A sample of n tokens has s = n − 1 runtime positions (inputs t[0:n−1], labels t[1:n]). Each
-sequence is padded to p = ceil(s/m)·m. A sample whose p exceeds the pack size C is handled by
-the over-long policy; with ``split`` it becomes several sequences, each covering consecutive
-runtime positions [offset, offset + s) of its sample.
+sequence is padded to p = ceil(s/m)·m. A sample whose s exceeds the maximum sequence length
+``cap`` is handled by the over-long policy; with ``split`` it becomes several sequences, each
+covering consecutive runtime positions [offset, offset + s) of its sample.
+
+Memory is the point of this module. Pass one keeps one int32 per sample (its token count) and
+nothing else per sample: target counts are only ever needed as totals, so they are summed as
+batches go by (:class:`ReadTotals`), and stream positions are stored as runs
+(:class:`SourceMap`), which cost nothing unless records were skipped. Sequences are *derived*
+from the lengths: item ``k < N`` is sample k's first (usually only) sequence, items ``N + e``
+are the further pieces of split samples (a small table). :meth:`Items.resolve` recomputes
+sample, offset, length, padded length and spill position for any run of items, with the spill
+position taken from a prefix sum stored once per 64 samples.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+from numba import njit
 
 from packer_cli.errors import DataError
 from packer_cli.spec import OverlongPolicy, PackSpec
 
+#: Samples per stored spill-offset block (the rest of an offset is summed from the lengths).
+BLOCK = 64
+
 
 @dataclass
-class SequenceTable:
-    """One entry per packed sequence (vectorized int32 columns: 16 bytes a sequence).
+class ReadTotals:
+    """Totals of pass one: everything the summary needs about target tokens and over-long samples."""
 
-    int32 always suffices: lengths are at most the pack size, offsets lie inside one sample
-    (stored as int32 in the shards too) and there are fewer than 2**31 samples.
+    samples: int = 0
+    runtime_tokens: int = 0          # Σ (n − 1) over all samples
+    target_tokens: int = 0           # Σ runtime targets over all samples
+    no_target: int = 0               # samples without a runtime target
+    over_samples: int = 0            # samples with n − 1 > cap
+    over_runtime: int = 0            # Σ (n − 1) over those
+    over_excess: int = 0             # Σ (n − 1 − cap) over those
+    over_targets: int = 0            # Σ runtime targets over those
+    over_tail_targets: int = 0       # Σ targets past the cap over those
+    over_no_target: int = 0          # over-long samples without a runtime target
+    over_pieces: int = 0             # Σ ceil((n − 1) / cap) over those
+    first_over: int = -1             # kept-sample index of the first over-long sample
+
+
+class SourceMap:
+    """Kept sample k → its stream position, stored as runs ``position = k + shift``.
+
+    A new run starts only where records were skipped (bad or too short), so a clean input
+    costs one entry.
     """
 
-    sample: np.ndarray   # index into the kept-sample arrays
-    offset: np.ndarray   # runtime start within the sample
-    length: np.ndarray   # real runtime length s
-    padded: np.ndarray   # padded length p
+    def __init__(self) -> None:
+        self._starts: list[np.ndarray] = []
+        self._shifts: list[np.ndarray] = []
+        self._last = None
+        self._kept = 0
+        self.starts = np.zeros(0, np.int64)
+        self.shifts = np.zeros(0, np.int64)
+
+    def add(self, source_index: np.ndarray) -> None:
+        n = source_index.size
+        if not n:
+            return
+        shift = np.asarray(source_index, dtype=np.int64) - np.arange(self._kept, self._kept + n, dtype=np.int64)
+        change = np.flatnonzero(shift[1:] != shift[:-1]) + 1
+        if self._last is None or shift[0] != self._last:
+            change = np.concatenate([[0], change])
+        self._starts.append(change + self._kept)
+        self._shifts.append(shift[change])
+        self._last = shift[-1]
+        self._kept += n
+
+    def finish(self) -> "SourceMap":
+        if self._starts:
+            self.starts = np.concatenate(self._starts)
+            self.shifts = np.concatenate(self._shifts)
+            self._starts, self._shifts = [], []
+        return self
+
+    def __getitem__(self, samples) -> np.ndarray:
+        samples = np.asarray(samples, dtype=np.int64)
+        if not self.starts.size:
+            return samples
+        run = np.searchsorted(self.starts, samples, side="right") - 1
+        return samples + self.shifts[run]
+
+
+class SampleLog:
+    """What pass one keeps: int32 token counts, the source map and the totals."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._lengths: list[np.ndarray] = []
+        self.sources = SourceMap()
+        self.totals = ReadTotals()
+
+    def add(self, lengths: np.ndarray, source_index: np.ndarray, targets: np.ndarray, tail: np.ndarray) -> None:
+        """One validated batch: ``targets`` are runtime target counts, ``tail`` those past the cap."""
+        t, cap = self.totals, self.cap
+        runtime = lengths.astype(np.int64) - 1
+        over = runtime > cap
+        no_target = targets == 0
+        if over.any():
+            if t.first_over < 0:
+                t.first_over = t.samples + int(np.argmax(over))
+            r = runtime[over]
+            t.over_samples += int(over.sum())
+            t.over_runtime += int(r.sum())
+            t.over_excess += int((r - cap).sum())
+            t.over_targets += int(targets[over].sum())
+            t.over_tail_targets += int(tail[over].sum())
+            t.over_no_target += int((no_target & over).sum())
+            t.over_pieces += int((-(-r // cap)).sum())
+        t.samples += lengths.size
+        t.runtime_tokens += int(runtime.sum())
+        t.target_tokens += int(targets.sum())
+        t.no_target += int(no_target.sum())
+        if lengths.size and lengths.max() >= 2**31:
+            raise DataError(f"a sample of {int(lengths.max())} tokens is longer than packer supports (2**31 - 1)")
+        self._lengths.append(lengths.astype(np.int32))
+        self.sources.add(source_index)
+
+    def lengths(self) -> np.ndarray:
+        """All token counts as one int32 array (the per-batch pieces are released)."""
+        out = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int32)
+        self._lengths.clear()
+        return out
 
 
 @dataclass
@@ -35,52 +137,156 @@ class OverlongCounts:
     tokens_lost: int = 0
     targets_lost: int = 0
     pieces: int = 0
+    dropped: int = 0
 
 
-def build_sequences(lengths: np.ndarray, tail_targets: np.ndarray, targets: np.ndarray,
-                    spec: PackSpec, locate) -> tuple[SequenceTable, OverlongCounts, np.ndarray]:
-    """Sequences of all kept samples under the spec's alignment and over-long policy.
+@njit(cache=True, nogil=True)
+def _first_pieces(lengths, cap, m, drop, out):
+    """Padded length of each sample's first sequence (0 when dropped); returns how many
+    sequences have alignment padding."""
+    misaligned = 0
+    for k in range(lengths.size):
+        s = lengths[k] - 1
+        if s > cap:
+            if drop:
+                out[k] = 0
+                continue
+            s = cap
+        p = (s + m - 1) // m * m
+        out[k] = p
+        if p != s:
+            misaligned += 1
+    return misaligned
 
-    ``lengths`` are sample token counts (n ≥ 2); ``targets`` the runtime target counts and
-    ``tail_targets`` the targets a truncation to the maximum length would lose. Returns the
-    table, the over-long counts and a boolean mask of samples that were dropped.
-    """
-    m, cap = spec.pad_multiple, spec.max_sequence_length
-    runtime = lengths - 1
-    over = runtime > cap
-    counts = OverlongCounts(samples=int(over.sum()))
-    dropped = np.zeros(lengths.size, dtype=bool)
-    policy = spec.overlong
-    if counts.samples and policy is OverlongPolicy.ERROR:
-        first = int(np.flatnonzero(over)[0])
+
+@njit(cache=True, nogil=True)
+def _extra_pieces(lengths, cap, samples, out_sample, out_offset, out_length):
+    """Pieces 2.. of the split samples ``samples`` (in sample order)."""
+    e = 0
+    for k in samples:
+        s = lengths[k] - 1
+        offset = cap
+        while offset < s:
+            out_sample[e] = k
+            out_offset[e] = offset
+            out_length[e] = min(s - offset, cap)
+            offset += cap
+            e += 1
+
+
+@njit(cache=True, nogil=True)
+def _resolve(items, lengths, block_start, block, cap, m, extra_sample, extra_offset, extra_length,
+             sample, offset, length, padded, src):
+    n = lengths.size
+    for t in range(items.size):
+        q = items[t]
+        if q < n:
+            k = q
+            o = 0
+            s = min(lengths[k] - 1, cap)
+        else:
+            e = q - n
+            k = extra_sample[e]
+            o = extra_offset[e]
+            s = extra_length[e]
+        start = block_start[k // block]
+        for j in range(k - k % block, k):
+            start += lengths[j]
+        sample[t] = k
+        offset[t] = o
+        length[t] = s
+        padded[t] = (s + m - 1) // m * m
+        src[t] = start + o
+
+
+@njit(cache=True, nogil=True)
+def _block_starts(lengths, block):
+    out = np.zeros((lengths.size + block - 1) // block + 1, np.int64)
+    acc = 0
+    for k in range(lengths.size):
+        if k % block == 0:
+            out[k // block] = acc
+        acc += lengths[k]
+    out[-1] = acc
+    return out
+
+
+@dataclass
+class Resolved:
+    """Per-sequence columns of a run of items (run-sized arrays)."""
+
+    sample: np.ndarray   # int32 kept-sample index
+    offset: np.ndarray   # int32 runtime start within the sample
+    length: np.ndarray   # int32 real runtime length s
+    padded: np.ndarray   # int32 padded length p
+    src: np.ndarray      # int64 position of the sequence's first token in the spill
+
+
+@dataclass
+class Items:
+    """The sequences to pack, derived from the sample lengths (see the module docstring)."""
+
+    lengths: np.ndarray | None      # int32 token count of each kept sample
+    num_samples: int
+    cap: int
+    m: int
+    extra_sample: np.ndarray        # pieces 2.. of split samples: item N + e
+    extra_offset: np.ndarray
+    extra_length: np.ndarray
+    misaligned: int                 # sequences whose padded length differs from the real one
+    block_start: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+
+    @property
+    def num_items(self) -> int:
+        return self.num_samples + self.extra_sample.size
+
+    def attach(self, lengths: np.ndarray) -> None:
+        """(Re)attach the sample lengths and index the spill offsets, once per 64 samples."""
+        self.lengths = lengths
+        self.block_start = _block_starts(lengths, BLOCK)
+
+    def sample_ends(self) -> np.ndarray:
+        """Spill position one past each sample's last token (int64, one per sample)."""
+        return np.cumsum(self.lengths, dtype=np.int64)
+
+    def resolve(self, items: np.ndarray) -> Resolved:
+        items = np.ascontiguousarray(items)
+        r = Resolved(*(np.empty(items.size, np.int32) for _ in range(4)), np.empty(items.size, np.int64))
+        _resolve(items, self.lengths, self.block_start, BLOCK, self.cap, self.m, self.extra_sample,
+                 self.extra_offset, self.extra_length, r.sample, r.offset, r.length, r.padded, r.src)
+        return r
+
+
+def build_items(lengths: np.ndarray, totals: ReadTotals, spec: PackSpec, locate) -> tuple[Items, np.ndarray, OverlongCounts]:
+    """The items of all kept samples and their padded lengths (the planner's input, int32,
+    0 for dropped samples), under the spec's alignment and over-long policy."""
+    m, cap, policy = spec.pad_multiple, spec.max_sequence_length, spec.overlong
+    counts = OverlongCounts(samples=totals.over_samples)
+    if totals.over_samples and policy is OverlongPolicy.ERROR:
+        first = totals.first_over
         raise DataError(
-            f"{locate(first)}: sample has {runtime[first]} runtime tokens, more than the "
+            f"{locate(first)}: sample has {int(lengths[first]) - 1} runtime tokens, more than the "
             f"{cap} a pack of {spec.pack_size} can hold (alignment {m}); use --overlong truncate|drop|split"
         )
-    sample = np.arange(lengths.size, dtype=np.int64)
-    if policy is OverlongPolicy.SPLIT and counts.samples:
-        pieces = np.where(over, -(-runtime // cap), 1)
-        counts.pieces = int(pieces[over].sum())
-        sample = np.repeat(sample, pieces)
-        first_piece = np.concatenate([[0], np.cumsum(pieces)[:-1]])
-        offset = (np.arange(sample.size) - np.repeat(first_piece, pieces)) * cap
-        length = np.minimum(runtime[sample] - offset, cap)
-        return _table(sample, offset, length, m), counts, dropped
     if policy is OverlongPolicy.DROP:
-        dropped = over
-        counts.tokens_lost = int(runtime[over].sum())
-        counts.targets_lost = int(targets[over].sum())
-        sample = sample[~over]
-        length = runtime[~over]
-    else:  # truncate
-        counts.tokens_lost = int((runtime[over] - cap).sum())
-        counts.targets_lost = int(tail_targets[over].sum())
-        length = np.minimum(runtime, cap)
-    return _table(sample, np.zeros(sample.size, dtype=np.int64), length, m), counts, dropped
-
-
-def _table(sample, offset, length, m) -> SequenceTable:
-    length = length.astype(np.int32)
-    padded = (-(-length // m) * m).astype(np.int32)
-    return SequenceTable(sample=sample.astype(np.int32), offset=offset.astype(np.int32), length=length,
-                         padded=padded)
+        counts.dropped = totals.over_samples
+        counts.tokens_lost = totals.over_runtime
+        counts.targets_lost = totals.over_targets
+    elif policy is OverlongPolicy.TRUNCATE:
+        counts.tokens_lost = totals.over_excess
+        counts.targets_lost = totals.over_tail_targets
+    elif policy is OverlongPolicy.SPLIT:
+        counts.pieces = totals.over_pieces
+    padded_first = np.empty(lengths.size, np.int32)
+    misaligned = _first_pieces(lengths, cap, m, policy is OverlongPolicy.DROP, padded_first)
+    n_extra = counts.pieces - counts.samples if policy is OverlongPolicy.SPLIT else 0
+    extra = [np.empty(n_extra, np.int32) for _ in range(3)]
+    if n_extra:
+        over = np.flatnonzero(lengths.astype(np.int64) - 1 > cap)
+        _extra_pieces(lengths, cap, over, *extra)
+        extra_padded = (-(-extra[2] // m) * m).astype(np.int32)
+        misaligned += int((extra_padded != extra[2]).sum())
+        padded_first = np.concatenate([padded_first, extra_padded])
+    items = Items(lengths=None, num_samples=lengths.size, cap=cap, m=m, extra_sample=extra[0],
+                  extra_offset=extra[1], extra_length=extra[2], misaligned=misaligned)
+    return items, padded_first, counts

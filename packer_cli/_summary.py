@@ -9,17 +9,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packer_cli.plan import martello_toth_l2
+from packer_cli.plan.bounds import _l2_of_histogram
 from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION
 from packer_cli.spec import OverlongPolicy, PackSpec
 
 
-def bridge_keys(pack_load: np.ndarray, seqs_per_pack: np.ndarray, padded: np.ndarray, pack_size: int) -> dict:
+def bridge_keys(pack_load: np.ndarray, seqs_per_pack: np.ndarray, max_padded: int, sequences: int,
+                pack_size: int) -> dict:
     """Megatron-Bridge's six metadata keys, in runtime tokens including alignment padding."""
     return {
-        "dataset_max_seqlen": int(padded.max()),
+        "dataset_max_seqlen": int(max_padded),
         "max_samples_per_bin": int(seqs_per_pack.max()),
-        "packing_factor": round(float(padded.size / pack_load.size), 2),
+        "packing_factor": round(float(sequences / pack_load.size), 2),
         "packing_efficiency": round(float(pack_load.mean() / pack_size * 100), 2),
         "pack_size": int(pack_size),
         "min_packed_seqlen": int(pack_load.min()),
@@ -58,39 +59,52 @@ class PackSummary:
         return record
 
 
-def summarize(*, spec: PackSpec, files, stream, read_counts, bad_listed, lengths, targets, dropped, seqs,
-              overlong, plan, pack_order, out, dry_run) -> PackSummary:
+def summarize(*, spec: PackSpec, files, stream, read_counts, bad_listed, totals, overlong, padded_hist, plan,
+              out, dry_run) -> PackSummary:
+    """The run's record. ``totals`` are pass one's :class:`~packer_cli._sequences.ReadTotals`,
+    ``padded_hist`` the histogram of the planned (padded) sequence lengths (index 0: dropped)."""
     C = spec.pack_size
     n_packs = plan.num_packs
     seqs_per_pack = np.diff(plan.pack_offsets)
-    padded_total = int(seqs.padded.sum())
-    runtime_total = int(seqs.length.sum())
-    kept = ~dropped
-    targets_kept = int(targets[kept].sum())
-    if spec.overlong is OverlongPolicy.TRUNCATE:
-        targets_kept -= overlong.targets_lost
+    hist = np.asarray(padded_hist, dtype=np.int64).copy()
+    hist[0] = 0
+    sequences = int(hist.sum())
+    padded_total = int(hist @ np.arange(hist.size, dtype=np.int64))
+    max_padded = int(np.flatnonzero(hist)[-1])
+    policy = spec.overlong
+    dropped = overlong.dropped
+    runtime_total = totals.runtime_tokens
+    targets_kept = totals.target_tokens
+    no_target = totals.no_target
+    if policy is OverlongPolicy.TRUNCATE:
+        runtime_total -= totals.over_excess
+        targets_kept -= totals.over_tail_targets
+    elif policy is OverlongPolicy.DROP:
+        runtime_total -= totals.over_runtime
+        targets_kept -= totals.over_targets
+        no_target -= totals.over_no_target
     lower = -(-padded_total // C)
-    l2 = int(martello_toth_l2(seqs.padded, C))
+    l2 = _l2_of_histogram(hist, C)
     counts = {
         "records": read_counts["records"],
         "bad_records": read_counts["bad_records"],
         "too_short_dropped": read_counts["too_short"],
-        "no_target_samples": int(((targets == 0) & kept).sum()),
-        "samples_packed": int(kept.sum()),
-        "sequences": int(seqs.padded.size),
+        "no_target_samples": int(no_target),
+        "samples_packed": int(totals.samples - dropped),
+        "sequences": sequences,
         "packs": int(n_packs),
-        "runtime_tokens": runtime_total,
+        "runtime_tokens": int(runtime_total),
         "padded_tokens": padded_total,
         "target_tokens": int(targets_kept),
-        "alignment_padding": padded_total - runtime_total,
+        "alignment_padding": padded_total - int(runtime_total),
         "tail_padding": n_packs * C - padded_total,
         "overlong": {
-            "policy": spec.overlong.value,
+            "policy": policy.value,
             "samples": overlong.samples,
             "tokens_lost": overlong.tokens_lost,
             "target_tokens_lost": overlong.targets_lost,
             "extra_pieces": max(0, overlong.pieces - overlong.samples),
-            "dropped": int(dropped.sum()),
+            "dropped": int(dropped),
         },
     }
     quality = {
@@ -104,7 +118,7 @@ def summarize(*, spec: PackSpec, files, stream, read_counts, bad_listed, lengths
         "gap_to_l2": n_packs - l2,
         "gap_to_l2_pct": 100.0 * (n_packs - l2) / l2,
     }
-    bridge = bridge_keys(plan.pack_load, seqs_per_pack, seqs.padded, C)
+    bridge = bridge_keys(plan.pack_load, seqs_per_pack, max_padded, sequences, C)
     static = {
         "pack_len": C if spec.pad_to_max_length else None,
         "cu_seqlens_len": bridge["max_samples_per_bin"] + 2,

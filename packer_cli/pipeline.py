@@ -26,16 +26,17 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+from numba import njit
 
 from packer_cli import __version__
 from packer_cli._background import background, ordered_map
-from packer_cli._sequences import SequenceTable, build_sequences
+from packer_cli._sequences import Items, SampleLog, SourceMap, build_items
 from packer_cli._summary import PackSummary, summarize
 from packer_cli.errors import ConfigError, DataError
 from packer_cli.plan import plan_packs
 from packer_cli.progress import Progress
 from packer_cli.shards._atomic import replace_dir
-from packer_cli.shards._gather import SpillReader, output_order
+from packer_cli.shards._gather import SpillReader, run_items
 from packer_cli.shards.bridge_output import BridgeOutput
 from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, seal_metadata
 from packer_cli.shards.writer import ShardWriter, pack_record_batch
@@ -45,42 +46,6 @@ from packer_cli.spec import PackSpec, SourceSpec
 DEFAULT_SHARD_BYTES = 256 << 20
 BATCH_TOKENS = 8 << 20  # tokens per record batch: bounds gather memory (~45 MB)
 MAX_LISTED_BAD = 1000
-
-
-@dataclass
-class _Samples:
-    """Per-sample columns collected in pass one (the only per-sample state kept in memory).
-
-    Columns are stored in the narrowest safe dtype (int32 unless a value needs more), so the
-    resident cost stays at 16 bytes per sample however many tokens the samples hold.
-    """
-
-    lengths: list = field(default_factory=list)
-    source_index: list = field(default_factory=list)
-    targets: list = field(default_factory=list)
-    tail_targets: list = field(default_factory=list)
-
-    def add(self, lengths: np.ndarray, source_index: np.ndarray, targets: np.ndarray, tail: np.ndarray) -> None:
-        self.lengths.append(_narrow(lengths))
-        self.source_index.append(_narrow(source_index))
-        self.targets.append(_narrow(targets))
-        self.tail_targets.append(_narrow(tail))
-
-    def arrays(self):
-        """The four columns, concatenated; the per-batch pieces are released."""
-        def cat(parts: list) -> np.ndarray:
-            out = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-            parts.clear()
-            return out
-
-        return cat(self.lengths), cat(self.source_index), cat(self.targets), cat(self.tail_targets)
-
-
-def _narrow(values: np.ndarray) -> np.ndarray:
-    """int32 when every value fits, else int64 (concatenation promotes mixed pieces)."""
-    if values.size == 0 or (values.min() >= -(2**31) and values.max() < 2**31):
-        return values.astype(np.int32, copy=False)
-    return values.astype(np.int64, copy=False)
 
 
 def _target_counts(batch, cap: int):
@@ -94,8 +59,8 @@ def _target_counts(batch, cap: int):
 
 
 def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress: Progress):
-    """Pass one: validate, spill tokens/targets, keep lengths and counts."""
-    samples = _Samples()
+    """Pass one: validate, spill tokens/targets, keep lengths and totals."""
+    log = SampleLog(cap)
     counts = {"records": 0, "too_short": 0, "bad_records": 0}
     bad_listed: list[dict] = []
     tok_file = tgt_file = None
@@ -106,17 +71,18 @@ def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress
         task = progress.task("reading", total=None, unit="samples")
         with closing(background(iter(stream), depth=2)) as validated:  # read + validate on a second core
             for batch in validated:
-                _take(batch, counts, bad_listed, samples, cap, tok_file, tgt_file)
+                _take(batch, counts, bad_listed, log, cap, tok_file, tgt_file)
                 progress.advance(task, batch.records)
     finally:
         if tok_file:
             tok_file.close()
             tgt_file.close()
-    return samples, counts, bad_listed
+    log.sources.finish()
+    return log, counts, bad_listed
 
 
-def _take(batch, counts: dict, bad_listed: list, samples: _Samples, cap: int, tok_file, tgt_file) -> None:
-    """Count one validated batch, keep its per-sample columns and spill its tokens and targets."""
+def _take(batch, counts: dict, bad_listed: list, log: SampleLog, cap: int, tok_file, tgt_file) -> None:
+    """Count one validated batch, keep its lengths and totals and spill its tokens and targets."""
     counts["records"] += batch.records
     counts["too_short"] += batch.too_short
     counts["bad_records"] += len(batch.bad)
@@ -124,51 +90,51 @@ def _take(batch, counts: dict, bad_listed: list, samples: _Samples, cap: int, to
         bad_listed.append({"path": bad.path, "row": bad.row, "line": bad.line, "reason": bad.reason})
     if batch.lengths.size:
         runtime, tail = _target_counts(batch, cap)
-        samples.add(batch.lengths, batch.source_index, runtime, tail)
+        log.add(batch.lengths, batch.source_index, runtime, tail)
         if tok_file:
             batch.tokens.tofile(tok_file)
             batch.targets.tofile(tgt_file)
 
 
-def _output_sequences(plan, pack_order: np.ndarray):
-    """Sequence indices in output order and the per-output-pack offsets into them."""
-    return output_order(plan.order, plan.pack_offsets, np.ascontiguousarray(pack_order, dtype=np.int64))
+def _plan(padded: np.ndarray, spec: PackSpec, progress: Progress):
+    task = progress.task("planning", total=None, unit="sequences")
+    plan = plan_packs(padded, spec.pack_size, spec.algorithm.value, seed=spec.seed, refine=spec.refines,
+                      skip_empty=True)
+    progress.advance(task, plan.order.size)
+    return plan
 
 
-def _runs(pack_tokens: np.ndarray):
+def _pack_order(num_packs: int, spec: PackSpec) -> np.ndarray:
+    """Output position → plan pack (int32: 4 bytes a pack)."""
+    if spec.shuffle:
+        return np.random.default_rng(spec.seed).permutation(num_packs).astype(np.int32)
+    return np.arange(num_packs, dtype=np.int32)
+
+
+def _runs(pack_load: np.ndarray, pack_order: np.ndarray):
     """(first, end) output packs of each record batch: about ``BATCH_TOKENS`` tokens, at least one pack."""
-    n_packs = pack_tokens.size - 1
-    a = 0
-    while a < n_packs:
-        b = int(np.searchsorted(pack_tokens, pack_tokens[a] + BATCH_TOKENS, side="right")) - 1
-        b = min(max(b, a + 1), n_packs)
-        yield a, b
-        a = b
+    ends = _run_ends(pack_load, pack_order, BATCH_TOKENS)
+    return zip(np.concatenate([[0], ends[:-1]]).tolist(), ends.tolist())
 
 
-def _write_shards(tmp: str, spill_dir: str, seqs: SequenceTable, sample_start, source_index,
-                  plan, pack_order, spec: PackSpec, shard_bytes: int, progress: Progress) -> list[dict]:
+def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, plan, pack_order, spec: PackSpec,
+                  shard_bytes: int, progress: Progress) -> list[dict]:
     """Pass two: two threads gather runs of packs (``pread`` from the spill, compiled, GIL
-    released) while this thread writes and hashes the record batches in order."""
-    order, pack_offsets = _output_sequences(plan, pack_order)
-    pack_tokens = np.concatenate([[0], np.cumsum(plan.pack_load[pack_order])])
+    released) while this thread writes and hashes the record batches in order. Everything
+    per sequence is recomputed per run from the sample lengths (:meth:`Items.resolve`)."""
     writer = ShardWriter(tmp, shard_bytes)
     task = progress.task("writing", total=pack_order.size, unit="packs")
 
     def gather(spill: SpillReader, a: int, b: int):
-        s0, s1 = pack_offsets[a], pack_offsets[b]
-        run_offsets = pack_offsets[a:b + 1] - s0
-        run = order[s0:s1]
-        tokens, mask, last, cu, buffers = spill.gather(
-            sample_start, seqs.sample, seqs.offset, seqs.length, seqs.padded, run, run_offsets, spec.pad_id,
-            min_buffer=BATCH_TOKENS + spec.pack_size,
-        )
-        batch = pack_record_batch(tokens, mask, cu, seqs.length[run], last, source_index[seqs.sample[run]],
-                                  seqs.offset[run], run_offsets)
+        run, run_offsets = run_items(plan.order, plan.pack_offsets, pack_order[a:b])
+        seq = items.resolve(run)
+        tokens, mask, last, cu, buffers = spill.gather(seq.src, seq.length, seq.padded, run_offsets, spec.pad_id,
+                                                       min_buffer=BATCH_TOKENS + spec.pack_size)
+        batch = pack_record_batch(tokens, mask, cu, seq.length, last, sources[seq.sample], seq.offset, run_offsets)
         return batch, int(tokens.size), b - a, buffers
 
     with SpillReader(spill_dir) as spill:
-        runs = ordered_map(lambda run: gather(spill, *run), _runs(pack_tokens), workers=2, ahead=3)
+        runs = ordered_map(lambda run: gather(spill, *run), _runs(plan.pack_load, pack_order), workers=2, ahead=3)
         with closing(runs) as gathered:
             for batch, n_tokens, n_packs, buffers in gathered:
                 writer.write(batch, n_tokens)
@@ -176,6 +142,34 @@ def _write_shards(tmp: str, spill_dir: str, seqs: SequenceTable, sample_start, s
                 spill.recycle(buffers)
                 progress.advance(task, n_packs)
     return writer.finish()
+
+
+def _park(lengths: np.ndarray, spill_dir: str | None):
+    """Move the sample lengths out of memory (into the spill directory) while the planner runs."""
+    if not spill_dir:
+        return None  # dry run: nothing needs them after the plan
+    path = os.path.join(spill_dir, "lengths.bin")
+    lengths.tofile(path)
+    return path
+
+
+def _unpark(path: str) -> np.ndarray:
+    return np.fromfile(path, dtype=np.int32)
+
+
+@njit(cache=True, nogil=True)
+def _run_ends(pack_load, pack_order, budget):
+    """End (exclusive output pack) of each run of about ``budget`` tokens, at least one pack each."""
+    ends = []
+    acc = 0
+    for k in range(pack_order.size):
+        acc += pack_load[pack_order[k]]
+        if acc >= budget:
+            ends.append(k + 1)
+            acc = 0
+    if acc > 0 or not ends:
+        ends.append(pack_order.size)
+    return np.array(ends, dtype=np.int64)
 
 
 def _write_json(path: str, obj) -> None:
@@ -238,36 +232,35 @@ def pack(
             os.makedirs(spill_dir)
         with Progress(enabled=progress) as bar:
             stream = SampleStream(files, source)
-            samples, read_counts, bad_listed = _read_inputs(stream, spill_dir, spec.max_sequence_length, bar)
-            lengths, source_index, targets, tail_targets = samples.arrays()
+            log, read_counts, bad_listed = _read_inputs(stream, spill_dir, spec.max_sequence_length, bar)
             if read_counts["records"] == 0:
                 raise DataError(f"{files[0].path}: empty input (no records)")
-            seqs, overlong, dropped = build_sequences(
-                lengths, tail_targets, targets, spec,
-                locate=lambda k: stream.locate(int(source_index[k])),
-            )
-            if seqs.padded.size == 0:
+            sources, totals = log.sources, log.totals
+            lengths = log.lengths()
+            items, padded, overlong = build_items(
+                lengths, totals, spec, locate=lambda k: stream.locate(int(sources[[k]][0])))
+            padded_hist = np.bincount(padded, minlength=spec.pack_size + 1)
+            if padded_hist[1:].sum() == 0:
                 raise DataError("no samples left to pack (all were too short, bad or dropped)")
-            task = bar.task("planning", total=None, unit="sequences")
-            plan = plan_packs(seqs.padded, spec.pack_size, spec.algorithm.value, seed=spec.seed,
-                              refine=spec.refines)
-            bar.advance(task, seqs.padded.size)
-            pack_order = (np.random.default_rng(spec.seed).permutation(plan.num_packs)
-                          if spec.shuffle else np.arange(plan.num_packs))
+            # Only the planner's input and output are resident while it runs: the sample
+            # lengths wait in the spill directory (4 bytes a sample less at the peak).
+            lengths = _park(lengths, spill_dir)
+            plan = _plan(padded, spec, bar)
+            del padded
+            pack_order = _pack_order(plan.num_packs, spec)
             manifest = None
             if tmp:
-                sample_start = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+                items.attach(_unpark(lengths))
+                del lengths
                 if output:
-                    manifest = output.write(tmp, spill_dir, seqs, sample_start, lengths, source_index, plan,
-                                            pack_order, spec, bar)
+                    manifest = output.write(tmp, spill_dir, items, sources, plan, pack_order, spec, bar)
                 else:
-                    entries = _write_shards(tmp, spill_dir, seqs, sample_start, source_index, plan,
-                                            pack_order, spec, shard_bytes, bar)
+                    entries = _write_shards(tmp, spill_dir, items, sources, plan, pack_order, spec,
+                                            shard_bytes, bar)
                     manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "shards": entries}
         summary = summarize(
             spec=spec, files=files, stream=stream, read_counts=read_counts, bad_listed=bad_listed,
-            lengths=lengths, targets=targets, dropped=dropped, seqs=seqs, overlong=overlong,
-            plan=plan, pack_order=pack_order, out=out, dry_run=dry_run,
+            totals=totals, overlong=overlong, padded_hist=padded_hist, plan=plan, out=out, dry_run=dry_run,
         )
         if summary.counts["no_target_samples"] and warn:
             warn(f"{summary.counts['no_target_samples']} samples have no target tokens (kept, they add no loss)")

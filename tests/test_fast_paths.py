@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from naive import gather_packs
-from packer_cli.shards._gather import SpillReader, output_order
+from packer_cli.shards._gather import SpillReader, run_items
 from packer_cli.shards.writer import ShardWriter, file_checksum, pack_record_batch
 from packer_cli.sources import normalize
 from packer_cli.sources.normalize import Supervision, normalize_batch
@@ -79,19 +79,19 @@ def test_pread_gather_matches_memmap_gather(tmp_path):
     offset = np.where(np.arange(sample.size) % 2 == 1, 1, 0).astype(np.int64)
     length = np.maximum(1, lengths[sample] - 1 - offset - rng.integers(0, 2, sample.size))
     padded = -(-length // 4) * 4
-    plan_order = rng.permutation(sample.size).astype(np.int64)
+    plan_order = rng.permutation(sample.size).astype(np.int32)
     plan_offsets = np.concatenate([[0], np.cumsum(np.full(sample.size // 6, 6))]).astype(np.int64)
-    pack_order = rng.permutation(plan_offsets.size - 1).astype(np.int64)
-    order, pack_offsets = output_order(plan_order, plan_offsets, pack_order)
+    pack_order = rng.permutation(plan_offsets.size - 1).astype(np.int32)
     spill_tokens = np.memmap(tmp_path / "tokens.bin", dtype=np.int32, mode="r")
     spill_targets = np.memmap(tmp_path / "targets.bin", dtype=np.uint8, mode="r")
     with SpillReader(str(tmp_path)) as spill:
         for a, b in [(0, 1), (3, 40), (40, pack_order.size)]:
-            s0, s1 = pack_offsets[a], pack_offsets[b]
-            run, run_offsets = order[s0:s1], pack_offsets[a:b + 1] - s0
+            run, run_offsets = run_items(plan_order, plan_offsets, pack_order[a:b])
+            want_run = np.concatenate([plan_order[plan_offsets[p]:plan_offsets[p + 1]] for p in pack_order[a:b]])
+            np.testing.assert_array_equal(run, want_run)
             want = gather_packs(spill_tokens, spill_targets, starts, sample[run], offset[run], length[run], padded[run],
                                 run_offsets, 7)
-            got = spill.gather(starts, sample, offset, length, padded, run, run_offsets, 7)
+            got = spill.gather(starts[sample[run]] + offset[run], length[run], padded[run], run_offsets, 7)
             for g, w in zip(got[:4], want):
                 np.testing.assert_array_equal(g, w)
             spill.recycle(got[4])

@@ -51,16 +51,17 @@ def _read_exact(fd, address, nbytes, offset):
 
 
 @njit(cache=True, nogil=True)
-def _pread_gather_kernel(fd_tokens, fd_targets, sample_start, order, seq_sample, seq_offset, seq_len, seq_pad,
-                         pack_seq_offsets, pad_id, out_tokens, out_mask, out_last, out_cu):
-    """Copy the sequences ``order[...]`` of the full sequence table, pack by pack.
+def _pread_gather_kernel(fd_tokens, fd_targets, seq_src, seq_len, seq_pad, pack_seq_offsets, pad_id,
+                         out_tokens, out_mask, out_last, out_cu):
+    """Copy a run of sequences (in output order), pack by pack.
 
-    For sequence i (start ``src`` in the spill, real length s, padded length p): s input tokens,
-    then p − s copies of ``pad_id``; the label-aligned mask is the targets of tokens 1..s; the
-    last label is token s; ``out_cu`` gets each pack's physical offsets (N_k + 1 entries).
-    Each sequence costs two ``pread`` calls: its s+1 tokens (the last one is the final label,
-    overwritten by padding or the next sequence; ``out_tokens`` has one spare slot at the end)
-    and the s target flags after its first token. Returns False when a read fails.
+    For sequence i (first token at ``seq_src[i]`` in the spill, real length s, padded length p):
+    s input tokens, then p − s copies of ``pad_id``; the label-aligned mask is the targets of
+    tokens 1..s; the last label is token s; ``out_cu`` gets each pack's physical offsets
+    (N_k + 1 entries). Each sequence costs two ``pread`` calls: its s+1 tokens (the last one is
+    the final label, overwritten by padding or the next sequence; ``out_tokens`` has one spare
+    slot at the end) and the s target flags after its first token. Returns False when a read
+    fails.
     """
     tok_base = out_tokens.ctypes.data
     mask_base = out_mask.ctypes.data
@@ -71,10 +72,9 @@ def _pread_gather_kernel(fd_tokens, fd_targets, sample_start, order, seq_sample,
         out_cu[cu_pos] = 0
         cu_pos += 1
         for i in range(pack_seq_offsets[k], pack_seq_offsets[k + 1]):
-            q = order[i]
-            src = sample_start[seq_sample[q]] + seq_offset[q]
-            s = seq_len[q]
-            p = seq_pad[q]
+            src = seq_src[i]
+            s = seq_len[i]
+            p = seq_pad[i]
             if not _read_exact(fd_tokens, tok_base + pos * 4, (s + 1) * 4, src * 4):
                 return False
             if not _read_exact(fd_targets, mask_base + pos, s, src + 1):
@@ -99,23 +99,24 @@ def _pread_tokens_kernel(fd_tokens, positions, out):
 
 
 @njit(cache=True, nogil=True)
-def _output_order_kernel(plan_order, plan_offsets, pack_order, out_order, out_offsets):
+def _run_items_kernel(plan_order, plan_offsets, pack_order, out_items, out_offsets):
     pos = 0
     out_offsets[0] = 0
     for k in range(pack_order.size):
         p = pack_order[k]
         for i in range(plan_offsets[p], plan_offsets[p + 1]):
-            out_order[pos] = plan_order[i]
+            out_items[pos] = plan_order[i]
             pos += 1
         out_offsets[k + 1] = pos
 
 
-def output_order(plan_order: np.ndarray, plan_offsets: np.ndarray, pack_order: np.ndarray):
-    """Sequence indices in output pack order, and each output pack's offsets into them."""
-    out_order = np.empty(plan_order.size, dtype=np.int64)
+def run_items(plan_order: np.ndarray, plan_offsets: np.ndarray, pack_order: np.ndarray):
+    """The items of the packs ``pack_order`` (in that order) and each pack's offsets into them."""
+    sizes = plan_offsets[1:][pack_order] - plan_offsets[:-1][pack_order]
+    out_items = np.empty(int(sizes.sum()), dtype=plan_order.dtype)
     out_offsets = np.empty(pack_order.size + 1, dtype=np.int64)
-    _output_order_kernel(plan_order, plan_offsets, pack_order, out_order, out_offsets)
-    return out_order, out_offsets
+    _run_items_kernel(plan_order, plan_offsets, pack_order, out_items, out_offsets)
+    return out_items, out_offsets
 
 
 class SpillReader:
@@ -165,23 +166,25 @@ class SpillReader:
             raise OSError("reading the spill files failed (were they removed or truncated?)")
         return out
 
-    def gather(self, sample_start, seq_sample, seq_offset, seq_len, seq_pad, order, pack_seq_offsets, pad_id,
-               min_buffer: int = 0):
-        """Gather the packs of the output-order sequences ``order`` (delimited by
-        ``pack_seq_offsets``) from the full sequence table.
+    def gather(self, seq_src, seq_len, seq_pad, pack_seq_offsets, pad_id, min_buffer: int = 0):
+        """Gather a run of packs: sequence i starts at spill position ``seq_src[i]``, has real
+        length ``seq_len[i]`` and padded length ``seq_pad[i]``; ``pack_seq_offsets`` delimits
+        the packs.
 
         Returns ``tokens`` (int32), ``loss_mask`` (uint8, label-aligned), ``last_token`` (int32
         per sequence), ``cu_seqlens`` (int32, N_k+1 entries per pack, concatenated) and the
         buffers to :meth:`recycle` (new ones hold at least ``min_buffer`` tokens)."""
-        n_seq = order.size
+        n_seq = seq_len.size
         n_packs = pack_seq_offsets.size - 1
-        total = int(seq_pad[order].sum())
+        total = int(seq_pad.sum(dtype=np.int64))
         buffers = self._buffers(max(total, min_buffer))
         out_tokens, out_mask = buffers
         out_last = np.empty(n_seq, dtype=np.int32)
         out_cu = np.empty(n_seq + n_packs, dtype=np.int32)
-        ok = _pread_gather_kernel(self._fds[0], self._fds[1], sample_start, order, seq_sample, seq_offset, seq_len,
-                                  seq_pad, pack_seq_offsets, np.int32(pad_id), out_tokens, out_mask, out_last, out_cu)
+        ok = _pread_gather_kernel(self._fds[0], self._fds[1], np.ascontiguousarray(seq_src, dtype=np.int64),
+                                  np.ascontiguousarray(seq_len), np.ascontiguousarray(seq_pad),
+                                  np.ascontiguousarray(pack_seq_offsets, dtype=np.int64), np.int32(pad_id),
+                                  out_tokens, out_mask, out_last, out_cu)
         if not ok:
             raise OSError("reading the spill files failed (were they removed or truncated?)")
         return out_tokens[:total], out_mask[:total], out_last, out_cu, buffers
