@@ -44,7 +44,7 @@ from packer_cli.sources import SampleStream, discover_inputs
 from packer_cli.spec import PackSpec, SourceSpec
 
 DEFAULT_SHARD_BYTES = 256 << 20
-BATCH_TOKENS = 8 << 20  # tokens per record batch: bounds gather memory (~45 MB)
+BATCH_TOKENS = 4 << 20  # tokens per record batch: at most 4 runs in flight, about 20 MB each
 MAX_LISTED_BAD = 1000
 
 
@@ -142,6 +142,24 @@ def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, pl
                 spill.recycle(buffers)
                 progress.advance(task, n_packs)
     return writer.finish()
+
+
+def _release_memory() -> None:
+    """Hand freed memory back to the OS between passes.
+
+    Pass one frees hundreds of megabytes of decode buffers; Arrow's allocator and glibc's
+    per-thread arenas otherwise keep them resident, and how much they keep grows with the
+    length of the run, not with anything packer holds.
+    """
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _park(lengths: np.ndarray, spill_dir: str | None):
@@ -245,8 +263,10 @@ def pack(
             # Only the planner's input and output are resident while it runs: the sample
             # lengths wait in the spill directory (4 bytes a sample less at the peak).
             lengths = _park(lengths, spill_dir)
+            _release_memory()
             plan = _plan(padded, spec, bar)
             del padded
+            _release_memory()
             pack_order = _pack_order(plan.num_packs, spec)
             manifest = None
             if tmp:
