@@ -186,3 +186,31 @@ def gather_packs(spill_tokens, spill_targets, sample_start, seq_sample, seq_offs
             cu.append(pos)
     return (np.asarray(tokens, dtype=np.int32), np.asarray(mask, dtype=np.uint8),
             np.asarray(last, dtype=np.int32), np.asarray(cu, dtype=np.int32))
+
+
+def sequence_table(lengths, cap, m, policy):
+    """Obvious per-sequence table (oracle for ``_sequences.build_items`` + ``Items.resolve``).
+
+    Returns rows (sample, offset, s, p, spill start) in item order: every kept sample's first
+    sequence in sample order, then the further pieces of split samples in sample order.
+    """
+    starts = [0]
+    for n in lengths[:-1]:
+        starts.append(starts[-1] + int(n))
+    first, extra = [], []
+    for k, n in enumerate(lengths):
+        s = int(n) - 1
+        if s > cap and policy == "drop":
+            first.append(None)
+            continue
+        first.append((k, 0, min(s, cap)))
+        if s > cap and policy == "split":
+            extra += [(k, o, min(s - o, cap)) for o in range(cap, s, cap)]
+    rows = []
+    for row in first + extra:
+        if row is None:
+            rows.append(None)
+            continue
+        k, o, s = row
+        rows.append((k, o, s, -(-s // m) * m, starts[k] + o))
+    return rows
