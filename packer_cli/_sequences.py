@@ -5,10 +5,11 @@ sequence is padded to p = ceil(s/m)·m. A sample whose s exceeds the maximum seq
 ``cap`` is handled by the over-long policy; with ``split`` it becomes several sequences, each
 covering consecutive runtime positions [offset, offset + s) of its sample.
 
-Memory is the point of this module. Pass one keeps one int32 per sample (its token count) and
-nothing else per sample: target counts are only ever needed as totals, so they are summed as
-batches go by (:class:`ReadTotals`), and stream positions are stored as runs
-(:class:`SourceMap`), which cost nothing unless records were skipped. Sequences are *derived*
+Memory is the point of this module. Pass one keeps one integer per sample (its token count:
+uint16 when every sample is shorter than 65,536 tokens, else int32) and nothing else: target
+counts are only ever needed as totals, so they are summed as batches go by
+(:class:`ReadTotals`), and stream positions are stored as runs (:class:`SourceMap`), which cost
+nothing unless records were skipped. Sequences are *derived*
 from the lengths: item ``k < N`` is sample k's first (usually only) sequence, items ``N + e``
 are the further pieces of split samples (a small table). :meth:`Items.resolve` recomputes
 sample, offset, length, padded length and spill position for any run of items, with the spill
@@ -90,7 +91,7 @@ class SourceMap:
 
 
 class SampleLog:
-    """What pass one keeps: int32 token counts, the source map and the totals."""
+    """What pass one keeps: the token counts, the source map and the totals."""
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
@@ -125,9 +126,12 @@ class SampleLog:
         self.sources.add(source_index)
 
     def lengths(self) -> np.ndarray:
-        """All token counts as one int32 array (the per-batch pieces are released)."""
+        """All token counts as one array (the per-batch pieces are released): uint16 when every
+        sample is shorter than 65,536 tokens (2 bytes a sample), else int32."""
         out = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int32)
         self._lengths.clear()
+        if out.size and out.max() < 2**16:
+            out = out.astype(np.uint16)
         return out
 
 
@@ -226,7 +230,7 @@ class Resolved:
 class Items:
     """The sequences to pack, derived from the sample lengths (see the module docstring)."""
 
-    lengths: np.ndarray | None      # int32 token count of each kept sample
+    lengths: np.ndarray | None      # token count of each kept sample (uint16 or int32)
     num_samples: int
     cap: int
     m: int

@@ -170,11 +170,12 @@ def _park(lengths: np.ndarray, spill_dir: str | None):
         return None  # dry run: nothing needs them after the plan
     path = os.path.join(spill_dir, "lengths.bin")
     lengths.tofile(path)
-    return path
+    return path, lengths.dtype
 
 
-def _unpark(path: str) -> np.ndarray:
-    return np.fromfile(path, dtype=np.int32)
+def _unpark(parked) -> np.ndarray:
+    path, dtype = parked
+    return np.fromfile(path, dtype=dtype)
 
 
 @njit(cache=True, nogil=True)

@@ -81,3 +81,18 @@ def test_source_map_recovers_stream_positions(skips, split):
     np.testing.assert_array_equal(smap[np.arange(positions.size)], positions)
     runs = 1 + int((np.diff(positions) != 1).sum())
     assert smap.starts.size == runs  # one entry per run of consecutive positions, not per sample
+
+
+@pytest.mark.parametrize("longest,dtype", [(65_535, np.uint16), (65_536, np.int32)])
+def test_lengths_take_two_bytes_unless_a_sample_needs_more(longest, dtype):
+    lengths = np.array([3, longest, 40] * 30, dtype=np.int64)
+    spec = PackSpec(pack_size=128, pad_seq_to_mult=4, overlong=OverlongPolicy.SPLIT)
+    log = _log(lengths, spec.max_sequence_length)
+    kept = log.lengths()
+    assert kept.dtype == dtype
+    items, padded, _ = build_items(kept, log.totals, spec, locate=str)
+    items.attach(kept)
+    want = naive.sequence_table(lengths.tolist(), spec.max_sequence_length, 4, "split")
+    seq = items.resolve(np.arange(items.num_items, dtype=np.int32))
+    assert list(zip(seq.sample.tolist(), seq.offset.tolist(), seq.length.tolist(), seq.padded.tolist(),
+                    seq.src.tolist())) == want
