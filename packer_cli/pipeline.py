@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import shutil
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -38,7 +38,7 @@ from packer_cli.errors import ConfigError, DataError
 from packer_cli.plan import plan_packs
 from packer_cli.progress import Progress
 from packer_cli.shards._atomic import replace_dir
-from packer_cli.shards._gather import SpillReader, run_items
+from packer_cli.shards._gather import ORDER_FILE, SpillReader
 from packer_cli.shards.bridge_output import BridgeOutput
 from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, seal_metadata
 from packer_cli.shards.writer import ShardWriter, pack_record_batch
@@ -119,16 +119,17 @@ def _runs(pack_load: np.ndarray, pack_order: np.ndarray):
     return zip(np.concatenate([[0], ends[:-1]]).tolist(), ends.tolist())
 
 
-def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, plan, pack_order, spec: PackSpec,
-                  shard_bytes: int, progress: Progress) -> list[dict]:
+def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, plan: _ParkedPlan, pack_order,
+                  spec: PackSpec, shard_bytes: int, progress: Progress) -> list[dict]:
     """Pass two: two threads gather runs of packs (``pread`` from the spill, compiled, GIL
-    released) while this thread writes and hashes the record batches in order. Everything
-    per sequence is recomputed per run from the sample lengths (:meth:`Items.resolve`)."""
+    released) while this thread writes and hashes the record batches in order. Each run's
+    items are read from the parked order and every sequence is recomputed from the sample
+    lengths (:meth:`Items.resolve`)."""
     writer = ShardWriter(tmp, shard_bytes)
     task = progress.task("writing", total=pack_order.size, unit="packs")
 
     def gather(spill: SpillReader, a: int, b: int):
-        run, run_offsets = run_items(plan.order, plan.pack_offsets, pack_order[a:b])
+        run, run_offsets = spill.run_items(plan.pack_offsets, pack_order[a:b])
         seq = items.resolve(run)
         tokens, mask, last, cu, buffers = spill.gather(seq.src, seq.length, seq.padded, run_offsets, spec.pad_id,
                                                        min_buffer=BATCH_TOKENS + spec.pack_size)
@@ -176,6 +177,19 @@ def _park(lengths: np.ndarray, spill_dir: str | None):
 def _unpark(parked) -> np.ndarray:
     path, dtype = parked
     return np.fromfile(path, dtype=dtype)
+
+
+@dataclass
+class _ParkedPlan:
+    """A plan whose item order waits in the spill directory (``order.bin``, int32)."""
+
+    pack_offsets: np.ndarray
+    pack_load: np.ndarray
+
+
+def _park_order(plan, spill_dir: str) -> _ParkedPlan:
+    plan.order.tofile(os.path.join(spill_dir, ORDER_FILE))
+    return _ParkedPlan(plan.pack_offsets, plan.pack_load)
 
 
 @njit(cache=True, nogil=True)
@@ -264,27 +278,32 @@ def pack(
             if padded_hist[1:].sum() == 0:
                 raise DataError("no samples left to pack (all were too short, bad or dropped)")
             # Only the planner's input and output are resident while it runs: the sample
-            # lengths wait in the spill directory (4 bytes a sample less at the peak).
+            # lengths wait in the spill directory.
             lengths = _park(lengths, spill_dir)
             _release_memory()
             plan = _plan(padded, spec, bar)
             del padded
-            _release_memory()
             pack_order = _pack_order(plan.num_packs, spec)
+            summary = summarize(
+                spec=spec, files=files, stream=stream, read_counts=read_counts, bad_listed=bad_listed,
+                totals=totals, overlong=overlong, padded_hist=padded_hist, plan=plan, out=out, dry_run=dry_run,
+            )
             manifest = None
             if tmp:
-                items.attach(_unpark(lengths))
-                del lengths
                 if output:
+                    items.attach(_unpark(lengths))
                     manifest = output.write(tmp, spill_dir, items, sources, plan, pack_order, spec, bar)
                 else:
-                    entries = _write_shards(tmp, spill_dir, items, sources, plan, pack_order, spec,
+                    # Pass two reads each run's slice of the plan's order from the spill directory
+                    # too, so what stays resident is the lengths and a few arrays per pack.
+                    layout = _park_order(plan, spill_dir)
+                    del plan
+                    _release_memory()
+                    items.attach(_unpark(lengths))
+                    entries = _write_shards(tmp, spill_dir, items, sources, layout, pack_order, spec,
                                             shard_bytes, bar)
                     manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "shards": entries}
-        summary = summarize(
-            spec=spec, files=files, stream=stream, read_counts=read_counts, bad_listed=bad_listed,
-            totals=totals, overlong=overlong, padded_hist=padded_hist, plan=plan, out=out, dry_run=dry_run,
-        )
+                del lengths
         if summary.counts["no_target_samples"] and warn:
             warn(f"{summary.counts['no_target_samples']} samples have no target tokens (kept, they add no loss)")
         if output:

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from naive import gather_packs
-from packer_cli.shards._gather import SpillReader, run_items
+from packer_cli.shards._gather import ORDER_FILE, SpillReader, run_items
 from packer_cli.shards.writer import ShardWriter, file_checksum, pack_record_batch
 from packer_cli.sources import normalize
 from packer_cli.sources.normalize import Supervision, normalize_batch
@@ -82,6 +82,7 @@ def test_pread_gather_matches_memmap_gather(tmp_path):
     plan_order = rng.permutation(sample.size).astype(np.int32)
     plan_offsets = np.concatenate([[0], np.cumsum(np.full(sample.size // 6, 6))]).astype(np.int64)
     pack_order = rng.permutation(plan_offsets.size - 1).astype(np.int32)
+    plan_order.tofile(tmp_path / ORDER_FILE)
     spill_tokens = np.memmap(tmp_path / "tokens.bin", dtype=np.int32, mode="r")
     spill_targets = np.memmap(tmp_path / "targets.bin", dtype=np.uint8, mode="r")
     with SpillReader(str(tmp_path)) as spill:
@@ -89,6 +90,9 @@ def test_pread_gather_matches_memmap_gather(tmp_path):
             run, run_offsets = run_items(plan_order, plan_offsets, pack_order[a:b])
             want_run = np.concatenate([plan_order[plan_offsets[p]:plan_offsets[p + 1]] for p in pack_order[a:b]])
             np.testing.assert_array_equal(run, want_run)
+            parked, parked_offsets = spill.run_items(plan_offsets, pack_order[a:b])  # order read from order.bin
+            np.testing.assert_array_equal(parked, want_run)
+            np.testing.assert_array_equal(parked_offsets, run_offsets)
             want = gather_packs(spill_tokens, spill_targets, starts, sample[run], offset[run], length[run], padded[run],
                                 run_offsets, 7)
             got = spill.gather(starts[sample[run]] + offset[run], length[run], padded[run], run_offsets, 7)

@@ -110,6 +110,21 @@ def _run_items_kernel(plan_order, plan_offsets, pack_order, out_items, out_offse
         out_offsets[k + 1] = pos
 
 
+@njit(cache=True, nogil=True)
+def _pread_run_items_kernel(fd_order, plan_offsets, pack_order, out_items, out_offsets):
+    base = out_items.ctypes.data
+    pos = 0
+    out_offsets[0] = 0
+    for k in range(pack_order.size):
+        p = pack_order[k]
+        n = plan_offsets[p + 1] - plan_offsets[p]
+        if not _read_exact(fd_order, base + pos * 4, n * 4, plan_offsets[p] * 4):
+            return False
+        pos += n
+        out_offsets[k + 1] = pos
+    return True
+
+
 def run_items(plan_order: np.ndarray, plan_offsets: np.ndarray, pack_order: np.ndarray):
     """The items of the packs ``pack_order`` (in that order) and each pack's offsets into them."""
     sizes = plan_offsets[1:][pack_order] - plan_offsets[:-1][pack_order]
@@ -117,6 +132,10 @@ def run_items(plan_order: np.ndarray, plan_offsets: np.ndarray, pack_order: np.n
     out_offsets = np.empty(pack_order.size + 1, dtype=np.int64)
     _run_items_kernel(plan_order, plan_offsets, pack_order, out_items, out_offsets)
     return out_items, out_offsets
+
+
+#: The plan's item order, parked in the spill directory during pass two (int32).
+ORDER_FILE = "order.bin"
 
 
 class SpillReader:
@@ -133,6 +152,21 @@ class SpillReader:
         self._free: queue.SimpleQueue = queue.SimpleQueue()
         for name in ("tokens.bin", "targets.bin"):
             self._fds.append(os.open(os.path.join(spill_dir, name), os.O_RDONLY))
+        order = os.path.join(spill_dir, ORDER_FILE)
+        self._order_fd = os.open(order, os.O_RDONLY) if os.path.exists(order) else None
+        if self._order_fd is not None:
+            self._fds.append(self._order_fd)
+
+    def run_items(self, plan_offsets: np.ndarray, pack_order: np.ndarray):
+        """:func:`run_items` over the plan order parked in ``order.bin`` (int32), one
+        ``pread`` per pack, so the order never has to be resident."""
+        sizes = plan_offsets[1:][pack_order] - plan_offsets[:-1][pack_order]
+        out_items = np.empty(int(sizes.sum()), dtype=np.int32)
+        out_offsets = np.empty(pack_order.size + 1, dtype=np.int64)
+        if not _pread_run_items_kernel(self._order_fd, plan_offsets, np.ascontiguousarray(pack_order), out_items,
+                                       out_offsets):
+            raise OSError("reading the spill files failed (were they removed or truncated?)")
+        return out_items, out_offsets
 
     def recycle(self, buffers) -> None:
         """Give back the ``buffers`` of a gathered run once nothing reads them any more."""

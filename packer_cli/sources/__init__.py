@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
-import numpy as np
 
 from packer_cli.errors import DataError
 from packer_cli.sources.discover import InputFile, discover_inputs

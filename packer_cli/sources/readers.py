@@ -21,7 +21,7 @@ from packer_cli._arrow import from_numpy
 from packer_cli.errors import DataError
 from packer_cli.sources.discover import InputFile
 
-BATCH_ROWS = 4096  # rows per batch: bounds decode memory in flight (a few batches are)
+BATCH_ROWS = 2048  # rows per batch: bounds decode memory in flight (a few batches are)
 SCAN_CHUNK = 16 << 20  # bytes read per step by the JSON Lines scanner
 PARQUET_BUFFER = 4 << 20  # bytes per Parquet page-stream read
 
