@@ -189,17 +189,19 @@ def render(res: dict, targets: dict) -> str:
                    f"{mem['large']['records'] - mem['small']['records']:,} extra samples = "
                    f"**{mem['growth_per_extra_sample']:.0f} B per sample** "
                    f"({mem['growth_per_extra_token']:.3f} B per extra token).\n")
-        out.append("What packer holds per sample, by stage (`packer_cli/_sequences.py`, `packer_cli/plan`): "
-                   "pass one keeps one int32 token count (4 B; target counts are summed as batches pass, stream "
-                   "positions are stored as runs that only break where records were skipped); the planner's input "
-                   "is one int32 padded length per sequence while the counts wait in the spill directory, and FFD "
-                   "writes the grouped layout straight from the length histogram, so planning holds input + slots + "
-                   "order = 12 B (refine adds 12 B per item of the non-full packs only, about 12 % of items here); "
-                   "pass two holds the counts and the grouped order (8 B) and recomputes every sequence's sample, "
-                   "offset, length and spill position per run. Per-pack arrays add about 16 B per pack "
-                   "(≈ 2.3 B per sample at 7 sequences a pack). What the growth shows beyond that is allocator "
-                   "retention from decoding (Arrow's worker-thread heaps), which packer hands back between passes "
-                   "but cannot fully control.\n")
+        out.append("What packer holds per sample, by stage (`packer_cli/_sequences.py`, `packer_cli/plan`, "
+                   "`packer_cli/pipeline.py`): pass one keeps one token count per sample (uint16 when every sample is "
+                   "shorter than 65,536 tokens, else int32; target counts are summed as batches pass, stream "
+                   "positions are stored as runs that only break where records were skipped); while planning, the "
+                   "counts wait in the spill directory and the planner holds its int32 input, slots and output "
+                   "(12 B; FFD writes the grouped layout straight from the length histogram; refine adds 12 B per "
+                   "item of the non-full packs only, about 12 % of items here); in pass two the plan's order waits "
+                   "in the spill directory too (each run reads its packs' slices with one `pread` per pack), so what "
+                   "stays is the counts (2 B) plus about 16 B per pack (offsets, load, output order: ≈ 2.3 B per "
+                   "sample at 7 sequences a pack); every sequence's sample, offset, length and spill position is "
+                   "recomputed per run. The rest of the growth is allocator warm-up and noise: Arrow's decode "
+                   "threads keep some freed memory, and that reaches its working size over the first hundred or so "
+                   "read batches.\n")
         out.append("Command: `" + next(s["command"] for s in res["steps"] if s["step"] == "memory") + "`\n")
 
     plan = res.get("plan")

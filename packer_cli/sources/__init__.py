@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
-
 from packer_cli.errors import DataError
 from packer_cli.sources.discover import InputFile, discover_inputs
 from packer_cli.sources.normalize import SampleBatch, Supervision, detect_supervision, normalize_batch
