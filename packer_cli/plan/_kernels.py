@@ -664,9 +664,9 @@ def _bind_buckets(positions, seq_lengths, bin_of_position, bucket_items, bucket_
 
     Returns
     -------
-    order : int64[M]
+    order : int32[M]
         Item indices in output order.
-    pack_of_item : int64[M]
+    pack_of_item : int32[M]
     """
     m = positions.shape[0]
     ends = bucket_starts[1:].copy()
