@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from naive import gather_packs
-from packer_cli.shards._gather import ORDER_FILE, SpillReader, run_items
+from packer_cli.shards._gather import ORDER_FILE, SpillReader
 from packer_cli.shards.writer import ShardWriter, file_checksum, pack_record_batch
 from packer_cli.sources import normalize
 from packer_cli.sources.normalize import Supervision, normalize_batch
@@ -87,12 +87,10 @@ def test_pread_gather_matches_memmap_gather(tmp_path):
     spill_targets = np.memmap(tmp_path / "targets.bin", dtype=np.uint8, mode="r")
     with SpillReader(str(tmp_path)) as spill:
         for a, b in [(0, 1), (3, 40), (40, pack_order.size)]:
-            run, run_offsets = run_items(plan_order, plan_offsets, pack_order[a:b])
-            want_run = np.concatenate([plan_order[plan_offsets[p]:plan_offsets[p + 1]] for p in pack_order[a:b]])
-            np.testing.assert_array_equal(run, want_run)
-            parked, parked_offsets = spill.run_items(plan_offsets, pack_order[a:b])  # order read from order.bin
-            np.testing.assert_array_equal(parked, want_run)
-            np.testing.assert_array_equal(parked_offsets, run_offsets)
+            packs = [plan_order[plan_offsets[p]:plan_offsets[p + 1]] for p in pack_order[a:b]]
+            run, run_offsets = spill.run_items(plan_offsets, pack_order[a:b])  # order read from order.bin
+            np.testing.assert_array_equal(run, np.concatenate(packs))
+            np.testing.assert_array_equal(run_offsets, np.cumsum([0] + [p.size for p in packs]))
             want = gather_packs(spill_tokens, spill_targets, starts, sample[run], offset[run], length[run], padded[run],
                                 run_offsets, 7)
             got = spill.gather(starts[sample[run]] + offset[run], length[run], padded[run], run_offsets, 7)

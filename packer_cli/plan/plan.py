@@ -130,7 +130,7 @@ def plan_packs(lengths, capacity, algorithm: str = "ffd", seed=0, *, refine: boo
     ----------
     lengths : array-like of int, shape (N,)
         Item lengths, each in ``[1, capacity]`` (``[0, capacity]`` with ``skip_empty``).
-        ``int32`` input is used as is; anything else is converted.
+        Contiguous ``int32``/``int64`` input is used as is; anything else is converted.
     capacity : int
         Pack capacity.
     algorithm : {"ffd", "bfd", "first-fit-shuffle", "sequential"}

@@ -99,18 +99,6 @@ def _pread_tokens_kernel(fd_tokens, positions, out):
 
 
 @njit(cache=True, nogil=True)
-def _run_items_kernel(plan_order, plan_offsets, pack_order, out_items, out_offsets):
-    pos = 0
-    out_offsets[0] = 0
-    for k in range(pack_order.size):
-        p = pack_order[k]
-        for i in range(plan_offsets[p], plan_offsets[p + 1]):
-            out_items[pos] = plan_order[i]
-            pos += 1
-        out_offsets[k + 1] = pos
-
-
-@njit(cache=True, nogil=True)
 def _pread_run_items_kernel(fd_order, plan_offsets, pack_order, out_items, out_offsets):
     base = out_items.ctypes.data
     pos = 0
@@ -123,15 +111,6 @@ def _pread_run_items_kernel(fd_order, plan_offsets, pack_order, out_items, out_o
         pos += n
         out_offsets[k + 1] = pos
     return True
-
-
-def run_items(plan_order: np.ndarray, plan_offsets: np.ndarray, pack_order: np.ndarray):
-    """The items of the packs ``pack_order`` (in that order) and each pack's offsets into them."""
-    sizes = plan_offsets[1:][pack_order] - plan_offsets[:-1][pack_order]
-    out_items = np.empty(int(sizes.sum()), dtype=plan_order.dtype)
-    out_offsets = np.empty(pack_order.size + 1, dtype=np.int64)
-    _run_items_kernel(plan_order, plan_offsets, pack_order, out_items, out_offsets)
-    return out_items, out_offsets
 
 
 #: The plan's item order, parked in the spill directory during pass two (int32).
@@ -158,8 +137,9 @@ class SpillReader:
             self._fds.append(self._order_fd)
 
     def run_items(self, plan_offsets: np.ndarray, pack_order: np.ndarray):
-        """:func:`run_items` over the plan order parked in ``order.bin`` (int32), one
-        ``pread`` per pack, so the order never has to be resident."""
+        """The items of the packs ``pack_order`` (in that order) and each pack's offsets into
+        them, read from the plan order parked in ``order.bin`` (int32) with one ``pread`` per
+        pack, so the order never has to be resident."""
         sizes = plan_offsets[1:][pack_order] - plan_offsets[:-1][pack_order]
         out_items = np.empty(int(sizes.sum()), dtype=np.int32)
         out_offsets = np.empty(pack_order.size + 1, dtype=np.int64)
