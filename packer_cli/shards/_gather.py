@@ -118,12 +118,12 @@ ORDER_FILE = "order.bin"
 
 
 class SpillReader:
-    """Gathers runs of packs from the spill files ``tokens.bin`` / ``targets.bin`` with ``pread``.
+    """Gathers runs of packs from the spill files ``tokens.bin`` / ``targets.bin`` with ``pread``,
+    and reads runs of the plan order from ``order.bin`` when the pipeline parked it there.
 
     Output buffers handed back with :meth:`recycle` are reused by later runs: a fresh
     multi-megabyte allocation is a fresh memory map, and faulting its pages in costs as much
-    as the copy itself. New buffers come from Arrow's memory pool, so they reuse the memory
-    the Parquet decoder held in pass one instead of adding to the peak.
+    as the copy itself. New buffers come from Arrow's memory pool.
     """
 
     def __init__(self, spill_dir: str):
@@ -140,6 +140,8 @@ class SpillReader:
         """The items of the packs ``pack_order`` (in that order) and each pack's offsets into
         them, read from the plan order parked in ``order.bin`` (int32) with one ``pread`` per
         pack, so the order never has to be resident."""
+        if self._order_fd is None:
+            raise FileNotFoundError(f"no {ORDER_FILE} in the spill directory: the plan order was not parked")
         sizes = plan_offsets[1:][pack_order] - plan_offsets[:-1][pack_order]
         out_items = np.empty(int(sizes.sum()), dtype=np.int32)
         out_offsets = np.empty(pack_order.size + 1, dtype=np.int64)
