@@ -145,6 +145,12 @@ class OverlongCounts:
 
 
 @njit(cache=True, nogil=True)
+def _aligned(s, m):
+    """Runtime length ``s`` padded up to a multiple of ``m``."""
+    return (s + m - 1) // m * m
+
+
+@njit(cache=True, nogil=True)
 def _first_pieces(lengths, cap, m, drop, out):
     """Padded length of each sample's first sequence (0 when dropped); returns how many
     sequences have alignment padding."""
@@ -156,17 +162,18 @@ def _first_pieces(lengths, cap, m, drop, out):
                 out[k] = 0
                 continue
             s = cap
-        p = (s + m - 1) // m * m
-        out[k] = p
-        if p != s:
+        out[k] = _aligned(s, m)
+        if out[k] != s:
             misaligned += 1
     return misaligned
 
 
 @njit(cache=True, nogil=True)
-def _extra_pieces(lengths, cap, samples, out_sample, out_offset, out_length):
-    """Pieces 2.. of the split samples ``samples`` (in sample order)."""
+def _extra_pieces(lengths, cap, m, samples, out_sample, out_offset, out_length, out_padded):
+    """Pieces 2.. of the split samples ``samples`` (in sample order); returns how many have
+    alignment padding."""
     e = 0
+    misaligned = 0
     for k in samples:
         s = lengths[k] - 1
         offset = cap
@@ -174,8 +181,12 @@ def _extra_pieces(lengths, cap, samples, out_sample, out_offset, out_length):
             out_sample[e] = k
             out_offset[e] = offset
             out_length[e] = min(s - offset, cap)
+            out_padded[e] = _aligned(out_length[e], m)
+            if out_padded[e] != out_length[e]:
+                misaligned += 1
             offset += cap
             e += 1
+    return misaligned
 
 
 @njit(cache=True, nogil=True)
@@ -199,7 +210,7 @@ def _resolve(items, lengths, block_start, block, cap, m, extra_sample, extra_off
         sample[t] = k
         offset[t] = o
         length[t] = s
-        padded[t] = (s + m - 1) // m * m
+        padded[t] = _aligned(s, m)
         src[t] = start + o
 
 
@@ -284,13 +295,11 @@ def build_items(lengths: np.ndarray, totals: ReadTotals, spec: PackSpec, locate)
     padded_first = np.empty(lengths.size, np.int32)
     misaligned = _first_pieces(lengths, cap, m, policy is OverlongPolicy.DROP, padded_first)
     n_extra = counts.pieces - counts.samples if policy is OverlongPolicy.SPLIT else 0
-    extra = [np.empty(n_extra, np.int32) for _ in range(3)]
+    extra = [np.empty(n_extra, np.int32) for _ in range(4)]
     if n_extra:
         over = np.flatnonzero(lengths.astype(np.int64) - 1 > cap)
-        _extra_pieces(lengths, cap, over, *extra)
-        extra_padded = (-(-extra[2] // m) * m).astype(np.int32)
-        misaligned += int((extra_padded != extra[2]).sum())
-        padded_first = np.concatenate([padded_first, extra_padded])
+        misaligned += _extra_pieces(lengths, cap, m, over, *extra)
+        padded_first = np.concatenate([padded_first, extra[3]])
     items = Items(lengths=None, num_samples=lengths.size, cap=cap, m=m, extra_sample=extra[0],
                   extra_offset=extra[1], extra_length=extra[2], misaligned=misaligned)
     return items, padded_first, counts

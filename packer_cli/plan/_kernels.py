@@ -129,6 +129,15 @@ def _tree_set(tree, size, leaf, value):
 
 
 @njit(**NJIT_FLAGS)
+def _placed(counts):
+    """Number of non-empty items in a length histogram (``counts[0]`` is not placed)."""
+    n = 0
+    for length in range(1, counts.shape[0]):
+        n += counts[length]
+    return n
+
+
+@njit(**NJIT_FLAGS)
 def _ffd_positions(counts, capacity, tree):
     """First-fit decreasing, from the length histogram alone.
 
@@ -160,9 +169,7 @@ def _ffd_positions(counts, capacity, tree):
         Packs used, or -1 when ``size`` leaves were too few (retry with a
         larger tree).
     """
-    n = 0
-    for length in range(1, capacity + 1):
-        n += counts[length]
+    n = _placed(counts)
     size = tree.shape[0] // 2
     tree[:] = capacity  # unopened packs read as empty packs
     pack_of_position = np.empty(n, np.int32)
@@ -442,9 +449,7 @@ def _bfd_positions(counts, capacity, max_packs, bits, offsets):
     pack_of_position : int32[n]
     num_packs : int
     """
-    n = 0
-    for length in range(1, capacity + 1):
-        n += counts[length]
+    n = _placed(counts)
     bucket_root = np.full(capacity + 1, -1, np.int32)
     child = np.full(max_packs, -1, np.int32)
     sibling = np.full(max_packs, -1, np.int32)
