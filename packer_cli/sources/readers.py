@@ -20,10 +20,10 @@ import pyarrow.parquet as pq
 from packer_cli._arrow import from_numpy
 from packer_cli.errors import DataError
 from packer_cli.sources.discover import InputFile
+from packer_cli.sources.parquet_lists import ListColumnReader
 
 BATCH_ROWS = 2048  # rows per batch: bounds decode memory in flight (a few batches are)
 SCAN_CHUNK = 16 << 20  # bytes read per step by the JSON Lines scanner
-PARQUET_BUFFER = 4 << 20  # bytes per Parquet page-stream read
 
 try:
     from zstandard import ZstdError as _ZstdError
@@ -380,19 +380,14 @@ def _require_fields(path: str, schema: pa.Schema, fields: list[str]) -> None:
 
 
 def read_parquet(path: str, fields: list[str]) -> Iterator[RawBatch]:
-    # Stream pages instead of pre-buffering whole row groups: pyarrow's pre-buffering reads
-    # far ahead (hundreds of MB), and an unbuffered read holds a whole column chunk, which in
-    # a file with million-row groups is gigabytes. Memory stays bounded by the batch size.
-    pf = pq.ParquetFile(path, pre_buffer=False, buffer_size=PARQUET_BUFFER)
-    _require_fields(path, pf.schema_arrow, fields)
+    """Batches of a Parquet file: packer's compiled decoder for list-of-integer columns,
+    pyarrow's for anything else (see :mod:`.parquet_lists`). Pages are streamed, never whole
+    row groups, so memory stays bounded by the batch size."""
+    _require_fields(path, pq.read_schema(path), fields)
     row0 = 0
-    pool = pa.default_memory_pool()
-    for k, batch in enumerate(pf.iter_batches(batch_size=BATCH_ROWS, columns=fields), 1):
+    for batch in ListColumnReader(path, fields, BATCH_ROWS):
         yield RawBatch(path, row0, batch)
         row0 += batch.num_rows
-        if k % 16 == 0:
-            pool.release_unused()  # the allocator otherwise keeps freed decode buffers, file after file
-    pool.release_unused()
 
 
 def read_ipc(path: str, fields: list[str]) -> Iterator[RawBatch]:

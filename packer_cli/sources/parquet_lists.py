@@ -1,0 +1,449 @@
+"""A compiled Parquet decoder for the columns packer reads: lists of integers.
+
+Tokenized SFT data is one or two ``list<int>`` columns (``input_ids``, ``loss_mask``/``labels``),
+and decoding them is most of what ``packer pack`` spends on a Parquet input. pyarrow's general
+decoder walks the repetition and definition levels value by value; here they are decoded run by
+run (a row of 500 tokens is typically one run of repetition level 1), so the work per token is
+the dictionary lookup or the plain copy, in compiled code without the GIL.
+
+:class:`ListColumnReader` yields record batches equal to what pyarrow reads. It decodes itself
+what it fully understands — ``list``/``large_list`` of integers without nulls, data pages v1 and
+v2, PLAIN and dictionary encodings, uncompressed, Snappy, Zstandard or gzip pages — and hands
+the rest of the file to pyarrow the moment anything else appears (a null, another encoding or
+codec, another type), so the output never depends on which decoder ran. Corrupt pages raise
+:class:`ValueError` naming the row group and column; nothing is read out of bounds.
+
+Set ``PACKER_PARQUET_DECODER=arrow`` to use pyarrow throughout.
+"""
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packer_cli.sources import _parquet_thrift as thrift
+from packer_cli.sources._parquet_kernels import MESSAGES, dictionary_decode, hybrid_decode
+
+ENV_DECODER = "PACKER_PARQUET_DECODER"
+PARQUET_BUFFER = 4 << 20  # pyarrow's page-stream read size when it decodes
+_HEADER_PROBE = 1 << 10  # bytes read for a page header; retried with more if it is longer
+_MAX_HEADER = 16 << 20
+_CODECS = ("UNCOMPRESSED", "SNAPPY", "ZSTD", "GZIP")
+
+
+class _Unsupported(Exception):
+    """Something the compiled decoder does not handle: pyarrow takes over from here."""
+
+
+class _Corrupt(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class _ColumnLayout:
+    """How one requested ``list<int>`` field is stored: its leaf column and its levels."""
+
+    name: str
+    leaf: int
+    arrow_type: pa.DataType  # the list type pyarrow reads (field names and nullability kept)
+    value_dtype: np.dtype  # NumPy dtype of the list values
+    physical_dtype: np.dtype  # how the values are stored: <i4 or <i8
+    max_def: int  # definition level of a present value
+    empty_def: int  # definition level of an empty list
+
+
+def _leaf_count(t: pa.DataType) -> int:
+    if pa.types.is_struct(t):
+        return sum(_leaf_count(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_map(t):
+        return _leaf_count(t.key_type) + _leaf_count(t.item_type)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _leaf_count(t.value_type)
+    return 1
+
+
+def _column_layouts(pf: pq.ParquetFile, fields: list[str]) -> list[_ColumnLayout]:
+    """The layout of every requested field, or :class:`_Unsupported` saying why one is not ours."""
+    arrow = pf.schema_arrow
+    first_leaf, leaf = {}, 0
+    for f in arrow:
+        first_leaf[f.name] = leaf
+        leaf += _leaf_count(f.type)
+    if leaf != len(pf.schema) or len(set(arrow.names)) != len(arrow.names):
+        raise _Unsupported("the file's schema does not map one-to-one onto its columns")
+    layouts = []
+    for name in fields:
+        f = arrow.field(name)
+        t = f.type
+        if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not pa.types.is_integer(t.value_type):
+            raise _Unsupported(f"field '{name}' is {t}, not a list of integers")
+        column = pf.schema.column(first_leaf[name])
+        element_nullable = t.value_field.nullable
+        max_def = int(f.nullable) + 1 + int(element_nullable)
+        if (column.max_repetition_level != 1 or column.max_definition_level != max_def
+                or column.physical_type not in ("INT32", "INT64")):
+            raise _Unsupported(f"field '{name}' is stored in a layout the compiled decoder does not read")
+        layouts.append(_ColumnLayout(
+            name=name, leaf=first_leaf[name], arrow_type=t, value_dtype=np.dtype(t.value_type.to_pandas_dtype()),
+            physical_dtype=np.dtype("<i4" if column.physical_type == "INT32" else "<i8"),
+            max_def=max_def, empty_def=max_def - 1 - int(element_nullable)))
+    return layouts
+
+
+# --- pages --------------------------------------------------------------------------------------
+
+def _snappy_length(data: bytes) -> int:
+    """The uncompressed length a Snappy stream declares (its leading varint)."""
+    result = shift = 0
+    for byte in data[:5]:
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result
+        shift += 7
+    return -1
+
+
+_SNAPPY: list = []
+
+
+def _decompress(codec: str, data: bytes, size: int) -> bytes | pa.Buffer:
+    """Decompress one page, checking that it yields exactly ``size`` bytes."""
+    if size < 0:
+        raise _Corrupt("page sizes are inconsistent")
+    try:
+        if codec == "UNCOMPRESSED":
+            out = data
+        elif codec == "SNAPPY":
+            # pyarrow returns a buffer of the size asked for whatever the stream holds; Snappy
+            # states its length up front and checks it, so compare that first.
+            if _snappy_length(data) != size:
+                raise _Corrupt("page does not decompress to its stated size")
+            if not _SNAPPY:
+                _SNAPPY.append(pa.Codec("snappy"))
+            out = _SNAPPY[0].decompress(data, decompressed_size=size)
+        elif codec == "ZSTD":
+            import zstandard
+
+            out = zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
+        else:  # GZIP: zlib or gzip framing
+            out = zlib.decompress(data, wbits=47)
+    except _Corrupt:
+        raise
+    except Exception as exc:  # each codec library raises its own error types
+        raise _Corrupt(f"page does not decompress ({codec.lower()}: {exc})") from None
+    if len(out) != size:
+        raise _Corrupt("page does not decompress to its stated size")
+    return out
+
+
+class _ChunkPages:
+    """The pages of one column chunk, read with ``pread`` one at a time: (header, payload)."""
+
+    def __init__(self, fd: int, chunk: pq.ColumnChunkMetaData):
+        start = chunk.data_page_offset
+        if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < start:
+            start = chunk.dictionary_page_offset
+        self.fd, self.pos, self.end = fd, start, start + chunk.total_compressed_size
+        if start < 0 or chunk.total_compressed_size < 0:
+            raise _Corrupt("column chunk has a negative offset or size")
+
+    def next(self) -> tuple[thrift.PageHeader, bytes]:
+        probe = _HEADER_PROBE
+        while True:
+            raw = os.pread(self.fd, min(probe, self.end - self.pos), self.pos)
+            try:
+                header = thrift.parse_page_header(raw)
+                break
+            except thrift.ThriftError as exc:
+                if not thrift.is_truncated(exc) or len(raw) < probe or probe >= _MAX_HEADER:
+                    raise _Corrupt(str(exc)) from None
+                probe *= 16
+        start = self.pos + header.size
+        if start + header.compressed_size > self.end:
+            raise _Corrupt("page runs past its column chunk")
+        payload = os.pread(self.fd, header.compressed_size, start)
+        if len(payload) != header.compressed_size:
+            raise _Corrupt("file ends inside a page")
+        self.pos = start + header.compressed_size
+        return header, payload
+
+
+# --- one column ---------------------------------------------------------------------------------
+
+def _check(status: int) -> int:
+    if status < 0:
+        raise _Corrupt(MESSAGES[status])
+    return status
+
+
+class _ColumnCursor:
+    """Decoded rows of one column chunk, a page at a time: ``take(rows)`` → (offsets, values)."""
+
+    def __init__(self, fd: int, layout: _ColumnLayout, chunk: pq.ColumnChunkMetaData):
+        if chunk.compression not in _CODECS:
+            raise _Unsupported(f"column '{layout.name}' is compressed with {chunk.compression}")
+        self.layout, self.codec = layout, chunk.compression
+        self.pages = _ChunkPages(fd, chunk)
+        self.levels_left = chunk.num_values  # level entries still to read (values and empty lists)
+        self.dictionary: np.ndarray | None = None
+        self.lengths: list[np.ndarray] = []  # lengths of complete rows not yet taken
+        self.rows_ready = 0
+        self.open_length = -1  # length so far of the row the last page left open (-1: none)
+        self.values = np.empty(1 << 16, dtype=layout.value_dtype)  # [head:tail] not yet taken
+        self.head = self.tail = 0
+
+    # decoding
+
+    def _read_page(self) -> None:
+        header, payload = self.pages.next()
+        if header.page_type == thrift.DICTIONARY_PAGE:
+            self._read_dictionary(header, payload)
+        elif header.page_type in (thrift.DATA_PAGE, thrift.DATA_PAGE_V2):
+            if header.num_values > self.levels_left:
+                raise _Corrupt("pages hold more values than the column chunk")
+            self._read_data_page(header, payload)
+            self.levels_left -= header.num_values
+        # index pages (and page types from the future) carry nothing we need
+
+    def _read_dictionary(self, header: thrift.PageHeader, payload: bytes) -> None:
+        if header.encoding not in (thrift.PLAIN, thrift.PLAIN_DICTIONARY):
+            raise _Unsupported(f"dictionary encoded as {thrift.ENCODING_NAMES.get(header.encoding, header.encoding)}")
+        data = _decompress(self.codec, payload, header.uncompressed_size)
+        width = self.layout.physical_dtype.itemsize
+        if header.num_values * width > len(data):
+            raise _Corrupt("dictionary page is shorter than its values")
+        stored = np.frombuffer(data, dtype=self.layout.physical_dtype, count=header.num_values)
+        self.dictionary = stored.astype(self.layout.value_dtype)  # wraps like pyarrow's cast
+
+    def _split_v1(self, header, payload):
+        """Data page v1: the whole page is compressed; each level run is prefixed by its byte length."""
+        if header.rep_encoding != thrift.RLE or header.def_encoding != thrift.RLE:
+            raise _Unsupported("levels are not RLE encoded")
+        data = np.frombuffer(_decompress(self.codec, payload, header.uncompressed_size), dtype=np.uint8)
+        pos, spans = 0, []
+        for _ in range(2):  # repetition, then definition levels
+            if pos + 4 > data.size:
+                raise _Corrupt("page ends inside its levels")
+            n = int(data[pos:pos + 4].view("<u4")[0])
+            if pos + 4 + n > data.size:
+                raise _Corrupt("page ends inside its levels")
+            spans.append((data, pos + 4, pos + 4 + n))
+            pos += 4 + n
+        return spans[0], spans[1], (data, pos, data.size)
+
+    def _split_v2(self, header, payload):
+        """Data page v2: levels first, uncompressed and without length prefixes; then the values."""
+        rep_end = header.rep_bytes
+        def_end = rep_end + header.def_bytes
+        if def_end > len(payload):
+            raise _Corrupt("page is shorter than its levels")
+        raw = np.frombuffer(payload, dtype=np.uint8)
+        values = payload[def_end:]
+        if header.is_compressed:
+            values = _decompress(self.codec, values, header.uncompressed_size - def_end)
+        vals = np.frombuffer(values, dtype=np.uint8)
+        return (raw, 0, rep_end), (raw, rep_end, def_end), (vals, 0, vals.size)
+
+    def _read_data_page(self, header: thrift.PageHeader, payload: bytes) -> None:
+        if header.encoding not in (thrift.PLAIN, thrift.PLAIN_DICTIONARY, thrift.RLE_DICTIONARY):
+            raise _Unsupported(f"values encoded as {thrift.ENCODING_NAMES.get(header.encoding, header.encoding)}")
+        split = self._split_v1 if header.page_type == thrift.DATA_PAGE else self._split_v2
+        rep_span, def_span, value_span = split(header, payload)
+        n = header.num_values
+        rep = np.empty(n, dtype=np.uint8)
+        _check(hybrid_decode(*rep_span, 1, n, rep))
+        defs = np.empty(n, dtype=np.uint8)
+        _check(hybrid_decode(*def_span, self.layout.max_def.bit_length(), n, defs))
+        present = self._rows_of_page(rep, defs)
+        self._decode_values(header, value_span, present)
+
+    def _rows_of_page(self, rep: np.ndarray, defs: np.ndarray) -> int:
+        """Record the rows the page's levels complete; returns how many values the page holds."""
+        n = rep.size
+        if n == 0:
+            return 0
+        if rep.max() > 1 or defs.max() > self.layout.max_def:
+            raise _Corrupt("level above the column's maximum")
+        starts = np.flatnonzero(rep == 0)
+        odd = np.flatnonzero(defs != self.layout.max_def)
+        empties = odd
+        if odd.size:
+            if (defs[odd] != self.layout.empty_def).any():
+                raise _Unsupported("the column holds null lists or null values")
+            if (rep[odd] != 0).any():
+                raise _Corrupt("an empty list continues a row")
+        if starts.size == 0 or starts[0] > 0:  # the page continues the open row
+            if self.open_length < 0:
+                raise _Corrupt("the first value of a column chunk does not start a row")
+            first = int(starts[0]) if starts.size else n
+            self.open_length += first
+        if starts.size:
+            if self.open_length >= 0:
+                self._complete(np.array([self.open_length], dtype=np.int64))
+            bounds = np.append(starts, n)
+            entries = np.diff(bounds)
+            if empties.size:  # an empty list is one entry without a value
+                is_empty = np.zeros(starts.size, dtype=bool)
+                is_empty[np.searchsorted(starts, empties)] = True
+                if (entries[is_empty] != 1).any():
+                    raise _Corrupt("an empty list has values")
+                entries = entries - is_empty
+            self._complete(entries[:-1])
+            self.open_length = int(entries[-1])
+        return n - empties.size
+
+    def _complete(self, lengths: np.ndarray) -> None:
+        self.lengths.append(lengths)
+        self.rows_ready += lengths.size
+
+    def _room(self, count: int) -> np.ndarray:
+        """Space for ``count`` more values at ``tail`` (moving the untaken values to the front)."""
+        live = self.tail - self.head
+        if self.tail + count > self.values.size:
+            grown = self.values if live + count <= self.values.size else np.empty(
+                max(2 * self.values.size, live + count), dtype=self.values.dtype)
+            grown[:live] = self.values[self.head:self.tail]
+            self.values, self.head, self.tail = grown, 0, live
+        return self.values[self.tail:self.tail + count]
+
+    def _decode_values(self, header, span, count: int) -> None:
+        data, lo, hi = span
+        out = self._room(count)
+        if header.encoding == thrift.PLAIN:
+            width = self.layout.physical_dtype.itemsize
+            if lo + count * width > hi:
+                raise _Corrupt("page is shorter than its values")
+            out[:] = data[lo:lo + count * width].view(self.layout.physical_dtype)
+        elif count:
+            if self.dictionary is None:
+                raise _Corrupt("dictionary-encoded page without a dictionary")
+            if lo >= hi:
+                raise _Corrupt(MESSAGES[-1])
+            _check(dictionary_decode(data, lo + 1, hi, int(data[lo]), count, self.dictionary, out))
+        self.tail += count
+
+    # rows
+
+    def take(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """The next ``rows`` rows: (int64 offsets from 0, values)."""
+        while self.rows_ready < rows:
+            if self.levels_left == 0:
+                if self.open_length >= 0:  # the chunk's last row ends with the chunk
+                    self._complete(np.array([self.open_length], dtype=np.int64))
+                    self.open_length = -1
+                    continue
+                raise _Corrupt("column chunk holds fewer rows than its row group")
+            self._read_page()
+        lengths = np.concatenate(self.lengths) if len(self.lengths) != 1 else self.lengths[0]
+        taken, rest = lengths[:rows], lengths[rows:]
+        self.lengths = [rest] if rest.size else []
+        self.rows_ready -= rows
+        offsets = np.zeros(rows + 1, dtype=np.int64)
+        np.cumsum(taken, out=offsets[1:])
+        end = self.head + int(offsets[-1])
+        values = self.values[self.head:end].copy()
+        self.head = end
+        return offsets, values
+
+    def finish(self) -> None:
+        """Check that the chunk ends where its row group does."""
+        while self.levels_left:
+            self._read_page()
+        if self.rows_ready or self.open_length >= 0:
+            raise _Corrupt("column chunk holds more rows than its row group")
+
+
+def _list_array(layout: _ColumnLayout, offsets: np.ndarray, values: np.ndarray) -> pa.Array:
+    if pa.types.is_large_list(layout.arrow_type):
+        return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values), type=layout.arrow_type)
+    if offsets[-1] >= 2**31:
+        raise _Unsupported("a batch holds more than 2^31 values")
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values), type=layout.arrow_type)
+
+
+# --- the reader -------------------------------------------------------------------------------
+
+class ListColumnReader:
+    """Record batches (1..``batch_rows`` rows) of ``fields`` of one Parquet file.
+
+    ``fast_rows`` and ``arrow_rows`` count the rows each decoder produced; ``fallback_reason``
+    says why pyarrow took over (None while the compiled decoder reads everything).
+    """
+
+    def __init__(self, path: str, fields: list[str], batch_rows: int = 2048):
+        self.path, self.fields, self.batch_rows = path, list(fields), max(1, batch_rows)
+        self.fast_rows = self.arrow_rows = 0
+        self.fallback_reason: str | None = None
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        pf = pq.ParquetFile(self.path, pre_buffer=False, buffer_size=PARQUET_BUFFER)
+        try:
+            if os.environ.get(ENV_DECODER, "").lower() == "arrow":
+                raise _Unsupported(f"{ENV_DECODER}=arrow")
+            layouts = _column_layouts(pf, self.fields)
+        except _Unsupported as exc:
+            self.fallback_reason = str(exc)
+            yield from self._arrow(pf, 0, 0)
+            return
+        schema = pa.schema([pf.schema_arrow.field(name) for name in self.fields])
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for group in range(pf.metadata.num_row_groups):
+                done = 0
+                try:
+                    for batch in self._row_group(fd, pf, group, layouts, schema):
+                        done += batch.num_rows
+                        self.fast_rows += batch.num_rows
+                        yield batch
+                except _Unsupported as exc:
+                    self.fallback_reason = str(exc)
+                    yield from self._arrow(pf, group, done)
+                    return
+                except _Corrupt as exc:
+                    raise ValueError(f"row group {group}: {exc}") from None
+        finally:
+            os.close(fd)
+
+    def _row_group(self, fd, pf, group: int, layouts, schema) -> Iterator[pa.RecordBatch]:
+        meta = pf.metadata.row_group(group)
+        cursors = [_ColumnCursor(fd, layout, meta.column(layout.leaf)) for layout in layouts]
+        done = 0
+        while done < meta.num_rows:
+            rows = min(self.batch_rows, meta.num_rows - done)
+            arrays = []
+            for cursor in cursors:
+                try:
+                    arrays.append(_list_array(cursor.layout, *cursor.take(rows)))
+                except _Corrupt as exc:
+                    raise _Corrupt(f"column '{cursor.layout.name}': {exc}") from None
+            done += rows
+            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+        for cursor in cursors:
+            try:
+                cursor.finish()
+            except _Corrupt as exc:
+                raise _Corrupt(f"column '{cursor.layout.name}': {exc}") from None
+
+    def _arrow(self, pf: pq.ParquetFile, group: int, skip: int) -> Iterator[pa.RecordBatch]:
+        """pyarrow's batches from row group ``group`` on, less the first ``skip`` rows (already yielded)."""
+        groups = list(range(group, pf.metadata.num_row_groups))
+        if not groups:
+            return
+        pool = pa.default_memory_pool()
+        for k, batch in enumerate(pf.iter_batches(batch_size=self.batch_rows, row_groups=groups,
+                                                  columns=self.fields), 1):
+            if skip >= batch.num_rows:
+                skip -= batch.num_rows
+                continue
+            if skip:
+                batch, skip = batch.slice(skip), 0
+            self.arrow_rows += batch.num_rows
+            yield batch
+            if k % 16 == 0:
+                pool.release_unused()  # the allocator otherwise keeps freed decode buffers, file after file
+        pool.release_unused()
