@@ -14,6 +14,10 @@ from numba import njit
 TRUNCATED = -1  # the stream ends before n values
 BAD_WIDTH = -2  # bit width over 32
 INDEX_RANGE = -3  # a dictionary index past the dictionary
+# The values decode, but the stream is not what writers produce: bytes left over after the
+# last value, or a last bit-packed run whose padding is cut short. Valid files do not look
+# like this, damaged ones (a wrong bit width, say) often do; the caller lets pyarrow judge.
+UNUSUAL = -4
 
 MESSAGES = {TRUNCATED: "encoded values end early", BAD_WIDTH: "bit width over 32",
             INDEX_RANGE: "dictionary index out of range"}
@@ -85,6 +89,7 @@ def _decode(buf, lo, hi, bit_width, n, out, dictionary, mapped):
     mask = (np.int64(1) << bit_width) - 1
     pos = lo
     i = 0
+    short_run = False
     while i < n:
         header = np.int64(0)
         shift = 0
@@ -103,6 +108,8 @@ def _decode(buf, lo, hi, bit_width, n, out, dictionary, mapped):
             take = min(count, n - i)
             if pos + (take * bit_width + 7) // 8 > hi:
                 return TRUNCATED
+            if pos + (count * bit_width) // 8 > hi:
+                short_run = True  # writers pad the last group; see UNUSUAL
             if bit_width == 0:  # every value is 0
                 if not _fill(out, i, take, 0, dictionary, mapped):
                     return INDEX_RANGE
@@ -130,6 +137,8 @@ def _decode(buf, lo, hi, bit_width, n, out, dictionary, mapped):
             if not _fill(out, i, take, value & mask, dictionary, mapped):
                 return INDEX_RANGE
         i += take
+    if short_run or pos != hi:
+        return UNUSUAL
     return pos
 
 
@@ -137,7 +146,7 @@ def _decode(buf, lo, hi, bit_width, n, out, dictionary, mapped):
 def hybrid_decode(buf, lo, hi, bit_width, n, out):
     """Decode ``n`` values of the hybrid stream ``buf[lo:hi]`` into ``out[:n]`` (levels).
 
-    Returns the position after the last run read, or a negative error code.
+    Returns ``hi`` (the stream ends with its last value), or a negative code.
     """
     return _decode(buf, lo, hi, bit_width, n, out, NO_DICTIONARY, False)
 
@@ -146,7 +155,6 @@ def hybrid_decode(buf, lo, hi, bit_width, n, out):
 def dictionary_decode(buf, lo, hi, bit_width, n, dictionary, out):
     """Decode ``n`` dictionary indices of ``buf[lo:hi]`` and store ``dictionary[index]`` in ``out[:n]``.
 
-    Returns the position after the last run read, or a negative error code (INDEX_RANGE for
-    an index past the dictionary).
+    Returns ``hi``, or a negative code (INDEX_RANGE for an index past the dictionary).
     """
     return _decode(buf, lo, hi, bit_width, n, out, dictionary, True)

@@ -102,16 +102,20 @@ def _list(buf: bytes, pos: int, depth: int):
 
 
 def _map(buf: bytes, pos: int, depth: int):
+    """A map, as a list of (key, value) pairs (keys may be unhashable structs or lists)."""
     size, pos = _varint(buf, pos)
     if size == 0:
-        return {}, pos
+        return [], pos
+    if size > len(buf):
+        raise _Truncated("page header truncated")
     head, pos = _take(buf, pos, 1)
     key_kind, value_kind = head[0] >> 4, head[0] & 0x0F
-    out = {}
+    pairs = []
     for _ in range(size):
         key, pos = _element(buf, pos, key_kind, depth + 1)
-        out[key], pos = _element(buf, pos, value_kind, depth + 1)
-    return out, pos
+        value, pos = _element(buf, pos, value_kind, depth + 1)
+        pairs.append((key, value))
+    return pairs, pos
 
 
 def read_struct(buf: bytes, pos: int = 0, depth: int = 0) -> tuple[dict, int]:

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer_cli.sources import _parquet_thrift as thrift
-from packer_cli.sources._parquet_kernels import MESSAGES, dictionary_decode, hybrid_decode
+from packer_cli.sources._parquet_kernels import MESSAGES, UNUSUAL, dictionary_decode, hybrid_decode
 
 ENV_DECODER = "PACKER_PARQUET_DECODER"
 PARQUET_BUFFER = 4 << 20  # pyarrow's page-stream read size when it decodes
@@ -117,6 +117,8 @@ def _decompress(codec: str, data: bytes, size: int) -> bytes | pa.Buffer:
         raise _Corrupt("page sizes are inconsistent")
     try:
         if codec == "UNCOMPRESSED":
+            if len(data) != size:  # pyarrow trusts the stored bytes over the header: let it judge
+                raise _Unsupported("an uncompressed page's sizes disagree")
             out = data
         elif codec == "SNAPPY":
             # pyarrow returns a buffer of the size asked for whatever the stream holds; Snappy
@@ -132,7 +134,7 @@ def _decompress(codec: str, data: bytes, size: int) -> bytes | pa.Buffer:
             out = zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
         else:  # GZIP: zlib or gzip framing
             out = zlib.decompress(data, wbits=47)
-    except _Corrupt:
+    except (_Corrupt, _Unsupported):
         raise
     except Exception as exc:  # each codec library raises its own error types
         raise _Corrupt(f"page does not decompress ({codec.lower()}: {exc})") from None
@@ -176,6 +178,8 @@ class _ChunkPages:
 # --- one column ---------------------------------------------------------------------------------
 
 def _check(status: int) -> int:
+    if status == UNUSUAL:
+        raise _Unsupported("a page's encoded values do not end where the page does")
     if status < 0:
         raise _Corrupt(MESSAGES[status])
     return status
@@ -215,8 +219,8 @@ class _ColumnCursor:
             raise _Unsupported(f"dictionary encoded as {thrift.ENCODING_NAMES.get(header.encoding, header.encoding)}")
         data = _decompress(self.codec, payload, header.uncompressed_size)
         width = self.layout.physical_dtype.itemsize
-        if header.num_values * width > len(data):
-            raise _Corrupt("dictionary page is shorter than its values")
+        if header.num_values * width != len(data):
+            raise _Unsupported("a dictionary page's size does not match its values")
         stored = np.frombuffer(data, dtype=self.layout.physical_dtype, count=header.num_values)
         self.dictionary = stored.astype(self.layout.value_dtype)  # wraps like pyarrow's cast
 
@@ -318,6 +322,8 @@ class _ColumnCursor:
             width = self.layout.physical_dtype.itemsize
             if lo + count * width > hi:
                 raise _Corrupt("page is shorter than its values")
+            if lo + count * width < hi:
+                _check(UNUSUAL)
             out[:] = data[lo:lo + count * width].view(self.layout.physical_dtype)
         elif count:
             if self.dictionary is None:

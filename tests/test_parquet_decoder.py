@@ -1,0 +1,798 @@
+"""The compiled Parquet list decoder (``parquet_lists.ListColumnReader``) reads exactly what pyarrow reads.
+
+* every layout the fast path supports (list / large_list of int8..int64 / uint8..uint32; PLAIN and
+  dictionary pages, data page v1 and v2, no compression / Snappy / Zstandard / gzip, tiny pages, many
+  row groups) is decoded by packer itself, row for row equal to ``pq.read_table``; LZ4 and Brotli pages
+  go to pyarrow;
+* layouts it does not support (nulls, other encodings, other types, deeper nesting) fall back to pyarrow
+  for the remaining rows, say why, and still give the same data;
+* ``PACKER_PARQUET_DECODER=arrow`` forces pyarrow throughout;
+* corrupt files raise ``ValueError`` / ``ArrowException`` / ``OSError`` — never a crash, never silently
+  different data (checked in subprocesses, so a segfault is a clear test failure);
+* ``pack()`` writes byte-identical output with either decoder, also when records are bad;
+* the real SFT files in ../shared/data (when present) take the fast path throughout.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import SHARED_DATA, require_shared
+from packer_cli import BadRecordPolicy, DataError, PackSpec, SourceSpec, pack
+from packer_cli.demo import demo_table
+from packer_cli.sources.parquet_lists import ListColumnReader
+
+ENV = "PACKER_PARQUET_DECODER"
+REPO = Path(__file__).resolve().parents[1]
+ALLOWED_ERRORS = (ValueError, pa.ArrowException, OSError)
+
+FAST_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32()]
+CODECS = ["none", "snappy", "zstd", "gzip"]  # decoded by packer
+ARROW_CODECS = ["lz4", "brotli"]  # handed to pyarrow (see parquet_lists: their sizes cannot be checked)
+
+
+@pytest.fixture(autouse=True)
+def _default_decoder(monkeypatch):
+    """Every test starts with the decoder chosen automatically (the variable unset)."""
+    monkeypatch.delenv(ENV, raising=False)
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+def read_with_packer(path, fields, batch_rows=2048):
+    """All batches of a ListColumnReader, checking the batch contract on the way."""
+    reader = ListColumnReader(str(path), list(fields), batch_rows=batch_rows)
+    batches = list(reader)
+    for b in batches:
+        assert 1 <= b.num_rows <= batch_rows, f"batch of {b.num_rows} rows (batch_rows={batch_rows})"
+        assert b.schema.names == list(fields)
+    return reader, batches
+
+
+def _first_difference(got: pa.ChunkedArray, want: pa.ChunkedArray) -> str:
+    if len(got) != len(want):
+        return f"{len(got)} rows, pyarrow has {len(want)}"
+    a, b = got.combine_chunks(), want.combine_chunks()
+    step = 512
+    for lo in range(0, len(a), step):
+        if not a.slice(lo, step).equals(b.slice(lo, step)):
+            for row in range(lo, min(lo + step, len(a))):
+                x, y = a[row].as_py(), b[row].as_py()
+                if x != y:
+                    return f"row {row}: {str(x)[:200]} != pyarrow's {str(y)[:200]}"
+            return f"rows {lo}..{lo + step}: validity differs"
+    return "chunks differ"
+
+
+def assert_same_as_pyarrow(path, fields, batches) -> pa.Table:
+    """The batches form exactly ``pq.read_table(path, columns=fields)``: types, values and nulls."""
+    want = pq.read_table(path, columns=list(fields))
+    if not batches:
+        assert want.num_rows == 0, f"no batches, but the file has {want.num_rows} rows"
+        return want
+    got = pa.Table.from_batches(batches)
+    assert got.column_names == want.column_names
+    assert [f.type for f in got.schema] == [f.type for f in want.schema]
+    for name in fields:
+        g, w = got.column(name), want.column(name)
+        assert g.equals(w), f"column {name!r}: {_first_difference(g, w)}"
+    return want
+
+
+def list_array(lengths, values, value_type, *, large=False, item_nullable=True, validity=None):
+    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    item = pa.field("item", value_type, nullable=item_nullable)
+    kind, otype, cls = ((pa.large_list, pa.int64(), pa.LargeListArray) if large
+                        else (pa.list_, pa.int32(), pa.ListArray))
+    mask = None if validity is None else pa.array(~np.asarray(validity))
+    return cls.from_arrays(pa.array(offsets, type=otype), pa.array(values, type=value_type), type=kind(item),
+                           mask=mask)
+
+
+def int_values(rng, value_type, n, small_vocab):
+    """``n`` values across the full range of the type (extremes included), or from a few distinct ones."""
+    dtype = np.dtype(value_type.to_pandas_dtype())
+    info = np.iinfo(dtype)
+    if small_vocab:
+        vocab = rng.integers(info.min, info.max, size=int(rng.integers(1, 40)), dtype=dtype, endpoint=True)
+        vocab[0] = info.max
+        return vocab[rng.integers(0, vocab.size, n)]
+    out = rng.integers(info.min, info.max, size=n, dtype=dtype, endpoint=True)
+    if n:
+        out[rng.integers(0, n, min(n, 4))] = [info.min, info.max, 0, info.max][: min(n, 4)]
+    return out
+
+
+def token_table(n_rows, seed=0, max_len=60, vocab=1000):
+    """``input_ids`` list<int32> and a same-length ``loss_mask`` list<uint8>."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, max_len + 1, n_rows)
+    n = int(lengths.sum())
+    return pa.table({
+        "input_ids": list_array(lengths, rng.integers(0, vocab, n).astype(np.int32), pa.int32()),
+        "loss_mask": list_array(lengths, rng.integers(0, 2, n).astype(np.uint8), pa.uint8()),
+    })
+
+
+# --- 1. supported layouts: packer's decoder, equal to pyarrow -----------------------------------
+
+@st.composite
+def layouts(draw):
+    seed = draw(st.integers(0, 2**32 - 1))
+    n_rows = draw(st.one_of(st.integers(0, 5), st.integers(0, 5000)))
+    max_len = draw(st.sampled_from([0, 1, 3, 20, 300, 3000]))
+    columns = []
+    for k in range(draw(st.integers(1, 3))):
+        columns.append(dict(
+            name=f"c{k}",
+            type=draw(st.sampled_from(FAST_TYPES)),
+            large=draw(st.booleans()),
+            small_vocab=draw(st.booleans()),
+            nullable=draw(st.booleans()),
+            item_nullable=draw(st.booleans()),
+            empty_share=draw(st.sampled_from([0.0, 0.1, 0.5, 1.0])),
+        ))
+    fields = draw(st.permutations([c["name"] for c in columns]))
+    fields = fields[: draw(st.integers(1, len(fields)))]
+    options = dict(
+        compression=draw(st.sampled_from(CODECS)),
+        use_dictionary=draw(st.booleans()),
+        data_page_version=draw(st.sampled_from(["1.0", "2.0"])),
+        data_page_size=draw(st.one_of(st.sampled_from([64, 65536]), st.integers(64, 65536))),
+        write_statistics=draw(st.booleans()),
+        version=draw(st.sampled_from(["1.0", "2.6"])),
+        store_schema=draw(st.booleans()),
+        use_compliant_nested_type=draw(st.booleans()),
+        dictionary_pagesize_limit=draw(st.sampled_from([None, 64, 1024])),
+        write_batch_size=draw(st.sampled_from([None, 37, 500])),
+    )
+    rg = draw(st.one_of(st.integers(1, 300), st.integers(300, 10_000)))
+    options["row_group_size"] = max(rg, n_rows // 200, 1)  # at most ~200 row groups: keeps writing fast
+    batch_rows = draw(st.one_of(st.integers(1, 64), st.integers(1, 5000)))
+    return seed, n_rows, max_len, columns, fields, options, batch_rows
+
+
+def _layout_table(seed, n_rows, max_len, columns, budget=300_000):
+    rng = np.random.default_rng(seed)
+    arrays, schema = [], []
+    for c in columns:
+        lengths = rng.integers(0, max_len + 1, n_rows)
+        if max_len >= 300:  # mostly short lists, a long tail up to max_len
+            lengths = np.where(rng.random(n_rows) < 0.05, lengths, lengths % 40)
+        lengths[rng.random(n_rows) < c["empty_share"]] = 0
+        while lengths.sum() > budget:
+            lengths //= 2
+        values = int_values(rng, c["type"], int(lengths.sum()), c["small_vocab"])
+        arr = list_array(lengths, values, c["type"], large=c["large"], item_nullable=c["item_nullable"])
+        arrays.append(arr)
+        schema.append(pa.field(c["name"], arr.type, nullable=c["nullable"]))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(schema))
+
+
+def _random_layout(seed: int):
+    """The same kind of layout as ``layouts()``, every choice drawn from one seed (a wide sweep)."""
+    rng = np.random.default_rng(seed)
+    pick = lambda seq: seq[int(rng.integers(len(seq)))]  # noqa: E731
+    n_rows = int(pick([0, 1, 3, 100, 1000, 5000]) and rng.integers(1, pick([10, 1000, 5001])))
+    columns = [dict(name=f"c{k}", type=pick(FAST_TYPES), large=bool(rng.random() < 0.3),
+                    small_vocab=bool(rng.random() < 0.5), nullable=bool(rng.random() < 0.7),
+                    item_nullable=bool(rng.random() < 0.7), empty_share=pick([0.0, 0.1, 0.5, 1.0]))
+               for k in range(int(rng.integers(1, 4)))]
+    fields = [c["name"] for c in columns]
+    rng.shuffle(fields)
+    options = dict(
+        compression=pick(CODECS), use_dictionary=bool(rng.random() < 0.6),
+        data_page_version=pick(["1.0", "2.0"]), data_page_size=int(pick([64, 200, 1024, 8192, 65536])),
+        write_statistics=bool(rng.random() < 0.5), version=pick(["1.0", "2.6"]),
+        store_schema=bool(rng.random() < 0.7), use_compliant_nested_type=bool(rng.random() < 0.5),
+        dictionary_pagesize_limit=pick([None, 64, 1024]), write_batch_size=pick([None, 37, 500]),
+        row_group_size=max(int(pick([1, 50, 700, 10_000])), n_rows // 200, 1),
+    )
+    batch_rows = int(pick([1, 2, 97, 2048, 5000]))
+    return int(seed), n_rows, int(pick([0, 3, 20, 300, 3000])), columns, fields, options, batch_rows
+
+
+def check_layout(tmp_path, layout):
+    """Write the layout's table with its options; packer's decoder must read it all, equal to pyarrow."""
+    seed, n_rows, max_len, columns, fields, options, batch_rows = layout
+    table = _layout_table(seed, n_rows, max_len, columns)
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, **options)
+    reader, batches = read_with_packer(path, fields, batch_rows)
+    assert_same_as_pyarrow(path, fields, batches)
+    assert (reader.fast_rows, reader.arrow_rows) == (n_rows, 0), reader.fallback_reason
+    assert reader.fallback_reason is None
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                 HealthCheck.function_scoped_fixture])
+@given(layout=layouts())
+def test_supported_layouts_decoded_fast_and_equal_to_pyarrow(tmp_path, layout):
+    """Random list<int> tables under random writer options: packer's decoder reads every row itself,
+    in batches of at most batch_rows, and the result equals pq.read_table exactly."""
+    check_layout(tmp_path, layout)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_supported_layouts_seeded_sweep(tmp_path, seed):
+    """The same property over 40 fixed seeds that each vary every choice at once (Hypothesis spends
+    many of its examples on small variations; this sweep covers big tables and long lists too)."""
+    check_layout(tmp_path, _random_layout(seed))
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("page_version", ["1.0", "2.0"])
+@pytest.mark.parametrize("dictionary", [True, False])
+def test_each_codec_and_page_kind_decoded_fast(tmp_path, codec, page_version, dictionary):
+    """Every codec × data page version × dictionary/plain: fast path throughout, equal to pyarrow."""
+    table = token_table(700, seed=3)
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, compression=codec, data_page_version=page_version, use_dictionary=dictionary,
+                   data_page_size=512, row_group_size=250)
+    reader, batches = read_with_packer(path, ["input_ids", "loss_mask"], 100)
+    assert_same_as_pyarrow(path, ["input_ids", "loss_mask"], batches)
+    assert (reader.fast_rows, reader.arrow_rows, reader.fallback_reason) == (700, 0, None)
+
+
+@pytest.mark.parametrize("codec", ARROW_CODECS)
+def test_codecs_left_to_pyarrow_read_equal(tmp_path, codec):
+    """LZ4 and Brotli pages go to pyarrow from the first row, with the reason given."""
+    table = token_table(300, seed=4)
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, compression=codec, data_page_size=512, row_group_size=100)
+    reader, batches = read_with_packer(path, ["input_ids", "loss_mask"], 64)
+    assert_same_as_pyarrow(path, ["input_ids", "loss_mask"], batches)
+    assert (reader.fast_rows, reader.arrow_rows) == (0, 300)
+    assert "compressed with" in reader.fallback_reason
+
+
+def test_dictionary_falling_back_to_plain_mid_chunk(tmp_path):
+    """A column chunk whose dictionary outgrows the limit switches to PLAIN pages half-way: still fast."""
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(0, 50, 3000)
+    values = rng.integers(0, 2**31 - 1, int(lengths.sum())).astype(np.int32)
+    values[: values.size // 2] %= 7  # the first half dictionary-friendly
+    table = pa.table({"input_ids": list_array(lengths, values, pa.int32())})
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, dictionary_pagesize_limit=256, data_page_size=1024, row_group_size=100_000)
+    encodings = pq.ParquetFile(path).metadata.row_group(0).column(0).encodings
+    assert "PLAIN" in encodings and "RLE_DICTIONARY" in encodings
+    reader, batches = read_with_packer(path, ["input_ids"], 333)
+    assert_same_as_pyarrow(path, ["input_ids"], batches)
+    assert (reader.fast_rows, reader.arrow_rows) == (3000, 0), reader.fallback_reason
+
+
+@pytest.mark.parametrize("page_version", ["1.0", "2.0"])
+def test_all_empty_lists_and_empty_file(tmp_path, page_version):
+    """Only empty lists (no values at all), and a file without rows: fast, equal, no empty batches."""
+    empty = pa.table({"input_ids": list_array(np.zeros(500, np.int64), np.zeros(0, np.int32), pa.int32())})
+    path = tmp_path / "empty_lists.parquet"
+    pq.write_table(empty, path, data_page_version=page_version, row_group_size=128)
+    reader, batches = read_with_packer(path, ["input_ids"], 64)
+    assert_same_as_pyarrow(path, ["input_ids"], batches)
+    assert (reader.fast_rows, reader.arrow_rows) == (500, 0), reader.fallback_reason
+    path = tmp_path / "no_rows.parquet"
+    pq.write_table(empty.slice(0, 0), path, data_page_version=page_version)
+    reader, batches = read_with_packer(path, ["input_ids"])
+    assert batches == [] and reader.fast_rows == 0 and reader.arrow_rows == 0
+
+
+# --- 2. unsupported layouts: fallback to pyarrow, same data --------------------------------------
+
+def _fallback_tables():
+    rng = np.random.default_rng(9)
+    base = token_table(300, seed=9)
+    ids = base.column("input_ids").combine_chunks()
+    lengths = np.diff(ids.offsets.to_numpy())
+    n = int(lengths.sum())
+    null_rows = np.zeros(300, bool)
+    null_rows[[0, 17, 299]] = True
+    with_null_elements = ids.values.to_pylist()
+    with_null_elements[5] = None
+    yield "null_lists", base.set_column(0, "input_ids", list_array(lengths, ids.values, pa.int32(),
+                                                                   validity=~null_rows)), {}
+    yield "null_elements", base.set_column(0, "input_ids", list_array(lengths, with_null_elements,
+                                                                      pa.int32())), {}
+    for enc in ("DELTA_BINARY_PACKED", "BYTE_STREAM_SPLIT"):
+        # the key must be the leaf's path: pyarrow silently ignores {"input_ids": ...} for a list column
+        yield enc, base, {"use_dictionary": False, "column_encoding": {"input_ids.list.element": enc}}
+    yield "scalar_column", base.append_column("answer_start_idx", pa.array(rng.integers(0, 9, 300))), {}
+    nested = pa.ListArray.from_arrays(pa.array(np.arange(301, dtype=np.int32)), ids)
+    yield "list_of_lists", base.append_column("nested", nested), {}
+    yield "float_list", base.append_column("floats", list_array(lengths, rng.random(n), pa.float64())), {}
+    yield "float32_list", base.append_column("floats", list_array(lengths, rng.random(n).astype(np.float32),
+                                                                  pa.float32())), {}
+    # INT32 / INT64 physical types that are not integers in Arrow: the decoder must not return ints.
+    yield "timestamp_list", base.append_column(
+        "ts", list_array(lengths, rng.integers(0, 2**40, n), pa.timestamp("ms"))), {}
+    yield "date_list", base.append_column(
+        "dates", list_array(lengths, rng.integers(0, 20000, n).astype(np.int32), pa.date32())), {}
+    yield "time_list", base.append_column(
+        "times", list_array(lengths, rng.integers(0, 86_400_000, n).astype(np.int32), pa.time32("ms"))), {}
+    cents = [Decimal(int(v)).scaleb(-2) for v in rng.integers(-10**6, 10**6, n)]
+    yield "decimal_as_int", base.append_column("dec", list_array(lengths, cents, pa.decimal128(9, 2))), {
+        "store_decimal_as_integer": True}
+    yield "string_list", base.append_column("words", list_array(lengths, [str(v) for v in range(n)],
+                                                                pa.string())), {}
+    yield "bool_list", base.append_column("flags", list_array(lengths, rng.random(n) < 0.5, pa.bool_())), {}
+
+
+FALLBACK_CASES = {name: (table, opts) for name, table, opts in _fallback_tables()}
+
+
+@pytest.mark.parametrize("case", list(FALLBACK_CASES))
+@pytest.mark.parametrize("batch_rows", [7, 2048])
+def test_unsupported_layout_falls_back_with_same_data(tmp_path, case, batch_rows):
+    """Nulls, DELTA_BINARY_PACKED / BYTE_STREAM_SPLIT pages, scalar, nested, float and other
+    non-integer columns (also INT32/INT64 physical ones: timestamp, date, time, decimal): pyarrow
+    takes over, says why, and the data is exactly pq.read_table's."""
+    table, opts = FALLBACK_CASES[case]
+    path = tmp_path / f"{case}.parquet"
+    pq.write_table(table, path, row_group_size=100, data_page_size=1024, **opts)
+    for enc in opts.get("column_encoding", {}).values():
+        assert enc in pq.ParquetFile(path).metadata.row_group(0).column(0).encodings
+    fields = table.column_names
+    reader, batches = read_with_packer(path, fields, batch_rows)
+    assert_same_as_pyarrow(path, fields, batches)
+    assert reader.fallback_reason, "an unsupported layout must say why pyarrow took over"
+    assert reader.arrow_rows > 0
+    assert reader.fast_rows + reader.arrow_rows == table.num_rows
+
+
+@pytest.mark.parametrize("case", ["uint64", "fixed_size_list", "large_list_uint64"])
+def test_other_integer_layouts_read_equal(tmp_path, case):
+    """Layouts at the edge of the contract (uint64 values, fixed_size_list): whichever decoder reads
+    them, the data and the Arrow type are exactly pyarrow's."""
+    rng = np.random.default_rng(2)
+    if case == "fixed_size_list":
+        arr = pa.FixedSizeListArray.from_arrays(pa.array(rng.integers(0, 1000, 1200).astype(np.int32)), 4)
+    else:
+        lengths = rng.integers(0, 30, 300)
+        values = rng.integers(0, 2**64 - 1, int(lengths.sum()), dtype=np.uint64, endpoint=True)
+        arr = list_array(lengths, values, pa.uint64(), large=case.startswith("large"))
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"x": arr}), path, row_group_size=100, data_page_size=512)
+    reader, batches = read_with_packer(path, ["x"], 64)
+    assert_same_as_pyarrow(path, ["x"], batches)
+    assert reader.fast_rows + reader.arrow_rows == 300
+
+
+@pytest.mark.parametrize("batch_rows", [1, 64, 100, 2048])
+def test_nulls_in_a_later_row_group_switch_over_mid_file(tmp_path, batch_rows):
+    """Nulls only in rows 250..260 (row groups of 100): the first row groups are decoded fast, pyarrow
+    reads the rest, and together they give every row once, equal to pyarrow."""
+    table = token_table(1000, seed=4)
+    ids = table.column("input_ids").combine_chunks()
+    lengths = np.diff(ids.offsets.to_numpy())
+    valid = np.ones(1000, bool)
+    valid[250:261] = False
+    table = table.set_column(0, "input_ids", list_array(lengths, ids.values, pa.int32(), validity=valid))
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=100, data_page_size=256)
+    reader, batches = read_with_packer(path, ["input_ids", "loss_mask"], batch_rows)
+    assert_same_as_pyarrow(path, ["input_ids", "loss_mask"], batches)
+    assert reader.fallback_reason
+    assert reader.fast_rows > 0 and reader.arrow_rows > 0, (reader.fast_rows, reader.arrow_rows)
+    assert reader.fast_rows + reader.arrow_rows == 1000
+    assert reader.fast_rows <= 250
+
+
+def test_nulls_in_one_column_only_later(tmp_path):
+    """A null element in the *second* requested column of row group 3: the switch keeps the two
+    columns row-aligned."""
+    table = token_table(600, seed=6)
+    mask = table.column("loss_mask").combine_chunks()
+    values = mask.values.to_pylist()
+    first_of_row_350 = mask.offsets.to_numpy()[350]
+    values[first_of_row_350] = None
+    lengths = np.diff(mask.offsets.to_numpy())
+    assert lengths[350] > 0
+    table = table.set_column(1, "loss_mask", list_array(lengths, values, pa.uint8()))
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=100, data_page_size=300)
+    reader, batches = read_with_packer(path, ["loss_mask", "input_ids"], 128)
+    assert_same_as_pyarrow(path, ["loss_mask", "input_ids"], batches)
+    assert reader.fast_rows > 0 and reader.arrow_rows > 0 and reader.fast_rows + reader.arrow_rows == 600
+
+
+# --- 3. the environment variable -----------------------------------------------------------------
+
+def test_env_var_forces_pyarrow(tmp_path, monkeypatch):
+    """PACKER_PARQUET_DECODER=arrow: pyarrow reads every row, the reason says so, the data is the same."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(token_table(500, seed=1), path, row_group_size=128)
+    monkeypatch.setenv(ENV, "arrow")
+    reader, batches = read_with_packer(path, ["input_ids", "loss_mask"], 100)
+    assert_same_as_pyarrow(path, ["input_ids", "loss_mask"], batches)
+    assert (reader.fast_rows, reader.arrow_rows) == (0, 500)
+    assert reader.fallback_reason and (ENV in reader.fallback_reason or "arrow" in reader.fallback_reason.lower())
+    monkeypatch.delenv(ENV)
+    reader, _ = read_with_packer(path, ["input_ids", "loss_mask"], 100)
+    assert (reader.fast_rows, reader.arrow_rows, reader.fallback_reason) == (500, 0, None)
+
+
+# --- 4. corrupt files --------------------------------------------------------------------------
+
+_CHILD = r"""
+import json, sys, traceback
+import pyarrow as pa, pyarrow.parquet as pq
+from packer_cli.sources.parquet_lists import ListColumnReader
+
+ALLOWED = (ValueError, pa.ArrowException, OSError)
+jobs = json.load(open(sys.argv[1]))
+
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+
+def ours(path, fields):
+    batches = list(ListColumnReader(path, fields, batch_rows=97))
+    return pa.Table.from_batches(batches) if batches else None
+
+def theirs(path, fields):
+    t = pq.read_table(path, columns=fields)
+    return t if t.num_rows else None
+
+def attempt(fn, path, fields):
+    try:
+        return "ok", fn(path, fields), ""
+    except ALLOWED as exc:
+        return "raised", None, f"{type(exc).__name__}: {exc}"[:300]
+    except BaseException as exc:  # noqa: BLE001 - reported as a contract violation
+        return "bad", None, traceback.format_exc()[-1500:]
+
+def same(a, b):
+    if a is None or b is None:
+        return a is None and b is None
+    return (a.column_names == b.column_names and [f.type for f in a.schema] == [f.type for f in b.schema]
+            and all(a.column(n).equals(b.column(n)) for n in a.column_names))
+
+for i in range(int(sys.argv[2]), len(jobs)):
+    path, fields = jobs[i]
+    say(i=i, phase="packer")
+    s1, t1, d1 = attempt(ours, path, fields)
+    say(i=i, phase="pyarrow")
+    s2, t2, d2 = attempt(theirs, path, fields)
+    say(i=i, done=True, packer=s1, packer_detail=d1, pyarrow=s2, pyarrow_detail=d2,
+        equal=same(t1, t2) if s1 == s2 == "ok" else None)
+"""
+
+
+def run_isolated(jobs: list[tuple[str, list[str]]], tmp_path: Path, timeout=240) -> list[dict]:
+    """Read every (path, fields) with ListColumnReader and with pyarrow in child processes; a crash
+    or a hang of one read is recorded for that job and the rest continue in a fresh child."""
+    job_file = tmp_path / "jobs.json"
+    job_file.write_text(json.dumps([[str(p), f] for p, f in jobs]))
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    results: dict[int, dict] = {}
+    start = 0
+    while start < len(jobs):
+        proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(job_file), str(start)], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+            hung = False
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            hung = True
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        for rec in lines:
+            if rec.get("done"):
+                results[rec["i"]] = rec
+        if proc.returncode == 0:
+            break
+        last = next((r for r in reversed(lines) if "phase" in r), None)
+        if last is None:
+            raise AssertionError(f"the child failed before any job (rc={proc.returncode}):\n{err[-3000:]}")
+        what = "hang" if hung else f"crash (exit code {proc.returncode})"
+        results[last["i"]] = {"i": last["i"], "died": what, "phase": last["phase"], "stderr": err[-2000:]}
+        start = last["i"] + 1
+    return [results[i] for i in range(len(jobs))]
+
+
+def _chunk_span(path, rg, col):
+    meta = pq.ParquetFile(path).metadata.row_group(rg).column(col)
+    start = meta.dictionary_page_offset if meta.has_dictionary_page else meta.data_page_offset
+    return start, meta.data_page_offset, start + meta.total_compressed_size
+
+
+def _read_varint(raw: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    start = pos
+    while True:
+        byte = raw[pos]
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        pos += 1
+        if byte < 0x80:
+            return value, pos - start
+
+
+def _varint(value: int, length: int) -> bytes:
+    """Zigzag varint of a thrift i32, padded (non-canonically) to ``length`` bytes when it fits."""
+    zz = (value << 1) ^ (value >> 31) if value < 0 else value << 1
+    groups = []
+    while zz or not groups:
+        groups.append(zz & 0x7F)
+        zz >>= 7
+    groups += [0] * (length - len(groups))
+    return bytes([g | 0x80 for g in groups[:-1]] + [groups[-1]])
+
+
+def _page_sizes(raw: bytes, offset: int) -> dict[str, tuple[int, int, int]]:
+    """Where a page header's uncompressed / compressed size varints lie: (position, length, value).
+    A thrift compact PageHeader starts with fields 1, 2, 3: i32 type, uncompressed, compressed size."""
+    out, pos = {}, offset
+    for name in ("type", "uncompressed", "compressed"):
+        assert raw[pos] == 0x15, f"unexpected page header at {offset}"
+        zz, length = _read_varint(raw, pos + 1)
+        out[name] = (pos + 1, length, (zz >> 1) ^ -(zz & 1))
+        pos += 1 + length
+    return out
+
+
+def _level_edits(table: pa.Table, tmp_path: Path) -> list[tuple[str, bytes]]:
+    """Targeted damage inside the one uncompressed v1 dictionary data page of a column chunk: the
+    level length prefixes, the levels themselves and the dictionary index bit width."""
+    path = tmp_path / "one-page.parquet"
+    pq.write_table(table.select(["input_ids"]), path, compression="none", use_dictionary=True,
+                   data_page_version="1.0", data_page_size=1 << 20)
+    raw = path.read_bytes()
+    _, d0, e0 = _chunk_span(path, 0, 0)
+    payload = e0 - _page_sizes(raw, d0)["compressed"][2]
+    assert 10 < payload - d0 < 64, "expected a single data page"
+    rep_len = int.from_bytes(raw[payload:payload + 4], "little")
+    def_at = payload + 4 + rep_len
+    def_len = int.from_bytes(raw[def_at:def_at + 4], "little")
+    width_at = def_at + 4 + def_len
+    edits = []
+
+    def put(what, at, data):
+        edits.append((f"one-page.parquet: {what}", raw[:at] + data + raw[at + len(data):]))
+
+    put("repetition levels' length 2^32-1", payload, b"\xff\xff\xff\xff")
+    put("repetition levels' length 0", payload, b"\x00\x00\x00\x00")
+    put("definition levels' length 2^31", def_at, b"\x00\x00\x00\x80")
+    put("definition levels' length + 1", def_at, (def_len + 1).to_bytes(4, "little"))
+    put("repetition levels all 0 (more rows than the row group)", payload + 4, bytes(rep_len))
+    put("repetition levels all 0xff", payload + 4, b"\xff" * rep_len)
+    put("definition levels all 0 (null lists)", def_at + 4, bytes(def_len))
+    put("definition levels all 0xff", def_at + 4, b"\xff" * def_len)
+    for width in (0, raw[width_at] - 1, raw[width_at] + 1, 33, 64, 255):
+        put(f"dictionary index bit width {raw[width_at]} -> {width}", width_at, bytes([width]))
+    put("index runs all 0xff", width_at + 1, b"\xff" * (e0 - width_at - 1))
+    return edits
+
+
+def _corrupt_variants(tmp_path: Path) -> list[tuple[str, Path, list[str]]]:
+    """(what was done, the damaged file, the fields to read): ~120 variants from 4 valid files."""
+    table = token_table(300, seed=12, max_len=40, vocab=300)
+    variants = []
+    for k, (codec, dictionary) in enumerate([("none", True), ("none", False), ("snappy", True),
+                                             ("snappy", False)]):
+            base = tmp_path / f"base-{codec}-{int(dictionary)}.parquet"
+            pq.write_table(table, base, compression=codec, use_dictionary=dictionary, data_page_size=512,
+                           row_group_size=150)
+            raw = base.read_bytes()
+            rng = np.random.default_rng(k)
+            edits: list[tuple[str, bytes]] = []
+            a0, d0, e0 = _chunk_span(base, 0, 0)
+            a1, d1, e1 = _chunk_span(base, 1, 1)
+            for cut in (e0 - 3, len(raw) - 9, len(raw) - 1):
+                edits.append((f"truncated at {cut}", raw[:cut]))
+            footer_len = int.from_bytes(raw[-8:-4], "little") + 8
+            body_end = len(raw) - footer_len
+            # a hole inside the data with the footer intact: offsets point past what is there
+            edits.append(("bytes removed mid-chunk", raw[:(a0 + e0) // 2] + raw[(a0 + e0) // 2 + 40:]))
+            edits.append(("data cut, footer kept", raw[:d1 + 10] + raw[body_end:]))
+            for name, offset in (("dictionary/first page header", a0), ("data page header", d0),
+                                 ("last chunk's first page header", d1)):
+                b = bytearray(raw)
+                b[offset:offset + 12] = rng.integers(0, 256, 12, dtype=np.uint8).tobytes()
+                edits.append((f"garbage over the {name}", bytes(b)))
+            # well-formed thrift of the wrong shape: a map keyed by lists / by structs
+            for name, header in (("list", b"\x1b\x01\x99\x15\x02\x15\x02\x00"),
+                                 ("struct", b"\x1b\x01\xcc\x00\x00\x00")):
+                edits.append((f"page header holding a map keyed by {name}s",
+                               raw[:d0] + header + raw[d0 + len(header):]))
+            for k in range(7):
+                lo, hi = ((a0, e0), (a1, e1))[k % 2]
+                width = int(rng.integers(1, 24))
+                at = int(rng.integers(lo, max(lo + 1, hi - width)))
+                b = bytearray(raw)
+                b[at:at + width] = rng.integers(0, 256, width, dtype=np.uint8).tobytes()
+                edits.append((f"{width} random bytes at {at} (chunk {lo}..{hi})", bytes(b)))
+            b = bytearray(raw)
+            b[d0 + 20:e0] = b"\xff" * (e0 - d0 - 20)
+            edits.append(("0xff over the first chunk's data pages", bytes(b)))
+            # page headers that lie about the page's sizes (negative, zero, off by one, huge)
+            pages = [("data page", d0)] + ([("dictionary page", a0)] if a0 != d0 else [])
+            for page, offset in pages:
+                sizes = _page_sizes(raw, offset)
+                for field, value in (("compressed", -1), ("compressed", 0), ("compressed", +1),
+                                     ("compressed", 2**31 - 1), ("uncompressed", -1),
+                                     ("uncompressed", 2**31 - 1), ("uncompressed", +1)):
+                    pos, length, old = sizes[field]
+                    new = old + 1 if value == +1 else value
+                    edits.append((f"{page} header: {field}_page_size {old} -> {new}",
+                                  raw[:pos] + _varint(new, length) + raw[pos + length:]))
+            for j, (what, data) in enumerate(edits):
+                path = tmp_path / f"bad-{codec}-{int(dictionary)}-{j}.parquet"
+                path.write_bytes(data)
+                variants.append((f"{base.name}: {what}", path, ["input_ids", "loss_mask"]))
+    for j, (what, data) in enumerate(_level_edits(table, tmp_path)):
+        path = tmp_path / f"bad-one-page-{j}.parquet"
+        path.write_bytes(data)
+        variants.append((what, path, ["input_ids"]))
+    return variants
+
+
+def test_corrupt_files_raise_and_never_crash_or_lie(tmp_path):
+    """~120 corrupted variants (truncated, holes, garbage or lying page headers, damaged levels and
+    index bit widths, random bytes in the column chunks; snappy and uncompressed, dictionary and
+    plain): each read either raises ValueError /
+    ArrowException / OSError or yields exactly what pyarrow yields — no crash, no hang, no other
+    exception type. Data pyarrow rejects but packer yields is reported as a warning."""
+    variants = _corrupt_variants(tmp_path)
+    results = run_isolated([(p, fields) for _, p, fields in variants], tmp_path)
+    problems, lenient = [], []
+    for (what, path, _), r in zip(variants, results):
+        if "died" in r:
+            if r["phase"] == "packer":
+                problems.append(f"{what}: ListColumnReader {r['died']}\n{r['stderr'][-600:]}")
+            continue  # pyarrow itself died: not packer's decoder
+        if r["packer"] == "bad":
+            problems.append(f"{what}: raised an exception outside the contract:\n{r['packer_detail']}")
+        elif r["packer"] == "ok" and r["pyarrow"] == "ok" and not r["equal"]:
+            problems.append(f"{what}: yielded data different from pyarrow's without an error")
+        elif r["packer"] == "ok" and r["pyarrow"] != "ok":
+            lenient.append(f"{what} ({path.name}): packer yielded data, pyarrow raised {r['pyarrow_detail']}")
+        elif r["packer"] != "ok" and r["pyarrow"] == "ok":
+            lenient.append(f"{what} ({path.name}): packer raised {r['packer_detail']}, pyarrow read it")
+    for note in lenient:
+        warnings.warn(note)
+    assert not problems, "\n\n".join(problems)
+
+
+def test_dictionary_index_out_of_range_raises(tmp_path):
+    """Dictionary indices past the end of the dictionary (0xff over bit-packed index data of an
+    uncompressed page): packer raises, as pyarrow does, instead of yielding whatever lies beyond."""
+    rng = np.random.default_rng(13)
+    values = rng.integers(0, 5, 800).astype(np.int32)  # 5 distinct → bit width 3, every index real
+    table = pa.table({"input_ids": list_array(np.full(100, 8), values, pa.int32(), item_nullable=False)},
+                     schema=pa.schema([pa.field("input_ids", pa.list_(pa.field("item", pa.int32(), False)),
+                                                False)]))
+    path = tmp_path / "dict.parquet"
+    pq.write_table(table, path, compression="none", use_dictionary=True, data_page_size=1 << 20)
+    start, data_start, end = _chunk_span(path, 0, 0)
+    b = bytearray(path.read_bytes())
+    b[end - 24:end] = b"\xff" * 24
+    bad = tmp_path / "dict-bad.parquet"
+    bad.write_bytes(bytes(b))
+    [r] = run_isolated([(bad, ["input_ids"])], tmp_path)
+    assert "died" not in r or r["phase"] != "packer", f"ListColumnReader {r.get('died')}: {r.get('stderr')}"
+    if r.get("pyarrow") == "raised":
+        assert r["packer"] == "raised", f"pyarrow raises ({r['pyarrow_detail']}), packer gave {r['packer']}"
+    assert r.get("packer") != "bad", r.get("packer_detail")
+
+
+# --- 5. the pipeline ---------------------------------------------------------------------------
+
+def _pack_both(monkeypatch, path, tmp_path, spec, source=SourceSpec()):
+    outs, summaries = [], []
+    for name, env in (("fast", None), ("arrow", "arrow")):
+        if env:
+            monkeypatch.setenv(ENV, env)
+        else:
+            monkeypatch.delenv(ENV, raising=False)
+        out = tmp_path / name
+        summaries.append(pack([str(path)], str(out), spec, source))
+        outs.append(out)
+    monkeypatch.delenv(ENV, raising=False)
+    return outs, summaries
+
+
+def assert_identical_dirs(a: Path, b: Path):
+    names_a = sorted(p.relative_to(a).as_posix() for p in a.rglob("*") if p.is_file())
+    names_b = sorted(p.relative_to(b).as_posix() for p in b.rglob("*") if p.is_file())
+    assert names_a == names_b
+    assert "metadata.json" in names_a and any(n.startswith("packs-") for n in names_a)
+    for name in names_a:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), f"{name} differs between the decoders"
+
+
+@pytest.fixture(scope="module")
+def paged_parquet(tmp_path_factory) -> Path:
+    """3,000 samples, lengths up to 2,000, over several row groups of small pages."""
+    path = tmp_path_factory.mktemp("paged") / "paged.parquet"
+    pq.write_table(demo_table(3000, seed=21, max_len=2000), path, row_group_size=700, data_page_size=8192,
+                   compression="zstd")
+    return path
+
+
+def test_pack_output_identical_with_either_decoder(paged_parquet, tmp_path, monkeypatch):
+    """pack() writes byte-identical shards, manifest and metadata with the compiled decoder and with
+    PACKER_PARQUET_DECODER=arrow."""
+    outs, summaries = _pack_both(monkeypatch, paged_parquet, tmp_path, PackSpec(pack_size=4096, cp=2))
+    assert summaries[0].counts == summaries[1].counts
+    assert_identical_dirs(*outs)
+
+
+def test_pack_reads_parquet_with_the_fast_decoder(paged_parquet, tmp_path, monkeypatch):
+    """pack() on a supported Parquet file goes through ListColumnReader and decodes every row itself."""
+    readers = []
+    original = ListColumnReader.__iter__
+
+    def spy(self):
+        readers.append(self)
+        return original(self)
+
+    monkeypatch.setattr(ListColumnReader, "__iter__", spy)
+    pack([str(paged_parquet)], str(tmp_path / "out"), PackSpec(pack_size=4096))
+    assert readers, "pack() did not read the Parquet file with ListColumnReader"
+    assert sum(r.fast_rows for r in readers) == 3000
+    assert sum(r.arrow_rows for r in readers) == 0
+
+
+def _bad_records_file(tmp_path) -> Path:
+    table = demo_table(1500, seed=22, max_len=2000)
+    rows = table.to_pylist()
+    rows[40]["input_ids"][3] = -5  # a negative token id
+    rows[777]["loss_mask"] = rows[777]["loss_mask"][:-1]  # mask shorter than the input
+    rows[1400]["input_ids"] = []  # too short to keep
+    bad = pa.Table.from_pylist(rows, schema=table.schema)
+    path = tmp_path / "bad.parquet"
+    pq.write_table(bad, path, row_group_size=400, data_page_size=4096)
+    return path
+
+
+def test_pack_bad_records_counted_the_same_with_either_decoder(tmp_path, monkeypatch):
+    """Skipped bad records (negative id, mask length ≠ input length, empty sample) give the same
+    summary counts and the same output bytes with either decoder."""
+    path = _bad_records_file(tmp_path)
+    source = SourceSpec(on_bad_record=BadRecordPolicy.SKIP)
+    outs, summaries = _pack_both(monkeypatch, path, tmp_path, PackSpec(pack_size=4096), source)
+    assert summaries[0].counts == summaries[1].counts
+    assert summaries[0].counts["bad_records"] >= 2
+    assert_identical_dirs(*outs)
+
+
+def test_pack_bad_record_error_message_same_with_either_decoder(tmp_path, monkeypatch):
+    """With on_bad_record=error both decoders stop with the same DataError (same file and row)."""
+    path = _bad_records_file(tmp_path)
+    messages = []
+    for env in (None, "arrow"):
+        if env:
+            monkeypatch.setenv(ENV, env)
+        with pytest.raises(DataError) as info:
+            pack([str(path)], str(tmp_path / f"out-{env}"), PackSpec(pack_size=4096))
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
+
+
+# --- 6. real data ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["sft_gsm8k.parquet", "sft_codealpaca.parquet"])
+def test_real_sft_files_decoded_fast(name):
+    """The real SFT files (zstd, dictionary pages, 2 row groups): fast path throughout, equal to pyarrow."""
+    require_shared()
+    path = SHARED_DATA / name
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    fields = ["input_ids", "loss_mask"]
+    reader, batches = read_with_packer(path, fields)
+    want = assert_same_as_pyarrow(path, fields, batches)
+    assert (reader.fast_rows, reader.arrow_rows, reader.fallback_reason) == (want.num_rows, 0, None)
