@@ -11,9 +11,13 @@ Tools (``--tools``):
 * ``trl``        TRL ``pack_dataset(ds, C, strategy="bfd")`` on the same table held in memory
                  (``datasets`` default: packed in 1,000-row ``map`` batches);
 * ``trl_whole``  the same with ``map_kwargs={"batch_size": None}`` (one global BFD);
-* ``decode``     pyarrow ``ParquetFile.iter_batches`` over the input: the decode floor;
+* ``decode``     pyarrow ``ParquetFile.iter_batches`` over the input (2,048-row batches, both columns);
+* ``decode_packer`` packer's own Parquet decoder (``ListColumnReader``) over the same columns;
 * ``read_json``  ``pyarrow.json.read_json`` of a JSON Lines input;
-* ``disk``       sequential write of ``--disk-gb`` GB with ``np.tofile`` + ``fsync``.
+* ``disk``       sequential write of ``--disk-gb`` GB with ``np.tofile`` + ``fsync``;
+* ``pages``      page-cache write of 512 MB (no fsync) into memory freed 4 s earlier ("cold") and
+                 into memory freed just before ("hot"): on a VM whose balloon driver reports free
+                 memory to the host, memory idle for a few seconds must be faulted in again.
 
     python benchmarks/bench_e2e.py --input benchmarks/_data/sft4k_200000.parquet --runs 5
 """
@@ -66,12 +70,23 @@ def serve_packer(args) -> None:
         import pyarrow.parquet as pq
 
         t0 = time.perf_counter()
-        for _ in pq.ParquetFile(args.input).iter_batches(batch_size=8192):
+        for _ in pq.ParquetFile(args.input).iter_batches(batch_size=2048):
             pass
         return {"seconds": time.perf_counter() - t0}
 
+    def run_decode_packer():
+        import pyarrow.parquet as pq
+
+        from packer_cli.sources.parquet_lists import ListColumnReader
+
+        reader = ListColumnReader(args.input, pq.read_schema(args.input).names, 2048)
+        t0 = time.perf_counter()
+        for _ in reader:
+            pass
+        return {"seconds": time.perf_counter() - t0, "fast_rows": reader.fast_rows}
+
     run_pack()  # warm-up: numba cache load, page cache
-    serve({"api": run_pack, "decode": run_decode})
+    serve({"api": run_pack, "decode": run_decode, "decode_packer": run_decode_packer})
 
 
 def serve_trl(args) -> None:
@@ -131,12 +146,32 @@ def run_disk(args) -> dict:
     return {"seconds": seconds, "bytes": n_blocks * block.size, "bytes_per_s": n_blocks * block.size / seconds}
 
 
+def run_pages(args) -> dict:
+    """Page-cache write speed into memory idle for 4 s ("cold") and just freed ("hot")."""
+    block = np.random.default_rng(1).integers(0, 255, 64 << 20, dtype=np.uint8)
+
+    def write(path: str) -> float:
+        t0 = time.perf_counter()
+        with open(path, "wb") as f:
+            for _ in range(8):  # 512 MB
+                block.tofile(f)
+        return time.perf_counter() - t0
+
+    path = os.path.join(OUT, "pages_probe.bin")
+    time.sleep(4)
+    cold = write(path)
+    os.unlink(path)
+    hot = write(path)
+    os.unlink(path)
+    return {"seconds": cold, "cold_s": cold, "hot_s": hot, "bytes": 8 * block.size}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--input", required=True)
     ap.add_argument("--pack-size", type=int, default=4096)
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--tools", default="cli,api,trl,trl_whole,decode,disk")
+    ap.add_argument("--tools", default="cli,api,trl,trl_whole,decode,decode_packer,disk,pages")
     ap.add_argument("--disk-gb", type=float, default=2.0)
     ap.add_argument("--out", default=os.path.join(OUT, "e2e"))
     ap.add_argument("--serve", choices=["packer", "trl", "read_json"], help=argparse.SUPPRESS)
@@ -150,7 +185,7 @@ def main() -> None:
     base = ["bench_e2e.py", "--input", args.input, "--pack-size", str(args.pack_size)]
     workers: dict[str, Worker] = {}
     try:
-        if "api" in tools or "decode" in tools:
+        if {"api", "decode", "decode_packer"} & set(tools):
             workers["packer"] = Worker(base + ["--serve", "packer", "--out", args.out + "_api"])
         if "trl" in tools or "trl_whole" in tools:
             workers["trl"] = Worker(base + ["--serve", "trl"])
@@ -165,7 +200,9 @@ def main() -> None:
                     row = run_cli(args)
                 elif tool == "disk":
                     row = run_disk(args)
-                elif tool in ("api", "decode"):
+                elif tool == "pages":
+                    row = run_pages(args)
+                elif tool in ("api", "decode", "decode_packer"):
                     row = workers["packer"].call(tool)
                 elif tool in ("trl", "trl_whole"):
                     row = workers["trl"].call(tool)
@@ -184,9 +221,9 @@ def main() -> None:
     for tool, tool_rows in rows.items():
         sec = median([x["seconds"] for x in tool_rows])
         entry = {"median_s": sec, "min_s": min(x["seconds"] for x in tool_rows)}
-        if tool != "disk":
+        if tool not in ("disk", "pages"):
             entry["tokens_per_s"] = tokens / sec
-        for key in ("packs", "out_bytes", "peak_rss_bytes", "bytes_per_s"):
+        for key in ("packs", "out_bytes", "peak_rss_bytes", "bytes_per_s", "cold_s", "hot_s", "cpu_s", "fast_rows"):
             if key in tool_rows[0]:
                 entry[key] = median([x[key] for x in tool_rows])
         summary[tool] = entry

@@ -117,12 +117,24 @@ def render(res: dict, targets: dict) -> str:
     out.append(_table(["What", "packer", "peer / bound", "ratio", "target", "status"], rows) + "\n")
     if e2e and "trl" in e2e and "decode" in e2e:
         need = e2e["trl"]["median_s"] / targets["e2e_vs_trl"]
-        out.append(f"Reading the end-to-end row: TRL took {e2e['trl']['median_s']:.2f} s, so 5× means packing in "
-                   f"{need:.2f} s; pyarrow alone needs {e2e['decode']['median_s']:.2f} s (median) just to decode the "
-                   f"input Parquet on this machine, and the warm `pack()` took {e2e['api']['median_s']:.2f} s in all "
-                   f"(decode + validate + spill + plan + gather + write + hash). The CLI adds the process start-up "
-                   f"({e2e['cli']['median_s'] - e2e['api']['median_s']:.2f} s here: interpreter, imports, numba cache "
-                   "loading, interpreter teardown).\n")
+        text = (f"Reading the end-to-end row: TRL took {e2e['trl']['median_s']:.2f} s, so 5× means packing in "
+                f"{need:.2f} s. pyarrow needs {e2e['decode']['median_s']:.2f} s (median) just to decode the input "
+                "Parquet on this machine")
+        if "decode_packer" in e2e:
+            text += (f"; packer's own decoder, which `pack` uses, needs {e2e['decode_packer']['median_s']:.2f} s "
+                     f"({_fmt_ratio(_ratio(e2e['decode']['median_s'], e2e['decode_packer']['median_s']))} faster)")
+        text += (f". The warm `pack()` took {e2e['api']['median_s']:.2f} s in all (min {e2e['api']['min_s']:.2f} s: "
+                 "decode + validate + spill + plan + gather + write + hash). The CLI adds the process start-up "
+                 f"({e2e['cli']['median_s'] - e2e['api']['median_s']:.2f} s here: interpreter, imports, numba cache "
+                 "loading, and every page of a fresh process faulted in).")
+        if "pages" in e2e:
+            pg = e2e["pages"]
+            text += (f" Both write about 1.2 GB into the page cache per run (the spill and the shards). On this VM "
+                     f"that is what varies most: writing 512 MB into memory that had been free for 4 s took "
+                     f"{pg['cold_s']:.2f} s, into memory freed just before {pg['hot_s']:.2f} s (`pages` row; the "
+                     "balloon driver hands idle memory back to the host, which must fault it in again), so "
+                     "runs that find cold memory lose about a second.")
+        out.append(text + "\n")
 
     # --- end to end -------------------------------------------------------------------------
     if e2e:
@@ -131,14 +143,17 @@ def render(res: dict, targets: dict) -> str:
                    f"({e2e['input_bytes'] / MB:,.0f} MB, snappy, 4,096-row groups), pack size {e2e['pack_size']}. "
                    "TRL packs the same table already in memory (`datasets.Dataset` over an in-memory Arrow table); "
                    "packer reads the file, validates every record, plans globally and writes and hashes the shards. "
-                   "`decode` is pyarrow's Parquet decode alone, the floor for any Parquet reader; `disk` writes "
+                   "`decode` is pyarrow's Parquet decode alone, `decode_packer` packer's own decoder (what `pack` "
+                   "reads Parquet with); `disk` writes "
                    f"{cfg['disk_gb']:g} GB with `np.tofile` then `fsync`.\n")
         trl = e2e.get("trl", {}).get("tokens_per_s")
         rows = []
         for key, label in (("cli", "packer pack (CLI, fresh process)"), ("api", "packer pack() (warm process)"),
                            ("trl", "TRL pack_dataset bfd (1,000-row map batches, the default)"),
                            ("trl_whole", "TRL pack_dataset bfd, batch_size=None (global)"),
-                           ("decode", "pyarrow Parquet decode only"), ("disk", "disk: np.tofile + fsync")):
+                           ("decode", "pyarrow Parquet decode only"),
+                           ("decode_packer", "packer Parquet decode only (`ListColumnReader`)"),
+                           ("disk", "disk: np.tofile + fsync"), ("pages", "page cache: 512 MB into idle memory")):
             if key not in e2e:
                 continue
             d = e2e[key]
@@ -151,8 +166,13 @@ def render(res: dict, targets: dict) -> str:
                 extra.append(f"{d['out_bytes'] / MB:,.0f} MB written")
             if "bytes_per_s" in d:
                 extra.append(f"{d['bytes_per_s'] / MB:,.0f} MB/s")
+            if "hot_s" in d:
+                extra.append(f"same write into just-freed memory: {d['hot_s']:.2f} s")
+            if "cpu_s" in d:
+                extra.append(f"CPU {d['cpu_s']:.2f} s (user + system)")
             rows.append([label, f"{d['median_s']:.2f}", f"{d['min_s']:.2f}", _mt(d.get("tokens_per_s")),
-                         _fmt_ratio(_ratio(d.get("tokens_per_s"), trl)) if key != "disk" else "–", "; ".join(extra)])
+                         _fmt_ratio(_ratio(d.get("tokens_per_s"), trl)) if key not in ("disk", "pages") else "–",
+                         "; ".join(extra)])
         out.append(_table(["tool", "median s", "min s", "tokens/s", "vs TRL", "notes"], rows) + "\n")
         out.append("Command: `" + next(s["command"] for s in res["steps"] if s["step"] == "e2e") + "`\n")
 

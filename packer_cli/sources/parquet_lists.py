@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from packer_cli._arrow import from_numpy
 from packer_cli.sources import _parquet_thrift as thrift
 from packer_cli.sources._parquet_kernels import MESSAGES, UNUSUAL, dictionary_decode, hybrid_decode
 
@@ -366,10 +367,10 @@ class _ColumnCursor:
 
 def _list_array(layout: _ColumnLayout, offsets: np.ndarray, values: np.ndarray) -> pa.Array:
     if pa.types.is_large_list(layout.arrow_type):
-        return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values), type=layout.arrow_type)
+        return pa.LargeListArray.from_arrays(from_numpy(offsets), from_numpy(values), type=layout.arrow_type)
     if offsets[-1] >= 2**31:
         raise _Unsupported("a batch holds more than 2^31 values")
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values), type=layout.arrow_type)
+    return pa.ListArray.from_arrays(from_numpy(offsets.astype(np.int32)), from_numpy(values), type=layout.arrow_type)
 
 
 # --- the reader -------------------------------------------------------------------------------
