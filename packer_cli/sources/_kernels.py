@@ -5,9 +5,15 @@ pass over the flat values, without the int64 copies and boolean temporaries of t
 checks. A kernel never builds an error message: when it returns False, the caller re-runs
 the batch through the vectorized path, which finds and words every problem exactly as before.
 All kernels release the GIL so a reader thread can validate while the main thread spills.
+
+The loops are written so that LLVM vectorizes them: no early exit inside a loop over values
+(a flag is accumulated instead, which costs nothing next to the memory traffic), and unsigned
+indices where the index is computed (a signed one keeps NumPy's negative-index wraparound,
+which blocks vectorization): each check runs at a fraction of a nanosecond per value.
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 IGNORE_INDEX = -100
@@ -18,35 +24,32 @@ _FLAGS = {"cache": True, "nogil": True, "boundscheck": False}
 @njit(**_FLAGS)
 def tokens_in_range(values, limit):
     """True when every id is in ``[0, limit)``."""
+    bad = False
     for i in range(values.size):
         v = values[i]
-        if v < 0 or v >= limit:
-            return False
-    return True
+        bad |= (v < 0) | (v >= limit)
+    return not bad
 
 
 @njit(**_FLAGS)
 def mask_is_binary(values):
-    """True when every loss-mask value is 0 or 1."""
+    """True when every loss-mask value is 0 or 1 (no bit set but the lowest)."""
+    high = np.uint64(0)
     for i in range(values.size):
-        v = values[i]
-        if v != 0 and v != 1:
-            return False
-    return True
+        v = np.uint64(values[i])  # a negative value wraps to a high one
+        high |= v ^ (v & np.uint64(1))
+    return high == 0
 
 
 @njit(**_FLAGS)
 def labels_to_targets(labels, tokens, out):
-    """Target flags from HF labels (``-100`` or the token id); False at the first other value."""
+    """Target flags from HF labels (``-100`` or the token id); False if any label is neither."""
+    bad = False
     for i in range(labels.size):
         v = labels[i]
-        if v == IGNORE_INDEX:
-            out[i] = 0
-        elif v == tokens[i]:
-            out[i] = 1
-        else:
-            return False
-    return True
+        out[i] = v == tokens[i]
+        bad |= (v != IGNORE_INDEX) & (v != tokens[i])
+    return not bad
 
 
 @njit(**_FLAGS)
@@ -64,15 +67,20 @@ def answer_targets(offsets, start, out):
 def target_counts(targets, lengths, cap, runtime, tail):
     """Per sample: runtime targets Σ targets[1:n] and those past a truncation at ``cap``."""
     pos = 0
+    one = np.uint64(1)
     for k in range(lengths.size):
         n = lengths[k]
-        cut = min(cap + 1, n)
-        before = 0
-        for j in range(1, cut):
-            before += targets[pos + j]
-        after = 0
-        for j in range(cut, n):
-            after += targets[pos + j]
+        sample = targets[pos:pos + n]
+        cut = np.uint64(min(cap + 1, n))
+        before = np.uint64(0)
+        j = one
+        while j < cut:
+            before += np.uint64(sample[j])
+            j += one
+        after = np.uint64(0)
+        while j < np.uint64(n):
+            after += np.uint64(sample[j])
+            j += one
         runtime[k] = before + after
         tail[k] = after
         pos += n

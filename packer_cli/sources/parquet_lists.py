@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -34,6 +36,7 @@ ENV_DECODER = "PACKER_PARQUET_DECODER"
 PARQUET_BUFFER = 4 << 20  # pyarrow's page-stream read size when it decodes
 _HEADER_PROBE = 1 << 10  # bytes read for a page header; retried with more if it is longer
 _MAX_HEADER = 16 << 20
+PAGES_AHEAD = 3  # pages of each column decoding ahead of the rows taken
 _CODECS = ("UNCOMPRESSED", "SNAPPY", "ZSTD", "GZIP")
 
 
@@ -176,7 +179,7 @@ class _ChunkPages:
         return header, payload
 
 
-# --- one column ---------------------------------------------------------------------------------
+# --- one page -----------------------------------------------------------------------------------
 
 def _check(status: int) -> int:
     if status == UNUSUAL:
@@ -186,183 +189,229 @@ def _check(status: int) -> int:
     return status
 
 
-class _ColumnCursor:
-    """Decoded rows of one column chunk, a page at a time: ``take(rows)`` → (offsets, values)."""
+def _read_dictionary(layout: _ColumnLayout, codec: str, header: thrift.PageHeader, payload: bytes) -> np.ndarray:
+    if header.encoding not in (thrift.PLAIN, thrift.PLAIN_DICTIONARY):
+        raise _Unsupported(f"dictionary encoded as {thrift.ENCODING_NAMES.get(header.encoding, header.encoding)}")
+    data = _decompress(codec, payload, header.uncompressed_size)
+    if header.num_values * layout.physical_dtype.itemsize != len(data):
+        raise _Unsupported("a dictionary page's size does not match its values")
+    stored = np.frombuffer(data, dtype=layout.physical_dtype, count=header.num_values)
+    return stored.astype(layout.value_dtype)  # wraps like pyarrow's cast
 
-    def __init__(self, fd: int, layout: _ColumnLayout, chunk: pq.ColumnChunkMetaData):
+
+def _split_v1(codec: str, header: thrift.PageHeader, payload: bytes):
+    """Data page v1: the whole page is compressed; each level run is prefixed by its byte length."""
+    if header.rep_encoding != thrift.RLE or header.def_encoding != thrift.RLE:
+        raise _Unsupported("levels are not RLE encoded")
+    data = np.frombuffer(_decompress(codec, payload, header.uncompressed_size), dtype=np.uint8)
+    pos, spans = 0, []
+    for _ in range(2):  # repetition, then definition levels
+        if pos + 4 > data.size:
+            raise _Corrupt("page ends inside its levels")
+        n = int(data[pos:pos + 4].view("<u4")[0])
+        if pos + 4 + n > data.size:
+            raise _Corrupt("page ends inside its levels")
+        spans.append((data, pos + 4, pos + 4 + n))
+        pos += 4 + n
+    return spans[0], spans[1], (data, pos, data.size)
+
+
+def _split_v2(codec: str, header: thrift.PageHeader, payload: bytes):
+    """Data page v2: levels first, uncompressed and without length prefixes; then the values."""
+    rep_end = header.rep_bytes
+    def_end = rep_end + header.def_bytes
+    if def_end > len(payload):
+        raise _Corrupt("page is shorter than its levels")
+    raw = np.frombuffer(payload, dtype=np.uint8)
+    values = payload[def_end:]
+    if header.is_compressed:
+        values = _decompress(codec, values, header.uncompressed_size - def_end)
+    vals = np.frombuffer(values, dtype=np.uint8)
+    return (raw, 0, rep_end), (raw, rep_end, def_end), (vals, 0, vals.size)
+
+
+@dataclass
+class _Page:
+    """One decoded data page: ``lead`` values finish the row the previous page left open (all of
+    them when ``lengths`` is empty), then ``lengths`` are the rows starting here (the last one
+    may continue on the next page), and ``values`` are all of the page's values."""
+
+    lead: int
+    lengths: np.ndarray
+    values: np.ndarray
+
+
+def _row_lengths(layout: _ColumnLayout, rep: np.ndarray, defs: np.ndarray) -> tuple[int, np.ndarray, int]:
+    """(lead, lengths of the rows starting in the page, number of values) from its levels."""
+    n = rep.size
+    if n == 0:
+        return 0, np.zeros(0, dtype=np.int64), 0
+    if rep.max() > 1 or defs.max() > layout.max_def:
+        raise _Corrupt("level above the column's maximum")
+    starts = np.flatnonzero(rep == 0)
+    empties = np.flatnonzero(defs != layout.max_def)
+    if empties.size:
+        if (defs[empties] != layout.empty_def).any():
+            raise _Unsupported("the column holds null lists or null values")
+        if (rep[empties] != 0).any():
+            raise _Corrupt("an empty list continues a row")
+    lead = int(starts[0]) if starts.size else n
+    entries = np.diff(np.append(starts, n))
+    if empties.size:  # an empty list is one entry without a value
+        is_empty = np.zeros(starts.size, dtype=bool)
+        is_empty[np.searchsorted(starts, empties)] = True
+        if (entries[is_empty] != 1).any():
+            raise _Corrupt("an empty list has values")
+        entries = entries - is_empty
+    return lead, entries, n - empties.size
+
+
+def _decode_values(layout: _ColumnLayout, header: thrift.PageHeader, span, count: int,
+                   dictionary: np.ndarray | None) -> np.ndarray:
+    data, lo, hi = span
+    out = np.empty(count, dtype=layout.value_dtype)
+    if header.encoding == thrift.PLAIN:
+        width = layout.physical_dtype.itemsize
+        if lo + count * width > hi:
+            raise _Corrupt("page is shorter than its values")
+        if lo + count * width < hi:
+            _check(UNUSUAL)
+        out[:] = data[lo:lo + count * width].view(layout.physical_dtype)
+    elif count:
+        if dictionary is None:
+            raise _Corrupt("dictionary-encoded page without a dictionary")
+        if lo >= hi:
+            raise _Corrupt(MESSAGES[-1])
+        _check(dictionary_decode(data, lo + 1, hi, int(data[lo]), count, dictionary, out))
+    return out
+
+
+def _decode_page(layout: _ColumnLayout, codec: str, header: thrift.PageHeader, payload: bytes,
+                 dictionary: np.ndarray | None) -> _Page:
+    """Decode one data page on its own (no state from other pages: pages decode in parallel)."""
+    if header.encoding not in (thrift.PLAIN, thrift.PLAIN_DICTIONARY, thrift.RLE_DICTIONARY):
+        raise _Unsupported(f"values encoded as {thrift.ENCODING_NAMES.get(header.encoding, header.encoding)}")
+    split = _split_v1 if header.page_type == thrift.DATA_PAGE else _split_v2
+    rep_span, def_span, value_span = split(codec, header, payload)
+    n = header.num_values
+    rep = np.empty(n, dtype=np.uint8)
+    _check(hybrid_decode(*rep_span, 1, n, rep))
+    defs = np.empty(n, dtype=np.uint8)
+    _check(hybrid_decode(*def_span, layout.max_def.bit_length(), n, defs))
+    lead, lengths, count = _row_lengths(layout, rep, defs)
+    return _Page(lead, lengths, _decode_values(layout, header, value_span, count, dictionary))
+
+
+# --- one column ---------------------------------------------------------------------------------
+
+class _ColumnCursor:
+    """Decoded rows of one column chunk: ``take(rows)`` → (offsets, values).
+
+    Pages are read in order on the caller's thread and decoded up to ``PAGES_AHEAD`` ahead on
+    ``pool`` (the kernels release the GIL, so two columns' pages, or one column's next pages,
+    decode on both cores); their rows are then stitched together in order here.
+    """
+
+    def __init__(self, fd: int, layout: _ColumnLayout, chunk: pq.ColumnChunkMetaData, pool: ThreadPoolExecutor):
         if chunk.compression not in _CODECS:
             raise _Unsupported(f"column '{layout.name}' is compressed with {chunk.compression}")
-        self.layout, self.codec = layout, chunk.compression
+        self.layout, self.codec, self.pool = layout, chunk.compression, pool
         self.pages = _ChunkPages(fd, chunk)
-        self.levels_left = chunk.num_values  # level entries still to read (values and empty lists)
+        self.levels_unread = chunk.num_values  # level entries (values and empty lists) not yet read
         self.dictionary: np.ndarray | None = None
+        self.decoding: deque = deque()  # futures of _Page, in page order
         self.lengths: list[np.ndarray] = []  # lengths of complete rows not yet taken
         self.rows_ready = 0
         self.open_length = -1  # length so far of the row the last page left open (-1: none)
-        self.values = np.empty(1 << 16, dtype=layout.value_dtype)  # [head:tail] not yet taken
-        self.head = self.tail = 0
+        self.values: deque = deque()  # value arrays not yet (fully) taken; the first from ``head`` on
+        self.head = 0
 
-    # decoding
+    def _read_ahead(self) -> None:
+        while self.levels_unread and len(self.decoding) < PAGES_AHEAD:
+            header, payload = self.pages.next()
+            if header.page_type == thrift.DICTIONARY_PAGE:
+                self.dictionary = _read_dictionary(self.layout, self.codec, header, payload)
+            elif header.page_type in (thrift.DATA_PAGE, thrift.DATA_PAGE_V2):
+                if header.num_values > self.levels_unread:
+                    raise _Corrupt("pages hold more values than the column chunk")
+                self.levels_unread -= header.num_values
+                self.decoding.append(self.pool.submit(_decode_page, self.layout, self.codec, header, payload,
+                                                      self.dictionary))
+            # index pages (and page types from the future) carry nothing we need
 
-    def _read_page(self) -> None:
-        header, payload = self.pages.next()
-        if header.page_type == thrift.DICTIONARY_PAGE:
-            self._read_dictionary(header, payload)
-        elif header.page_type in (thrift.DATA_PAGE, thrift.DATA_PAGE_V2):
-            if header.num_values > self.levels_left:
-                raise _Corrupt("pages hold more values than the column chunk")
-            self._read_data_page(header, payload)
-            self.levels_left -= header.num_values
-        # index pages (and page types from the future) carry nothing we need
-
-    def _read_dictionary(self, header: thrift.PageHeader, payload: bytes) -> None:
-        if header.encoding not in (thrift.PLAIN, thrift.PLAIN_DICTIONARY):
-            raise _Unsupported(f"dictionary encoded as {thrift.ENCODING_NAMES.get(header.encoding, header.encoding)}")
-        data = _decompress(self.codec, payload, header.uncompressed_size)
-        width = self.layout.physical_dtype.itemsize
-        if header.num_values * width != len(data):
-            raise _Unsupported("a dictionary page's size does not match its values")
-        stored = np.frombuffer(data, dtype=self.layout.physical_dtype, count=header.num_values)
-        self.dictionary = stored.astype(self.layout.value_dtype)  # wraps like pyarrow's cast
-
-    def _split_v1(self, header, payload):
-        """Data page v1: the whole page is compressed; each level run is prefixed by its byte length."""
-        if header.rep_encoding != thrift.RLE or header.def_encoding != thrift.RLE:
-            raise _Unsupported("levels are not RLE encoded")
-        data = np.frombuffer(_decompress(self.codec, payload, header.uncompressed_size), dtype=np.uint8)
-        pos, spans = 0, []
-        for _ in range(2):  # repetition, then definition levels
-            if pos + 4 > data.size:
-                raise _Corrupt("page ends inside its levels")
-            n = int(data[pos:pos + 4].view("<u4")[0])
-            if pos + 4 + n > data.size:
-                raise _Corrupt("page ends inside its levels")
-            spans.append((data, pos + 4, pos + 4 + n))
-            pos += 4 + n
-        return spans[0], spans[1], (data, pos, data.size)
-
-    def _split_v2(self, header, payload):
-        """Data page v2: levels first, uncompressed and without length prefixes; then the values."""
-        rep_end = header.rep_bytes
-        def_end = rep_end + header.def_bytes
-        if def_end > len(payload):
-            raise _Corrupt("page is shorter than its levels")
-        raw = np.frombuffer(payload, dtype=np.uint8)
-        values = payload[def_end:]
-        if header.is_compressed:
-            values = _decompress(self.codec, values, header.uncompressed_size - def_end)
-        vals = np.frombuffer(values, dtype=np.uint8)
-        return (raw, 0, rep_end), (raw, rep_end, def_end), (vals, 0, vals.size)
-
-    def _read_data_page(self, header: thrift.PageHeader, payload: bytes) -> None:
-        if header.encoding not in (thrift.PLAIN, thrift.PLAIN_DICTIONARY, thrift.RLE_DICTIONARY):
-            raise _Unsupported(f"values encoded as {thrift.ENCODING_NAMES.get(header.encoding, header.encoding)}")
-        split = self._split_v1 if header.page_type == thrift.DATA_PAGE else self._split_v2
-        rep_span, def_span, value_span = split(header, payload)
-        n = header.num_values
-        rep = np.empty(n, dtype=np.uint8)
-        _check(hybrid_decode(*rep_span, 1, n, rep))
-        defs = np.empty(n, dtype=np.uint8)
-        _check(hybrid_decode(*def_span, self.layout.max_def.bit_length(), n, defs))
-        present = self._rows_of_page(rep, defs)
-        self._decode_values(header, value_span, present)
-
-    def _rows_of_page(self, rep: np.ndarray, defs: np.ndarray) -> int:
-        """Record the rows the page's levels complete; returns how many values the page holds."""
-        n = rep.size
-        if n == 0:
-            return 0
-        if rep.max() > 1 or defs.max() > self.layout.max_def:
-            raise _Corrupt("level above the column's maximum")
-        starts = np.flatnonzero(rep == 0)
-        odd = np.flatnonzero(defs != self.layout.max_def)
-        empties = odd
-        if odd.size:
-            if (defs[odd] != self.layout.empty_def).any():
-                raise _Unsupported("the column holds null lists or null values")
-            if (rep[odd] != 0).any():
-                raise _Corrupt("an empty list continues a row")
-        if starts.size == 0 or starts[0] > 0:  # the page continues the open row
+    def _next_page(self) -> bool:
+        """Take in the next decoded page's rows; False once the chunk has no more pages."""
+        self._read_ahead()
+        if not self.decoding:
+            return False
+        page = self.decoding.popleft().result()
+        if page.lead:  # the page continues the open row
             if self.open_length < 0:
                 raise _Corrupt("the first value of a column chunk does not start a row")
-            first = int(starts[0]) if starts.size else n
-            self.open_length += first
-        if starts.size:
+            self.open_length += page.lead
+        if page.lengths.size:
             if self.open_length >= 0:
                 self._complete(np.array([self.open_length], dtype=np.int64))
-            bounds = np.append(starts, n)
-            entries = np.diff(bounds)
-            if empties.size:  # an empty list is one entry without a value
-                is_empty = np.zeros(starts.size, dtype=bool)
-                is_empty[np.searchsorted(starts, empties)] = True
-                if (entries[is_empty] != 1).any():
-                    raise _Corrupt("an empty list has values")
-                entries = entries - is_empty
-            self._complete(entries[:-1])
-            self.open_length = int(entries[-1])
-        return n - empties.size
+            self._complete(page.lengths[:-1])
+            self.open_length = int(page.lengths[-1])
+        if page.values.size:
+            self.values.append(page.values)
+        return True
 
     def _complete(self, lengths: np.ndarray) -> None:
         self.lengths.append(lengths)
         self.rows_ready += lengths.size
 
-    def _room(self, count: int) -> np.ndarray:
-        """Space for ``count`` more values at ``tail`` (moving the untaken values to the front)."""
-        live = self.tail - self.head
-        if self.tail + count > self.values.size:
-            grown = self.values if live + count <= self.values.size else np.empty(
-                max(2 * self.values.size, live + count), dtype=self.values.dtype)
-            grown[:live] = self.values[self.head:self.tail]
-            self.values, self.head, self.tail = grown, 0, live
-        return self.values[self.tail:self.tail + count]
-
-    def _decode_values(self, header, span, count: int) -> None:
-        data, lo, hi = span
-        out = self._room(count)
-        if header.encoding == thrift.PLAIN:
-            width = self.layout.physical_dtype.itemsize
-            if lo + count * width > hi:
-                raise _Corrupt("page is shorter than its values")
-            if lo + count * width < hi:
-                _check(UNUSUAL)
-            out[:] = data[lo:lo + count * width].view(self.layout.physical_dtype)
-        elif count:
-            if self.dictionary is None:
-                raise _Corrupt("dictionary-encoded page without a dictionary")
-            if lo >= hi:
-                raise _Corrupt(MESSAGES[-1])
-            _check(dictionary_decode(data, lo + 1, hi, int(data[lo]), count, self.dictionary, out))
-        self.tail += count
-
-    # rows
+    def _take_values(self, count: int) -> np.ndarray:
+        """The next ``count`` values, copied out of the decoded pages into one array."""
+        out = np.empty(count, dtype=self.layout.value_dtype)
+        done = 0
+        while done < count:
+            page = self.values[0]
+            n = min(count - done, page.size - self.head)
+            out[done:done + n] = page[self.head:self.head + n]
+            done += n
+            self.head += n
+            if self.head == page.size:
+                self.values.popleft()
+                self.head = 0
+        return out
 
     def take(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """The next ``rows`` rows: (int64 offsets from 0, values)."""
         while self.rows_ready < rows:
-            if self.levels_left == 0:
+            if not self._next_page():
                 if self.open_length >= 0:  # the chunk's last row ends with the chunk
                     self._complete(np.array([self.open_length], dtype=np.int64))
                     self.open_length = -1
                     continue
                 raise _Corrupt("column chunk holds fewer rows than its row group")
-            self._read_page()
         lengths = np.concatenate(self.lengths) if len(self.lengths) != 1 else self.lengths[0]
         taken, rest = lengths[:rows], lengths[rows:]
         self.lengths = [rest] if rest.size else []
         self.rows_ready -= rows
         offsets = np.zeros(rows + 1, dtype=np.int64)
         np.cumsum(taken, out=offsets[1:])
-        end = self.head + int(offsets[-1])
-        values = self.values[self.head:end].copy()
-        self.head = end
-        return offsets, values
+        return offsets, self._take_values(int(offsets[-1]))
 
     def finish(self) -> None:
         """Check that the chunk ends where its row group does."""
-        while self.levels_left:
-            self._read_page()
+        while self._next_page():
+            pass
         if self.rows_ready or self.open_length >= 0:
             raise _Corrupt("column chunk holds more rows than its row group")
+
+    def cancel(self) -> None:
+        for future in self.decoding:
+            future.cancel()
+
+
+def _named(cursor: _ColumnCursor, step, *args):
+    """Run one step of a column's cursor, naming the column in any corruption it finds."""
+    try:
+        return step(*args)
+    except _Corrupt as exc:
+        raise _Corrupt(f"column '{cursor.layout.name}': {exc}") from None
 
 
 def _list_array(layout: _ColumnLayout, offsets: np.ndarray, values: np.ndarray) -> pa.Array:
@@ -399,11 +448,12 @@ class ListColumnReader:
             return
         schema = pa.schema([pf.schema_arrow.field(name) for name in self.fields])
         fd = os.open(self.path, os.O_RDONLY)
+        pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="packer-parquet")
         try:
             for group in range(pf.metadata.num_row_groups):
                 done = 0
                 try:
-                    for batch in self._row_group(fd, pf, group, layouts, schema):
+                    for batch in self._row_group(fd, pf, group, layouts, schema, pool):
                         done += batch.num_rows
                         self.fast_rows += batch.num_rows
                         yield batch
@@ -414,27 +464,26 @@ class ListColumnReader:
                 except _Corrupt as exc:
                     raise ValueError(f"row group {group}: {exc}") from None
         finally:
+            pool.shutdown(wait=True, cancel_futures=True)
             os.close(fd)
 
-    def _row_group(self, fd, pf, group: int, layouts, schema) -> Iterator[pa.RecordBatch]:
+    def _row_group(self, fd, pf, group: int, layouts, schema, pool) -> Iterator[pa.RecordBatch]:
         meta = pf.metadata.row_group(group)
-        cursors = [_ColumnCursor(fd, layout, meta.column(layout.leaf)) for layout in layouts]
-        done = 0
-        while done < meta.num_rows:
-            rows = min(self.batch_rows, meta.num_rows - done)
-            arrays = []
+        cursors = [_ColumnCursor(fd, layout, meta.column(layout.leaf), pool) for layout in layouts]
+        try:
+            done = 0
+            while done < meta.num_rows:
+                rows = min(self.batch_rows, meta.num_rows - done)
+                for cursor in cursors:  # start every column's pages decoding before waiting on any
+                    _named(cursor, cursor._read_ahead)
+                arrays = [_list_array(cursor.layout, *_named(cursor, cursor.take, rows)) for cursor in cursors]
+                done += rows
+                yield pa.RecordBatch.from_arrays(arrays, schema=schema)
             for cursor in cursors:
-                try:
-                    arrays.append(_list_array(cursor.layout, *cursor.take(rows)))
-                except _Corrupt as exc:
-                    raise _Corrupt(f"column '{cursor.layout.name}': {exc}") from None
-            done += rows
-            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
-        for cursor in cursors:
-            try:
-                cursor.finish()
-            except _Corrupt as exc:
-                raise _Corrupt(f"column '{cursor.layout.name}': {exc}") from None
+                _named(cursor, cursor.finish)
+        finally:
+            for cursor in cursors:
+                cursor.cancel()
 
     def _arrow(self, pf: pq.ParquetFile, group: int, skip: int) -> Iterator[pa.RecordBatch]:
         """pyarrow's batches from row group ``group`` on, less the first ``skip`` rows (already yielded)."""
