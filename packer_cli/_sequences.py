@@ -191,7 +191,7 @@ def _extra_pieces(lengths, cap, m, samples, out_sample, out_offset, out_length, 
 
 @njit(cache=True, nogil=True)
 def _resolve(items, lengths, block_start, block, cap, m, extra_sample, extra_offset, extra_length,
-             sample, offset, length, padded, src):
+             sample, offset, length, padded, src, sample_len):
     n = lengths.size
     for t in range(items.size):
         q = items[t]
@@ -212,6 +212,7 @@ def _resolve(items, lengths, block_start, block, cap, m, extra_sample, extra_off
         length[t] = s
         padded[t] = _aligned(s, m)
         src[t] = start + o
+        sample_len[t] = lengths[k]
 
 
 @njit(cache=True, nogil=True)
@@ -234,7 +235,8 @@ class Resolved:
     offset: np.ndarray   # int32 runtime start within the sample
     length: np.ndarray   # int32 real runtime length s
     padded: np.ndarray   # int32 padded length p
-    src: np.ndarray      # int64 position of the sequence's first token in the spill
+    src: np.ndarray      # int64 stream position of the sequence's first token
+    sample_len: np.ndarray  # int32 token count of its sample (where the spill keeps its flags)
 
 
 @dataclass
@@ -260,15 +262,12 @@ class Items:
         self.lengths = lengths
         self.block_start = _block_starts(lengths, BLOCK)
 
-    def sample_ends(self) -> np.ndarray:
-        """Spill position one past each sample's last token (int64, one per sample)."""
-        return np.cumsum(self.lengths, dtype=np.int64)
-
     def resolve(self, items: np.ndarray) -> Resolved:
         items = np.ascontiguousarray(items)
-        r = Resolved(*(np.empty(items.size, np.int32) for _ in range(4)), np.empty(items.size, np.int64))
+        r = Resolved(*(np.empty(items.size, np.int32) for _ in range(4)), np.empty(items.size, np.int64),
+                     np.empty(items.size, np.int32))
         _resolve(items, self.lengths, self.block_start, BLOCK, self.cap, self.m, self.extra_sample,
-                 self.extra_offset, self.extra_length, r.sample, r.offset, r.length, r.padded, r.src)
+                 self.extra_offset, self.extra_length, r.sample, r.offset, r.length, r.padded, r.src, r.sample_len)
         return r
 
 

@@ -5,8 +5,8 @@
     inputs ─read─▶ spill (tokens, targets) + lengths ─sequences─▶ padded lengths
            ─plan─▶ packs ─shuffle─▶ gather ─▶ packs-*.arrow ─▶ manifest.json, metadata.json ─rename─▶ OUT
 
-Pass one streams every input once, validating records and appending their tokens to flat
-spill files in the temporary output directory; only one token count per sample (2 or 4 bytes)
+Pass one streams every input once, validating records and appending each sample's tokens
+and target flags to the spill file in the temporary output directory; only one token count per sample (2 or 4 bytes)
 stays in memory (targets are summed as batches pass; see :mod:`packer_cli._sequences`). The
 plan needs only the padded lengths, while the counts wait in the spill directory; in pass two
 the plan's order waits there instead. No stage holds more than about 12 bytes per sample plus
@@ -39,7 +39,7 @@ from packer_cli.errors import ConfigError, DataError
 from packer_cli.plan import plan_packs
 from packer_cli.progress import Progress
 from packer_cli.shards._atomic import replace_dir
-from packer_cli.shards._gather import ORDER_FILE, SpillReader
+from packer_cli.shards._gather import ORDER_FILE, SpillReader, SpillWriter
 from packer_cli.shards.bridge_output import BridgeOutput
 from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, seal_metadata
 from packer_cli.shards.writer import ShardWriter, pack_record_batch
@@ -66,26 +66,22 @@ def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress
     log = SampleLog(cap)
     counts = {"records": 0, "too_short": 0, "bad_records": 0}
     bad_listed: list[dict] = []
-    tok_file = tgt_file = None
-    if spill_dir:
-        tok_file = open(os.path.join(spill_dir, "tokens.bin"), "wb")
-        tgt_file = open(os.path.join(spill_dir, "targets.bin"), "wb")
+    spill = SpillWriter(spill_dir) if spill_dir else None
     try:
         task = progress.task("reading", total=None, unit="samples")
         with closing(background(iter(stream), depth=2)) as validated:  # read + validate on a second core
             for batch in validated:
-                _take(batch, counts, bad_listed, log, cap, tok_file, tgt_file)
+                _take(batch, counts, bad_listed, log, cap, spill)
                 progress.advance(task, batch.records)
     finally:
-        if tok_file:
-            tok_file.close()
-            tgt_file.close()
+        if spill:
+            spill.close()
     log.sources.finish()
     return log, counts, bad_listed
 
 
-def _take(batch, counts: dict, bad_listed: list, log: SampleLog, cap: int, tok_file, tgt_file) -> None:
-    """Count one validated batch, keep its lengths and totals and spill its tokens and targets."""
+def _take(batch, counts: dict, bad_listed: list, log: SampleLog, cap: int, spill: SpillWriter | None) -> None:
+    """Count one validated batch, keep its lengths and totals and spill its samples."""
     counts["records"] += batch.records
     counts["too_short"] += batch.too_short
     counts["bad_records"] += len(batch.bad)
@@ -94,9 +90,8 @@ def _take(batch, counts: dict, bad_listed: list, log: SampleLog, cap: int, tok_f
     if batch.lengths.size:
         runtime, tail = _target_counts(batch, cap)
         log.add(batch.lengths, batch.source_index, runtime, tail)
-        if tok_file:
-            batch.tokens.tofile(tok_file)
-            batch.targets.tofile(tgt_file)
+        if spill:
+            spill.write(batch.tokens, batch.targets, batch.lengths)
 
 
 def _plan(padded: np.ndarray, spec: PackSpec, progress: Progress):
@@ -132,7 +127,8 @@ def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, pl
     def gather(spill: SpillReader, a: int, b: int):
         run, run_offsets = spill.run_items(plan.pack_offsets, pack_order[a:b])
         seq = items.resolve(run)
-        tokens, mask, last, cu, buffers = spill.gather(seq.src, seq.length, seq.padded, run_offsets, spec.pad_id,
+        tokens, mask, last, cu, buffers = spill.gather(seq.src, seq.offset, seq.sample_len, seq.length, seq.padded,
+                                                       run_offsets, spec.pad_id,
                                                        min_buffer=BATCH_TOKENS + spec.pack_size)
         batch = pack_record_batch(tokens, mask, cu, seq.length, last, sources[seq.sample], seq.offset, run_offsets)
         return batch, int(tokens.size), b - a, buffers

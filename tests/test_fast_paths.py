@@ -1,7 +1,7 @@
 """The compiled fast paths give exactly what the reference paths give.
 
 * ``normalize_batch``: the one-pass kernels (all records good) against the vectorized checks;
-* ``SpillReader.gather`` (``pread`` into the output) against the naive ``gather_packs`` on a memory map;
+* the spill layout, and ``SpillReader.gather`` (``pread``) against the naive ``gather_packs``;
 * ``ShardWriter``: the hash taken while writing equals the hash of the file read back.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from naive import gather_packs
-from packer_cli.shards._gather import ORDER_FILE, SpillReader
+from packer_cli.shards._gather import BYTES_PER_TOKEN, ORDER_FILE, SPILL_FILE, SpillReader, SpillWriter
 from packer_cli.shards.writer import ShardWriter, file_checksum, pack_record_batch
 from packer_cli.sources import normalize
 from packer_cli.sources.normalize import Supervision, normalize_batch
@@ -66,34 +66,54 @@ def test_normalize_fast_path_declines_bad_batches():
     assert normalize._fast_batch(big, "input_ids", Supervision("all"), SourceSpec(vocab_size=32000), 0) is None
 
 
-def test_pread_gather_matches_memmap_gather(tmp_path):
+def _spill(tmp_path, tokens, targets, lengths):
+    """Write a spill of these samples the way pass one does (SpillWriter, two batches)."""
+    half = int(lengths[: lengths.size // 2].sum())
+    writer = SpillWriter(str(tmp_path))
+    writer.write(tokens[:half], targets[:half], lengths[: lengths.size // 2])
+    writer.write(tokens[half:], targets[half:], lengths[lengths.size // 2:])
+    writer.close()
+
+
+def test_spill_layout_is_tokens_then_flags_per_sample(tmp_path):
+    lengths = np.array([3, 1, 2])
+    tokens = np.array([10, 11, 12, 20, 30, 31], dtype=np.int32)
+    targets = np.array([0, 1, 1, 1, 0, 1], dtype=np.uint8)
+    _spill(tmp_path, tokens, targets, lengths)
+    raw = (tmp_path / SPILL_FILE).read_bytes()
+    want = b"".join(tokens[a:b].tobytes() + targets[a:b].tobytes() for a, b in [(0, 3), (3, 4), (4, 6)])
+    assert raw == want and len(raw) == BYTES_PER_TOKEN * tokens.size
+
+
+def test_pread_gather_matches_naive_gather(tmp_path):
     rng = np.random.default_rng(5)
     lengths = rng.integers(2, 300, 2000)
+    lengths[::97] = 9000  # long samples: truncated (tokens and flags read apart) or split
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     tokens = rng.integers(0, 50000, int(lengths.sum()), dtype=np.int32)
     targets = rng.integers(0, 2, tokens.size, dtype=np.uint8)
-    tokens.tofile(tmp_path / "tokens.bin")
-    targets.tofile(tmp_path / "targets.bin")
-    # sequence table: every sample once, some split into two pieces
+    _spill(tmp_path, tokens, targets, lengths)
+    # sequence table: every sample once, some split into two pieces, some cut short
     sample = np.repeat(np.arange(lengths.size), 2)[: 3000]
-    offset = np.where(np.arange(sample.size) % 2 == 1, 1, 0).astype(np.int64)
+    offset = np.where((np.arange(sample.size) % 2 == 1) & (lengths[sample] >= 3), 1, 0).astype(np.int64)
     length = np.maximum(1, lengths[sample] - 1 - offset - rng.integers(0, 2, sample.size))
+    length = np.minimum(length, 4000)
+    assert (offset + length <= lengths[sample] - 1).all()  # every label lies inside its sample
     padded = -(-length // 4) * 4
     plan_order = rng.permutation(sample.size).astype(np.int32)
     plan_offsets = np.concatenate([[0], np.cumsum(np.full(sample.size // 6, 6))]).astype(np.int64)
     pack_order = rng.permutation(plan_offsets.size - 1).astype(np.int32)
     plan_order.tofile(tmp_path / ORDER_FILE)
-    spill_tokens = np.memmap(tmp_path / "tokens.bin", dtype=np.int32, mode="r")
-    spill_targets = np.memmap(tmp_path / "targets.bin", dtype=np.uint8, mode="r")
     with SpillReader(str(tmp_path)) as spill:
         for a, b in [(0, 1), (3, 40), (40, pack_order.size)]:
             packs = [plan_order[plan_offsets[p]:plan_offsets[p + 1]] for p in pack_order[a:b]]
             run, run_offsets = spill.run_items(plan_offsets, pack_order[a:b])  # order read from order.bin
             np.testing.assert_array_equal(run, np.concatenate(packs))
             np.testing.assert_array_equal(run_offsets, np.cumsum([0] + [p.size for p in packs]))
-            want = gather_packs(spill_tokens, spill_targets, starts, sample[run], offset[run], length[run], padded[run],
+            want = gather_packs(tokens, targets, starts, sample[run], offset[run], length[run], padded[run],
                                 run_offsets, 7)
-            got = spill.gather(starts[sample[run]] + offset[run], length[run], padded[run], run_offsets, 7)
+            got = spill.gather(starts[sample[run]] + offset[run], offset[run], lengths[sample[run]], length[run],
+                               padded[run], run_offsets, 7)
             for g, w in zip(got[:4], want):
                 np.testing.assert_array_equal(g, w)
             spill.recycle(got[4])
@@ -118,12 +138,11 @@ def test_hash_while_writing_equals_file_hash(tmp_path):
         assert entry["xxh3_64"] == file_checksum(str(tmp_path / entry["name"]))
 
 
-def test_tokens_at_reads_single_positions(tmp_path):
-    values = np.arange(1000, dtype=np.int32) * 3
-    values.tofile(tmp_path / "tokens.bin")
-    np.zeros(1000, dtype=np.uint8).tofile(tmp_path / "targets.bin")
+def test_last_tokens_reads_each_samples_last_token(tmp_path):
+    lengths = np.array([3, 1, 5, 2])
+    tokens = np.arange(11, dtype=np.int32) * 3
+    _spill(tmp_path, tokens, np.zeros(11, dtype=np.uint8), lengths)
     with SpillReader(str(tmp_path)) as spill:
-        positions = np.array([0, 999, 17, 17, 500])
-        np.testing.assert_array_equal(spill.tokens_at(positions), values[positions])
+        np.testing.assert_array_equal(spill.last_tokens(lengths), tokens[np.cumsum(lengths) - 1])
         with pytest.raises(OSError, match="reading the spill files failed"):
-            spill.tokens_at(np.array([1000]))
+            spill.last_tokens(np.array([3, 1, 5, 3]))
