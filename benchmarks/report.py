@@ -124,16 +124,21 @@ def render(res: dict, targets: dict) -> str:
             text += (f"; packer's own decoder, which `pack` uses, needs {e2e['decode_packer']['median_s']:.2f} s "
                      f"({_fmt_ratio(_ratio(e2e['decode']['median_s'], e2e['decode_packer']['median_s']))} faster)")
         text += (f". The warm `pack()` took {e2e['api']['median_s']:.2f} s in all (min {e2e['api']['min_s']:.2f} s: "
-                 "decode + validate + spill + plan + gather + write + hash). The CLI adds the process start-up "
-                 f"({e2e['cli']['median_s'] - e2e['api']['median_s']:.2f} s here: interpreter, imports, numba cache "
-                 "loading, and every page of a fresh process faulted in).")
+                 "decode + validate + spill + plan + gather + write + hash). The CLI took "
+                 f"{e2e['cli']['median_s']:.2f} s (min {e2e['cli']['min_s']:.2f} s): the same work plus the process "
+                 "start-up (interpreter, imports, numba cache loading: about 0.6 s) and a fresh process's memory, "
+                 "every page of it faulted in.")
         if "pages" in e2e:
             pg = e2e["pages"]
-            text += (f" Both write about 1.2 GB into the page cache per run (the spill and the shards). On this VM "
-                     f"that is what varies most: writing 512 MB into memory that had been free for 4 s took "
-                     f"{pg['cold_s']:.2f} s, into memory freed just before {pg['hot_s']:.2f} s (`pages` row; the "
-                     "balloon driver hands idle memory back to the host, which must fault it in again), so "
-                     "runs that find cold memory lose about a second.")
+            text += (f" Both write about 1.2 GB into the page cache per run (the spill and the shards); the `pages` "
+                     f"row measures what that costs here: 512 MB into memory idle for 4 s took {pg['cold_s']:.2f} s, "
+                     f"into memory freed just before {pg['hot_s']:.2f} s")
+            if pg["cold_s"] > 2 * pg["hot_s"]:
+                extra = (pg["cold_s"] - pg["hot_s"]) * 1.2e9 / pg["bytes"]
+                text += (f" (the VM's balloon driver hands idle memory back to the host, which must fault it in "
+                         f"again): a run that finds only idle memory spends about {extra:.1f} s more.")
+            else:
+                text += " (no difference in this run)."
         out.append(text + "\n")
 
     # --- end to end -------------------------------------------------------------------------
@@ -219,9 +224,8 @@ def render(res: dict, targets: dict) -> str:
                    "in the spill directory too (each run reads its packs' slices with one `pread` per pack), so what "
                    "stays is the counts (2 B) plus about 16 B per pack (offsets, load, output order: ≈ 2.3 B per "
                    "sample at 7 sequences a pack); every sequence's sample, offset, length and spill position is "
-                   "recomputed per run. The rest of the growth is allocator warm-up and noise: Arrow's decode "
-                   "threads keep some freed memory, and that reaches its working size over the first hundred or so "
-                   "read batches.\n")
+                   "recomputed per run. The rest of the growth is allocator warm-up and noise (the decode threads' "
+                   "allocations reach their working size over the first batches).\n")
         out.append("Command: `" + next(s["command"] for s in res["steps"] if s["step"] == "memory") + "`\n")
 
     plan = res.get("plan")
