@@ -146,3 +146,44 @@ def test_last_tokens_reads_each_samples_last_token(tmp_path):
         np.testing.assert_array_equal(spill.last_tokens(lengths), tokens[np.cumsum(lengths) - 1])
         with pytest.raises(OSError, match="reading the spill files failed"):
             spill.last_tokens(np.array([3, 1, 5, 3]))
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64])
+def test_validation_kernels_match_numpy(dtype):
+    """The vectorized checks (flags accumulated, no early exit) answer what the obvious NumPy does."""
+    from packer_cli.sources import _kernels
+
+    info = np.iinfo(dtype)
+    edges = [0, 1, 2, info.max, info.max - 1, info.min, info.min + 1 if info.min else 3]
+    rng = np.random.default_rng(int(info.bits))
+    for values in [np.array(edges, dtype=dtype), np.zeros(0, dtype=dtype), rng.integers(0, 2, 1000).astype(dtype),
+                   np.concatenate([rng.integers(0, 2, 999).astype(dtype), np.array([info.max], dtype=dtype)])]:
+        wide = values.astype(np.float64)  # exact enough to compare with the small limits below
+        assert _kernels.mask_is_binary(values) == bool(np.isin(values, [0, 1]).all())
+        for limit in (1, 2, 128, 2**31):
+            assert _kernels.tokens_in_range(values, limit) == bool(((wide >= 0) & (wide < limit)).all())
+
+
+def test_labels_to_targets_ignores_minus_100_whatever_the_token():
+    from packer_cli.sources import _kernels
+
+    tokens = np.array([5, -100, 7, 9], dtype=np.int32)
+    labels = np.array([-100, -100, 7, -100], dtype=np.int64)
+    out = np.full(4, 9, dtype=np.uint8)
+    assert _kernels.labels_to_targets(labels, tokens, out)
+    assert out.tolist() == [0, 0, 1, 0]
+    assert not _kernels.labels_to_targets(np.array([-100, 3, 7, -100]), tokens, out)
+
+
+def test_target_counts_match_python():
+    from packer_cli.sources import _kernels
+
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(0, 60, 300)
+    targets = rng.integers(0, 2, int(lengths.sum())).astype(np.uint8)
+    runtime, tail = np.empty(300, np.int64), np.empty(300, np.int64)
+    _kernels.target_counts(targets, lengths, 20, runtime, tail)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    for k, (a, n) in enumerate(zip(starts, lengths)):
+        row = targets[a:a + n].astype(int)
+        assert runtime[k] == row[1:].sum() and tail[k] == row[21:].sum()

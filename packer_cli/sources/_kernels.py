@@ -47,7 +47,7 @@ def labels_to_targets(labels, tokens, out):
     bad = False
     for i in range(labels.size):
         v = labels[i]
-        out[i] = v == tokens[i]
+        out[i] = (v == tokens[i]) & (v != IGNORE_INDEX)
         bad |= (v != IGNORE_INDEX) & (v != tokens[i])
     return not bad
 

@@ -126,7 +126,7 @@ def read_struct(buf: bytes, pos: int = 0, depth: int = 0) -> tuple[dict, int]:
     last = 0
     while True:
         head, pos = _take(buf, pos, 1)
-        if head[0] == 0:  # STOP
+        if head[0] & 0x0F == 0:  # STOP (Apache Thrift reads the type nibble alone, and so do we)
             return fields, pos
         kind, delta = head[0] & 0x0F, head[0] >> 4
         if delta:

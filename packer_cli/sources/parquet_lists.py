@@ -14,6 +14,12 @@ codec, another type), so the output never depends on which decoder ran. Corrupt 
 :class:`ValueError` naming the row group and column; nothing is read out of bounds.
 
 Set ``PACKER_PARQUET_DECODER=arrow`` to use pyarrow throughout.
+
+Two known differences from pyarrow, both on files pyarrow itself mishandles: pyarrow's writer
+can put an empty data page first in a chunk (one-row row groups with ``data_page_size=1`` and
+dictionary encoding), and pyarrow then reads those rows as absent although the footer counts
+them; this decoder returns them. And where pyarrow takes over on a damaged file, the result is
+what its ``iter_batches`` returns, which on some damaged files differs from ``read_table``.
 """
 from __future__ import annotations
 
