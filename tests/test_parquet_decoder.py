@@ -796,3 +796,30 @@ def test_real_sft_files_decoded_fast(name):
     reader, batches = read_with_packer(path, fields)
     want = assert_same_as_pyarrow(path, fields, batches)
     assert (reader.fast_rows, reader.arrow_rows, reader.fallback_reason) == (want.num_rows, 0, None)
+
+
+def test_verify_source_reads_parquet_with_the_other_decoder(paged_parquet, tmp_path, monkeypatch):
+    """A decoder bug in pack (here: every decoded token id off by one) cannot agree with itself in
+    ``verify --source``, which decodes Parquet with pyarrow."""
+    from packer_cli.audit import verify_output
+    from packer_cli.sources import parquet_lists
+
+    real = parquet_lists._decode_page
+
+    def off_by_one(layout, *args):
+        page = real(layout, *args)
+        if layout.name == "input_ids":
+            page.values += 1
+        return page
+
+    monkeypatch.setattr(parquet_lists, "_decode_page", off_by_one)
+    out = tmp_path / "out"
+    pack([str(paged_parquet)], str(out), PackSpec(pack_size=4096))
+    assert verify_output(str(out)).ok  # internally consistent...
+    report = verify_output(str(out), [str(paged_parquet)])
+    assert not report.ok  # ...but not what the file holds
+    assert any(f.check == "source.tokens" for f in report.findings)
+    monkeypatch.setattr(parquet_lists, "_decode_page", real)
+    fine = tmp_path / "fine"
+    pack([str(paged_parquet)], str(fine), PackSpec(pack_size=4096))
+    assert verify_output(str(fine), [str(paged_parquet)]).ok

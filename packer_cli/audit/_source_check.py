@@ -168,7 +168,7 @@ def check_source(files, meta: dict, lim, arr: dict, seqs, sink: FindingSink) -> 
     except (PackerError, KeyError, TypeError, ValueError) as exc:
         sink.add("source.spec", f"metadata.json does not record a usable source spec ({exc})", shard="metadata.json")
         return None
-    stream = SampleStream(files, spec)
+    stream = SampleStream(files, spec, arrow_parquet=True)  # not the decoder pack read the inputs with
     replay = _Replay(meta, lim, arr, seqs, sink, stream)
     window, tokens, lo = [], 0, 0
     try:

@@ -34,10 +34,15 @@ class Segment:
 
 @dataclass
 class SampleStream:
-    """Iterates validated samples of all inputs and remembers where each index came from."""
+    """Iterates validated samples of all inputs and remembers where each index came from.
+
+    ``arrow_parquet`` reads Parquet inputs with pyarrow's decoder rather than packer's own
+    (``verify --source`` does, so that it checks the output with a decoder ``pack`` did not use).
+    """
 
     files: list[InputFile]
     spec: SourceSpec
+    arrow_parquet: bool = False
     supervision: Supervision | None = None
     segments: list[Segment] = field(default_factory=list)
     records: int = 0
@@ -59,7 +64,7 @@ class SampleStream:
         scalar = {sup.field} if sup.kind == "answer" else set()
         for file in self.files:
             before = self.records
-            for raw in read_file(file, fields, scalar):
+            for raw in read_file(file, fields, scalar, self.arrow_parquet):
                 n = raw.batch.num_rows
                 last = self.segments[-1] if self.segments else None
                 if last and last.path == raw.path and last.first_row + last.count == raw.row0:

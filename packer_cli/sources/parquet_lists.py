@@ -437,14 +437,17 @@ class ListColumnReader:
     says why pyarrow took over (None while the compiled decoder reads everything).
     """
 
-    def __init__(self, path: str, fields: list[str], batch_rows: int = 2048):
+    def __init__(self, path: str, fields: list[str], batch_rows: int = 2048, *, arrow_only: bool = False):
         self.path, self.fields, self.batch_rows = path, list(fields), max(1, batch_rows)
+        self.arrow_only = arrow_only  # pyarrow throughout (``verify --source`` wants a second opinion)
         self.fast_rows = self.arrow_rows = 0
         self.fallback_reason: str | None = None
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         pf = pq.ParquetFile(self.path, pre_buffer=False, buffer_size=PARQUET_BUFFER)
         try:
+            if self.arrow_only:
+                raise _Unsupported("pyarrow asked for")
             if os.environ.get(ENV_DECODER, "").lower() == "arrow":
                 raise _Unsupported(f"{ENV_DECODER}=arrow")
             layouts = _column_layouts(pf, self.fields)

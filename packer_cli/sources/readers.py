@@ -379,13 +379,13 @@ def _require_fields(path: str, schema: pa.Schema, fields: list[str]) -> None:
             raise DataError(f"{path}: row 0: missing field '{name}' (fields: {', '.join(schema.names) or 'none'})")
 
 
-def read_parquet(path: str, fields: list[str]) -> Iterator[RawBatch]:
+def read_parquet(path: str, fields: list[str], arrow_only: bool = False) -> Iterator[RawBatch]:
     """Batches of a Parquet file: packer's compiled decoder for list-of-integer columns,
-    pyarrow's for anything else (see :mod:`.parquet_lists`). Pages are streamed, never whole
-    row groups, so memory stays bounded by the batch size."""
+    pyarrow's for anything else or with ``arrow_only`` (see :mod:`.parquet_lists`). Pages are
+    streamed, never whole row groups, so memory stays bounded by the batch size."""
     _require_fields(path, pq.read_schema(path), fields)
     row0 = 0
-    for batch in ListColumnReader(path, fields, BATCH_ROWS):
+    for batch in ListColumnReader(path, fields, BATCH_ROWS, arrow_only=arrow_only):
         yield RawBatch(path, row0, batch)
         row0 += batch.num_rows
 
@@ -403,15 +403,19 @@ def read_ipc(path: str, fields: list[str]) -> Iterator[RawBatch]:
             row0 += piece.num_rows
 
 
-def read_file(file: InputFile, fields: list[str], scalar_fields: set[str]) -> Iterator[RawBatch]:
-    """Raw batches of one input, wrapping every reader failure as a one-line DataError."""
+def read_file(file: InputFile, fields: list[str], scalar_fields: set[str],
+              arrow_parquet: bool = False) -> Iterator[RawBatch]:
+    """Raw batches of one input, wrapping every reader failure as a one-line DataError.
+
+    ``arrow_parquet`` decodes Parquet with pyarrow instead of packer's own decoder.
+    """
     paths = file.parts or (file.path,)
     for path in paths:
         try:
             if file.format == "jsonl":
                 yield from read_jsonl(path, fields, scalar_fields)
             elif file.format == "parquet":
-                yield from read_parquet(path, fields)
+                yield from read_parquet(path, fields, arrow_parquet)
             else:
                 yield from read_ipc(path, fields)
         except DataError:
