@@ -823,3 +823,15 @@ def test_verify_source_reads_parquet_with_the_other_decoder(paged_parquet, tmp_p
     fine = tmp_path / "fine"
     pack([str(paged_parquet)], str(fine), PackSpec(pack_size=4096))
     assert verify_output(str(fine), [str(paged_parquet)]).ok
+
+
+@pytest.mark.parametrize("ahead_bytes", [1, 1 << 12])
+def test_read_ahead_bounded_by_bytes_reads_the_same(paged_parquet, monkeypatch, ahead_bytes):
+    """With the read-ahead byte budget at its smallest (one page in flight per column) the data and
+    the fast path are unchanged."""
+    from packer_cli.sources import parquet_lists
+
+    monkeypatch.setattr(parquet_lists, "AHEAD_BYTES", ahead_bytes)
+    reader, batches = read_with_packer(paged_parquet, ["input_ids", "loss_mask"], 500)
+    assert_same_as_pyarrow(paged_parquet, ["input_ids", "loss_mask"], batches)
+    assert reader.fallback_reason is None and reader.arrow_rows == 0

@@ -42,7 +42,8 @@ ENV_DECODER = "PACKER_PARQUET_DECODER"
 PARQUET_BUFFER = 4 << 20  # pyarrow's page-stream read size when it decodes
 _HEADER_PROBE = 1 << 10  # bytes read for a page header; retried with more if it is longer
 _MAX_HEADER = 16 << 20
-PAGES_AHEAD = 3  # pages of each column decoding ahead of the rows taken
+PAGES_AHEAD = 3  # pages of each column decoding ahead of the rows taken...
+AHEAD_BYTES = 32 << 20  # ...unless they already hold this many values' bytes (files of huge pages)
 _CODECS = ("UNCOMPRESSED", "SNAPPY", "ZSTD", "GZIP")
 
 
@@ -313,8 +314,8 @@ def _decode_page(layout: _ColumnLayout, codec: str, header: thrift.PageHeader, p
 class _ColumnCursor:
     """Decoded rows of one column chunk: ``take(rows)`` → (offsets, values).
 
-    Pages are read in order on the caller's thread and decoded up to ``PAGES_AHEAD`` ahead on
-    ``pool`` (the kernels release the GIL, so two columns' pages, or one column's next pages,
+    Pages are read in order on the caller's thread and decoded up to ``PAGES_AHEAD`` ahead
+    (fewer when those already hold ``AHEAD_BYTES`` of values) on ``pool`` (the kernels release the GIL, so two columns' pages, or one column's next pages,
     decode on both cores); their rows are then stitched together in order here.
     """
 
@@ -325,7 +326,8 @@ class _ColumnCursor:
         self.pages = _ChunkPages(fd, chunk)
         self.levels_unread = chunk.num_values  # level entries (values and empty lists) not yet read
         self.dictionary: np.ndarray | None = None
-        self.decoding: deque = deque()  # futures of _Page, in page order
+        self.decoding: deque = deque()  # (level count, future of _Page), in page order
+        self.ahead_values = 0  # level entries of the pages in ``decoding`` (a bound on their values)
         self.lengths: list[np.ndarray] = []  # lengths of complete rows not yet taken
         self.rows_ready = 0
         self.open_length = -1  # length so far of the row the last page left open (-1: none)
@@ -333,7 +335,8 @@ class _ColumnCursor:
         self.head = 0
 
     def _read_ahead(self) -> None:
-        while self.levels_unread and len(self.decoding) < PAGES_AHEAD:
+        while self.levels_unread and len(self.decoding) < PAGES_AHEAD and (
+                not self.decoding or self.ahead_values * self.layout.value_dtype.itemsize < AHEAD_BYTES):
             header, payload = self.pages.next()
             if header.page_type == thrift.DICTIONARY_PAGE:
                 self.dictionary = _read_dictionary(self.layout, self.codec, header, payload)
@@ -341,8 +344,9 @@ class _ColumnCursor:
                 if header.num_values > self.levels_unread:
                     raise _Corrupt("pages hold more values than the column chunk")
                 self.levels_unread -= header.num_values
-                self.decoding.append(self.pool.submit(_decode_page, self.layout, self.codec, header, payload,
-                                                      self.dictionary))
+                self.ahead_values += header.num_values
+                self.decoding.append((header.num_values, self.pool.submit(
+                    _decode_page, self.layout, self.codec, header, payload, self.dictionary)))
             # index pages (and page types from the future) carry nothing we need
 
     def _next_page(self) -> bool:
@@ -350,7 +354,9 @@ class _ColumnCursor:
         self._read_ahead()
         if not self.decoding:
             return False
-        page = self.decoding.popleft().result()
+        levels, future = self.decoding.popleft()
+        self.ahead_values -= levels
+        page = future.result()
         if page.lead:  # the page continues the open row
             if self.open_length < 0:
                 raise _Corrupt("the first value of a column chunk does not start a row")
@@ -408,7 +414,7 @@ class _ColumnCursor:
             raise _Corrupt("column chunk holds more rows than its row group")
 
     def cancel(self) -> None:
-        for future in self.decoding:
+        for _, future in self.decoding:
             future.cancel()
 
 
