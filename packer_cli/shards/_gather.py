@@ -8,7 +8,7 @@ lets the gather read a whole sequence with one ``pread`` instead of two.
 The kernels work on flat arrays only (no Python objects), one memcpy-like step per sequence,
 and release the GIL so reading, gathering and writing can overlap on separate threads.
 
-:class:`SpillReader` reads the spill with ``pread`` into the output buffers (or a small scratch):
+:class:`SpillReader` reads the spill with ``pread`` straight into the output buffers:
 no page of the spill is ever mapped into the process, so resident memory stays bounded by
 the output buffers however large the spill is (touched pages of a memory map count toward
 RSS, and a run of packs touches pages all over the file).
@@ -85,22 +85,23 @@ def _interleave(tokens, targets, lengths, out):
 
 @njit(cache=True, nogil=True)
 def _pread_gather_kernel(fd, seq_src, seq_offset, sample_len, seq_len, seq_pad, pack_seq_offsets, pad_id,
-                         out_tokens, out_mask, out_last, out_cu, scratch):
+                         out_tokens, out_mask, out_last, out_cu):
     """Copy a run of sequences (in output order), pack by pack.
 
     For sequence i (first token at stream position ``seq_src[i]``, ``seq_offset[i]`` tokens into
     a sample of ``sample_len[i]`` tokens; real length s, padded length p): s input tokens, then
     p − s copies of ``pad_id``; the label-aligned mask is the targets of tokens 1..s; the last
     label is token s; ``out_cu`` gets each pack's physical offsets (N_k + 1 entries). A sequence
-    is one ``pread`` (its s+1 tokens and s flags, with the bytes between them, into ``scratch``)
-    unless what lies between is long (a truncated sample's tail): then its tokens go straight
-    into ``out_tokens`` (the last one is the final label, overwritten by padding or the next
-    sequence; ``out_tokens`` has one spare slot at the end) and its flags into ``out_mask``.
+    is one ``pread`` of its s+1 tokens and s flags, with the bytes between them, into
+    ``out_tokens`` where its tokens belong (the flags, read past them into space later sequences
+    will overwrite, are then copied to ``out_mask``; ``out_tokens`` has room for that after its
+    last sequence). When what lies between is long (a truncated sample's tail) it is two reads:
+    the tokens into ``out_tokens`` and the flags into ``out_mask``. The last token read is the
+    final label, overwritten by padding or the next sequence.
     Returns False when a read fails.
     """
     tok_base = out_tokens.ctypes.data
     mask_base = out_mask.ctypes.data
-    scratch_base = scratch.ctypes.data
     out_bytes = out_tokens.view(np.uint8)
     pos = 0
     cu_pos = 0
@@ -116,11 +117,10 @@ def _pread_gather_kernel(fd, seq_src, seq_offset, sample_len, seq_len, seq_pad, 
             tok_at = BYTES_PER_TOKEN * start + 4 * o
             flag_at = BYTES_PER_TOKEN * start + 4 * sample_len[i] + o + 1
             span = flag_at + s - tok_at
-            if flag_at - (tok_at + 4 * (s + 1)) <= _ONE_READ_GAP and span <= scratch.size:
-                if not _read_exact(fd, scratch_base, span, tok_at):
+            if flag_at - (tok_at + 4 * (s + 1)) <= _ONE_READ_GAP and 4 * pos + span <= out_bytes.size:
+                if not _read_exact(fd, tok_base + pos * 4, span, tok_at):
                     return False
-                _copy_bytes(out_bytes, 4 * pos, scratch, 0, 4 * (s + 1))
-                _copy_bytes(out_mask, pos, scratch, flag_at - tok_at, s)
+                _copy_bytes(out_mask, pos, out_bytes, 4 * pos + flag_at - tok_at, s)
             else:
                 if not _read_exact(fd, tok_base + pos * 4, (s + 1) * 4, tok_at):
                     return False
@@ -263,17 +263,17 @@ class SpillReader:
         n_seq = seq_len.size
         n_packs = pack_seq_offsets.size - 1
         total = int(seq_pad.sum(dtype=np.int64))
-        buffers = self._buffers(max(total, min_buffer))
+        # room after the last sequence for the flags read past its tokens (see the kernel)
+        room = (_ONE_READ_GAP + int(seq_len.max(initial=0)) + 2 * BYTES_PER_TOKEN) // 4
+        buffers = self._buffers(max(total + room, min_buffer))
         out_tokens, out_mask = buffers
         out_last = np.empty(n_seq, dtype=np.int32)
         out_cu = np.empty(n_seq + n_packs, dtype=np.int32)
-        longest = int(seq_len.max(initial=0))
-        scratch = np.empty(BYTES_PER_TOKEN * (longest + 1) + _ONE_READ_GAP, dtype=np.uint8)
         ok = _pread_gather_kernel(self._fds[0], np.ascontiguousarray(seq_src, dtype=np.int64),
                                   np.ascontiguousarray(seq_offset, dtype=np.int64),
                                   np.ascontiguousarray(sample_len, dtype=np.int64), np.ascontiguousarray(seq_len),
                                   np.ascontiguousarray(seq_pad), np.ascontiguousarray(pack_seq_offsets, dtype=np.int64),
-                                  np.int32(pad_id), out_tokens, out_mask, out_last, out_cu, scratch)
+                                  np.int32(pad_id), out_tokens, out_mask, out_last, out_cu)
         if not ok:
             raise OSError("reading the spill files failed (were they removed or truncated?)")
         return out_tokens[:total], out_mask[:total], out_last, out_cu, buffers
