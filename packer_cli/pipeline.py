@@ -5,9 +5,10 @@
     inputs ─read─▶ spill (tokens, targets) + lengths ─sequences─▶ padded lengths
            ─plan─▶ packs ─shuffle─▶ gather ─▶ packs-*.arrow ─▶ manifest.json, metadata.json ─rename─▶ OUT
 
-Pass one streams every input once, validating records and appending each sample's tokens
-and target flags to the spill file in the temporary output directory; only one token count per sample (2 or 4 bytes)
-stays in memory (targets are summed as batches pass; see :mod:`packer_cli._sequences`). The
+Pass one streams every input once, validating records and appending each sample's tokens and
+target flags to the spill file in the temporary output directory; only one token count per
+sample (2 or 4 bytes) stays in memory (targets are summed as batches pass; see
+:mod:`packer_cli._sequences`). The
 plan needs only the padded lengths, while the counts wait in the spill directory; in pass two
 the plan's order waits there instead. No stage holds more than about 12 bytes per sample plus
 16 per pack. Pass two gathers each pack's tokens from the spill with a compiled kernel

@@ -450,6 +450,9 @@ class ListColumnReader:
         self.fallback_reason: str | None = None
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
+        # When pyarrow decodes, it streams pages too: its pre-buffering reads far ahead (hundreds
+        # of MB) and an unbuffered read holds a whole column chunk (gigabytes in a file of
+        # million-row groups).
         pf = pq.ParquetFile(self.path, pre_buffer=False, buffer_size=PARQUET_BUFFER)
         try:
             if self.arrow_only:
