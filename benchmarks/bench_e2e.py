@@ -171,7 +171,8 @@ def main() -> None:
     ap.add_argument("--input", required=True)
     ap.add_argument("--pack-size", type=int, default=4096)
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--tools", default="cli,api,trl,trl_whole,decode,decode_packer,disk,pages")
+    # `pages` must not follow `disk`, which has just freed 2 GB of memory it would reuse
+    ap.add_argument("--tools", default="cli,api,trl,trl_whole,decode,disk,decode_packer,pages")
     ap.add_argument("--disk-gb", type=float, default=2.0)
     ap.add_argument("--out", default=os.path.join(OUT, "e2e"))
     ap.add_argument("--serve", choices=["packer", "trl", "read_json"], help=argparse.SUPPRESS)
