@@ -224,7 +224,7 @@ def main() -> None:
         entry = {"median_s": sec, "min_s": min(x["seconds"] for x in tool_rows)}
         if tool not in ("disk", "pages"):
             entry["tokens_per_s"] = tokens / sec
-        for key in ("packs", "out_bytes", "peak_rss_bytes", "bytes_per_s", "cold_s", "hot_s", "cpu_s", "fast_rows"):
+        for key in ("packs", "out_bytes", "peak_rss_bytes", "bytes_per_s", "cold_s", "hot_s", "cpu_s", "fast_rows", "bytes"):
             if key in tool_rows[0]:
                 entry[key] = median([x[key] for x in tool_rows])
         summary[tool] = entry

@@ -134,7 +134,7 @@ def render(res: dict, targets: dict) -> str:
                      f"row measures what that costs here: 512 MB into memory idle for 4 s took {pg['cold_s']:.2f} s, "
                      f"into memory freed just before {pg['hot_s']:.2f} s")
             if pg["cold_s"] > 2 * pg["hot_s"]:
-                extra = (pg["cold_s"] - pg["hot_s"]) * 1.2e9 / pg["bytes"]
+                extra = (pg["cold_s"] - pg["hot_s"]) * 1.2e9 / pg.get("bytes", 512 << 20)
                 text += (f" (the VM's balloon driver hands idle memory back to the host, which must fault it in "
                          f"again): a run that finds only idle memory spends about {extra:.1f} s more.")
             else:
