@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 
 from packer_cli._arrow import from_numpy
 from packer_cli.sources import _parquet_thrift as thrift
-from packer_cli.sources._parquet_kernels import MESSAGES, UNUSUAL, dictionary_decode, hybrid_decode
+from packer_cli.sources._parquet_kernels import MESSAGES, TRUNCATED, UNUSUAL, dictionary_decode, hybrid_decode
 
 ENV_DECODER = "PACKER_PARQUET_DECODER"
 PARQUET_BUFFER = 4 << 20  # pyarrow's page-stream read size when it decodes
@@ -288,7 +288,7 @@ def _decode_values(layout: _ColumnLayout, header: thrift.PageHeader, span, count
         if dictionary is None:
             raise _Corrupt("dictionary-encoded page without a dictionary")
         if lo >= hi:
-            raise _Corrupt(MESSAGES[-1])
+            raise _Corrupt(MESSAGES[TRUNCATED])
         _check(dictionary_decode(data, lo + 1, hi, int(data[lo]), count, dictionary, out))
     return out
 
