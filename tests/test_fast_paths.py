@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from naive import gather_packs
-from packer_cli.shards._gather import BYTES_PER_TOKEN, ORDER_FILE, SPILL_FILE, SpillReader, SpillWriter
+from packer_cli.shards._gather import LAYOUT_FILE, ORDER_FILE, SPILL_FILE, SpillReader, SpillWriter, token_width
 from packer_cli.shards.writer import ShardWriter, file_checksum, pack_record_batch
 from packer_cli.sources import normalize
 from packer_cli.sources.normalize import Supervision, normalize_batch
@@ -66,23 +66,39 @@ def test_normalize_fast_path_declines_bad_batches():
     assert normalize._fast_batch(big, "input_ids", Supervision("all"), SourceSpec(vocab_size=32000), 0) is None
 
 
-def _spill(tmp_path, tokens, targets, lengths):
-    """Write a spill of these samples the way pass one does (SpillWriter, two batches)."""
-    half = int(lengths[: lengths.size // 2].sum())
+def _spill(tmp_path, tokens, targets, lengths, batches=3):
+    """Write a spill of these samples the way pass one does (SpillWriter, a few batches)."""
+    cuts = np.linspace(0, lengths.size, batches + 1).astype(int)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
     writer = SpillWriter(str(tmp_path))
-    writer.write(tokens[:half], targets[:half], lengths[: lengths.size // 2])
-    writer.write(tokens[half:], targets[half:], lengths[lengths.size // 2:])
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        if b > a:
+            writer.write(tokens[starts[a]:starts[b]], targets[starts[a]:starts[b]], lengths[a:b])
     writer.close()
+
+
+def _ids_of_every_width(rng, lengths):
+    """Token ids whose three write batches need 2, 3 and 4 bytes a token."""
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    cuts = np.linspace(0, lengths.size, 4).astype(int)
+    tokens = np.empty(int(starts[-1]), dtype=np.int32)
+    for (a, b), top in zip(zip(cuts[:-1], cuts[1:]), (1 << 16, 1 << 24, 2**31 - 1)):
+        tokens[starts[a]:starts[b]] = rng.integers(top // 2, top, int(starts[b] - starts[a]))
+    return tokens
 
 
 def test_spill_layout_is_tokens_then_flags_per_sample(tmp_path):
     lengths = np.array([3, 1, 2])
-    tokens = np.array([10, 11, 12, 20, 30, 31], dtype=np.int32)
+    tokens = np.array([10, 11, 12, 70000, 2**30, 31], dtype=np.int32)
     targets = np.array([0, 1, 1, 1, 0, 1], dtype=np.uint8)
-    _spill(tmp_path, tokens, targets, lengths)
+    _spill(tmp_path, tokens, targets, lengths)  # one sample a batch: widths 2, 3, 4
     raw = (tmp_path / SPILL_FILE).read_bytes()
-    want = b"".join(tokens[a:b].tobytes() + targets[a:b].tobytes() for a, b in [(0, 3), (3, 4), (4, 6)])
-    assert raw == want and len(raw) == BYTES_PER_TOKEN * tokens.size
+    want = b"".join(b"".join(int(t).to_bytes(w, "little") for t in tokens[a:b]) + targets[a:b].tobytes()
+                    for (a, b), w in zip([(0, 3), (3, 4), (4, 6)], (2, 3, 4)))
+    assert raw == want
+    layout = np.fromfile(tmp_path / LAYOUT_FILE, dtype=np.int64).reshape(-1, 3)
+    assert layout.tolist() == [[0, 0, 2], [3, 9, 3], [4, 13, 4]]
+    assert [token_width(x) for x in (0, 65535, 65536, 2**24 - 1, 2**24, 2**31 - 1)] == [2, 2, 3, 3, 4, 4]
 
 
 def test_pread_gather_matches_naive_gather(tmp_path):
@@ -90,7 +106,7 @@ def test_pread_gather_matches_naive_gather(tmp_path):
     lengths = rng.integers(2, 300, 2000)
     lengths[::97] = 9000  # long samples: truncated (tokens and flags read apart) or split
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    tokens = rng.integers(0, 50000, int(lengths.sum()), dtype=np.int32)
+    tokens = _ids_of_every_width(rng, lengths)
     targets = rng.integers(0, 2, tokens.size, dtype=np.uint8)
     _spill(tmp_path, tokens, targets, lengths)
     # sequence table: every sample once, some split into two pieces, some cut short
@@ -139,13 +155,14 @@ def test_hash_while_writing_equals_file_hash(tmp_path):
 
 
 def test_last_tokens_reads_each_samples_last_token(tmp_path):
-    lengths = np.array([3, 1, 5, 2])
-    tokens = np.arange(11, dtype=np.int32) * 3
-    _spill(tmp_path, tokens, np.zeros(11, dtype=np.uint8), lengths)
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(1, 9, 30)
+    tokens = _ids_of_every_width(rng, lengths)
+    _spill(tmp_path, tokens, np.zeros(tokens.size, dtype=np.uint8), lengths)
     with SpillReader(str(tmp_path)) as spill:
         np.testing.assert_array_equal(spill.last_tokens(lengths), tokens[np.cumsum(lengths) - 1])
         with pytest.raises(OSError, match="reading the spill files failed"):
-            spill.last_tokens(np.array([3, 1, 5, 3]))
+            spill.last_tokens(np.append(lengths, 5))  # one sample more than the spill holds
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64])
