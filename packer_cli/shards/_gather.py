@@ -4,7 +4,7 @@
 n target flags (one byte each). Tokens are stored in as few little-endian bytes as the ids of
 their write batch need (2 below 65,536, 3 below 2^24, else 4), so a token and its flag take
 3 to 5 bytes; ``layout.bin`` records, per batch, its first token position, first byte and width
-(:class:`SpillLayout`). Keeping a sample's tokens and flags together lets the gather read a
+(written by :class:`SpillWriter`, read by :class:`SpillReader`). Keeping a sample's tokens and flags together lets the gather read a
 whole sequence with one ``pread``.
 
 The kernels work on flat arrays only (no Python objects), one memcpy-like step per sequence,
