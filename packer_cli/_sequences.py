@@ -191,7 +191,7 @@ def _extra_pieces(lengths, cap, m, samples, out_sample, out_offset, out_length, 
 
 @njit(cache=True, nogil=True)
 def _resolve(items, lengths, block_start, block, cap, m, extra_sample, extra_offset, extra_length,
-             sample, offset, length, padded, src, sample_len):
+             sample, offset, length, padded, src):
     n = lengths.size
     for t in range(items.size):
         q = items[t]
@@ -212,7 +212,6 @@ def _resolve(items, lengths, block_start, block, cap, m, extra_sample, extra_off
         length[t] = s
         padded[t] = _aligned(s, m)
         src[t] = start + o
-        sample_len[t] = lengths[k]
 
 
 @njit(cache=True, nogil=True)
@@ -236,7 +235,6 @@ class Resolved:
     length: np.ndarray   # int32 real runtime length s
     padded: np.ndarray   # int32 padded length p
     src: np.ndarray      # int64 stream position of the sequence's first token
-    sample_len: np.ndarray  # int32 token count of its sample (where the spill keeps its flags)
 
 
 @dataclass
@@ -264,10 +262,9 @@ class Items:
 
     def resolve(self, items: np.ndarray) -> Resolved:
         items = np.ascontiguousarray(items)
-        r = Resolved(*(np.empty(items.size, np.int32) for _ in range(4)), np.empty(items.size, np.int64),
-                     np.empty(items.size, np.int32))
+        r = Resolved(*(np.empty(items.size, np.int32) for _ in range(4)), np.empty(items.size, np.int64))
         _resolve(items, self.lengths, self.block_start, BLOCK, self.cap, self.m, self.extra_sample,
-                 self.extra_offset, self.extra_length, r.sample, r.offset, r.length, r.padded, r.src, r.sample_len)
+                 self.extra_offset, self.extra_length, r.sample, r.offset, r.length, r.padded, r.src)
         return r
 
 

@@ -47,7 +47,7 @@ from packer_cli.sources import SampleStream, discover_inputs
 from packer_cli.spec import PackSpec, SourceSpec
 
 DEFAULT_SHARD_BYTES = 256 << 20
-BATCH_TOKENS = 4 << 20  # tokens per record batch: at most 4 runs in flight, about 20 MB each
+BATCH_TOKENS = 1 << 20  # tokens per record batch: at most 5 runs in flight, about 5 MB each
 MAX_LISTED_BAD = 1000
 
 
@@ -91,7 +91,7 @@ def _take(batch, counts: dict, bad_listed: list, log: SampleLog, cap: int, spill
         runtime, tail = _target_counts(batch, cap)
         log.add(batch.lengths, batch.source_index, runtime, tail)
         if spill:
-            spill.write(batch.tokens, batch.targets, batch.lengths)
+            spill.write(batch.tokens, batch.targets)
 
 
 def _plan(padded: np.ndarray, spec: PackSpec, progress: Progress):
@@ -127,8 +127,7 @@ def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, pl
     def gather(spill: SpillReader, a: int, b: int):
         run, run_offsets = spill.run_items(plan.pack_offsets, pack_order[a:b])
         seq = items.resolve(run)
-        tokens, mask, last, cu, buffers = spill.gather(seq.src, seq.offset, seq.sample_len, seq.length, seq.padded,
-                                                       run_offsets, spec.pad_id,
+        tokens, mask, last, cu, buffers = spill.gather(seq.src, seq.length, seq.padded, run_offsets, spec.pad_id,
                                                        min_buffer=BATCH_TOKENS + spec.pack_size)
         batch = pack_record_batch(tokens, mask, cu, seq.length, last, sources[seq.sample], seq.offset, run_offsets)
         return batch, int(tokens.size), b - a, buffers

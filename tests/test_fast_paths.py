@@ -73,7 +73,7 @@ def _spill(tmp_path, tokens, targets, lengths, batches=3):
     writer = SpillWriter(str(tmp_path))
     for a, b in zip(cuts[:-1], cuts[1:]):
         if b > a:
-            writer.write(tokens[starts[a]:starts[b]], targets[starts[a]:starts[b]], lengths[a:b])
+            writer.write(tokens[starts[a]:starts[b]], targets[starts[a]:starts[b]])
     writer.close()
 
 
@@ -87,31 +87,43 @@ def _ids_of_every_width(rng, lengths):
     return tokens
 
 
-def test_spill_layout_is_tokens_then_flags_per_sample(tmp_path):
-    lengths = np.array([3, 1, 2])
-    tokens = np.array([10, 11, 12, 70000, 2**30, 31], dtype=np.int32)
-    targets = np.array([0, 1, 1, 1, 0, 1], dtype=np.uint8)
+def _blocks(tokens, flags, width):
+    """The spill layout of one batch, spelled out: blocks of 8 tokens (``width`` bytes each,
+    little-endian) then a byte of their flags, the last block padded with zeros."""
+    out = b""
+    for a in range(0, len(tokens), 8):
+        ids = [int(t) for t in tokens[a:a + 8]]
+        bits = sum(int(f) << j for j, f in enumerate(flags[a:a + 8]))
+        out += b"".join(t.to_bytes(width, "little") for t in ids + [0] * (8 - len(ids))) + bytes([bits])
+    return out
+
+
+def test_spill_layout_is_blocks_of_tokens_then_their_flags(tmp_path):
+    lengths = np.array([11, 1, 2])
+    tokens = np.array([10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 70000, 2**30, 31], dtype=np.int32)
+    targets = np.array([0, 1, 1, 0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 1], dtype=np.uint8)
     _spill(tmp_path, tokens, targets, lengths)  # one sample a batch: widths 2, 3, 4
     raw = (tmp_path / SPILL_FILE).read_bytes()
-    want = b"".join(b"".join(int(t).to_bytes(w, "little") for t in tokens[a:b]) + targets[a:b].tobytes()
-                    for (a, b), w in zip([(0, 3), (3, 4), (4, 6)], (2, 3, 4)))
-    assert raw == want
+    want = [_blocks(tokens[a:b], targets[a:b], w) for (a, b), w in zip([(0, 11), (11, 12), (12, 14)], (2, 3, 4))]
+    assert [len(x) for x in want] == [34, 25, 33]  # two blocks of 17 bytes, one of 25, one of 33
+    assert raw == b"".join(want)
     layout = np.fromfile(tmp_path / LAYOUT_FILE, dtype=np.int64).reshape(-1, 3)
-    assert layout.tolist() == [[0, 0, 2], [3, 9, 3], [4, 13, 4]]
+    assert layout.tolist() == [[0, 0, 2], [11, 34, 3], [12, 59, 4], [14, 92, 0]]  # then the end, width 0
     assert [token_width(x) for x in (0, 65535, 65536, 2**24 - 1, 2**24, 2**31 - 1)] == [2, 2, 3, 3, 4, 4]
 
 
 def test_pread_gather_matches_naive_gather(tmp_path):
     rng = np.random.default_rng(5)
     lengths = rng.integers(2, 300, 2000)
-    lengths[::97] = 9000  # long samples: truncated (tokens and flags read apart) or split
+    lengths[::97] = 9000  # long samples: truncated or split
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     tokens = _ids_of_every_width(rng, lengths)
     targets = rng.integers(0, 2, tokens.size, dtype=np.uint8)
     _spill(tmp_path, tokens, targets, lengths)
     # sequence table: every sample once, some split into two pieces, some cut short
     sample = np.repeat(np.arange(lengths.size), 2)[: 3000]
-    offset = np.where((np.arange(sample.size) % 2 == 1) & (lengths[sample] >= 3), 1, 0).astype(np.int64)
+    # odd entries start anywhere in their sample (so anywhere in a spill block), at least one token left
+    offset = np.where(np.arange(sample.size) % 2 == 1, rng.integers(0, lengths[sample] - 1), 0).astype(np.int64)
     length = np.maximum(1, lengths[sample] - 1 - offset - rng.integers(0, 2, sample.size))
     length = np.minimum(length, 4000)
     assert (offset + length <= lengths[sample] - 1).all()  # every label lies inside its sample
@@ -128,8 +140,7 @@ def test_pread_gather_matches_naive_gather(tmp_path):
             np.testing.assert_array_equal(run_offsets, np.cumsum([0] + [p.size for p in packs]))
             want = gather_packs(tokens, targets, starts, sample[run], offset[run], length[run], padded[run],
                                 run_offsets, 7)
-            got = spill.gather(starts[sample[run]] + offset[run], offset[run], lengths[sample[run]], length[run],
-                               padded[run], run_offsets, 7)
+            got = spill.gather(starts[sample[run]] + offset[run], length[run], padded[run], run_offsets, 7)
             for g, w in zip(got[:4], want):
                 np.testing.assert_array_equal(g, w)
             spill.recycle(got[4])

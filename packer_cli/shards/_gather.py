@@ -1,19 +1,21 @@
 """The spill: samples written in pass one, gathered pack by pack in pass two.
 
-``samples.bin`` holds every kept sample once, in stream order, as its n tokens followed by its
-n target flags (one byte each). Tokens are stored in as few little-endian bytes as the ids of
-their write batch need (2 below 65,536, 3 below 2^24, else 4), so a token and its flag take
-3 to 5 bytes; ``layout.bin`` records, per batch, its first token position, first byte and width
-(written by :class:`SpillWriter`, read by :class:`SpillReader`). Keeping a sample's tokens and flags together lets the gather read a
-whole sequence with one ``pread``.
+``samples.bin`` holds every kept sample once, in stream order, in the write batches of pass
+one. A batch is a run of *blocks*: 8 tokens, each in as few little-endian bytes as the ids of
+the batch need (2 below 65,536, 3 below 2^24, else 4), then one byte holding their 8 target
+flags (bit j: token j's); the batch's last block is padded with zeros. A token and its flag so
+take 2⅛ to 4⅛ bytes (3⅛ for every current vocabulary), and a sequence's tokens and flags lie
+side by side, so the gather reads any sequence, even a few tokens out of a long sample, with
+one ``pread`` of the blocks it spans. ``layout.bin`` records, per batch, its first token
+position, first byte and width (written by :class:`SpillWriter`, read by :class:`SpillReader`).
 
-The kernels work on flat arrays only (no Python objects), one memcpy-like step per sequence,
-and release the GIL so reading, gathering and writing can overlap on separate threads.
+The kernels work on flat arrays only (no Python objects), one pass over the bytes of each
+sequence, and release the GIL so reading, gathering and writing can overlap on separate threads.
 
-:class:`SpillReader` reads the spill with ``pread`` straight into the output buffers:
-no page of the spill is ever mapped into the process, so resident memory stays bounded by
-the output buffers however large the spill is (touched pages of a memory map count toward
-RSS, and a run of packs touches pages all over the file).
+:class:`SpillReader` reads the spill with ``pread``: no page of the spill is ever mapped into
+the process, so resident memory stays bounded by the output buffers however large the spill
+is (touched pages of a memory map count toward RSS, and a run of packs touches pages all over
+the file).
 """
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ def _read_exact(fd, address, nbytes, offset):
 
 SPILL_FILE = "samples.bin"
 LAYOUT_FILE = "layout.bin"
-_ONE_READ_GAP = 4096  # bytes between a sequence's tokens and its flags still read in one call
+BLOCK_TOKENS = 8  # tokens per spill block, whose flags fill its last byte
 
 
 def token_width(max_id: int) -> int:
@@ -67,92 +69,123 @@ def token_width(max_id: int) -> int:
     return 2 if max_id < 1 << 16 else 3 if max_id < 1 << 24 else 4
 
 
-@njit(cache=True, nogil=True)
-def _copy_bytes(dst, dst_at, src, src_at, n):
-    """``dst[dst_at:dst_at+n] = src[src_at:src_at+n]`` (uint8 arrays; unsigned indices vectorize)."""
-    d = np.uint64(dst_at)
-    s = np.uint64(src_at)
-    for j in range(n):
-        dst[d + np.uint64(j)] = src[s + np.uint64(j)]
+def block_bytes(width: int) -> int:
+    """Bytes of one spill block of tokens ``width`` bytes wide."""
+    return BLOCK_TOKENS * width + 1
 
 
 @njit(cache=True, nogil=True)
-def _interleave(tokens, targets, lengths, width, out):
-    """Lay a batch of samples out as the spill stores them: each sample's tokens (``width`` low
-    bytes each, little-endian), then its flags."""
-    token_bytes = tokens.view(np.uint8)
-    a = 0
-    pos = 0
-    for k in range(lengths.size):
-        n = lengths[k]
-        if width == 4:
-            _copy_bytes(out, pos, token_bytes, 4 * a, 4 * n)
-        else:
-            _narrow(tokens, a, n, width, out, pos)
-        _copy_bytes(out, pos + width * n, targets, a, n)
-        pos += (width + 1) * n
-        a += n
-
-
-@njit(cache=True, nogil=True)
-def _narrow(tokens, a, n, width, out, pos):
-    """``out[pos:]`` = the ``width`` (2 or 3) low bytes of ``tokens[a:a+n]``, token after token."""
-    q = np.uint64(pos)
+def _store_blocks(tokens, targets, width, out):
+    """Lay a batch out as the spill stores it (module docstring); ``out`` holds whole blocks."""
+    stride = np.uint64(8 * width + 1)
     w = np.uint64(width)
-    for j in range(n):
-        t = np.uint32(tokens[a + j])
-        out[q] = t & 0xFF
-        out[q + np.uint64(1)] = (t >> 8) & 0xFF
-        if width == 3:
-            out[q + np.uint64(2)] = (t >> 16) & 0xFF
-        q += w
+    n = tokens.size
+    for b in range((n + 7) // 8):
+        q = np.uint64(b) * stride
+        first = 8 * b
+        flags = 0
+        for j in range(8):
+            t = np.uint32(tokens[first + j]) if first + j < n else np.uint32(0)
+            at = q + np.uint64(j) * w
+            out[at] = t & 0xFF
+            out[at + np.uint64(1)] = (t >> 8) & 0xFF
+            if width >= 3:
+                out[at + np.uint64(2)] = (t >> 16) & 0xFF
+            if width == 4:
+                out[at + np.uint64(3)] = t >> 24
+            if first + j < n and targets[first + j] != 0:
+                flags |= 1 << j
+        out[q + np.uint64(8) * w] = flags
+
+
+@intrinsic
+def _load_u32(typingctx, address):
+    """The 4 bytes at ``address`` as a little-endian uint32, wherever they are aligned."""
+    sig = types.uint32(types.uint64)
+
+    def codegen(context, builder, signature, args):
+        pointer = builder.inttoptr(args[0], ir.IntType(32).as_pointer())
+        return builder.load(pointer, align=1)
+
+    return sig, codegen
+
+
+def _bit_spreads() -> np.ndarray:
+    """Byte b → 8 bytes, byte j holding bit j of b (one flag byte of a block → its 8 flags)."""
+    bits = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little")
+    return np.ascontiguousarray(bits).view(np.uint64).ravel()
+
+
+_SPREAD = _bit_spreads()
 
 
 @njit(cache=True, nogil=True)
-def _widen(out_tokens, at, count, width):
-    """Turn ``count`` tokens stored in ``width`` bytes each at ``out_tokens[at:]`` into int32 in
-    place, last first (the int32 of token j never overwrites the bytes of a token before it)."""
+def _decode_blocks(raw, blocks, width, tokens, flags):
+    """Decode ``blocks`` blocks of ``raw`` into ``tokens`` (int32) and ``flags`` (uint8, viewed
+    as uint64: one word a block). ``raw`` has 3 readable bytes past its last block."""
+    stride = np.uint64(8 * width + 1)
+    w = np.uint64(width)
+    keep = np.uint32(0xFFFF) if width == 2 else np.uint32(0xFFFFFF) if width == 3 else np.uint32(0xFFFFFFFF)
+    base = np.uint64(raw.ctypes.data)
+    for b in range(blocks):
+        q = base + np.uint64(b) * stride
+        for k in range(8):
+            tokens[8 * b + k] = np.int32(_load_u32(q + np.uint64(k) * w) & keep)
+        flags[b] = _SPREAD[raw[np.uint64(b) * stride + np.uint64(8) * w]]
+
+
+@njit(cache=True, nogil=True)
+def _load_token(raw, u, width):
+    """Token ``u`` (counted from the first block) of the blocks in ``raw``."""
+    at = np.uint64(u >> 3) * np.uint64(8 * width + 1) + np.uint64(u & 7) * np.uint64(width)
+    value = np.int32(raw[at]) | (np.int32(raw[at + np.uint64(1)]) << 8)
+    if width >= 3:
+        value |= np.int32(raw[at + np.uint64(2)]) << 16
     if width == 4:
-        return
-    raw = out_tokens.view(np.uint8)
-    base = np.uint64(4 * at)
-    w = np.uint64(width)
-    for j in range(count - 1, -1, -1):
-        q = base + w * np.uint64(j)
-        value = np.int32(raw[q]) | (np.int32(raw[q + np.uint64(1)]) << 8)
-        if width == 3:
-            value |= np.int32(raw[q + np.uint64(2)]) << 16
-        out_tokens[at + j] = value
+        value |= np.int32(raw[at + np.uint64(3)]) << 24
+    return value
 
 
 @njit(cache=True, nogil=True)
-def _sample_record(start, token_starts, byte_starts, widths):
-    """(first byte, token width) of the sample whose first token is stream position ``start``."""
-    b = np.searchsorted(token_starts, start, side="right") - 1
-    w = np.int64(widths[b])
-    return byte_starts[b] + (w + 1) * (start - token_starts[b]), w
+def _locate(position, token_starts, widths):
+    """(batch, token width) of the token at stream ``position``."""
+    b = np.searchsorted(token_starts, position, side="right") - 1
+    return b, np.int64(widths[b])
 
 
 @njit(cache=True, nogil=True)
-def _pread_gather_kernel(fd, token_starts, byte_starts, widths, seq_src, seq_offset, sample_len, seq_len, seq_pad,
-                         pack_seq_offsets, pad_id, out_tokens, out_mask, out_last, out_cu):
+def _read_blocks(fd, token_starts, byte_starts, widths, position, count, scratch):
+    """``pread`` the blocks holding tokens ``position .. position+count-1`` into ``scratch``.
+
+    Returns (token width, index of token ``position`` within what was read), or width 0 when
+    the read fails."""
+    b, w = _locate(position, token_starts, widths)
+    if w == 0:  # past the last token (the layout ends with a batch of width 0)
+        return np.int64(0), np.int64(0)
+    r = position - token_starts[b]
+    first = r // 8
+    nbytes = ((r + count - 1) // 8 - first + 1) * (8 * w + 1)
+    if not _read_exact(fd, scratch.ctypes.data, nbytes, byte_starts[b] + first * (8 * w + 1)):
+        return np.int64(0), np.int64(0)
+    return w, r - 8 * first
+
+
+@njit(cache=True, nogil=True)
+def _pread_gather_kernel(fd, token_starts, byte_starts, widths, seq_src, seq_len, seq_pad, pack_seq_offsets,
+                         pad_id, scratch, out_tokens, out_mask, out_last, out_cu):
     """Copy a run of sequences (in output order), pack by pack.
 
-    For sequence i (first token at stream position ``seq_src[i]``, ``seq_offset[i]`` tokens into
-    a sample of ``sample_len[i]`` tokens; real length s, padded length p): s input tokens, then
-    p − s copies of ``pad_id``; the label-aligned mask is the targets of tokens 1..s; the last
-    label is token s; ``out_cu`` gets each pack's physical offsets (N_k + 1 entries). A sequence
-    is one ``pread`` of its s+1 stored tokens and s flags, with the bytes between them, into
-    ``out_tokens`` where its tokens belong (the flags, read past them into space later sequences
-    will overwrite, are copied to ``out_mask`` first; ``out_tokens`` has room for that after its
-    last sequence); then the tokens are widened to int32 in place. When what lies between is
-    long (a truncated sample's tail) it is two reads: the tokens into ``out_tokens`` and the
-    flags into ``out_mask``. The last token read is the final label, overwritten by padding or
-    the next sequence. Returns False when a read fails.
+    For sequence i (first token at stream position ``seq_src[i]``; real length s, padded
+    length p): s input tokens, then p − s copies of ``pad_id``; the label-aligned mask is the
+    flags of tokens 1..s; the last label is token s; ``out_cu`` gets each pack's physical
+    offsets (N_k + 1 entries). A sequence is one ``pread`` of the blocks holding its s + 1
+    tokens into ``scratch`` (3 bytes longer than the blocks of the longest sequence), decoded
+    there a block at a time and copied out. Returns False when a read fails.
     """
-    tok_base = out_tokens.ctypes.data
-    mask_base = out_mask.ctypes.data
-    out_bytes = out_tokens.view(np.uint8)
+    blocks = scratch.size // (8 * 4 + 1)
+    tokens = np.empty(8 * blocks, dtype=np.int32)  # what one sequence's blocks decode to
+    flags64 = np.empty(blocks, dtype=np.uint64)
+    flags = flags64.view(np.uint8)
     pos = 0
     cu_pos = 0
     for k in range(pack_seq_offsets.size - 1):
@@ -162,22 +195,13 @@ def _pread_gather_kernel(fd, token_starts, byte_starts, widths, seq_src, seq_off
         for i in range(pack_seq_offsets[k], pack_seq_offsets[k + 1]):
             s = seq_len[i]
             p = seq_pad[i]
-            o = seq_offset[i]
-            record, w = _sample_record(seq_src[i] - o, token_starts, byte_starts, widths)
-            tok_at = record + w * o
-            flag_at = record + w * sample_len[i] + o + 1
-            span = flag_at + s - tok_at
-            if flag_at - (tok_at + w * (s + 1)) <= _ONE_READ_GAP and 4 * pos + span <= out_bytes.size:
-                if not _read_exact(fd, tok_base + pos * 4, span, tok_at):
-                    return False
-                _copy_bytes(out_mask, pos, out_bytes, 4 * pos + flag_at - tok_at, s)
-            else:
-                if not _read_exact(fd, tok_base + pos * 4, (s + 1) * w, tok_at):
-                    return False
-                if not _read_exact(fd, mask_base + pos, s, flag_at):
-                    return False
-            _widen(out_tokens, pos, s + 1, w)
-            out_last[i] = out_tokens[pos + s]
+            w, d = _read_blocks(fd, token_starts, byte_starts, widths, seq_src[i], s + 1, scratch)
+            if w == 0:
+                return False
+            _decode_blocks(scratch, (d + s) // 8 + 1, w, tokens, flags64)
+            out_tokens[pos:pos + s] = tokens[d:d + s]
+            out_mask[pos:pos + s] = flags[d + 1:d + s + 1]
+            out_last[i] = tokens[d + s]
             for j in range(s, p):
                 out_tokens[pos + j] = pad_id
                 out_mask[pos + j] = 0
@@ -188,17 +212,15 @@ def _pread_gather_kernel(fd, token_starts, byte_starts, widths, seq_src, seq_off
 
 
 @njit(cache=True, nogil=True)
-def _pread_last_tokens_kernel(fd, token_starts, byte_starts, widths, lengths, out):
+def _pread_last_tokens_kernel(fd, token_starts, byte_starts, widths, lengths, scratch, out):
     """The last token of every sample (one small ``pread`` each)."""
-    start = np.int64(0)
-    base = out.ctypes.data
+    end = np.int64(0)
     for k in range(lengths.size):
-        n = np.int64(lengths[k])
-        record, w = _sample_record(start, token_starts, byte_starts, widths)
-        out[k] = 0
-        if not _read_exact(fd, base + k * 4, w, record + w * (n - 1)):
+        end += np.int64(lengths[k])
+        w, d = _read_blocks(fd, token_starts, byte_starts, widths, end - 1, 1, scratch)
+        if w == 0:
             return False
-        start += n
+        out[k] = _load_token(scratch, d, w)
     return True
 
 
@@ -223,7 +245,8 @@ ORDER_FILE = "order.bin"
 
 class SpillWriter:
     """Appends batches of samples to ``samples.bin`` in the spill layout (see the module docstring);
-    ``close`` writes ``layout.bin``: per batch, its first token position, first byte and width."""
+    ``close`` writes ``layout.bin``: per batch, its first token position, first byte and width,
+    then the end (token count, byte count, width 0)."""
 
     def __init__(self, spill_dir: str):
         self._dir = spill_dir
@@ -232,15 +255,15 @@ class SpillWriter:
         self._batches: list[tuple[int, int, int]] = []
         self._tokens = self._bytes = 0
 
-    def write(self, tokens: np.ndarray, targets: np.ndarray, lengths: np.ndarray) -> None:
-        """Spill one batch of validated samples (token ids are ≥ 0)."""
+    def write(self, tokens: np.ndarray, targets: np.ndarray) -> None:
+        """Spill one batch of validated samples (their tokens, ids ≥ 0, and target flags)."""
         width = token_width(int(tokens.max(initial=0)))
-        size = (width + 1) * tokens.size
+        size = -(-tokens.size // BLOCK_TOKENS) * block_bytes(width)
         if self._buffer.size < size:
             self._buffer = np.empty(max(size, 2 * self._buffer.size), dtype=np.uint8)
         out = self._buffer[:size]
-        _interleave(np.ascontiguousarray(tokens, dtype=np.int32), np.ascontiguousarray(targets, dtype=np.uint8),
-                    np.ascontiguousarray(lengths, dtype=np.int64), width, out)
+        _store_blocks(np.ascontiguousarray(tokens, dtype=np.int32), np.ascontiguousarray(targets, dtype=np.uint8),
+                      width, out)
         self._file.write(out)
         self._batches.append((self._tokens, self._bytes, width))
         self._tokens += tokens.size
@@ -248,7 +271,8 @@ class SpillWriter:
 
     def close(self) -> None:
         self._file.close()
-        table = np.array(self._batches or [(0, 0, 4)], dtype=np.int64).reshape(-1, 3)
+        # a last row of width 0 marks the end: a read past the last token fails
+        table = np.array(self._batches + [(self._tokens, self._bytes, 0)], dtype=np.int64).reshape(-1, 3)
         table.tofile(os.path.join(self._dir, LAYOUT_FILE))
 
 
@@ -294,12 +318,12 @@ class SpillReader:
     def _buffers(self, total: int):
         try:
             tokens, mask = self._free.get_nowait()
-            if tokens.size > total:
+            if tokens.size >= total:
                 return tokens, mask
         except queue.Empty:
             pass
         # From Arrow's memory pool, which still holds the pages pass one decoded into.
-        tokens = np.frombuffer(pa.allocate_buffer(4 * (total + 1)), dtype=np.int32)
+        tokens = np.frombuffer(pa.allocate_buffer(4 * total), dtype=np.int32)
         return tokens, np.frombuffer(pa.allocate_buffer(total), dtype=np.uint8)
 
     def close(self) -> None:
@@ -316,15 +340,15 @@ class SpillReader:
         """The last token of every sample (``lengths``: all samples' token counts, in order);
         one small ``pread`` each, nothing mapped."""
         out = np.empty(lengths.size, dtype=np.int32)
-        if not _pread_last_tokens_kernel(self._fds[0], *self._layout, np.ascontiguousarray(lengths), out):
+        scratch = np.empty(2 * block_bytes(4), dtype=np.uint8)
+        if not _pread_last_tokens_kernel(self._fds[0], *self._layout, np.ascontiguousarray(lengths), scratch, out):
             raise OSError("reading the spill files failed (were they removed or truncated?)")
         return out
 
-    def gather(self, seq_src, seq_offset, sample_len, seq_len, seq_pad, pack_seq_offsets, pad_id,
-               min_buffer: int = 0):
-        """Gather a run of packs: sequence i starts at stream position ``seq_src[i]``, which is
-        ``seq_offset[i]`` tokens into a sample of ``sample_len[i]`` tokens; it has real length
-        ``seq_len[i]`` and padded length ``seq_pad[i]``; ``pack_seq_offsets`` delimits the packs.
+    def gather(self, seq_src, seq_len, seq_pad, pack_seq_offsets, pad_id, min_buffer: int = 0):
+        """Gather a run of packs: sequence i starts at stream position ``seq_src[i]`` and has
+        real length ``seq_len[i]`` and padded length ``seq_pad[i]``; ``pack_seq_offsets``
+        delimits the packs.
 
         Returns ``tokens`` (int32), ``loss_mask`` (uint8, label-aligned), ``last_token`` (int32
         per sequence), ``cu_seqlens`` (int32, N_k+1 entries per pack, concatenated) and the
@@ -332,17 +356,16 @@ class SpillReader:
         n_seq = seq_len.size
         n_packs = pack_seq_offsets.size - 1
         total = int(seq_pad.sum(dtype=np.int64))
-        # room after the last sequence for the flags read past its tokens (see the kernel)
-        room = (_ONE_READ_GAP + int(seq_len.max(initial=0)) + 10) // 4
-        buffers = self._buffers(max(total + room, min_buffer))
+        buffers = self._buffers(max(total, min_buffer))
         out_tokens, out_mask = buffers
         out_last = np.empty(n_seq, dtype=np.int32)
         out_cu = np.empty(n_seq + n_packs, dtype=np.int32)
+        # the blocks of the longest sequence's s + 1 tokens, wherever in a block it starts
+        scratch = np.empty((int(seq_len.max(initial=0)) // BLOCK_TOKENS + 2) * block_bytes(4) + 3, dtype=np.uint8)
         ok = _pread_gather_kernel(self._fds[0], *self._layout, np.ascontiguousarray(seq_src, dtype=np.int64),
-                                  np.ascontiguousarray(seq_offset, dtype=np.int64),
-                                  np.ascontiguousarray(sample_len, dtype=np.int64), np.ascontiguousarray(seq_len),
-                                  np.ascontiguousarray(seq_pad), np.ascontiguousarray(pack_seq_offsets, dtype=np.int64),
-                                  np.int32(pad_id), out_tokens, out_mask, out_last, out_cu)
+                                  np.ascontiguousarray(seq_len), np.ascontiguousarray(seq_pad),
+                                  np.ascontiguousarray(pack_seq_offsets, dtype=np.int64), np.int32(pad_id), scratch,
+                                  out_tokens, out_mask, out_last, out_cu)
         if not ok:
             raise OSError("reading the spill files failed (were they removed or truncated?)")
         return out_tokens[:total], out_mask[:total], out_last, out_cu, buffers

@@ -159,8 +159,8 @@ class BridgeOutput:
             eos, source = resolve_eos(self.eos_id, last_tokens, items.misaligned > 0)
 
             def gather(sl: slice, run_offsets):
-                tokens, mask, last, _, _ = spill.gather(seq.src[sl], seq.offset[sl], seq.sample_len[sl],
-                                                        seq.length[sl], seq.padded[sl], run_offsets, spec.pad_id)
+                tokens, mask, last, _, _ = spill.gather(seq.src[sl], seq.length[sl], seq.padded[sl], run_offsets,
+                                                        spec.pad_id)
                 return tokens, mask, last
 
             entry, diagnostics = write_bridge_file(
