@@ -1,7 +1,6 @@
 """Shared fixtures: synthetic SFT data the project generates itself, and ../shared/data when present."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np

@@ -122,6 +122,41 @@ def test_accepted_records_match_orjson():
     assert accepted > 3000 and given_up > 3000  # both paths exercised
 
 
+def _number_text(rng: random.Random) -> bytes:
+    """An integer-looking token of 1 to 12 digits (sometimes signed, zero-led or with a fraction)."""
+    digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 12)))
+    if rng.random() < 0.7:
+        digits = digits.lstrip("0") or "0"
+    text = ("-" if rng.random() < 0.15 else "") + digits
+    if rng.random() < 0.03:
+        text += rng.choice([".5", "e3", "E-1", ".0"])
+    return text.encode()
+
+
+def test_integers_of_every_width_match_orjson():
+    """Digits are read 8 at a time: numbers of 1..12 digits, at every distance from the end of
+    the data, with every separator the list loop knows, parse exactly as orjson does."""
+    rng = random.Random(77)
+    seen = set()
+    for _ in range(20000):
+        numbers = [_number_text(rng) for _ in range(rng.randrange(1, 6))]
+        glue = rng.choice([b",", b", ", b" ,", b",\t", b" , ", b",\r  "])  # JSON whitespace, no newline
+        ids = b"[" + glue.join(numbers) + rng.choice([b"]", b" ]"])
+        line = b'{"loss_mask":[1],"answer_start_idx":0,"input_ids":' + ids + b"}"  # the list ends the line
+        ok, values = _scan_one(line)
+        try:
+            want = orjson.loads(line)["input_ids"]
+            valid = all(type(v) is int and -(2**31) <= v < 2**31 for v in want)
+        except orjson.JSONDecodeError:
+            valid = False
+        if ok:
+            assert valid and values[0] == want, line
+        else:
+            assert not valid or any(len(n.lstrip(b"-")) > 10 for n in numbers), line  # only gives up on what it must
+        seen.update(len(n.lstrip(b"-")) for n in numbers if ok)
+    assert seen >= set(range(1, 11))
+
+
 @pytest.mark.parametrize("compress", [False, True])
 def test_reader_matches_orjson_reader(tmp_path, compress):
     rng = random.Random(99)
