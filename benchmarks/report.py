@@ -130,12 +130,12 @@ def render(res: dict, targets: dict) -> str:
                  "every page of it faulted in.")
         if "pages" in e2e:
             pg = e2e["pages"]
-            text += (f" Both write about 1.1 GB into the page cache per run (the spill, 4 bytes a token for these "
-                     "ids, and the shards, 5); the `pages` "
+            text += (f" Both write about 0.95 GB into the page cache per run (the spill, 3⅛ bytes a token for "
+                     "these ids, and the shards, 5); the `pages` "
                      f"row measures what that costs here: 512 MB into memory idle for 4 s took {pg['cold_s']:.2f} s, "
                      f"into memory freed just before {pg['hot_s']:.2f} s")
             if pg["cold_s"] > 2 * pg["hot_s"]:
-                extra = (pg["cold_s"] - pg["hot_s"]) * 1.1e9 / pg.get("bytes", 512 << 20)
+                extra = (pg["cold_s"] - pg["hot_s"]) * 0.95e9 / pg.get("bytes", 512 << 20)
                 text += (f" (the VM's balloon driver hands idle memory back to the host, which must fault it in "
                          f"again): a run that finds only idle memory spends about {extra:.1f} s more.")
             else:

@@ -1,4 +1,5 @@
-"""Zero-copy NumPy ↔ Arrow for fixed-width integer arrays, without pyarrow's pandas probe.
+"""Zero-copy NumPy ↔ Arrow for fixed-width integer arrays, without pyarrow's pandas probe, and
+the memory pool packer's own Arrow allocations come from.
 
 ``pa.array(ndarray)``, ``Array.to_numpy()`` and ``np.asarray(arrow_array)`` import pandas the
 first time they run when pandas is installed (to check whether the object is a pandas one),
@@ -11,8 +12,26 @@ directly; both are views, nothing is copied.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import pyarrow as pa
+
+
+@lru_cache(maxsize=1)
+def memory_pool() -> pa.MemoryPool:
+    """jemalloc's pool where pyarrow has it, else the system allocator's.
+
+    packer's buffers (decompressed Parquet pages, scanned JSON values, gather buffers) are
+    allocated on one thread and freed on another. pyarrow's default pool (mimalloc in current
+    wheels) keeps such memory in per-thread heaps and let pass one's resident size wander
+    60-70 MB above jemalloc's on the benchmark input, and grow with the length of the run
+    (``benchmarks/bench_memory.py``); speed is the same.
+    """
+    try:
+        return pa.jemalloc_memory_pool()
+    except NotImplementedError:  # a pyarrow built without jemalloc (e.g. on Windows)
+        return pa.system_memory_pool()
 
 
 def from_numpy(values: np.ndarray) -> pa.Array:

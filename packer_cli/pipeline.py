@@ -152,7 +152,10 @@ def _release_memory() -> None:
     """
     import pyarrow as pa
 
+    from packer_cli._arrow import memory_pool
+
     pa.default_memory_pool().release_unused()
+    memory_pool().release_unused()
     try:
         import ctypes
 
@@ -286,16 +289,15 @@ def pack(
             )
             manifest = None
             if tmp:
+                # Pass two reads each run's slice of the plan's order from the spill directory
+                # too, so what stays resident is the lengths and a few arrays per pack.
+                layout = _park_order(plan, spill_dir)
+                del plan
+                _release_memory()
+                items.attach(_unpark(lengths))
                 if output:
-                    items.attach(_unpark(lengths))
-                    manifest = output.write(tmp, spill_dir, items, sources, plan, pack_order, spec, bar)
+                    manifest = output.write(tmp, spill_dir, items, sources, layout, pack_order, spec, bar)
                 else:
-                    # Pass two reads each run's slice of the plan's order from the spill directory
-                    # too, so what stays resident is the lengths and a few arrays per pack.
-                    layout = _park_order(plan, spill_dir)
-                    del plan
-                    _release_memory()
-                    items.attach(_unpark(lengths))
                     entries = _write_shards(tmp, spill_dir, items, sources, layout, pack_order, spec,
                                             shard_bytes, bar)
                     manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "shards": entries}

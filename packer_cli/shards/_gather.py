@@ -29,6 +29,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from packer_cli._arrow import memory_pool
+
 
 @intrinsic
 def _pread(typingctx, fd, address, nbytes, offset):
@@ -322,9 +324,10 @@ class SpillReader:
                 return tokens, mask
         except queue.Empty:
             pass
-        # From Arrow's memory pool, which still holds the pages pass one decoded into.
-        tokens = np.frombuffer(pa.allocate_buffer(4 * total), dtype=np.int32)
-        return tokens, np.frombuffer(pa.allocate_buffer(total), dtype=np.uint8)
+        # From packer's Arrow memory pool, which still holds the pages pass one decoded into.
+        pool = memory_pool()
+        tokens = np.frombuffer(pa.allocate_buffer(4 * total, memory_pool=pool), dtype=np.int32)
+        return tokens, np.frombuffer(pa.allocate_buffer(total, memory_pool=pool), dtype=np.uint8)
 
     def close(self) -> None:
         while self._fds:

@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from contextlib import closing
 from dataclasses import dataclass, field
 
 
+from packer_cli._background import ordered_map
 from packer_cli.errors import ConfigError, DataError
 from packer_cli.shards._atomic import replace_dir
 from packer_cli.shards._gather import SpillReader
@@ -145,32 +147,35 @@ class BridgeOutput:
     def write(self, tmp, spill_dir, items, sources, plan, pack_order, spec, progress) -> dict:
         """Write the split's Parquet file into ``tmp`` and return its manifest.
 
-        Unlike the native writer this resolves every sequence up front (about 30 bytes per
-        sequence): Bridge's writer lays out the whole file's row groups from them.
+        As for the native shards, each step's packs are read from the plan order parked in the
+        spill directory (``plan`` holds only the per-pack arrays) and resolved, gathered and laid
+        out as Bridge's rows on two threads while this thread writes them in order.
         """
-        from packer_cli.shards.bridge_writer import output_sequences, resolve_eos, write_bridge_file
+        from packer_cli.shards.bridge_writer import bridge_step, packs_per_step, resolve_eos, write_bridge_file
 
-        order, pack_offsets = output_sequences(plan, pack_order)
-        seq = items.resolve(order)
-        del order
         rows = self.rows_per_group(spec.pack_size)
+        n_packs = pack_order.size
+        step = packs_per_step(rows, spec.pack_size)
         with SpillReader(spill_dir) as spill:
             last_tokens = spill.last_tokens(items.lengths)
             eos, source = resolve_eos(self.eos_id, last_tokens, items.misaligned > 0)
+            not_ending = int((last_tokens != eos).sum()) if eos is not None else None
+            del last_tokens
 
-            def gather(sl: slice, run_offsets):
-                tokens, mask, last, _, _ = spill.gather(seq.src[sl], seq.length[sl], seq.padded[sl], run_offsets,
-                                                        spec.pad_id)
-                return tokens, mask, last
+            def build(a: int):
+                run, run_offsets = spill.run_items(plan.pack_offsets, pack_order[a:a + step])
+                seq = items.resolve(run)
+                tokens, mask, last, _, buffers = spill.gather(seq.src, seq.length, seq.padded, run_offsets,
+                                                              spec.pad_id)
+                built = bridge_step(tokens, mask, last, seq.length, seq.padded, sources[seq.sample], seq.offset,
+                                    run_offsets, eos=eos, pad_multiple=spec.pad_multiple)
+                spill.recycle(buffers)  # the table holds copies laid out Bridge's way
+                return built
 
-            entry, diagnostics = write_bridge_file(
-                os.path.join(tmp, data_name(self.split, spec.pack_size)), gather=gather,
-                seq_offset=seq.offset, seq_len=seq.length, seq_pad=seq.padded,
-                seq_source=sources[seq.sample], pack_offsets=pack_offsets,
-                pack_size=spec.pack_size, eos=eos, pad_multiple=spec.pad_multiple,
-                row_group_size=rows, progress=progress,
-            )
-        not_ending = int((last_tokens != eos).sum()) if eos is not None else None
+            with closing(ordered_map(build, range(0, n_packs, step), workers=2, ahead=3)) as steps:
+                entry, diagnostics = write_bridge_file(
+                    os.path.join(tmp, data_name(self.split, spec.pack_size)), steps=steps, n_packs=n_packs,
+                    eos=eos, row_group_size=rows, progress=progress)
         self._result = {"eos_id": eos, "eos_id_source": source, "samples_not_ending_with_eos": not_ending,
                         **diagnostics}
         return {"format": BRIDGE_FORMAT, "format_version": BRIDGE_FORMAT_VERSION, "split": self.split,

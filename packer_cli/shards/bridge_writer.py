@@ -13,6 +13,8 @@ groups are whole multiples of the configured size, so every group but the last h
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -22,8 +24,9 @@ from packer_cli.errors import ConfigError
 from packer_cli.shards.bridge import BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION
 from packer_cli.shards.writer import file_checksum
 
-#: Tokens gathered per write step (bounds memory: about 40 bytes per token at the peak).
-BATCH_TOKENS = 4 << 20
+#: Tokens gathered per write step (about 40 bytes per token while a step is built; a few steps
+#: are in flight).
+BATCH_TOKENS = 1 << 20
 
 #: Bridge's three columns with the types its writer produces, then packer's own (ignored by Bridge).
 BRIDGE_SCHEMA = pa.schema([
@@ -36,17 +39,9 @@ BRIDGE_SCHEMA = pa.schema([
 ])
 
 
-def output_sequences(plan, pack_order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sequence indices in output order (packs permuted by ``pack_order``) and per-pack offsets.
-
-    The same order the native writer uses, so both formats of one plan hold the same packs in
-    the same rows.
-    """
-    sizes = np.diff(plan.pack_offsets)[pack_order]
-    starts = plan.pack_offsets[:-1][pack_order]
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    idx = np.repeat(starts - offsets[:-1], sizes) + np.arange(offsets[-1])
-    return plan.order[idx], offsets
+def packs_per_step(row_group_size: int, pack_size: int) -> int:
+    """Packs written per step: whole row groups, about ``BATCH_TOKENS`` tokens (at least one group)."""
+    return row_group_size * max(1, BATCH_TOKENS // (row_group_size * pack_size))
 
 
 def resolve_eos(eos_id: int | None, last_tokens: np.ndarray, needs_padding: bool) -> tuple[int | None, str]:
@@ -125,18 +120,44 @@ def _list(offsets, values, type_) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(np.asarray(offsets, dtype=np.int32)), pa.array(values, type=type_))
 
 
-def write_bridge_file(path: str, *, gather, seq_offset, seq_len, seq_pad, seq_source, pack_offsets,
-                      pack_size: int, eos: int | None, pad_multiple: int, row_group_size: int,
-                      progress) -> tuple[dict, dict]:
-    """Write all packs (sequence arrays in output order) into one Parquet file.
+@dataclass
+class BridgeStep:
+    """One write step: a table of whole row groups and what it adds to the file's totals."""
 
-    ``gather(sequences, run_offsets)`` returns the runtime ``tokens``, label-aligned ``mask``
-    and ``last`` labels of the output-order slice ``sequences`` (see ``SpillReader.gather``).
+    table: pa.Table
+    packs: int
+    stored_tokens: int
+    runtime_tokens: int
+    eos_scan_too_short: int
+    eos_scan_too_long: int
+
+
+def bridge_step(tokens, mask, last, seq_len, seq_pad, seq_source, seq_offset, run_offsets, *, eos: int | None,
+                pad_multiple: int) -> BridgeStep:
+    """Bridge's rows for a run of packs, from the native runtime stream of its sequences
+    (``tokens``, label-aligned ``mask`` and ``last`` labels, as ``SpillReader.gather`` returns
+    them) and their per-sequence columns; ``run_offsets`` delimits the packs."""
+    ids, loss, row_offsets, seq_start = to_bridge_rows(tokens, mask, last, seq_len, seq_pad, run_offsets, eos)
+    short = long = 0
+    if eos is not None and pad_multiple > 1:
+        short, long = logical_length_mismatches(tokens, last, seq_len, seq_pad, eos)
+    table = pa.Table.from_arrays([
+        _list(row_offsets, ids, pa.int64()),
+        _list(row_offsets, loss, pa.int8()),
+        _list(run_offsets, seq_start, pa.int64()),
+        _list(run_offsets, seq_len.astype(np.int32), pa.int32()),
+        _list(run_offsets, seq_source.astype(np.int64), pa.int64()),
+        _list(run_offsets, seq_offset.astype(np.int32), pa.int32()),
+    ], schema=BRIDGE_SCHEMA)
+    return BridgeStep(table, run_offsets.size - 1, int(ids.size), int(tokens.size), short, long)
+
+
+def write_bridge_file(path: str, *, steps: Iterable[BridgeStep], n_packs: int, eos: int | None,
+                      row_group_size: int, progress) -> tuple[dict, dict]:
+    """Write the packs of ``steps`` (each whole row groups, in output order) into one Parquet file.
 
     Returns the manifest entry and the diagnostics (EOS-scan mismatches when ``m > 1``).
     """
-    n_packs = pack_offsets.size - 1
-    step = row_group_size * max(1, BATCH_TOKENS // (row_group_size * pack_size))
     schema = BRIDGE_SCHEMA.with_metadata({
         "packer_format": BRIDGE_FORMAT, "packer_format_version": str(BRIDGE_FORMAT_VERSION),
         "eos_id": "" if eos is None else str(eos),
@@ -144,29 +165,12 @@ def write_bridge_file(path: str, *, gather, seq_offset, seq_len, seq_pad, seq_so
     short = long = stored_tokens = runtime_tokens = 0
     task = progress.task("writing", total=n_packs, unit="packs")
     with pq.ParquetWriter(path, schema, write_statistics=False) as writer:
-        for a in range(0, n_packs, step):
-            b = min(a + step, n_packs)
-            s0, s1 = pack_offsets[a], pack_offsets[b]
-            run_offsets = pack_offsets[a:b + 1] - s0
-            sl = slice(s0, s1)
-            tokens, mask, last = gather(sl, run_offsets)
-            ids, loss, row_offsets, seq_start = to_bridge_rows(tokens, mask, last, seq_len[sl], seq_pad[sl],
-                                                               run_offsets, eos)
-            if eos is not None and pad_multiple > 1:
-                ds, dl = logical_length_mismatches(tokens, last, seq_len[sl], seq_pad[sl], eos)
-                short, long = short + ds, long + dl
-            table = pa.Table.from_arrays([
-                _list(row_offsets, ids, pa.int64()),
-                _list(row_offsets, loss, pa.int8()),
-                _list(run_offsets, seq_start, pa.int64()),
-                _list(run_offsets, seq_len[sl].astype(np.int32), pa.int32()),
-                _list(run_offsets, seq_source[sl].astype(np.int64), pa.int64()),
-                _list(run_offsets, seq_offset[sl].astype(np.int32), pa.int32()),
-            ], schema=schema)
-            writer.write_table(table, row_group_size=row_group_size)
-            stored_tokens += int(ids.size)
-            runtime_tokens += int(tokens.size)
-            progress.advance(task, b - a)
+        for step in steps:
+            writer.write_table(step.table, row_group_size=row_group_size)
+            stored_tokens += step.stored_tokens
+            runtime_tokens += step.runtime_tokens
+            short, long = short + step.eos_scan_too_short, long + step.eos_scan_too_long
+            progress.advance(task, step.packs)
     entry = {
         "name": os.path.basename(path), "bytes": os.path.getsize(path), "rows": int(n_packs),
         "tokens": runtime_tokens, "stored_tokens": stored_tokens,

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packer_cli._arrow import from_numpy
+from packer_cli._arrow import from_numpy, memory_pool
 from packer_cli.sources import _parquet_thrift as thrift
 from packer_cli.sources._parquet_kernels import MESSAGES, TRUNCATED, UNUSUAL, dictionary_decode, hybrid_decode
 
@@ -138,7 +138,7 @@ def _decompress(codec: str, data: bytes, size: int) -> bytes | pa.Buffer:
                 raise _Corrupt("page does not decompress to its stated size")
             if not _SNAPPY:
                 _SNAPPY.append(pa.Codec("snappy"))
-            out = _SNAPPY[0].decompress(data, decompressed_size=size)
+            out = _SNAPPY[0].decompress(data, decompressed_size=size, memory_pool=memory_pool())
         elif codec == "ZSTD":
             import zstandard
 

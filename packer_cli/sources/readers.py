@@ -17,7 +17,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packer_cli._arrow import from_numpy
+from packer_cli._arrow import from_numpy, memory_pool
 from packer_cli.errors import DataError
 from packer_cli.sources.discover import InputFile
 from packer_cli.sources.parquet_lists import ListColumnReader
@@ -314,7 +314,8 @@ class _ScannedPart:
         self.offsets = np.zeros((k, rows + 1), dtype=np.int64)
         # From Arrow's pool, which keeps and reuses freed memory: a fresh multi-megabyte NumPy
         # array is a fresh memory map whose pages all fault in (the values end up in Arrow anyway).
-        self.values = np.frombuffer(pa.allocate_buffer(4 * k * capacity), dtype=np.int32).reshape(k, capacity)
+        self.values = np.frombuffer(pa.allocate_buffer(4 * k * capacity, memory_pool=memory_pool()),
+                                    dtype=np.int32).reshape(k, capacity)
         self.scalars = np.zeros((k, rows), dtype=np.int64)
         self.slow_rows = np.empty(rows, dtype=np.int64)
         self.slow_spans = np.empty((rows, 2), dtype=np.int64)
