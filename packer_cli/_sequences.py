@@ -90,12 +90,41 @@ class SourceMap:
         return samples + self.shifts[run]
 
 
+class _Counts:
+    """A growing array of token counts: uint16 (2 bytes a sample) until a count needs more.
+
+    One block, doubled when full (its untouched tail is never resident). Thousands of small
+    per-batch arrays would instead sit between pass one's short-lived decode buffers and keep
+    the heap from shrinking: resident memory then grew with the number of batches.
+    """
+
+    def __init__(self) -> None:
+        self._data = np.empty(1 << 16, np.uint16)
+        self.size = 0
+
+    def extend(self, counts: np.ndarray) -> None:
+        n = self.size + counts.size
+        if self._data.dtype == np.uint16 and counts.size and counts.max() >= 2**16:
+            self._data = self._data.astype(np.int32)
+        if n > self._data.size:
+            grown = np.empty(max(n, 2 * self._data.size), self._data.dtype)
+            grown[:self.size] = self._data[:self.size]
+            self._data = grown
+        self._data[self.size:n] = counts
+        self.size = n
+
+    def take(self) -> np.ndarray:
+        """All counts (uint16 when every one is below 65,536, else int32); the log forgets them."""
+        out, self._data, self.size = self._data[:self.size], np.empty(0, np.uint16), 0
+        return out
+
+
 class SampleLog:
     """What pass one keeps: the token counts, the source map and the totals."""
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
-        self._lengths: list[np.ndarray] = []
+        self._lengths = _Counts()
         self.sources = SourceMap()
         self.totals = ReadTotals()
 
@@ -122,17 +151,13 @@ class SampleLog:
         t.no_target += int(no_target.sum())
         if lengths.size and lengths.max() >= 2**31:
             raise DataError(f"a sample of {int(lengths.max())} tokens is longer than packer supports (2**31 - 1)")
-        self._lengths.append(lengths.astype(np.int32))
+        self._lengths.extend(lengths)
         self.sources.add(source_index)
 
     def lengths(self) -> np.ndarray:
-        """All token counts as one array (the per-batch pieces are released): uint16 when every
+        """All token counts as one array, handed over (the log keeps none): uint16 when every
         sample is shorter than 65,536 tokens (2 bytes a sample), else int32."""
-        out = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int32)
-        self._lengths.clear()
-        if out.size and out.max() < 2**16:
-            out = out.astype(np.uint16)
-        return out
+        return self._lengths.take()
 
 
 @dataclass

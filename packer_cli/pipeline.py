@@ -94,6 +94,15 @@ def _take(batch, counts: dict, bad_listed: list, log: SampleLog, cap: int, spill
             spill.write(batch.tokens, batch.targets)
 
 
+def _histogram(values: np.ndarray, size: int) -> np.ndarray:
+    """``np.bincount(values, minlength=size)`` a million values at a time: bincount converts its
+    input to int64 first, 8 bytes a sample at once otherwise."""
+    hist = np.zeros(size, np.int64)
+    for a in range(0, values.size, 1 << 20):
+        hist += np.bincount(values[a:a + (1 << 20)], minlength=size)
+    return hist
+
+
 def _plan(padded: np.ndarray, spec: PackSpec, progress: Progress):
     task = progress.task("planning", total=None, unit="sequences")
     plan = plan_packs(padded, spec.pack_size, spec.algorithm.value, seed=spec.seed, refine=spec.refines,
@@ -273,7 +282,7 @@ def pack(
             lengths = log.lengths()
             items, padded, overlong = build_items(
                 lengths, totals, spec, locate=lambda k: stream.locate(int(sources[[k]][0])))
-            padded_hist = np.bincount(padded, minlength=spec.pack_size + 1)
+            padded_hist = _histogram(padded, spec.pack_size + 1)
             if padded_hist[1:].sum() == 0:
                 raise DataError("no samples left to pack (all were too short, bad or dropped)")
             # Only the planner's input and output are resident while it runs: the sample

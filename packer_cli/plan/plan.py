@@ -164,7 +164,7 @@ def plan_packs(lengths, capacity, algorithm: str = "ffd", seed=0, *, refine: boo
     if refine:
         from .refine import _refine
 
-        plan = _refine(arr, plan)
+        plan = _refine(arr, plan, in_place=True)  # the unrefined plan is never seen
     return plan
 
 

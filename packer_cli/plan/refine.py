@@ -32,11 +32,13 @@ _THRESHOLD_DIVISORS = (64, 32, 16, 8, 128, 4)
 _MAX_TRIPLES = 64
 
 
-def _refine_round(arr: np.ndarray, plan: PackPlan, target: int):
+def _refine_round(arr: np.ndarray, plan: PackPlan, target: int, in_place: bool = False):
     """One round: rebuild the non-full packs; return a better plan or None.
 
     Memory: the pool (items of non-full packs, usually a small share) costs
-    12 bytes per pooled item; the new ``order`` 4 bytes per item.
+    12 bytes per pooled item; the new ``order`` 4 bytes per item, or nothing
+    with ``in_place`` (``plan.order`` is rewritten, so ``plan`` must not be
+    used again once a better plan is returned).
     """
     capacity = plan.capacity
     nonfull = plan.pack_load < capacity
@@ -59,8 +61,13 @@ def _refine_round(arr: np.ndarray, plan: PackPlan, target: int):
         return None
     sequence, ends, num_new = best
     del pool
-    # Kept (full) packs first in their old order, then the new packs.
-    order = np.empty(plan.order.shape[0], np.int32)
+    # Kept (full) packs first in their old order, then the new packs. In place, each kept
+    # segment only moves towards the front, so copying forward never overwrites unread items.
+    if in_place:
+        order = plan.order
+        order.setflags(write=True)
+    else:
+        order = np.empty(plan.order.shape[0], np.int32)
     _compose(plan.order, plan.pack_offsets, kept_packs, sequence, order)
     kept_sizes = np.diff(plan.pack_offsets)[kept_packs]
     offsets = np.concatenate([[0], np.cumsum(kept_sizes), kept_sizes.sum() + ends[1:]])
@@ -69,8 +76,12 @@ def _refine_round(arr: np.ndarray, plan: PackPlan, target: int):
     return _make_plan(order, offsets, load, plan.num_items, capacity, plan.algorithm)
 
 
-def _refine(arr: np.ndarray, plan: PackPlan, *, max_rounds: int = 4) -> PackPlan:
-    """:func:`refine_plan` on validated lengths (empty items allowed, they stay unpacked)."""
+def _refine(arr: np.ndarray, plan: PackPlan, *, max_rounds: int = 4, in_place: bool = False) -> PackPlan:
+    """:func:`refine_plan` on validated lengths (empty items allowed, they stay unpacked).
+
+    ``in_place``: reuse ``plan.order`` for the refined order (4 bytes an item less at the
+    peak); only for a caller that owns ``plan`` and drops it for the result.
+    """
     start = time.perf_counter()
     current = plan
     if plan.order.shape[0]:
@@ -78,7 +89,7 @@ def _refine(arr: np.ndarray, plan: PackPlan, *, max_rounds: int = 4) -> PackPlan
         for _ in range(max_rounds):
             if current.num_packs <= target:
                 break
-            better = _refine_round(arr, current, target)
+            better = _refine_round(arr, current, target, in_place)
             if better is None:
                 break
             current = better
