@@ -26,8 +26,9 @@ BUDGET_BYTES = 1.5e9
 PER_SAMPLE_BYTES = 16
 
 
-def measure(inputs: list[str], pack_size: int) -> dict:
-    cmd = [PACKER, "pack", *inputs, "-o", OUT, "--pack-size", str(pack_size), "--overwrite", "--json"]
+def measure(inputs: list[str], pack_size: int, fmt: str = "native") -> dict:
+    cmd = [PACKER, "pack", *inputs, "-o", OUT, "--pack-size", str(pack_size), "--overwrite", "--json",
+           "--format", fmt]
     r = run_measured(cmd)
     summary = json.loads(r["stdout"])
     row = {"copies": len(inputs), "seconds": r["wall_s"], "peak_rss_bytes": r["peak_rss_bytes"],
@@ -55,17 +56,18 @@ def main() -> None:
     ap.add_argument("--times", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--pack-size", type=int, default=4096)
+    ap.add_argument("--format", default="native", help="native or megatron-bridge (the output written)")
     args = ap.parse_args()
     smalls, larges = [], []
     for _ in range(args.repeats):  # interleaved: both sizes see the same machine noise
-        smalls.append(measure([args.input], args.pack_size))
+        smalls.append(measure([args.input], args.pack_size, args.format))
         emit({"what": "run", **smalls[-1]})
-        larges.append(measure([args.input] * args.times, args.pack_size))
+        larges.append(measure([args.input] * args.times, args.pack_size, args.format))
         emit({"what": "run", **larges[-1]})
     small, large = _median_row(smalls), _median_row(larges)
     extra = large["records"] - small["records"]
     growth = large["peak_rss_bytes"] - small["peak_rss_bytes"]
-    emit({"what": "summary", "small": small, "large": large, "growth_bytes": growth, "repeats": args.repeats,
+    emit({"what": "summary", "format": args.format, "small": small, "large": large, "growth_bytes": growth, "repeats": args.repeats,
           "growth_per_extra_sample": growth / extra, "growth_per_extra_token": growth / (large["tokens"] - small["tokens"]),
           "per_sample_target": PER_SAMPLE_BYTES,
           "growth_within_target": growth <= PER_SAMPLE_BYTES * extra})
