@@ -10,10 +10,11 @@ target flags to the spill file in the temporary output directory; only one token
 sample (2 or 4 bytes) stays in memory (targets are summed as batches pass; see
 :mod:`packer_cli._sequences`). The plan needs only the padded lengths, while the counts wait in
 the spill directory; in pass two the plan's order waits there instead. No stage holds more than
-about 12 bytes per sample plus 16 per pack. Pass two gathers each pack's tokens from the spill
-with a compiled kernel (``pread`` straight into the output buffers, so no spill page is ever
-resident) and writes and hashes the shards. Everything is written into a temporary sibling
-directory that is renamed into place at the end, so OUT either is complete or absent.
+about 16 bytes per sample (planning: the padded lengths and the planner's arrays) plus 16 per
+pack. Pass two gathers each pack's tokens from the spill with a compiled kernel (``pread``, so
+no spill page is ever resident) and writes and hashes the shards, or hands the same runs to a
+:class:`~packer_cli.shards.bridge_output.BridgeOutput`. Everything is written into a temporary
+sibling directory that is renamed into place at the end, so OUT either is complete or absent.
 
 Both passes use both cores: in pass one a reader thread decodes and validates the next batch
 while this thread spills the previous one; in pass two two threads gather runs of packs while
