@@ -835,3 +835,62 @@ def test_read_ahead_bounded_by_bytes_reads_the_same(paged_parquet, monkeypatch, 
     reader, batches = read_with_packer(paged_parquet, ["input_ids", "loss_mask"], 500)
     assert_same_as_pyarrow(paged_parquet, ["input_ids", "loss_mask"], batches)
     assert reader.fallback_reason is None and reader.arrow_rows == 0
+
+
+# --- the level kernels against the obvious NumPy -----------------------------------------------
+
+def _row_lengths_numpy(rep, defs, max_def, empty_def):
+    """The row lengths of a page's levels, spelled out with NumPy (oracle for the kernels):
+    ("ok", lead, lengths, values) or the problem's name."""
+    n = rep.size
+    if n == 0:
+        return "ok", 0, [], 0
+    if rep.max() > 1 or defs.max() > max_def:
+        return "above"
+    starts = np.flatnonzero(rep == 0)
+    empties = np.flatnonzero(defs != max_def)
+    if empties.size and (defs[empties] != empty_def).any():
+        return "nulls"
+    if empties.size and (rep[empties] != 0).any():
+        return "continues"
+    entries = np.diff(np.append(starts, n))
+    is_empty = np.isin(starts, empties)
+    if (entries[is_empty] != 1).any():
+        return "has values"
+    lead = int(starts[0]) if starts.size else n
+    return "ok", lead, (entries - is_empty).tolist(), n - empties.size
+
+
+@pytest.mark.parametrize("nullable_elements", [False, True])
+def test_row_length_kernels_match_numpy(nullable_elements):
+    from packer_cli.sources import _parquet_kernels as K
+
+    names = {K.LEVEL_ABOVE_MAX: "above", K.NULLS: "nulls", K.EMPTY_CONTINUES: "continues",
+             K.EMPTY_HAS_VALUES: "has values"}
+    max_def = 3 if nullable_elements else 2
+    empty_def = max_def - 1 - int(nullable_elements)
+    rng = np.random.default_rng(11)
+    seen = set()
+    for trial in range(3000):
+        n = int(rng.integers(0, 40))
+        rep = (rng.random(n) < 0.8).astype(np.uint8)  # mostly rows continuing
+        defs = np.full(n, max_def, np.uint8)
+        if trial % 3:  # empty lists, well placed (row starts) or not
+            at = rng.random(n) < 0.15
+            defs[at] = empty_def
+            if trial % 2:
+                rep[at] = 0
+        if trial % 7 == 0 and n:  # a stray level: too high, or a null
+            rep[rng.integers(n)] = rng.choice([0, 1, 2])
+            defs[rng.integers(n)] = rng.choice([0, empty_def, max_def, max_def + 1])
+        want = _row_lengths_numpy(rep, defs, max_def, empty_def)
+        problem, rows, empties = K.level_checks(rep, defs, max_def, empty_def)
+        lengths = np.full(rows, -7, np.int64)
+        if not problem:
+            problem, lead = K.row_lengths(rep, defs, max_def, lengths)
+        if problem:
+            assert names[problem] == want, (rep, defs)
+        else:
+            assert want == ("ok", lead, lengths.tolist(), n - empties), (rep, defs)
+        seen.add(want if isinstance(want, str) else want[0])
+    assert seen == {"ok", "above", "nulls", "continues", "has values"}

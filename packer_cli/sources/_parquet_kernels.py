@@ -158,3 +158,108 @@ def dictionary_decode(buf, lo, hi, bit_width, n, dictionary, out):
     Returns ``hi``, or a negative code (INDEX_RANGE for an index past the dictionary).
     """
     return _decode(buf, lo, hi, bit_width, n, out, dictionary, True)
+
+
+# Why a page's levels are rejected (0: they are not); see :func:`level_checks` and :func:`row_lengths`.
+LEVEL_ABOVE_MAX = 1  # a repetition level above 1 or a definition level above the column's maximum
+NULLS = 2  # an entry that is neither a value nor an empty list: a null list or element
+EMPTY_CONTINUES = 3  # an empty list that is not the start of a row
+EMPTY_HAS_VALUES = 4  # a row that starts with an empty list and has further entries
+
+
+@njit(cache=True, nogil=True)
+def _level_ranges(rep, defs):
+    """(largest repetition level, number of 1s among them, smallest and largest definition level):
+    reductions only, so the loop vectorizes."""
+    top_rep = np.uint8(0)
+    low_def = np.uint8(255)
+    top_def = np.uint8(0)
+    ones = np.int64(0)
+    for i in range(rep.size):
+        top_rep = max(top_rep, rep[i])
+        ones += np.int64(rep[i])
+        low_def = min(low_def, defs[i])
+        top_def = max(top_def, defs[i])
+    return np.int64(top_rep), ones, np.int64(low_def), np.int64(top_def)
+
+
+@njit(cache=True, nogil=True)
+def _empty_counts(rep, defs, max_def, empty_def):
+    """(entries holding a value, empty lists, empty lists at a row start)."""
+    present = 0
+    empty = 0
+    empty_starts = 0
+    for i in range(rep.size):
+        d = defs[i]
+        present += np.int64(d == max_def)
+        is_empty = np.int64(d == empty_def)
+        empty += is_empty
+        empty_starts += is_empty & np.int64(rep[i] == 0)
+    return present, empty, empty_starts
+
+
+@njit(cache=True, nogil=True)
+def level_checks(rep, defs, max_def, empty_def):
+    """(problem, rows starting in the page, empty lists) of a page's levels.
+
+    The usual page (every entry a value) takes one pass of reductions; one with empty lists or
+    nulls a second, counting pass. Problems are told apart in the order of their codes."""
+    top_rep, ones, low_def, top_def = _level_ranges(rep, defs)
+    rows = rep.size - ones  # once every level is 0 or 1
+    if top_rep > 1 or top_def > max_def:
+        return LEVEL_ABOVE_MAX, 0, 0
+    if low_def == max_def:
+        return 0, rows, 0
+    present, empty, empty_starts = _empty_counts(rep, defs, max_def, empty_def)
+    empties = rep.size - present
+    if present + empty != rep.size:
+        return NULLS, rows, empties
+    if empty_starts != empty:
+        return EMPTY_CONTINUES, rows, empties
+    return 0, rows, empties
+
+
+@njit(cache=True, nogil=True)
+def row_lengths(rep, defs, max_def, lengths):
+    """Values in each row that starts in a page whose levels passed :func:`level_checks`.
+
+    A row starts at every repetition level 0 and holds its level entries as values, except a
+    row that starts with an empty list (definition level below ``max_def``): that must be its
+    only entry, and it has no value. ``lengths`` has one slot per row start. Returns (problem,
+    lead), ``lead`` being the entries before the first row start (they finish the previous
+    page's row) and ``problem`` 0 or :data:`EMPTY_HAS_VALUES`. Row starts are rare (one per
+    row, hundreds of entries apart), so the levels are skipped 8 at a time while all are 1.
+    """
+    n = rep.size
+    lead = n
+    k = -1
+    start = 0
+    empty_row = False
+    ones = np.uint64(0x0101010101010101)
+    i = 0
+    while i < n:
+        if i + 8 <= n and _word(rep, np.uint64(i)) == ones:
+            i += 8
+            continue
+        if rep[i] == 0:
+            if k >= 0:
+                entries = i - start
+                if empty_row:
+                    if entries != 1:
+                        return EMPTY_HAS_VALUES, 0
+                    entries = 0
+                lengths[k] = entries
+            else:
+                lead = i
+            k += 1
+            start = i
+            empty_row = defs[i] != max_def
+        i += 1
+    if k >= 0:
+        entries = n - start
+        if empty_row:
+            if entries != 1:
+                return EMPTY_HAS_VALUES, 0
+            entries = 0
+        lengths[k] = entries
+    return 0, lead

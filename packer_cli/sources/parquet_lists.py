@@ -36,7 +36,9 @@ import pyarrow.parquet as pq
 
 from packer_cli._arrow import from_numpy, memory_pool
 from packer_cli.sources import _parquet_thrift as thrift
-from packer_cli.sources._parquet_kernels import MESSAGES, TRUNCATED, UNUSUAL, dictionary_decode, hybrid_decode
+from packer_cli.sources._parquet_kernels import (EMPTY_CONTINUES, EMPTY_HAS_VALUES, LEVEL_ABOVE_MAX, MESSAGES, NULLS,
+                                                 TRUNCATED, UNUSUAL, dictionary_decode, hybrid_decode,
+                                                 level_checks, row_lengths)
 
 ENV_DECODER = "PACKER_PARQUET_DECODER"
 PARQUET_BUFFER = 4 << 20  # pyarrow's page-stream read size when it decodes
@@ -248,43 +250,41 @@ class _Page:
     values: np.ndarray
 
 
+_LEVEL_PROBLEMS = {
+    LEVEL_ABOVE_MAX: (_Corrupt, "level above the column's maximum"),
+    NULLS: (_Unsupported, "the column holds null lists or null values"),
+    EMPTY_CONTINUES: (_Corrupt, "an empty list continues a row"),
+    EMPTY_HAS_VALUES: (_Corrupt, "an empty list has values"),
+}
+
+
 def _row_lengths(layout: _ColumnLayout, rep: np.ndarray, defs: np.ndarray) -> tuple[int, np.ndarray, int]:
     """(lead, lengths of the rows starting in the page, number of values) from its levels."""
-    n = rep.size
-    if n == 0:
-        return 0, np.zeros(0, dtype=np.int64), 0
-    if rep.max() > 1 or defs.max() > layout.max_def:
-        raise _Corrupt("level above the column's maximum")
-    starts = np.flatnonzero(rep == 0)
-    empties = np.flatnonzero(defs != layout.max_def)
-    if empties.size:
-        if (defs[empties] != layout.empty_def).any():
-            raise _Unsupported("the column holds null lists or null values")
-        if (rep[empties] != 0).any():
-            raise _Corrupt("an empty list continues a row")
-    lead = int(starts[0]) if starts.size else n
-    entries = np.diff(np.append(starts, n))
-    if empties.size:  # an empty list is one entry without a value
-        is_empty = np.zeros(starts.size, dtype=bool)
-        is_empty[np.searchsorted(starts, empties)] = True
-        if (entries[is_empty] != 1).any():
-            raise _Corrupt("an empty list has values")
-        entries = entries - is_empty
-    return lead, entries, n - empties.size
+    problem, rows, empties = level_checks(rep, defs, layout.max_def, layout.empty_def)
+    lengths = np.empty(rows, dtype=np.int64)
+    if not problem:
+        problem, lead = row_lengths(rep, defs, layout.max_def, lengths)
+    if problem:
+        error, message = _LEVEL_PROBLEMS[problem]
+        raise error(message)
+    return lead, lengths, rep.size - empties
 
 
 def _decode_values(layout: _ColumnLayout, header: thrift.PageHeader, span, count: int,
                    dictionary: np.ndarray | None) -> np.ndarray:
     data, lo, hi = span
-    out = np.empty(count, dtype=layout.value_dtype)
     if header.encoding == thrift.PLAIN:
         width = layout.physical_dtype.itemsize
         if lo + count * width > hi:
             raise _Corrupt("page is shorter than its values")
         if lo + count * width < hi:
             _check(UNUSUAL)
-        out[:] = data[lo:lo + count * width].view(layout.physical_dtype)
-    elif count:
+        stored = data[lo:lo + count * width].view(layout.physical_dtype)
+        if layout.physical_dtype == layout.value_dtype:
+            return stored  # a view of the page's own (read-only, never reused) buffer: no copy
+        return stored.astype(layout.value_dtype)
+    out = np.empty(count, dtype=layout.value_dtype)
+    if count:
         if dictionary is None:
             raise _Corrupt("dictionary-encoded page without a dictionary")
         if lo >= hi:
