@@ -71,9 +71,11 @@ def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress
     try:
         task = progress.task("reading", total=None, unit="samples")
         with closing(background(iter(stream), depth=2)) as validated:  # read + validate on a second core
-            for batch in validated:
+            for k, batch in enumerate(validated, 1):
                 _take(batch, counts, bad_listed, log, cap, spill)
                 progress.advance(task, batch.records)
+                if k % 32 == 0:
+                    _trim_heap()
     finally:
         if spill:
             spill.close()
@@ -151,6 +153,16 @@ def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, pl
                 spill.recycle(buffers)
                 progress.advance(task, n_packs)
     return writer.finish()
+
+
+def _trim_heap() -> None:
+    """Return the C heap's free pages to the OS (glibc; elsewhere nothing)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _release_memory() -> None:
