@@ -48,7 +48,7 @@ from packer_cli.sources import SampleStream, discover_inputs
 from packer_cli.spec import PackSpec, SourceSpec
 
 DEFAULT_SHARD_BYTES = 256 << 20
-BATCH_TOKENS = 1 << 20  # tokens per record batch: at most 5 runs in flight, about 5 MB each
+BATCH_TOKENS = 4 << 20  # tokens per record batch: at most 5 runs in flight, about 20 MB each
 MAX_LISTED_BAD = 1000
 
 
