@@ -219,6 +219,15 @@ def level_checks(rep, defs, max_def, empty_def):
     return 0, rows, empties
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _row_values(entries, empty_row):
+    """Values of a row of ``entries`` level entries: all of them, or none for a row that is an
+    empty list; -1 when an empty list has further entries."""
+    if not empty_row:
+        return entries
+    return 0 if entries == 1 else -1
+
+
 @njit(cache=True, nogil=True)
 def row_lengths(rep, defs, max_def, lengths):
     """Values in each row that starts in a page whose levels passed :func:`level_checks`.
@@ -243,12 +252,9 @@ def row_lengths(rep, defs, max_def, lengths):
             continue
         if rep[i] == 0:
             if k >= 0:
-                entries = i - start
-                if empty_row:
-                    if entries != 1:
-                        return EMPTY_HAS_VALUES, 0
-                    entries = 0
-                lengths[k] = entries
+                lengths[k] = _row_values(i - start, empty_row)
+                if lengths[k] < 0:
+                    return EMPTY_HAS_VALUES, 0
             else:
                 lead = i
             k += 1
@@ -256,10 +262,7 @@ def row_lengths(rep, defs, max_def, lengths):
             empty_row = defs[i] != max_def
         i += 1
     if k >= 0:
-        entries = n - start
-        if empty_row:
-            if entries != 1:
-                return EMPTY_HAS_VALUES, 0
-            entries = 0
-        lengths[k] = entries
+        lengths[k] = _row_values(n - start, empty_row)
+        if lengths[k] < 0:
+            return EMPTY_HAS_VALUES, 0
     return 0, lead
