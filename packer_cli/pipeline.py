@@ -48,7 +48,7 @@ from packer_cli.sources import SampleStream, discover_inputs
 from packer_cli.spec import PackSpec, SourceSpec
 
 DEFAULT_SHARD_BYTES = 256 << 20
-BATCH_TOKENS = 4 << 20  # tokens per record batch: at most 5 runs in flight, about 20 MB each
+BATCH_TOKENS = 4 << 20  # tokens per record batch: at most 4 runs in flight, about 20 MB each
 MAX_LISTED_BAD = 1000
 
 
@@ -178,12 +178,7 @@ def _release_memory() -> None:
 
     pa.default_memory_pool().release_unused()
     memory_pool().release_unused()
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+    _trim_heap()
 
 
 def _park(lengths: np.ndarray, spill_dir: str | None):
