@@ -45,8 +45,13 @@ ARROW_CODECS = ["lz4", "brotli"]  # handed to pyarrow (see parquet_lists: their 
 
 @pytest.fixture(autouse=True)
 def _default_decoder(monkeypatch):
-    """Every test starts with the decoder chosen automatically (the variable unset)."""
+    """Every test starts with the decoder chosen automatically (the variable unset), and maps
+    every page payload: the test files' pages are small, and the rest of the suite reads them
+    with ``pread`` (the corrupt-file test reads each file both ways)."""
+    from packer_cli.sources import parquet_lists
+
     monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(parquet_lists, "_MAP_PAYLOAD", 0)
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -437,9 +442,26 @@ jobs = json.load(open(sys.argv[1]))
 def say(**kw):
     print(json.dumps(kw), flush=True)
 
+from packer_cli.sources import parquet_lists
+
 def ours(path, fields):
     batches = list(ListColumnReader(path, fields, batch_rows=97))
     return pa.Table.from_batches(batches) if batches else None
+
+def ours_both_ways(path, fields):
+    # every page payload read with pread, then every one memory-mapped: the same outcome
+    default = parquet_lists._MAP_PAYLOAD
+    outcomes = []
+    for threshold in (1 << 62, 0):
+        parquet_lists._MAP_PAYLOAD = threshold
+        outcomes.append(attempt(ours, path, fields))
+    parquet_lists._MAP_PAYLOAD = default
+    (s1, t1, d1), (s2, t2, d2) = outcomes
+    if s1 != s2 or (s1 == "ok" and not same(t1, t2)) or (s1 == "raised" and d1 != d2):
+        raise AssertionError(f"read and mapped payloads differ: {s1} {d1!r} / {s2} {d2!r}")
+    if s1 == "raised":
+        raise ValueError(d1)
+    return t1
 
 def theirs(path, fields):
     t = pq.read_table(path, columns=fields)
@@ -462,7 +484,7 @@ def same(a, b):
 for i in range(int(sys.argv[2]), len(jobs)):
     path, fields = jobs[i]
     say(i=i, phase="packer")
-    s1, t1, d1 = attempt(ours, path, fields)
+    s1, t1, d1 = attempt(ours_both_ways, path, fields)
     say(i=i, phase="pyarrow")
     s2, t2, d2 = attempt(theirs, path, fields)
     say(i=i, done=True, packer=s1, packer_detail=d1, pyarrow=s2, pyarrow_detail=d2,
@@ -894,3 +916,93 @@ def test_row_length_kernels_match_numpy(nullable_elements):
             assert want == ("ok", lead, lengths.tolist(), n - empties), (rep, defs)
         seen.add(want if isinstance(want, str) else want[0])
     assert seen == {"ok", "above", "nulls", "continues", "has values"}
+
+
+def _hybrid_stream(levels: np.ndarray, bit_width: int, rng) -> bytes:
+    """``levels`` as a random mix of repeated-value runs and bit-packed runs (the last group of
+    a bit-packed run padded with zeros), the way writers may lay them out."""
+    def varint(v):
+        out = bytearray()
+        while True:
+            out.append((v & 0x7F) | (0x80 if v > 0x7F else 0))
+            v >>= 7
+            if not v:
+                return bytes(out)
+
+    out, i, n = bytearray(), 0, levels.size
+    while i < n:
+        same = 1
+        while i + same < n and levels[i + same] == levels[i]:
+            same += 1
+        if same >= 2 and rng.random() < 0.7:
+            take = int(rng.integers(1, same + 1))
+            out += varint(take << 1) + int(levels[i]).to_bytes(max(1, (bit_width + 7) // 8), "little")
+        else:
+            groups = int(rng.integers(1, 4))
+            take = min(8 * groups, n - i)
+            chunk = np.zeros(8 * groups, np.uint64)
+            chunk[:take] = levels[i:i + take]
+            bits = ((chunk[:, None] >> np.arange(bit_width, dtype=np.uint64)) & 1).astype(np.uint8).ravel()
+            out += varint((groups << 1) | 1) + np.packbits(bits, bitorder="little").tobytes()
+        i += take
+    return bytes(out)
+
+
+def test_full_page_levels_read_as_runs_match_the_general_path():
+    """The run-level reading of a page whose entries are all values (definition levels one run,
+    repetition levels scanned 64 at a time) gives the general path's lead and row lengths, and
+    declines (None) every other page: empty lists, nulls, damaged or oddly ended streams."""
+    from packer_cli.sources import parquet_lists as PL
+
+    rng = np.random.default_rng(5)
+    layout = PL._ColumnLayout(name="x", leaf=0, arrow_type=pa.list_(pa.int32()), physical_dtype=np.dtype(np.int32),
+                              value_dtype=np.dtype(np.int32), max_def=3, empty_def=1)
+    outcomes = set()
+    for trial in range(3000):
+        n = int(rng.integers(0, 300))
+        rep = (rng.random(n) < rng.choice([0.5, 0.97, 1.0])).astype(np.uint8)
+        defs = np.full(n, 3, np.uint8)
+        if trial % 4 == 0 and n:
+            defs[rng.integers(n)] = rng.choice([1, 2])  # an empty list or a null element
+        rep_raw = np.frombuffer(_hybrid_stream(rep, 1, rng), np.uint8)
+        def_raw = np.frombuffer(_hybrid_stream(defs, 2, rng), np.uint8)
+        if trial % 9 == 0 and rep_raw.size:  # damage: cut short, or a byte flipped
+            rep_raw = rep_raw[:-1] if trial % 2 else rep_raw ^ (np.arange(rep_raw.size) == rng.integers(rep_raw.size))
+        rep_span, def_span = (rep_raw, 0, rep_raw.size), (def_raw, 0, def_raw.size)
+        fast = PL._rows_of_full_page(layout, rep_span, def_span, n)
+        try:
+            r = np.empty(n, np.uint8)
+            PL._check(PL.hybrid_decode(*rep_span, 1, n, r))
+            d = np.empty(n, np.uint8)
+            PL._check(PL.hybrid_decode(*def_span, 2, n, d))
+            lead, lengths, count = PL._row_lengths(layout, r, d)
+            general = (lead, lengths.tolist()) if count == n and (d == 3).all() else "not full"
+        except (PL._Corrupt, PL._Unsupported):
+            general = "rejected"
+        if fast is None:
+            outcomes.add("declined")
+            # a full page is only declined when a writer bit-packed its definition levels
+            assert not (isinstance(general, tuple) and _single_runs(def_raw)), trial
+        else:
+            outcomes.add("read")
+            assert (fast[0], fast[1].tolist()) == general, trial
+    assert outcomes == {"declined", "read"}
+
+
+def _single_runs(def_raw: np.ndarray) -> bool:
+    """Whether a definition-level stream is repeated-value runs only (the fast path's condition)."""
+    pos = 0
+    while pos < def_raw.size:
+        header = 0
+        shift = 0
+        while True:
+            byte = int(def_raw[pos])
+            pos += 1
+            header |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        if header & 1:
+            return False
+        pos += 1
+    return True

@@ -81,6 +81,23 @@ def _unpack_words(buf, pos, hi, bit_width, take, out, i, dictionary, mapped):
     return limit
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _run_header(buf, pos, hi):
+    """(header, position after it) of the run at ``pos`` (an unsigned varint), or (-1, pos) when
+    the stream ends inside it."""
+    header = np.int64(0)
+    shift = 0
+    while True:
+        if pos >= hi or shift > 28:
+            return np.int64(-1), pos
+        byte = np.int64(buf[pos])
+        pos += 1
+        header |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return header, pos
+        shift += 7
+
+
 @njit(cache=True, nogil=True)
 def _decode(buf, lo, hi, bit_width, n, out, dictionary, mapped):
     if bit_width > 32:
@@ -91,17 +108,9 @@ def _decode(buf, lo, hi, bit_width, n, out, dictionary, mapped):
     i = 0
     short_run = False
     while i < n:
-        header = np.int64(0)
-        shift = 0
-        while True:
-            if pos >= hi or shift > 28:
-                return TRUNCATED
-            byte = np.int64(buf[pos])
-            pos += 1
-            header |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                break
-            shift += 7
+        header, pos = _run_header(buf, pos, hi)
+        if header < 0:
+            return TRUNCATED
         count = header >> 1
         if header & 1:  # bit-packed groups of 8
             count *= 8
@@ -158,6 +167,102 @@ def dictionary_decode(buf, lo, hi, bit_width, n, dictionary, out):
     Returns ``hi``, or a negative code (INDEX_RANGE for an index past the dictionary).
     """
     return _decode(buf, lo, hi, bit_width, n, out, dictionary, True)
+
+
+# --- levels read as runs, for the usual page ---------------------------------------------------
+# A page of a list column whose entries are all values (no empty or null list, no null element)
+# has one run of the maximum definition level, and repetition levels that are 0 once per row and
+# 1 elsewhere. Its row lengths can be read off the runs without writing out two level bytes per
+# value; anything else (or anything odd about the streams) answers "no", and the general path
+# above decodes the page and words the problem.
+
+@njit(cache=True, nogil=True)
+def levels_all_equal(buf, lo, hi, bit_width, n, value):
+    """True when the hybrid stream ``buf[lo:hi]`` is repeated-value runs of ``value`` only,
+    covering ``n`` values and ending exactly at ``hi``."""
+    value_bytes = (bit_width + 7) // 8
+    mask = (np.int64(1) << bit_width) - 1
+    pos = lo
+    i = 0
+    while i < n:
+        header, pos = _run_header(buf, pos, hi)
+        if header < 0 or header & 1 or pos + value_bytes > hi:
+            return False
+        stored = np.int64(0)
+        for j in range(value_bytes):
+            stored |= np.int64(buf[pos + j]) << (8 * j)
+        pos += value_bytes
+        if stored & mask != value:
+            return False
+        i += min(header >> 1, n - i)
+    return pos == hi
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _row_start(p, rows, last, lengths, fill):
+    """Note a row starting at level ``p``: the previous row's length when filling. Returns the
+    new (rows, last row start)."""
+    if fill and last >= 0:
+        lengths[rows - 1] = p - last
+    return rows + 1, p
+
+
+@njit(cache=True, nogil=True)
+def repetition_rows(buf, lo, hi, n, lengths, fill):
+    """(rows, lead) of ``n`` repetition levels (bit width 1) in ``buf[lo:hi]``: the rows starting in
+    the page (a level 0 each) and the levels before the first of them. With ``fill``, ``lengths``
+    gets each row's level count (the last row's up to the page's end). rows is -1 when the stream
+    is truncated, padded short or ends before ``hi``: the general path judges those.
+
+    Rows are hundreds of levels long, so bit-packed runs are scanned 64 levels at a time while
+    all are 1."""
+    ones = ~np.uint64(0)
+    pos = lo
+    i = 0
+    rows = 0
+    last = -1
+    lead = n
+    while i < n:
+        header, pos = _run_header(buf, pos, hi)
+        if header < 0:
+            return -1, 0
+        count = header >> 1
+        if header & 1:  # bit-packed: count * 8 levels in count bytes
+            take = min(count * 8, n - i)
+            if pos + count > hi:
+                return -1, 0
+            b = 0
+            while b < (take + 7) // 8:
+                if 8 * b + 64 <= take and _word(buf, np.uint64(pos + b)) == ones:
+                    b += 8
+                    continue
+                zeros = ~np.int64(buf[pos + b]) & 0xFF
+                if 8 * b + 8 > take:
+                    zeros &= (np.int64(1) << (take - 8 * b)) - 1
+                t = 0
+                while zeros:
+                    if zeros & 1:
+                        rows, last = _row_start(i + 8 * b + t, rows, last, lengths, fill)
+                        lead = min(lead, last)
+                    zeros >>= 1
+                    t += 1
+                b += 1
+            pos += count
+        else:  # one level repeated
+            if pos + 1 > hi:
+                return -1, 0
+            take = min(count, n - i)
+            if buf[pos] & 1 == 0:  # rows of one value each
+                for p in range(i, i + take):
+                    rows, last = _row_start(p, rows, last, lengths, fill)
+                lead = min(lead, i) if take else lead
+            pos += 1
+        i += take
+    if pos != hi:
+        return -1, 0
+    if fill and last >= 0:
+        lengths[rows - 1] = n - last
+    return rows, lead
 
 
 # Why a page's levels are rejected (0: they are not); see :func:`level_checks` and :func:`row_lengths`.

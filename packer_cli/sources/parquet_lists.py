@@ -23,6 +23,7 @@ what its ``iter_batches`` returns, which on some damaged files differs from ``re
 """
 from __future__ import annotations
 
+import mmap
 import os
 import zlib
 from collections import deque
@@ -38,7 +39,8 @@ from packer_cli._arrow import from_numpy, memory_pool
 from packer_cli.sources import _parquet_thrift as thrift
 from packer_cli.sources._parquet_kernels import (EMPTY_CONTINUES, EMPTY_HAS_VALUES, LEVEL_ABOVE_MAX, MESSAGES, NULLS,
                                                  TRUNCATED, UNUSUAL, dictionary_decode, hybrid_decode,
-                                                 level_checks, row_lengths)
+                                                 level_checks, levels_all_equal, repetition_rows,
+                                                 row_lengths)
 
 ENV_DECODER = "PACKER_PARQUET_DECODER"
 PARQUET_BUFFER = 4 << 20  # pyarrow's page-stream read size when it decodes
@@ -47,6 +49,7 @@ _MAX_HEADER = 16 << 20
 PAGES_AHEAD = 3  # pages of each column decoding ahead of the rows taken...
 AHEAD_BYTES = 32 << 20  # ...unless they already hold this many values' bytes (files of huge pages)
 _CODECS = ("UNCOMPRESSED", "SNAPPY", "ZSTD", "GZIP")
+_MAP_PAYLOAD = 256 << 10  # page payloads this large are mapped, smaller ones read
 
 
 class _Unsupported(Exception):
@@ -157,17 +160,24 @@ def _decompress(codec: str, data: bytes, size: int) -> bytes | pa.Buffer:
 
 
 class _ChunkPages:
-    """The pages of one column chunk, read with ``pread`` one at a time: (header, payload)."""
+    """The pages of one column chunk, one at a time: (header, payload).
 
-    def __init__(self, fd: int, chunk: pq.ColumnChunkMetaData):
+    Headers are read with ``pread``. A large payload is a view of its own read-only memory map of
+    the file (unmapped once the last view of it goes): the decompressor and the kernels read the
+    page cache directly, where a ``pread`` would copy every page into a fresh allocation. Only the
+    pages in flight are mapped, so resident memory stays bounded however large the row groups.
+    """
+
+    def __init__(self, fd: int, chunk: pq.ColumnChunkMetaData, file_size: int):
         start = chunk.data_page_offset
         if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < start:
             start = chunk.dictionary_page_offset
         self.fd, self.pos, self.end = fd, start, start + chunk.total_compressed_size
+        self.file_size = file_size
         if start < 0 or chunk.total_compressed_size < 0:
             raise _Corrupt("column chunk has a negative offset or size")
 
-    def next(self) -> tuple[thrift.PageHeader, bytes]:
+    def next(self) -> tuple[thrift.PageHeader, bytes | memoryview]:
         probe = _HEADER_PROBE
         while True:
             raw = os.pread(self.fd, min(probe, self.end - self.pos), self.pos)
@@ -179,13 +189,17 @@ class _ChunkPages:
                     raise _Corrupt(str(exc)) from None
                 probe *= 16
         start = self.pos + header.size
-        if start + header.compressed_size > self.end:
+        size = header.compressed_size
+        if start + size > self.end:
             raise _Corrupt("page runs past its column chunk")
-        payload = os.pread(self.fd, header.compressed_size, start)
-        if len(payload) != header.compressed_size:
+        if start + size > self.file_size:
             raise _Corrupt("file ends inside a page")
-        self.pos = start + header.compressed_size
-        return header, payload
+        self.pos = start + size
+        if size < _MAP_PAYLOAD:
+            return header, os.pread(self.fd, size, start)
+        base = start - start % mmap.ALLOCATIONGRANULARITY
+        view = memoryview(mmap.mmap(self.fd, start + size - base, prot=mmap.PROT_READ, offset=base))
+        return header, view[start - base:]
 
 
 # --- one page -----------------------------------------------------------------------------------
@@ -301,12 +315,32 @@ def _decode_page(layout: _ColumnLayout, codec: str, header: thrift.PageHeader, p
     split = _split_v1 if header.page_type == thrift.DATA_PAGE else _split_v2
     rep_span, def_span, value_span = split(codec, header, payload)
     n = header.num_values
-    rep = np.empty(n, dtype=np.uint8)
-    _check(hybrid_decode(*rep_span, 1, n, rep))
-    defs = np.empty(n, dtype=np.uint8)
-    _check(hybrid_decode(*def_span, layout.max_def.bit_length(), n, defs))
-    lead, lengths, count = _row_lengths(layout, rep, defs)
+    full = _rows_of_full_page(layout, rep_span, def_span, n)
+    if full is not None:
+        lead, lengths = full
+        count = n
+    else:
+        rep = np.empty(n, dtype=np.uint8)
+        _check(hybrid_decode(*rep_span, 1, n, rep))
+        defs = np.empty(n, dtype=np.uint8)
+        _check(hybrid_decode(*def_span, layout.max_def.bit_length(), n, defs))
+        lead, lengths, count = _row_lengths(layout, rep, defs)
     return _Page(lead, lengths, _decode_values(layout, header, value_span, count, dictionary))
+
+
+def _rows_of_full_page(layout: _ColumnLayout, rep_span, def_span, n: int) -> tuple[int, np.ndarray] | None:
+    """(lead, row lengths) of a page whose every entry is a value, read from the level runs
+    without decoding the levels; None for any other page (the general path reads it)."""
+    if not levels_all_equal(*def_span, layout.max_def.bit_length(), n, layout.max_def):
+        return None
+    rows, _ = repetition_rows(*rep_span, n, _NO_LENGTHS, False)
+    if rows < 0:
+        return None
+    lengths = np.empty(rows, dtype=np.int64)
+    return repetition_rows(*rep_span, n, lengths, True)[1], lengths
+
+
+_NO_LENGTHS = np.zeros(0, dtype=np.int64)
 
 
 # --- one column ---------------------------------------------------------------------------------
@@ -319,11 +353,12 @@ class _ColumnCursor:
     decode on both cores); their rows are then stitched together in order here.
     """
 
-    def __init__(self, fd: int, layout: _ColumnLayout, chunk: pq.ColumnChunkMetaData, pool: ThreadPoolExecutor):
+    def __init__(self, fd: int, file_size: int, layout: _ColumnLayout, chunk: pq.ColumnChunkMetaData,
+                 pool: ThreadPoolExecutor):
         if chunk.compression not in _CODECS:
             raise _Unsupported(f"column '{layout.name}' is compressed with {chunk.compression}")
         self.layout, self.codec, self.pool = layout, chunk.compression, pool
-        self.pages = _ChunkPages(fd, chunk)
+        self.pages = _ChunkPages(fd, chunk, file_size)
         self.levels_unread = chunk.num_values  # level entries (values and empty lists) not yet read
         self.dictionary: np.ndarray | None = None
         self.decoding: deque = deque()  # (level count, future of _Page), in page order
@@ -466,12 +501,13 @@ class ListColumnReader:
             return
         schema = pa.schema([pf.schema_arrow.field(name) for name in self.fields])
         fd = os.open(self.path, os.O_RDONLY)
+        file_size = os.fstat(fd).st_size
         pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="packer-parquet")
         try:
             for group in range(pf.metadata.num_row_groups):
                 done = 0
                 try:
-                    for batch in self._row_group(fd, pf, group, layouts, schema, pool):
+                    for batch in self._row_group(fd, file_size, pf, group, layouts, schema, pool):
                         done += batch.num_rows
                         self.fast_rows += batch.num_rows
                         yield batch
@@ -485,9 +521,9 @@ class ListColumnReader:
             pool.shutdown(wait=True, cancel_futures=True)
             os.close(fd)
 
-    def _row_group(self, fd, pf, group: int, layouts, schema, pool) -> Iterator[pa.RecordBatch]:
+    def _row_group(self, fd, file_size: int, pf, group: int, layouts, schema, pool) -> Iterator[pa.RecordBatch]:
         meta = pf.metadata.row_group(group)
-        cursors = [_ColumnCursor(fd, layout, meta.column(layout.leaf), pool) for layout in layouts]
+        cursors = [_ColumnCursor(fd, file_size, layout, meta.column(layout.leaf), pool) for layout in layouts]
         try:
             done = 0
             while done < meta.num_rows:
