@@ -94,7 +94,7 @@ def _take(batch, counts: dict, bad_listed: list, log: SampleLog, cap: int, spill
         runtime, tail = _target_counts(batch, cap)
         log.add(batch.lengths, batch.source_index, runtime, tail)
         if spill:
-            spill.write(batch.tokens, batch.targets)
+            spill.write(batch.tokens, batch.targets, batch.max_token)
 
 
 def _histogram(values: np.ndarray, size: int) -> np.ndarray:

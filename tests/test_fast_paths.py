@@ -189,7 +189,10 @@ def test_validation_kernels_match_numpy(dtype):
         wide = values.astype(np.float64)  # exact enough to compare with the small limits below
         assert _kernels.mask_is_binary(values) == bool(np.isin(values, [0, 1]).all())
         for limit in (1, 2, 128, 2**31):
-            assert _kernels.tokens_in_range(values, limit) == bool(((wide >= 0) & (wide < limit)).all())
+            in_range, top = _kernels.tokens_in_range(values, limit)
+            assert in_range == bool(((wide >= 0) & (wide < limit)).all())
+            if in_range:
+                assert top == (int(wide.max()) if wide.size else 0)
 
 
 def test_labels_to_targets_ignores_minus_100_whatever_the_token():

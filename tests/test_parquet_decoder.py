@@ -1006,3 +1006,27 @@ def _single_runs(def_raw: np.ndarray) -> bool:
             return False
         pos += 1
     return True
+
+
+def test_dictionary_decode_finds_an_index_past_the_dictionary_anywhere():
+    """One index past the dictionary, at any position of a stream of bit-packed and repeated-value
+    runs (inside the word-at-a-time loop, in a run's byte-by-byte tail, in a repeated run), makes
+    dictionary_decode return INDEX_RANGE; without it the values are the dictionary's."""
+    from packer_cli.sources import _parquet_kernels as K
+
+    rng = np.random.default_rng(17)
+    dictionary = rng.integers(0, 1 << 20, 37).astype(np.int32)
+    for bit_width in (6, 9, 17):
+        for trial in range(150):
+            n = int(rng.integers(1, 400))
+            indices = rng.integers(0, dictionary.size, n)
+            if trial % 3 == 0:  # some long repeats, written as repeated-value runs
+                indices[: n // 2] = indices[0]
+            out = np.empty(n, np.int32)
+            raw = np.frombuffer(_hybrid_stream(indices, bit_width, rng), np.uint8)
+            assert K.dictionary_decode(raw, 0, raw.size, bit_width, n, dictionary, out) == raw.size
+            assert np.array_equal(out, dictionary[indices])
+            bad = indices.copy()
+            bad[rng.integers(n)] = rng.integers(dictionary.size, 1 << bit_width)
+            raw = np.frombuffer(_hybrid_stream(bad, bit_width, rng), np.uint8)
+            assert K.dictionary_decode(raw, 0, raw.size, bit_width, n, dictionary, out) == K.INDEX_RANGE, trial

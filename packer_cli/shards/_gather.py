@@ -30,6 +30,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from packer_cli._arrow import memory_pool
+from packer_cli._unaligned import load_u32, load_u64, store_u32, store_u64
 
 
 @intrinsic
@@ -76,40 +77,62 @@ def block_bytes(width: int) -> int:
     return BLOCK_TOKENS * width + 1
 
 
+_LOW7 = np.uint64(0x7F7F7F7F7F7F7F7F)
+_ONES = np.uint64(0x0101010101010101)
+_GATHER_BITS = np.uint64(0x0102040810204080)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _flag_byte(address):
+    """The 8 target bytes at ``address`` as one byte, bit j set when byte j is not 0: each byte
+    becomes 0 or 1 (its low 7 bits plus 0x7F carry into bit 7 unless all are 0), and one
+    multiplication gathers the 8 low bits into the top byte."""
+    x = load_u64(address)
+    nonzero = ((((x & _LOW7) + _LOW7) | x) >> np.uint64(7)) & _ONES
+    return np.uint8((nonzero * _GATHER_BITS) >> np.uint64(56))
+
+
 @njit(cache=True, nogil=True)
 def _store_blocks(tokens, targets, width, out):
-    """Lay a batch out as the spill stores it (module docstring); ``out`` holds whole blocks."""
-    stride = np.uint64(8 * width + 1)
-    w = np.uint64(width)
+    """Lay a batch out as the spill stores it (module docstring); ``out`` holds whole blocks.
+
+    Whole blocks take a loop per width: 2-byte tokens are combined four to a word, 3- and 4-byte
+    ones stored as 4-byte words that the next token's store (or the flag byte) partly
+    overwrites. The last, partial block is written byte by byte."""
     n = tokens.size
-    for b in range((n + 7) // 8):
-        q = np.uint64(b) * stride
-        first = 8 * b
+    full = n // 8
+    stride = np.uint64(8 * width + 1)
+    o = np.uint64(out.ctypes.data)
+    t = np.uint64(tokens.ctypes.data)
+    g = np.uint64(targets.ctypes.data)
+    for b in range(full):
+        q = o + np.uint64(b) * stride
+        src = t + np.uint64(32 * b)
+        if width == 2:
+            for h in range(2):
+                word = np.uint64(0)
+                for j in range(4):
+                    token = np.uint64(load_u32(src + np.uint64(16 * h + 4 * j)) & np.uint32(0xFFFF))
+                    word |= token << np.uint64(16 * j)
+                store_u64(q + np.uint64(8 * h), word)
+        elif width == 3:
+            for j in range(8):
+                store_u32(q + np.uint64(3 * j), load_u32(src + np.uint64(4 * j)))
+        else:
+            for j in range(4):
+                store_u64(q + np.uint64(8 * j), load_u64(src + np.uint64(8 * j)))
+        out[np.uint64(b) * stride + np.uint64(8 * width)] = _flag_byte(g + np.uint64(8 * b))
+    if full * 8 < n:
+        q = np.uint64(full) * stride
         flags = 0
         for j in range(8):
-            t = np.uint32(tokens[first + j]) if first + j < n else np.uint32(0)
-            at = q + np.uint64(j) * w
-            out[at] = t & 0xFF
-            out[at + np.uint64(1)] = (t >> 8) & 0xFF
-            if width >= 3:
-                out[at + np.uint64(2)] = (t >> 16) & 0xFF
-            if width == 4:
-                out[at + np.uint64(3)] = t >> 24
-            if first + j < n and targets[first + j] != 0:
+            k = 8 * full + j
+            token = np.uint32(tokens[k]) if k < n else np.uint32(0)
+            for y in range(width):
+                out[q + np.uint64(j * width + y)] = np.uint8((token >> np.uint32(8 * y)) & np.uint32(0xFF))
+            if k < n and targets[k] != 0:
                 flags |= 1 << j
-        out[q + np.uint64(8) * w] = flags
-
-
-@intrinsic
-def _load_u32(typingctx, address):
-    """The 4 bytes at ``address`` as a little-endian uint32, wherever they are aligned."""
-    sig = types.uint32(types.uint64)
-
-    def codegen(context, builder, signature, args):
-        pointer = builder.inttoptr(args[0], ir.IntType(32).as_pointer())
-        return builder.load(pointer, align=1)
-
-    return sig, codegen
+        out[q + np.uint64(8 * width)] = flags
 
 
 def _bit_spreads() -> np.ndarray:
@@ -132,7 +155,7 @@ def _decode_blocks(raw, blocks, width, tokens, flags):
     for b in range(blocks):
         q = base + np.uint64(b) * stride
         for k in range(8):
-            tokens[8 * b + k] = np.int32(_load_u32(q + np.uint64(k) * w) & keep)
+            tokens[8 * b + k] = np.int32(load_u32(q + np.uint64(k) * w) & keep)
         flags[b] = _SPREAD[raw[np.uint64(b) * stride + np.uint64(8) * w]]
 
 
@@ -257,9 +280,10 @@ class SpillWriter:
         self._batches: list[tuple[int, int, int]] = []
         self._tokens = self._bytes = 0
 
-    def write(self, tokens: np.ndarray, targets: np.ndarray) -> None:
-        """Spill one batch of validated samples (their tokens, ids ≥ 0, and target flags)."""
-        width = token_width(int(tokens.max(initial=0)))
+    def write(self, tokens: np.ndarray, targets: np.ndarray, max_token: int | None = None) -> None:
+        """Spill one batch of validated samples (their tokens, ids ≥ 0, and target flags);
+        ``max_token``, when validation found it, is at least the largest id (else it is found here)."""
+        width = token_width(int(tokens.max(initial=0)) if max_token is None else max_token)
         size = -(-tokens.size // BLOCK_TOKENS) * block_bytes(width)
         if self._buffer.size < size:
             self._buffer = np.empty(max(size, 2 * self._buffer.size), dtype=np.uint8)

@@ -22,6 +22,8 @@ from numba.core import cgutils
 from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import intrinsic
 
+from packer_cli._unaligned import load_u64
+
 _FLAGS = {"cache": True, "nogil": True, "boundscheck": False}
 #: Small helpers are inlined into their callers (numba does not inline across njit functions by itself).
 _INLINE = dict(_FLAGS, inline="always")
@@ -60,17 +62,6 @@ def _memchr(typingctx, address, byte, nbytes):
     return sig, codegen
 
 
-@intrinsic
-def _load_u64(typingctx, address):
-    """The 8 bytes at ``address`` as a little-endian uint64, wherever they are aligned."""
-    sig = types.uint64(types.uint64)
-
-    def codegen(context, builder, signature, args):
-        return builder.load(builder.inttoptr(args[0], ir.IntType(64).as_pointer()), align=1)
-
-    return sig, codegen
-
-
 _ASCII_ZEROS = np.uint64(0x3030303030303030)
 _SIX = np.uint64(0x0606060606060606)
 _HIGH_NIBBLES = np.uint64(0xF0F0F0F0F0F0F0F0)
@@ -86,7 +77,7 @@ def _digits8(buf, i):
     are then shifted to the top bytes and combined in pairs, quads and eights by three
     multiplications.
     """
-    t = _load_u64(buf.ctypes.data + i) ^ _ASCII_ZEROS
+    t = load_u64(np.uint64(buf.ctypes.data) + np.uint64(i)) ^ _ASCII_ZEROS
     other = ((t + _SIX) | t) & _HIGH_NIBBLES
     count = 8 if other == 0 else np.int64(trailing_zeros(other)) >> 3
     if count == 0:

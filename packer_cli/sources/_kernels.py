@@ -23,12 +23,15 @@ _FLAGS = {"cache": True, "nogil": True, "boundscheck": False}
 
 @njit(**_FLAGS)
 def tokens_in_range(values, limit):
-    """True when every id is in ``[0, limit)``."""
+    """(every id is in ``[0, limit)``, the largest id): the spill's token width comes from the
+    largest, found in the same pass. It is exact only when the ids are in range."""
     bad = False
+    top = np.int64(0)
     for i in range(values.size):
         v = values[i]
         bad |= (v < 0) | (v >= limit)
-    return not bad
+        top = max(top, np.int64(v))
+    return not bad, top
 
 
 @njit(**_FLAGS)

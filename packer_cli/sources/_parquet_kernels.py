@@ -73,12 +73,23 @@ def _unpack_words(buf, pos, hi, bit_width, take, out, i, dictionary, mapped):
     mask = (np.uint64(1) << width) - np.uint64(1)
     base = np.uint64(pos)
     limit = min(take, ((hi - pos - 8) * 8) // bit_width + 1) if hi - pos >= 8 else 0
+    at = np.uint64(i)
+    if not mapped:
+        for j in range(limit):
+            bit = np.uint64(j) * width
+            out[at + np.uint64(j)] = (_word(buf, base + (bit >> np.uint64(3))) >> (bit & np.uint64(7))) & mask
+        return limit
+    if limit and dictionary.size == 0:
+        return -1
+    # No early exit: an index past the dictionary is noted and clamped, so the loop has no branch.
+    last = np.uint64(dictionary.size - 1)
+    beyond = False
     for j in range(limit):
         bit = np.uint64(j) * width
-        value = (_word(buf, base + (bit >> np.uint64(3))) >> (bit & np.uint64(7))) & mask
-        if not _put(out, i + j, value, dictionary, mapped):
-            return -1
-    return limit
+        index = (_word(buf, base + (bit >> np.uint64(3))) >> (bit & np.uint64(7))) & mask
+        beyond |= index > last
+        out[at + np.uint64(j)] = dictionary[min(index, last)]
+    return -1 if beyond else limit
 
 
 @njit(cache=True, nogil=True, inline="always")

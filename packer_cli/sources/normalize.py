@@ -70,6 +70,7 @@ class SampleBatch:
     too_short: int = 0
     no_targets: int = 0
     bad: list[BadRecord] = field(default_factory=list)
+    max_token: int | None = None  # the largest id when validation found it (an upper bound once rows are dropped)
 
 
 def _list_parts(arr: pa.Array, name: str, path: str, row0: int):
@@ -205,7 +206,8 @@ def _fast_batch(batch: pa.RecordBatch, name: str, sup: Supervision, spec: Source
         return None
     values, offsets = parts
     limit = INT32_MAX + 1 if spec.vocab_size is None else min(spec.vocab_size, INT32_MAX + 1)
-    if not _kernels.tokens_in_range(values, limit):
+    in_range, max_token = _kernels.tokens_in_range(values, limit)
+    if not in_range:
         return None
     tokens = values.astype(np.int32, copy=False)
     lengths = np.diff(offsets).astype(np.int64, copy=False)
@@ -234,7 +236,7 @@ def _fast_batch(batch: pa.RecordBatch, name: str, sup: Supervision, spec: Source
             if not _kernels.labels_to_targets(mask, tokens, targets):
                 return None
     n_rows = batch.num_rows
-    out = SampleBatch(tokens=tokens, targets=targets, lengths=lengths,
+    out = SampleBatch(tokens=tokens, targets=targets, lengths=lengths, max_token=int(max_token),
                       source_index=np.arange(index0, index0 + n_rows, dtype=np.int64), records=n_rows)
     keep = lengths >= 2
     if not keep.all():
