@@ -166,6 +166,8 @@ class _ChunkPages:
     the file (unmapped once the last view of it goes): the decompressor and the kernels read the
     page cache directly, where a ``pread`` would copy every page into a fresh allocation. Only the
     pages in flight are mapped, so resident memory stays bounded however large the row groups.
+    (As with any memory map, a file truncated by another process while it is being read ends
+    the process with SIGBUS where a ``pread`` would have come up short.)
     """
 
     def __init__(self, fd: int, chunk: pq.ColumnChunkMetaData, file_size: int):
