@@ -148,7 +148,8 @@ def render(res: dict, targets: dict) -> str:
         out.append(f"Input `{e2e['input']}`: {e2e['samples']:,} samples, {e2e['tokens']:,} tokens "
                    f"({e2e['input_bytes'] / MB:,.0f} MB, snappy, 4,096-row groups), pack size {e2e['pack_size']}. "
                    "TRL packs the same table already in memory (`datasets.Dataset` over an in-memory Arrow table); "
-                   "packer reads the file, validates every record, plans globally and writes and hashes the shards. "
+                   "packer reads the file, validates every record, plans globally and writes and hashes the shards, "
+                   "each run into a fresh output directory (the previous run's output is removed before the clock starts). "
                    "`decode` is pyarrow's Parquet decode alone, `decode_packer` packer's own decoder (what `pack` "
                    "reads Parquet with); `disk` writes "
                    f"{cfg['disk_gb']:g} GB with `np.tofile` then `fsync`.\n")
