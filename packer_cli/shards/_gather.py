@@ -150,7 +150,7 @@ def _decode_blocks(raw, blocks, width, tokens, flags):
     as uint64: one word a block). ``raw`` has 3 readable bytes past its last block."""
     stride = np.uint64(8 * width + 1)
     w = np.uint64(width)
-    keep = np.uint32(0xFFFF) if width == 2 else np.uint32(0xFFFFFF) if width == 3 else np.uint32(0xFFFFFFFF)
+    keep = _token_bits(width)
     base = np.uint64(raw.ctypes.data)
     for b in range(blocks):
         q = base + np.uint64(b) * stride
@@ -159,16 +159,17 @@ def _decode_blocks(raw, blocks, width, tokens, flags):
         flags[b] = _SPREAD[raw[np.uint64(b) * stride + np.uint64(8) * w]]
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _token_bits(width):
+    """The bits of the 4 bytes loaded at a token's address that are the token (``width`` bytes)."""
+    return np.uint32(0xFFFFFFFF) >> np.uint32(32 - 8 * width)
+
+
 @njit(cache=True, nogil=True)
 def _load_token(raw, u, width):
-    """Token ``u`` (counted from the first block) of the blocks in ``raw``."""
+    """Token ``u`` (counted from the first block) of the blocks in ``raw`` (3 readable bytes past them)."""
     at = np.uint64(u >> 3) * np.uint64(8 * width + 1) + np.uint64(u & 7) * np.uint64(width)
-    value = np.int32(raw[at]) | (np.int32(raw[at + np.uint64(1)]) << 8)
-    if width >= 3:
-        value |= np.int32(raw[at + np.uint64(2)]) << 16
-    if width == 4:
-        value |= np.int32(raw[at + np.uint64(3)]) << 24
-    return value
+    return np.int32(load_u32(np.uint64(raw.ctypes.data) + at) & _token_bits(width))
 
 
 @njit(cache=True, nogil=True)
