@@ -1030,3 +1030,20 @@ def test_dictionary_decode_finds_an_index_past_the_dictionary_anywhere():
             bad[rng.integers(n)] = rng.integers(dictionary.size, 1 << bit_width)
             raw = np.frombuffer(_hybrid_stream(bad, bit_width, rng), np.uint8)
             assert K.dictionary_decode(raw, 0, raw.size, bit_width, n, dictionary, out) == K.INDEX_RANGE, trial
+
+
+def test_payloads_read_where_files_cannot_be_mapped(paged_parquet, monkeypatch):
+    """On a file system that refuses memory maps, page payloads are read with pread instead:
+    same data, still the fast path."""
+    import mmap as mmap_module
+
+    from packer_cli.sources import parquet_lists
+
+    def refuse(*args, **kwargs):
+        raise OSError(19, "No such device")  # ENODEV: what mmap raises where mapping is unsupported
+
+    monkeypatch.setattr(parquet_lists.mmap, "mmap", refuse)
+    assert parquet_lists.mmap is mmap_module
+    reader, batches = read_with_packer(paged_parquet, ["input_ids", "loss_mask"], 500)
+    assert_same_as_pyarrow(paged_parquet, ["input_ids", "loss_mask"], batches)
+    assert reader.fallback_reason is None and reader.arrow_rows == 0

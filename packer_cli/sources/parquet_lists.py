@@ -197,11 +197,14 @@ class _ChunkPages:
         if start + size > self.file_size:
             raise _Corrupt("file ends inside a page")
         self.pos = start + size
-        if size < _MAP_PAYLOAD:
-            return header, os.pread(self.fd, size, start)
-        base = start - start % mmap.ALLOCATIONGRANULARITY
-        view = memoryview(mmap.mmap(self.fd, start + size - base, prot=mmap.PROT_READ, offset=base))
-        return header, view[start - base:]
+        if size >= _MAP_PAYLOAD:
+            base = start - start % mmap.ALLOCATIONGRANULARITY
+            try:
+                view = memoryview(mmap.mmap(self.fd, start + size - base, prot=mmap.PROT_READ, offset=base))
+                return header, view[start - base:]
+            except OSError:  # a file system that cannot map files: read the page instead
+                pass
+        return header, os.pread(self.fd, size, start)
 
 
 # --- one page -----------------------------------------------------------------------------------
