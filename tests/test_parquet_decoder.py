@@ -1047,3 +1047,30 @@ def test_payloads_read_where_files_cannot_be_mapped(paged_parquet, monkeypatch):
     reader, batches = read_with_packer(paged_parquet, ["input_ids", "loss_mask"], 500)
     assert_same_as_pyarrow(paged_parquet, ["input_ids", "loss_mask"], batches)
     assert reader.fallback_reason is None and reader.arrow_rows == 0
+
+
+@pytest.mark.parametrize("compression", ["none", "snappy"])
+def test_large_and_small_pages_at_the_default_map_threshold(tmp_path, monkeypatch, compression):
+    """With the threshold as shipped, pages of 1 MB are mapped and the small ones (the loss mask,
+    each chunk's last page) read: same data as pyarrow, all on the fast path."""
+    from packer_cli.sources import parquet_lists
+
+    monkeypatch.setattr(parquet_lists, "_MAP_PAYLOAD", 256 << 10)
+    path = tmp_path / "large-pages.parquet"
+    pq.write_table(demo_table(2000, seed=5, max_len=1500), path, row_group_size=1200, data_page_size=1 << 20,
+                   compression=compression)
+    meta = pq.ParquetFile(path).metadata
+    chunk = meta.row_group(0).column(0)
+    assert chunk.total_compressed_size > 2 * (256 << 10)  # at least one page over the threshold
+    assert meta.row_group(0).column(1).total_compressed_size < 256 << 10  # the mask's pages are read
+    real_mmap, mapped = parquet_lists.mmap.mmap, []
+
+    def counting_mmap(*args, **kwargs):
+        mapped.append(args[1])
+        return real_mmap(*args, **kwargs)
+
+    monkeypatch.setattr(parquet_lists.mmap, "mmap", counting_mmap)
+    reader, batches = read_with_packer(path, ["input_ids", "loss_mask"], 300)
+    assert_same_as_pyarrow(path, ["input_ids", "loss_mask"], batches)
+    assert reader.fallback_reason is None and reader.arrow_rows == 0
+    assert mapped and all(length >= 256 << 10 for length in mapped)
