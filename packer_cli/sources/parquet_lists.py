@@ -48,6 +48,7 @@ _HEADER_PROBE = 1 << 10  # bytes read for a page header; retried with more if it
 _MAX_HEADER = 16 << 20
 PAGES_AHEAD = 3  # pages of each column decoding ahead of the rows taken...
 AHEAD_BYTES = 32 << 20  # ...unless they already hold this many values' bytes (files of huge pages)
+SLAB_BYTES = 16 << 20  # consecutive pages decode into one array of up to this size (see _ColumnCursor)
 _CODECS = ("UNCOMPRESSED", "SNAPPY", "ZSTD", "GZIP")
 _MAP_PAYLOAD = 256 << 10  # page payloads this large are mapped, smaller ones read
 
@@ -290,19 +291,18 @@ def _row_lengths(layout: _ColumnLayout, rep: np.ndarray, defs: np.ndarray) -> tu
 
 
 def _decode_values(layout: _ColumnLayout, header: thrift.PageHeader, span, count: int,
-                   dictionary: np.ndarray | None) -> np.ndarray:
+                   dictionary: np.ndarray | None, out: np.ndarray) -> np.ndarray:
+    """The page's ``count`` values, decoded into ``out[:count]``."""
     data, lo, hi = span
+    out = out[:count]
     if header.encoding == thrift.PLAIN:
         width = layout.physical_dtype.itemsize
         if lo + count * width > hi:
             raise _Corrupt("page is shorter than its values")
         if lo + count * width < hi:
             _check(UNUSUAL)
-        stored = data[lo:lo + count * width].view(layout.physical_dtype)
-        if layout.physical_dtype == layout.value_dtype:
-            return stored  # a view of the page's own (read-only, never reused) buffer: no copy
-        return stored.astype(layout.value_dtype)
-    out = np.empty(count, dtype=layout.value_dtype)
+        np.copyto(out, data[lo:lo + count * width].view(layout.physical_dtype), casting="unsafe")  # wraps like pyarrow's cast
+        return out
     if count:
         if dictionary is None:
             raise _Corrupt("dictionary-encoded page without a dictionary")
@@ -313,8 +313,9 @@ def _decode_values(layout: _ColumnLayout, header: thrift.PageHeader, span, count
 
 
 def _decode_page(layout: _ColumnLayout, codec: str, header: thrift.PageHeader, payload: bytes,
-                 dictionary: np.ndarray | None) -> _Page:
-    """Decode one data page on its own (no state from other pages: pages decode in parallel)."""
+                 dictionary: np.ndarray | None, out: np.ndarray) -> _Page:
+    """Decode one data page on its own (no state from other pages: pages decode in parallel),
+    its values into ``out`` (room for ``header.num_values``)."""
     if header.encoding not in (thrift.PLAIN, thrift.PLAIN_DICTIONARY, thrift.RLE_DICTIONARY):
         raise _Unsupported(f"values encoded as {thrift.ENCODING_NAMES.get(header.encoding, header.encoding)}")
     split = _split_v1 if header.page_type == thrift.DATA_PAGE else _split_v2
@@ -330,7 +331,7 @@ def _decode_page(layout: _ColumnLayout, codec: str, header: thrift.PageHeader, p
         defs = np.empty(n, dtype=np.uint8)
         _check(hybrid_decode(*def_span, layout.max_def.bit_length(), n, defs))
         lead, lengths, count = _row_lengths(layout, rep, defs)
-    return _Page(lead, lengths, _decode_values(layout, header, value_span, count, dictionary))
+    return _Page(lead, lengths, _decode_values(layout, header, value_span, count, dictionary, out))
 
 
 def _rows_of_full_page(layout: _ColumnLayout, rep_span, def_span, n: int) -> tuple[int, np.ndarray] | None:
@@ -356,6 +357,12 @@ class _ColumnCursor:
     Pages are read in order on the caller's thread and decoded up to ``PAGES_AHEAD`` ahead
     (fewer when those already hold ``AHEAD_BYTES`` of values) on ``pool`` (the kernels release the GIL, so two columns' pages, or one column's next pages,
     decode on both cores); their rows are then stitched together in order here.
+
+    Each page decodes straight into the next free stretch of a *slab*, an array shared by
+    consecutive pages (up to ``SLAB_BYTES``, and no larger than the chunk's values), so the
+    values of a batch usually lie side by side already and ``take`` hands out a view of them;
+    only a batch that crosses into a new slab, or past a page with empty lists, is copied. A
+    slab is freed when the last batch viewing it is.
     """
 
     def __init__(self, fd: int, file_size: int, layout: _ColumnLayout, chunk: pq.ColumnChunkMetaData,
@@ -366,13 +373,14 @@ class _ColumnCursor:
         self.pages = _ChunkPages(fd, chunk, file_size)
         self.levels_unread = chunk.num_values  # level entries (values and empty lists) not yet read
         self.dictionary: np.ndarray | None = None
-        self.decoding: deque = deque()  # (level count, future of _Page), in page order
+        self.decoding: deque = deque()  # (level count, slab, start, future of _Page), in page order
         self.ahead_values = 0  # level entries of the pages in ``decoding`` (a bound on their values)
         self.lengths: list[np.ndarray] = []  # lengths of complete rows not yet taken
         self.rows_ready = 0
         self.open_length = -1  # length so far of the row the last page left open (-1: none)
-        self.values: deque = deque()  # value arrays not yet (fully) taken; the first from ``head`` on
-        self.head = 0
+        self.values: deque = deque()  # [slab, start, stop] runs of values not yet taken, in order
+        self.slab: np.ndarray | None = None  # where the next page decodes, from ``slab_used`` on
+        self.slab_used = 0
 
     def _read_ahead(self) -> None:
         while self.levels_unread and len(self.decoding) < PAGES_AHEAD and (
@@ -383,10 +391,12 @@ class _ColumnCursor:
             elif header.page_type in (thrift.DATA_PAGE, thrift.DATA_PAGE_V2):
                 if header.num_values > self.levels_unread:
                     raise _Corrupt("pages hold more values than the column chunk")
+                slab, start = self._reserve(header.num_values)
                 self.levels_unread -= header.num_values
                 self.ahead_values += header.num_values
-                self.decoding.append((header.num_values, self.pool.submit(
-                    _decode_page, self.layout, self.codec, header, payload, self.dictionary)))
+                self.decoding.append((header.num_values, slab, start, self.pool.submit(
+                    _decode_page, self.layout, self.codec, header, payload, self.dictionary,
+                    slab[start:start + header.num_values])))
             # index pages (and page types from the future) carry nothing we need
 
     def _next_page(self) -> bool:
@@ -394,7 +404,7 @@ class _ColumnCursor:
         self._read_ahead()
         if not self.decoding:
             return False
-        levels, future = self.decoding.popleft()
+        levels, slab, start, future = self.decoding.popleft()
         self.ahead_values -= levels
         page = future.result()
         if page.lead:  # the page continues the open row
@@ -407,27 +417,51 @@ class _ColumnCursor:
             self._complete(page.lengths[:-1])
             self.open_length = int(page.lengths[-1])
         if page.values.size:
-            self.values.append(page.values)
+            self._append_values(slab, start, start + page.values.size)
         return True
+
+    def _reserve(self, n: int) -> tuple[np.ndarray, int]:
+        """Room for ``n`` values (a page's level count, a bound on its values): (slab, start)."""
+        if self.slab is None or self.slab_used + n > self.slab.size:
+            itemsize = self.layout.value_dtype.itemsize
+            size = max(n, min(SLAB_BYTES // itemsize, self.levels_unread))
+            self.slab = np.empty(size, dtype=self.layout.value_dtype)
+            self.slab_used = 0
+        self.slab_used += n
+        return self.slab, self.slab_used - n
+
+    def _append_values(self, slab: np.ndarray, start: int, stop: int) -> None:
+        """Queue a page's values, joined to the previous page's when they are adjacent in one slab."""
+        if self.values and self.values[-1][0] is slab and self.values[-1][2] == start:
+            self.values[-1][2] = stop
+        else:
+            self.values.append([slab, start, stop])
 
     def _complete(self, lengths: np.ndarray) -> None:
         self.lengths.append(lengths)
         self.rows_ready += lengths.size
 
     def _take_values(self, count: int) -> np.ndarray:
-        """The next ``count`` values, copied out of the decoded pages into one array."""
+        """The next ``count`` values: a view of their slab when they lie side by side in one,
+        else copied out run by run into one array."""
+        if count and self.values[0][2] - self.values[0][1] >= count:
+            return self._take_run(count)
         out = np.empty(count, dtype=self.layout.value_dtype)
         done = 0
         while done < count:
-            page = self.values[0]
-            n = min(count - done, page.size - self.head)
-            out[done:done + n] = page[self.head:self.head + n]
+            n = min(count - done, self.values[0][2] - self.values[0][1])
+            out[done:done + n] = self._take_run(n)
             done += n
-            self.head += n
-            if self.head == page.size:
-                self.values.popleft()
-                self.head = 0
         return out
+
+    def _take_run(self, n: int) -> np.ndarray:
+        """The next ``n`` values of the first run of values (which holds at least ``n``)."""
+        run = self.values[0]
+        slab, start = run[0], run[1]
+        run[1] += n
+        if run[1] == run[2]:
+            self.values.popleft()
+        return slab[start:start + n]
 
     def take(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """The next ``rows`` rows: (int64 offsets from 0, values)."""
@@ -454,7 +488,7 @@ class _ColumnCursor:
             raise _Corrupt("column chunk holds more rows than its row group")
 
     def cancel(self) -> None:
-        for _, future in self.decoding:
+        for *_, future in self.decoding:
             future.cancel()
 
 
