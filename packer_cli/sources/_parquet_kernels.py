@@ -66,6 +66,22 @@ def _fill(out, i, count, value, dictionary, mapped):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _packed(buf, base, j, width, mask):
+    """Value ``j`` of the bit-packed run at ``buf[base:]`` (its 8-byte word lies in the buffer)."""
+    bit = np.uint64(j) * width
+    return (_word(buf, base + (bit >> np.uint64(3))) >> (bit & np.uint64(7))) & mask
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _repeated(buf, pos, value_bytes):
+    """The value of a repeated-value run, stored in ``value_bytes`` little-endian bytes at ``pos``."""
+    value = np.int64(0)
+    for j in range(value_bytes):
+        value |= np.int64(buf[pos + j]) << (8 * j)
+    return value
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _unpack_words(buf, pos, hi, bit_width, take, out, i, dictionary, mapped):
     """Unpack bit-packed values ``0 .. j`` of the run at ``pos`` (those whose 8-byte word lies in
     the buffer) into ``out[i:]``; returns j, or -1 for a dictionary index out of range."""
@@ -76,8 +92,7 @@ def _unpack_words(buf, pos, hi, bit_width, take, out, i, dictionary, mapped):
     at = np.uint64(i)
     if not mapped:
         for j in range(limit):
-            bit = np.uint64(j) * width
-            out[at + np.uint64(j)] = (_word(buf, base + (bit >> np.uint64(3))) >> (bit & np.uint64(7))) & mask
+            out[at + np.uint64(j)] = _packed(buf, base, j, width, mask)
         return limit
     if limit and dictionary.size == 0:
         return -1
@@ -85,8 +100,7 @@ def _unpack_words(buf, pos, hi, bit_width, take, out, i, dictionary, mapped):
     last = np.uint64(dictionary.size - 1)
     beyond = False
     for j in range(limit):
-        bit = np.uint64(j) * width
-        index = (_word(buf, base + (bit >> np.uint64(3))) >> (bit & np.uint64(7))) & mask
+        index = _packed(buf, base, j, width, mask)
         beyond |= index > last
         out[at + np.uint64(j)] = dictionary[min(index, last)]
     return -1 if beyond else limit
@@ -149,9 +163,7 @@ def _decode(buf, lo, hi, bit_width, n, out, dictionary, mapped):
         else:  # one value repeated
             if pos + value_bytes > hi:
                 return TRUNCATED
-            value = np.int64(0)
-            for j in range(value_bytes):
-                value |= np.int64(buf[pos + j]) << (8 * j)
+            value = _repeated(buf, pos, value_bytes)
             pos += value_bytes
             take = min(count, n - i)
             if not _fill(out, i, take, value & mask, dictionary, mapped):
@@ -199,9 +211,7 @@ def levels_all_equal(buf, lo, hi, bit_width, n, value):
         header, pos = _run_header(buf, pos, hi)
         if header < 0 or header & 1 or pos + value_bytes > hi:
             return False
-        stored = np.int64(0)
-        for j in range(value_bytes):
-            stored |= np.int64(buf[pos + j]) << (8 * j)
+        stored = _repeated(buf, pos, value_bytes)
         pos += value_bytes
         if stored & mask != value:
             return False
