@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from packer_cli._unaligned import load_u64
+
 TRUNCATED = -1  # the stream ends before n values
 BAD_WIDTH = -2  # bit width over 32
 INDEX_RANGE = -3  # a dictionary index past the dictionary
@@ -25,20 +27,10 @@ MESSAGES = {TRUNCATED: "encoded values end early", BAD_WIDTH: "bit width over 32
 NO_DICTIONARY = np.zeros(0, dtype=np.int64)
 
 
-_U8 = np.uint64(8)
-
-
 @njit(cache=True, nogil=True, inline="always")
 def _word(buf, p):
-    """The 8 bytes at ``buf[p:]`` as one little-endian integer.
-
-    Unsigned indices matter: with them LLVM folds the eight byte loads into one (a signed index
-    keeps NumPy's negative-index check on every byte).
-    """
-    word = np.uint64(0)
-    for k in range(8):
-        word |= np.uint64(buf[p + np.uint64(k)]) << (_U8 * np.uint64(k))
-    return word
+    """The 8 bytes at ``buf[p:]`` (``p`` unsigned) as one little-endian integer: one unaligned load."""
+    return load_u64(np.uint64(buf.ctypes.data) + p)
 
 
 @njit(cache=True, nogil=True, inline="always")
