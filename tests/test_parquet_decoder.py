@@ -998,18 +998,10 @@ def _single_runs(def_raw: np.ndarray) -> bool:
     """Whether a definition-level stream is repeated-value runs only (the fast path's condition)."""
     pos = 0
     while pos < def_raw.size:
-        header = 0
-        shift = 0
-        while True:
-            byte = int(def_raw[pos])
-            pos += 1
-            header |= (byte & 0x7F) << shift
-            shift += 7
-            if byte < 0x80:
-                break
+        header, length = _read_varint(def_raw.tobytes(), pos)
         if header & 1:
             return False
-        pos += 1
+        pos += length + 1  # the header, then the 1-byte value
     return True
 
 
