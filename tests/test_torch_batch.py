@@ -62,9 +62,12 @@ def test_unpadded_pack_shares_one_boundary_vector():
     assert moved.cu_seqlens_padded is moved.cu_seqlens
 
 
-def test_padded_pack_sets_padded_fields():
+def test_padded_pack_sets_padded_fields(monkeypatch):
+    # The stand-in (tests/test_megatron_core.py covers Megatron-core's own class).
+    monkeypatch.setattr("packer_cli.torch.params.packed_seq_params_class", lambda: PackedSeqParams)
     b = _batch(SAMPLES_539, multiple=4)
     p = b.packed_seq_params(with_total_tokens=True)
+    assert type(p) is PackedSeqParams
     assert p.cu_seqlens_q.tolist() == [0, 5, 8, 17] and p.cu_seqlens_q_padded.tolist() == [0, 8, 12, 24]
     assert p.cu_seqlens_kv_padded is p.cu_seqlens_q_padded and p.total_tokens == 24
 

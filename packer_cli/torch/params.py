@@ -75,7 +75,8 @@ def make_packed_seq_params(
             stay ``None`` so TE keeps FlashAttention eligible).
         max_seqlen: longest physical segment of the full pack, a Python int.
         total_tokens: physical length; pass it only for Mamba/hybrid models (Megatron then
-            builds ``seq_idx`` in ``__post_init__``), as Bridge does.
+            builds ``seq_idx`` in ``__post_init__``), as Bridge does. Dropped when the class
+            has no such field (Megatron-core releases up to 0.16 at least).
     """
     cls = packed_seq_params_class()
     padded = None if cu_seqlens_padded is None or cu_seqlens_padded is cu_seqlens else cu_seqlens_padded
@@ -89,7 +90,8 @@ def make_packed_seq_params(
         max_seqlen_kv=int(max_seqlen),
     )
     names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
-    if total_tokens is not None:
+    # Released Megatron-core (0.16) has no total_tokens/seq_idx; only newer ones build seq_idx.
+    if total_tokens is not None and "total_tokens" in names:
         kwargs["total_tokens"] = int(total_tokens)
     if "cp_partition_mode" in names:  # newer Megatron-core: our partition is TE's zig-zag
         kwargs["cp_partition_mode"] = "zigzag"
