@@ -17,9 +17,9 @@ no spill page is ever resident) and writes and hashes the shards, or hands the s
 sibling directory that is renamed into place at the end, so OUT either is complete or absent.
 
 Both passes use both cores: in pass one a reader thread decodes and validates the next batch
-while this thread spills the previous one; in pass two two threads gather runs of packs while
-this thread writes them in order. The kernels, Arrow's decoder and the file writes release
-the GIL; memory stays bounded by a few batches in flight.
+while this thread spills the previous one; in pass two two shards are written at once, each
+by a thread fed by its own gathering thread. The kernels, Arrow's decoder and the file writes
+release the GIL; memory stays bounded by a few batches in flight.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ from packer_cli.shards._atomic import replace_dir
 from packer_cli.shards._gather import ORDER_FILE, SpillReader, SpillWriter
 from packer_cli.shards.bridge_output import BridgeOutput
 from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, seal_metadata
-from packer_cli.shards.writer import ShardWriter, pack_record_batch
+from packer_cli.shards.writer import ShardFile, pack_record_batch
 from packer_cli.sources import SampleStream, discover_inputs
 from packer_cli.spec import PackSpec, SourceSpec
 
@@ -121,19 +121,46 @@ def _pack_order(num_packs: int, spec: PackSpec) -> np.ndarray:
     return np.arange(num_packs, dtype=np.int32)
 
 
-def _runs(pack_load: np.ndarray, pack_order: np.ndarray):
-    """(first, end) output packs of each record batch: about ``BATCH_TOKENS`` tokens, at least one pack."""
+# Bytes a shard gains per token (int32 token, uint8 loss flag), per sequence (cu_seqlens,
+# seq_lens, last_token, source_offset: int32; source_index: int64) and per pack (list offsets).
+SHARD_BYTES_PER_TOKEN, SHARD_BYTES_PER_SEQUENCE, SHARD_BYTES_PER_PACK = 5, 24, 32
+SHARDS_IN_FLIGHT = 2
+
+
+def _shard_runs(pack_offsets: np.ndarray, pack_load: np.ndarray, pack_order: np.ndarray,
+                shard_bytes: int) -> list[list[tuple[int, int]]]:
+    """The runs of output packs (one record batch each, about ``BATCH_TOKENS`` tokens) of every
+    shard: a shard ends with the run that brings its estimated size to ``shard_bytes``.
+
+    Sizes are estimated from the plan (tokens, sequences and packs times the bytes each adds),
+    so every shard's contents are known before any is written and two can be written at once.
+    """
     ends = _run_ends(pack_load, pack_order, BATCH_TOKENS)
-    return zip(np.concatenate([[0], ends[:-1]]).tolist(), ends.tolist())
+    starts = np.concatenate([[0], ends[:-1]])
+    sequences = (pack_offsets[1:] - pack_offsets[:-1])[pack_order]
+    estimate = (pack_load[pack_order].astype(np.int64) * SHARD_BYTES_PER_TOKEN
+                + sequences * SHARD_BYTES_PER_SEQUENCE + SHARD_BYTES_PER_PACK)
+    run_bytes = np.add.reduceat(estimate, starts) if pack_order.size else np.zeros(1, np.int64)
+    shards, shard, size = [], [], 0
+    for run in zip(starts.tolist(), ends.tolist(), run_bytes.tolist()):
+        shard.append(run[:2])
+        size += run[2]
+        if size >= shard_bytes:
+            shards.append(shard)
+            shard, size = [], 0
+    return shards + [shard] if shard else shards
 
 
 def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, plan: _ParkedPlan, pack_order,
                   spec: PackSpec, shard_bytes: int, progress: Progress) -> list[dict]:
-    """Pass two: two threads gather runs of packs (``pread`` from the spill, compiled, GIL
-    released) while this thread writes and hashes the record batches in order. Each run's
-    items are read from the parked order and every sequence is recomputed from the sample
-    lengths (:meth:`Items.resolve`)."""
-    writer = ShardWriter(tmp, shard_bytes)
+    """Pass two: ``SHARDS_IN_FLIGHT`` shards are written at once, each by its own thread while a
+    helper thread gathers its next runs of packs (``pread`` from the spill, compiled, GIL
+    released). Each run's items are read from the parked order and every sequence is
+    recomputed from the sample lengths (:meth:`Items.resolve`).
+
+    Copying the shards into the page cache is most of pass two's work and runs at the speed
+    of one core per file, so shards are written side by side rather than one after another.
+    """
     task = progress.task("writing", total=pack_order.size, unit="packs")
 
     def gather(spill: SpillReader, a: int, b: int):
@@ -144,15 +171,21 @@ def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, pl
         batch = pack_record_batch(tokens, mask, cu, seq.length, last, sources[seq.sample], seq.offset, run_offsets)
         return batch, int(tokens.size), b - a, buffers
 
-    with SpillReader(spill_dir) as spill:
-        runs = ordered_map(lambda run: gather(spill, *run), _runs(plan.pack_load, pack_order), workers=2, ahead=3)
-        with closing(runs) as gathered:
+    def write_shard(spill: SpillReader, index: int, runs: list[tuple[int, int]]) -> dict:
+        with ShardFile(tmp, index) as shard, closing(background((gather(spill, a, b) for a, b in runs), depth=1)) as gathered:
             for batch, n_tokens, n_packs, buffers in gathered:
-                writer.write(batch, n_tokens)
+                shard.write(batch, n_tokens)
                 del batch  # the file holds the bytes now; the buffers can take the next run
                 spill.recycle(buffers)
                 progress.advance(task, n_packs)
-    return writer.finish()
+            return shard.finish()
+
+    shards = _shard_runs(plan.pack_offsets, plan.pack_load, pack_order, shard_bytes)
+    with SpillReader(spill_dir) as spill:
+        written = ordered_map(lambda job: write_shard(spill, *job), enumerate(shards),
+                              workers=SHARDS_IN_FLIGHT, ahead=SHARDS_IN_FLIGHT)
+        with closing(written) as entries:
+            return list(entries)
 
 
 def _trim_heap() -> None:

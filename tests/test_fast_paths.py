@@ -2,7 +2,7 @@
 
 * ``normalize_batch``: the one-pass kernels (all records good) against the vectorized checks;
 * the spill layout, and ``SpillReader.gather`` (``pread``) against the naive ``gather_packs``;
-* ``ShardWriter``: the hash taken while writing equals the hash of the file read back.
+* ``ShardFile``: the hash taken while writing equals the hash of the file read back.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from naive import gather_packs
 from packer_cli.shards._gather import LAYOUT_FILE, ORDER_FILE, SPILL_FILE, SpillReader, SpillWriter, token_width
-from packer_cli.shards.writer import ShardWriter, file_checksum, pack_record_batch
+from packer_cli.shards.writer import ShardFile, file_checksum, pack_record_batch
 from packer_cli.sources import normalize
 from packer_cli.sources.normalize import Supervision, normalize_batch
 from packer_cli.spec import SourceSpec
@@ -147,21 +147,22 @@ def test_pread_gather_matches_naive_gather(tmp_path):
 
 
 def test_hash_while_writing_equals_file_hash(tmp_path):
-    writer = ShardWriter(str(tmp_path), shard_bytes=1 << 14)
     rng = np.random.default_rng(0)
-    for _ in range(5):
-        n_seq = 40
-        seq_lens = rng.integers(1, 100, n_seq)
-        pack_seq_offsets = np.arange(0, n_seq + 1, 4)
-        cu = np.concatenate([np.concatenate([[0], np.cumsum(seq_lens[i:i + 4])])
-                             for i in range(0, n_seq, 4)]).astype(np.int32)
-        tokens = rng.integers(0, 1000, int(seq_lens.sum()), dtype=np.int32)
-        batch = pack_record_batch(tokens, np.ones(tokens.size, np.uint8), cu, seq_lens, np.zeros(n_seq, np.int32),
-                                  np.arange(n_seq), np.zeros(n_seq), pack_seq_offsets)
-        writer.write(batch, int(tokens.size))
-    entries = writer.finish()
-    assert len(entries) > 1
+    with ShardFile(str(tmp_path), 0) as first, ShardFile(str(tmp_path), 1) as second:
+        for k in range(5):
+            n_seq = 40
+            seq_lens = rng.integers(1, 100, n_seq)
+            pack_seq_offsets = np.arange(0, n_seq + 1, 4)
+            cu = np.concatenate([np.concatenate([[0], np.cumsum(seq_lens[i:i + 4])])
+                                 for i in range(0, n_seq, 4)]).astype(np.int32)
+            tokens = rng.integers(0, 1000, int(seq_lens.sum()), dtype=np.int32)
+            batch = pack_record_batch(tokens, np.ones(tokens.size, np.uint8), cu, seq_lens, np.zeros(n_seq, np.int32),
+                                      np.arange(n_seq), np.zeros(n_seq), pack_seq_offsets)
+            (first if k % 2 else second).write(batch, int(tokens.size))
+        entries = [first.finish(), second.finish()]
+    assert [e["rows"] for e in entries] == [20, 30]
     for entry in entries:
+        assert entry["bytes"] == (tmp_path / entry["name"]).stat().st_size
         assert entry["xxh3_64"] == file_checksum(str(tmp_path / entry["name"]))
 
 

@@ -126,6 +126,38 @@ def test_every_algorithm_respects_capacity_and_determinism(synthetic_parquet, tm
     assert meta["counts"]["padded_tokens"] <= meta["counts"]["packs"] * 2048
 
 
+def test_shards_written_side_by_side_hold_the_single_shard_output_in_order(synthetic_parquet, tmp_path, monkeypatch):
+    import pyarrow as pa
+
+    from packer_cli import pipeline
+
+    def rows_and_entries(out):
+        entries = orjson.loads((out / "manifest.json").read_bytes())["shards"]
+        tables = [pa.ipc.open_file(pa.memory_map(str(out / e["name"]))).read_all() for e in entries]
+        for entry, table in zip(entries, tables):
+            assert (entry["rows"], entry["tokens"]) == (table.num_rows, len(table.column("tokens").combine_chunks().values))
+        return pa.concat_tables(tables), entries
+
+    spec = PackSpec(pack_size=2048, seed=4)
+    pack([str(synthetic_parquet)], str(tmp_path / "one"), spec)
+    whole, entries = rows_and_entries(tmp_path / "one")
+    assert len(entries) == 1
+    monkeypatch.setattr(pipeline, "BATCH_TOKENS", 20_000)  # about 60 record batches
+    for shard_bytes in (1, 500_000, 2_000_000):
+        out = tmp_path / f"split{shard_bytes}"
+        pipeline.pack([str(synthetic_parquet)], str(out), spec, shard_bytes=shard_bytes)
+        split, entries = rows_and_entries(out)
+        assert [e["name"] for e in entries] == [f"packs-{k:05d}.arrow" for k in range(len(entries))]
+        assert split.equals(whole), "splitting into shards written side by side must not move a pack"
+        assert len(entries) > 2 and all(e["bytes"] >= 0.9 * shard_bytes for e in entries[:-1])
+        if shard_bytes > 1:  # a shard closes with the batch that fills it: at most one batch over
+            assert all(e["bytes"] < shard_bytes + 20_000 * 6 for e in entries)
+    again = tmp_path / "again"
+    pipeline.pack([str(synthetic_parquet)], str(again), spec, shard_bytes=500_000)
+    assert {p.name: p.read_bytes() for p in again.iterdir()} == {
+        p.name: p.read_bytes() for p in (tmp_path / "split500000").iterdir()}
+
+
 def test_seed_changes_pack_order_not_content(synthetic_parquet, tmp_path):
     pack([str(synthetic_parquet)], str(tmp_path / "s0"), PackSpec(pack_size=2048, seed=0))
     pack([str(synthetic_parquet)], str(tmp_path / "s1"), PackSpec(pack_size=2048, seed=1))

@@ -1,14 +1,14 @@
 """Write packs into Arrow IPC shards and describe them in a manifest.
 
-The writer is handed runs of packs as flat arrays (see ``SpillReader.gather``) and turns each
-run into one record batch; a shard is closed when it reaches its byte budget. Every byte is
-hashed on its way to the file (no re-read), and the manifest lists name, bytes, rows, tokens
-and hash.
+The pipeline hands each run of packs over as flat arrays (see ``SpillReader.gather``), turns it
+into one record batch with :func:`pack_record_batch` and appends it to its :class:`ShardFile`
+(which runs go to which shard is decided before any is written, so shards can be written side
+by side). Every byte is hashed on its way to the file (no re-read), and the manifest lists
+name, bytes, rows, tokens and hash.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -90,45 +90,34 @@ class _HashingFile:
             self.closed = True
 
 
-@dataclass
-class ShardWriter:
-    """Appends record batches to ``packs-NNNNN.arrow`` files in ``directory``."""
+class ShardFile:
+    """One ``packs-NNNNN.arrow``: record batches are appended (and hashed on their way to the
+    file); :meth:`finish` writes the footer and returns the shard's manifest entry.
 
-    directory: str
-    shard_bytes: int
-    entries: list[dict] = field(default_factory=list)
-    _writer: pa.ipc.RecordBatchFileWriter | None = None
-    _sink: _HashingFile | None = None
-    _rows: int = 0
-    _tokens: int = 0
+    A context manager, so a shard abandoned by an error is closed; the pipeline writes into a
+    temporary directory, so an unfinished shard is never seen as output.
+    """
 
-    def _open(self) -> None:
-        name = shard_name(len(self.entries))
-        self._sink = _HashingFile(os.path.join(self.directory, name))
+    def __init__(self, directory: str, index: int):
+        self.name = shard_name(index)
+        self.path = os.path.join(directory, self.name)
+        self._sink = _HashingFile(self.path)
         self._writer = pa.ipc.new_file(self._sink, PACK_SCHEMA)
-        self.entries.append({"name": name})
-        self._rows = self._tokens = 0
+        self.rows = self.tokens = 0
+
+    def __enter__(self) -> "ShardFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._sink.close()
 
     def write(self, batch: pa.RecordBatch, tokens: int) -> None:
-        if self._writer is None:
-            self._open()
         self._writer.write_batch(batch)
-        self._rows += batch.num_rows
-        self._tokens += tokens
-        if self._sink.tell() >= self.shard_bytes:
-            self._close()
+        self.rows += batch.num_rows
+        self.tokens += tokens
 
-    def _close(self) -> None:
-        if self._writer is None:
-            return
+    def finish(self) -> dict:
         self._writer.close()
         self._sink.close()
-        path = os.path.join(self.directory, self.entries[-1]["name"])
-        digest = self._sink.digest.hexdigest()
-        self.entries[-1].update(bytes=os.path.getsize(path), rows=self._rows, tokens=self._tokens, **{CHECKSUM: digest})
-        self._writer = self._sink = None
-
-    def finish(self) -> list[dict]:
-        """Close the open shard and return the manifest entries."""
-        self._close()
-        return self.entries
+        return {"name": self.name, "bytes": os.path.getsize(self.path), "rows": self.rows, "tokens": self.tokens,
+                CHECKSUM: self._sink.digest.hexdigest()}
