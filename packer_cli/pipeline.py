@@ -135,16 +135,12 @@ def _shard_runs(pack_offsets: np.ndarray, pack_load: np.ndarray, pack_order: np.
     Sizes are estimated from the plan (tokens, sequences and packs times the bytes each adds),
     so every shard's contents are known before any is written and two can be written at once.
     """
-    ends = _run_ends(pack_load, pack_order, BATCH_TOKENS)
-    starts = np.concatenate([[0], ends[:-1]])
-    sequences = (pack_offsets[1:] - pack_offsets[:-1])[pack_order]
-    estimate = (pack_load[pack_order].astype(np.int64) * SHARD_BYTES_PER_TOKEN
-                + sequences * SHARD_BYTES_PER_SEQUENCE + SHARD_BYTES_PER_PACK)
-    run_bytes = np.add.reduceat(estimate, starts) if pack_order.size else np.zeros(1, np.int64)
+    ends, run_bytes = _runs_of_packs(pack_offsets, pack_load, pack_order, BATCH_TOKENS)
+    starts = [0] + ends[:-1].tolist()
     shards, shard, size = [], [], 0
-    for run in zip(starts.tolist(), ends.tolist(), run_bytes.tolist()):
-        shard.append(run[:2])
-        size += run[2]
+    for a, b, nbytes in zip(starts, ends.tolist(), run_bytes.tolist()):
+        shard.append((a, b))
+        size += nbytes
         if size >= shard_bytes:
             shards.append(shard)
             shard, size = [], 0
@@ -242,18 +238,24 @@ def _park_order(plan, spill_dir: str) -> _ParkedPlan:
 
 
 @njit(cache=True, nogil=True)
-def _run_ends(pack_load, pack_order, budget):
-    """End (exclusive output pack) of each run of about ``budget`` tokens, at least one pack each."""
-    ends = []
-    acc = 0
+def _runs_of_packs(pack_offsets, pack_load, pack_order, budget):
+    """End (exclusive output pack) and estimated shard bytes of each run of about ``budget``
+    tokens, at least one pack each (one pass, nothing allocated per pack)."""
+    ends, sizes = [], []
+    tokens = size = 0
     for k in range(pack_order.size):
-        acc += pack_load[pack_order[k]]
-        if acc >= budget:
+        p = pack_order[k]
+        tokens += pack_load[p]
+        size += (pack_load[p] * SHARD_BYTES_PER_TOKEN + (pack_offsets[p + 1] - pack_offsets[p]) * SHARD_BYTES_PER_SEQUENCE
+                 + SHARD_BYTES_PER_PACK)
+        if tokens >= budget:
             ends.append(k + 1)
-            acc = 0
-    if acc > 0 or not ends:
+            sizes.append(size)
+            tokens = size = 0
+    if tokens > 0 or not ends:
         ends.append(pack_order.size)
-    return np.array(ends, dtype=np.int64)
+        sizes.append(size)
+    return np.array(ends, dtype=np.int64), np.array(sizes, dtype=np.int64)
 
 
 def _write_json(path: str, obj) -> None:
