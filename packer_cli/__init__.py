@@ -9,7 +9,7 @@ The CLI (``packer pack|inspect|verify``) is a thin layer over these functions.
 """
 __version__ = "0.1.0"
 
-from packer_cli.errors import ConfigError, DataError, PackerError  # noqa: E402
+from packer_cli.errors import ConfigError, DataError, OutputError, PackerError  # noqa: E402
 from packer_cli.plan import first_fit_decreasing  # noqa: E402
 from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec  # noqa: E402
 
@@ -22,6 +22,6 @@ def pack(*args, **kwargs):
 
 
 __all__ = [
-    "Algorithm", "BadRecordPolicy", "ConfigError", "DataError", "OverlongPolicy", "PackSpec",
+    "Algorithm", "BadRecordPolicy", "ConfigError", "DataError", "OutputError", "OverlongPolicy", "PackSpec",
     "PackerError", "SourceSpec", "first_fit_decreasing", "pack",
 ]

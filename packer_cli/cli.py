@@ -1,6 +1,7 @@
 """The ``packer`` command line: a thin typer layer over the Python API.
 
-Exit codes: 0 ok, 1 data error (or problems found by verify), 2 bad options or unusable paths.
+Exit codes: 0 ok, 1 data error (or problems found by verify), 2 bad options or unusable paths,
+3 the output could not be written (disk full, I/O error).
 Every error is one line on stderr; no tracebacks.
 """
 from __future__ import annotations

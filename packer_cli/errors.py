@@ -24,6 +24,15 @@ class DataError(PackerError):
     exit_code = 1
 
 
+class OutputError(PackerError):
+    """The output or its scratch files could not be written: disk full, I/O error (exit code 3).
+
+    Nothing is left at the output path; the message names it and the system's reason.
+    """
+
+    exit_code = 3
+
+
 class BadRecord(DataError):
     """One record is bad; carries where it is so `--on-bad-record skip` can count it."""
 

@@ -36,7 +36,7 @@ from packer_cli import __version__
 from packer_cli._background import background, ordered_map
 from packer_cli._sequences import Items, SampleLog, SourceMap, build_items
 from packer_cli._summary import PackSummary, summarize
-from packer_cli.errors import ConfigError, DataError
+from packer_cli.errors import ConfigError, DataError, OutputError
 from packer_cli.plan import plan_packs
 from packer_cli.progress import Progress
 from packer_cli.shards._atomic import replace_dir
@@ -298,8 +298,9 @@ def pack(
     ``output``: a :class:`~packer_cli.shards.bridge_output.BridgeOutput` writes Megatron-Bridge's
     Parquet layout (one split per call) instead of native shards, from the same plan.
 
-    Raises :class:`ConfigError` for unusable options and :class:`DataError` for bad data;
-    on any error nothing is left at ``out``.
+    Raises :class:`ConfigError` for unusable options (or an ``out`` that cannot be created),
+    :class:`DataError` for bad data and :class:`OutputError` when writing the output or the
+    spill fails (disk full, I/O error); on any error nothing is left at ``out``.
     """
     spec.validate()
     source.validate()
@@ -310,7 +311,10 @@ def pack(
         raise ConfigError("an output directory (-o OUT) is required unless --dry-run")
     if output:
         output.validate()
-    tmp = None if dry_run else (output.prepare(out, overwrite, spec) if output else _prepare_out(out, overwrite))
+    try:
+        tmp = None if dry_run else (output.prepare(out, overwrite, spec) if output else _prepare_out(out, overwrite))
+    except OSError as exc:
+        raise ConfigError(f"{out}: cannot create the output: {exc}") from exc
     spill_dir = None
     try:
         if tmp:
@@ -369,6 +373,8 @@ def pack(
             replace_dir(tmp, out)
             tmp = None
         return summary
+    except OSError as exc:  # readers report their own errors as DataError: this is the writing side
+        raise OutputError(f"{out}: writing the output failed: {exc}") from exc
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import read_samples
-from packer_cli import ConfigError, PackSpec, pack
+from packer_cli import ConfigError, OutputError, PackSpec, pack
 from packer_cli.cli import app
 from packer_cli.demo import DEMO_EOS, demo_table
 from packer_cli.shards.bridge import default_row_group_size
@@ -275,7 +275,7 @@ def test_failed_write_leaves_out_untouched(small, tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(writer, "write_bridge_file", broken)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OutputError, match="out: writing the output failed: disk full"):
         bridge_pack([small], out, spec, split="validation")
     assert {p: (out / p).read_bytes() for p in os.listdir(out)} == listing
     assert sorted(os.listdir(tmp_path)) == ["out"]

@@ -192,3 +192,40 @@ def test_corrupted_inputs_never_traceback(tmp_path):
         if result.exit_code:
             assert len(result.output.strip().splitlines()) == 1 and not out.exists(), (src, result.output)
     assert not list(tmp_path.glob("out*.tmp-*"))
+
+
+def _no_space(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+
+@pytest.mark.parametrize("where", ["spill", "shard", "bridge"])
+def test_a_full_disk_is_one_line_exit_3_and_nothing_left(synthetic_parquet, tmp_path, monkeypatch, where):
+    import threading
+
+    from packer_cli.shards import _gather, bridge_writer, writer
+
+    if where == "spill":  # pass one
+        monkeypatch.setattr(_gather.SpillWriter, "write", _no_space)
+    elif where == "shard":  # pass two, in a shard-writing thread
+        monkeypatch.setattr(writer.ShardFile, "write", _no_space)
+    else:
+        monkeypatch.setattr(bridge_writer.pq.ParquetWriter, "write_table", _no_space)
+    threads = threading.active_count()
+    extra = ["--format", "megatron-bridge"] if where == "bridge" else []
+    result = run("pack", synthetic_parquet, "-o", tmp_path / "out", *extra)
+    assert result.exit_code == 3, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'out'}: writing the output failed: [Errno 28] No space left on device")
+    assert "Traceback" not in result.output
+    assert_nothing_written(tmp_path)
+    assert threading.active_count() == threads  # no writer or gatherer thread outlives the error
+
+
+def test_an_output_that_cannot_be_created_exits_2(tmp_path, monkeypatch):
+    import os
+
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD])
+    monkeypatch.setattr(os, "makedirs", lambda *a, **k: _no_space() if "out" in str(a[0]) else None)
+    result = run("pack", path, "-o", tmp_path / "out")
+    assert result.exit_code == 2 and "cannot create the output: [Errno 28]" in result.output, result.output
+    assert_nothing_written(tmp_path)
