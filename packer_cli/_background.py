@@ -13,7 +13,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor, wait
 from typing import Callable, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
@@ -74,16 +74,21 @@ def background(items: Iterator[T], depth: int = 2) -> Iterator[T]:
         thread.join()
 
 
-def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int = 2, ahead: int = 3) -> Iterator[R]:
+def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int = 2, ahead: int = 3,
+                pool: Executor | None = None) -> Iterator[R]:
     """``map(fn, items)`` on ``workers`` threads, yielded in order, at most ``ahead`` computed ahead.
 
     For work that releases the GIL (compiled kernels, I/O). An exception from ``fn`` is
     re-raised in the consumer at its item's turn; stopping early cancels what has not started.
+    With ``pool``, the work runs on that executor (shared with other maps, left running) and
+    ``workers`` is ignored; stopping early still waits for this map's started items.
 
     >>> list(ordered_map(lambda x: x * x, range(5)))
     [0, 1, 4, 9, 16]
     """
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="packer-worker")
+    own = pool is None
+    if own:
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="packer-worker")
     pending: deque = deque()
     todo = iter(items)
     try:
@@ -98,4 +103,9 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int = 2, ahea
                 break
             yield result
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        if own:
+            pool.shutdown(wait=True, cancel_futures=True)
+        else:
+            for future in pending:
+                future.cancel()
+            wait(pending)

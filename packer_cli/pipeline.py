@@ -18,13 +18,14 @@ sibling directory that is renamed into place at the end, so OUT either is comple
 
 Both passes use both cores: in pass one a reader thread decodes and validates the next batch
 while this thread spills the previous one; in pass two two shards are written at once, each
-by a thread fed by its own gathering thread. The kernels, Arrow's decoder and the file writes
+by its own thread, fed by two gathering threads. The kernels, Arrow's decoder and the file writes
 release the GIL; memory stays bounded by a few batches in flight.
 """
 from __future__ import annotations
 
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Callable
@@ -125,6 +126,7 @@ def _pack_order(num_packs: int, spec: PackSpec) -> np.ndarray:
 # seq_lens, last_token, source_offset: int32; source_index: int64) and per pack (list offsets).
 SHARD_BYTES_PER_TOKEN, SHARD_BYTES_PER_SEQUENCE, SHARD_BYTES_PER_PACK = 5, 24, 32
 SHARDS_IN_FLIGHT = 2
+GATHERED_AHEAD = 2  # runs each shard has gathered or gathering while it writes one
 
 
 def _shard_runs(pack_offsets: np.ndarray, pack_load: np.ndarray, pack_order: np.ndarray,
@@ -149,13 +151,14 @@ def _shard_runs(pack_offsets: np.ndarray, pack_load: np.ndarray, pack_order: np.
 
 def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, plan: _ParkedPlan, pack_order,
                   spec: PackSpec, shard_bytes: int, progress: Progress) -> list[dict]:
-    """Pass two: ``SHARDS_IN_FLIGHT`` shards are written at once, each by its own thread while a
-    helper thread gathers its next runs of packs (``pread`` from the spill, compiled, GIL
-    released). Each run's items are read from the parked order and every sequence is
-    recomputed from the sample lengths (:meth:`Items.resolve`).
+    """Pass two: ``SHARDS_IN_FLIGHT`` shards are written at once, each by its own thread, while
+    two shared threads gather the runs of packs they will write next (``pread`` from the spill,
+    compiled, GIL released). Each run's items are read from the parked order and every
+    sequence is recomputed from the sample lengths (:meth:`Items.resolve`).
 
     Copying the shards into the page cache is most of pass two's work and runs at the speed
-    of one core per file, so shards are written side by side rather than one after another.
+    of one core per file, so shards are written side by side rather than one after another;
+    a shard written alone (a small output, or the last one) still has both gatherers.
     """
     task = progress.task("writing", total=pack_order.size, unit="packs")
 
@@ -167,8 +170,9 @@ def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, pl
         batch = pack_record_batch(tokens, mask, cu, seq.length, last, sources[seq.sample], seq.offset, run_offsets)
         return batch, int(tokens.size), b - a, buffers
 
-    def write_shard(spill: SpillReader, index: int, runs: list[tuple[int, int]]) -> dict:
-        with ShardFile(tmp, index) as shard, closing(background((gather(spill, a, b) for a, b in runs), depth=1)) as gathered:
+    def write_shard(spill: SpillReader, gatherers, index: int, runs: list[tuple[int, int]]) -> dict:
+        gathered = ordered_map(lambda run: gather(spill, *run), runs, ahead=GATHERED_AHEAD, pool=gatherers)
+        with ShardFile(tmp, index) as shard, closing(gathered):
             for batch, n_tokens, n_packs, buffers in gathered:
                 shard.write(batch, n_tokens)
                 del batch  # the file holds the bytes now; the buffers can take the next run
@@ -177,8 +181,8 @@ def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, pl
             return shard.finish()
 
     shards = _shard_runs(plan.pack_offsets, plan.pack_load, pack_order, shard_bytes)
-    with SpillReader(spill_dir) as spill:
-        written = ordered_map(lambda job: write_shard(spill, *job), enumerate(shards),
+    with SpillReader(spill_dir) as spill, ThreadPoolExecutor(2, thread_name_prefix="packer-gather") as gatherers:
+        written = ordered_map(lambda job: write_shard(spill, gatherers, *job), enumerate(shards),
                               workers=SHARDS_IN_FLIGHT, ahead=SHARDS_IN_FLIGHT)
         with closing(written) as entries:
             return list(entries)

@@ -1,0 +1,101 @@
+"""background() and ordered_map(): order, errors at their turn, bounded work ahead, clean stops."""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
+
+import pytest
+
+from packer_cli._background import background, ordered_map
+
+
+def _slow_square(x: int) -> int:
+    time.sleep(random.Random(x).random() * 0.004)  # finish out of order
+    return x * x
+
+
+@pytest.mark.parametrize("workers,ahead", [(1, 1), (2, 3), (4, 2)])
+def test_ordered_map_keeps_order_under_random_delays(workers, ahead):
+    assert list(ordered_map(_slow_square, range(60), workers=workers, ahead=ahead)) == [x * x for x in range(60)]
+
+
+def test_ordered_map_raises_at_the_failing_items_turn():
+    def fn(x):
+        if x == 5:
+            raise KeyError("item 5")
+        return x
+
+    seen = []
+    with pytest.raises(KeyError, match="item 5"):
+        for value in ordered_map(fn, range(20)):
+            seen.append(value)
+    assert seen == [0, 1, 2, 3, 4]
+
+
+def test_ordered_map_never_runs_more_than_ahead_beyond_the_consumer():
+    started, lock = [], threading.Lock()
+
+    def fn(x):
+        with lock:
+            started.append(x)
+        return x
+
+    consumed = 0
+    for value in ordered_map(fn, range(30), workers=4, ahead=3):
+        time.sleep(0.002)
+        with lock:
+            assert max(started) <= value + 3  # at most `ahead` items past the one handed over
+        consumed += 1
+    assert consumed == 30
+
+
+def test_stopping_early_cancels_what_has_not_started_and_joins():
+    threads = threading.active_count()
+    calls = []
+    gen = ordered_map(lambda x: calls.append(x) or x, range(1000), workers=2, ahead=3)
+    assert next(gen) == 0
+    gen.close()
+    assert len(calls) <= 5 and threading.active_count() == threads
+
+
+def test_maps_sharing_a_pool_interleave_and_leave_it_running():
+    with ThreadPoolExecutor(2) as pool:
+        evens = ordered_map(_slow_square, range(0, 40, 2), ahead=2, pool=pool)
+        odds = ordered_map(_slow_square, range(1, 40, 2), ahead=2, pool=pool)
+        assert [v for pair in zip(evens, odds) for v in pair] == [x * x for x in range(40)]
+        started = []
+        stopped = ordered_map(lambda x: started.append(x) or x, range(100), ahead=2, pool=pool)
+        with closing(stopped):
+            assert next(stopped) == 0
+        assert len(started) <= 3
+        assert pool.submit(lambda: "still running").result() == "still running"
+
+
+def test_background_yields_in_order_reraises_and_joins_on_early_stop():
+    assert list(background(iter(range(50)), depth=1)) == list(range(50))
+
+    def failing():
+        yield 1
+        raise ValueError("producer broke")
+
+    got = []
+    with pytest.raises(ValueError, match="producer broke"):
+        for value in background(failing()):
+            got.append(value)
+    assert got == [1]
+
+    threads = threading.active_count()
+    produced = []
+
+    def endless():
+        for x in range(10**9):
+            produced.append(x)
+            yield x
+
+    gen = background(endless(), depth=2)
+    assert next(gen) == 0
+    gen.close()
+    assert threading.active_count() == threads and len(produced) <= 5
