@@ -97,6 +97,8 @@ def test_empty_unreadable_and_unknown_inputs(tmp_path):
     (["--cp", "2", "--tp", "4", "--sp", "--pad-seq-to-mult", "12"], "must be a positive multiple of 8"),
     (["--pad-cu-seqlens"], "--pad-cu-seqlens requires --pad-to-max-length"),
     (["--pack-size", "0"], "pack-size must be a positive integer"),
+    (["--cp", "8", "--pack-size", "10"], "must be divisible by 2*CP = 16 with context parallelism; use --pack-size 16\n"),
+    (["--pack-size", "99999999999"], "pack-size 99,999,999,999 is above the largest supported, 16,777,216 tokens"),
 ])
 def test_bad_options_exit_2(tmp_path, args, message):
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD])

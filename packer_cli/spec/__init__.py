@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 
 from packer_cli.errors import ConfigError
+from packer_cli.plan._config import MAX_CAPACITY
 
 
 class Algorithm(str, Enum):
@@ -123,6 +124,9 @@ class PackSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.pack_size > MAX_CAPACITY:
+            raise ConfigError(f"pack-size {self.pack_size:,} is above the largest supported, {MAX_CAPACITY:,} "
+                              "tokens (the planners keep tables with one entry per token of capacity)")
         required = self.layout_multiple
         if self.pad_seq_to_mult is not None:
             if self.pad_seq_to_mult < 1 or self.pad_seq_to_mult % required:
@@ -131,10 +135,11 @@ class PackSpec:
                     f"the alignment required by CP={self.cp}, TP={self.tp}, SP={'on' if self.sp else 'off'}"
                 )
         if self.cp > 1 and self.pack_size % (2 * self.cp):
+            step = 2 * self.cp
+            lower, upper = self.pack_size // step * step, (self.pack_size // step + 1) * step
             raise ConfigError(
-                f"pack-size {self.pack_size} must be divisible by 2*CP = {2 * self.cp} with context "
-                f"parallelism; use --pack-size {self.pack_size // (2 * self.cp) * (2 * self.cp)} or "
-                f"{(self.pack_size // (2 * self.cp) + 1) * (2 * self.cp)}"
+                f"pack-size {self.pack_size} must be divisible by 2*CP = {step} with context "
+                f"parallelism; use --pack-size {f'{lower} or {upper}' if lower else upper}"
             )
         if self.max_sequence_length < 1:
             raise ConfigError(
