@@ -126,6 +126,7 @@ def _pack_order(num_packs: int, spec: PackSpec) -> np.ndarray:
 # seq_lens, last_token, source_offset: int32; source_index: int64) and per pack (list offsets).
 SHARD_BYTES_PER_TOKEN, SHARD_BYTES_PER_SEQUENCE, SHARD_BYTES_PER_PACK = 5, 24, 32
 SHARDS_IN_FLIGHT = 2
+GATHER_THREADS = 2
 GATHERED_AHEAD = 2  # runs each shard has gathered or gathering while it writes one
 
 
@@ -152,7 +153,7 @@ def _shard_runs(pack_offsets: np.ndarray, pack_load: np.ndarray, pack_order: np.
 def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, plan: _ParkedPlan, pack_order,
                   spec: PackSpec, shard_bytes: int, progress: Progress) -> list[dict]:
     """Pass two: ``SHARDS_IN_FLIGHT`` shards are written at once, each by its own thread, while
-    two shared threads gather the runs of packs they will write next (``pread`` from the spill,
+    ``GATHER_THREADS`` shared threads gather the runs of packs they will write next (``pread`` from the spill,
     compiled, GIL released). Each run's items are read from the parked order and every
     sequence is recomputed from the sample lengths (:meth:`Items.resolve`).
 
@@ -181,7 +182,7 @@ def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, pl
             return shard.finish()
 
     shards = _shard_runs(plan.pack_offsets, plan.pack_load, pack_order, shard_bytes)
-    with SpillReader(spill_dir) as spill, ThreadPoolExecutor(2, thread_name_prefix="packer-gather") as gatherers:
+    with SpillReader(spill_dir) as spill, ThreadPoolExecutor(GATHER_THREADS, thread_name_prefix="packer-gather") as gatherers:
         written = ordered_map(lambda job: write_shard(spill, gatherers, *job), enumerate(shards),
                               workers=SHARDS_IN_FLIGHT, ahead=SHARDS_IN_FLIGHT)
         with closing(written) as entries:
@@ -250,8 +251,8 @@ def _runs_of_packs(pack_offsets, pack_load, pack_order, budget):
     for k in range(pack_order.size):
         p = pack_order[k]
         tokens += pack_load[p]
-        size += (pack_load[p] * SHARD_BYTES_PER_TOKEN + (pack_offsets[p + 1] - pack_offsets[p]) * SHARD_BYTES_PER_SEQUENCE
-                 + SHARD_BYTES_PER_PACK)
+        sequences = pack_offsets[p + 1] - pack_offsets[p]
+        size += pack_load[p] * SHARD_BYTES_PER_TOKEN + sequences * SHARD_BYTES_PER_SEQUENCE + SHARD_BYTES_PER_PACK
         if tokens >= budget:
             ends.append(k + 1)
             sizes.append(size)
