@@ -49,7 +49,7 @@ from packer_cli.sources import SampleStream, discover_inputs
 from packer_cli.spec import PackSpec, SourceSpec
 
 DEFAULT_SHARD_BYTES = 256 << 20
-BATCH_TOKENS = 4 << 20  # tokens per record batch: at most 4 runs in flight, about 20 MB each
+BATCH_TOKENS = 2 << 20  # tokens per record batch (about 10 MB): at most 6 in flight
 MAX_LISTED_BAD = 1000
 
 
@@ -127,7 +127,7 @@ def _pack_order(num_packs: int, spec: PackSpec) -> np.ndarray:
 SHARD_BYTES_PER_TOKEN, SHARD_BYTES_PER_SEQUENCE, SHARD_BYTES_PER_PACK = 5, 24, 32
 SHARDS_IN_FLIGHT = 2
 GATHER_THREADS = 2
-GATHERED_AHEAD = 2  # runs each shard has gathered or gathering while it writes one
+GATHERED_AHEAD = 2  # runs each shard has gathered or is gathering while it writes one
 
 
 def _shard_runs(pack_offsets: np.ndarray, pack_load: np.ndarray, pack_order: np.ndarray,
