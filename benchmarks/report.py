@@ -126,7 +126,7 @@ def render(res: dict, targets: dict) -> str:
         text += (f". The warm `pack()` took {e2e['api']['median_s']:.2f} s in all (min {e2e['api']['min_s']:.2f} s: "
                  "decode + validate + spill + plan + gather + write + hash). The CLI took "
                  f"{e2e['cli']['median_s']:.2f} s (min {e2e['cli']['min_s']:.2f} s): the same work plus the process "
-                 "start-up (interpreter, imports, numba's set-up and cache loading: about 0.65 s to the first batch) and a fresh process's memory, "
+                 "start-up (interpreter, imports, typer's argument parsing, numba's set-up and cache loading: about 0.9 s on this machine) and a fresh process's memory, "
                  "every page of it faulted in.")
         if "pages" in e2e:
             pg = e2e["pages"]
