@@ -153,9 +153,9 @@ def _shard_runs(pack_offsets: np.ndarray, pack_load: np.ndarray, pack_order: np.
 def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, plan: _ParkedPlan, pack_order,
                   spec: PackSpec, shard_bytes: int, progress: Progress) -> list[dict]:
     """Pass two: ``SHARDS_IN_FLIGHT`` shards are written at once, each by its own thread, while
-    ``GATHER_THREADS`` shared threads gather the runs of packs they will write next (``pread`` from the spill,
-    compiled, GIL released). Each run's items are read from the parked order and every
-    sequence is recomputed from the sample lengths (:meth:`Items.resolve`).
+    ``GATHER_THREADS`` shared threads gather the runs of packs they will write next (``pread``
+    from the spill, compiled, GIL released). Each run's items are read from the parked order
+    and every sequence is recomputed from the sample lengths (:meth:`Items.resolve`).
 
     Copying the shards into the page cache is most of pass two's work and runs at the speed
     of one core per file, so shards are written side by side rather than one after another;
@@ -182,7 +182,8 @@ def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, pl
             return shard.finish()
 
     shards = _shard_runs(plan.pack_offsets, plan.pack_load, pack_order, shard_bytes)
-    with SpillReader(spill_dir) as spill, ThreadPoolExecutor(GATHER_THREADS, thread_name_prefix="packer-gather") as gatherers:
+    gatherers = ThreadPoolExecutor(GATHER_THREADS, thread_name_prefix="packer-gather")
+    with SpillReader(spill_dir) as spill, gatherers:
         written = ordered_map(lambda job: write_shard(spill, gatherers, *job), enumerate(shards),
                               workers=SHARDS_IN_FLIGHT, ahead=SHARDS_IN_FLIGHT)
         with closing(written) as entries:
