@@ -1,0 +1,68 @@
+"""What importing packer costs: numba (and its LLVM) loads only with the code that compiles.
+
+A data-loader worker imports ``packer_cli.torch`` and reads shards with pyarrow; ``packer
+--help`` needs typer. Neither should pay numba's import and set-up (~0.3 s and ~60 MB a
+process, every spawned worker again). Each check runs in a fresh interpreter, since this
+test process has long since imported everything.
+"""
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import packer_cli
+import packer_cli.plan
+from packer_cli.plan import algorithms, bounds
+
+COMPILER_MODULES = ("numba", "llvmlite")
+
+
+def loaded_after(code: str) -> set[str]:
+    """Top-level modules loaded by running ``code`` in a fresh interpreter."""
+    script = textwrap.dedent(code) + "\nimport json, sys\nprint(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_package_spec_and_cli_module_do_not_load_the_compiler():
+    loaded = loaded_after("import packer_cli, packer_cli.spec, packer_cli.errors, packer_cli.cli")
+    assert not loaded & set(COMPILER_MODULES)
+    assert "typer" in loaded  # the check sees real imports
+
+
+def test_packing_loads_the_compiler():
+    loaded = loaded_after("import packer_cli\npacker_cli.first_fit_decreasing([3, 2, 2], 4)")
+    assert set(COMPILER_MODULES) <= loaded
+
+
+def test_torch_side_reads_and_slices_shards_without_the_compiler(tmp_path):
+    pytest.importorskip("torch")
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": list(range(1, 5 + k % 23))}) + "\n" for k in range(80)))
+    out = tmp_path / "out"
+    packer_cli.pack([str(src)], str(out), packer_cli.PackSpec(pack_size=64, cp=2))
+    loaded = loaded_after(f"""
+        from packer_cli.torch import PackedDataset, THDLoader
+        ds = PackedDataset({str(out)!r})
+        batch = ds.micro_batch([1], cp_size=2, cp_rank=1)
+        assert batch.num_tokens > 0
+        for b in THDLoader(ds, cp_size=2, cp_rank=0, seed=1, device="cpu", num_workers=0, pin_memory=False):
+            assert b.num_tokens > 0
+    """)
+    assert "torch" in loaded and "pyarrow" in loaded
+    assert not loaded & set(COMPILER_MODULES)
+
+
+def test_lazy_names_resolve_to_the_real_objects():
+    assert packer_cli.first_fit_decreasing is algorithms.first_fit_decreasing
+    assert packer_cli.plan.martello_toth_l2 is bounds.martello_toth_l2
+    assert "first_fit_decreasing" in dir(packer_cli) and "plan_packs" in dir(packer_cli.plan)
+    for name in packer_cli.plan.__all__:
+        assert getattr(packer_cli.plan, name) is not None
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        packer_cli.plan.nope  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        packer_cli.nope  # noqa: B018
