@@ -6,6 +6,7 @@ Every error is one line on stderr; no tracebacks.
 """
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from typing import Annotated, Optional
@@ -197,7 +198,13 @@ def main() -> None:
     The work is complete (files closed, output renamed) when a command returns, so the
     process leaves with ``os._exit`` after flushing: tearing down numba's and pyarrow's
     module state at interpreter shutdown costs ~0.15 s per run and achieves nothing.
+
+    For the same reason a command runs with the cyclic garbage collector off: its full passes
+    over the objects numba and pyarrow create while loading cost ~0.1 s a start, and a command
+    makes little cyclic garbage (a ``pack`` run leaves about 1,300 objects in cycles, at 118M
+    tokens as at 590M). Reference counting still frees everything else as it goes.
     """
+    gc.disable()
     try:
         app()
         code = 0
