@@ -6,7 +6,7 @@
            ─plan─▶ packs ─shuffle─▶ gather ─▶ packs-*.arrow ─▶ manifest.json, metadata.json ─rename─▶ OUT
 
 Pass one streams every input once, validating records and appending each sample's tokens and
-target flags to the spill file in the temporary output directory; only one token count per
+target flags to the spill file in the temporary output directory (or under ``spill_dir``); only one token count per
 sample (2 or 4 bytes) stays in memory (targets are summed as batches pass; see
 :mod:`packer_cli._sequences`). The plan needs only the padded lengths, while the counts wait in
 the spill directory; in pass two the plan's order waits there instead. No stage holds more than
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
@@ -63,23 +64,32 @@ def _target_counts(batch, cap: int):
     return runtime, tail
 
 
-def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress: Progress):
-    """Pass one: validate, spill tokens/targets, keep lengths and totals."""
+def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress: Progress,
+                 spill_named: str | None = None):
+    """Pass one: validate, spill tokens/targets, keep lengths and totals.
+
+    ``spill_named``: the directory to blame when writing the spill fails (``--spill-dir``);
+    by default such a failure is the output's."""
     log = SampleLog(cap)
     counts = {"records": 0, "too_short": 0, "bad_records": 0}
     bad_listed: list[dict] = []
-    spill = SpillWriter(spill_dir) if spill_dir else None
     try:
-        task = progress.task("reading", total=None, unit="samples")
-        with closing(background(iter(stream), depth=2)) as validated:  # read + validate on a second core
-            for k, batch in enumerate(validated, 1):
-                _take(batch, counts, bad_listed, log, cap, spill)
-                progress.advance(task, batch.records)
-                if k % 32 == 0:
-                    _trim_heap()
-    finally:
-        if spill:
-            spill.close()
+        spill = SpillWriter(spill_dir) if spill_dir else None
+        try:
+            task = progress.task("reading", total=None, unit="samples")
+            with closing(background(iter(stream), depth=2)) as validated:  # read + validate on a second core
+                for k, batch in enumerate(validated, 1):
+                    _take(batch, counts, bad_listed, log, cap, spill)
+                    progress.advance(task, batch.records)
+                    if k % 32 == 0:
+                        _trim_heap()
+        finally:
+            if spill:
+                spill.close()
+    except OSError as exc:  # the readers report their own errors as DataError
+        if spill_named:
+            raise OutputError(f"{spill_named}: writing the spill failed: {exc}") from exc
+        raise
     log.sources.finish()
     return log, counts, bad_listed
 
@@ -266,6 +276,28 @@ def _runs_of_packs(pack_offsets, pack_load, pack_order, budget):
     return np.array(ends, dtype=np.int64), np.array(sizes, dtype=np.int64)
 
 
+def _check_spill_parent(spill_parent: str | None) -> str | None:
+    if spill_parent is None:
+        return None
+    spill_parent = os.path.abspath(spill_parent)
+    if not os.path.isdir(spill_parent):
+        raise ConfigError(f"{spill_parent}: spill directory does not exist")
+    return spill_parent
+
+
+def _make_spill_dir(tmp: str, spill_parent: str | None) -> str:
+    """The pass-one spill: inside the temporary output by default, else a private directory
+    made in ``spill_parent`` (removed with the temporary output, whatever happens)."""
+    if spill_parent is None:
+        spill_dir = os.path.join(tmp, "_spill")
+        os.makedirs(spill_dir)
+        return spill_dir
+    try:
+        return tempfile.mkdtemp(prefix="packer-spill-", dir=spill_parent)
+    except OSError as exc:
+        raise ConfigError(f"{spill_parent}: cannot create the spill directory: {exc}") from exc
+
+
 def _write_json(path: str, obj) -> None:
     import orjson
 
@@ -300,11 +332,17 @@ def pack(
     progress: bool = False,
     warn: Callable[[str], None] | None = None,
     output: BridgeOutput | None = None,
+    spill_dir: str | None = None,
 ) -> PackSummary:
     """Pack tokenized samples from ``inputs`` into ``out`` (nothing is written with ``dry_run``).
 
     ``output``: a :class:`~packer_cli.shards.bridge_output.BridgeOutput` writes Megatron-Bridge's
     Parquet layout (one split per call) instead of native shards, from the same plan.
+
+    ``spill_dir``: an existing directory to hold pass one's spill (about 3 bytes a token, read
+    back at random in pass two) instead of the temporary output directory, e.g. local disk when
+    ``out`` is on a network file system; a private subdirectory is made there and removed at
+    the end.
 
     Raises :class:`ConfigError` for unusable options (or an ``out`` that cannot be created),
     :class:`DataError` for bad data and :class:`OutputError` when writing the output or the
@@ -319,6 +357,7 @@ def pack(
         raise ConfigError("an output directory (-o OUT) is required unless --dry-run")
     if output:
         output.validate()
+    spill_parent = _check_spill_parent(spill_dir)
     try:
         tmp = None if dry_run else (output.prepare(out, overwrite, spec) if output else _prepare_out(out, overwrite))
     except OSError as exc:
@@ -326,11 +365,11 @@ def pack(
     spill_dir = None
     try:
         if tmp:
-            spill_dir = os.path.join(tmp, "_spill")
-            os.makedirs(spill_dir)
+            spill_dir = _make_spill_dir(tmp, spill_parent)
         with Progress(enabled=progress) as bar:
             stream = SampleStream(files, source)
-            log, read_counts, bad_listed = _read_inputs(stream, spill_dir, spec.max_sequence_length, bar)
+            log, read_counts, bad_listed = _read_inputs(stream, spill_dir, spec.max_sequence_length, bar,
+                                                        spill_named=spill_parent)
             if read_counts["records"] == 0:
                 raise DataError(f"{files[0].path}: empty input (no records)")
             sources, totals = log.sources, log.totals
@@ -384,5 +423,7 @@ def pack(
     except OSError as exc:  # readers report their own errors as DataError: this is the writing side
         raise OutputError(f"{out}: writing the output failed: {exc}") from exc
     finally:
+        if spill_dir and spill_parent:
+            shutil.rmtree(spill_dir, ignore_errors=True)
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -231,3 +231,58 @@ def test_an_output_that_cannot_be_created_exits_2(tmp_path, monkeypatch):
     result = run("pack", path, "-o", tmp_path / "out")
     assert result.exit_code == 2 and "cannot create the output: [Errno 28]" in result.output, result.output
     assert_nothing_written(tmp_path)
+
+
+def _files(root):
+    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("extra", [[], ["--format", "megatron-bridge"]], ids=["native", "bridge"])
+def test_spill_dir_holds_the_spill_and_is_emptied(synthetic_parquet, tmp_path, monkeypatch, extra):
+    import os
+
+    from packer_cli.shards import _gather
+
+    spills = []
+    close = _gather.SpillWriter.close
+
+    def spying_close(self):
+        close(self)
+        spills.append((self._dir, os.path.getsize(os.path.join(self._dir, _gather.SPILL_FILE))))
+
+    monkeypatch.setattr(_gather.SpillWriter, "close", spying_close)
+    spill = tmp_path / "local-disk"
+    spill.mkdir()
+    assert run("pack", synthetic_parquet, "-o", tmp_path / "beside", *extra).exit_code == 0
+    result = run("pack", synthetic_parquet, "-o", tmp_path / "elsewhere", "--spill-dir", spill, *extra)
+    assert result.exit_code == 0, result.output
+    (default_dir, default_bytes), (spill_dir, spill_bytes) = spills
+    assert default_dir.startswith(str(tmp_path / "beside"))  # the temporary output
+    assert os.path.dirname(spill_dir) == str(spill) and spill_bytes == default_bytes > 0
+    assert list(spill.iterdir()) == []  # removed at the end
+    assert _files(tmp_path / "elsewhere") == _files(tmp_path / "beside")
+
+
+def test_missing_spill_dir_exits_2_before_anything_is_written(synthetic_parquet, tmp_path):
+    result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--spill-dir", tmp_path / "nowhere")
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: {tmp_path / 'nowhere'}: spill directory does not exist"
+    assert_nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("where", ["spill", "shard"])
+def test_failures_with_a_spill_dir_name_it_and_leave_it_empty(synthetic_parquet, tmp_path, monkeypatch, where):
+    from packer_cli.shards import _gather, writer
+
+    if where == "spill":
+        monkeypatch.setattr(_gather.SpillWriter, "write", _no_space)
+    else:
+        monkeypatch.setattr(writer.ShardFile, "write", _no_space)
+    spill = tmp_path / "local-disk"
+    spill.mkdir()
+    result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--spill-dir", spill)
+    assert result.exit_code == 3, result.output
+    blamed = f"{spill}: writing the spill failed" if where == "spill" else f"{tmp_path / 'out'}: writing the output failed"
+    assert result.output.strip() == f"error: {blamed}: [Errno 28] No space left on device"
+    assert list(spill.iterdir()) == []
+    assert_nothing_written(tmp_path)
