@@ -201,6 +201,83 @@ def test_token_changed_in_source(synth, tmp_path):
                     rf"\(.*changed.parquet: row 40\) has {ids[40][3]}", line), line
 
 
+def _edited_source(src: Path, tmp_path: Path, edit) -> Path:
+    """A copy of ``src`` with ``edit(columns)`` applied to its columns (lists of lists)."""
+    table = pq.read_table(src)
+    columns = {name: table.column(name).to_pylist() for name in table.column_names}
+    edit(columns)
+    path = tmp_path / "changed.parquet"
+    pq.write_table(pa.table({name: pa.array(v, table.schema.field(name).type) for name, v in columns.items()}), path)
+    return path
+
+
+def _plain_sample(columns, after: int = 40) -> int:
+    """A sample past ``after`` that fits a pack whole and has at least 20 tokens."""
+    return next(i for i, ids in enumerate(columns["input_ids"]) if i > after and 20 <= len(ids) <= C)
+
+
+def test_target_and_last_label_changed_in_source(synth, tmp_path):
+    src, outs = synth
+    picked = {}
+
+    def edit(columns):
+        k = picked["mask"] = _plain_sample(columns)
+        columns["loss_mask"][k][7] ^= 1  # the label of packed position 6
+        j = picked["last"] = _plain_sample(columns, after=k)
+        columns["input_ids"][j][-1] += 1  # only the last label: it is no runtime token
+        picked["values"] = (columns["loss_mask"][k][7], columns["input_ids"][j][-1])
+
+    result = verify(outs[OverlongPolicy.TRUNCATE], "--source", _edited_source(src, tmp_path, edit))
+    assert result.exit_code == 1
+    mask, last = picked["values"]
+    lines = [x for x in result.output.splitlines() if "[source." in x]
+    assert len(lines) == 2, result.output
+    assert re.search(rf"seq \d+: loss mask \(target\) at position 6 is {1 - mask} but the source "
+                     rf"\(.*changed.parquet: row {picked['mask']}\) has {mask} \[source.targets\]", lines[0]), lines
+    assert re.search(rf"seq \d+: last label is {last - 1} but the source \(.*changed.parquet: row {picked['last']}\) "
+                     rf"has {last} \[source.tokens\]", lines[1]), lines
+
+
+def test_token_changed_in_source_of_a_bridge_output(synth, tmp_path):
+    src = synth[0]
+    out = tmp_path / "br"
+    packed = runner.invoke(app, ["pack", str(src), "-o", str(out), "-C", str(C), "--cp", str(CP),
+                                 "--format", "megatron-bridge", "--eos-id", "4999", "--row-group-size", "8"])
+    assert packed.exit_code == 0, packed.output
+    picked = {}
+
+    def edit(columns):
+        k = picked["k"] = _plain_sample(columns, after=200)
+        columns["input_ids"][k][11] += 1
+        picked["value"] = columns["input_ids"][k][11]
+
+    result = verify(out, "--source", _edited_source(src, tmp_path, edit))
+    assert result.exit_code == 1
+    line = next(x for x in result.output.splitlines() if "[source.tokens]" in x)
+    assert re.search(rf"token position 11 is {picked['value'] - 1} but the source \(.*changed.parquet: "
+                     rf"row {picked['k']}\) has {picked['value']}", line), line
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps (Linux)")
+def test_no_shard_stays_mapped_while_the_source_is_replayed(synth, monkeypatch):
+    """The source check works from fingerprints: its memory does not grow with the output."""
+    from packer_cli.audit import _source_check
+
+    out = synth[1][OverlongPolicy.TRUNCATE]
+    mapped = []
+    window = _source_check._Replay.window
+
+    def spying_window(self, *args):
+        maps = Path("/proc/self/maps").read_text().splitlines()
+        mapped.append(sum(str(out) in line for line in maps))
+        return window(self, *args)
+
+    monkeypatch.setattr(_source_check._Replay, "window", spying_window)
+    report = verify_output(str(out), [str(synth[0])])
+    assert report.exit_code == 0 and report.source["tokens_compared"] > 0
+    assert mapped and max(mapped) == 0
+
+
 def test_sample_missing_from_output(broken, synth):
     shard = first_shard(broken)
     removed = {}
@@ -379,3 +456,53 @@ def test_any_metadata_edit_breaks_its_checksum(synth, tmp_path):
     (out / "metadata.json").write_text(json.dumps(meta))
     result = verify(out)
     assert result.exit_code == 1 and "[metadata.checksum]" in result.output, result.output
+
+
+# --- the fingerprint the source check compares ------------------------------------------------
+
+_M64 = (1 << 64) - 1
+_P1, _P2, _P3 = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9
+
+
+def _fingerprint_reference(values: list[int]) -> int:
+    """The kernel's fingerprint, one Python int at a time."""
+    rotl = lambda x, r: ((x << r) | (x >> (64 - r))) & _M64  # noqa: E731
+    rnd = lambda acc, v: rotl((acc + (v & _M64) * _P2) & _M64, 31) * _P1 & _M64  # noqa: E731
+    lanes = [(_P1 + _P2) & _M64, _P2, 0, (-_P1) & _M64]
+    full = len(values) // 4 * 4
+    for j in range(0, full, 4):
+        lanes = [rnd(a, v) for a, v in zip(lanes, values[j:j + 4])]
+    h = (rotl(lanes[0], 1) + rotl(lanes[1], 7) + rotl(lanes[2], 12) + rotl(lanes[3], 18) + len(values)) & _M64
+    for v in values[full:]:
+        h = rnd(h, v)
+    h ^= h >> 33
+    h = h * _P2 & _M64
+    h ^= h >> 29
+    h = h * _P3 & _M64
+    return h ^ (h >> 32)
+
+
+def test_fingerprints_match_the_reference_and_see_every_single_change():
+    from packer_cli.audit._kernels import fingerprints
+
+    rng = np.random.default_rng(7)
+    lens = rng.integers(0, 40, 300)
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    values = rng.integers(-5, 200_000, int(lens.sum()))
+    got = fingerprints(values.astype(np.int32), starts, lens)
+    assert [int(x) for x in got] == [_fingerprint_reference(values[a:a + n].tolist()) for a, n in zip(starts, lens)]
+    assert np.array_equal(fingerprints(values, starts, lens), got)  # the numbers decide, not the dtype
+    small = values % 2
+    assert np.array_equal(fingerprints(small.astype(np.uint8), starts, lens), fingerprints(small, starts, lens))
+    for i in np.flatnonzero(lens > 1)[:60]:
+        a, n = starts[i], lens[i]
+        for j in rng.integers(0, n, 3):
+            changed = values.copy()
+            changed[a + j] += int(rng.integers(1, 3))
+            assert fingerprints(changed, starts[i:i + 1], lens[i:i + 1])[0] != got[i]
+        swapped = values.copy()
+        swapped[a], swapped[a + n - 1] = values[a + n - 1], values[a]
+        if values[a] != values[a + n - 1]:
+            assert fingerprints(swapped, starts[i:i + 1], lens[i:i + 1])[0] != got[i]
+    by_content = {tuple(values[a:a + n].tolist()): int(fp) for a, n, fp in zip(starts, lens, got)}
+    assert len(set(by_content.values())) == len(by_content)  # different sequences, different fingerprints

@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from packer_cli.audit._kernels import scan_sequences
+from packer_cli.audit._kernels import fingerprints, scan_sequences
 from packer_cli.audit.findings import FindingSink
 from packer_cli.audit.report import InspectReport
 from packer_cli.audit.store import PackBatch
 
-SEQ_FIELDS = ("index", "offset", "real", "targets", "batch", "row", "seq", "start", "mstart", "seq_pos")
+SEQ_FIELDS = ("index", "offset", "real", "targets", "batch", "row", "seq", "start", "mstart", "last")
+#: Kept as well for ``verify --source``: fingerprints of each sequence's tokens and loss mask.
+FINGERPRINT_FIELDS = ("tokens_fp", "mask_fp")
 
 
 @dataclass(frozen=True)
@@ -56,14 +58,16 @@ class BatchPlace:
 class Sequences:
     """Per-sequence facts verify keeps for the whole output (a few ints each, never tokens).
 
-    With ``keep_data`` the batches themselves are kept (memory-mapped, for the source check);
-    otherwise only their place, so each shard is unmapped once it has been checked.
+    Only each batch's place is kept, so every shard is unmapped (or its decoded row groups
+    freed) once it has been checked. With ``fingerprint`` each sequence's tokens and loss mask
+    are also fingerprinted as they pass (16 bytes a sequence), which is all the source check
+    needs of them: memory stays a few dozen bytes a sequence however large the output.
     """
 
-    keep_data: bool = False
+    fingerprint: bool = False
     batches: list = field(default_factory=list)
     first_pack: list = field(default_factory=list)
-    parts: dict = field(default_factory=lambda: {k: [] for k in SEQ_FIELDS})
+    parts: dict = field(default_factory=lambda: {k: [] for k in SEQ_FIELDS + FINGERPRINT_FIELDS})
 
     def where(self, batch: int, row: int, seq: int | None = None) -> dict:
         b = self.batches[batch]
@@ -71,7 +75,13 @@ class Sequences:
                 "seq": None if seq is None else int(seq)}
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {k: np.concatenate(v) if v else np.zeros(0, np.int64) for k, v in self.parts.items()}
+        """Each fact as one array. The per-batch parts are handed over, a field at a time, so
+        the facts are never held twice."""
+        out = {}
+        for k, v in self.parts.items():
+            out[k] = np.concatenate(v) if v else np.zeros(0, np.int64)
+            self.parts[k] = []
+        return out
 
 
 def _excl_cumsum(x: np.ndarray) -> np.ndarray:
@@ -105,7 +115,7 @@ def check_batch(batch: PackBatch, first_pack: int, lim: Limits, sink: FindingSin
     ``first_pack`` is the global index of the batch's first pack (for messages).
     """
     bid = len(seqs.batches)
-    seqs.batches.append(batch if seqs.keep_data else BatchPlace(batch.shard, batch.first_row, batch.num_rows))
+    seqs.batches.append(BatchPlace(batch.shard, batch.first_row, batch.num_rows))
     seqs.first_pack.append(first_pack)
     where = lambda row, seq=None: seqs.where(bid, row, seq)  # noqa: E731
 
@@ -141,7 +151,7 @@ def check_batch(batch: PackBatch, first_pack: int, lim: Limits, sink: FindingSin
     s, _ = per_seq("seq_lens")
     index, _ = per_seq("source_index")
     offset, _ = per_seq("source_offset")
-    last_tok, last_pos = per_seq("last_token")
+    last_tok, _ = per_seq("last_token")
     seq_msg = lambda text: lambda j: (text(j), where(row[j], k[j]))  # noqa: E731
     sink.add_many("pack.lengths", np.flatnonzero(s < 1), seq_msg(lambda j: f"real length {s[j]} is below 1"))
     sink.add_many("pack.lengths", np.flatnonzero((s > p) & (p >= 0)),
@@ -183,9 +193,12 @@ def check_batch(batch: PackBatch, first_pack: int, lim: Limits, sink: FindingSin
         sink.add_many("pack.tokens", np.flatnonzero(high >= lim.vocab),
                       msg(lambda i: f"token id {high[i]} is >= the vocab size {lim.vocab}"))
 
-    kept = {"index": index, "offset": offset, "real": s, "row": row, "seq": k, "seq_pos": last_pos}
+    kept = {"index": index, "offset": offset, "real": s, "row": row, "seq": k, "last": last_tok}
     for name, values in kept.items():
         seqs.parts[name].append(values[keep])
+    if seqs.fingerprint:
+        seqs.parts["tokens_fp"].append(fingerprints(tok_v, start, s[keep]))
+        seqs.parts["mask_fp"].append(fingerprints(mask_v, mstart, s[keep]))
     seqs.parts["start"].append(start)
     seqs.parts["mstart"].append(mstart)
     seqs.parts["targets"].append(scan["targets"])

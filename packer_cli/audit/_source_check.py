@@ -9,20 +9,28 @@
         └──────────── match (index, offset) ───────┘
              missing ◀─┘   │   └─▶ length differs
                            ▼
-          tokens, targets and last label compared piece by piece in a compiled loop
+          fingerprints of tokens and targets compared, and the last label
+          (a piece that differs is read again from its shard to name the position)
 
 A sample of n tokens is expected as the pieces ``(offset o, length s)`` its runtime positions
 ``0..n−2`` make under the policy: one ``(0, n−1)`` when it fits, ``(0, cap)`` when truncated,
 ``(k·cap, min(cap, n−1−k·cap))`` for each piece when split, none when dropped. Samples the
 stream itself leaves out (bad records, fewer than 2 tokens) must not be packed at all, and the
-counts the run recorded for them are compared exactly. Memory: one window of source tokens;
-packed pieces are compared in place, in the memory-mapped shards.
+counts the run recorded for them are compared exactly.
+
+Memory: one window of source tokens, plus what verify keeps per packed sequence anyway and two
+64-bit fingerprints (its tokens, its loss mask) taken while the shards streamed past. No shard
+stays mapped and no decoded row group is kept, so ``verify --source`` needs the same memory for
+a terabyte of shards as for a megabyte, bar those few dozen bytes a sequence. A piece differs
+from its source when a fingerprint does (any one changed value always changes it; other changes
+escape with probability about 2⁻⁶⁴); only then is its batch read again, to report the first
+position that differs.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from packer_cli.audit._kernels import compare_pieces, segment_sums
+from packer_cli.audit._kernels import fingerprints, segment_sums
 from packer_cli.audit._meta_checks import MAX_LISTED_BAD, compare
 from packer_cli.audit.findings import FindingSink
 from packer_cli.errors import PackerError
@@ -56,12 +64,15 @@ def _by_batch(bids: np.ndarray):
 class _Replay:
     """State of one source replay: the sorted packed table, counters and the sink."""
 
-    def __init__(self, meta, lim, arr, seqs, sink: FindingSink, stream: SampleStream):
-        self.lim, self.seqs, self.sink, self.stream = lim, seqs, sink, stream
+    def __init__(self, meta, lim, arr, seqs, sink: FindingSink, stream: SampleStream, store):
+        self.lim, self.seqs, self.sink, self.stream, self.store = lim, seqs, sink, stream, store
+        self._reread: tuple = (None, None)  # (batch id, PackBatch): the last batch read again
         self.policy = meta["spec"].get("overlong")
         valid = (arr["index"] >= 0) & (arr["index"] < 2**32) & (arr["offset"] >= 0)  # key fits in int64
         order = np.flatnonzero(valid)[np.lexsort((arr["offset"][valid], arr["index"][valid]))]
-        self.t = {k: v[order] for k, v in arr.items()}
+        for k in list(arr):  # sorted in place, a field at a time: the facts are never held twice
+            arr[k] = arr[k][order]
+        self.t = arr
         self.key = (self.t["index"] << 31) | self.t["offset"]
         self.matched = np.zeros(order.size, dtype=bool)
         self.counts = dict(records=0, too_short=0, bad=0, over=0, tokens_lost=0, targets_lost=0, dropped=0,
@@ -133,43 +144,58 @@ class _Replay:
 
     def _compare_tokens(self, E, Q, tok, tgt, src_start, e_len, e_idx) -> None:
         """Tokens, targets and last label of matched pieces ``E`` (expected) ↔ ``Q`` (packed)."""
-        t, seqs = self.t, self.seqs
+        t = self.t
         L, starts = e_len[E], src_start[E]
         self.counts["compared_tokens"] += int(L.sum())
-        tok_diff = np.full(E.size, -1, np.int64)
-        tgt_diff = np.full(E.size, -1, np.int64)
-        got_last = np.empty(E.size, np.int64)
-        for b, sel in _by_batch(t["batch"][Q]):
-            batch, q = seqs.batches[b], Q[sel]
-            pk_tok, pk_mask = batch.column("tokens")[0], batch.column("loss_mask")[0]
-            tok_diff[sel], tgt_diff[sel] = compare_pieces(tok, tgt, starts[sel], pk_tok, pk_mask, t["start"][q],
-                                                          t["mstart"][q], L[sel])
-            got_last[sel] = batch.column("last_token")[0][t["seq_pos"][q]]
         source = lambda j: self.stream.locate(int(e_idx[E[j]]))  # noqa: E731
+        for check, fp, column, start, values, shift, what in (
+                ("source.tokens", "tokens_fp", "tokens", "start", tok, 0, "token"),
+                ("source.targets", "mask_fp", "loss_mask", "mstart", tgt, 1, "loss mask (target) at")):
+            differs = np.flatnonzero(fingerprints(values, starts + shift, L) != t[fp][Q])
 
-        for check, diff, column, start, values, shift, what in (
-                ("source.tokens", tok_diff, "tokens", "start", tok, 0, "token"),
-                ("source.targets", tgt_diff, "loss_mask", "mstart", tgt, 1, "loss mask (target) at")):
-            def message(j, diff=diff, column=column, start=start, values=values, shift=shift, what=what):
-                pos = int(diff[j])
-                got = seqs.batches[t["batch"][Q[j]]].column(column)[0][t[start][Q[j]] + pos]
-                return (f"{what} position {pos} is {got} but the source ({source(j)}) has "
-                        f"{values[starts[j] + shift + pos]}", self.where(Q[j]))
-            self.sink.add_many(check, np.flatnonzero(diff >= 0), message)
-        want = tok[starts + L]
+            def message(j, column=column, start=start, values=values, shift=shift, what=what):
+                ours = values[starts[j] + shift:starts[j] + shift + L[j]]
+                try:
+                    packed = self._packed(Q[j], column, start, L[j])
+                except (PackerError, OSError) as exc:
+                    return (f"{what} values differ from the source ({source(j)}); the shard could not be read "
+                            f"again to say where ({exc})", self.where(Q[j]))
+                pos = np.flatnonzero(packed != ours)
+                if not pos.size:  # equal now: the shard changed while verify read it
+                    return (f"{what} values differed from the source ({source(j)}) when the shard was first read, "
+                            f"but not when read again (the shard changed meanwhile)", self.where(Q[j]))
+                pos = int(pos[0])
+                return (f"{what} position {pos} is {packed[pos]} but the source ({source(j)}) has {ours[pos]}",
+                        self.where(Q[j]))
+            self.sink.add_many(check, differs, message)
+        want, got_last = tok[starts + L], t["last"][Q]
         self.sink.add_many("source.tokens", np.flatnonzero(got_last != want), lambda j: (
             f"last label is {got_last[j]} but the source ({source(j)}) has {want[j]}", self.where(Q[j])))
 
+    def _packed(self, q: int, column: str, start: str, length: int) -> np.ndarray:
+        """``length`` values of packed sequence ``q`` in ``column``, read again from its shard
+        (only for a piece whose fingerprint differs: the findings are few and capped)."""
+        b = int(self.t["batch"][q])
+        if self._reread[0] != b:
+            place = self.seqs.batches[b]
+            self._reread = (b, self.store.batch_at(place.shard, place.first_row))
+        values, _ = self._reread[1].column(column)
+        at = int(self.t[start][q])
+        return values[at:at + length]
 
-def check_source(files, meta: dict, lim, arr: dict, seqs, sink: FindingSink) -> dict | None:
-    """Replay ``files`` with the recorded source spec and compare; returns a summary."""
+
+def check_source(files, meta: dict, lim, arr: dict, seqs, sink: FindingSink, store) -> dict | None:
+    """Replay ``files`` with the recorded source spec and compare; returns a summary.
+
+    ``arr`` (the per-sequence facts, with fingerprints) is sorted in place and kept; ``store``
+    reads a batch again when a finding needs its values."""
     try:
         spec = recorded_source_spec(meta)
     except (PackerError, KeyError, TypeError, ValueError) as exc:
         sink.add("source.spec", f"metadata.json does not record a usable source spec ({exc})", shard="metadata.json")
         return None
     stream = SampleStream(files, spec, arrow_parquet=True)  # not the decoder pack read the inputs with
-    replay = _Replay(meta, lim, arr, seqs, sink, stream)
+    replay = _Replay(meta, lim, arr, seqs, sink, stream, store)
     window, tokens, lo = [], 0, 0
     try:
         for batch in stream:

@@ -192,6 +192,14 @@ class NativeStore:
             row += batch.num_rows
 
 
+    def batch_at(self, name: str, first_row: int) -> PackBatch:
+        """The batch of shard ``name`` that starts at row ``first_row`` (read again, mapped)."""
+        for batch in self.read_shard(name):
+            if batch.first_row == first_row:
+                return batch
+        raise ShardError(name, f"no record batch starts at row {first_row}")
+
+
 def _loader(batch: pa.RecordBatch) -> Callable[[str], tuple[np.ndarray, np.ndarray]]:
     def load(name: str):
         arr = batch.column(name)

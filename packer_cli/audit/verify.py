@@ -246,7 +246,7 @@ def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20
     if lim is not None:
         check_schema(meta, sink)
     report = VerifyReport(out=out)
-    stats, seqs = None, Sequences(keep_data=files is not None)
+    stats, seqs = None, Sequences(fingerprint=files is not None)
     if entries is not None:
         _check_files(out, listing, store.expected_files(), sink)
         first_pack = 0
@@ -265,7 +265,7 @@ def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20
         if files is not None:
             from packer_cli.audit._source_check import check_source
 
-            report.source = check_source(files, meta, lim, arr, seqs, sink)
+            report.source = check_source(files, meta, lim, arr, seqs, sink, store)
     elif files is not None:
         sink.add("source.skipped", "the output itself is unusable, so the source was not compared")
     if stats is not None:

@@ -59,7 +59,7 @@ class BridgeStore:
 
         path = os.path.join(self.out, name)
         try:
-            pf = pq.ParquetFile(path, memory_map=True)
+            pf = pq.ParquetFile(path, memory_map=False)
         except FileNotFoundError:
             raise ShardError(name, "missing") from None
         except (OSError, pa.ArrowException) as exc:
@@ -77,3 +77,22 @@ class BridgeStore:
             n = pf.metadata.row_group(g).num_rows
             yield PackBatch(name, row, n, cols.__getitem__)
             row += n
+
+    def batch_at(self, name: str, first_row: int):
+        """The row group of ``name`` that starts at row ``first_row``, decoded alone."""
+        from packer_cli.audit.store import PackBatch, ShardError
+
+        path = os.path.join(self.out, name)
+        pad_id = int(self.metadata.get("spec", {}).get("pad_id", 0))
+        try:
+            pf = pq.ParquetFile(path, memory_map=False)
+            row = 0
+            for g in range(pf.num_row_groups):
+                n = pf.metadata.row_group(g).num_rows
+                if row == first_row:
+                    return PackBatch(name, row, n, native_columns(pf.read_row_group(g, columns=list(COLUMNS)),
+                                                                  pad_id).__getitem__)
+                row += n
+        except (OSError, pa.ArrowException, ValueError, IndexError) as exc:
+            raise ShardError(name, f"cannot be read again ({exc})") from None
+        raise ShardError(name, f"no row group starts at row {first_row}")
