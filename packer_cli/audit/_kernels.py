@@ -3,7 +3,6 @@
 * :func:`scan_sequences` — verify's one pass over every sequence's tokens and loss mask;
 * :func:`fingerprints`   — ``verify --source``: a 64-bit fingerprint of each sequence's values,
   taken as the shards stream past and compared with the source's, so no shard stays mapped;
-* :func:`compare_pieces` — the first differing position of a piece whose fingerprint differs;
 * :func:`segment_sums`  — per-sample sums of target flags.
 
 Everything else is per pack or per sequence and done with NumPy. Each kernel walks slices
@@ -137,42 +136,6 @@ def fingerprints(values: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np
     out = np.empty(starts.size, np.uint64)
     _fingerprints_kernel(values, starts.astype(np.int64), lens.astype(np.int64), out)
     return out
-
-
-@njit(cache=True, nogil=True)
-def _first_diff(a, b):
-    """Index of the first position where ``a`` and ``b`` differ (same length), or -1."""
-    for j in range(a.size):
-        if a[j] != b[j]:
-            return j
-    return -1
-
-
-@njit(cache=True, nogil=True)
-def _compare_kernel(src_tok, src_tgt, src_start, pk_tok, pk_mask, pk_start, pk_mstart, lens, tok_diff, tgt_diff):
-    for i in range(lens.size):
-        n = lens[i]
-        tok_diff[i] = _first_diff(src_tok[src_start[i]:src_start[i] + n], pk_tok[pk_start[i]:pk_start[i] + n])
-        # labels: the target flag of the next source token
-        tgt_diff[i] = _first_diff(src_tgt[src_start[i] + 1:src_start[i] + 1 + n],
-                                  pk_mask[pk_mstart[i]:pk_mstart[i] + n])
-
-
-def compare_pieces(src_tok: np.ndarray, src_tgt: np.ndarray, src_start: np.ndarray, pk_tok: np.ndarray,
-                   pk_mask: np.ndarray, pk_start: np.ndarray, pk_mstart: np.ndarray,
-                   lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """First differing position of each packed piece against its source, or −1 when equal.
-
-    Piece ``i`` is ``lens[i]`` runtime positions: packed tokens from ``pk_start[i]`` must equal
-    source tokens from ``src_start[i]``, and the packed (label-aligned) loss mask from
-    ``pk_mstart[i]`` must equal the source's input-aligned target flags from ``src_start[i] + 1``.
-    Returns ``(token_diff, target_diff)``.
-    """
-    tok_diff = np.empty(lens.size, np.int64)
-    tgt_diff = np.empty(lens.size, np.int64)
-    _compare_kernel(src_tok, src_tgt, src_start.astype(np.int64), pk_tok, pk_mask, pk_start.astype(np.int64),
-                    pk_mstart.astype(np.int64), lens.astype(np.int64), tok_diff, tgt_diff)
-    return tok_diff, tgt_diff
 
 
 @njit(cache=True, nogil=True)

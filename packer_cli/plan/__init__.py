@@ -38,7 +38,20 @@ _EXPORTS = {
     "refine_plan": ".refine",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ALGORITHMS",
+    "PackPlan",
+    "best_fit_decreasing",
+    "bridge_first_fit_shuffle",
+    "first_fit_decreasing",
+    "lower_bound",
+    "martello_toth_l2",
+    "next_fit",
+    "plan_packs",
+    "refine_plan",
+    "validate_plan",
+]
+assert sorted(__all__) == sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from .algorithms import best_fit_decreasing, bridge_first_fit_shuffle, first_fit_decreasing, next_fit
