@@ -11,6 +11,10 @@ at 16 B. So both sizes run ``--repeats`` times, interleaved, and the growth is t
 the median peaks (every peak is reported).
 
     python benchmarks/bench_memory.py --input benchmarks/_data/sft4k_200000.parquet --times 10 --repeats 3
+
+With ``--verify-source`` each output is also checked with ``packer verify OUT --source INPUT...``
+before it is removed, and that process's peak RSS is reported the same way (no target: it
+shows that verify's memory does not grow with the output either).
 """
 from __future__ import annotations
 
@@ -26,7 +30,17 @@ BUDGET_BYTES = 1.5e9
 PER_SAMPLE_BYTES = 16
 
 
-def measure(inputs: list[str], pack_size: int, fmt: str = "native") -> dict:
+def measure_verify(inputs: list[str]) -> dict:
+    cmd = [PACKER, "verify", OUT, "--json"] + [arg for path in inputs for arg in ("--source", path)]
+    r = run_measured(cmd)
+    report = json.loads(r["stdout"])
+    if not report.get("ok"):
+        raise SystemExit(f"verify --source failed on the benchmark output: {r['stdout'][:500]}")
+    return {"seconds": r["wall_s"], "peak_rss_bytes": r["peak_rss_bytes"], "sequences": report["sequences"],
+            "tokens_compared": report["source"]["tokens_compared"]}
+
+
+def measure(inputs: list[str], pack_size: int, fmt: str = "native", verify: bool = False) -> dict:
     cmd = [PACKER, "pack", *inputs, "-o", OUT, "--pack-size", str(pack_size), "--overwrite", "--json",
            "--format", fmt]
     r = run_measured(cmd)
@@ -37,6 +51,8 @@ def measure(inputs: list[str], pack_size: int, fmt: str = "native") -> dict:
            "out_bytes": dir_bytes(OUT)}
     row["bound_bytes"] = BUDGET_BYTES + PER_SAMPLE_BYTES * row["records"]
     row["within_bound"] = row["peak_rss_bytes"] <= row["bound_bytes"]
+    if verify:
+        row["verify_source"] = measure_verify(inputs)
     shutil.rmtree(OUT, ignore_errors=True)
     return row
 
@@ -50,6 +66,14 @@ def _median_row(rows: list[dict]) -> dict:
     return row
 
 
+def _median_verify(rows: list[dict]) -> dict:
+    """The verify run with the median peak, with every verify peak attached."""
+    runs = [r["verify_source"] for r in rows]
+    row = dict(sorted(runs, key=lambda v: v["peak_rss_bytes"])[len(runs) // 2])
+    row["peaks"] = [v["peak_rss_bytes"] for v in runs]
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--input", required=True)
@@ -57,14 +81,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--pack-size", type=int, default=4096)
     ap.add_argument("--format", default="native", help="native or megatron-bridge (the output written)")
+    ap.add_argument("--verify-source", action="store_true", help="also measure `packer verify OUT --source IN...`")
     args = ap.parse_args()
     smalls, larges = [], []
     for _ in range(args.repeats):  # interleaved: both sizes see the same machine noise
-        smalls.append(measure([args.input], args.pack_size, args.format))
+        smalls.append(measure([args.input], args.pack_size, args.format, args.verify_source))
         emit({"what": "run", **smalls[-1]})
-        larges.append(measure([args.input] * args.times, args.pack_size, args.format))
+        larges.append(measure([args.input] * args.times, args.pack_size, args.format, args.verify_source))
         emit({"what": "run", **larges[-1]})
     small, large = _median_row(smalls), _median_row(larges)
+    if args.verify_source:
+        small["verify_source"], large["verify_source"] = _median_verify(smalls), _median_verify(larges)
     extra = large["records"] - small["records"]
     growth = large["peak_rss_bytes"] - small["peak_rss_bytes"]
     emit({"what": "summary", "format": args.format, "small": small, "large": large, "growth_bytes": growth, "repeats": args.repeats,

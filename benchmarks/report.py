@@ -216,6 +216,16 @@ def render(res: dict, targets: dict) -> str:
                    f"{mem['large']['records'] - mem['small']['records']:,} extra samples = "
                    f"**{mem['growth_per_extra_sample']:.0f} B per sample** "
                    f"({mem['growth_per_extra_token']:.3f} B per extra token).\n")
+        if "verify_source" in mem["small"]:
+            vs, vl = mem["small"]["verify_source"], mem["large"]["verify_source"]
+            per_seq = (vl["peak_rss_bytes"] - vs["peak_rss_bytes"]) / max(1, vl["sequences"] - vs["sequences"])
+            out.append(f"`packer verify OUT --source INPUT…` on the same outputs (no target; each shard is "
+                       f"unmapped once checked and the source is compared through fingerprints): peak RSS "
+                       f"{vs['peak_rss_bytes'] / GB:.2f} GB at 1× ({vs['seconds']:.1f} s) and "
+                       f"{vl['peak_rss_bytes'] / GB:.2f} GB at {mem['large']['copies']}× ({vl['seconds']:.1f} s; every "
+                       f"peak, MB: {', '.join(f'{p / MB:,.0f}' for p in vs['peaks'])} and "
+                       f"{', '.join(f'{p / MB:,.0f}' for p in vl['peaks'])}), "
+                       f"**{per_seq:.0f} B per extra packed sequence** (its facts and two fingerprints).\n")
         out.append("What packer holds per sample, by stage (`packer_cli/_sequences.py`, `packer_cli/plan`, "
                    "`packer_cli/pipeline.py`): pass one keeps one token count per sample (uint16 when every sample is "
                    "shorter than 65,536 tokens, else int32; target counts are summed as batches pass, stream "

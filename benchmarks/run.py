@@ -81,7 +81,7 @@ def main() -> None:
                                           "--tools", "cli,api,read_json", "--out", os.path.join(OUT, "jsonl")], log)
     if "memory" in wanted:
         results["memory"] = step("memory", ["bench_memory.py", "--input", parquet, "--times",
-                                            str(cfg["memory_times"]), "--repeats", "3"], log)
+                                            str(cfg["memory_times"]), "--repeats", "3", "--verify-source"], log)
     if "plan" in wanted:
         plan_json = os.path.join(OUT, "bench_plan.json")
         step("plan", ["bench_plan.py", "--n", str(cfg["plan_n"]), "--runs", runs, "--python-n", str(cfg["python_n"]),
