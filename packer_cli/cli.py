@@ -1,13 +1,15 @@
 """The ``packer`` command line: a thin typer layer over the Python API.
 
 Exit codes: 0 ok, 1 data error (or problems found by verify), 2 bad options or unusable paths,
-3 the output could not be written (disk full, I/O error).
+3 the output could not be written (disk full, I/O error), 130/143 interrupted by SIGINT/SIGTERM
+(everything unwound, nothing left behind).
 Every error is one line on stderr; no tracebacks.
 """
 from __future__ import annotations
 
 import gc
 import os
+import signal
 import sys
 from typing import Annotated, Optional
 
@@ -194,6 +196,24 @@ def verify_command(
     raise typer.Exit(max(r.exit_code for r in reports.values()))
 
 
+class _Signalled(BaseException):
+    """SIGINT (Ctrl-C) or SIGTERM (a scheduler preempting the job), raised in the main thread.
+
+    It unwinds the command like an error, so every ``finally`` runs: background threads are
+    stopped and joined, and the temporary output and spill are removed. Not a
+    KeyboardInterrupt, which typer would turn into a silent exit, and not an Exception, which
+    nothing on the way may swallow.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_signalled(signum, frame) -> None:
+    raise _Signalled(signum)
+
+
 def main() -> None:
     """Console-script entry point.
 
@@ -207,6 +227,9 @@ def main() -> None:
     tokens as at 590M). Reference counting still frees everything else as it goes.
     """
     gc.disable()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # e.g. SIGINT in a background shell job
+            signal.signal(signum, _raise_signalled)
     try:
         app()
         code = 0
@@ -214,9 +237,9 @@ def main() -> None:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if isinstance(exc.code, str):
             print(exc.code, file=sys.stderr)
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        code = 130
+    except _Signalled as exc:  # 128 + the signal's number, as a shell reports a killed command
+        print(f"error: {'interrupted' if exc.signum == signal.SIGINT else 'terminated'}", file=sys.stderr)
+        code = 128 + exc.signum
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

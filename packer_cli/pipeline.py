@@ -276,6 +276,20 @@ def _runs_of_packs(pack_offsets, pack_load, pack_order, budget):
     return np.array(ends, dtype=np.int64), np.array(sizes, dtype=np.int64)
 
 
+def _stale_temporaries(out: str, tmp: str) -> list[str]:
+    """Temporary outputs (``OUT.tmp-PID``) left beside OUT by runs that were killed outright."""
+    out = os.path.normpath(out)
+    parent, name = os.path.split(os.path.abspath(out))
+    prefix = f"{name}.tmp-"
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return []
+    ours = os.path.basename(os.path.normpath(tmp))
+    return sorted(os.path.join(os.path.dirname(out), n) for n in names
+                  if n.startswith(prefix) and n[len(prefix):].isdigit() and n != ours)
+
+
 def _check_spill_parent(spill_parent: str | None) -> str | None:
     if spill_parent is None:
         return None
@@ -364,6 +378,10 @@ def pack(
         raise ConfigError(f"{out}: cannot create the output: {exc}") from exc
     spill_dir = None
     try:
+        if tmp and warn:
+            for stale in _stale_temporaries(out, tmp):
+                warn(f"{stale} was left by an earlier run that did not finish (killed outright?); "
+                     "remove it to free its space")
         if tmp:
             spill_dir = _make_spill_dir(tmp, spill_parent)
         with Progress(enabled=progress) as bar:

@@ -286,3 +286,15 @@ def test_failures_with_a_spill_dir_name_it_and_leave_it_empty(synthetic_parquet,
     assert result.output.strip() == f"error: {blamed}: [Errno 28] No space left on device"
     assert list(spill.iterdir()) == []
     assert_nothing_written(tmp_path)
+
+
+def test_a_killed_run_s_temporary_output_is_pointed_out_not_removed(synthetic_parquet, tmp_path):
+    stale = tmp_path / "out.tmp-99999999"
+    (stale / "_spill").mkdir(parents=True)
+    (tmp_path / "out.tmp-notapid").mkdir()
+    result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--json")
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert warnings == [f"warning: {stale} was left by an earlier run that did not finish (killed outright?); "
+                        "remove it to free its space"]
+    assert (stale / "_spill").is_dir() and (tmp_path / "out" / "metadata.json").exists()

@@ -1,0 +1,82 @@
+"""Signals: Ctrl-C and SIGTERM (a scheduler preempting the job) unwind like an error.
+
+``packer pack`` runs in a child process on data made here; once its spill (pass one) or a
+shard (pass two) has data, the test sends the signal and checks the exit code, the one-line
+message and that neither OUT nor its temporary directory is left behind.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
+
+
+@pytest.fixture(scope="module")
+def big_parquet(tmp_path_factory) -> Path:
+    """About 45M tokens: long enough that a signal sent mid-run finds the pipeline at work."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(50, 850, 100_000)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    ids = rng.integers(0, 50_000, int(offsets[-1])).astype(np.int32)
+    path = tmp_path_factory.mktemp("signals") / "big.parquet"
+    pq.write_table(pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids))}), path,
+                   row_group_size=4096)
+    return path
+
+
+def _has_data(parent: Path, pattern: str) -> bool:
+    for path in parent.glob(pattern):
+        try:
+            if path.stat().st_size > 0:
+                return True
+        except FileNotFoundError:
+            pass
+    return False
+
+
+PHASES = {"pass one": "out.tmp-*/_spill/samples.bin", "pass two": "out.tmp-*/packs-*.arrow"}
+
+
+@pytest.mark.parametrize("phase", list(PHASES))
+@pytest.mark.parametrize("sig,code,message", [(signal.SIGTERM, 143, "error: terminated"),
+                                              (signal.SIGINT, 130, "error: interrupted")], ids=["TERM", "INT"])
+def test_a_signal_mid_run_removes_everything_and_exits_with_its_code(big_parquet, tmp_path, sig, code, message,
+                                                                     phase):
+    out = tmp_path / "out"
+    child = subprocess.Popen([sys.executable, "-m", "packer_cli.cli", "pack", str(big_parquet), "-o", str(out),
+                              "--json", "--shard-size", "16MB"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    deadline = time.monotonic() + 120
+    while not _has_data(tmp_path, PHASES[phase]) and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert child.poll() is None, f"the run ended before {phase} could be interrupted: {child.stderr.read()}"
+    child.send_signal(sig)
+    stdout, stderr = child.communicate(timeout=60)
+    assert child.returncode == code, stderr
+    assert stderr.strip().splitlines() == [message], stderr
+    assert stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither OUT nor OUT.tmp-PID
+
+
+def test_an_ignored_sigint_stays_ignored(big_parquet, tmp_path):
+    """A job started in the background of a shell ignores Ctrl-C; packer keeps it that way."""
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); sys.argv = ['packer', 'pack', "
+            f"{str(big_parquet)!r}, '-o', {str(tmp_path / 'out')!r}, '--json']; "
+            "from packer_cli.cli import main; main()")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while not _has_data(tmp_path, PHASES["pass one"]) and child.poll() is None:
+        time.sleep(0.002)
+    child.send_signal(signal.SIGINT)
+    _, stderr = child.communicate(timeout=120)
+    assert child.returncode == 0, stderr
+    assert (tmp_path / "out" / "metadata.json").exists()
