@@ -3,19 +3,61 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+_HELD = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM until the block is done, then deliver them.
+
+    For the few renames that move a finished output into place: an exception (or the default
+    SIGTERM death) between two of them would leave OUT renamed aside or half-updated, and the
+    caller's cleanup would then delete the new output. Signals arriving meanwhile are recorded
+    and raised again, in order, once the block ends. Only the main thread can hold them (it
+    runs Python's signal handlers); elsewhere the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {}
+    for signum in _HELD:
+        handler = signal.getsignal(signum)
+        if handler is not None and handler is not signal.SIG_IGN:  # None: installed outside Python
+            previous[signum] = handler
+            signal.signal(signum, lambda number, frame: caught.append(number))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in caught:
+            signal.raise_signal(signum)
 
 
 def replace_dir(tmp: str, out: str) -> None:
     """Rename ``tmp`` to ``out``; an existing ``out`` is first renamed aside, then deleted.
 
     Readers see either the old directory or the new one, never a mix: the only window in
-    which ``out`` is absent lies between two renames.
+    which ``out`` is absent lies between two renames, and signals are held across it. Should
+    the second rename fail, the old directory is put back.
     """
     out = os.path.normpath(out)
-    trash = None
-    if os.path.exists(out):
-        trash = f"{out}.old-{os.getpid()}"
-        os.rename(out, trash)
-    os.rename(tmp, out)
-    if trash:
-        shutil.rmtree(trash, ignore_errors=True)
+    trash, moved_in = None, False
+    try:
+        with signals_held():
+            if os.path.exists(out):
+                trash = f"{out}.old-{os.getpid()}"
+                os.rename(out, trash)
+            os.rename(tmp, out)
+            moved_in = True
+    finally:  # also when a held signal is delivered as the block ends
+        if trash and moved_in:
+            shutil.rmtree(trash, ignore_errors=True)
+        elif trash:
+            os.rename(trash, out)

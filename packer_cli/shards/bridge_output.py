@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from packer_cli._background import ordered_map
 from packer_cli.errors import ConfigError, DataError
-from packer_cli.shards._atomic import replace_dir
+from packer_cli.shards._atomic import replace_dir, signals_held
 from packer_cli.shards._gather import SpillReader
 from packer_cli.shards.format import seal_metadata
 from packer_cli.shards.bridge import (
@@ -221,7 +221,8 @@ class BridgeOutput:
         if self._replace_whole:
             replace_dir(tmp, out)
             return
-        for name in (data_name(self.split, C), split_manifest_name(self.split), split_metadata_name(self.split),
-                     array_name):
-            os.replace(os.path.join(tmp, name), os.path.join(out, name))
+        with signals_held():  # no signal lands between the split's files
+            for name in (data_name(self.split, C), split_manifest_name(self.split),
+                         split_metadata_name(self.split), array_name):
+                os.replace(os.path.join(tmp, name), os.path.join(out, name))
         shutil.rmtree(tmp, ignore_errors=True)
