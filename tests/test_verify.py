@@ -300,6 +300,29 @@ def test_sample_missing_from_output(broken, synth):
     assert "counts.sequences" in verify(broken).output  # without the source, the counts still disagree
 
 
+@pytest.mark.parametrize("column,check,what", [("tokens", "source.tokens", "token"),
+                                                ("loss_mask", "source.targets", "loss mask (target) at")])
+def test_a_consistent_rewrite_of_a_shard_passes_alone_but_not_against_the_source(broken, synth, column, check, what):
+    shard = first_shard(broken)
+    edited = {}
+
+    def change_one_value(rows):
+        row = next(r for r in rows if r["seq_lens"][0] > 12)
+        position = 9  # runtime position 9 of the pack's first sequence
+        old = row[column][position]
+        row[column][position] = old + 7 if column == "tokens" else 1 - old
+        edited.update(index=row["source_index"][0], old=old, new=row[column][position])
+
+    rewrite(broken, shard, change_one_value)
+    if column == "tokens":  # a token id changed: the structure still holds
+        assert verify(broken).exit_code == 0
+    result = verify(broken, "--source", synth[0])
+    assert result.exit_code == 1
+    line = next(x for x in result.output.splitlines() if f"[{check}]" in x)
+    assert f"{what} position 9 is {edited['new']} but the source (" in line, line
+    assert f"train.parquet: row {edited['index']}) has {edited['old']}" in line, line
+
+
 def test_pack_over_capacity(broken):
     shard = first_shard(broken)
     moved = {}
