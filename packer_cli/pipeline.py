@@ -6,8 +6,8 @@
            ─plan─▶ packs ─shuffle─▶ gather ─▶ packs-*.arrow ─▶ manifest.json, metadata.json ─rename─▶ OUT
 
 Pass one streams every input once, validating records and appending each sample's tokens and
-target flags to the spill file in the temporary output directory (or under ``spill_dir``); only one token count per
-sample (2 or 4 bytes) stays in memory (targets are summed as batches pass; see
+target flags to the spill file in the temporary output directory (or under ``spill_dir``); only
+one token count per sample (2 or 4 bytes) stays in memory (targets are summed as batches pass; see
 :mod:`packer_cli._sequences`). The plan needs only the padded lengths, while the counts wait in
 the spill directory; in pass two the plan's order waits there instead. No stage holds more than
 about 16 bytes per sample (planning: the padded lengths and the planner's arrays) plus 16 per

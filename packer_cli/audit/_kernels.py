@@ -78,7 +78,6 @@ def scan_sequences(tokens: np.ndarray, mask: np.ndarray, start: np.ndarray, mask
 _P1 = np.uint64(0x9E3779B185EBCA87)
 _P2 = np.uint64(0xC2B2AE3D27D4EB4F)
 _P3 = np.uint64(0x165667B19E3779F9)
-_P4 = np.uint64(0x85EBCA77C2B2AE63)
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -21,7 +21,8 @@ counts the run recorded for them are compared exactly.
 Memory: one window of source tokens, plus what verify keeps per packed sequence anyway and two
 64-bit fingerprints (its tokens, its loss mask) taken while the shards streamed past. No shard
 stays mapped and no decoded row group is kept, so ``verify --source`` needs the same memory for
-a terabyte of shards as for a megabyte, bar those few dozen bytes a sequence. A piece differs
+a terabyte of shards as for a megabyte, bar about 160 bytes per packed sequence (its facts, the
+fingerprints and the sorted copies the matching needs). A piece differs
 from its source when a fingerprint does (any one changed value always changes it; other changes
 escape with probability about 2⁻⁶⁴); only then is its batch read again, to report the first
 position that differs.
@@ -52,13 +53,6 @@ def recorded_source_spec(meta: dict) -> SourceSpec:
     return SourceSpec(tokens_field=src["tokens_field"], mask_field=name if kind == "mask" else None,
                       labels_field=name if kind == "labels" else None, vocab_size=src.get("vocab_size"),
                       on_bad_record=BadRecordPolicy(src["on_bad_record"])).validate()
-
-
-def _by_batch(bids: np.ndarray):
-    """``(batch id, positions)`` for each batch id present, positions in their original order."""
-    order = np.argsort(bids, kind="stable")
-    cuts = np.flatnonzero(np.diff(bids[order])) + 1
-    return [(int(bids[g[0]]), g) for g in np.split(order, cuts)] if order.size else []
 
 
 class _Replay:

@@ -191,7 +191,6 @@ class NativeStore:
             yield PackBatch(name, row, batch.num_rows, _loader(batch))
             row += batch.num_rows
 
-
     def batch_at(self, name: str, first_row: int) -> PackBatch:
         """The batch of shard ``name`` that starts at row ``first_row`` (read again, mapped)."""
         for batch in self.read_shard(name):
