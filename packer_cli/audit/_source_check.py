@@ -21,7 +21,7 @@ counts the run recorded for them are compared exactly.
 Memory: one window of source tokens, plus what verify keeps per packed sequence anyway and two
 64-bit fingerprints (its tokens, its loss mask) taken while the shards streamed past. No shard
 stays mapped and no decoded row group is kept, so ``verify --source`` needs the same memory for
-a terabyte of shards as for a megabyte, bar about 160 bytes per packed sequence (its facts, the
+a terabyte of shards as for a megabyte, bar about 120 bytes per packed sequence (its facts, the
 fingerprints and the sorted copies the matching needs). A piece differs
 from its source when a fingerprint does (any one changed value always changes it; other changes
 escape with probability about 2⁻⁶⁴); only then is its batch read again, to report the first
@@ -142,15 +142,15 @@ class _Replay:
         L, starts = e_len[E], src_start[E]
         self.counts["compared_tokens"] += int(L.sum())
         source = lambda j: self.stream.locate(int(e_idx[E[j]]))  # noqa: E731
-        for check, fp, column, start, values, shift, what in (
-                ("source.tokens", "tokens_fp", "tokens", "start", tok, 0, "token"),
-                ("source.targets", "mask_fp", "loss_mask", "mstart", tgt, 1, "loss mask (target) at")):
+        for check, fp, column, values, shift, what in (
+                ("source.tokens", "tokens_fp", "tokens", tok, 0, "token"),
+                ("source.targets", "mask_fp", "loss_mask", tgt, 1, "loss mask (target) at")):
             differs = np.flatnonzero(fingerprints(values, starts + shift, L) != t[fp][Q])
 
-            def message(j, column=column, start=start, values=values, shift=shift, what=what):
+            def message(j, column=column, values=values, shift=shift, what=what):
                 ours = values[starts[j] + shift:starts[j] + shift + L[j]]
                 try:
-                    packed = self._packed(Q[j], column, start, L[j])
+                    packed = self._packed(Q[j], column, L[j])
                 except (PackerError, OSError) as exc:
                     return (f"{what} values differ from the source ({source(j)}); the shard could not be read "
                             f"again to say where ({exc})", self.where(Q[j]))
@@ -166,15 +166,19 @@ class _Replay:
         self.sink.add_many("source.tokens", np.flatnonzero(got_last != want), lambda j: (
             f"last label is {got_last[j]} but the source ({source(j)}) has {want[j]}", self.where(Q[j])))
 
-    def _packed(self, q: int, column: str, start: str, length: int) -> np.ndarray:
+    def _packed(self, q: int, column: str, length: int) -> np.ndarray:
         """``length`` values of packed sequence ``q`` in ``column``, read again from its shard
-        (only for a piece whose fingerprint differs: the findings are few and capped)."""
+        (only for a piece whose fingerprint differs: the findings are few and capped). Its place
+        in the batch is found again from the pack's ``cu_seqlens``, checked when first read."""
         b = int(self.t["batch"][q])
         if self._reread[0] != b:
             place = self.seqs.batches[b]
             self._reread = (b, self.store.batch_at(place.shard, place.first_row))
-        values, _ = self._reread[1].column(column)
-        at = int(self.t[start][q])
+        batch = self._reread[1]
+        row, seq = int(self.t["row"][q]), int(self.t["seq"][q])
+        values, offsets = batch.column(column)
+        cu_values, cu_offsets = batch.column("cu_seqlens")
+        at = int(offsets[row]) + int(cu_values[cu_offsets[row] + seq])
         return values[at:at + length]
 
 
