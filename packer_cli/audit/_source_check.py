@@ -21,11 +21,11 @@ counts the run recorded for them are compared exactly.
 Memory: one window of source tokens, plus what verify keeps per packed sequence anyway and two
 64-bit fingerprints (its tokens, its loss mask) taken while the shards streamed past. No shard
 stays mapped and no decoded row group is kept, so ``verify --source`` needs the same memory for
-a terabyte of shards as for a megabyte, bar about 120 bytes per packed sequence (its facts, the
-fingerprints and the sorted copies the matching needs). A piece differs
-from its source when a fingerprint does (any one changed value always changes it; other changes
-escape with probability about 2⁻⁶⁴); only then is its batch read again, to report the first
-position that differs.
+a terabyte of shards as for a megabyte, bar about 90 bytes per packed sequence (its facts, the
+fingerprints and the sorted copies the matching needs). A piece differs from its source when a
+fingerprint does (any one changed value always changes it; other changes escape with
+probability about 2⁻⁶⁴); only then is its batch read again, to report the first position that
+differs.
 """
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ class _Replay:
                 ours = values[starts[j] + shift:starts[j] + shift + L[j]]
                 try:
                     packed = self._packed(Q[j], column, L[j])
-                except (PackerError, OSError) as exc:
+                except (PackerError, OSError, IndexError, ValueError) as exc:  # the shard changed meanwhile
                     return (f"{what} values differ from the source ({source(j)}); the shard could not be read "
                             f"again to say where ({exc})", self.where(Q[j]))
                 pos = np.flatnonzero(packed != ours)
