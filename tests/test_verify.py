@@ -278,6 +278,25 @@ def test_no_shard_stays_mapped_while_the_source_is_replayed(synth, monkeypatch):
     assert mapped and max(mapped) == 0
 
 
+def test_a_shard_that_changed_before_it_is_read_again_is_a_finding(synth, tmp_path, monkeypatch):
+    """The first differing position is found by reading the batch again; if the shard no longer
+    holds that sequence (rewritten meanwhile), the finding says so instead of a traceback."""
+    from packer_cli.audit.store import NativeStore, PackBatch
+
+    src, outs = synth
+
+    def edit(columns):
+        columns["input_ids"][40][3] += 1
+
+    changed = _edited_source(src, tmp_path, edit)
+    empty = np.zeros(0, np.int32), np.zeros(1, np.int64)
+    monkeypatch.setattr(NativeStore, "batch_at", lambda self, name, row: PackBatch(name, row, 0, lambda c: empty))
+    result = verify(outs[OverlongPolicy.TRUNCATE], "--source", changed)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    line = next(x for x in result.output.splitlines() if "[source.tokens]" in x)
+    assert "token values differ from the source (" in line and "could not be read again to say where" in line, line
+
+
 def test_sample_missing_from_output(broken, synth):
     shard = first_shard(broken)
     removed = {}
