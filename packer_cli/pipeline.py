@@ -41,7 +41,7 @@ from packer_cli._summary import PackSummary, summarize
 from packer_cli.errors import ConfigError, DataError, OutputError
 from packer_cli.plan import plan_packs
 from packer_cli.progress import Progress
-from packer_cli.shards._atomic import replace_dir
+from packer_cli.shards._atomic import make_temporary, replace_dir, stale_temporaries
 from packer_cli.shards._gather import ORDER_FILE, SpillReader, SpillWriter
 from packer_cli.shards.bridge_output import BridgeOutput
 from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, seal_metadata
@@ -276,20 +276,6 @@ def _runs_of_packs(pack_offsets, pack_load, pack_order, budget):
     return np.array(ends, dtype=np.int64), np.array(sizes, dtype=np.int64)
 
 
-def _stale_temporaries(out: str, tmp: str) -> list[str]:
-    """Temporary outputs (``OUT.tmp-PID``) left beside OUT by runs that were killed outright."""
-    out = os.path.normpath(out)
-    parent, name = os.path.split(os.path.abspath(out))
-    prefix = f"{name}.tmp-"
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return []
-    ours = os.path.basename(os.path.normpath(tmp))
-    return sorted(os.path.join(os.path.dirname(out), n) for n in names
-                  if n.startswith(prefix) and n[len(prefix):].isdigit() and n != ours)
-
-
 def _check_spill_parent(spill_parent: str | None) -> str | None:
     if spill_parent is None:
         return None
@@ -328,10 +314,7 @@ def _prepare_out(out: str, overwrite: bool) -> str:
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):
         raise ConfigError(f"{parent}: output parent directory does not exist")
-    tmp = f"{out}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    return tmp
+    return make_temporary(out)
 
 
 def pack(
@@ -379,7 +362,7 @@ def pack(
     spill_dir = None
     try:
         if tmp and warn:
-            for stale in _stale_temporaries(out, tmp):
+            for stale in stale_temporaries(out, tmp):
                 warn(f"{stale} was left by an earlier run that did not finish (killed outright?); "
                      "remove it to free its space")
         if tmp:

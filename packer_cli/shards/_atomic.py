@@ -1,4 +1,7 @@
-"""Put a finished temporary directory in place of OUT in one rename."""
+"""Build OUT in a temporary sibling directory, then put it in place in one rename.
+
+The temporary directory is ``OUT.tmp-PID``; the names are made and recognized here only.
+"""
 from __future__ import annotations
 
 import os
@@ -38,6 +41,31 @@ def signals_held() -> Iterator[None]:
             signal.signal(signum, handler)
         for signum in caught:
             signal.raise_signal(signum)
+
+
+_TMP = ".tmp-"
+
+
+def make_temporary(out: str) -> str:
+    """Create (afresh) and return this process's temporary sibling of ``out``."""
+    tmp = f"{os.path.normpath(out)}{_TMP}{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    return tmp
+
+
+def stale_temporaries(out: str, tmp: str) -> list[str]:
+    """Temporary siblings of ``out`` other than ``tmp``: left by runs that were killed outright."""
+    out = os.path.normpath(out)
+    parent, name = os.path.split(os.path.abspath(out))
+    prefix = f"{name}{_TMP}"
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return []
+    ours = os.path.basename(os.path.normpath(tmp))
+    return sorted(os.path.join(os.path.dirname(out), n) for n in names
+                  if n.startswith(prefix) and n[len(prefix):].isdigit() and n != ours)
 
 
 def replace_dir(tmp: str, out: str) -> None:

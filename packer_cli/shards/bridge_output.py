@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from packer_cli._background import ordered_map
 from packer_cli.errors import ConfigError, DataError
-from packer_cli.shards._atomic import replace_dir, signals_held
+from packer_cli.shards._atomic import make_temporary, replace_dir, signals_held
 from packer_cli.shards._gather import SpillReader
 from packer_cli.shards.format import seal_metadata
 from packer_cli.shards.bridge import (
@@ -108,10 +108,7 @@ class BridgeOutput:
             else:
                 self._check_layout(out, names, overwrite, spec)
                 self._replace_whole = False
-        tmp = f"{out}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        return tmp
+        return make_temporary(out)
 
     def _check_layout(self, out: str, names: list[str], overwrite: bool, spec) -> None:
         C = spec.pack_size
