@@ -40,6 +40,11 @@ class PackSummary:
     dry_run: bool
     output: dict | None = None
     """Format-specific record (``--format megatron-bridge``: split, files, EOS id); None for native."""
+    seconds: dict | None = None
+    """Wall time of the run's phases: ``read`` (pass one: decode, validate, spill), ``plan``
+    (sequences, plan, summary), ``write`` (pass two: gather, write, hash, rename into place) and
+    ``total``. In the printed summary and ``--json``, never in ``metadata.json`` (the same inputs
+    give the same bytes)."""
 
     def to_dict(self) -> dict:
         record = {
@@ -49,12 +54,15 @@ class PackSummary:
         }
         if self.output is not None:
             record["output"] = self.output
+        if self.seconds is not None:
+            record["seconds"] = self.seconds
         return record
 
     def metadata(self, version: str) -> dict:
         record = self.to_dict()
         record.pop("out")
         record.pop("dry_run")
+        record.pop("seconds", None)
         record.update(format=FORMAT_NAME, format_version=FORMAT_VERSION, packer_version=version)
         return record
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
@@ -161,14 +162,15 @@ def _shard_runs(pack_offsets: np.ndarray, pack_load: np.ndarray, pack_order: np.
 
 
 def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, plan: _ParkedPlan, pack_order,
-                  spec: PackSpec, shard_bytes: int, progress: Progress) -> list[dict]:
+                  spec: PackSpec, shard_bytes: int, progress: Progress, direct_io: bool = True) -> list[dict]:
     """Pass two: ``SHARDS_IN_FLIGHT`` shards are written at once, each by its own thread, while
     ``GATHER_THREADS`` shared threads gather the runs of packs they will write next (``pread``
     from the spill, compiled, GIL released). Each run's items are read from the parked order
     and every sequence is recomputed from the sample lengths (:meth:`Items.resolve`).
 
-    Copying the shards into the page cache is most of pass two's work and runs at the speed
-    of one core per file, so shards are written side by side rather than one after another.
+    Shards are written with ``O_DIRECT`` where the file system takes it (``direct_io``; see
+    :mod:`packer_cli.shards._sink`): through the page cache, copying them in was most of pass
+    two's work, at the speed of one core per file. Shards are written side by side either way.
     Memory in flight is bounded here, by ``GATHERED_AHEAD``, not by shrinking the record
     batches: smaller batches cost every reader per-batch overhead (with 2M tokens ``inspect``
     read 3.0–4.5 instead of 5.2–7.0 G tok/s).
@@ -185,7 +187,7 @@ def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, pl
 
     def write_shard(spill: SpillReader, gatherers, index: int, runs: list[tuple[int, int]]) -> dict:
         gathered = ordered_map(lambda run: gather(spill, *run), runs, ahead=GATHERED_AHEAD, pool=gatherers)
-        with ShardFile(tmp, index) as shard, closing(gathered):
+        with ShardFile(tmp, index, direct=direct_io) as shard, closing(gathered):
             for batch, n_tokens, n_packs, buffers in gathered:
                 shard.write(batch, n_tokens)
                 del batch  # the file holds the bytes now; the buffers can take the next run
@@ -276,6 +278,23 @@ def _runs_of_packs(pack_offsets, pack_load, pack_order, budget):
     return np.array(ends, dtype=np.int64), np.array(sizes, dtype=np.int64)
 
 
+class _PhaseClock:
+    """Wall time per phase of a run (the summary's ``seconds``)."""
+
+    def __init__(self):
+        self._start = self._last = time.perf_counter()
+        self._laps: dict[str, float] = {}
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self._laps[phase] = now - self._last
+        self._last = now
+
+    def seconds(self) -> dict:
+        laps = {phase: round(self._laps.get(phase, 0.0), 4) for phase in ("read", "plan", "write")}
+        return {**laps, "total": round(self._last - self._start, 4)}
+
+
 def _check_spill_parent(spill_parent: str | None) -> str | None:
     if spill_parent is None:
         return None
@@ -330,6 +349,7 @@ def pack(
     warn: Callable[[str], None] | None = None,
     output: BridgeOutput | None = None,
     spill_dir: str | None = None,
+    direct_io: bool = True,
 ) -> PackSummary:
     """Pack tokenized samples from ``inputs`` into ``out`` (nothing is written with ``dry_run``).
 
@@ -340,6 +360,9 @@ def pack(
     back at random in pass two) instead of the temporary output directory, e.g. local disk when
     ``out`` is on a network file system; a private subdirectory is made there and removed at
     the end.
+
+    ``direct_io``: write the output files with ``O_DIRECT`` (bypassing the page cache) where the
+    file system allows it, else through the page cache; the bytes are the same either way.
 
     Raises :class:`ConfigError` for unusable options (or an ``out`` that cannot be created),
     :class:`DataError` for bad data and :class:`OutputError` when writing the output or the
@@ -360,6 +383,7 @@ def pack(
     except OSError as exc:
         raise ConfigError(f"{out}: cannot create the output: {exc}") from exc
     spill_dir = None
+    clock = _PhaseClock()
     try:
         if tmp and warn:
             for stale in stale_temporaries(out, tmp):
@@ -371,6 +395,7 @@ def pack(
             stream = SampleStream(files, source)
             log, read_counts, bad_listed = _read_inputs(stream, spill_dir, spec.max_sequence_length, bar,
                                                         spill_named=spill_parent)
+            clock.lap("read")
             if read_counts["records"] == 0:
                 raise DataError(f"{files[0].path}: empty input (no records)")
             sources, totals = log.sources, log.totals
@@ -391,6 +416,7 @@ def pack(
                 spec=spec, files=files, stream=stream, read_counts=read_counts, bad_listed=bad_listed,
                 totals=totals, overlong=overlong, padded_hist=padded_hist, plan=plan, out=out, dry_run=dry_run,
             )
+            clock.lap("plan")
             manifest = None
             if tmp:
                 # Pass two reads each run's slice of the plan's order from the spill directory
@@ -400,10 +426,11 @@ def pack(
                 _release_memory()
                 items.attach(_unpark(lengths))
                 if output:
-                    manifest = output.write(tmp, spill_dir, items, sources, layout, pack_order, spec, bar)
+                    manifest = output.write(tmp, spill_dir, items, sources, layout, pack_order, spec, bar,
+                                            direct_io=direct_io)
                 else:
                     entries = _write_shards(tmp, spill_dir, items, sources, layout, pack_order, spec,
-                                            shard_bytes, bar)
+                                            shard_bytes, bar, direct_io)
                     manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "shards": entries}
                 del lengths
         if summary.counts["no_target_samples"] and warn:
@@ -420,6 +447,8 @@ def pack(
             _write_json(os.path.join(tmp, METADATA_FILE), seal_metadata(summary.metadata(__version__)))
             replace_dir(tmp, out)
             tmp = None
+        clock.lap("write")
+        summary.seconds = clock.seconds()
         return summary
     except OSError as exc:  # readers report their own errors as DataError: this is the writing side
         raise OutputError(f"{out}: writing the output failed: {exc}") from exc

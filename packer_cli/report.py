@@ -36,6 +36,10 @@ def pack_summary_table(summary) -> Table:
         ("bad records skipped", f"{c['bad_records']:,}"),
         ("samples without targets", f"{c['no_target_samples']:,}"),
     ]
+    if summary.seconds:
+        t = summary.seconds
+        rows.append(("time (read / plan / write)",
+                     f"{t['total']:.2f} s ({t['read']:.2f} / {t['plan']:.2f} / {t['write']:.2f})"))
     for row in rows:
         table.add_row(*row)
     return table

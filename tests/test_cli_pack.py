@@ -125,6 +125,18 @@ def test_dry_run_and_json(tmp_path):
     assert_nothing_written(tmp_path)
 
 
+def test_phase_times_are_reported_but_never_stored(synthetic_parquet, tmp_path):
+    result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--json")
+    assert result.exit_code == 0, result.output
+    seconds = json.loads(result.output)["seconds"]
+    assert set(seconds) == {"read", "plan", "write", "total"}
+    assert all(v > 0 for v in seconds.values())
+    assert seconds["read"] + seconds["plan"] + seconds["write"] <= seconds["total"] + 1e-3
+    stored = json.loads((tmp_path / "out" / "metadata.json").read_text())
+    assert "seconds" not in stored  # the same inputs must give the same bytes
+    assert "time (read / plan / write)" in run("pack", synthetic_parquet, "-o", tmp_path / "again").output
+
+
 def test_no_target_samples_are_kept_and_warned(tmp_path):
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD, {"input_ids": [1, 2, 3], "loss_mask": [1, 0, 0]}])
     result = run("pack", path, "-o", tmp_path / "out", "--json")
@@ -200,20 +212,24 @@ def _no_space(*args, **kwargs):
     raise OSError(28, "No space left on device")
 
 
-@pytest.mark.parametrize("where", ["spill", "shard", "bridge"])
+@pytest.mark.parametrize("where", ["spill", "shard", "bridge", "shard-device", "bridge-device", "shard-tail"])
 def test_a_full_disk_is_one_line_exit_3_and_nothing_left(synthetic_parquet, tmp_path, monkeypatch, where):
     import threading
 
-    from packer_cli.shards import _gather, bridge_writer, writer
+    from packer_cli.shards import _gather, _sink, bridge_writer, writer
 
     if where == "spill":  # pass one
         monkeypatch.setattr(_gather.SpillWriter, "write", _no_space)
     elif where == "shard":  # pass two, in a shard-writing thread
         monkeypatch.setattr(writer.ShardFile, "write", _no_space)
-    else:
+    elif where == "bridge":
         monkeypatch.setattr(bridge_writer.pq.ParquetWriter, "write_table", _no_space)
+    else:  # the device write itself: in OutputFile's I/O thread, raised through pyarrow's writer
+        monkeypatch.setattr(_sink.OutputFile, "_write_staged", _no_space)
+        if where != "shard-tail":  # else the file fits one block: the error comes at its close
+            monkeypatch.setattr(_sink, "DIRECT_BLOCK", 16 * _sink.ALIGN)
     threads = threading.active_count()
-    extra = ["--format", "megatron-bridge"] if where == "bridge" else []
+    extra = ["--format", "megatron-bridge"] if where.startswith("bridge") else []
     result = run("pack", synthetic_parquet, "-o", tmp_path / "out", *extra)
     assert result.exit_code == 3, result.output
     assert result.output.strip().splitlines()[-1] == (
@@ -261,6 +277,34 @@ def test_spill_dir_holds_the_spill_and_is_emptied(synthetic_parquet, tmp_path, m
     assert os.path.dirname(spill_dir) == str(spill) and spill_bytes == default_bytes > 0
     assert list(spill.iterdir()) == []  # removed at the end
     assert _files(tmp_path / "elsewhere") == _files(tmp_path / "beside")
+
+
+@pytest.mark.parametrize("extra", [[], ["--format", "megatron-bridge"]], ids=["native", "bridge"])
+def test_direct_and_buffered_io_write_the_same_files(synthetic_parquet, tmp_path, monkeypatch, extra):
+    """Every output file goes through OutputFile, direct by default and buffered with
+    --buffered-io, and the two outputs are byte-identical (checksums in the manifests included)."""
+    import os
+
+    from packer_cli.shards import _sink
+
+    opened = []
+    init = _sink.OutputFile.__init__
+
+    def spying_init(self, path, direct=True, **kw):
+        init(self, path, direct=direct, **kw)
+        opened.append((os.path.basename(path), direct))
+
+    monkeypatch.setattr(_sink.OutputFile, "__init__", spying_init)
+    monkeypatch.setattr(_sink, "DIRECT_BLOCK", 16 * _sink.ALIGN)  # many blocks per file, not one tail
+    for name, flag in (("direct", []), ("buffered", ["--buffered-io"])):
+        result = run("pack", synthetic_parquet, "-o", tmp_path / name, *extra, *flag)
+        assert result.exit_code == 0, result.output
+    direct = [d for _, d in opened[:len(opened) // 2]]
+    buffered = [d for _, d in opened[len(opened) // 2:]]
+    assert len(direct) == len(buffered) >= 1
+    assert all(direct) and not any(buffered)
+    assert _files(tmp_path / "direct") == _files(tmp_path / "buffered")
+    assert run("verify", tmp_path / "direct", "--source", synthetic_parquet).exit_code == 0
 
 
 def test_missing_spill_dir_exits_2_before_anything_is_written(synthetic_parquet, tmp_path):

@@ -141,7 +141,7 @@ class BridgeOutput:
                                f"{self.split} split; appended a new one (Bridge takes max/min over entries)")
 
     # -- write -------------------------------------------------------------------------
-    def write(self, tmp, spill_dir, items, sources, plan, pack_order, spec, progress) -> dict:
+    def write(self, tmp, spill_dir, items, sources, plan, pack_order, spec, progress, direct_io: bool = True) -> dict:
         """Write the split's Parquet file into ``tmp`` and return its manifest.
 
         As for the native shards, each step's packs are read from the plan order parked in the
@@ -172,7 +172,7 @@ class BridgeOutput:
             with closing(ordered_map(build, range(0, n_packs, step), workers=2, ahead=3)) as steps:
                 entry, diagnostics = write_bridge_file(
                     os.path.join(tmp, data_name(self.split, spec.pack_size)), steps=steps, n_packs=n_packs,
-                    eos=eos, row_group_size=rows, progress=progress)
+                    eos=eos, row_group_size=rows, progress=progress, direct_io=direct_io)
         self._result = {"eos_id": eos, "eos_id_source": source, "samples_not_ending_with_eos": not_ending,
                         **diagnostics}
         return {"format": BRIDGE_FORMAT, "format_version": BRIDGE_FORMAT_VERSION, "split": self.split,

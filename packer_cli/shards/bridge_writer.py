@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from packer_cli.errors import ConfigError
 from packer_cli.shards.bridge import BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION
-from packer_cli.shards.writer import file_checksum
+from packer_cli.shards._sink import OutputFile
 
 #: Tokens gathered per write step (about 40 bytes per token while a step is built; a few steps
 #: are in flight).
@@ -153,8 +153,9 @@ def bridge_step(tokens, mask, last, seq_len, seq_pad, seq_source, seq_offset, ru
 
 
 def write_bridge_file(path: str, *, steps: Iterable[BridgeStep], n_packs: int, eos: int | None,
-                      row_group_size: int, progress) -> tuple[dict, dict]:
-    """Write the packs of ``steps`` (each whole row groups, in output order) into one Parquet file.
+                      row_group_size: int, progress, direct_io: bool = True) -> tuple[dict, dict]:
+    """Write the packs of ``steps`` (each whole row groups, in output order) into one Parquet file,
+    hashed on its way (``direct_io``: with ``O_DIRECT`` where the file system allows it).
 
     Returns the manifest entry and the diagnostics (EOS-scan mismatches when ``m > 1``).
     """
@@ -164,17 +165,22 @@ def write_bridge_file(path: str, *, steps: Iterable[BridgeStep], n_packs: int, e
     })
     short = long = stored_tokens = runtime_tokens = 0
     task = progress.task("writing", total=n_packs, unit="packs")
-    with pq.ParquetWriter(path, schema, write_statistics=False) as writer:
-        for step in steps:
-            writer.write_table(step.table, row_group_size=row_group_size)
-            stored_tokens += step.stored_tokens
-            runtime_tokens += step.runtime_tokens
-            short, long = short + step.eos_scan_too_short, long + step.eos_scan_too_long
-            progress.advance(task, step.packs)
+    sink = OutputFile(path, direct=direct_io)
+    try:
+        with pq.ParquetWriter(sink, schema, write_statistics=False) as writer:
+            for step in steps:
+                writer.write_table(step.table, row_group_size=row_group_size)
+                stored_tokens += step.stored_tokens
+                runtime_tokens += step.runtime_tokens
+                short, long = short + step.eos_scan_too_short, long + step.eos_scan_too_long
+                progress.advance(task, step.packs)
+        sink.close()
+    finally:
+        sink.discard()  # a no-op after close(); otherwise the file is being abandoned
     entry = {
         "name": os.path.basename(path), "bytes": os.path.getsize(path), "rows": int(n_packs),
         "tokens": runtime_tokens, "stored_tokens": stored_tokens,
         "row_group_size": int(row_group_size), "row_groups": -(-int(n_packs) // row_group_size),
-        "xxh3_64": file_checksum(path),
+        "xxh3_64": sink.digest.hexdigest(),
     }
     return entry, {"eos_scan_too_short": short, "eos_scan_too_long": long}

@@ -15,6 +15,7 @@ import pyarrow as pa
 import xxhash
 
 from packer_cli._arrow import from_numpy
+from packer_cli.shards._sink import OutputFile
 from packer_cli.shards.format import CHECKSUM, PACK_SCHEMA, shard_name
 
 
@@ -54,42 +55,6 @@ def file_checksum(path: str) -> str:
     return digest.hexdigest()
 
 
-class _HashingFile:
-    """A write-only file that hashes (xxh3_64) every byte it writes, for ``pa.ipc.new_file``.
-
-    Arrow hands over its buffers without copies; both the hash and ``write`` release the GIL.
-    """
-
-    def __init__(self, path: str):
-        self._file = open(path, "wb", buffering=0)
-        self.digest = xxhash.xxh3_64()
-        self._pos = 0
-        self.closed = False
-
-    def write(self, data) -> int:
-        view = memoryview(data).cast("B")
-        self.digest.update(view)
-        done = 0
-        while done < view.nbytes:
-            done += self._file.write(view[done:])
-        self._pos += done
-        return done
-
-    def tell(self) -> int:
-        return self._pos
-
-    def writable(self) -> bool:
-        return True
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        if not self.closed:
-            self._file.close()
-            self.closed = True
-
-
 class ShardFile:
     """One ``packs-NNNNN.arrow``: record batches are appended (and hashed on their way to the
     file); :meth:`finish` writes the footer and returns the shard's manifest entry.
@@ -98,10 +63,10 @@ class ShardFile:
     temporary directory, so an unfinished shard is never seen as output.
     """
 
-    def __init__(self, directory: str, index: int):
+    def __init__(self, directory: str, index: int, direct: bool = True):
         self.name = shard_name(index)
         self.path = os.path.join(directory, self.name)
-        self._sink = _HashingFile(self.path)
+        self._sink = OutputFile(self.path, direct=direct)
         self._writer = pa.ipc.new_file(self._sink, PACK_SCHEMA)
         self.rows = self.tokens = 0
 
@@ -109,7 +74,7 @@ class ShardFile:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._sink.close()
+        self._sink.discard()  # after finish() a no-op; otherwise the shard is abandoned
 
     def write(self, batch: pa.RecordBatch, tokens: int) -> None:
         self._writer.write_batch(batch)

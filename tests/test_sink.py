@@ -1,0 +1,135 @@
+"""OutputFile: shards written with O_DIRECT where the file system allows, through the page
+cache where it does not, always the same bytes and the same hash."""
+from __future__ import annotations
+
+import errno
+import os
+import threading
+
+import numpy as np
+import pytest
+import xxhash
+
+from packer_cli.shards import _sink
+from packer_cli.shards._sink import ALIGN, OutputFile
+
+BLOCK = 4 * ALIGN  # small staging blocks, so every test crosses many of them
+
+
+def _pieces(seed: int, total: int) -> list[bytes]:
+    """Random bytes cut at random sizes: empty pieces, single bytes, pieces larger than a block."""
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, total, dtype=np.uint8).tobytes()
+    cuts = np.sort(rng.integers(0, total + 1, 40))
+    cuts = np.concatenate([[0], cuts, [cuts[-1]], [total]])  # one empty piece at least
+    return [data[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def _write(path, pieces, **kw) -> OutputFile:
+    f = OutputFile(str(path), block=BLOCK, **kw)
+    for piece in pieces:
+        assert f.write(piece) == len(piece)
+    f.close()
+    return f
+
+
+def _direct_supported(tmp_path) -> bool:
+    f = OutputFile(str(tmp_path / "probe"), block=BLOCK)
+    f.discard()
+    os.unlink(tmp_path / "probe")
+    return f.direct
+
+
+@pytest.mark.parametrize("total", [0, 1, ALIGN - 1, ALIGN, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK, 7 * BLOCK + 123])
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
+def test_the_file_holds_exactly_the_bytes_written_and_their_hash(tmp_path, total, direct):
+    pieces = _pieces(total, total)
+    expected = b"".join(pieces)
+    f = _write(tmp_path / "out", pieces, direct=direct)
+    assert (tmp_path / "out").read_bytes() == expected  # no padding left past the end
+    assert f.tell() == total and f.digest.hexdigest() == xxhash.xxh3_64(expected).hexdigest()
+    if not direct:
+        assert not f.direct
+
+
+def test_direct_writes_are_direct_where_the_file_system_takes_them(tmp_path):
+    if not _direct_supported(tmp_path):
+        pytest.skip(f"{tmp_path}: this file system refuses O_DIRECT (the buffered path is tested)")
+    f = OutputFile(str(tmp_path / "out"), block=BLOCK)
+    with open(f"/proc/self/fdinfo/{f._fd}") as info:
+        flags = int(next(line for line in info if line.startswith("flags:")).split()[1], 8)
+    f.discard()
+    assert flags & os.O_DIRECT
+
+
+def test_a_file_system_that_refuses_o_direct_at_open_gets_buffered_writes(tmp_path, monkeypatch):
+    real_open = os.open
+
+    def refusing_open(path, flags, *args):
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    pieces = _pieces(1, 3 * BLOCK + 17)
+    f = _write(tmp_path / "out", pieces)
+    assert not f.direct and (tmp_path / "out").read_bytes() == b"".join(pieces)
+
+
+@pytest.mark.parametrize("how", ["refused", "short"])
+def test_a_direct_write_refused_or_cut_short_continues_buffered(tmp_path, monkeypatch, how):
+    """EINVAL at the first write (a file system that took the flag at open), or a write that
+    stops at an unaligned offset: the rest of the file goes through the page cache."""
+    if not _direct_supported(tmp_path):
+        pytest.skip(f"{tmp_path}: this file system refuses O_DIRECT at open (tested above)")
+    real_write = os.write
+    calls = []
+
+    def flaky_write(fd, data):
+        calls.append(len(data))
+        if len(calls) == 2:  # the second block
+            if how == "refused":
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return real_write(fd, memoryview(data)[:1000])
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", flaky_write)
+    pieces = _pieces(2, 5 * BLOCK + 99)
+    f = _write(tmp_path / "out", pieces)
+    assert not f.direct and len(calls) > 2
+    assert (tmp_path / "out").read_bytes() == b"".join(pieces)
+
+
+def test_a_failing_write_is_raised_to_the_writer_and_no_thread_is_left(tmp_path, monkeypatch):
+    def full_disk(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    threads = threading.active_count()
+    f = OutputFile(str(tmp_path / "out"), block=BLOCK)
+    monkeypatch.setattr(os, "write", full_disk)
+    with pytest.raises(OSError) as raised:
+        for piece in _pieces(3, 6 * BLOCK):
+            f.write(piece)
+        f.close()
+    assert raised.value.errno == errno.ENOSPC
+    f.discard()
+    assert f.closed and threading.active_count() == threads
+
+
+def test_discard_abandons_the_staged_bytes_and_joins_the_writer(tmp_path):
+    threads = threading.active_count()
+    f = OutputFile(str(tmp_path / "out"), block=BLOCK)
+    data = b"x" * (2 * BLOCK + 5)
+    f.write(data)
+    f.discard()
+    f.discard()  # idempotent
+    f.close()  # a no-op once discarded
+    assert f.closed and threading.active_count() == threads
+    assert os.path.getsize(tmp_path / "out") <= 2 * BLOCK  # whole blocks at most, never the tail
+
+
+def test_without_o_direct_on_the_platform_writes_are_buffered(tmp_path, monkeypatch):
+    monkeypatch.setattr(_sink, "_O_DIRECT", 0)
+    pieces = _pieces(4, 2 * BLOCK + 1)
+    f = _write(tmp_path / "out", pieces)
+    assert not f.direct and (tmp_path / "out").read_bytes() == b"".join(pieces)
