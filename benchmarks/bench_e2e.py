@@ -6,7 +6,8 @@ the summary reports medians over the rounds and ratios between tools of the same
 Tools (``--tools``):
 
 * ``cli``        ``packer pack IN -o OUT`` in a fresh process (interpreter start, imports and
-                 numba cache loading included), Parquet or JSONL to shards on disk;
+                 numba cache loading included), Parquet or JSONL to shards on disk; the summary's
+                 phase times give pass two (gather, write, hash) apart;
 * ``api``        ``packer_cli.pack()`` in a warm process (same work, no start-up);
 * ``trl``        TRL ``pack_dataset(ds, C, strategy="bfd")`` on the same table held in memory
                  (``datasets`` default: packed in 1,000-row ``map`` batches);
@@ -14,7 +15,9 @@ Tools (``--tools``):
 * ``decode``     pyarrow ``ParquetFile.iter_batches`` over the input (2,048-row batches, both columns);
 * ``decode_packer`` packer's own Parquet decoder (``ListColumnReader``) over the same columns;
 * ``read_json``  ``pyarrow.json.read_json`` of a JSON Lines input;
-* ``disk``       sequential write of ``--disk-gb`` GB with ``np.tofile`` + ``fsync``;
+* ``disk``       sequential write of ``--disk-gb`` GB with ``np.tofile`` + ``fsync`` (through the
+                 page cache: on this VM bounded by the kernel's page allocation, not the disk);
+* ``disk_direct`` the same bytes with ``O_DIRECT`` in 16 MiB writes + ``fsync``: the device's rate;
 * ``pages``      page-cache write of 512 MB (no fsync) into memory freed 4 s earlier ("cold") and
                  into memory freed just before ("hot"): on a VM whose balloon driver reports free
                  memory to the host, memory idle for a few seconds must be faulted in again.
@@ -24,6 +27,7 @@ Tools (``--tools``):
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -65,7 +69,8 @@ def serve_packer(args) -> None:
         t0 = time.perf_counter()
         summary = pack([args.input], args.out, PackSpec(pack_size=args.pack_size))
         return {"seconds": time.perf_counter() - t0, "packs": summary.counts["packs"],
-                "runtime_tokens": summary.counts["runtime_tokens"], "out_bytes": dir_bytes(args.out)}
+                "runtime_tokens": summary.counts["runtime_tokens"], "out_bytes": dir_bytes(args.out),
+                "write_s": summary.seconds["write"], "read_s": summary.seconds["read"]}
 
     def run_decode():
         import pyarrow.parquet as pq
@@ -130,8 +135,9 @@ def run_cli(args) -> dict:
     shutil.rmtree(args.out, ignore_errors=True)
     cmd = [PACKER, "pack", args.input, "-o", args.out, "--pack-size", str(args.pack_size), "--json"]
     r = run_measured(cmd)
+    phases = json.loads(r["stdout"])["seconds"]  # the summary's own clock: pass two is "write"
     return {"seconds": r["wall_s"], "peak_rss_bytes": r["peak_rss_bytes"], "cpu_s": r["cpu_s"],
-            "out_bytes": dir_bytes(args.out)}
+            "out_bytes": dir_bytes(args.out), "write_s": phases["write"], "read_s": phases["read"]}
 
 
 def run_disk(args) -> dict:
@@ -148,6 +154,29 @@ def run_disk(args) -> dict:
     seconds = time.perf_counter() - t0
     os.unlink(path)
     return {"seconds": seconds, "bytes": n_blocks * block.size, "bytes_per_s": n_blocks * block.size / seconds}
+
+
+def run_disk_direct(args) -> dict:
+    """The device's sequential write rate: 16 MiB ``O_DIRECT`` writes from one reused page-aligned
+    buffer, then ``fsync``, timed together (``dd oflag=direct bs=16M conv=fsync``). No page
+    cache is involved, so this is the disk, not the cost of the kernel's page allocation."""
+    import mmap
+
+    path = os.path.join(OUT, "disk_direct_probe.bin")
+    block = mmap.mmap(-1, 16 << 20)
+    np.frombuffer(block, dtype=np.uint8)[:] = np.random.default_rng(2).integers(0, 255, 16 << 20, dtype=np.uint8)
+    n_blocks = max(1, int(args.disk_gb * (1 << 30)) // len(block))
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+    try:
+        for _ in range(n_blocks):
+            os.write(fd, block)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    seconds = time.perf_counter() - t0
+    os.unlink(path)
+    return {"seconds": seconds, "bytes": n_blocks * len(block), "bytes_per_s": n_blocks * len(block) / seconds}
 
 
 def run_pages(args) -> dict:
@@ -176,7 +205,7 @@ def main() -> None:
     ap.add_argument("--pack-size", type=int, default=4096)
     ap.add_argument("--runs", type=int, default=5)
     # `pages` must not follow `disk`, which has just freed 2 GB of memory it would reuse
-    ap.add_argument("--tools", default="cli,api,trl,trl_whole,decode,disk,decode_packer,pages")
+    ap.add_argument("--tools", default="cli,api,trl,trl_whole,decode,disk,disk_direct,decode_packer,pages")
     ap.add_argument("--disk-gb", type=float, default=2.0)
     ap.add_argument("--out", default=os.path.join(OUT, "e2e"))
     ap.add_argument("--serve", choices=["packer", "trl", "read_json"], help=argparse.SUPPRESS)
@@ -205,6 +234,8 @@ def main() -> None:
                     row = run_cli(args)
                 elif tool == "disk":
                     row = run_disk(args)
+                elif tool == "disk_direct":
+                    row = run_disk_direct(args)
                 elif tool == "pages":
                     row = run_pages(args)
                 elif tool in ("api", "decode", "decode_packer"):
@@ -226,9 +257,10 @@ def main() -> None:
     for tool, tool_rows in rows.items():
         sec = median([x["seconds"] for x in tool_rows])
         entry = {"median_s": sec, "min_s": min(x["seconds"] for x in tool_rows)}
-        if tool not in ("disk", "pages"):
+        if tool not in ("disk", "disk_direct", "pages"):
             entry["tokens_per_s"] = tokens / sec
-        for key in ("packs", "out_bytes", "peak_rss_bytes", "bytes_per_s", "cold_s", "hot_s", "cpu_s", "fast_rows", "bytes"):
+        for key in ("packs", "out_bytes", "peak_rss_bytes", "bytes_per_s", "cold_s", "hot_s", "cpu_s", "fast_rows", "bytes",
+                    "write_s", "read_s"):
             if key in tool_rows[0]:
                 entry[key] = median([x[key] for x in tool_rows])
         summary[tool] = entry
