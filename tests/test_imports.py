@@ -6,6 +6,7 @@ process, every spawned worker again). Each check runs in a fresh interpreter, si
 test process has long since imported everything.
 """
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -66,3 +67,27 @@ def test_lazy_names_resolve_to_the_real_objects():
         packer_cli.plan.nope  # noqa: B018
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         packer_cli.nope  # noqa: B018
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc/self/task")
+def test_cli_loads_numpy_with_one_blas_thread():
+    """The CLI sets OPENBLAS_NUM_THREADS=1 before numpy loads (its spinning workers cost ~0.2 s
+    of CPU a pack run): importing the CLI module must not load numpy, and numpy loaded after
+    the setting starts no BLAS thread. A user's own setting wins."""
+    code = """
+        import os, sys
+        os.environ.pop("OPENBLAS_NUM_THREADS", None)
+        import packer_cli.cli as cli
+        assert "numpy" not in sys.modules
+        cli._single_threaded_blas()
+        import numpy
+        print(len(os.listdir("/proc/self/task")), os.environ["OPENBLAS_NUM_THREADS"])
+    """
+    script = textwrap.dedent(code)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "1"]
+    kept = subprocess.run([sys.executable, "-c", "import packer_cli.cli as c, os; c._single_threaded_blas(); "
+                           "print(os.environ['OPENBLAS_NUM_THREADS'])"], capture_output=True, text=True,
+                          env={**os.environ, "OPENBLAS_NUM_THREADS": "3"}, timeout=120)
+    assert kept.stdout.strip() == "3"
