@@ -72,6 +72,7 @@ def pack_command(
     on_bad_record: Annotated[BadRecordPolicy, typer.Option(help="Stop on a bad record, or skip and count it.")] = BadRecordPolicy.ERROR,
     shard_size: Annotated[str, typer.Option(help="Approximate shard size.")] = "256MB",
     spill_dir: Annotated[Optional[str], typer.Option(help="Existing directory for the temporary spill (about 3 bytes a token, read back at random; default: beside the output). Use local disk when OUT is on a network file system.")] = None,
+    spill_memory: Annotated[str, typer.Option(help="Bytes of the spill to hold in memory instead of on disk (its first batches; resident only as far as used), e.g. when the only scratch is a network file system.")] = "0",
     direct_io: Annotated[bool, typer.Option("--direct-io/--buffered-io", help="Write the output with O_DIRECT, bypassing the page cache, where the file system allows it (same bytes either way).")] = True,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing OUT.")] = False,
     dry_run: Annotated[bool, typer.Option(help="Plan and print the summary; write nothing.")] = False,
@@ -97,7 +98,7 @@ def pack_command(
         summary = pack(inputs, out, spec, source, overwrite=overwrite, dry_run=dry_run,
                        shard_bytes=parse_size(shard_size), progress=not json_out,
                        warn=lambda msg: err.print(f"warning: {msg}", markup=False), output=output,
-                       spill_dir=spill_dir, direct_io=direct_io)
+                       spill_dir=spill_dir, spill_memory=parse_size(spill_memory), direct_io=direct_io)
     except PackerError as exc:
         fail(exc)
     if json_out:

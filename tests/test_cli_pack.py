@@ -269,8 +269,9 @@ def test_spill_dir_holds_the_spill_and_is_emptied(synthetic_parquet, tmp_path, m
     monkeypatch.setattr(_gather.SpillWriter, "close", spying_close)
     spill = tmp_path / "local-disk"
     spill.mkdir()
-    assert run("pack", synthetic_parquet, "-o", tmp_path / "beside", *extra).exit_code == 0
-    result = run("pack", synthetic_parquet, "-o", tmp_path / "elsewhere", "--spill-dir", spill, *extra)
+    on_disk = ["--spill-memory", "0"]  # all of the spill in the file
+    assert run("pack", synthetic_parquet, "-o", tmp_path / "beside", *extra, *on_disk).exit_code == 0
+    result = run("pack", synthetic_parquet, "-o", tmp_path / "elsewhere", "--spill-dir", spill, *extra, *on_disk)
     assert result.exit_code == 0, result.output
     (default_dir, default_bytes), (spill_dir, spill_bytes) = spills
     assert default_dir.startswith(str(tmp_path / "beside"))  # the temporary output
@@ -305,6 +306,40 @@ def test_direct_and_buffered_io_write_the_same_files(synthetic_parquet, tmp_path
     assert all(direct) and not any(buffered)
     assert _files(tmp_path / "direct") == _files(tmp_path / "buffered")
     assert run("verify", tmp_path / "direct", "--source", synthetic_parquet).exit_code == 0
+
+
+@pytest.mark.parametrize("extra", [[], ["--format", "megatron-bridge"]], ids=["native", "bridge"])
+def test_spill_memory_holds_the_first_batches_and_changes_no_byte(synthetic_parquet, tmp_path, monkeypatch, extra):
+    """All of the spill in memory, all in the file (the default), and split between the two (a
+    budget smaller than the spill): the same output files, and the file holds exactly what did
+    not fit."""
+    import os
+
+    from packer_cli.shards import _gather
+
+    seen = []
+    close = _gather.SpillWriter.close
+
+    def spying_close(self):
+        close(self)
+        seen.append((self._memory.used, os.path.getsize(os.path.join(self._dir, _gather.SPILL_FILE)),
+                     self._bytes))
+
+    monkeypatch.setattr(_gather.SpillWriter, "close", spying_close)
+    for name, budget in (("memory", ["--spill-memory", "1GB"]), ("file", []), ("split", ["--spill-memory", "2MB"])):
+        result = run("pack", synthetic_parquet, "-o", tmp_path / name, *extra, *budget)
+        assert result.exit_code == 0, result.output
+    (mem_used, mem_file, total), (file_used, file_file, _), (split_used, split_file, _) = seen
+    assert total > 2 << 20  # the split budget really splits it
+    assert (mem_used, mem_file) == (total, 0) and (file_used, file_file) == (0, total)
+    assert 0 < split_used <= 2 << 20 and split_used + split_file == total and split_file > 0
+    assert _files(tmp_path / "memory") == _files(tmp_path / "file") == _files(tmp_path / "split")
+
+
+def test_negative_spill_memory_exits_2(synthetic_parquet, tmp_path):
+    result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--spill-memory", "-1")
+    assert result.exit_code == 2 and "spill memory must be 0 or more bytes" in result.output, result.output
+    assert_nothing_written(tmp_path)
 
 
 def test_missing_spill_dir_exits_2_before_anything_is_written(synthetic_parquet, tmp_path):

@@ -11,7 +11,9 @@ import pyarrow as pa
 import pytest
 
 from naive import gather_packs
-from packer_cli.shards._gather import LAYOUT_FILE, ORDER_FILE, SPILL_FILE, SpillReader, SpillWriter, token_width
+from packer_cli.shards._gather import (
+    LAYOUT_FILE, ORDER_FILE, SPILL_FILE, SpillMemory, SpillReader, SpillWriter, token_width,
+)
 from packer_cli.shards.writer import ShardFile, file_checksum, pack_record_batch
 from packer_cli.sources import normalize
 from packer_cli.sources.normalize import Supervision, normalize_batch
@@ -66,15 +68,21 @@ def test_normalize_fast_path_declines_bad_batches():
     assert normalize._fast_batch(big, "input_ids", Supervision("all"), SourceSpec(vocab_size=32000), 0) is None
 
 
-def _spill(tmp_path, tokens, targets, lengths, batches=3):
-    """Write a spill of these samples the way pass one does (SpillWriter, a few batches)."""
+def _spill(tmp_path, tokens, targets, lengths, batches=3, memory: SpillMemory | None = None):
+    """Write a spill of these samples the way pass one does (SpillWriter, a few batches; the
+    first ones into ``memory`` as far as its budget goes)."""
     cuts = np.linspace(0, lengths.size, batches + 1).astype(int)
     starts = np.concatenate([[0], np.cumsum(lengths)])
-    writer = SpillWriter(str(tmp_path))
+    writer = SpillWriter(str(tmp_path), memory)
     for a, b in zip(cuts[:-1], cuts[1:]):
         if b > a:
             writer.write(tokens[starts[a]:starts[b]], targets[starts[a]:starts[b]])
     writer.close()
+    return writer
+
+
+# how much of the spill goes to memory: none, the first batch or two only, all of it
+BUDGETS = {"file": lambda total: 0, "split": lambda total: total // 2, "memory": lambda total: total}
 
 
 def _ids_of_every_width(rng, lengths):
@@ -112,14 +120,28 @@ def test_spill_layout_is_blocks_of_tokens_then_their_flags(tmp_path):
     assert [token_width(x) for x in (0, 65535, 65536, 2**24 - 1, 2**24, 2**31 - 1)] == [2, 2, 3, 3, 4, 4]
 
 
-def test_pread_gather_matches_naive_gather(tmp_path):
+def _memory_for(tmp_path, tokens, targets, lengths, budget) -> SpillMemory:
+    """A SpillMemory whose budget is ``budget(total spill bytes)``, checked to split as meant."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    total = _spill(probe, tokens, targets, lengths)._bytes
+    memory = SpillMemory(budget(total))
+    writer = _spill(tmp_path, tokens, targets, lengths, memory=memory)
+    on_file = (tmp_path / SPILL_FILE).stat().st_size
+    assert memory.used + on_file == writer._bytes == total
+    assert (memory.used > 0) == (budget(total) > 0) and (on_file > 0) == (budget(total) < total)
+    return memory
+
+
+@pytest.mark.parametrize("budget", BUDGETS.values(), ids=BUDGETS.keys())
+def test_pread_gather_matches_naive_gather(tmp_path, budget):
     rng = np.random.default_rng(5)
     lengths = rng.integers(2, 300, 2000)
     lengths[::97] = 9000  # long samples: truncated or split
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     tokens = _ids_of_every_width(rng, lengths)
     targets = rng.integers(0, 2, tokens.size, dtype=np.uint8)
-    _spill(tmp_path, tokens, targets, lengths)
+    memory = _memory_for(tmp_path, tokens, targets, lengths, budget)
     # sequence table: every sample once, some split into two pieces, some cut short
     sample = np.repeat(np.arange(lengths.size), 2)[: 3000]
     # odd entries start anywhere in their sample (so anywhere in a spill block), at least one token left
@@ -132,7 +154,7 @@ def test_pread_gather_matches_naive_gather(tmp_path):
     plan_offsets = np.concatenate([[0], np.cumsum(np.full(sample.size // 6, 6))]).astype(np.int64)
     pack_order = rng.permutation(plan_offsets.size - 1).astype(np.int32)
     plan_order.tofile(tmp_path / ORDER_FILE)
-    with SpillReader(str(tmp_path)) as spill:
+    with SpillReader(str(tmp_path), memory) as spill:
         for a, b in [(0, 1), (3, 40), (40, pack_order.size)]:
             packs = [plan_order[plan_offsets[p]:plan_offsets[p + 1]] for p in pack_order[a:b]]
             run, run_offsets = spill.run_items(plan_offsets, pack_order[a:b])  # order read from order.bin
@@ -166,12 +188,13 @@ def test_hash_while_writing_equals_file_hash(tmp_path):
         assert entry["xxh3_64"] == file_checksum(str(tmp_path / entry["name"]))
 
 
-def test_last_tokens_reads_each_samples_last_token(tmp_path):
+@pytest.mark.parametrize("budget", BUDGETS.values(), ids=BUDGETS.keys())
+def test_last_tokens_reads_each_samples_last_token(tmp_path, budget):
     rng = np.random.default_rng(2)
     lengths = rng.integers(1, 9, 30)
     tokens = _ids_of_every_width(rng, lengths)
-    _spill(tmp_path, tokens, np.zeros(tokens.size, dtype=np.uint8), lengths)
-    with SpillReader(str(tmp_path)) as spill:
+    memory = _memory_for(tmp_path, tokens, np.zeros(tokens.size, dtype=np.uint8), lengths, budget)
+    with SpillReader(str(tmp_path), memory) as spill:
         np.testing.assert_array_equal(spill.last_tokens(lengths), tokens[np.cumsum(lengths) - 1])
         with pytest.raises(OSError, match="reading the spill files failed"):
             spill.last_tokens(np.append(lengths, 5))  # one sample more than the spill holds

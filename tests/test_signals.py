@@ -44,7 +44,11 @@ def _has_data(parent: Path, pattern: str) -> bool:
     return False
 
 
-PHASES = {"pass one": "out.tmp-*/_spill/samples.bin", "pass two": "out.tmp-*/packs-*.arrow"}
+# what shows a phase under way, and the options that make it show: in pass one the spill's file
+# (so all of the spill goes there); in pass two a shard, while the gatherers read the spill from
+# memory (this input's spill, ~96 MB, fits the budget), which is released only once they stopped
+PHASES = {"pass one": ("out.tmp-*/_spill/samples.bin", ["--spill-memory", "0"]),
+          "pass two": ("out.tmp-*/packs-*.arrow", ["--spill-memory", "256MB"])}
 
 
 @pytest.mark.parametrize("phase", list(PHASES))
@@ -53,11 +57,12 @@ PHASES = {"pass one": "out.tmp-*/_spill/samples.bin", "pass two": "out.tmp-*/pac
 def test_a_signal_mid_run_removes_everything_and_exits_with_its_code(big_parquet, tmp_path, sig, code, message,
                                                                      phase):
     out = tmp_path / "out"
+    pattern, options = PHASES[phase]
     child = subprocess.Popen([sys.executable, "-m", "packer_cli.cli", "pack", str(big_parquet), "-o", str(out),
-                              "--json", "--shard-size", "16MB"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                              "--json", "--shard-size", "16MB", *options], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while not _has_data(tmp_path, PHASES[phase]) and child.poll() is None and time.monotonic() < deadline:
+    while not _has_data(tmp_path, pattern) and child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
     assert child.poll() is None, f"the run ended before {phase} could be interrupted: {child.stderr.read()}"
     child.send_signal(sig)
@@ -71,10 +76,10 @@ def test_a_signal_mid_run_removes_everything_and_exits_with_its_code(big_parquet
 def test_an_ignored_sigint_stays_ignored(big_parquet, tmp_path):
     """A job started in the background of a shell ignores Ctrl-C; packer keeps it that way."""
     code = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); sys.argv = ['packer', 'pack', "
-            f"{str(big_parquet)!r}, '-o', {str(tmp_path / 'out')!r}, '--json']; "
+            f"{str(big_parquet)!r}, '-o', {str(tmp_path / 'out')!r}, '--json', '--spill-memory', '0']; "
             "from packer_cli.cli import main; main()")
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    while not _has_data(tmp_path, PHASES["pass one"]) and child.poll() is None:
+    while not _has_data(tmp_path, PHASES["pass one"][0]) and child.poll() is None:
         time.sleep(0.002)
     child.send_signal(signal.SIGINT)
     _, stderr = child.communicate(timeout=120)

@@ -141,7 +141,8 @@ class BridgeOutput:
                                f"{self.split} split; appended a new one (Bridge takes max/min over entries)")
 
     # -- write -------------------------------------------------------------------------
-    def write(self, tmp, spill_dir, items, sources, plan, pack_order, spec, progress, direct_io: bool = True) -> dict:
+    def write(self, tmp, spill_dir, items, sources, plan, pack_order, spec, progress, direct_io: bool = True,
+              spill_memory=None) -> dict:
         """Write the split's Parquet file into ``tmp`` and return its manifest.
 
         As for the native shards, each step's packs are read from the plan order parked in the
@@ -153,7 +154,7 @@ class BridgeOutput:
         rows = self.rows_per_group(spec.pack_size)
         n_packs = pack_order.size
         step = packs_per_step(rows, spec.pack_size)
-        with SpillReader(spill_dir) as spill:
+        with SpillReader(spill_dir, spill_memory) as spill:
             last_tokens = spill.last_tokens(items.lengths)
             eos, source = resolve_eos(self.eos_id, last_tokens, items.misaligned > 0)
             not_ending = int((last_tokens != eos).sum()) if eos is not None else None
