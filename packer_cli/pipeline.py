@@ -300,6 +300,13 @@ class _PhaseClock:
         return {**laps, "total": round(self._last - self._start, 4)}
 
 
+def _reserve_spill_memory(budget: int) -> SpillMemory:
+    try:
+        return SpillMemory(budget)
+    except (OSError, OverflowError) as exc:  # no such address space (a ulimit -v, no overcommit)
+        raise ConfigError(f"spill memory: cannot reserve {budget:,} bytes ({exc})") from exc
+
+
 def _check_spill_parent(spill_parent: str | None) -> str | None:
     if spill_parent is None:
         return None
@@ -403,7 +410,7 @@ def pack(
                      "remove it to free its space")
         if tmp:
             spill_dir = _make_spill_dir(tmp, spill_parent)
-            memory = SpillMemory(spill_memory)
+            memory = _reserve_spill_memory(spill_memory)
         with Progress(enabled=progress) as bar:
             stream = SampleStream(files, source)
             log, read_counts, bad_listed = _read_inputs(stream, spill_dir, spec.max_sequence_length, bar,

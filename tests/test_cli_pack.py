@@ -336,9 +336,11 @@ def test_spill_memory_holds_the_first_batches_and_changes_no_byte(synthetic_parq
     assert _files(tmp_path / "memory") == _files(tmp_path / "file") == _files(tmp_path / "split")
 
 
-def test_negative_spill_memory_exits_2(synthetic_parquet, tmp_path):
+def test_unusable_spill_memory_exits_2(synthetic_parquet, tmp_path):
     result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--spill-memory", "-1")
     assert result.exit_code == 2 and "spill memory must be 0 or more bytes" in result.output, result.output
+    result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--spill-memory", str(1 << 62))
+    assert result.exit_code == 2 and result.output.startswith("error: spill memory: cannot reserve"), result.output
     assert_nothing_written(tmp_path)
 
 
