@@ -21,6 +21,15 @@ def make(path, text):
     return path
 
 
+@pytest.fixture(autouse=True)
+def default_sigint():
+    """Python's own SIGINT handler, whatever this test process inherited (a test run started in
+    the background of a shell, or under nohup, starts with SIGINT ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture
 def raising_term_handler():
     def handler(signum, frame):

@@ -47,6 +47,11 @@ def _has_data(parent: Path, pattern: str) -> bool:
 # what shows a phase under way, and the options that make it show: in pass one the spill's file
 # (so all of the spill goes there); in pass two a shard, while the gatherers read the spill from
 # memory (this input's spill, ~96 MB, fits the budget), which is released only once they stopped
+# ``packer ARGS`` with Python's own SIGINT handler: a child inherits an ignored SIGINT (tests run
+# in the background of a shell, or under nohup), which packer rightly keeps ignored
+WITH_DEFAULT_SIGINT = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                       "sys.argv[0] = 'packer'; from packer_cli.cli import main; main()")
+
 PHASES = {"pass one": ("out.tmp-*/_spill/samples.bin", ["--spill-memory", "0"]),
           "pass two": ("out.tmp-*/packs-*.arrow", ["--spill-memory", "256MB"])}
 
@@ -58,7 +63,7 @@ def test_a_signal_mid_run_removes_everything_and_exits_with_its_code(big_parquet
                                                                      phase):
     out = tmp_path / "out"
     pattern, options = PHASES[phase]
-    child = subprocess.Popen([sys.executable, "-m", "packer_cli.cli", "pack", str(big_parquet), "-o", str(out),
+    child = subprocess.Popen([sys.executable, "-c", WITH_DEFAULT_SIGINT, "pack", str(big_parquet), "-o", str(out),
                               "--json", "--shard-size", "16MB", *options], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
