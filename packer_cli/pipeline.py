@@ -6,13 +6,14 @@
            ─plan─▶ packs ─shuffle─▶ gather ─▶ packs-*.arrow ─▶ manifest.json, metadata.json ─rename─▶ OUT
 
 Pass one streams every input once, validating records and appending each sample's tokens and
-target flags to the spill file in the temporary output directory (or under ``spill_dir``); only
-one token count per sample (2 or 4 bytes) stays in memory (targets are summed as batches pass; see
-:mod:`packer_cli._sequences`). The plan needs only the padded lengths, while the counts wait in
+target flags to the spill file in the temporary output directory (or under ``spill_dir``; its
+first batches in memory instead with ``spill_memory``); only one token count per sample (2 or 4
+bytes) stays in memory (targets are summed as batches pass; see :mod:`packer_cli._sequences`). The plan needs only the padded lengths, while the counts wait in
 the spill directory; in pass two the plan's order waits there instead. No stage holds more than
 about 16 bytes per sample (planning: the padded lengths and the planner's arrays) plus 16 per
 pack. Pass two gathers each pack's tokens from the spill with a compiled kernel (``pread``, so
-no spill page is ever resident) and writes and hashes the shards, or hands the same runs to a
+no page of the spill's file is ever resident) and writes (``O_DIRECT`` where the file system
+takes it) and hashes the shards, or hands the same runs to a
 :class:`~packer_cli.shards.bridge_output.BridgeOutput`. Everything is written into a temporary
 sibling directory that is renamed into place at the end, so OUT either is complete or absent.
 

@@ -434,7 +434,8 @@ class SpillReader:
 
     def last_tokens(self, lengths: np.ndarray) -> np.ndarray:
         """The last token of every sample (``lengths``: all samples' token counts, in order);
-        one small ``pread`` each, nothing mapped."""
+        one small ``pread`` each from the file part, nothing mapped; read where they lie from
+        the memory part."""
         out = np.empty(lengths.size, dtype=np.int32)
         scratch = np.empty(2 * block_bytes(4), dtype=np.uint8)
         if not _pread_last_tokens_kernel(self._fds[0], *self._layout, self._memory.address, self._memory.used,
