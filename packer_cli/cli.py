@@ -73,7 +73,7 @@ def pack_command(
     shard_size: Annotated[str, typer.Option(help="Approximate shard size.")] = "256MB",
     spill_dir: Annotated[Optional[str], typer.Option(help="Existing directory for the temporary spill (about 3 bytes a token, read back at random; default: beside the output). Use local disk when OUT is on a network file system.")] = None,
     spill_memory: Annotated[str, typer.Option(help="Bytes of the spill to hold in memory instead of on disk (its first batches; resident only as far as used), e.g. when the only scratch is a network file system.")] = "0",
-    direct_io: Annotated[bool, typer.Option("--direct-io/--buffered-io", help="Write the output with O_DIRECT, bypassing the page cache, where the file system allows it (same bytes either way).")] = True,
+    direct_io: Annotated[Optional[bool], typer.Option("--direct-io/--buffered-io", help="Write the output with O_DIRECT, bypassing the page cache, or through it (same bytes either way). Default: O_DIRECT on local and parallel file systems (ext4, xfs, btrfs, Lustre, GPFS...), buffered elsewhere (NFS, SMB, FUSE, tmpfs).", show_default=False)] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing OUT.")] = False,
     dry_run: Annotated[bool, typer.Option(help="Plan and print the summary; write nothing.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,

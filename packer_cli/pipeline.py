@@ -45,6 +45,7 @@ from packer_cli.plan import plan_packs
 from packer_cli.progress import Progress
 from packer_cli.shards._atomic import make_temporary, replace_dir, stale_temporaries
 from packer_cli.shards._gather import ORDER_FILE, SpillMemory, SpillReader, SpillWriter
+from packer_cli.shards._sink import use_direct_io
 from packer_cli.shards.bridge_output import BridgeOutput
 from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, seal_metadata
 from packer_cli.shards.writer import ShardFile, pack_record_batch
@@ -363,7 +364,7 @@ def pack(
     output: BridgeOutput | None = None,
     spill_dir: str | None = None,
     spill_memory: int = DEFAULT_SPILL_MEMORY,
-    direct_io: bool = True,
+    direct_io: bool | None = None,
 ) -> PackSummary:
     """Pack tokenized samples from ``inputs`` into ``out`` (nothing is written with ``dry_run``).
 
@@ -378,8 +379,10 @@ def pack(
     ``spill_memory``: bytes of the spill held in memory rather than in the file (the first
     batches, up to this budget; 0: all in the file). Resident only as far as used.
 
-    ``direct_io``: write the output files with ``O_DIRECT`` (bypassing the page cache) where the
-    file system allows it, else through the page cache; the bytes are the same either way.
+    ``direct_io``: write the output files with ``O_DIRECT`` (bypassing the page cache; True),
+    through the page cache (False), or (None) with ``O_DIRECT`` where OUT's file system is a
+    local or parallel one that takes it well (:func:`~packer_cli.shards._sink.use_direct_io`).
+    The bytes are the same either way.
 
     Raises :class:`ConfigError` for unusable options (or an ``out`` that cannot be created),
     :class:`DataError` for bad data and :class:`OutputError` when writing the output or the
@@ -401,6 +404,8 @@ def pack(
         tmp = None if dry_run else (output.prepare(out, overwrite, spec) if output else _prepare_out(out, overwrite))
     except OSError as exc:
         raise ConfigError(f"{out}: cannot create the output: {exc}") from exc
+    if tmp:
+        direct_io = use_direct_io(tmp, direct_io)
     spill_dir = None
     memory = SpillMemory(0)
     clock = _PhaseClock()

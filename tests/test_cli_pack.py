@@ -282,7 +282,7 @@ def test_spill_dir_holds_the_spill_and_is_emptied(synthetic_parquet, tmp_path, m
 
 @pytest.mark.parametrize("extra", [[], ["--format", "megatron-bridge"]], ids=["native", "bridge"])
 def test_direct_and_buffered_io_write_the_same_files(synthetic_parquet, tmp_path, monkeypatch, extra):
-    """Every output file goes through OutputFile, direct by default and buffered with
+    """Every output file goes through OutputFile, direct with --direct-io and buffered with
     --buffered-io, and the two outputs are byte-identical (checksums in the manifests included)."""
     import os
 
@@ -297,7 +297,7 @@ def test_direct_and_buffered_io_write_the_same_files(synthetic_parquet, tmp_path
 
     monkeypatch.setattr(_sink.OutputFile, "__init__", spying_init)
     monkeypatch.setattr(_sink, "DIRECT_BLOCK", 16 * _sink.ALIGN)  # many blocks per file, not one tail
-    for name, flag in (("direct", []), ("buffered", ["--buffered-io"])):
+    for name, flag in (("direct", ["--direct-io"]), ("buffered", ["--buffered-io"])):
         result = run("pack", synthetic_parquet, "-o", tmp_path / name, *extra, *flag)
         assert result.exit_code == 0, result.output
     direct = [d for _, d in opened[:len(opened) // 2]]
@@ -342,6 +342,29 @@ def test_unusable_spill_memory_exits_2(synthetic_parquet, tmp_path):
     result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--spill-memory", str(1 << 62))
     assert result.exit_code == 2 and result.output.startswith("error: spill memory: cannot reserve"), result.output
     assert_nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("fs,default_direct", [("ext4", True), ("xfs", True), ("lustre", True), ("nfs4", False),
+                                               ("fuse.sshfs", False), ("tmpfs", False), (None, False)])
+def test_direct_io_by_default_only_on_file_systems_that_take_it_well(synthetic_parquet, tmp_path, monkeypatch, fs,
+                                                                     default_direct):
+    from packer_cli.shards import _sink
+
+    asked = []
+    init = _sink.OutputFile.__init__
+
+    def spying_init(self, path, direct=True, **kw):
+        init(self, path, direct=direct, **kw)
+        asked.append(direct)
+
+    monkeypatch.setattr(_sink.OutputFile, "__init__", spying_init)
+    monkeypatch.setattr(_sink, "file_system_type", lambda path: fs)
+    for name, flag, want in (("default", [], default_direct), ("forced", ["--direct-io"], True),
+                             ("off", ["--buffered-io"], False)):
+        asked.clear()
+        result = run("pack", synthetic_parquet, "-o", tmp_path / name, *flag)
+        assert result.exit_code == 0, result.output
+        assert asked and set(asked) == {want}, (name, asked)
 
 
 def test_missing_spill_dir_exits_2_before_anything_is_written(synthetic_parquet, tmp_path):

@@ -133,3 +133,39 @@ def test_without_o_direct_on_the_platform_writes_are_buffered(tmp_path, monkeypa
     pieces = _pieces(4, 2 * BLOCK + 1)
     f = _write(tmp_path / "out", pieces)
     assert not f.direct and (tmp_path / "out").read_bytes() == b"".join(pieces)
+
+
+MOUNTS = """\
+22 27 0:21 / /proc rw,relatime - proc proc rw
+27 1 253:0 / / rw,relatime - ext4 /dev/vda rw
+40 27 0:50 / /mnt/shared rw,relatime shared:7 - nfs4 server:/export rw,vers=4.2
+41 27 0:51 / /mnt/with\\040space rw,relatime - xfs /dev/vdb rw
+42 40 0:52 / /mnt/shared/scratch rw,relatime - lustre 10.0.0.1@tcp:/fs rw
+43 27 0:53 / /mnt/over rw,relatime - nfs server:/a rw
+44 27 0:54 / /mnt/over rw,relatime - tmpfs tmpfs rw
+"""
+
+
+@pytest.mark.parametrize("path,fs", [
+    ("/work/data/out", "ext4"),                 # only the root mount lies above it
+    ("/mnt/shared/out", "nfs4"),
+    ("/mnt/shared", "nfs4"),                    # the mount point itself
+    ("/mnt/sharedish/out", "ext4"),             # a name that merely starts like a mount point
+    ("/mnt/shared/scratch/run1/out", "lustre"),  # the longest mount point wins
+    ("/mnt/with space/out", "xfs"),             # mountinfo writes a space as \040
+    ("/mnt/over/out", "tmpfs"),                 # of two mounts on one point, the later one shows
+])
+def test_file_system_type_reads_the_innermost_mount(tmp_path, monkeypatch, path, fs):
+    (tmp_path / "mountinfo").write_text(MOUNTS)
+    monkeypatch.setattr(_sink, "MOUNTINFO", str(tmp_path / "mountinfo"))
+    assert _sink.file_system_type(path) == fs
+
+
+def test_use_direct_io_follows_the_request_else_the_file_system(tmp_path, monkeypatch):
+    (tmp_path / "mountinfo").write_text(MOUNTS)
+    monkeypatch.setattr(_sink, "MOUNTINFO", str(tmp_path / "mountinfo"))
+    assert _sink.use_direct_io("/work/out", None) and _sink.use_direct_io("/mnt/shared/scratch/o", None)
+    assert not _sink.use_direct_io("/mnt/shared/out", None) and not _sink.use_direct_io("/mnt/over/o", None)
+    assert _sink.use_direct_io("/mnt/shared/out", True) and not _sink.use_direct_io("/work/out", False)
+    monkeypatch.setattr(_sink, "MOUNTINFO", str(tmp_path / "missing"))  # no /proc: nothing is known
+    assert _sink.file_system_type("/work/out") is None and not _sink.use_direct_io("/work/out", None)

@@ -14,7 +14,9 @@ partial block is written padded to the alignment and the file cut back to its tr
 
 ``O_DIRECT`` is an optimisation, never a requirement: where the platform has no such flag or
 the file system refuses it, at ``open`` (tmpfs before Linux 6.6, some FUSE mounts) or at a
-``write``, the file is written through the page cache instead, with the same bytes.
+``write``, the file is written through the page cache instead, with the same bytes. And it is
+only asked for where it helps (:func:`use_direct_io`): on a network file system such as NFS a
+direct write is a synchronous round trip to the server, where buffered writes stream behind.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import errno
 import fcntl
 import mmap
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -36,6 +39,42 @@ DIRECT_BLOCK = 4 << 20
 #: in use; the staging buffers are page-aligned by ``mmap``).
 ALIGN = 4096
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+#: File systems whose direct writes go to their devices as they come: local block file systems
+#: and the parallel file systems built for large direct writes. Anything else (NFS and SMB,
+#: whose direct writes each wait for the server; FUSE; tmpfs; overlays) is written through
+#: the page cache unless direct I/O is asked for explicitly.
+DIRECT_FILE_SYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "lustre", "gpfs"})
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+def file_system_type(path: str) -> str | None:
+    """The type of the file system ``path`` lies on (from ``/proc/self/mountinfo``: the last
+    mount on the longest mount point above it), or None where that cannot be told."""
+    try:
+        with open(MOUNTINFO, encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.read().splitlines()
+    except OSError:  # not Linux, or no /proc
+        return None
+    target = os.path.realpath(path)
+    best, found = -1, None
+    for line in lines:
+        fields = line.split(" ")
+        if "-" not in fields[6:]:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])  # \040 is a space
+        if target == point or target.startswith(point.rstrip("/") + "/"):
+            if len(point) >= best:
+                best, found = len(point), fields[fields.index("-", 6) + 1]
+    return found
+
+
+def use_direct_io(directory: str, asked: bool | None) -> bool:
+    """Whether to write files in ``directory`` with ``O_DIRECT``: as ``asked``, or, when that is
+    None, where its file system is one of :data:`DIRECT_FILE_SYSTEMS`."""
+    if asked is not None:
+        return asked
+    return file_system_type(directory) in DIRECT_FILE_SYSTEMS
 
 
 class OutputFile:
