@@ -289,9 +289,10 @@ class SpillMemory:
     gather) but only the pages written become resident, so a small input costs only its own
     size. ``used`` is how many bytes the writer put here; batches go here until one does not
     fit, then every later one goes to the file. On the benchmark machine's local disk it
-    measured no faster (anonymous pages are cheaper to fault in than page-cache ones, 0.30-0.37
-    against 0.89-0.95 s for 370 MB, but pass one is not waiting on the spill's writes there),
-    so it is off by default.
+    measured no faster, so it is off by default: with the whole spill in memory pass one took
+    0.71-0.86 s against 0.66-0.78 s without, the run 1.81-1.99 s against 1.85-2.07 s (CLI,
+    alternating, 4 runs each), although a standalone cold write of 370 MB took 0.30-0.37 s
+    into anonymous memory and 0.89-0.95 s into a file.
     """
 
     SLACK = 64  # readable bytes past the last block (the decoder loads 4 bytes at a time)
