@@ -142,8 +142,8 @@ def render(res: dict, targets: dict) -> str:
                  "every page of it faulted in.")
         if "pages" in e2e:
             pg = e2e["pages"]
-            text += (" The shards (5 bytes a token) go to the device with `O_DIRECT`; the spill (3⅛ bytes a token "
-                     "for these ids, about 0.37 GB) goes through the page cache, since pass two reads it back at "
+            text += (" The shards (5 bytes a token) go to the device with `O_DIRECT`; the spill (2¼ bytes a token "
+                     "for these 17-bit ids, about 0.27 GB) goes through the page cache, since pass two reads it back at "
                      f"random. The `pages` row measures what page-cache memory costs here: 512 MB into memory idle "
                      f"for 4 s took {pg['cold_s']:.2f} s, into memory freed just before {pg['hot_s']:.2f} s")
             if pg["cold_s"] > 2 * pg["hot_s"]:

@@ -71,7 +71,7 @@ def pack_command(
     vocab_size: Annotated[Optional[int], typer.Option(help="Reject token ids >= this.")] = None,
     on_bad_record: Annotated[BadRecordPolicy, typer.Option(help="Stop on a bad record, or skip and count it.")] = BadRecordPolicy.ERROR,
     shard_size: Annotated[str, typer.Option(help="Approximate shard size.")] = "256MB",
-    spill_dir: Annotated[Optional[str], typer.Option(help="Existing directory for the temporary spill (about 3 bytes a token, read back at random; default: beside the output). Use local disk when OUT is on a network file system.")] = None,
+    spill_dir: Annotated[Optional[str], typer.Option(help="Existing directory for the temporary spill (about 2¼ bytes a token, read back at random; default: beside the output). Use local disk when OUT is on a network file system.")] = None,
     spill_memory: Annotated[str, typer.Option(help="Bytes of the spill to hold in memory instead of on disk (its first batches; resident only as far as used), e.g. when the only scratch is a network file system.")] = "0",
     direct_io: Annotated[Optional[bool], typer.Option("--direct-io/--buffered-io", help="Write the output with O_DIRECT, bypassing the page cache, or through it (same bytes either way). Default: O_DIRECT on local and parallel file systems (ext4, xfs, btrfs, Lustre, GPFS...), buffered elsewhere (NFS, SMB, FUSE, tmpfs).", show_default=False)] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing OUT.")] = False,

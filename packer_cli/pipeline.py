@@ -371,7 +371,7 @@ def pack(
     ``output``: a :class:`~packer_cli.shards.bridge_output.BridgeOutput` writes Megatron-Bridge's
     Parquet layout (one split per call) instead of native shards, from the same plan.
 
-    ``spill_dir``: an existing directory to hold pass one's spill (about 3 bytes a token, read
+    ``spill_dir``: an existing directory to hold pass one's spill (about 2¼ bytes a token, read
     back at random in pass two) instead of the temporary output directory, e.g. local disk when
     ``out`` is on a network file system; a private subdirectory is made there and removed at
     the end.

@@ -12,7 +12,7 @@ import pytest
 
 from naive import gather_packs
 from packer_cli.shards._gather import (
-    LAYOUT_FILE, ORDER_FILE, SPILL_FILE, SpillMemory, SpillReader, SpillWriter, token_width,
+    LAYOUT_FILE, ORDER_FILE, SPILL_FILE, SpillMemory, SpillReader, SpillWriter, token_bits,
 )
 from packer_cli.shards.writer import ShardFile, file_checksum, pack_record_batch
 from packer_cli.sources import normalize
@@ -86,38 +86,70 @@ BUDGETS = {"file": lambda total: 0, "split": lambda total: total // 2, "memory":
 
 
 def _ids_of_every_width(rng, lengths):
-    """Token ids whose three write batches need 2, 3 and 4 bytes a token."""
+    """Token ids whose write batches need 16, 17, 24 and 31 bits a token."""
     starts = np.concatenate([[0], np.cumsum(lengths)])
-    cuts = np.linspace(0, lengths.size, 4).astype(int)
+    cuts = np.linspace(0, lengths.size, 5).astype(int)
     tokens = np.empty(int(starts[-1]), dtype=np.int32)
-    for (a, b), top in zip(zip(cuts[:-1], cuts[1:]), (1 << 16, 1 << 24, 2**31 - 1)):
+    for (a, b), top in zip(zip(cuts[:-1], cuts[1:]), (1 << 16, 1 << 17, 1 << 24, 2**31 - 1)):
         tokens[starts[a]:starts[b]] = rng.integers(top // 2, top, int(starts[b] - starts[a]))
     return tokens
 
 
-def _blocks(tokens, flags, width):
-    """The spill layout of one batch, spelled out: blocks of 8 tokens (``width`` bytes each,
-    little-endian) then a byte of their flags, the last block padded with zeros."""
+def _blocks(tokens, flags, bits):
+    """The spill layout of one batch, spelled out: blocks of 8 tokens packed little-endian at
+    ``bits`` bits each (``bits`` bytes), then a byte of their flags, the last block padded
+    with zeros."""
     out = b""
     for a in range(0, len(tokens), 8):
-        ids = [int(t) for t in tokens[a:a + 8]]
-        bits = sum(int(f) << j for j, f in enumerate(flags[a:a + 8]))
-        out += b"".join(t.to_bytes(width, "little") for t in ids + [0] * (8 - len(ids))) + bytes([bits])
+        ids = [int(t) for t in tokens[a:a + 8]] + [0] * (8 - len(tokens[a:a + 8]))
+        packed = sum(t << (j * bits) for j, t in enumerate(ids))
+        flag_bits = sum(int(f) << j for j, f in enumerate(flags[a:a + 8]))
+        out += packed.to_bytes(bits, "little") + bytes([flag_bits])
     return out
 
 
 def test_spill_layout_is_blocks_of_tokens_then_their_flags(tmp_path):
-    lengths = np.array([11, 1, 2])
-    tokens = np.array([10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 70000, 2**30, 31], dtype=np.int32)
-    targets = np.array([0, 1, 1, 0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 1], dtype=np.uint8)
-    _spill(tmp_path, tokens, targets, lengths)  # one sample a batch: widths 2, 3, 4
+    lengths = np.array([11, 1, 2, 9])
+    tokens = np.array([10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 70000, 2**30, 31,
+                       1, 0, 1, 1, 0, 1, 1, 0, 1], dtype=np.int32)
+    targets = np.array([0, 1, 1, 0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1], dtype=np.uint8)
+    _spill(tmp_path, tokens, targets, lengths, batches=4)  # one sample a batch: 5, 17, 31 and 1 bits
     raw = (tmp_path / SPILL_FILE).read_bytes()
-    want = [_blocks(tokens[a:b], targets[a:b], w) for (a, b), w in zip([(0, 11), (11, 12), (12, 14)], (2, 3, 4))]
-    assert [len(x) for x in want] == [34, 25, 33]  # two blocks of 17 bytes, one of 25, one of 33
+    spans, bits = [(0, 11), (11, 12), (12, 14), (14, 23)], (5, 17, 31, 1)
+    want = [_blocks(tokens[a:b], targets[a:b], w) for (a, b), w in zip(spans, bits)]
+    assert [len(x) for x in want] == [12, 18, 32, 4]  # two blocks of 6 bytes, one of 18, one of 32, two of 2
     assert raw == b"".join(want)
     layout = np.fromfile(tmp_path / LAYOUT_FILE, dtype=np.int64).reshape(-1, 3)
-    assert layout.tolist() == [[0, 0, 2], [11, 34, 3], [12, 59, 4], [14, 92, 0]]  # then the end, width 0
-    assert [token_width(x) for x in (0, 65535, 65536, 2**24 - 1, 2**24, 2**31 - 1)] == [2, 2, 3, 3, 4, 4]
+    assert layout.tolist() == [[0, 0, 5], [11, 12, 17], [12, 30, 31], [14, 62, 1], [23, 66, 0]]  # then the end
+    assert [token_bits(x) for x in (0, 1, 2, 100256, 131071, 131072, 2**24 - 1, 2**31 - 1)] == [1, 1, 2, 17, 17, 18,
+                                                                                                  24, 31]
+
+
+def test_every_bit_width_round_trips(tmp_path):
+    """For each width from 1 to 31 bits: ids at the top of the range, every block length, the
+    gather and the last tokens read back exactly what was written."""
+    rng = np.random.default_rng(11)
+    for bits in range(1, 32):
+        lengths = rng.integers(2, 40, 25)
+        n = int(lengths.sum())
+        tokens = rng.integers(0, 1 << bits, n).astype(np.int32)
+        tokens[::7] = (1 << bits) - 1  # all bits set
+        targets = rng.integers(0, 2, n, dtype=np.uint8)
+        work = tmp_path / f"b{bits}"
+        work.mkdir()
+        writer = _spill(work, tokens, targets, lengths, batches=1)
+        assert writer._batches[0][2] == bits  # the top id needs every bit
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        seq_len = lengths - 1
+        offsets = np.array([0, lengths.size], dtype=np.int64)
+        np.arange(lengths.size, dtype=np.int32).tofile(work / ORDER_FILE)
+        with SpillReader(str(work)) as spill:
+            got = spill.gather(starts, seq_len, seq_len, offsets, 0)
+            want = gather_packs(tokens, targets, starts, np.arange(lengths.size), np.zeros(lengths.size, np.int64),
+                                seq_len, seq_len, offsets, 0)
+            for g, w in zip(got[:4], want):
+                np.testing.assert_array_equal(g, w, err_msg=f"{bits} bits")
+            np.testing.assert_array_equal(spill.last_tokens(lengths), tokens[np.cumsum(lengths) - 1])
 
 
 def _memory_for(tmp_path, tokens, targets, lengths, budget) -> SpillMemory:

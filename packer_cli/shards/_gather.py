@@ -1,13 +1,15 @@
 """The spill: samples written in pass one, gathered pack by pack in pass two.
 
 ``samples.bin`` holds every kept sample once, in stream order, in the write batches of pass
-one. A batch is a run of *blocks*: 8 tokens, each in as few little-endian bytes as the ids of
-the batch need (2 below 65,536, 3 below 2^24, else 4), then one byte holding their 8 target
+one. A batch is a run of *blocks*: 8 tokens of ``b`` bits each, the fewest that hold every id
+of the batch (17 below 131,072, which covers cl100k and Llama 3; 18 for Qwen's 151k), packed
+little-endian into ``b`` bytes (token j at bit ``j·b``), then one byte holding their 8 target
 flags (bit j: token j's); the batch's last block is padded with zeros. A token and its flag so
-take 2⅛ to 4⅛ bytes (3⅛ for every current vocabulary), and a sequence's tokens and flags lie
-side by side, so the gather reads any sequence, even a few tokens out of a long sample, with
-one ``pread`` of the blocks it spans. ``layout.bin`` records, per batch, its first token
-position, first byte and width (written by :class:`SpillWriter`, read by :class:`SpillReader`).
+take (b + 1)/8 bytes, 2¼ for a 17-bit vocabulary (byte-aligned tokens took 3⅛), and a
+sequence's tokens and flags lie side by side, so the gather reads any sequence, even a few
+tokens out of a long sample, with one ``pread`` of the blocks it spans. ``layout.bin``
+records, per batch, its first token position, first byte and ``b`` (written by
+:class:`SpillWriter`, read by :class:`SpillReader`).
 
 The kernels work on flat arrays only (no Python objects), one pass over the bytes of each
 sequence, and release the GIL so reading, gathering and writing can overlap on separate threads.
@@ -70,14 +72,20 @@ LAYOUT_FILE = "layout.bin"
 BLOCK_TOKENS = 8  # tokens per spill block, whose flags fill its last byte
 
 
-def token_width(max_id: int) -> int:
-    """Bytes a spilled token takes when the largest id of its batch is ``max_id``."""
-    return 2 if max_id < 1 << 16 else 3 if max_id < 1 << 24 else 4
+MAX_BITS = 32  # ids are validated int32 ≥ 0: 31 bits at most; 32 is allowed for the layout's sake
+#: Readable bytes a reader needs past the last block it decodes (a token is read with an 8-byte
+#: load at the byte where it starts, the flag byte with a 4-byte one).
+READ_SLACK = 8
 
 
-def block_bytes(width: int) -> int:
-    """Bytes of one spill block of tokens ``width`` bytes wide."""
-    return BLOCK_TOKENS * width + 1
+def token_bits(max_id: int) -> int:
+    """Bits a spilled token takes when the largest id of its batch is ``max_id`` (at least 1)."""
+    return max(1, int(max_id).bit_length())
+
+
+def block_bytes(bits: int) -> int:
+    """Bytes of one spill block: 8 tokens of ``bits`` bits (``bits`` bytes), then their flags."""
+    return bits + 1
 
 
 _LOW7 = np.uint64(0x7F7F7F7F7F7F7F7F)
@@ -96,46 +104,44 @@ def _flag_byte(address):
 
 
 @njit(cache=True, nogil=True)
-def _store_blocks(tokens, targets, width, out):
+def _store_blocks(tokens, targets, bits, out):
     """Lay a batch out as the spill stores it (module docstring); ``out`` holds whole blocks.
 
-    Whole blocks take a loop per width: 2-byte tokens are combined four to a word, 3- and 4-byte
-    ones stored as 4-byte words that the next token's store (or the flag byte) partly
-    overwrites. The last, partial block is written byte by byte."""
+    Each block's tokens go through a 64-bit accumulator that is emptied four bytes at a time
+    (the 8 tokens fill exactly ``bits`` bytes, so the last one to three are stored singly);
+    whole blocks take their flags 8 at once, the last, partial block one by one."""
     n = tokens.size
     full = n // 8
-    stride = np.uint64(8 * width + 1)
+    stride = np.uint64(bits + 1)
     o = np.uint64(out.ctypes.data)
-    t = np.uint64(tokens.ctypes.data)
     g = np.uint64(targets.ctypes.data)
-    for b in range(full):
+    for b in range((n + 7) // 8):
         q = o + np.uint64(b) * stride
-        src = t + np.uint64(32 * b)
-        if width == 2:
-            for h in range(2):
-                word = np.uint64(0)
-                for j in range(4):
-                    token = np.uint64(load_u32(src + np.uint64(16 * h + 4 * j)) & np.uint32(0xFFFF))
-                    word |= token << np.uint64(16 * j)
-                store_u64(q + np.uint64(8 * h), word)
-        elif width == 3:
-            for j in range(8):
-                store_u32(q + np.uint64(3 * j), load_u32(src + np.uint64(4 * j)))
-        else:
-            for j in range(4):
-                store_u64(q + np.uint64(8 * j), load_u64(src + np.uint64(8 * j)))
-        out[np.uint64(b) * stride + np.uint64(8 * width)] = _flag_byte(g + np.uint64(8 * b))
-    if full * 8 < n:
-        q = np.uint64(full) * stride
-        flags = 0
+        acc = np.uint64(0)
+        filled = np.uint64(0)
         for j in range(8):
-            k = 8 * full + j
-            token = np.uint32(tokens[k]) if k < n else np.uint32(0)
-            for y in range(width):
-                out[q + np.uint64(j * width + y)] = np.uint8((token >> np.uint32(8 * y)) & np.uint32(0xFF))
-            if k < n and targets[k] != 0:
-                flags |= 1 << j
-        out[q + np.uint64(8 * width)] = flags
+            k = 8 * b + j
+            token = np.uint64(np.uint32(tokens[k])) if k < n else np.uint64(0)
+            acc |= token << filled
+            filled += np.uint64(bits)
+            if filled >= 32:
+                store_u32(q, np.uint32(acc & np.uint64(0xFFFFFFFF)))
+                q += np.uint64(4)
+                acc >>= np.uint64(32)
+                filled -= np.uint64(32)
+        while filled > 0:
+            out[q - o] = np.uint8(acc & np.uint64(0xFF))
+            q += np.uint64(1)
+            acc >>= np.uint64(8)
+            filled -= np.uint64(8)
+        if b < full:
+            out[q - o] = _flag_byte(g + np.uint64(8 * b))
+        else:
+            flags = 0
+            for j in range(n - 8 * b):
+                if targets[8 * b + j] != 0:
+                    flags |= 1 << j
+            out[q - o] = flags
 
 
 def _bit_spreads() -> np.ndarray:
@@ -148,36 +154,37 @@ _SPREAD = _bit_spreads()
 
 
 @njit(cache=True, nogil=True)
-def _decode_blocks(base, blocks, width, tokens, flags):
+def _decode_blocks(base, blocks, bits, tokens, flags):
     """Decode ``blocks`` blocks at address ``base`` into ``tokens`` (int32) and ``flags``
-    (uint8, viewed as uint64: one word a block). 3 bytes past the last block must be readable."""
-    stride = np.uint64(8 * width + 1)
-    w = np.uint64(width)
-    keep = _token_bits(width)
+    (uint8, viewed as uint64: one word a block). ``READ_SLACK`` bytes past the last block must
+    be readable."""
+    stride = np.uint64(bits + 1)
     for b in range(blocks):
         q = base + np.uint64(b) * stride
         for k in range(8):
-            tokens[8 * b + k] = np.int32(load_u32(q + np.uint64(k) * w) & keep)
-        flags[b] = _SPREAD[load_u32(q + np.uint64(8) * w) & np.uint32(0xFF)]
+            tokens[8 * b + k] = _token_at(q, k, bits)
+        flags[b] = _SPREAD[load_u32(q + np.uint64(bits)) & np.uint32(0xFF)]
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _token_bits(width):
-    """The bits of the 4 bytes loaded at a token's address that are the token (``width`` bytes)."""
-    return np.uint32(0xFFFFFFFF) >> np.uint32(32 - 8 * width)
+def _token_at(block, k, bits):
+    """Token ``k`` of the block at address ``block``: an 8-byte load at the byte it starts in,
+    shifted and masked (a token of up to 32 bits starts at most 7 bits into that byte)."""
+    first = np.uint64(k * bits)
+    word = load_u64(block + (first >> np.uint64(3))) >> (first & np.uint64(7))
+    return np.int32(word & ((np.uint64(1) << np.uint64(bits)) - np.uint64(1)))
 
 
 @njit(cache=True, nogil=True)
-def _load_token(base, u, width):
-    """Token ``u`` (counted from the first block) of the blocks at address ``base`` (3 readable
-    bytes past them)."""
-    at = np.uint64(u >> 3) * np.uint64(8 * width + 1) + np.uint64(u & 7) * np.uint64(width)
-    return np.int32(load_u32(base + at) & _token_bits(width))
+def _load_token(base, u, bits):
+    """Token ``u`` (counted from the first block) of the blocks at address ``base``
+    (``READ_SLACK`` readable bytes past them)."""
+    return _token_at(base + np.uint64(u >> 3) * np.uint64(bits + 1), u & 7, bits)
 
 
 @njit(cache=True, nogil=True)
 def _locate(position, token_starts, widths):
-    """(batch, token width) of the token at stream ``position``."""
+    """(batch, bits per token) of the token at stream ``position``."""
     b = np.searchsorted(token_starts, position, side="right") - 1
     return b, np.int64(widths[b])
 
@@ -188,16 +195,16 @@ def _read_blocks(fd, token_starts, byte_starts, widths, memory, memory_bytes, po
     part (the first ``memory_bytes`` bytes, at address ``memory``) where they lie, else read
     from the file with ``pread`` into ``scratch``.
 
-    Returns (token width, index of token ``position`` within the blocks, their address), or
-    width 0 when the read fails. A batch lies wholly in memory or wholly in the file, so the
+    Returns (bits per token, index of token ``position`` within the blocks, their address), or
+    0 bits when the read fails. A batch lies wholly in memory or wholly in the file, so the
     blocks of one sample never straddle the two."""
     b, w = _locate(position, token_starts, widths)
-    if w == 0:  # past the last token (the layout ends with a batch of width 0)
+    if w == 0:  # past the last token (the layout ends with a batch of 0 bits)
         return np.int64(0), np.int64(0), np.uint64(0)
     r = position - token_starts[b]
     first = r // 8
-    start = byte_starts[b] + first * (8 * w + 1)
-    nbytes = ((r + count - 1) // 8 - first + 1) * (8 * w + 1)
+    start = byte_starts[b] + first * (w + 1)
+    nbytes = ((r + count - 1) // 8 - first + 1) * (w + 1)
     if start + nbytes <= memory_bytes:
         return w, r - 8 * first, memory + np.uint64(start)
     if not _read_exact(fd, scratch.ctypes.data, nbytes, start - memory_bytes):
@@ -214,11 +221,12 @@ def _pread_gather_kernel(fd, token_starts, byte_starts, widths, memory, memory_b
     length p): s input tokens, then p − s copies of ``pad_id``; the label-aligned mask is the
     flags of tokens 1..s; the last label is token s; ``out_cu`` gets each pack's physical
     offsets (N_k + 1 entries). A sequence's blocks (those holding its s + 1 tokens) are
-    decoded where they lie in the memory part, or after one ``pread`` into ``scratch`` (3 bytes
-    longer than the blocks of the longest sequence), a block at a time, and copied out.
+    decoded where they lie in the memory part, or after one ``pread`` into ``scratch``
+    (``READ_SLACK`` bytes longer than the blocks of the longest sequence), a block at a time,
+    and copied out.
     Returns False when a read fails.
     """
-    blocks = scratch.size // (8 * 4 + 1)
+    blocks = scratch.size // (MAX_BITS + 1)
     tokens = np.empty(8 * blocks, dtype=np.int32)  # what one sequence's blocks decode to
     flags64 = np.empty(blocks, dtype=np.uint64)
     flags = flags64.view(np.uint8)
@@ -295,7 +303,7 @@ class SpillMemory:
     into anonymous memory and 0.89-0.95 s into a file.
     """
 
-    SLACK = 64  # readable bytes past the last block (the decoder loads 4 bytes at a time)
+    SLACK = 64  # readable bytes past the last block (at least READ_SLACK)
 
     def __init__(self, budget: int):
         self.budget = max(0, int(budget))
@@ -327,8 +335,8 @@ class SpillMemory:
 class SpillWriter:
     """Appends batches of samples in the spill layout (see the module docstring): into
     ``memory`` while they fit its budget, then into ``samples.bin``. ``close`` writes
-    ``layout.bin``: per batch, its first token position, first byte and width, then the end
-    (token count, byte count, width 0); byte positions run on from the memory part into the
+    ``layout.bin``: per batch, its first token position, first byte and bits per token, then
+    the end (token count, byte count, 0 bits); byte positions run on from the memory part into the
     file (file offset = position − ``memory.used``)."""
 
     def __init__(self, spill_dir: str, memory: SpillMemory | None = None):
@@ -343,8 +351,8 @@ class SpillWriter:
     def write(self, tokens: np.ndarray, targets: np.ndarray, max_token: int | None = None) -> None:
         """Spill one batch of validated samples (their tokens, ids ≥ 0, and target flags);
         ``max_token``, when validation found it, is at least the largest id (else it is found here)."""
-        width = token_width(int(tokens.max(initial=0)) if max_token is None else max_token)
-        size = -(-tokens.size // BLOCK_TOKENS) * block_bytes(width)
+        bits = token_bits(int(tokens.max(initial=0)) if max_token is None else max_token)
+        size = -(-tokens.size // BLOCK_TOKENS) * block_bytes(bits)
         memory = self._memory
         self._in_memory = self._in_memory and memory.used + size <= memory.budget
         if self._in_memory:
@@ -354,18 +362,18 @@ class SpillWriter:
                 self._buffer = np.empty(max(size, 2 * self._buffer.size), dtype=np.uint8)
             out = self._buffer[:size]
         _store_blocks(np.ascontiguousarray(tokens, dtype=np.int32), np.ascontiguousarray(targets, dtype=np.uint8),
-                      width, out)
+                      bits, out)
         if self._in_memory:
             memory.used += size
         else:
             self._file.write(out)
-        self._batches.append((self._tokens, self._bytes, width))
+        self._batches.append((self._tokens, self._bytes, bits))
         self._tokens += tokens.size
         self._bytes += size
 
     def close(self) -> None:
         self._file.close()
-        # a last row of width 0 marks the end: a read past the last token fails
+        # a last row of 0 bits marks the end: a read past the last token fails
         table = np.array(self._batches + [(self._tokens, self._bytes, 0)], dtype=np.int64).reshape(-1, 3)
         table.tofile(os.path.join(self._dir, LAYOUT_FILE))
 
@@ -386,7 +394,7 @@ class SpillReader:
         self._free: queue.SimpleQueue = queue.SimpleQueue()
         table = np.fromfile(os.path.join(spill_dir, LAYOUT_FILE), dtype=np.int64).reshape(-1, 3)
         self._layout = (np.ascontiguousarray(table[:, 0]), np.ascontiguousarray(table[:, 1]),
-                        np.ascontiguousarray(table[:, 2]))  # token starts, byte starts, widths per batch
+                        np.ascontiguousarray(table[:, 2]))  # token starts, byte starts, bits per batch
         self._fds.append(os.open(os.path.join(spill_dir, SPILL_FILE), os.O_RDONLY))
         order = os.path.join(spill_dir, ORDER_FILE)
         self._order_fd = os.open(order, os.O_RDONLY) if os.path.exists(order) else None
@@ -438,7 +446,7 @@ class SpillReader:
         one small ``pread`` each from the file part, nothing mapped; read where they lie from
         the memory part."""
         out = np.empty(lengths.size, dtype=np.int32)
-        scratch = np.empty(2 * block_bytes(4), dtype=np.uint8)
+        scratch = np.empty(2 * block_bytes(MAX_BITS) + READ_SLACK, dtype=np.uint8)
         if not _pread_last_tokens_kernel(self._fds[0], *self._layout, self._memory.address, self._memory.used,
                                          np.ascontiguousarray(lengths), scratch, out):
             raise OSError("reading the spill files failed (were they removed or truncated?)")
@@ -460,7 +468,8 @@ class SpillReader:
         out_last = np.empty(n_seq, dtype=np.int32)
         out_cu = np.empty(n_seq + n_packs, dtype=np.int32)
         # the blocks of the longest sequence's s + 1 tokens, wherever in a block it starts
-        scratch = np.empty((int(seq_len.max(initial=0)) // BLOCK_TOKENS + 2) * block_bytes(4) + 3, dtype=np.uint8)
+        scratch = np.empty((int(seq_len.max(initial=0)) // BLOCK_TOKENS + 2) * block_bytes(MAX_BITS) + READ_SLACK,
+                           dtype=np.uint8)
         ok = _pread_gather_kernel(self._fds[0], *self._layout, self._memory.address, self._memory.used,
                                   np.ascontiguousarray(seq_src, dtype=np.int64),
                                   np.ascontiguousarray(seq_len), np.ascontiguousarray(seq_pad),
