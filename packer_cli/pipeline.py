@@ -459,7 +459,6 @@ def pack(
                                             shard_bytes, bar, direct_io, memory)
                     manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "shards": entries}
                 del lengths
-                memory.release()
         if summary.counts["no_target_samples"] and warn:
             warn(f"{summary.counts['no_target_samples']} samples have no target tokens (kept, they add no loss)")
         if output:
