@@ -7,7 +7,7 @@
 
 The CLI (``packer pack|inspect|verify``) is a thin layer over these functions.
 """
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from typing import TYPE_CHECKING  # noqa: E402
 

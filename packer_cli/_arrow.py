@@ -1,14 +1,17 @@
-"""Zero-copy NumPy ↔ Arrow for fixed-width integer arrays, without pyarrow's pandas probe, and
-the memory pool packer's own Arrow allocations come from.
+"""Zero-copy NumPy ↔ Arrow for fixed-width integer arrays, without pyarrow's pandas probe, 0/1
+masks ↔ Arrow boolean bitmaps, and the memory pool packer's own Arrow allocations come from.
 
 ``pa.array(ndarray)``, ``Array.to_numpy()`` and ``np.asarray(arrow_array)`` import pandas the
 first time they run when pandas is installed (to check whether the object is a pandas one),
 which costs about 0.25 s of every ``packer`` start. These two helpers go through the buffers
-directly; both are views, nothing is copied.
+directly; both are views, nothing is copied. A boolean array is a bitmap (one bit a value,
+least significant bit first), so :func:`bits_from_numpy` packs and :func:`bits_to_numpy` unpacks.
 
 >>> import numpy as np
 >>> to_numpy(from_numpy(np.arange(3, dtype=np.int32))).tolist()
 [0, 1, 2]
+>>> bits_to_numpy(bits_from_numpy(np.array([1, 0, 1, 1], np.uint8)), 1, 4).tolist()
+[0, 1, 1]
 """
 from __future__ import annotations
 
@@ -50,3 +53,25 @@ def to_numpy(arr: pa.Array) -> np.ndarray:
     if len(arr) == 0:
         return np.empty(0, dtype=dtype)
     return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+
+
+def bits_from_numpy(mask: np.ndarray) -> pa.BooleanArray:
+    """A boolean Arrow array (no nulls) of a 0/1 ``mask``, packed 8 values a byte."""
+    mask = np.ascontiguousarray(mask)
+    bitmap = np.packbits(mask.view(np.uint8) if mask.dtype == np.bool_ else mask, bitorder="little")
+    return pa.Array.from_buffers(pa.bool_(), int(mask.size), [None, pa.py_buffer(bitmap)])
+
+
+def bits_to_numpy(arr: pa.BooleanArray, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """Values ``start:stop`` of a boolean Arrow array without nulls, as uint8 0/1 (a copy).
+
+    Only the bytes holding those bits are unpacked, so a pack's slice of a record batch costs
+    what the pack holds, not the batch.
+    """
+    stop = len(arr) if stop is None else stop
+    if stop <= start:
+        return np.zeros(0, dtype=np.uint8)
+    first, last = arr.offset + start, arr.offset + stop  # bit positions in the buffer
+    lo = first >> 3
+    bitmap = np.frombuffer(arr.buffers()[1], dtype=np.uint8, count=((last + 7) >> 3) - lo, offset=lo)
+    return np.unpackbits(bitmap, bitorder="little")[first - (lo << 3):last - (lo << 3)]

@@ -139,9 +139,9 @@ def _pack_order(num_packs: int, spec: PackSpec) -> np.ndarray:
     return np.arange(num_packs, dtype=np.int32)
 
 
-# Bytes a shard gains per token (int32 token, uint8 loss flag), per sequence (cu_seqlens,
+# Bits a shard gains per token (int32 token, one loss-mask bit), bytes per sequence (cu_seqlens,
 # seq_lens, last_token, source_offset: int32; source_index: int64) and per pack (list offsets).
-SHARD_BYTES_PER_TOKEN, SHARD_BYTES_PER_SEQUENCE, SHARD_BYTES_PER_PACK = 5, 24, 32
+SHARD_BITS_PER_TOKEN, SHARD_BYTES_PER_SEQUENCE, SHARD_BYTES_PER_PACK = 33, 24, 32
 SHARDS_IN_FLIGHT = 2
 GATHER_THREADS = 2
 GATHERED_AHEAD = 1  # runs each shard has gathered or is gathering while it writes one
@@ -274,7 +274,7 @@ def _runs_of_packs(pack_offsets, pack_load, pack_order, budget):
         p = pack_order[k]
         tokens += pack_load[p]
         sequences = pack_offsets[p + 1] - pack_offsets[p]
-        size += pack_load[p] * SHARD_BYTES_PER_TOKEN + sequences * SHARD_BYTES_PER_SEQUENCE + SHARD_BYTES_PER_PACK
+        size += (pack_load[p] * SHARD_BITS_PER_TOKEN + 7) // 8 + sequences * SHARD_BYTES_PER_SEQUENCE + SHARD_BYTES_PER_PACK
         if tokens >= budget:
             ends.append(k + 1)
             sizes.append(size)

@@ -81,13 +81,19 @@ def manifest(out: Path) -> dict:
     return json.loads((out / "manifest.json").read_text())
 
 
-def rewrite(out: Path, shard: str, edit) -> None:
-    """Apply ``edit(rows)`` to a shard's rows (dicts of lists), rewrite it, fix the manifest."""
+def rewrite(out: Path, shard: str, edit, schema: pa.Schema = PACK_SCHEMA) -> None:
+    """Apply ``edit(rows)`` to a shard's rows (dicts of lists, the loss mask as 0/1 ints),
+    rewrite it with ``schema``, fix the manifest."""
     path = out / shard
     rows = pa.ipc.open_file(str(path)).read_all().to_pylist()
+    for r in rows:
+        r["loss_mask"] = [int(x) for x in r["loss_mask"]]
     edit(rows)
-    with pa.ipc.new_file(str(path), PACK_SCHEMA) as writer:
-        writer.write_table(pa.Table.from_pylist(rows, schema=PACK_SCHEMA))
+    if pa.types.is_boolean(schema.field("loss_mask").type.value_type):
+        for r in rows:
+            r["loss_mask"] = [bool(x) for x in r["loss_mask"]]
+    with pa.ipc.new_file(str(path), schema) as writer:
+        writer.write_table(pa.Table.from_pylist(rows, schema=schema))
     man = manifest(out)
     entry = next(e for e in man["shards"] if e["name"] == shard)
     entry.update(bytes=path.stat().st_size, rows=len(rows), tokens=sum(len(r["tokens"]) for r in rows),

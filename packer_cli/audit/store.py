@@ -14,7 +14,8 @@ pack as the :class:`~packer_cli.shards.reader.PackRow` every other part of packe
 
 The columns are those of the native format (:data:`packer_cli.shards.format.PACK_SCHEMA`):
 ``tokens``/``loss_mask`` per runtime position, ``cu_seqlens`` per sequence boundary and
-``seq_lens``/``last_token``/``source_index``/``source_offset`` per sequence. Another on-disk
+``seq_lens``/``last_token``/``source_index``/``source_offset`` per sequence; the loss mask, stored
+as a bitmap, is unpacked to one uint8 0/1 a token as its column is loaded. Another on-disk
 format joins the audit by converting its rows to these columns in ``read_shard`` and adding
 its class to :data:`STORES` under its metadata ``format`` name; inspect and verify need no change.
 
@@ -33,8 +34,12 @@ import orjson
 import pyarrow as pa
 
 from packer_cli.errors import DataError
-from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA
+from packer_cli._arrow import bits_to_numpy
+from packer_cli.shards.format import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA,
+                                      READABLE_VERSIONS, is_readable_version, pack_schema)
 from packer_cli.shards.reader import PackRow
+
+VERSIONS_TEXT = ", ".join(map(str, READABLE_VERSIONS))
 
 COLUMNS = tuple(PACK_SCHEMA.names)
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -95,8 +100,8 @@ def manifest_problems(manifest: dict) -> list[str]:
     """Why a manifest cannot be used (empty when it can): format, version, shard entries."""
     if manifest.get("format") != FORMAT_NAME:
         return [f"format is {manifest.get('format')!r}, expected {FORMAT_NAME!r}"]
-    if manifest.get("format_version") != FORMAT_VERSION:
-        return [f"format_version is {manifest.get('format_version')!r}; this packer knows version {FORMAT_VERSION}"]
+    if not is_readable_version(manifest.get("format_version")):
+        return [f"format_version is {manifest.get('format_version')!r}; this packer knows versions {VERSIONS_TEXT}"]
     shards = manifest.get("shards")
     if not isinstance(shards, list):
         return ["'shards' is not a list"]
@@ -125,25 +130,32 @@ class NativeStore:
     The interface a store offers the audit: ``metadata``, ``shard_entries()`` (manifest
     entries with ``name`` and, when known, ``bytes``/``rows``/``tokens``/``xxh3_64``),
     ``shard_names()``, ``expected_files()`` and ``read_shard(name, columns)``; the class has
-    ``format``, ``version``, ``open(out, meta=None)`` and optionally ``detect(out)`` (for
+    ``format``, ``version`` (optionally ``versions``, all it reads), ``open(out, meta=None)`` and optionally ``detect(out)`` (for
     layouts without a ``metadata.json``).
     """
 
     format = FORMAT_NAME
-    version = FORMAT_VERSION
+    version = FORMAT_VERSION  # written by this packer
+    versions = READABLE_VERSIONS  # read by this packer
 
     def __init__(self, out: str, metadata: dict, manifest: dict):
         self.out, self.metadata, self.manifest = out, metadata, manifest
+        # The version this output was written in (shards are checked against its schema).
+        recorded = [v for v in (metadata.get("format_version"), manifest.get("format_version")) if is_readable_version(v)]
+        self.version = recorded[0] if recorded else FORMAT_VERSION
 
     @classmethod
     def open(cls, out: str, meta: dict | None = None) -> "NativeStore":
         """Open ``out`` for reading, raising :class:`DataError` when it is not usable."""
         meta = meta if meta is not None else read_json_file(os.path.join(out, METADATA_FILE))
-        if meta.get("format_version") != FORMAT_VERSION:
+        if not is_readable_version(meta.get("format_version")):
             raise DataError(f"{out}: unsupported format version {meta.get('format_version')!r}; "
-                            f"this packer reads version {FORMAT_VERSION}")
+                            f"this packer reads versions {VERSIONS_TEXT}")
         manifest = read_json_file(os.path.join(out, MANIFEST_FILE))
         problems = manifest_problems(manifest)
+        if not problems and manifest["format_version"] != meta["format_version"]:
+            problems = [f"format_version is {manifest['format_version']}, but {METADATA_FILE} records "
+                        f"{meta['format_version']}"]
         if problems:
             raise DataError(f"{MANIFEST_FILE}: {problems[0]}")
         return cls(out, meta, manifest)
@@ -170,13 +182,13 @@ class NativeStore:
             raise ShardError(name, "missing") from None
         except (OSError, pa.ArrowException) as exc:
             raise ShardError(name, f"cannot open as Arrow IPC ({_first_line(exc)})") from None
-        if not reader.schema.equals(PACK_SCHEMA, check_metadata=False):
+        if not reader.schema.equals(pack_schema(self.version), check_metadata=False):
             found = reader.schema.to_string(show_schema_metadata=False).replace("\n", "; ")
-            raise ShardError(name, f"schema differs from the {FORMAT_NAME} pack schema: {found}")
+            raise ShardError(name, f"schema differs from the {FORMAT_NAME} version {self.version} pack schema: {found}")
         meta = reader.schema.metadata or {}
-        if meta.get(b"format_version") != str(FORMAT_VERSION).encode():
+        if meta.get(b"format_version") != str(self.version).encode():
             raise ShardError(name, f"schema format_version is {meta.get(b'format_version')!r}, "
-                                   f"expected {FORMAT_VERSION}")
+                                   f"expected {self.version}")
         row = 0
         for b in range(reader.num_record_batches):
             try:
@@ -202,7 +214,8 @@ class NativeStore:
 def _loader(batch: pa.RecordBatch) -> Callable[[str], tuple[np.ndarray, np.ndarray]]:
     def load(name: str):
         arr = batch.column(name)
-        return np.asarray(arr.values), np.asarray(arr.offsets).astype(np.int64)
+        values = bits_to_numpy(arr.values) if pa.types.is_boolean(arr.type.value_type) else np.asarray(arr.values)
+        return values, np.asarray(arr.offsets).astype(np.int64)
     return load
 
 

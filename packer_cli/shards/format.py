@@ -4,7 +4,7 @@ Defined once here; docs/FORMAT.md describes it for humans. An output directory h
 
     metadata.json        spec, counts, bounds, Bridge keys   (written last)
     manifest.json        every shard: name, bytes, rows, tokens, xxh3_64
-    packs-00000.arrow    Arrow IPC file, uncompressed, one row per pack
+    packs-00000.arrow    Arrow IPC file, uncompressed, one row per pack (loss mask as a bitmap)
     packs-00001.arrow    ...
 """
 from __future__ import annotations
@@ -12,7 +12,14 @@ from __future__ import annotations
 import pyarrow as pa
 
 FORMAT_NAME = "packer-thd"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Versions the readers (loader, inspect, verify) still accept; only FORMAT_VERSION is written.
+READABLE_VERSIONS = (1, 2)
+
+
+def is_readable_version(value) -> bool:
+    """Whether a recorded ``format_version`` is one this packer reads (an int, not ``true``)."""
+    return type(value) is int and value in READABLE_VERSIONS
 METADATA_FILE = "metadata.json"
 MANIFEST_FILE = "manifest.json"
 CHECKSUM = "xxh3_64"
@@ -48,19 +55,25 @@ def shard_name(index: int) -> str:
 
 
 #: One row per pack. Per-token columns have Σp entries (the runtime stream incl. alignment
-#: padding, no tail); per-sequence columns have N entries; cu_seqlens has N+1.
-PACK_SCHEMA = pa.schema(
-    [
-        pa.field("tokens", pa.list_(pa.int32()), nullable=False),
-        pa.field("loss_mask", pa.list_(pa.uint8()), nullable=False),
-        pa.field("cu_seqlens", pa.list_(pa.int32()), nullable=False),
-        pa.field("seq_lens", pa.list_(pa.int32()), nullable=False),
-        pa.field("last_token", pa.list_(pa.int32()), nullable=False),
-        pa.field("source_index", pa.list_(pa.int64()), nullable=False),
-        pa.field("source_offset", pa.list_(pa.int32()), nullable=False),
-    ],
-    metadata={"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION)},
-)
+#: padding, no tail); per-sequence columns have N entries; cu_seqlens has N+1. ``loss_mask`` is
+#: an Arrow boolean list, stored as a bitmap (1 bit a token; version 1 stored a uint8 a token).
+def pack_schema(version: int = FORMAT_VERSION) -> pa.Schema:
+    """The pack row schema of a format version (:data:`READABLE_VERSIONS`)."""
+    mask_type = pa.uint8() if version == 1 else pa.bool_()
+    return pa.schema(
+        [
+            pa.field("tokens", pa.list_(pa.int32()), nullable=False),
+            pa.field("loss_mask", pa.list_(mask_type), nullable=False),
+            pa.field("cu_seqlens", pa.list_(pa.int32()), nullable=False),
+            pa.field("seq_lens", pa.list_(pa.int32()), nullable=False),
+            pa.field("last_token", pa.list_(pa.int32()), nullable=False),
+            pa.field("source_index", pa.list_(pa.int64()), nullable=False),
+            pa.field("source_offset", pa.list_(pa.int32()), nullable=False),
+        ],
+        metadata={"format": FORMAT_NAME, "format_version": str(version)},
+    )
 
+
+PACK_SCHEMA = pack_schema()
 PER_TOKEN = ("tokens", "loss_mask")
 PER_SEQUENCE = ("seq_lens", "last_token", "source_index", "source_offset")

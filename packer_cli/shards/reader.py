@@ -1,8 +1,9 @@
 """Read a native output directory: metadata, manifest and memory-mapped pack rows.
 
 ``PackedReader(out)`` opens every shard named by the manifest with ``pa.memory_map`` and gives
-random access to packs. :meth:`PackedReader.row` returns NumPy views into the mapped files, so
-reading a pack copies nothing.
+random access to packs. :meth:`PackedReader.row` returns NumPy views into the mapped files; only
+the pack's loss mask, stored as a bitmap, is unpacked (a copy of one byte a token of that pack).
+Outputs of format version 1 (a uint8 mask a token) read the same.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import orjson
 import pyarrow as pa
 
 from packer_cli.errors import DataError
-from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA
+from packer_cli._arrow import bits_to_numpy
+from packer_cli.shards.format import FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA, READABLE_VERSIONS, is_readable_version
 
 COLUMNS = PACK_SCHEMA.names
 
@@ -61,11 +63,27 @@ def load_metadata(out_dir: str, split: str | None = None) -> dict:
     meta = read_json(os.path.join(out_dir, METADATA_FILE))
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise DataError(f"{out_dir}: unsupported data format {meta.get('format') if isinstance(meta, dict) else None!r}; expected {FORMAT_NAME!r}")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise DataError(
-            f"{out_dir}: unsupported format version {meta.get('format_version')!r}; this packer reads version {FORMAT_VERSION}"
-        )
+    if not is_readable_version(meta.get("format_version")):
+        raise DataError(f"{out_dir}: unsupported format version {meta.get('format_version')!r}; "
+                        f"this packer reads versions {', '.join(map(str, READABLE_VERSIONS))}")
     return meta
+
+
+class _Bits:
+    """The values of a boolean (bitmap) Arrow array; a slice is unpacked to uint8 0/1."""
+
+    def __init__(self, arr: pa.BooleanArray):
+        self.arr = arr
+
+    def __getitem__(self, part: slice) -> np.ndarray:
+        return bits_to_numpy(self.arr, int(part.start), int(part.stop))
+
+
+def list_values(arr: pa.ListArray):
+    """The flat values of a list column: a NumPy view, or :class:`_Bits` for a boolean one."""
+    if pa.types.is_boolean(arr.type.value_type):
+        return _Bits(arr.values)
+    return np.asarray(arr.values)
 
 
 class _Batch:
@@ -76,7 +94,7 @@ class _Batch:
         for name in COLUMNS:
             arr = batch.column(name)
             offsets = np.asarray(arr.offsets)
-            self.columns[name] = (np.asarray(arr.values), offsets)
+            self.columns[name] = (list_values(arr), offsets)
 
     def row(self, i: int) -> PackRow:
         parts = {}

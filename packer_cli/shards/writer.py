@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from packer_cli._arrow import from_numpy
+from packer_cli._arrow import bits_from_numpy, from_numpy
 from packer_cli.shards._sink import OutputFile
 from packer_cli.shards.format import CHECKSUM, PACK_SCHEMA, shard_name
 
@@ -26,7 +26,11 @@ def _list(offsets: np.ndarray, values: np.ndarray, type_: pa.DataType) -> pa.Lis
 
 def pack_record_batch(tokens, loss_mask, cu_seqlens, seq_lens, last_token, source_index, source_offset,
                       pack_seq_offsets: np.ndarray) -> pa.RecordBatch:
-    """One record batch of packs from flat arrays; ``pack_seq_offsets`` delimits sequences."""
+    """One record batch of packs from flat arrays; ``pack_seq_offsets`` delimits sequences.
+
+    ``loss_mask`` (0/1 a token) is stored as a bitmap: the batch's masks are packed 8 a byte
+    end to end, so a pack's mask may start mid-byte (Arrow's boolean layout).
+    """
     n_packs = pack_seq_offsets.size - 1
     seq_counts = np.diff(pack_seq_offsets)
     cu_offsets = pack_seq_offsets + np.arange(n_packs + 1)
@@ -35,7 +39,7 @@ def pack_record_batch(tokens, loss_mask, cu_seqlens, seq_lens, last_token, sourc
     assert token_offsets[-1] == tokens.size and seq_counts.sum() == seq_lens.size
     columns = [
         _list(token_offsets, tokens, pa.int32()),
-        _list(token_offsets, loss_mask, pa.uint8()),
+        pa.ListArray.from_arrays(from_numpy(token_offsets.astype(np.int32)), bits_from_numpy(loss_mask)),
         _list(cu_offsets, cu_seqlens, pa.int32()),
         _list(pack_seq_offsets, seq_lens.astype(np.int32, copy=False), pa.int32()),
         _list(pack_seq_offsets, last_token, pa.int32()),

@@ -20,6 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
+from packer_cli.shards.format import FORMAT_VERSION
+
 
 def make_row(
     samples: Sequence[Sequence[int]],
@@ -78,7 +80,7 @@ def make_meta(
     physical = [int(r.cu_seqlens[-1]) for r in rows]
     seq_max = [int(np.diff(r.cu_seqlens).max()) for r in rows if r.seq_lens.size]
     return {
-        "format_version": 1,
+        "format_version": FORMAT_VERSION,
         "spec": {
             "pack_size": pack_size,
             "pad_seq_to_mult": multiple,
