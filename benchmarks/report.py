@@ -138,16 +138,16 @@ def render(res: dict, targets: dict) -> str:
         text += (f". The warm `pack()` took {e2e['api']['median_s']:.2f} s in all (min {e2e['api']['min_s']:.2f} s: "
                  "decode + validate + spill + plan + gather + write + hash). The CLI took "
                  f"{e2e['cli']['median_s']:.2f} s (min {e2e['cli']['min_s']:.2f} s): the same work plus the process "
-                 "start-up (interpreter, imports, typer's argument parsing, numba's set-up and cache loading: about 0.9 s on this machine) and a fresh process's memory, "
+                 "start-up (interpreter, imports, typer's argument parsing, numba's cache loading: about 0.45 s before and after `pack()` on this machine) and a fresh process's memory, "
                  "every page of it faulted in.")
         if "pages" in e2e:
             pg = e2e["pages"]
-            text += (" The shards (5 bytes a token) go to the device with `O_DIRECT`; the spill (2¼ bytes a token "
+            text += (" The shards (4⅛ bytes a token: the id and one loss-mask bit) go to the device with `O_DIRECT`; the spill (2¼ bytes a token "
                      "for these 17-bit ids, about 0.27 GB) goes through the page cache, since pass two reads it back at "
                      f"random. The `pages` row measures what page-cache memory costs here: 512 MB into memory idle "
                      f"for 4 s took {pg['cold_s']:.2f} s, into memory freed just before {pg['hot_s']:.2f} s")
             if pg["cold_s"] > 2 * pg["hot_s"]:
-                extra = (pg["cold_s"] - pg["hot_s"]) * 0.37e9 / pg.get("bytes", 512 << 20)
+                extra = (pg["cold_s"] - pg["hot_s"]) * 0.27e9 / pg.get("bytes", 512 << 20)
                 text += (f" (the VM's balloon driver hands idle memory back to the host, which must fault it in "
                          f"again): a run that finds only idle memory spends about {extra:.1f} s more.")
             else:
