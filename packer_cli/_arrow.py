@@ -62,16 +62,24 @@ def bits_from_numpy(mask: np.ndarray) -> pa.BooleanArray:
     return pa.Array.from_buffers(pa.bool_(), int(mask.size), [None, pa.py_buffer(bitmap)])
 
 
-def bits_to_numpy(arr: pa.BooleanArray, start: int = 0, stop: int | None = None) -> np.ndarray:
-    """Values ``start:stop`` of a boolean Arrow array without nulls, as uint8 0/1 (a copy).
+def bitmap_of(arr: pa.BooleanArray) -> tuple[np.ndarray, int]:
+    """The bytes of a boolean Arrow array's bitmap (a view) and the bit its first value is at."""
+    buffer = arr.buffers()[1]
+    if buffer is None or len(arr) == 0:
+        return np.zeros(0, dtype=np.uint8), 0
+    return np.frombuffer(buffer, dtype=np.uint8), arr.offset
 
-    Only the bytes holding those bits are unpacked, so a pack's slice of a record batch costs
-    what the pack holds, not the batch.
-    """
-    stop = len(arr) if stop is None else stop
-    if stop <= start:
+
+def unpack_bits(bitmap: np.ndarray, first: int, last: int) -> np.ndarray:
+    """Bits ``first:last`` of ``bitmap`` as uint8 0/1 (a copy); only the bytes holding them
+    are unpacked, so a pack's slice of a record batch costs what the pack holds."""
+    if last <= first:
         return np.zeros(0, dtype=np.uint8)
-    first, last = arr.offset + start, arr.offset + stop  # bit positions in the buffer
     lo = first >> 3
-    bitmap = np.frombuffer(arr.buffers()[1], dtype=np.uint8, count=((last + 7) >> 3) - lo, offset=lo)
-    return np.unpackbits(bitmap, bitorder="little")[first - (lo << 3):last - (lo << 3)]
+    return np.unpackbits(bitmap[lo:(last + 7) >> 3], bitorder="little")[first - (lo << 3):last - (lo << 3)]
+
+
+def bits_to_numpy(arr: pa.BooleanArray, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """Values ``start:stop`` of a boolean Arrow array without nulls, as uint8 0/1 (a copy)."""
+    bitmap, offset = bitmap_of(arr)
+    return unpack_bits(bitmap, offset + start, offset + (len(arr) if stop is None else stop))

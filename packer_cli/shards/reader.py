@@ -15,7 +15,7 @@ import orjson
 import pyarrow as pa
 
 from packer_cli.errors import DataError
-from packer_cli._arrow import bits_to_numpy
+from packer_cli._arrow import bitmap_of, unpack_bits
 from packer_cli.shards.format import FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA, READABLE_VERSIONS, is_readable_version
 
 COLUMNS = PACK_SCHEMA.names
@@ -73,10 +73,10 @@ class _Bits:
     """The values of a boolean (bitmap) Arrow array; a slice is unpacked to uint8 0/1."""
 
     def __init__(self, arr: pa.BooleanArray):
-        self.arr = arr
+        self.bitmap, self.offset = bitmap_of(arr)
 
     def __getitem__(self, part: slice) -> np.ndarray:
-        return bits_to_numpy(self.arr, int(part.start), int(part.stop))
+        return unpack_bits(self.bitmap, self.offset + int(part.start), self.offset + int(part.stop))
 
 
 def list_values(arr: pa.ListArray):
