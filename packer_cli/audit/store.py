@@ -96,12 +96,17 @@ def read_json_file(path: str) -> dict:
     return record
 
 
-def manifest_problems(manifest: dict) -> list[str]:
-    """Why a manifest cannot be used (empty when it can): format, version, shard entries."""
+def manifest_problems(manifest: dict, metadata: dict | None = None) -> list[str]:
+    """Why a manifest cannot be used (empty when it can): format, version (which must be the
+    metadata's, when that records a readable one), shard entries."""
     if manifest.get("format") != FORMAT_NAME:
         return [f"format is {manifest.get('format')!r}, expected {FORMAT_NAME!r}"]
-    if not is_readable_version(manifest.get("format_version")):
-        return [f"format_version is {manifest.get('format_version')!r}; this packer knows versions {VERSIONS_TEXT}"]
+    version = manifest.get("format_version")
+    if not is_readable_version(version):
+        return [f"format_version is {version!r}; this packer knows versions {VERSIONS_TEXT}"]
+    recorded = (metadata or {}).get("format_version")
+    if is_readable_version(recorded) and recorded != version:
+        return [f"format_version is {version}, but {METADATA_FILE} records {recorded}"]
     shards = manifest.get("shards")
     if not isinstance(shards, list):
         return ["'shards' is not a list"]
@@ -130,8 +135,9 @@ class NativeStore:
     The interface a store offers the audit: ``metadata``, ``shard_entries()`` (manifest
     entries with ``name`` and, when known, ``bytes``/``rows``/``tokens``/``xxh3_64``),
     ``shard_names()``, ``expected_files()`` and ``read_shard(name, columns)``; the class has
-    ``format``, ``version`` (optionally ``versions``, all it reads), ``open(out, meta=None)`` and optionally ``detect(out)`` (for
-    layouts without a ``metadata.json``).
+    ``format``, ``version`` (the one it writes; optionally ``versions``, all it reads),
+    ``open(out, meta=None)`` and optionally ``detect(out)`` (for layouts without a
+    ``metadata.json``).
     """
 
     format = FORMAT_NAME
@@ -152,10 +158,7 @@ class NativeStore:
             raise DataError(f"{out}: unsupported format version {meta.get('format_version')!r}; "
                             f"this packer reads versions {VERSIONS_TEXT}")
         manifest = read_json_file(os.path.join(out, MANIFEST_FILE))
-        problems = manifest_problems(manifest)
-        if not problems and manifest["format_version"] != meta["format_version"]:
-            problems = [f"format_version is {manifest['format_version']}, but {METADATA_FILE} records "
-                        f"{meta['format_version']}"]
+        problems = manifest_problems(manifest, meta)
         if problems:
             raise DataError(f"{MANIFEST_FILE}: {problems[0]}")
         return cls(out, meta, manifest)

@@ -28,7 +28,7 @@ from packer_cli.audit.findings import ERROR, WARNING, Finding, FindingSink
 from packer_cli.audit.report import InspectReport
 from packer_cli.audit.store import STORES, NativeStore, ShardError, manifest_problems, read_json_file
 from packer_cli.errors import ConfigError, DataError, PackerError
-from packer_cli.shards.format import FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, is_readable_version, metadata_checksum_problem
+from packer_cli.shards.format import FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, metadata_checksum_problem
 from packer_cli.shards.writer import file_checksum
 from packer_cli.spec import PackSpec
 
@@ -131,10 +131,7 @@ def _open_output(out: str, listing: list[str], sink: FindingSink, split: str | N
     manifest = _load(out, MANIFEST_FILE, sink)
     if manifest is None:
         return None, meta, None
-    problems = manifest_problems(manifest)
-    if not problems and meta and is_readable_version(meta.get("format_version")) \
-            and meta["format_version"] != manifest["format_version"]:
-        problems = [f"format_version is {manifest['format_version']}, but {METADATA_FILE} records {meta['format_version']}"]
+    problems = manifest_problems(manifest, meta)
     for problem in problems:
         sink.add("structure.manifest", problem, shard=MANIFEST_FILE)
     return (None, meta, None) if problems else (NativeStore(out, meta or {}, manifest), meta, manifest["shards"])
@@ -146,8 +143,10 @@ def _limits(meta: dict | None, sink: FindingSink) -> Limits | None:
         return None
     fmt, version = meta.get("format"), meta.get("format_version")
     known = STORES.get(fmt) if isinstance(fmt, str) else None
-    if known is None or (_versions(known) is not None and (type(version) is not int or version not in _versions(known))):
-        knows = ", ".join(f"{name!r} version {' or '.join(map(str, _versions(cls) or ('?',)))}" for name, cls in STORES.items())
+    readable = _versions(known) if known is not None else None
+    if known is None or (readable is not None and (type(version) is not int or version not in readable)):
+        knows = ", ".join(f"{name!r} version {' or '.join(map(str, _versions(cls) or ('?',)))}"
+                          for name, cls in STORES.items())
         sink.add("structure.format", f"format {fmt!r} version {version!r} is unknown; this packer knows {knows}",
                  shard=METADATA_FILE)
         return None

@@ -35,7 +35,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from packer_cli._arrow import memory_pool
-from packer_cli._unaligned import load_u32, load_u64, store_u32, store_u64
+from packer_cli._unaligned import load_u32, load_u64, store_u32
 
 
 @intrinsic

@@ -15,14 +15,14 @@ FORMAT_NAME = "packer-thd"
 FORMAT_VERSION = 2
 #: Versions the readers (loader, inspect, verify) still accept; only FORMAT_VERSION is written.
 READABLE_VERSIONS = (1, 2)
+METADATA_FILE = "metadata.json"
+MANIFEST_FILE = "manifest.json"
+CHECKSUM = "xxh3_64"
 
 
 def is_readable_version(value) -> bool:
     """Whether a recorded ``format_version`` is one this packer reads (an int, not ``true``)."""
     return type(value) is int and value in READABLE_VERSIONS
-METADATA_FILE = "metadata.json"
-MANIFEST_FILE = "manifest.json"
-CHECKSUM = "xxh3_64"
 
 
 def metadata_checksum(meta: dict) -> str:
