@@ -8,6 +8,9 @@ Tools (``--tools``):
 * ``cli``        ``packer pack IN -o OUT`` in a fresh process (interpreter start, imports and
                  numba cache loading included), Parquet or JSONL to shards on disk; the summary's
                  phase times give pass two (gather, write, hash) apart;
+* ``cli_floor``  the same command on the input's first ``FLOOR_SAMPLES`` samples: a fresh
+                 process's fixed cost (interpreter, imports, argument parsing, kernel loads, the
+                 output's files), which no amount of packing speed removes from a CLI run;
 * ``api``        ``packer_cli.pack()`` in a warm process (same work, no start-up);
 * ``trl``        TRL ``pack_dataset(ds, C, strategy="bfd")`` on the same table held in memory
                  (``datasets`` default: packed in 1,000-row ``map`` batches);
@@ -140,6 +143,32 @@ def run_cli(args) -> dict:
             "out_bytes": dir_bytes(args.out), "write_s": phases["write"], "read_s": phases["read"]}
 
 
+FLOOR_SAMPLES = 256
+
+
+def floor_input(path: str) -> str:
+    """The first ``FLOOR_SAMPLES`` samples of ``path``, in the same format (written once)."""
+    ext = ".parquet" if path.endswith(".parquet") else ".jsonl"
+    small = os.path.join(OUT, f"floor_input{ext}")
+    if ext == ".parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(pq.ParquetFile(path).read_row_group(0).slice(0, FLOOR_SAMPLES), small)
+    else:
+        with open(path, "rb") as src, open(small, "wb") as dst:
+            for _, line in zip(range(FLOOR_SAMPLES), src):
+                dst.write(line)
+    return small
+
+
+def run_cli_floor(args) -> dict:
+    out = args.out + "_floor"
+    shutil.rmtree(out, ignore_errors=True)
+    r = run_measured([PACKER, "pack", args.floor_input, "-o", out, "--pack-size", str(args.pack_size), "--json"])
+    shutil.rmtree(out, ignore_errors=True)
+    return {"seconds": r["wall_s"], "cpu_s": r["cpu_s"]}
+
+
 def run_disk(args) -> dict:
     """Sequential write bandwidth: ``np.tofile`` of 64 MiB blocks, then ``fsync``, timed together."""
     path = os.path.join(OUT, "disk_probe.bin")
@@ -205,7 +234,7 @@ def main() -> None:
     ap.add_argument("--pack-size", type=int, default=4096)
     ap.add_argument("--runs", type=int, default=5)
     # `pages` must not follow `disk`, which has just freed 2 GB of memory it would reuse
-    ap.add_argument("--tools", default="cli,api,trl,trl_whole,decode,disk,disk_direct,decode_packer,pages")
+    ap.add_argument("--tools", default="cli,cli_floor,api,trl,trl_whole,decode,disk,disk_direct,decode_packer,pages")
     ap.add_argument("--disk-gb", type=float, default=2.0)
     ap.add_argument("--out", default=os.path.join(OUT, "e2e"))
     ap.add_argument("--serve", choices=["packer", "trl", "read_json"], help=argparse.SUPPRESS)
@@ -227,11 +256,15 @@ def main() -> None:
             workers["read_json"] = Worker(base + ["--serve", "read_json"])
         if "cli" in tools:
             run_cli(args)  # warm-up (page cache, numba cache files)
+        if "cli_floor" in tools:
+            args.floor_input = floor_input(args.input)
         rows: dict[str, list[dict]] = {t: [] for t in tools}
         for r in range(args.runs):
             for tool in tools:
                 if tool == "cli":
                     row = run_cli(args)
+                elif tool == "cli_floor":
+                    row = run_cli_floor(args)
                 elif tool == "disk":
                     row = run_disk(args)
                 elif tool == "disk_direct":
@@ -257,7 +290,7 @@ def main() -> None:
     for tool, tool_rows in rows.items():
         sec = median([x["seconds"] for x in tool_rows])
         entry = {"median_s": sec, "min_s": min(x["seconds"] for x in tool_rows)}
-        if tool not in ("disk", "disk_direct", "pages"):
+        if tool not in ("disk", "disk_direct", "pages", "cli_floor"):
             entry["tokens_per_s"] = tokens / sec
         for key in ("packs", "out_bytes", "peak_rss_bytes", "bytes_per_s", "cold_s", "hot_s", "cpu_s", "fast_rows", "bytes",
                     "write_s", "read_s"):
