@@ -36,10 +36,8 @@ import pyarrow as pa
 from packer_cli.errors import DataError
 from packer_cli._arrow import bits_to_numpy
 from packer_cli.shards.format import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA,
-                                      READABLE_VERSIONS, is_readable_version, pack_schema)
+                                      READABLE_VERSIONS, READABLE_VERSIONS_TEXT, is_readable_version, pack_schema)
 from packer_cli.shards.reader import PackRow
-
-VERSIONS_TEXT = ", ".join(map(str, READABLE_VERSIONS))
 
 COLUMNS = tuple(PACK_SCHEMA.names)
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -103,7 +101,7 @@ def manifest_problems(manifest: dict, metadata: dict | None = None) -> list[str]
         return [f"format is {manifest.get('format')!r}, expected {FORMAT_NAME!r}"]
     version = manifest.get("format_version")
     if not is_readable_version(version):
-        return [f"format_version is {version!r}; this packer knows versions {VERSIONS_TEXT}"]
+        return [f"format_version is {version!r}; this packer knows versions {READABLE_VERSIONS_TEXT}"]
     recorded = (metadata or {}).get("format_version")
     if is_readable_version(recorded) and recorded != version:
         return [f"format_version is {version}, but {METADATA_FILE} records {recorded}"]
@@ -156,7 +154,7 @@ class NativeStore:
         meta = meta if meta is not None else read_json_file(os.path.join(out, METADATA_FILE))
         if not is_readable_version(meta.get("format_version")):
             raise DataError(f"{out}: unsupported format version {meta.get('format_version')!r}; "
-                            f"this packer reads versions {VERSIONS_TEXT}")
+                            f"this packer reads versions {READABLE_VERSIONS_TEXT}")
         manifest = read_json_file(os.path.join(out, MANIFEST_FILE))
         problems = manifest_problems(manifest, meta)
         if problems:

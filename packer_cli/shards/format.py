@@ -15,6 +15,7 @@ FORMAT_NAME = "packer-thd"
 FORMAT_VERSION = 2
 #: Versions the readers (loader, inspect, verify) still accept; only FORMAT_VERSION is written.
 READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS_TEXT = ", ".join(map(str, READABLE_VERSIONS))  # for messages: "1, 2"
 METADATA_FILE = "metadata.json"
 MANIFEST_FILE = "manifest.json"
 CHECKSUM = "xxh3_64"

@@ -16,7 +16,8 @@ import pyarrow as pa
 
 from packer_cli.errors import DataError
 from packer_cli._arrow import bitmap_of, unpack_bits
-from packer_cli.shards.format import FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA, READABLE_VERSIONS, is_readable_version
+from packer_cli.shards.format import (FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA, READABLE_VERSIONS_TEXT,
+                                      is_readable_version)
 
 COLUMNS = PACK_SCHEMA.names
 
@@ -65,7 +66,7 @@ def load_metadata(out_dir: str, split: str | None = None) -> dict:
         raise DataError(f"{out_dir}: unsupported data format {meta.get('format') if isinstance(meta, dict) else None!r}; expected {FORMAT_NAME!r}")
     if not is_readable_version(meta.get("format_version")):
         raise DataError(f"{out_dir}: unsupported format version {meta.get('format_version')!r}; "
-                        f"this packer reads versions {', '.join(map(str, READABLE_VERSIONS))}")
+                        f"this packer reads versions {READABLE_VERSIONS_TEXT}")
     return meta
 
 
