@@ -20,7 +20,11 @@ from packer_cli.shards.format import CHECKSUM, PACK_SCHEMA, shard_name
 
 
 def _list(offsets: np.ndarray, values: np.ndarray, type_: pa.DataType) -> pa.ListArray:
-    values = from_numpy(values.astype(type_.to_pandas_dtype(), copy=False))
+    """A list column of ``type_`` values; ``pa.bool_()`` packs 0/1 ``values`` into a bitmap."""
+    if pa.types.is_boolean(type_):
+        values = bits_from_numpy(values)
+    else:
+        values = from_numpy(values.astype(type_.to_pandas_dtype(), copy=False))
     return pa.ListArray.from_arrays(from_numpy(offsets.astype(np.int32, copy=False)), values)
 
 
@@ -39,7 +43,7 @@ def pack_record_batch(tokens, loss_mask, cu_seqlens, seq_lens, last_token, sourc
     assert token_offsets[-1] == tokens.size and seq_counts.sum() == seq_lens.size
     columns = [
         _list(token_offsets, tokens, pa.int32()),
-        pa.ListArray.from_arrays(from_numpy(token_offsets.astype(np.int32)), bits_from_numpy(loss_mask)),
+        _list(token_offsets, loss_mask, pa.bool_()),
         _list(cu_offsets, cu_seqlens, pa.int32()),
         _list(pack_seq_offsets, seq_lens.astype(np.int32, copy=False), pa.int32()),
         _list(pack_seq_offsets, last_token, pa.int32()),
