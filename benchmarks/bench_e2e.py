@@ -15,6 +15,10 @@ Tools (``--tools``):
 * ``trl``        TRL ``pack_dataset(ds, C, strategy="bfd")`` on the same table held in memory
                  (``datasets`` default: packed in 1,000-row ``map`` batches);
 * ``trl_whole``  the same with ``map_kwargs={"batch_size": None}`` (one global BFD);
+* ``trl_process`` TRL the way a script runs it, in a fresh process like the CLI: import
+                 ``datasets`` and ``trl``, read the Parquet file (``pq.read_table``, wrapped as a
+                 ``datasets.Dataset``), ``pack_dataset(bfd)``, ``save_to_disk``; each phase timed
+                 apart (``--serve trl_once``), the wall time from outside;
 * ``decode``     pyarrow ``ParquetFile.iter_batches`` over the input (2,048-row batches, both columns);
 * ``decode_packer`` packer's own Parquet decoder (``ListColumnReader``) over the same columns;
 * ``read_json``  ``pyarrow.json.read_json`` of a JSON Lines input;
@@ -119,6 +123,26 @@ def serve_trl(args) -> None:
     serve({"trl": run(None), "trl_whole": run({"batch_size": None})})
 
 
+def trl_once(args) -> None:
+    """One TRL packing job from a cold start (the ``trl_process`` tool): prints its phase times."""
+    t0 = time.perf_counter()
+    import datasets
+    import pyarrow.parquet as pq
+    from datasets import Dataset
+    from datasets.table import InMemoryTable
+    from trl import pack_dataset
+
+    datasets.disable_progress_bars()
+    t1 = time.perf_counter()
+    ds = Dataset(InMemoryTable(pq.read_table(args.input)))  # the leanest way in: no conversion cache
+    t2 = time.perf_counter()
+    packed = pack_dataset(ds, args.pack_size, strategy="bfd")
+    t3 = time.perf_counter()
+    packed.save_to_disk(args.out)
+    t4 = time.perf_counter()
+    emit({"import_s": t1 - t0, "load_s": t2 - t1, "pack_s": t3 - t2, "save_s": t4 - t3, "packs": len(packed)})
+
+
 def serve_read_json(args) -> None:
     import pyarrow.json as pj
 
@@ -167,6 +191,17 @@ def run_cli_floor(args) -> dict:
     r = run_measured([PACKER, "pack", args.floor_input, "-o", out, "--pack-size", str(args.pack_size), "--json"])
     shutil.rmtree(out, ignore_errors=True)
     return {"seconds": r["wall_s"], "cpu_s": r["cpu_s"]}
+
+
+def run_trl_process(args) -> dict:
+    out = args.out + "_trl"
+    shutil.rmtree(out, ignore_errors=True)
+    r = run_measured([PYTHON, os.path.abspath(__file__), "--input", args.input, "--pack-size", str(args.pack_size),
+                      "--out", out, "--serve", "trl_once"])
+    row = json.loads(r["stdout"].strip().splitlines()[-1])
+    row.update(seconds=r["wall_s"], cpu_s=r["cpu_s"], peak_rss_bytes=r["peak_rss_bytes"], out_bytes=dir_bytes(out))
+    shutil.rmtree(out, ignore_errors=True)
+    return row
 
 
 def run_disk(args) -> dict:
@@ -234,13 +269,14 @@ def main() -> None:
     ap.add_argument("--pack-size", type=int, default=4096)
     ap.add_argument("--runs", type=int, default=5)
     # `pages` must not follow `disk`, which has just freed 2 GB of memory it would reuse
-    ap.add_argument("--tools", default="cli,cli_floor,api,trl,trl_whole,decode,disk,disk_direct,decode_packer,pages")
+    ap.add_argument("--tools", default="cli,cli_floor,api,trl,trl_whole,trl_process,decode,disk,disk_direct,"
+                                        "decode_packer,pages")
     ap.add_argument("--disk-gb", type=float, default=2.0)
     ap.add_argument("--out", default=os.path.join(OUT, "e2e"))
-    ap.add_argument("--serve", choices=["packer", "trl", "read_json"], help=argparse.SUPPRESS)
+    ap.add_argument("--serve", choices=["packer", "trl", "trl_once", "read_json"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
-        {"packer": serve_packer, "trl": serve_trl, "read_json": serve_read_json}[args.serve](args)
+        {"packer": serve_packer, "trl": serve_trl, "trl_once": trl_once, "read_json": serve_read_json}[args.serve](args)
         return
     os.makedirs(OUT, exist_ok=True)
     tools = args.tools.split(",")
@@ -265,6 +301,8 @@ def main() -> None:
                     row = run_cli(args)
                 elif tool == "cli_floor":
                     row = run_cli_floor(args)
+                elif tool == "trl_process":
+                    row = run_trl_process(args)
                 elif tool == "disk":
                     row = run_disk(args)
                 elif tool == "disk_direct":
@@ -293,7 +331,7 @@ def main() -> None:
         if tool not in ("disk", "disk_direct", "pages", "cli_floor"):
             entry["tokens_per_s"] = tokens / sec
         for key in ("packs", "out_bytes", "peak_rss_bytes", "bytes_per_s", "cold_s", "hot_s", "cpu_s", "fast_rows", "bytes",
-                    "write_s", "read_s"):
+                    "write_s", "read_s", "import_s", "load_s", "pack_s", "save_s"):
             if key in tool_rows[0]:
                 entry[key] = median([x[key] for x in tool_rows])
         summary[tool] = entry
