@@ -47,7 +47,9 @@ from packer_cli.shards._atomic import make_temporary, replace_dir, stale_tempora
 from packer_cli.shards._gather import ORDER_FILE, SpillMemory, SpillReader, SpillWriter
 from packer_cli.shards._sink import use_direct_io
 from packer_cli.shards.bridge_output import BridgeOutput
-from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, seal_metadata
+from packer_cli.shards.format import (
+    FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, seal_metadata, write_json,
+)
 from packer_cli.shards.writer import ShardFile, pack_record_batch
 from packer_cli.sources import SampleStream, discover_inputs
 from packer_cli.spec import PackSpec, SourceSpec
@@ -331,13 +333,6 @@ def _make_spill_dir(tmp: str, spill_parent: str | None) -> str:
         raise ConfigError(f"{spill_parent}: cannot create the spill directory: {exc}") from exc
 
 
-def _write_json(path: str, obj) -> None:
-    import orjson
-
-    with open(path, "wb") as f:
-        f.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
-
-
 def _prepare_out(out: str, overwrite: bool) -> str:
     out = os.path.normpath(out)
     if os.path.exists(out) and not overwrite:
@@ -469,8 +464,8 @@ def pack(
             tmp = None
         if tmp:
             shutil.rmtree(spill_dir)
-            _write_json(os.path.join(tmp, MANIFEST_FILE), manifest)
-            _write_json(os.path.join(tmp, METADATA_FILE), seal_metadata(summary.metadata(__version__)))
+            write_json(os.path.join(tmp, MANIFEST_FILE), manifest)
+            write_json(os.path.join(tmp, METADATA_FILE), seal_metadata(summary.metadata(__version__)))
             replace_dir(tmp, out)
             tmp = None
         clock.lap("write")

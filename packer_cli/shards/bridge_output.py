@@ -25,18 +25,11 @@ from packer_cli._background import ordered_map
 from packer_cli.errors import ConfigError, DataError
 from packer_cli.shards._atomic import make_temporary, replace_dir, signals_held
 from packer_cli.shards._gather import SpillReader
-from packer_cli.shards.format import seal_metadata
+from packer_cli.shards.format import seal_metadata, write_json
 from packer_cli.shards.bridge import (
     BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, SPLITS, bridge_metadata_name, data_name, default_row_group_size,
     layout_files, layout_pack_sizes, split_manifest_name, split_metadata_name, splits_in,
 )
-
-
-def _write_json(path: str, obj) -> None:
-    import orjson
-
-    with open(path, "wb") as f:
-        f.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
 
 
 def _read_json(path: str):
@@ -207,8 +200,8 @@ class BridgeOutput:
         out, C = self._out, self._pack_size
         metadata = seal_metadata(dict(metadata, format=BRIDGE_FORMAT, format_version=BRIDGE_FORMAT_VERSION,
                                       split=self.split))
-        _write_json(os.path.join(tmp, split_manifest_name(self.split)), manifest)
-        _write_json(os.path.join(tmp, split_metadata_name(self.split)), metadata)
+        write_json(os.path.join(tmp, split_manifest_name(self.split)), manifest)
+        write_json(os.path.join(tmp, split_metadata_name(self.split)), metadata)
         array_name = bridge_metadata_name(C)
         array = [] if self._replace_whole else read_bridge_array(os.path.join(out, array_name))
         if self._old_entry in array:

@@ -35,6 +35,15 @@ def metadata_checksum(meta: dict) -> str:
     return xxhash.xxh3_64_hexdigest(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
 
 
+def write_json(path: str, obj) -> None:
+    """One of an output's JSON files (manifest, metadata): indented, keys sorted, newline-terminated,
+    so two runs' files diff line by line."""
+    import orjson
+
+    with open(path, "wb") as f:
+        f.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+
+
 def seal_metadata(meta: dict) -> dict:
     """The metadata with ``checksum`` added, so any later edit of any field is detectable."""
     return {**meta, "checksum": {CHECKSUM: metadata_checksum(meta)}}
