@@ -62,6 +62,16 @@ def bits_from_numpy(mask: np.ndarray) -> pa.BooleanArray:
     return pa.Array.from_buffers(pa.bool_(), int(mask.size), [None, pa.py_buffer(bitmap)])
 
 
+def list_array(offsets: np.ndarray, values: np.ndarray, type_: pa.DataType) -> pa.ListArray:
+    """A list column of ``type_`` values over NumPy ``offsets`` and flat ``values`` (viewed, not
+    copied, where the dtypes already match); ``pa.bool_()`` packs 0/1 ``values`` into a bitmap."""
+    if pa.types.is_boolean(type_):
+        values = bits_from_numpy(values)
+    else:
+        values = from_numpy(np.asarray(values).astype(type_.to_pandas_dtype(), copy=False))
+    return pa.ListArray.from_arrays(from_numpy(np.asarray(offsets).astype(np.int32, copy=False)), values)
+
+
 def bitmap_of(arr: pa.BooleanArray) -> tuple[np.ndarray, int]:
     """The bytes of a boolean Arrow array's bitmap (a view) and the bit its first value is at."""
     buffer = arr.buffers()[1]

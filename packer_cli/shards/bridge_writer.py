@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from packer_cli._arrow import list_array
 from packer_cli.errors import ConfigError
 from packer_cli.shards.bridge import BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION
 from packer_cli.shards._sink import OutputFile
@@ -116,10 +117,6 @@ def logical_length_mismatches(tokens, last, seq_len, seq_pad, eos) -> tuple[int,
     return int(short.sum()), int(long.sum())
 
 
-def _list(offsets, values, type_) -> pa.ListArray:
-    return pa.ListArray.from_arrays(pa.array(np.asarray(offsets, dtype=np.int32)), pa.array(values, type=type_))
-
-
 @dataclass
 class BridgeStep:
     """One write step: a table of whole row groups and what it adds to the file's totals."""
@@ -142,12 +139,12 @@ def bridge_step(tokens, mask, last, seq_len, seq_pad, seq_source, seq_offset, ru
     if eos is not None and pad_multiple > 1:
         short, long = logical_length_mismatches(tokens, last, seq_len, seq_pad, eos)
     table = pa.Table.from_arrays([
-        _list(row_offsets, ids, pa.int64()),
-        _list(row_offsets, loss, pa.int8()),
-        _list(run_offsets, seq_start, pa.int64()),
-        _list(run_offsets, seq_len.astype(np.int32), pa.int32()),
-        _list(run_offsets, seq_source.astype(np.int64), pa.int64()),
-        _list(run_offsets, seq_offset.astype(np.int32), pa.int32()),
+        list_array(row_offsets, ids, pa.int64()),
+        list_array(row_offsets, loss, pa.int8()),
+        list_array(run_offsets, seq_start, pa.int64()),
+        list_array(run_offsets, seq_len, pa.int32()),
+        list_array(run_offsets, seq_source, pa.int64()),
+        list_array(run_offsets, seq_offset, pa.int32()),
     ], schema=BRIDGE_SCHEMA)
     return BridgeStep(table, run_offsets.size - 1, int(ids.size), int(tokens.size), short, long)
 

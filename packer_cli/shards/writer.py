@@ -14,18 +14,9 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from packer_cli._arrow import bits_from_numpy, from_numpy
+from packer_cli._arrow import list_array
 from packer_cli.shards._sink import OutputFile
 from packer_cli.shards.format import CHECKSUM, PACK_SCHEMA, shard_name
-
-
-def _list(offsets: np.ndarray, values: np.ndarray, type_: pa.DataType) -> pa.ListArray:
-    """A list column of ``type_`` values; ``pa.bool_()`` packs 0/1 ``values`` into a bitmap."""
-    if pa.types.is_boolean(type_):
-        values = bits_from_numpy(values)
-    else:
-        values = from_numpy(values.astype(type_.to_pandas_dtype(), copy=False))
-    return pa.ListArray.from_arrays(from_numpy(offsets.astype(np.int32, copy=False)), values)
 
 
 def pack_record_batch(tokens, loss_mask, cu_seqlens, seq_lens, last_token, source_index, source_offset,
@@ -42,13 +33,13 @@ def pack_record_batch(tokens, loss_mask, cu_seqlens, seq_lens, last_token, sourc
     token_offsets = np.concatenate([[0], token_offsets])
     assert token_offsets[-1] == tokens.size and seq_counts.sum() == seq_lens.size
     columns = [
-        _list(token_offsets, tokens, pa.int32()),
-        _list(token_offsets, loss_mask, pa.bool_()),
-        _list(cu_offsets, cu_seqlens, pa.int32()),
-        _list(pack_seq_offsets, seq_lens.astype(np.int32, copy=False), pa.int32()),
-        _list(pack_seq_offsets, last_token, pa.int32()),
-        _list(pack_seq_offsets, source_index.astype(np.int64, copy=False), pa.int64()),
-        _list(pack_seq_offsets, source_offset.astype(np.int32, copy=False), pa.int32()),
+        list_array(token_offsets, tokens, pa.int32()),
+        list_array(token_offsets, loss_mask, pa.bool_()),
+        list_array(cu_offsets, cu_seqlens, pa.int32()),
+        list_array(pack_seq_offsets, seq_lens, pa.int32()),
+        list_array(pack_seq_offsets, last_token, pa.int32()),
+        list_array(pack_seq_offsets, source_index, pa.int64()),
+        list_array(pack_seq_offsets, source_offset, pa.int32()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=PACK_SCHEMA)
 
