@@ -3,7 +3,8 @@
 Exit codes: 0 ok, 1 data error (or problems found by verify), 2 bad options or unusable paths,
 3 the output could not be written (disk full, I/O error), 130/143 interrupted by SIGINT/SIGTERM
 (everything unwound, nothing left behind).
-Every error is one line on stderr; no tracebacks.
+Every error is one line on stderr, bad options included; no tracebacks. The console script
+enters through :mod:`packer_cli._entry` (Ctrl-C during start-up).
 """
 from __future__ import annotations
 
@@ -38,15 +39,16 @@ def fail(exc: PackerError) -> None:
     raise typer.Exit(exc.exit_code)
 
 
-def parse_size(text: str) -> int:
-    """'256MB', '1G', '1048576' → bytes."""
-    units = {"": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30}
+def parse_size(text: str, option: str) -> int:
+    """'256MB', '1G', '1048576' → bytes (binary units); ``option`` names the flag in the error."""
+    units = {"": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30,
+             "T": 1 << 40, "TB": 1 << 40}
     t = text.strip().upper().replace("IB", "B")
-    num = t.rstrip("KMGB")
+    num = t.rstrip("KMGTB")
     try:
         return int(float(num) * units[t[len(num):]])
-    except (ValueError, KeyError):
-        raise typer.BadParameter(f"not a size: {text!r} (e.g. 256MB)") from None
+    except (ValueError, KeyError, OverflowError):  # OverflowError: 'inf'
+        raise ConfigError(f"{option}: not a size: {text!r} (e.g. 256MB, 2GB)") from None
 
 
 @app.command("pack")
@@ -98,9 +100,9 @@ def pack_command(
     try:
         output = _bridge_output(out_format, split, eos_id, row_group_size)
         summary = pack(inputs, out, spec, source, overwrite=overwrite, dry_run=dry_run,
-                       shard_bytes=parse_size(shard_size), progress=not json_out,
+                       shard_bytes=parse_size(shard_size, "--shard-size"), progress=not json_out,
                        warn=lambda msg: err.print(f"warning: {msg}", markup=False), output=output,
-                       spill_dir=spill_dir, spill_memory=parse_size(spill_memory), direct_io=direct_io)
+                       spill_dir=spill_dir, spill_memory=parse_size(spill_memory, "--spill-memory"), direct_io=direct_io)
     except PackerError as exc:
         fail(exc)
     if json_out:
@@ -220,6 +222,39 @@ def _raise_signalled(signum, frame) -> None:
     raise _Signalled(signum)
 
 
+def _signal_behind(exc: BaseException) -> _Signalled | None:
+    """The signal an exception stands for, if any.
+
+    The handler raises wherever the main thread is; when that is inside C code calling back
+    into Python (numba's dispatcher loading a cached kernel, say), the C code reports
+    ``SystemError: ... returned a result with an exception set``, with ours as its context.
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, _Signalled):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _is_usage_error(exc: BaseException) -> bool:
+    # click's exception classes, wherever this typer takes click from (vendored or not)
+    return any(cls.__name__ == "ClickException" for cls in type(exc).__mro__)
+
+
+def _usage_line(exc) -> str:
+    """A bad option or argument as one line, with where to look."""
+    command = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "packer"
+    return f"error: {exc.format_message()} (see '{command} --help')"
+
+
+def _report_signal(exc: _Signalled) -> int:
+    """Say why the command stopped; 128 + the signal's number, as a shell reports a killed command."""
+    print(f"error: {'interrupted' if exc.signum == signal.SIGINT else 'terminated'}", file=sys.stderr)
+    return 128 + exc.signum
+
+
 def _single_threaded_blas() -> None:
     """One OpenBLAS thread for this process, unless the user chose otherwise; effective only
     before numpy loads, which importing this module does not do."""
@@ -252,15 +287,25 @@ def main() -> None:
         if signal.getsignal(signum) is not signal.SIG_IGN:  # e.g. SIGINT in a background shell job
             signal.signal(signum, _raise_signalled)
     try:
-        app()
-        code = 0
+        # not standalone: bad options come back as exceptions, to be reported in one line
+        returned = app(standalone_mode=False)
+        code = returned if isinstance(returned, int) else 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if isinstance(exc.code, str):
             print(exc.code, file=sys.stderr)
-    except _Signalled as exc:  # 128 + the signal's number, as a shell reports a killed command
-        print(f"error: {'interrupted' if exc.signum == signal.SIGINT else 'terminated'}", file=sys.stderr)
-        code = 128 + exc.signum
+    except _Signalled as exc:
+        code = _report_signal(exc)
+    except Exception as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `packer`: the help is already printed
+            code = 2
+        elif _is_usage_error(exc):
+            print(_usage_line(exc), file=sys.stderr)
+            code = exc.exit_code
+        elif (signalled := _signal_behind(exc)) is not None:
+            code = _report_signal(signalled)
+        else:
+            raise  # a bug: its traceback is what a report needs
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

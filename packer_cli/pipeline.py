@@ -43,12 +43,12 @@ from packer_cli._summary import PackSummary, summarize
 from packer_cli.errors import ConfigError, DataError, OutputError
 from packer_cli.plan import plan_packs
 from packer_cli.progress import Progress
-from packer_cli.shards._atomic import make_temporary, replace_dir, stale_temporaries
+from packer_cli.shards._atomic import check_replaceable, make_temporary, replace_dir, stale_temporaries
 from packer_cli.shards._gather import ORDER_FILE, SpillMemory, SpillReader, SpillWriter
 from packer_cli.shards._sink import use_direct_io
 from packer_cli.shards.bridge_output import BridgeOutput
 from packer_cli.shards.format import (
-    FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, seal_metadata, write_json,
+    FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, is_output_file_name, seal_metadata, write_json,
 )
 from packer_cli.shards.writer import ShardFile, pack_record_batch
 from packer_cli.sources import SampleStream, discover_inputs
@@ -333,12 +333,14 @@ def _make_spill_dir(tmp: str, spill_parent: str | None) -> str:
         raise ConfigError(f"{spill_parent}: cannot create the spill directory: {exc}") from exc
 
 
-def _prepare_out(out: str, overwrite: bool) -> str:
+def _prepare_out(out: str, overwrite: bool, inputs: list[str]) -> str:
     out = os.path.normpath(out)
     if os.path.exists(out) and not overwrite:
         raise ConfigError(f"{out} already exists; pass --overwrite to replace it")
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(f"{out} exists and is not a directory")
+    if os.path.exists(out):
+        check_replaceable(out, inputs, is_output_file_name)
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):
         raise ConfigError(f"{parent}: output parent directory does not exist")
@@ -396,7 +398,9 @@ def pack(
         output.validate()
     spill_parent = _check_spill_parent(spill_dir)
     try:
-        tmp = None if dry_run else (output.prepare(out, overwrite, spec) if output else _prepare_out(out, overwrite))
+        input_paths = [f.path for f in files]
+        tmp = None if dry_run else (output.prepare(out, overwrite, spec, input_paths) if output
+                                    else _prepare_out(out, overwrite, input_paths))
     except OSError as exc:
         raise ConfigError(f"{out}: cannot create the output: {exc}") from exc
     if tmp:

@@ -264,6 +264,20 @@ def test_refuses_foreign_directory(small, tmp_path):
                                        "training_512.idx.parquet"]
 
 
+def test_overwrite_never_replaces_a_foreign_directory(small, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "train.parquet").write_bytes(small.read_bytes())
+    with pytest.raises(ConfigError, match=r"holds files packer did not write \(train.parquet\)"):
+        bridge_pack([small], out, PackSpec(pack_size=512), overwrite=True)
+    assert sorted(os.listdir(out)) == ["train.parquet"]
+    native = tmp_path / "native"
+    pack([str(small)], str(native), PackSpec(pack_size=512))
+    with pytest.raises(ConfigError, match="this input lies inside"):  # its own shard as the input
+        bridge_pack([native / "packs-00000.arrow"], native, PackSpec(pack_size=512), overwrite=True)
+    assert (native / "packs-00000.arrow").exists()
+
+
 def test_failed_write_leaves_out_untouched(small, tmp_path, monkeypatch):
     out, spec = tmp_path / "out", PackSpec(pack_size=512)
     bridge_pack([small], out, spec)

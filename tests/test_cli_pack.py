@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import orjson
 import pyarrow as pa
@@ -107,6 +109,32 @@ def test_bad_options_exit_2(tmp_path, args, message):
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.parametrize("args,message", [
+    (["pack", "DATA", "--pack-size", "abc"], "Invalid value for '--pack-size' / '-C'"),
+    (["pack", "DATA", "--pack-size", "4.5"], "Invalid value for '--pack-size' / '-C'"),
+    (["pack", "DATA", "--overlong", "xx"], "Invalid value for '--overlong'"),
+    (["pack", "DATA", "--shard-size", "abc"], "--shard-size: not a size: 'abc'"),
+    (["pack", "DATA", "--spill-memory", "xyz"], "--spill-memory: not a size: 'xyz'"),
+    (["pack"], "Missing argument 'inputs'"),
+    (["inspect"], "Missing argument 'out'"),
+    (["bogus"], "No such command 'bogus'"),
+], ids=["int", "float", "choice", "shard-size", "spill-memory", "no-input", "no-out", "command"])
+def test_bad_command_lines_are_one_line_errors(tmp_path, args, message):
+    """The console script reports what typer rejects as one line (typer's own boxed panel is
+    for the screen, not for a pipeline's log), exit 2."""
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD])
+    argv = [str(path) if a == "DATA" else a for a in args] + ["-o", str(tmp_path / "out")] * (args[0] == "pack")
+    script = "import sys; sys.argv[0] = 'packer'; from packer_cli._entry import main; main()"
+    child = subprocess.run([sys.executable, "-c", script, *argv],
+                           capture_output=True, text=True, timeout=60)
+    lines = child.stderr.strip().splitlines()
+    assert child.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), child.stderr
+    assert message in lines[0], lines[0]
+    if "not a size" not in message:  # typer's own checks point at the command's help
+        assert lines[0].endswith(f"(see 'packer {args[0] if args[0] != 'bogus' else ''}".rstrip() + " --help')"), lines[0]
+    assert_nothing_written(tmp_path)
+
+
 def test_existing_out_needs_overwrite(tmp_path):
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
     assert run("pack", path, "-o", tmp_path / "out").exit_code == 0
@@ -114,6 +142,37 @@ def test_existing_out_needs_overwrite(tmp_path):
     assert result.exit_code == 2 and "already exists; pass --overwrite" in result.output
     assert run("pack", path, "-o", tmp_path / "out", "--overwrite", "--pack-size", "8").exit_code == 0
     assert json.loads((tmp_path / "out" / "metadata.json").read_text())["spec"]["pack_size"] == 8
+
+
+def test_overwrite_replaces_only_a_packer_output(tmp_path):
+    """--overwrite deletes the old OUT: never a directory packer did not write, never the inputs."""
+    data = tmp_path / "data"
+    data.mkdir()
+    path = write_jsonl(data / "data.jsonl", [GOOD] * 3)
+    (data / "notes.txt").write_text("keep me")
+    result = run("pack", path, "-o", data, "--overwrite")  # -o mistyped as the data directory
+    assert result.exit_code == 2, result.output
+    assert "holds files packer did not write (data.jsonl and 1 more); --overwrite replaces only a packer output" \
+        in result.output
+    assert sorted(p.name for p in data.iterdir()) == ["data.jsonl", "notes.txt"]
+    assert not list(tmp_path.glob("data.*"))  # no temporary sibling either
+
+    out = tmp_path / "out"
+    assert run("pack", path, "-o", out).exit_code == 0
+    (out / "extra.txt").write_text("not packer's")
+    result = run("pack", path, "-o", out, "--overwrite")
+    assert result.exit_code == 2 and "holds files packer did not write (extra.txt)" in result.output
+    assert (out / "extra.txt").exists() and (out / "metadata.json").exists()
+
+
+def test_overwrite_refuses_an_out_holding_an_input(tmp_path):
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
+    out = tmp_path / "out"
+    assert run("pack", path, "-o", out).exit_code == 0
+    shard = out / "packs-00000.arrow"  # packer's own shard, read back as an Arrow input
+    result = run("pack", shard, "-o", out, "--overwrite")
+    assert result.exit_code == 2 and "this input lies inside" in result.output, result.output
+    assert shard.exists()
 
 
 def test_dry_run_and_json(tmp_path):

@@ -90,3 +90,59 @@ def test_an_ignored_sigint_stays_ignored(big_parquet, tmp_path):
     _, stderr = child.communicate(timeout=120)
     assert child.returncode == 0, stderr
     assert (tmp_path / "out" / "metadata.json").exists()
+
+
+def test_a_signal_that_c_code_reports_as_a_system_error_still_exits_with_its_code(tmp_path):
+    """The handler can fire inside C code that calls back into Python (numba's dispatcher
+    loading a kernel); that code then reports ``SystemError: ... returned a result with an
+    exception set``, with the signal as its context. It is still an interrupt, not a crash."""
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"input_ids": [1, 2, 3]}\n')
+    code = ("import os, signal, sys, time\n"
+            "import packer_cli.pipeline as pipeline\n"
+            "def pack(*args, **kwargs):\n"
+            "    try:\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "        time.sleep(5)\n"
+            "    except BaseException as exc:\n"
+            "        raise SystemError('<dispatcher> returned a result with an exception set') from exc\n"
+            "pipeline.pack = pack\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            f"sys.argv = ['packer', 'pack', {str(data)!r}, '-o', {str(tmp_path / 'out')!r}]\n"
+            "from packer_cli.cli import main; main()\n")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert child.returncode == 130, child.stderr
+    assert child.stderr.strip().splitlines() == ["error: interrupted"]
+
+
+def _default_sigint():  # as in a terminal, whatever this test process inherited
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("inherited,expected", [("signal.default_int_handler", "signal.SIG_DFL"),
+                                                ("signal.SIG_IGN", "signal.SIG_IGN")], ids=["terminal", "ignored"])
+def test_the_console_script_gives_ctrl_c_its_default_action_until_a_command_runs(inherited, expected):
+    code = ("import signal, sys\n"
+            f"signal.signal(signal.SIGINT, {inherited})\n"
+            "import packer_cli.cli as cli\n"
+            f"cli.main = lambda: sys.exit(0 if signal.getsignal(signal.SIGINT) is {expected} else 1)\n"
+            "from packer_cli._entry import main; main()\n")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_ctrl_c_while_starting_up_ends_quietly(big_parquet, tmp_path):
+    """Ctrl-C during the imports before a command's handlers are installed ends the process at
+    once, and once they are installed it unwinds the command: no traceback either way. (The
+    first ~40 ms, the interpreter's own start and the package's import, are Python's.)"""
+    for delay in (0.1, 0.2, 0.35):
+        child = subprocess.Popen([sys.executable, "-c", "from packer_cli._entry import main; main()", "pack",
+                                  str(big_parquet), "-o", str(tmp_path / "out"), "--json"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                 preexec_fn=_default_sigint)
+        time.sleep(delay)
+        child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=120)
+        assert "Traceback" not in stderr, (delay, stderr)
+        assert child.returncode in (-signal.SIGINT, 130), (delay, child.returncode, stderr)
+        assert stderr.strip() in ("", "error: interrupted"), stderr
+        assert not any(tmp_path.iterdir()), (delay, list(tmp_path.iterdir()))

@@ -1,6 +1,7 @@
 """Build OUT in a temporary sibling directory, then put it in place in one rename.
 
 The temporary directory is ``OUT.tmp-PID``; the names are made and recognized here only.
+``--overwrite`` replaces an OUT only when :func:`check_replaceable` agrees it is packer's own.
 """
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import shutil
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
+
+from packer_cli.errors import ConfigError
 
 _HELD = (signal.SIGINT, signal.SIGTERM)
 
@@ -89,3 +92,23 @@ def replace_dir(tmp: str, out: str) -> None:
             shutil.rmtree(trash, ignore_errors=True)
         elif trash:
             os.rename(trash, out)
+
+
+def check_replaceable(out: str, inputs: Iterable[str], ours: Callable[[str], bool]) -> None:
+    """Refuse to replace an existing directory ``out`` unless everything in it is a file packer
+    writes there (``ours``, by name) and no input lies inside it.
+
+    ``--overwrite`` deletes the old OUT once the new one is in place; a mistyped ``-o`` (the
+    data directory, the working directory, a home directory) must not cost the user their files.
+    """
+    foreign = sorted(name for name in os.listdir(out) if not ours(name))
+    if foreign:
+        raise ConfigError(f"{out} holds files packer did not write ({foreign[0]}"
+                          f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}); --overwrite replaces "
+                          "only a packer output: remove it yourself or choose another directory")
+    real_out = os.path.realpath(out)
+    for path in inputs:
+        real = os.path.realpath(path)
+        if real == real_out or real.startswith(real_out + os.sep):
+            raise ConfigError(f"{path}: this input lies inside {out}, which --overwrite would replace; "
+                              "write the output elsewhere")

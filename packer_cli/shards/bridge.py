@@ -106,12 +106,15 @@ def default_row_group_size(pack_size: int) -> int:
     return int(min(BRIDGE_ROW_GROUP_ROWS, max(1, rows)))
 
 
+def is_layout_name(name: str) -> bool:
+    """Whether ``name`` is one of the files of a Bridge layout (data, metadata, packer's split files)."""
+    return any(p.match(name) for p in _LAYOUT_NAMES)
+
+
 def layout_files(out_dir: str) -> list[str] | None:
     """The entries of ``out_dir`` if it looks like a Bridge layout (or is empty), else None."""
     names = sorted(os.listdir(out_dir))
-    if all(any(p.match(n) for p in _LAYOUT_NAMES) for n in names):
-        return names
-    return None
+    return names if all(map(is_layout_name, names)) else None
 
 
 def layout_pack_sizes(names: list[str]) -> set[int]:

@@ -17,18 +17,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 
 
 from packer_cli._background import ordered_map
 from packer_cli.errors import ConfigError, DataError
-from packer_cli.shards._atomic import make_temporary, replace_dir, signals_held
+from packer_cli.shards._atomic import check_replaceable, make_temporary, replace_dir, signals_held
 from packer_cli.shards._gather import SpillReader
-from packer_cli.shards.format import seal_metadata, write_json
+from packer_cli.shards.format import is_output_file_name, seal_metadata, write_json
 from packer_cli.shards.bridge import (
     BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, SPLITS, bridge_metadata_name, data_name, default_row_group_size,
-    layout_files, layout_pack_sizes, split_manifest_name, split_metadata_name, splits_in,
+    is_layout_name, layout_files, layout_pack_sizes, split_manifest_name, split_metadata_name, splits_in,
 )
 
 
@@ -80,8 +81,9 @@ class BridgeOutput:
         return self.row_group_size or default_row_group_size(pack_size)
 
     # -- prepare -----------------------------------------------------------------------
-    def prepare(self, out: str, overwrite: bool, spec) -> str:
-        """Check OUT against this split and return an empty temporary sibling directory."""
+    def prepare(self, out: str, overwrite: bool, spec, inputs: Sequence[str] = ()) -> str:
+        """Check OUT against this split and return an empty temporary sibling directory
+        (``inputs``: the run's input files, which ``overwrite`` must never replace)."""
         self.validate()
         self._old_entry, self._notes, self._result = None, [], {}
         out = self._out = os.path.normpath(out)
@@ -94,6 +96,8 @@ class BridgeOutput:
             if not os.path.isdir(out):
                 raise ConfigError(f"{out} exists and is not a directory")
             names = layout_files(out)
+            if overwrite:  # a Bridge layout, or a native output being replaced by one; nothing else
+                check_replaceable(out, inputs, lambda name: is_layout_name(name) or is_output_file_name(name))
             if names is None:
                 if not overwrite:
                     raise ConfigError(f"{out} exists and is not a Megatron-Bridge layout; pass --overwrite "

@@ -9,6 +9,8 @@ Defined once here; docs/FORMAT.md describes it for humans. An output directory h
 """
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 
 FORMAT_NAME = "packer-thd"
@@ -62,6 +64,14 @@ def metadata_checksum_problem(meta: dict) -> str | None:
 
 def shard_name(index: int) -> str:
     return f"packs-{index:05d}.arrow"
+
+
+_SHARD_NAME = re.compile(r"packs-\d{5,}\.arrow")
+
+
+def is_output_file_name(name: str) -> bool:
+    """Whether ``name`` is one of the files packer writes into a native output directory."""
+    return name in (MANIFEST_FILE, METADATA_FILE) or _SHARD_NAME.fullmatch(name) is not None
 
 
 #: One row per pack. Per-token columns have Σp entries (the runtime stream incl. alignment
