@@ -54,14 +54,37 @@ def _hf_dataset(path: str) -> InputFile:
     try:
         with open(state_path, "rb") as f:
             state = orjson.loads(f.read())
-        names = [entry["filename"] for entry in state["_data_files"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError) as exc:
         raise DataError(f"{state_path}: not a readable Hugging Face datasets state file ({exc})") from None
-    parts = tuple(os.path.join(path, name) for name in names)
+    parts = tuple(os.path.join(path, name) for name in _data_file_names(state, state_path))
     for part in parts:
         if not os.path.isfile(part):
             raise DataError(f"{path}: datasets file {os.path.basename(part)} listed in state.json is missing")
     return InputFile(path=path, format="hf", parts=parts)
+
+
+def _data_file_names(state, state_path: str) -> list[str]:
+    """The data file names a datasets ``state.json`` lists, each checked to lie inside its directory.
+
+    The file is user input like any other: a name that is not a string, or that points outside
+    the directory (``save_to_disk`` only ever writes plain names next to state.json), is refused
+    rather than joined onto a path.
+    """
+    entries = state.get("_data_files") if isinstance(state, dict) else None
+    if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+        raise DataError(f"{state_path}: not a Hugging Face datasets state file "
+                        "('_data_files' must be a list of objects with a 'filename')")
+    if not entries:
+        raise DataError(f"{state_path}: '_data_files' lists no data files")
+    names = []
+    for i, entry in enumerate(entries):
+        name = entry.get("filename")
+        if not isinstance(name, str) or not name or "\0" in name:
+            raise DataError(f"{state_path}: _data_files[{i}].filename is {name!r}, not a file name")
+        if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] in (os.pardir, os.curdir):
+            raise DataError(f"{state_path}: _data_files[{i}].filename {name!r} points outside the dataset directory")
+        names.append(name)
+    return names
 
 
 def _expand_directory(path: str) -> list[InputFile]:

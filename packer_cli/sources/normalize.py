@@ -28,10 +28,11 @@ import numpy as np
 import pyarrow as pa
 
 from packer_cli._arrow import to_numpy
-from packer_cli.errors import BadRecord, DataError
+from packer_cli.errors import BadRecord, ConfigError, DataError
 from packer_cli.spec import SourceSpec
 
 INT32_MAX = 2**31 - 1
+INT64_MAX = np.uint64(2**63 - 1)
 IGNORE_INDEX = -100
 
 
@@ -48,6 +49,20 @@ class Supervision:
 
 def detect_supervision(names: list[str], spec: SourceSpec) -> Supervision:
     """Pick the supervision source from the available field names (or the forced one)."""
+    sup = _pick_supervision(names, spec)
+    if sup.field is not None and sup.field == spec.tokens_field:  # one column read twice would mean no supervision
+        if spec.mask_field or spec.labels_field:
+            option = "--mask-field" if spec.mask_field else "--labels-field"
+            fix = f"{option} must name another column"
+        else:
+            option = "auto-detected"
+            fix = "name the supervision column with --mask-field or --labels-field"
+        raise ConfigError(f"field '{sup.field}' is the tokens field (--tokens-field) and cannot also be "
+                          f"the {sup.kind} field ({option}); {fix}")
+    return sup
+
+
+def _pick_supervision(names: list[str], spec: SourceSpec) -> Supervision:
     if spec.mask_field:
         return Supervision("mask", spec.mask_field)
     if spec.labels_field:
@@ -74,14 +89,19 @@ class SampleBatch:
 
 
 def _list_parts(arr: pa.Array, name: str, path: str, row0: int):
-    """Flat values and rebased int64 offsets of a list column; rejects non-list types."""
+    """Flat values and rebased int64 offsets of a list column; rejects non-list types.
+
+    A column of type null (no record of the batch has the field, e.g. every JSONL line is
+    malformed) reads as empty lists: the callers have already marked each row bad, so each is
+    reported with its own reason and line, or skipped, like any other bad record.
+    """
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
         if pa.types.is_fixed_size_list(arr.type):
             arr = arr.cast(pa.list_(arr.type.value_type))
         elif pa.types.is_null(arr.type):
-            return None, None
+            arr = pa.nulls(len(arr), pa.list_(pa.int64()))
         else:
             raise DataError(f"{path}: row {row0}: field '{name}' has type {arr.type}, expected a list of integers")
     offsets = np.asarray(arr.offsets, dtype=np.int64)
@@ -115,7 +135,13 @@ def _int_values(values: pa.Array, name: str, path: str, row0: int, offsets, bad:
         nulls = np.asarray(values.is_null().to_numpy(zero_copy_only=False))
         _first_per_row(bad, offsets, nulls, lambda j, _: f"{name}[{j}] is null")
         values = values.fill_null(0)
-    return np.asarray(values.to_numpy(zero_copy_only=False)).astype(np.int64, copy=False)
+    array = np.asarray(values.to_numpy(zero_copy_only=False))
+    if array.dtype == np.uint64:  # values past int64 would wrap to negatives that are not in the file
+        beyond = array > INT64_MAX
+        if beyond.any():
+            _first_per_row(bad, offsets, beyond, lambda j, flat: f"{name}[{j}] = {array[flat]} is out of range")
+            array = np.where(beyond, 0, array)
+    return array.astype(np.int64, copy=False)
 
 
 def _null_rows(arr, name: str, bad: dict) -> None:
@@ -133,16 +159,18 @@ def _targets(batch: pa.RecordBatch, sup: Supervision, tokens, offsets, lengths, 
     col = batch.column(sup.field)
     _null_rows(col, sup.field, bad)
     if sup.kind == "answer":
+        if pa.types.is_null(col.type):  # no record of the batch has it: each row is already marked bad
+            col = pa.nulls(len(col), pa.int64())
         if not pa.types.is_integer(col.type):
             raise DataError(f"{path}: row {row0}: field '{sup.field}' has type {col.type}, expected an integer")
-        start = np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False)).astype(np.int64)
+        stored = np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False))
+        # uint64 starts past int64 are clamped (still past every length), not wrapped to negatives
+        start = (np.minimum(stored, INT64_MAX) if stored.dtype == np.uint64 else stored).astype(np.int64)
         for row in np.flatnonzero((start < 0) | (start > lengths)).tolist():
-            bad.setdefault(row, f"{sup.field} = {start[row]} is outside [0, {lengths[row]}]")
+            bad.setdefault(row, f"{sup.field} = {stored[row]} is outside [0, {lengths[row]}]")
         position = np.arange(tokens.size, dtype=np.int64) - np.repeat(offsets[:-1], lengths)
         return (position >= np.repeat(start, lengths)).astype(np.uint8)
     values, m_offsets = _list_parts(col, sup.field, path, row0)
-    if values is None:
-        raise DataError(f"{path}: row {row0}: field '{sup.field}' is null in every record")
     m_lengths = np.diff(m_offsets)
     mismatch = np.flatnonzero(m_lengths != lengths)
     for row in mismatch.tolist():
@@ -276,8 +304,6 @@ def normalize_batch(
     col = batch.column(name)
     _null_rows(col, name, bad)
     values, offsets = _list_parts(col, name, path, row0)
-    if values is None:
-        raise DataError(f"{path}: row {row0}: missing field '{name}'")
     tokens = _int_values(values, name, path, row0, offsets, bad)
     lengths = np.diff(offsets)
     _first_per_row(bad, offsets, tokens < 0, lambda j, flat: f"{name}[{j}] = {tokens[flat]} is negative")

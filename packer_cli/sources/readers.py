@@ -45,13 +45,37 @@ class RawBatch:
 
 # --- JSON Lines --------------------------------------------------------------------------
 
+class _ZstdReader(io.RawIOBase):
+    """The decompressed bytes of a ``.zst`` file, all its frames, failing on a cut or damaged one.
+
+    zstandard's stream reader ends quietly where the file ends, even inside a frame, so a
+    truncated file read as a shorter valid one. Arrow's decompressing stream reads frame after
+    frame and raises when the input ends before the last frame does (as gzip does for .gz).
+    """
+
+    def __init__(self, path: str):
+        self._stream = pa.CompressedInputStream(pa.OSFile(path), "zstd")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        try:
+            return self._stream.readinto(buffer)
+        except OSError as exc:
+            raise OSError(f"truncated or corrupt zstd data ({exc})") from None
+
+    def close(self) -> None:
+        if not self.closed:
+            self._stream.close()
+        super().close()
+
+
 def _open_text(path: str):
     if path.endswith(".gz"):
         return gzip.open(path, "rb")
     if path.endswith(".zst"):
-        import zstandard
-
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
+        return io.BufferedReader(_ZstdReader(path), buffer_size=1 << 20)
     return open(path, "rb", buffering=1 << 20)
 
 
@@ -357,6 +381,11 @@ def arrow_field_names(file: InputFile) -> list[str]:
     return _open_ipc(path)[1].names
 
 
+#: How an IPC stream ends: a continuation marker and a zero length (Arrow >= 0.15), or just the zero length.
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+_LEGACY_END_OF_STREAM = b"\x00\x00\x00\x00"
+
+
 def _open_ipc(path: str):
     source = pa.memory_map(path)
     try:
@@ -365,7 +394,25 @@ def _open_ipc(path: str):
     except pa.ArrowInvalid:
         source.seek(0)
         reader = pa.ipc.open_stream(source)
-        return reader, reader.schema
+        return _complete_stream(path, source, reader), reader.schema
+
+
+def _complete_stream(path: str, source, reader) -> Iterator[pa.RecordBatch]:
+    """The batches of an IPC stream, then a check that its end-of-stream marker follows them.
+
+    A stream has no footer, and pyarrow reads one cut between two messages as a shorter valid
+    stream; only the marker every writer puts after the last message tells the two apart.
+    """
+    end = source.tell()  # where the last message read so far ends
+    rows = 0
+    for batch in reader:
+        end = source.tell()
+        rows += batch.num_rows
+        yield batch
+    tail = source.read_at(min(len(_END_OF_STREAM), source.size() - end), end)
+    if not (tail.startswith(_END_OF_STREAM) or tail.startswith(_LEGACY_END_OF_STREAM)):
+        raise DataError(f"{path}: Arrow IPC stream ends after {rows:,} rows without its end-of-stream marker "
+                        "(truncated?)")
 
 
 def _select(batch: pa.RecordBatch, fields: list[str]) -> pa.RecordBatch:

@@ -1,0 +1,281 @@
+"""Inputs that used to crash or read as valid: each must be a one-line error naming the file and record."""
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from packer_cli.cli import app
+from packer_cli.errors import ConfigError, DataError
+from packer_cli.sources import SampleStream, discover_inputs
+from packer_cli.spec import SourceSpec
+
+runner = CliRunner()
+GOOD = {"input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 1]}
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def assert_one_line_error(result, exit_code: int, text: str) -> None:
+    assert result.exit_code == exit_code, result.output
+    assert text in result.output, result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
+
+
+def assert_nothing_written(parent):
+    assert [p.name for p in parent.iterdir() if p.name.startswith("out")] == []
+
+
+def records(path, spec=SourceSpec()) -> int:
+    stream = SampleStream(discover_inputs([str(path)]), spec)
+    for _ in stream:
+        pass
+    return stream.records
+
+
+# --- D1: one column named as both tokens and supervision ---------------------------------
+
+def _two_column_input(tmp_path, fmt: str):
+    if fmt == "jsonl":
+        path = tmp_path / "d.jsonl"
+        path.write_text(json.dumps(GOOD) + "\n")
+    else:
+        path = tmp_path / "d.parquet"
+        pq.write_table(pa.table({k: [v] for k, v in GOOD.items()}), path)
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+@pytest.mark.parametrize("options", [
+    ["--mask-field", "input_ids"],
+    ["--labels-field", "input_ids"],
+    ["--tokens-field", "loss_mask"],  # auto-detection then picks loss_mask as the mask too
+    ["--tokens-field", "loss_mask", "--dry-run"],
+])
+def test_tokens_and_supervision_in_one_column_is_a_config_error(tmp_path, fmt, options):
+    path = _two_column_input(tmp_path, fmt)
+    result = run("pack", path, "-o", tmp_path / "out", *options)
+    column = "loss_mask" if "--tokens-field" in options else "input_ids"
+    assert_one_line_error(result, 2, f"'{column}'")
+    assert "is the tokens field (--tokens-field) and cannot also be" in result.output
+    assert_nothing_written(tmp_path)
+
+
+def test_tokens_and_supervision_in_one_column_raised_by_the_stream(tmp_path):
+    path = _two_column_input(tmp_path, "jsonl")
+    with pytest.raises(ConfigError, match="cannot also be the mask field"):
+        records(path, SourceSpec(mask_field="input_ids"))
+
+
+# --- D2: malformed datasets state.json ------------------------------------------------------
+
+def _datasets_dir(tmp_path, state) -> str:
+    """A save_to_disk-like directory: one stream-format Arrow file and the given state.json."""
+    root = tmp_path / "ds"
+    root.mkdir()
+    table = pa.table({k: [v] for k, v in GOOD.items()})
+    with pa.ipc.new_stream(str(root / "data-00000-of-00001.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    (root / "state.json").write_text(json.dumps(state))
+    return str(root)
+
+
+def test_well_formed_datasets_dir_reads(tmp_path):
+    root = _datasets_dir(tmp_path, {"_data_files": [{"filename": "data-00000-of-00001.arrow"}]})
+    assert records(root) == 1
+
+
+@pytest.mark.parametrize("state,reason", [
+    ({"_data_files": [{"filename": 5}]}, "filename"),
+    ({"_data_files": [{"filename": None}]}, "filename"),
+    ({"_data_files": [{"filename": ""}]}, "filename"),
+    ({"_data_files": [{"filename": "../data-00000-of-00001.arrow"}]}, "outside"),
+    ({"_data_files": [{"filename": "sub/../../x.arrow"}]}, "outside"),
+    ({"_data_files": [{"filename": "/etc/passwd"}]}, "outside"),
+    ({"_data_files": [{}]}, "filename"),
+    ({"_data_files": ["data-00000-of-00001.arrow"]}, "_data_files"),
+    ({"_data_files": {"filename": "data-00000-of-00001.arrow"}}, "_data_files"),
+    ({"_data_files": []}, "no data files"),
+    ({}, "_data_files"),
+    ([1, 2], "_data_files"),
+])
+def test_malformed_state_json_is_a_data_error(tmp_path, state, reason):
+    root = _datasets_dir(tmp_path, state)
+    with pytest.raises(DataError, match="state.json") as caught:
+        discover_inputs([root])
+    assert reason in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_malformed_state_json_on_the_command_line(tmp_path):
+    root = _datasets_dir(tmp_path, {"_data_files": [{"filename": 5}]})
+    result = run("pack", root, "-o", tmp_path / "out", "--pack-size", 64)
+    assert_one_line_error(result, 1, "state.json")
+    assert_nothing_written(tmp_path)
+
+
+# --- D6: truncated or corrupt .jsonl.zst ------------------------------------------------------
+
+def _zstd_frame(first: int, rows: int = 100, checksum: bool = False) -> bytes:
+    import zstandard
+
+    lines = b"".join(orjson.dumps({"input_ids": [first, 2, 3, i], "loss_mask": [0, 1, 1, 1]}) + b"\n"
+                     for i in range(rows))
+    return zstandard.ZstdCompressor(write_checksum=checksum).compress(lines)
+
+
+def test_zstd_frames_are_all_read(tmp_path):
+    path = tmp_path / "d.jsonl.zst"
+    path.write_bytes(_zstd_frame(1) + _zstd_frame(5) + _zstd_frame(9))
+    assert records(path) == 300
+
+
+@pytest.mark.parametrize("cut", [0.1, 0.5, 0.99])
+@pytest.mark.parametrize("frames", [1, 2])
+def test_truncated_zstd_is_a_data_error(tmp_path, frames, cut):
+    last = _zstd_frame(5)
+    data = (_zstd_frame(1) if frames == 2 else b"") + last[:int(len(last) * cut)]
+    path = tmp_path / "d.jsonl.zst"
+    path.write_bytes(data)
+    with pytest.raises(DataError, match=r"d\.jsonl\.zst: .*truncated or corrupt zstd data"):
+        records(path)
+
+
+def test_corrupt_zstd_with_checksum_is_a_data_error(tmp_path):
+    data = bytearray(_zstd_frame(1, rows=2000, checksum=True))
+    data[len(data) // 2] ^= 0x40
+    path = tmp_path / "d.jsonl.zst"
+    path.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"d\.jsonl\.zst: .*truncated or corrupt zstd data"):
+        records(path)
+
+
+def test_truncated_zstd_on_the_command_line(tmp_path):
+    last = _zstd_frame(5)
+    path = tmp_path / "d.jsonl.zst"
+    path.write_bytes(_zstd_frame(1) + last[:len(last) // 2])
+    result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 64)
+    assert_one_line_error(result, 1, "d.jsonl.zst: ")
+    assert "truncated or corrupt zstd data" in result.output
+    assert_nothing_written(tmp_path)
+
+
+# --- D7: Arrow IPC stream without its end-of-stream marker ---------------------------------
+
+def _stream_bytes(batches: int, legacy: bool = False, close: bool = True) -> bytes:
+    table = pa.table({"input_ids": [[1, 2, 3, i] for i in range(batches * 10)],
+                      "loss_mask": [[0, 1, 1, 1]] * (batches * 10)})
+    sink = io.BytesIO()
+    writer = pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(use_legacy_format=legacy))
+    for batch in table.to_batches(max_chunksize=10):
+        writer.write_batch(batch)
+    if close:
+        writer.close()
+    return sink.getvalue()
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["current", "legacy"])
+def test_complete_ipc_streams_read(tmp_path, legacy):
+    path = tmp_path / "s.arrow"
+    path.write_bytes(_stream_bytes(3, legacy=legacy))
+    assert records(path) == 30
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["current", "legacy"])
+def test_ipc_stream_cut_at_a_batch_boundary_is_a_data_error(tmp_path, legacy):
+    path = tmp_path / "s.arrow"
+    path.write_bytes(_stream_bytes(3, legacy=legacy, close=False))
+    with pytest.raises(DataError, match=r"s\.arrow: .*end-of-stream marker"):
+        records(path)
+    result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 64)
+    assert_one_line_error(result, 1, "end-of-stream marker")
+    assert_nothing_written(tmp_path)
+
+
+def test_ipc_stream_with_only_a_schema_is_empty_not_truncated(tmp_path):
+    path = tmp_path / "s.arrow"
+    path.write_bytes(_stream_bytes(0))
+    with pytest.raises(DataError, match="empty input"):
+        records(path)
+
+
+# --- D11: all records malformed; uint64 ids beyond int64 ------------------------------------
+
+MALFORMED = {
+    "one bad line": b"{bad\n",
+    "two bad lines": b"{bad\n{bad\n",
+    "bom": b"\xef\xbb\xbf" + orjson.dumps(GOOD) + b"\n",
+    "nan": b'{"input_ids": [1, NaN], "loss_mask": [0, 1]}\n',
+    "trailing text": orjson.dumps(GOOD) + b" x\n",
+    "not utf-8": b'{"input_ids": [1, 2], "loss_mask": [0, 1], "t": "\xff"}\n',
+    "400 digits": b"1" * 400 + b"\n",
+    "deep nesting": b"[" * 100_000 + b"]" * 100_000 + b"\n",
+}
+
+
+@pytest.mark.parametrize("policy", ["error", "skip"])
+@pytest.mark.parametrize("content", list(MALFORMED.values()), ids=list(MALFORMED))
+def test_a_file_of_only_malformed_json_names_the_line(tmp_path, content, policy):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(content)
+    result = run("pack", path, "-o", tmp_path / "out", "--on-bad-record", policy)
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    assert "missing field" not in result.output
+    if policy == "error":
+        assert "data.jsonl: line 1: malformed JSON" in result.output, result.output
+    else:  # every record skipped as bad: nothing to pack, and no output that looks valid
+        assert "no samples" in result.output, result.output
+    assert_nothing_written(tmp_path)
+
+
+def test_a_file_of_only_malformed_json_forced_mask(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b"{bad\n")
+    with pytest.raises(DataError, match=r"data\.jsonl: line 1: malformed JSON"):
+        records(path, SourceSpec(mask_field="loss_mask"))
+
+
+BIG = 2**63 + 5
+
+
+@pytest.mark.parametrize("column", ["input_ids", "loss_mask"])
+def test_uint64_value_beyond_int64_is_reported_as_in_the_file(tmp_path, column):
+    values = {"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}
+    values[column] = [1, 1, BIG]
+    table = pa.table({k: pa.array([v], type=pa.list_(pa.uint64())) for k, v in values.items()})
+    pq.write_table(table, tmp_path / "d.parquet")
+    result = run("pack", tmp_path / "d.parquet", "-o", tmp_path / "out")
+    assert_one_line_error(result, 1, f"d.parquet: row 0: {column}[2] = {BIG} ")
+    assert str(BIG - 2**64) not in result.output
+    assert_nothing_written(tmp_path)
+
+
+def test_uint64_answer_start_beyond_int64_is_reported_as_in_the_file(tmp_path):
+    table = pa.table({"input_ids": [[1, 2, 3]], "answer_start_idx": pa.array([BIG], type=pa.uint64())})
+    pq.write_table(table, tmp_path / "d.parquet")
+    with pytest.raises(DataError, match=f"row 0: answer_start_idx = {BIG} "):
+        records(tmp_path / "d.parquet")
+
+
+def test_uint64_in_range_still_reads(tmp_path):
+    table = pa.table({"input_ids": pa.array([[1, 2, 3]], type=pa.list_(pa.uint64())),
+                      "loss_mask": pa.array([[0, 1, 1]], type=pa.list_(pa.uint64()))})
+    pq.write_table(table, tmp_path / "d.parquet")
+    stream = SampleStream(discover_inputs([str(tmp_path / "d.parquet")]), SourceSpec())
+    tokens = np.concatenate([b.tokens for b in stream])
+    np.testing.assert_array_equal(tokens, [1, 2, 3])
+
+
+def test_jsonl_value_beyond_int64_is_reported_as_in_the_file(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"input_ids": [1, 2, %d], "loss_mask": [0, 1, 1]}\n' % BIG)
+    with pytest.raises(DataError, match=f"line 1: input_ids\\[2\\] = {BIG} is out of range"):
+        records(path)
