@@ -333,6 +333,20 @@ def _make_spill_dir(tmp: str, spill_parent: str | None) -> str:
         raise ConfigError(f"{spill_parent}: cannot create the spill directory: {exc}") from exc
 
 
+def _nothing_left(files, read_counts: dict, dropped: int, bad_listed: list[dict]) -> str:
+    """Why a run that read records has none to pack, naming the input and the first bad record."""
+    where = files[0].path if len(files) == 1 else f"{files[0].path} and {len(files) - 1} more inputs"
+    why = [f"{n:,} {what}" for n, what in ((read_counts["bad_records"], "bad (skipped)"),
+                                           (read_counts["too_short"], "shorter than 2 tokens"),
+                                           (dropped, "over-long (dropped)")) if n]
+    text = f"{where}: no samples left to pack: of {read_counts['records']:,} records, {', '.join(why)}"
+    if bad_listed:
+        first = bad_listed[0]
+        place = f"line {first['line']}" if first.get("line") is not None else f"row {first['row']}"
+        text += f"; the first bad one: {first['path']}: {place}: {first['reason']}"
+    return text
+
+
 def _prepare_out(out: str, overwrite: bool, inputs: list[str]) -> str:
     out = os.path.normpath(out)
     if os.path.exists(out) and not overwrite:
@@ -429,7 +443,7 @@ def pack(
                 lengths, totals, spec, locate=lambda k: stream.locate(int(sources[[k]][0])))
             padded_hist = _histogram(padded, spec.pack_size + 1)
             if padded_hist[1:].sum() == 0:
-                raise DataError("no samples left to pack (all were too short, bad or dropped)")
+                raise DataError(_nothing_left(files, read_counts, overlong.dropped, bad_listed))
             # Only the planner's input and output are resident while it runs: the sample
             # lengths wait in the spill directory.
             lengths = _park(lengths, spill_dir)

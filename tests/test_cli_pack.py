@@ -135,6 +135,22 @@ def test_bad_command_lines_are_one_line_errors(tmp_path, args, message):
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.parametrize("lines,args,message", [
+    (['{bad', '{"input_ids": [1]}'], ["--on-bad-record", "skip"],
+     "no samples left to pack: of 2 records, 1 bad (skipped), 1 shorter than 2 tokens; "
+     "the first bad one: DATA: line 1: malformed JSON"),
+    (['{"input_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9]}'], ["--pack-size", "4", "--overlong", "drop"],
+     "no samples left to pack: of 1 records, 1 over-long (dropped)"),
+], ids=["all-bad-or-short", "all-dropped"])
+def test_nothing_left_to_pack_says_why(tmp_path, lines, args, message):
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    result = run("pack", path, "-o", tmp_path / "out", *args)
+    assert result.exit_code == 1, result.output
+    assert f"error: {path}: " + message.replace("DATA", str(path)) in result.output, result.output
+    assert_nothing_written(tmp_path)
+
+
 def test_existing_out_needs_overwrite(tmp_path):
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
     assert run("pack", path, "-o", tmp_path / "out").exit_code == 0
