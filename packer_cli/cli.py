@@ -170,11 +170,18 @@ def inspect_command(
     split: SplitOption = None,
 ) -> None:
     """Summarize packed shards: counts, padding, bounds, distributions and attention work."""
-    from packer_cli.audit import inspect_output
+    from packer_cli.audit import InconsistentOutput, inspect_output
 
     light_cache_loads()
     try:
         reports = {s: inspect_output(out, pack=pack, split=s) for s in _splits_to_audit(out, split)}
+    except InconsistentOutput as exc:
+        if json_out:  # a pipeline reading stdout gets the findings, not just an empty page
+            import orjson
+
+            doc = {"error": str(exc), "findings": [f.to_dict() for f in exc.findings]}
+            sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+        fail(exc)
     except PackerError as exc:
         fail(exc)
     _print_reports(reports, json_out, Console())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -199,3 +200,18 @@ def test_errors_exit_codes(synth, tmp_path):
     (broken / "metadata.json").write_text("{oops")
     result = runner.invoke(app, ["inspect", str(broken)])
     assert result.exit_code == 1 and "metadata.json: empty or corrupted JSON" in result.output
+
+
+def test_json_of_an_inconsistent_output_lists_the_findings(synth, tmp_path):
+    """With --json a pipeline reading stdout gets the failed checks, not an empty page."""
+    out = tmp_path / "copy"
+    shutil.copytree(synth[1], out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["shards"] = manifest["shards"][:-1] if len(manifest["shards"]) > 1 else []
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    result = runner.invoke(app, ["inspect", str(out), "--json"])
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert doc["error"].startswith(f"{out}: not summarized")
+    checks = {f["check"] for f in doc["findings"]}
+    assert {"structure.files", "structure.totals"} <= checks, checks

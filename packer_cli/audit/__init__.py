@@ -18,12 +18,12 @@ Example::
 docs/AUDIT.md documents the JSON keys, every check and the exit codes.
 """
 from packer_cli.audit.findings import Finding, FindingSink
-from packer_cli.audit.inspect import inspect_output
+from packer_cli.audit.inspect import InconsistentOutput, inspect_output
 from packer_cli.audit.report import InspectReport, PackDetail
 from packer_cli.audit.store import PackBatch, open_store
 from packer_cli.audit.verify import VerifyReport, verify_output
 
 __all__ = [
-    "Finding", "FindingSink", "InspectReport", "PackBatch", "PackDetail", "VerifyReport", "inspect_output",
-    "open_store", "verify_output",
+    "Finding", "FindingSink", "InconsistentOutput", "InspectReport", "PackBatch", "PackDetail", "VerifyReport",
+    "inspect_output", "open_store", "verify_output",
 ]

@@ -74,11 +74,16 @@ class FindingSink:
     """Collects findings, keeping the first ``limit`` of each check and counting the rest."""
 
     limit: int = 20
+    files: dict = field(default_factory=dict)
+    """The generic names checks use for an output's JSON files (``metadata.json``,
+    ``manifest.json``) → this output's names (a Bridge split's ``training.metadata.json``)."""
     _kept: list[Finding] = field(default_factory=list)
     _counts: Counter = field(default_factory=Counter)
     _severity: dict = field(default_factory=dict)
 
     def add(self, check: str, message: str, *, severity: str = ERROR, **where) -> None:
+        if where.get("shard") in self.files:
+            where["shard"] = self.files[where["shard"]]
         self._counts[check] += 1
         self._severity.setdefault(check, severity)
         if self._counts[check] <= self.limit:

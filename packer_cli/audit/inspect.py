@@ -9,7 +9,11 @@ partials add up to one report per shard and shard reports add up to the whole ou
     >>> report.to_dict()["attention"]["overstatement"]          # doctest: +SKIP
     4.87
 
-``inspect`` trusts the data as far as its arithmetic needs (lengths are consistent and
+Before reading, ``inspect`` runs verify's checks that need no read of the shards' content
+(:mod:`packer_cli.audit._layout_checks`: metadata checksum and schema, manifest against
+metadata, shard files and sizes, Bridge's metadata array) and summarizes nothing when one
+fails: an :class:`InconsistentOutput` error lists the findings. It does not hash the shards;
+beyond that it trusts the data as far as its arithmetic needs (lengths are consistent and
 non-negative); anything else is a :class:`DataError` that points at ``packer verify``.
 """
 from __future__ import annotations
@@ -18,12 +22,46 @@ import os
 
 import numpy as np
 
+from packer_cli.audit._bridge_checks import check_bridge_entries
+from packer_cli.audit._layout_checks import Layout, check_layout
+from packer_cli.audit.findings import ERROR, Finding, FindingSink
 from packer_cli.audit.report import InspectReport, PackDetail
-from packer_cli.audit.store import PackBatch, open_store
+from packer_cli.audit.store import PackBatch
 from packer_cli.errors import ConfigError, DataError
 
 INSPECT_COLUMNS = ("cu_seqlens", "seq_lens", "loss_mask")
 RECORDED = ("records", "samples_packed", "bad_records", "too_short_dropped", "no_target_samples", "overlong")
+
+
+class InconsistentOutput(DataError):
+    """The output fails a check inspect runs before summarizing; ``findings`` are verify's."""
+
+    def __init__(self, out: str, findings: list[Finding], errors: dict[str, int]):
+        self.findings = findings
+        n = sum(errors.values())
+        first = {}  # one line for each failed check, in the order they were found
+        for finding in findings:
+            first.setdefault(finding.check, finding.line())
+        super().__init__(f"{out}: not summarized, {n} problem{'s' if n > 1 else ''} in {len(errors)} "
+                         f"check{'s' if len(errors) > 1 else ''}: {'; '.join(first.values())}; "
+                         f"run `packer verify` for a full report")
+
+
+def consistent_layout(out: str, split: str | None = None) -> Layout:
+    """``out`` opened after verify's layout checks, which all hold (else :class:`InconsistentOutput`).
+
+    The split's entry in Bridge's metadata array is compared with what its metadata records
+    (verify compares it with what the data gives).
+    """
+    sink = FindingSink()
+    layout = check_layout(out, sink, split)
+    bridge = layout.metadata.get("bridge") if layout.metadata else None
+    if layout.bridge_array is not None and isinstance(bridge, dict):
+        check_bridge_entries(layout.store, layout.bridge_array, bridge, sink, f"{layout.store.metadata_name} records")
+    errors = sink.counts(ERROR)
+    if errors:
+        raise InconsistentOutput(out, [f for f in sink.findings() if f.severity == ERROR], errors)
+    return layout
 
 
 def padded_lengths(batch: PackBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -91,12 +129,13 @@ def _spec_of(meta: dict) -> dict:
 def inspect_output(out: str, pack: int | None = None, split: str | None = None) -> InspectReport:
     """Read ``out`` and return its report; ``pack`` adds that pack's detail (global index).
 
-    Raises :class:`ConfigError` when ``out`` is not a directory or ``pack`` is out of range,
-    :class:`DataError` when the output cannot be read.
+    Raises :class:`ConfigError` when ``out`` is not a packer output or ``pack`` is out of
+    range, :class:`InconsistentOutput` when verify's layout checks fail, :class:`DataError`
+    when the output cannot be read.
     """
     if not os.path.isdir(out):
         raise ConfigError(f"{out}: not a directory")
-    store = open_store(out, split)
+    store = consistent_layout(out, split).store
     spec = _spec_of(store.metadata)
     counts = store.metadata.get("counts") if isinstance(store.metadata.get("counts"), dict) else {}
     recorded = {k: counts.get(k) for k in RECORDED}

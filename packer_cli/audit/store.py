@@ -36,7 +36,8 @@ import pyarrow as pa
 from packer_cli.errors import DataError
 from packer_cli._arrow import bits_to_numpy
 from packer_cli.shards.format import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA,
-                                      READABLE_VERSIONS, READABLE_VERSIONS_TEXT, is_readable_version, pack_schema)
+                                      READABLE_VERSIONS, READABLE_VERSIONS_TEXT, is_readable_version, pack_schema,
+                                      shard_name)
 from packer_cli.shards.reader import PackRow
 
 COLUMNS = tuple(PACK_SCHEMA.names)
@@ -105,7 +106,12 @@ def manifest_problems(manifest: dict, metadata: dict | None = None) -> list[str]
     recorded = (metadata or {}).get("format_version")
     if is_readable_version(recorded) and recorded != version:
         return [f"format_version is {version}, but {METADATA_FILE} records {recorded}"]
-    shards = manifest.get("shards")
+    return shard_entry_problems(manifest.get("shards"), reserved=(METADATA_FILE, MANIFEST_FILE))
+
+
+def shard_entry_problems(shards, reserved=()) -> list[str]:
+    """Why a manifest's ``shards`` list cannot be used (empty when it can): each entry an object
+    with a safe file name (listed once, none of the ``reserved`` JSON files), counts and a checksum."""
     if not isinstance(shards, list):
         return ["'shards' is not a list"]
     problems, seen = [], set()
@@ -114,7 +120,7 @@ def manifest_problems(manifest: dict, metadata: dict | None = None) -> list[str]
             problems.append(f"shard entry {i} is not an object")
             continue
         name = entry.get("name")
-        if not isinstance(name, str) or not SAFE_NAME.match(name) or name in (METADATA_FILE, MANIFEST_FILE):
+        if not isinstance(name, str) or not SAFE_NAME.match(name) or name in reserved:
             problems.append(f"shard entry {i} has an unusable name {name!r}")
         elif name in seen:
             problems.append(f"shard {name} is listed twice")
@@ -132,7 +138,9 @@ class NativeStore:
 
     The interface a store offers the audit: ``metadata``, ``shard_entries()`` (manifest
     entries with ``name`` and, when known, ``bytes``/``rows``/``tokens``/``xxh3_64``),
-    ``shard_names()``, ``expected_files()`` and ``read_shard(name, columns)``; the class has
+    ``shard_names()``, ``expected_files()``, ``shard_name(index)`` (the name the writer gives
+    shard ``index``, None if unknown), ``metadata_name``/``manifest_name`` (its JSON files) and
+    ``read_shard(name, columns)``; the class has
     ``format``, ``version`` (the one it writes; optionally ``versions``, all it reads),
     ``open(out, meta=None)`` and optionally ``detect(out)`` (for layouts without a
     ``metadata.json``).
@@ -141,6 +149,7 @@ class NativeStore:
     format = FORMAT_NAME
     version = FORMAT_VERSION  # written by this packer
     versions = READABLE_VERSIONS  # read by this packer
+    metadata_name, manifest_name = METADATA_FILE, MANIFEST_FILE
 
     def __init__(self, out: str, metadata: dict, manifest: dict):
         self.out, self.metadata, self.manifest = out, metadata, manifest
@@ -169,6 +178,10 @@ class NativeStore:
 
     def expected_files(self) -> set[str]:
         return {METADATA_FILE, MANIFEST_FILE, *self.shard_names()}
+
+    def shard_name(self, index: int) -> str:
+        """The name the writer gives its shard ``index`` (manifest entry ``index``)."""
+        return shard_name(index)
 
     def read_shard(self, name: str, columns=COLUMNS) -> Iterator[PackBatch]:
         """Record batches of one shard, memory-mapped; :class:`ShardError` when unreadable.

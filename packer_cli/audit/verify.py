@@ -2,11 +2,15 @@
 
 ::
 
-    structure ──▶ packs (streamed, shard by shard) ──▶ whole output ──▶ metadata ──▶ source
+    layout ──▶ packs (streamed, shard by shard) ──▶ whole output ──▶ metadata ──▶ source
     metadata.json    columns, cu_seqlens, capacity,      duplicates,      counts,       every sample
     manifest.json    lengths, alignment, padding,        pieces           bounds,       packed once with
-    files, sizes,    loss mask, token ids                                 Bridge keys   the same tokens
-    checksums                                                                           (--source only)
+    (order, totals)  loss mask, token ids                                 Bridge keys   the same tokens
+    files, sizes;                                                         (and Bridge's (--source only)
+    then checksums                                                        own file)
+
+The layout checks (:mod:`packer_cli.audit._layout_checks`) need no read of the shards' content;
+``inspect`` runs them too.
 
 Every problem becomes a :class:`~packer_cli.audit.findings.Finding` with its location; nothing
 is asserted and nothing raises for bad data, so a corrupted output gives a report, never a
@@ -21,16 +25,15 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from packer_cli.audit._meta_checks import check_metadata, check_provenance
-from packer_cli.audit._meta_schema import check_schema
-from packer_cli.audit._pack_checks import Limits, Sequences, check_batch
+from packer_cli.audit._bridge_checks import check_bridge_entries
+from packer_cli.audit._layout_checks import check_layout, recorded_count
+from packer_cli.audit._meta_checks import check_metadata, check_provenance, expected_bridge
+from packer_cli.audit._pack_checks import Sequences, check_batch
 from packer_cli.audit.findings import ERROR, WARNING, Finding, FindingSink
 from packer_cli.audit.report import InspectReport
-from packer_cli.audit.store import STORES, NativeStore, ShardError, manifest_problems, read_json_file
-from packer_cli.errors import ConfigError, DataError, PackerError
-from packer_cli.shards.format import FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, metadata_checksum_problem
+from packer_cli.audit.store import ShardError
+from packer_cli.errors import ConfigError, PackerError
 from packer_cli.shards.writer import file_checksum
-from packer_cli.spec import PackSpec
 
 
 @dataclass
@@ -90,117 +93,13 @@ class VerifyReport:
         return render_verify(self)
 
 
-def _load(out: str, name: str, sink: FindingSink) -> dict | None:
-    try:
-        return read_json_file(os.path.join(out, name))
-    except DataError as exc:
-        sink.add("structure.json", str(exc).split(": ", 1)[-1], shard=name)
-        return None
-
-
-def _open_output(out: str, listing: list[str], sink: FindingSink, split: str | None = None):
-    """``(store, metadata, shard entries)`` of ``out``; None for each part that is unusable.
-
-    The native layout is opened piece by piece so that a broken metadata.json still lets the
-    shards be checked against the manifest. Another registered format is opened by its store,
-    found by the ``format`` in metadata.json or by the store's ``detect(out)``.
-    """
-    if METADATA_FILE not in listing:
-        for cls in STORES.values():
-            if getattr(cls, "detect", None) and cls.detect(out):
-                try:
-                    store = cls.open(out, split=split)
-                except DataError as exc:
-                    sink.add("structure.manifest", str(exc))
-                    return None, None, None
-                return store, store.metadata, store.shard_entries()
-        if MANIFEST_FILE not in listing:
-            raise ConfigError(f"{out}: not a packer output (neither {METADATA_FILE} nor {MANIFEST_FILE} is there)")
-        sink.add("structure.json", "missing", shard=METADATA_FILE)
-        meta = None
-    else:
-        meta = _load(out, METADATA_FILE, sink)
-    fmt = meta.get("format") if meta else FORMAT_NAME
-    if fmt != FORMAT_NAME and fmt in STORES:
-        try:
-            store = STORES[fmt].open(out, meta)
-        except DataError as exc:
-            sink.add("structure.manifest", str(exc))
-            return None, meta, None
-        return store, meta, store.shard_entries()
-    manifest = _load(out, MANIFEST_FILE, sink)
-    if manifest is None:
-        return None, meta, None
-    problems = manifest_problems(manifest, meta)
-    for problem in problems:
-        sink.add("structure.manifest", problem, shard=MANIFEST_FILE)
-    return (None, meta, None) if problems else (NativeStore(out, meta or {}, manifest), meta, manifest["shards"])
-
-
-def _limits(meta: dict | None, sink: FindingSink) -> Limits | None:
-    """The recorded spec as limits, or None (with a finding) when it cannot be used."""
-    if meta is None:
-        return None
-    fmt, version = meta.get("format"), meta.get("format_version")
-    known = STORES.get(fmt) if isinstance(fmt, str) else None
-    readable = _versions(known) if known is not None else None
-    if known is None or (readable is not None and (type(version) is not int or version not in readable)):
-        knows = ", ".join(f"{name!r} version {' or '.join(map(str, _versions(cls) or ('?',)))}"
-                          for name, cls in STORES.items())
-        sink.add("structure.format", f"format {fmt!r} version {version!r} is unknown; this packer knows {knows}",
-                 shard=METADATA_FILE)
-        return None
-    record = meta.get("spec")
-    try:
-        spec = PackSpec.from_dict(record).validate()
-    except (PackerError, TypeError, ValueError, KeyError, AttributeError) as exc:
-        sink.add("metadata.spec", f"the spec is unusable ({exc}); pack checks skipped", shard=METADATA_FILE)
-        return None
-    if record.get("pad_seq_to_mult") != spec.pad_multiple:
-        sink.add("metadata.spec", f"spec.pad_seq_to_mult is {record.get('pad_seq_to_mult')!r} but CP={spec.cp}, "
-                 f"TP={spec.tp}, SP={spec.sp} give {spec.pad_multiple}", shard=METADATA_FILE)
-    source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
-    vocab = source.get("vocab_size") if type(source.get("vocab_size")) is int else None
-    counts = meta.get("counts") if isinstance(meta.get("counts"), dict) else {}
-    records = counts.get("records") if type(counts.get("records")) is int else None
-    return Limits(C=spec.pack_size, m=spec.pad_multiple, cap=spec.max_sequence_length, pad_id=spec.pad_id,
-                  vocab=vocab, records=records)
-
-
-def _versions(store) -> tuple | None:
-    """The format versions a store class reads (None: it checks its own version when opened)."""
-    if getattr(store, "versions", None):
-        return tuple(store.versions)
-    return (store.version,) if hasattr(store, "version") else None
-
-
-def _check_files(out: str, listing: list[str], expected: set[str], sink: FindingSink) -> None:
-    for name in sorted(set(listing) - expected):
-        kind = "directory" if os.path.isdir(os.path.join(out, name)) else "file"
-        sink.add("structure.files", f"unexpected {kind}, not listed in {MANIFEST_FILE}", shard=name)
-
-
-def _recorded(entry: dict, key: str):
-    value = entry.get(key)
-    return value if type(value) is int else None
-
-
-def _check_shard_file(out: str, entry: dict, sink: FindingSink) -> int:
-    """Presence, size and checksum of one shard; returns its size (0 when missing)."""
-    name, path = entry["name"], os.path.join(out, entry["name"])
-    if not os.path.isfile(path):
-        sink.add("shard.missing", f"listed in {MANIFEST_FILE} but missing", shard=name)
-        return 0
-    size = os.path.getsize(path)
-    if _recorded(entry, "bytes") is not None and size != entry["bytes"]:
-        sink.add("shard.size", f"{size:,} bytes, but {MANIFEST_FILE} records {entry['bytes']:,} (truncated or "
-                 f"rewritten)", shard=name)
+def _check_shard_checksum(out: str, entry: dict, manifest_name: str, sink: FindingSink) -> None:
+    """``shard.checksum``: the file's xxh3_64 is the manifest's (a byte changed anywhere)."""
     if isinstance(entry.get("xxh3_64"), str):
-        digest = file_checksum(path)
+        digest = file_checksum(os.path.join(out, entry["name"]))
         if digest != entry["xxh3_64"]:
-            sink.add("shard.checksum", f"xxh3_64 is {digest} but {MANIFEST_FILE} records {entry['xxh3_64']} "
-                     f"(the file changed after it was written)", shard=name)
-    return size
+            sink.add("shard.checksum", f"xxh3_64 is {digest} but {manifest_name} records {entry['xxh3_64']} "
+                     f"(the file changed after it was written)", shard=entry["name"])
 
 
 def _check_shard_rows(store, entry, first_pack, lim, sink, seqs, spec, out):
@@ -221,10 +120,19 @@ def _check_shard_rows(store, entry, first_pack, lim, sink, seqs, spec, out):
                  shard=name)
         complete = False
     for key, value, what in (("rows", rows, "packs"), ("tokens", tokens, "tokens")):
-        recorded = _recorded(entry, key)
+        recorded = recorded_count(entry, key)
         if complete and recorded is not None and value != recorded:
-            sink.add(f"shard.{key}", f"{value:,} {what}, but {MANIFEST_FILE} records {recorded:,}", shard=name)
+            sink.add(f"shard.{key}", f"{value:,} {what}, but {store.manifest_name} records {recorded:,}", shard=name)
     return stats, tokens
+
+
+def _check_bridge_values(store, array: list, stats: InspectReport | None, sink: FindingSink) -> None:
+    """This split's entry of Bridge's metadata array against the values the data gives (or,
+    when no pack could be read, those its metadata records)."""
+    if stats is not None and stats.packs > 0:
+        check_bridge_entries(store, array, expected_bridge(stats), sink)
+    elif isinstance(store.metadata.get("bridge"), dict):
+        check_bridge_entries(store, array, store.metadata["bridge"], sink, f"{store.metadata_name} records")
 
 
 def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20,
@@ -246,31 +154,29 @@ def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20
             files = discover_inputs(list(sources))
         except PackerError as exc:
             raise ConfigError(f"--source: {exc}") from None
-    listing = os.listdir(out)
     sink = FindingSink(limit)
-    store, meta, entries = _open_output(out, listing, sink, split)
-    lim = _limits(meta, sink)
-    if meta is not None and (problem := metadata_checksum_problem(meta)):
-        sink.add("metadata.checksum", problem, shard=METADATA_FILE)
-    if lim is not None:
-        check_schema(meta, sink)
+    layout = check_layout(out, sink, split)
+    store, meta, entries, lim = layout.store, layout.metadata, layout.entries, layout.limits
     report = VerifyReport(out=out)
     stats, seqs = None, Sequences(fingerprint=files is not None)
     if entries is not None:
-        _check_files(out, listing, store.expected_files(), sink)
         first_pack = 0
         for entry in entries:
-            report.bytes += _check_shard_file(out, entry, sink)
-            if lim is not None and os.path.isfile(os.path.join(out, entry["name"])):
-                part, tokens = _check_shard_rows(store, entry, first_pack, lim, sink, seqs, meta["spec"], out)
-                report.tokens += tokens
-                if part is not None:
-                    stats = part if stats is None else stats + part
-            first_pack += _recorded(entry, "rows") or 0
+            if os.path.isfile(os.path.join(out, entry["name"])):  # shard.missing otherwise
+                report.bytes += os.path.getsize(os.path.join(out, entry["name"]))
+                _check_shard_checksum(out, entry, store.manifest_name, sink)
+                if lim is not None:
+                    part, tokens = _check_shard_rows(store, entry, first_pack, lim, sink, seqs, meta["spec"], out)
+                    report.tokens += tokens
+                    if part is not None:
+                        stats = part if stats is None else stats + part
+            first_pack += recorded_count(entry, "rows") or 0
     if lim is not None and entries is not None:
         arr = seqs.arrays()
         facts = check_provenance(arr, lim.cap, meta["spec"].get("overlong"), seqs, sink)
         check_metadata(meta, stats or InspectReport(out=out, spec=meta["spec"], recorded={}), facts, sink)
+        if layout.bridge_array is not None:
+            _check_bridge_values(store, layout.bridge_array, stats, sink)
         if files is not None:
             from packer_cli.audit._source_check import check_source
 

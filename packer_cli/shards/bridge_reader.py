@@ -57,6 +57,43 @@ def load_bridge_metadata(out_dir: str, split: str | None = None) -> dict:
     return meta
 
 
+def read_split_manifest(out_dir: str, split: str) -> dict:
+    """The split's manifest (``{split}.manifest.json``); :class:`DataError` names the file and
+    says what is wrong when it is not the manifest packer writes."""
+    from packer_cli.audit.store import read_json_file
+
+    name = split_manifest_name(split)
+    manifest = read_json_file(os.path.join(out_dir, name))
+    problems = split_manifest_problems(manifest, split)
+    if problems:
+        raise DataError(f"{name}: {'; '.join(problems)}")
+    return manifest
+
+
+def split_manifest_problems(manifest: dict, split: str) -> list[str]:
+    """Why a split's manifest cannot be used (empty when it can): format, version, split, entries."""
+    from packer_cli.audit.store import shard_entry_problems
+
+    version = manifest.get("format_version")
+    if manifest.get("format") != BRIDGE_FORMAT:
+        return [f"format is {manifest.get('format')!r}, expected {BRIDGE_FORMAT!r}"]
+    if type(version) is not int or version != BRIDGE_FORMAT_VERSION:
+        return [f"format_version is {version!r}; this packer reads version {BRIDGE_FORMAT_VERSION}"]
+    if manifest.get("split") != split:
+        return [f"split is {manifest.get('split')!r}, but the file is the {split} split's"]
+    reserved = [name(s) for s in SPLITS for name in (split_metadata_name, split_manifest_name)]
+    return shard_entry_problems(manifest.get("shards"), reserved=reserved)
+
+
+def pad_id_of(metadata: dict) -> int:
+    """The pad id packer's readers put in a rebuilt native row's padding (``spec.pad_id``)."""
+    spec = metadata.get("spec")
+    pad_id = spec.get("pad_id", 0) if isinstance(spec, dict) else 0
+    if type(pad_id) is not int:
+        raise DataError(f"spec.pad_id is {pad_id!r}, not a token id")
+    return pad_id
+
+
 def native_columns(table: pa.Table, pad_id: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The native columns (``values``, int64 ``offsets``) of all packs in ``table``, vectorized.
 
@@ -121,8 +158,8 @@ class BridgeReader(PackedReader):
         self.out_dir = out_dir = os.fspath(out_dir)
         self.split = resolve_split(out_dir, split)
         self.metadata = load_bridge_metadata(out_dir, self.split)
-        self.manifest = read_json(os.path.join(out_dir, split_manifest_name(self.split)))
-        self._pad_id = int(self.spec.get("pad_id", 0))
+        self.manifest = read_split_manifest(out_dir, self.split)
+        self._pad_id = pad_id_of(self.metadata)
         self._groups: list[tuple[pq.ParquetFile, int]] = []
         starts = [0]
         for entry in self.manifest["shards"]:

@@ -20,9 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer_cli.errors import DataError
-from packer_cli.shards.bridge import BRIDGE_FORMAT, layout_files, split_manifest_name
-from packer_cli.shards.bridge_reader import COLUMNS, load_bridge_metadata, native_columns, resolve_split
-from packer_cli.shards.reader import read_json
+from packer_cli.shards.bridge import (BRIDGE_FORMAT, SPLITS, bridge_metadata_name, data_name, split_manifest_name,
+                                      split_metadata_name)
+from packer_cli.shards.bridge_reader import (COLUMNS, load_bridge_metadata, native_columns, pad_id_of,
+                                             read_split_manifest, resolve_split)
 
 
 class BridgeStore:
@@ -38,10 +39,22 @@ class BridgeStore:
         """Open ``split`` of ``out`` (default: training, else the only split)."""
         split = resolve_split(out, split)
         meta = meta if meta is not None else load_bridge_metadata(out, split)
-        manifest = read_json(os.path.join(out, split_manifest_name(split)))
-        if not isinstance(manifest.get("shards"), list):
-            raise DataError(f"{split_manifest_name(split)}: 'shards' is not a list")
-        return cls(out, meta, manifest, split)
+        return cls(out, meta, read_split_manifest(out, split), split)
+
+    @property
+    def metadata_name(self) -> str:
+        return split_metadata_name(self.split)
+
+    @property
+    def manifest_name(self) -> str:
+        return split_manifest_name(self.split)
+
+    @property
+    def pack_size(self) -> int | None:
+        """C as the split's metadata records it (None when unusable: the audit reports that)."""
+        spec = self.metadata.get("spec")
+        C = spec.get("pack_size") if isinstance(spec, dict) else None
+        return C if type(C) is int and C > 0 else None
 
     def shard_entries(self) -> list[dict]:
         return list(self.manifest["shards"])
@@ -49,9 +62,28 @@ class BridgeStore:
     def shard_names(self) -> list[str]:
         return [entry["name"] for entry in self.manifest["shards"]]
 
+    def shard_name(self, index: int) -> str | None:
+        """The file the writer lists as entry ``index``: one Parquet file per split."""
+        return data_name(self.split, self.pack_size) if self.pack_size else None
+
     def expected_files(self) -> set[str]:
-        """Every file a Bridge layout may hold (both splits, Bridge's metadata array)."""
-        return set(layout_files(self.out) or ()) | set(self.shard_names())
+        """Every file the layout may hold at this split's pack size: both splits' (a split that
+        Bridge itself wrote has only its Parquet file) and Bridge's metadata array. A file for
+        another pack size is not: Bridge reads both splits with one packed_sequence_size."""
+        names = set(self.shard_names())
+        if self.pack_size is None:
+            return names | {self.metadata_name, self.manifest_name}
+        for split in SPLITS:
+            names |= {data_name(split, self.pack_size), split_metadata_name(split), split_manifest_name(split)}
+        return names | {bridge_metadata_name(self.pack_size)}
+
+    def _pad_id(self, name: str) -> int:
+        from packer_cli.audit.store import ShardError
+
+        try:
+            return pad_id_of(self.metadata)
+        except DataError as exc:
+            raise ShardError(name, str(exc)) from None
 
     def read_shard(self, name: str, columns=None) -> Iterator:
         """Row groups of the split's Parquet file as native :class:`PackBatch` runs."""
@@ -67,7 +99,7 @@ class BridgeStore:
         missing = [c for c in COLUMNS if c not in pf.schema_arrow.names]
         if missing:
             raise ShardError(name, f"missing columns {missing}")
-        pad_id = int(self.metadata.get("spec", {}).get("pad_id", 0))
+        pad_id = self._pad_id(name)
         row = 0
         for g in range(pf.num_row_groups):
             try:
@@ -83,7 +115,7 @@ class BridgeStore:
         from packer_cli.audit.store import PackBatch, ShardError
 
         path = os.path.join(self.out, name)
-        pad_id = int(self.metadata.get("spec", {}).get("pad_id", 0))
+        pad_id = self._pad_id(name)
         try:
             pf = pq.ParquetFile(path, memory_map=False)
             row = 0

@@ -1,0 +1,115 @@
+"""Megatron-Bridge's own metadata file, ``{C}_metadata.jsonl``, checked for one split.
+
+It is the file Bridge reads as ``packed_metadata_path`` (needed with ``pad_cu_seqlens``): a
+JSON array with one dict of six keys per split, and Bridge takes the max/min of each key over
+all entries. ``packer pack`` appends the split's ``bridge`` record of its metadata and, on
+``--overwrite``, removes the split's old one (:mod:`packer_cli.shards.bridge_output`), so:
+
+* ``bridge.array`` — the file exists and is such an array, every entry has the six keys with
+  their types, and its ``pack_size`` is the C in the file's name (the one Bridge reads it for);
+* ``bridge.entry`` — one entry equals this split's values (verify: recomputed from the data;
+  inspect: as its metadata records them), and there are no more entries than splits, so no
+  stale entry moves Bridge's max/min.
+"""
+from __future__ import annotations
+
+import os
+
+from packer_cli.audit._meta_checks import _same
+from packer_cli.audit._meta_schema import BRIDGE_KEYS
+from packer_cli.audit.findings import FindingSink
+from packer_cli.errors import DataError
+from packer_cli.shards.bridge import SPLITS, bridge_metadata_name, data_name, split_metadata_name
+from packer_cli.shards.bridge_output import read_bridge_array
+from packer_cli.shards.bridge_reader import load_bridge_metadata
+
+RATIO_KEYS = ("packing_factor", "packing_efficiency")
+
+
+def check_bridge_array(store, sink: FindingSink) -> list | None:
+    """``bridge.array`` findings; the entries when the file could be read (else None)."""
+    C = store.pack_size
+    if C is None:
+        return None  # metadata.spec reports it
+    name = bridge_metadata_name(C)
+    path = os.path.join(store.out, name)
+    if not os.path.isfile(path):
+        sink.add("bridge.array", "missing: Megatron-Bridge reads it as packed_metadata_path (required with "
+                 "pad_cu_seqlens)", shard=name)
+        return None
+    try:
+        array = read_bridge_array(path)
+    except DataError as exc:
+        sink.add("bridge.array", str(exc).removeprefix(f"{path}: "), shard=name)
+        return None
+    if not array:
+        sink.add("bridge.array", "holds no entry; packer adds one per split", shard=name)
+    for i, entry in enumerate(array):
+        for problem in _entry_problems(entry, C):
+            sink.add("bridge.array", f"entry {i}: {problem}", shard=name)
+    return array
+
+
+def _entry_problems(entry: dict, C: int):
+    for key in BRIDGE_KEYS:
+        value = entry.get(key)
+        if key not in entry:
+            yield f"{key} is missing"
+        elif key in RATIO_KEYS and (type(value) not in (int, float) or not value >= 0):
+            yield f"{key} is {value!r}, expected a number"
+        elif key not in RATIO_KEYS and (type(value) is not int or value < 0):
+            yield f"{key} is {value!r}, expected an integer"
+    if type(entry.get("pack_size")) is int and entry["pack_size"] != C:
+        yield f"pack_size is {entry['pack_size']}, but Bridge reads this file for pack size {C}"
+
+
+def check_bridge_entries(store, array: list, expected: dict, sink: FindingSink, what: str = "the data has") -> None:
+    """``bridge.entry``: ``expected`` (this split's six values) is one entry; no stale entries."""
+    name = bridge_metadata_name(store.pack_size)
+    others = _other_splits(store)
+    unclaimed = list(range(len(array)))
+    mine = _take(unclaimed, array, expected)
+    claimed_by_others = sum(_take(unclaimed, array, other) is not None for other in others if other is not None)
+    if mine is None and unclaimed:  # the closest entry is taken to be this split's, edited
+        k = min(unclaimed, key=lambda i: len(_differences(array[i], expected, what)))
+        unclaimed.remove(k)
+        sink.add("bridge.entry", f"entry {k}, the {store.split} split's: "
+                 f"{'; '.join(_differences(array[k], expected, what))}", shard=name)
+    elif mine is None:
+        sink.add("bridge.entry", f"no entry describes the {store.split} split ({what} {expected})", shard=name)
+    splits = len(others) + 1
+    if len(unclaimed) > len(others) - claimed_by_others:
+        sink.add("bridge.entry", f"holds {len(array)} entries for the {splits} split{'s' if splits > 1 else ''} "
+                 f"here; Bridge takes the max/min over all of them, so a stale entry changes what it reads",
+                 shard=name)
+
+
+def _other_splits(store) -> list[dict | None]:
+    """The recorded Bridge values of every other split with a data file here (None: not known,
+    as for a split Bridge itself wrote, which has no packer metadata)."""
+    values = []
+    for split in SPLITS:
+        if split == store.split or not os.path.isfile(os.path.join(store.out, data_name(split, store.pack_size))):
+            continue
+        record = None
+        if os.path.isfile(os.path.join(store.out, split_metadata_name(split))):
+            try:
+                record = load_bridge_metadata(store.out, split).get("bridge")
+            except DataError:  # that split's own audit reports it
+                pass
+        values.append(record if isinstance(record, dict) else None)
+    return values
+
+
+def _take(unclaimed: list[int], array: list, wanted: dict) -> int | None:
+    """Remove and return the first unclaimed entry equal to ``wanted`` on the six keys."""
+    for i in unclaimed:
+        if not _differences(array[i], wanted, ""):
+            unclaimed.remove(i)
+            return i
+    return None
+
+
+def _differences(entry: dict, expected: dict, what: str) -> list[str]:
+    return [f"{key} is {entry[key]!r} but {what} {expected.get(key)!r}" if key in entry else f"{key} is missing"
+            for key in BRIDGE_KEYS if key not in entry or not _same(entry[key], expected.get(key))]

@@ -1,0 +1,199 @@
+"""The checks of an output that need no read of its shards' content, shared by verify and inspect.
+
+::
+
+    metadata.json  parses; known format and version; usable spec; schema; self-checksum
+    manifest.json  parses; entries well-formed; entry i is the writer's shard i; totals = metadata counts
+    directory      nothing unexpected; every listed shard there, with its recorded size
+    Bridge         {C}_metadata.jsonl parses and has Bridge's keys (audit._bridge_checks)
+
+Each is a JSON read or a stat, never a pass over the shards, so ``inspect`` runs all of them
+before it summarizes (an output that fails one is not summarized) and ``verify`` runs them
+before it hashes and streams the shards.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from packer_cli.audit._bridge_checks import check_bridge_array
+from packer_cli.audit._meta_schema import check_schema
+from packer_cli.audit._pack_checks import Limits
+from packer_cli.audit.findings import FindingSink
+from packer_cli.audit.store import STORES, NativeStore, manifest_problems, read_json_file
+from packer_cli.errors import ConfigError, DataError, PackerError
+from packer_cli.shards.bridge import BRIDGE_FORMAT
+from packer_cli.shards.format import FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, metadata_checksum_problem
+from packer_cli.spec import PackSpec
+
+
+@dataclass
+class Layout:
+    """What the layout checks found usable; None for each part that is not."""
+
+    store: object | None
+    metadata: dict | None
+    entries: list[dict] | None
+    """The manifest's shard entries, each an object with a safe ``name`` and counts."""
+    limits: Limits | None
+    """The recorded spec as limits (None: pack checks cannot run)."""
+    bridge_array: list | None = None
+    """A Bridge layout's ``{C}_metadata.jsonl`` entries, when the file could be read."""
+
+
+def check_layout(out: str, sink: FindingSink, split: str | None = None) -> Layout:
+    """Run every check that needs no read of the shards' content; findings go to ``sink``.
+
+    Raises :class:`ConfigError` only when ``out`` is not a packer output at all.
+    """
+    listing = os.listdir(out)
+    store, meta, entries = _open_output(out, listing, sink, split)
+    if store is not None:  # findings name this output's JSON files (a Bridge split's own)
+        sink.files.update({METADATA_FILE: store.metadata_name, MANIFEST_FILE: store.manifest_name})
+    layout = Layout(store, meta, entries, _limits(meta, sink))
+    if meta is not None and (problem := metadata_checksum_problem(meta)):
+        sink.add("metadata.checksum", problem, shard=METADATA_FILE)
+    if layout.limits is not None:
+        check_schema(meta, sink)
+    if entries is None:
+        return layout
+    _check_files(out, listing, store.expected_files(), store.manifest_name, sink)
+    check_shard_order(store, entries, sink)
+    check_totals(meta, entries, store.manifest_name, sink)
+    for entry in entries:
+        check_shard_size(out, entry, store.manifest_name, sink)
+    if store.format == BRIDGE_FORMAT:
+        layout.bridge_array = check_bridge_array(store, sink)
+    return layout
+
+
+def _load(out: str, name: str, sink: FindingSink) -> dict | None:
+    try:
+        return read_json_file(os.path.join(out, name))
+    except DataError as exc:
+        sink.add("structure.json", str(exc).split(": ", 1)[-1], shard=name)
+        return None
+
+
+def _open_output(out: str, listing: list[str], sink: FindingSink, split: str | None = None):
+    """``(store, metadata, shard entries)`` of ``out``; None for each part that is unusable.
+
+    The native layout is opened piece by piece so that a broken metadata.json still lets the
+    shards be checked against the manifest. Another registered format is opened by its store,
+    found by the ``format`` in metadata.json or by the store's ``detect(out)``.
+    """
+    if METADATA_FILE not in listing:
+        for cls in STORES.values():
+            if getattr(cls, "detect", None) and cls.detect(out):
+                try:
+                    store = cls.open(out, split=split)
+                except DataError as exc:
+                    sink.add("structure.manifest", str(exc))
+                    return None, None, None
+                return store, store.metadata, store.shard_entries()
+        if MANIFEST_FILE not in listing:
+            raise ConfigError(f"{out}: not a packer output (neither {METADATA_FILE} nor {MANIFEST_FILE} is there)")
+        sink.add("structure.json", "missing", shard=METADATA_FILE)
+        meta = None
+    else:
+        meta = _load(out, METADATA_FILE, sink)
+    fmt = meta.get("format") if meta else FORMAT_NAME
+    if fmt != FORMAT_NAME and fmt in STORES:
+        try:
+            store = STORES[fmt].open(out, meta)
+        except DataError as exc:
+            sink.add("structure.manifest", str(exc))
+            return None, meta, None
+        return store, meta, store.shard_entries()
+    manifest = _load(out, MANIFEST_FILE, sink)
+    if manifest is None:
+        return None, meta, None
+    problems = manifest_problems(manifest, meta)
+    for problem in problems:
+        sink.add("structure.manifest", problem, shard=MANIFEST_FILE)
+    return (None, meta, None) if problems else (NativeStore(out, meta or {}, manifest), meta, manifest["shards"])
+
+
+def _limits(meta: dict | None, sink: FindingSink) -> Limits | None:
+    """The recorded spec as limits, or None (with a finding) when it cannot be used."""
+    if meta is None:
+        return None
+    fmt, version = meta.get("format"), meta.get("format_version")
+    known = STORES.get(fmt) if isinstance(fmt, str) else None
+    readable = _versions(known) if known is not None else None
+    if known is None or (readable is not None and (type(version) is not int or version not in readable)):
+        knows = ", ".join(f"{name!r} version {' or '.join(map(str, _versions(cls) or ('?',)))}"
+                          for name, cls in STORES.items())
+        sink.add("structure.format", f"format {fmt!r} version {version!r} is unknown; this packer knows {knows}",
+                 shard=METADATA_FILE)
+        return None
+    record = meta.get("spec")
+    try:
+        spec = PackSpec.from_dict(record).validate()
+    except (PackerError, TypeError, ValueError, KeyError, AttributeError) as exc:
+        sink.add("metadata.spec", f"the spec is unusable ({exc}); pack checks skipped", shard=METADATA_FILE)
+        return None
+    if record.get("pad_seq_to_mult") != spec.pad_multiple:
+        sink.add("metadata.spec", f"spec.pad_seq_to_mult is {record.get('pad_seq_to_mult')!r} but CP={spec.cp}, "
+                 f"TP={spec.tp}, SP={spec.sp} give {spec.pad_multiple}", shard=METADATA_FILE)
+    source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
+    vocab = source.get("vocab_size") if type(source.get("vocab_size")) is int else None
+    counts = meta.get("counts") if isinstance(meta.get("counts"), dict) else {}
+    records = counts.get("records") if type(counts.get("records")) is int else None
+    return Limits(C=spec.pack_size, m=spec.pad_multiple, cap=spec.max_sequence_length, pad_id=spec.pad_id,
+                  vocab=vocab, records=records)
+
+
+def _versions(store) -> tuple | None:
+    """The format versions a store class reads (None: it checks its own version when opened)."""
+    if getattr(store, "versions", None):
+        return tuple(store.versions)
+    return (store.version,) if hasattr(store, "version") else None
+
+
+def _check_files(out: str, listing: list[str], expected: set[str], manifest_name: str, sink: FindingSink) -> None:
+    for name in sorted(set(listing) - expected):
+        kind = "directory" if os.path.isdir(os.path.join(out, name)) else "file"
+        sink.add("structure.files", f"unexpected {kind}, not listed in {manifest_name}", shard=name)
+
+
+def recorded_count(entry: dict, key: str) -> int | None:
+    value = entry.get(key)
+    return value if type(value) is int else None
+
+
+def check_shard_order(store, entries: list[dict], sink: FindingSink) -> None:
+    """``structure.order``: entry i names the file the writer wrote as shard i. The manifest
+    has no checksum, and its order is the pack order, so a reordered list is caught only here."""
+    for i, entry in enumerate(entries):
+        expected = store.shard_name(i)
+        if expected is not None and entry["name"] != expected:
+            sink.add("structure.order", f"shard entry {i} is {entry['name']}, but the writer names shard {i} "
+                     f"{expected} (entries reordered, removed or renamed)", shard=MANIFEST_FILE)
+
+
+def check_totals(meta: dict | None, entries: list[dict], manifest_name: str, sink: FindingSink) -> None:
+    """``structure.totals``: the shards' packs and tokens add up to the metadata's counts, so an
+    entry removed from (or added to) the manifest is caught without reading a shard."""
+    counts = meta.get("counts") if isinstance(meta, dict) else None
+    if not isinstance(counts, dict):
+        return  # metadata.schema reports it
+    for key, total, what in (("rows", "packs", "packs"), ("tokens", "padded_tokens", "runtime tokens (Σp)")):
+        listed = [recorded_count(entry, key) for entry in entries]
+        recorded = counts.get(total)
+        if type(recorded) is int and None not in listed and sum(listed) != recorded:
+            sink.add("structure.totals", f"its {len(listed)} shards hold {sum(listed):,} {what} in all, but "
+                     f"counts.{total} is {recorded:,} (a shard entry is missing, added or edited)",
+                     shard=manifest_name)
+
+
+def check_shard_size(out: str, entry: dict, manifest_name: str, sink: FindingSink) -> None:
+    """``shard.missing`` / ``shard.size``: the listed shard is there, with its recorded size."""
+    name, path = entry["name"], os.path.join(out, entry["name"])
+    if not os.path.isfile(path):
+        sink.add("shard.missing", f"listed in {manifest_name} but missing", shard=name)
+        return
+    size = os.path.getsize(path)
+    if recorded_count(entry, "bytes") is not None and size != entry["bytes"]:
+        sink.add("shard.size", f"{size:,} bytes, but {manifest_name} records {entry['bytes']:,} (truncated or "
+                 f"rewritten)", shard=name)
