@@ -52,7 +52,7 @@ from packer_cli.shards.format import (
 )
 from packer_cli.shards.writer import ShardFile, pack_record_batch
 from packer_cli.sources import SampleStream, discover_inputs
-from packer_cli.spec import PackSpec, SourceSpec
+from packer_cli.spec import PackSpec, SourceSpec, is_int
 
 DEFAULT_SHARD_BYTES = 256 << 20
 # The spill's first bytes held in memory (see SpillMemory). Off by default: on the benchmark
@@ -333,6 +333,40 @@ def _make_spill_dir(tmp: str, spill_parent: str | None) -> str:
         raise ConfigError(f"{spill_parent}: cannot create the spill directory: {exc}") from exc
 
 
+def _input_paths(inputs) -> list[str]:
+    """``inputs`` as a list of path strings: one path (str or ``os.PathLike``) or a list of them
+    (a bare string is one path, not a sequence of one-letter names)."""
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    try:
+        return [os.fspath(path) for path in inputs]
+    except TypeError:
+        raise ConfigError(f"inputs must be paths (str or os.PathLike), got {inputs!r}") from None
+
+
+def _check_arguments(spec, source, shard_bytes, spill_memory, output) -> None:
+    """Raise :class:`ConfigError` for unusable arguments of :func:`pack`, before anything is read."""
+    if not isinstance(spec, PackSpec):
+        raise ConfigError(f"spec must be a PackSpec, got {type(spec).__name__}")
+    if not isinstance(source, SourceSpec):
+        raise ConfigError(f"source must be a SourceSpec, got {type(source).__name__}")
+    spec.validate()
+    source.validate()
+    if output is not None:
+        output.validate()
+    if not is_int(shard_bytes) or shard_bytes < 1:
+        raise ConfigError(f"shard size must be a positive number of bytes, got {shard_bytes!r}")
+    if not is_int(spill_memory) or spill_memory < 0:
+        raise ConfigError(f"spill memory must be 0 or more bytes, got {spill_memory!r}")
+    vocab = source.vocab_size
+    # padding is fed to the model as input ids like any token, so it must be in the vocabulary
+    if vocab is not None and spec.pad_id >= vocab:
+        raise ConfigError(f"pad-id {spec.pad_id} is not below vocab-size {vocab}")
+    eos = getattr(output, "eos_id", None)
+    if vocab is not None and eos is not None and eos >= vocab:
+        raise ConfigError(f"eos-id {eos} is not below vocab-size {vocab}")
+
+
 def _nothing_left(files, read_counts: dict, dropped: int, bad_listed: list[dict]) -> str:
     """Why a run that read records has none to pack, naming the input and the first bad record."""
     where = files[0].path if len(files) == 1 else f"{files[0].path} and {len(files) - 1} more inputs"
@@ -399,17 +433,10 @@ def pack(
     :class:`DataError` for bad data and :class:`OutputError` when writing the output or the
     spill fails (disk full, I/O error); on any error nothing is left at ``out``.
     """
-    spec.validate()
-    source.validate()
-    if shard_bytes < 1:
-        raise ConfigError(f"shard size must be positive, got {shard_bytes}")
-    if spill_memory < 0:
-        raise ConfigError(f"spill memory must be 0 or more bytes, got {spill_memory}")
-    files = discover_inputs(list(inputs))
+    _check_arguments(spec, source, shard_bytes, spill_memory, output)
+    files = discover_inputs(_input_paths(inputs))
     if not dry_run and not out:
         raise ConfigError("an output directory (-o OUT) is required unless --dry-run")
-    if output:
-        output.validate()
     spill_parent = _check_spill_parent(spill_dir)
     try:
         input_paths = [f.path for f in files]

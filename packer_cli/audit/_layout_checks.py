@@ -138,10 +138,23 @@ def _limits(meta: dict | None, sink: FindingSink) -> Limits | None:
                  f"TP={spec.tp}, SP={spec.sp} give {spec.pad_multiple}", shard=METADATA_FILE)
     source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
     vocab = source.get("vocab_size") if type(source.get("vocab_size")) is int else None
+    _check_padding_ids(meta, spec, vocab, sink)
     counts = meta.get("counts") if isinstance(meta.get("counts"), dict) else {}
     records = counts.get("records") if type(counts.get("records")) is int else None
     return Limits(C=spec.pack_size, m=spec.pad_multiple, cap=spec.max_sequence_length, pad_id=spec.pad_id,
                   vocab=vocab, records=records)
+
+
+def _check_padding_ids(meta: dict, spec: PackSpec, vocab: int | None, sink: FindingSink) -> None:
+    """The ids written as padding (the pad id; a Bridge layout's EOS id) are input tokens like
+    any other, so they too must be below a recorded vocabulary size."""
+    if vocab is None:
+        return
+    output = meta.get("output") if isinstance(meta.get("output"), dict) else {}
+    for name, value in (("spec.pad_id", spec.pad_id), ("output.eos_id", output.get("eos_id"))):
+        if type(value) is int and value >= vocab:
+            sink.add("metadata.spec", f"{name} {value} is not below source.vocab_size {vocab}: padding would "
+                     "feed the model an id outside its vocabulary", shard=METADATA_FILE)
 
 
 def _versions(store) -> tuple | None:

@@ -26,6 +26,7 @@ from packer_cli._background import ordered_map
 from packer_cli.errors import ConfigError, DataError
 from packer_cli.shards._atomic import check_replaceable, make_temporary, replace_dir, signals_held
 from packer_cli.shards._gather import SpillReader
+from packer_cli.spec import is_int
 from packer_cli.shards.format import is_output_file_name, seal_metadata, write_json
 from packer_cli.shards.bridge import (
     BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, SPLITS, bridge_metadata_name, data_name, default_row_group_size,
@@ -71,6 +72,10 @@ class BridgeOutput:
     def validate(self) -> "BridgeOutput":
         if self.split not in SPLITS:
             raise ConfigError(f"split must be one of {', '.join(SPLITS)}, got {self.split!r}")
+        for name in ("eos_id", "row_group_size"):
+            value = getattr(self, name)
+            if value is not None and not is_int(value):
+                raise ConfigError(f"{name.replace('_', '-')} must be an integer, got {value!r}")
         if self.eos_id is not None and not 0 <= self.eos_id < 2**31:
             raise ConfigError(f"eos-id must be a non-negative int32, got {self.eos_id}")
         if self.row_group_size is not None and self.row_group_size < 1:

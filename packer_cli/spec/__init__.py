@@ -59,6 +59,37 @@ class BadRecordPolicy(str, Enum):
     """Skip it, count it and list it in the metadata."""
 
 
+def _as_enum(enum: type[Enum], name: str, value):
+    """``value`` as a member of ``enum``: the enums are ``str`` subclasses, so ``"bfd"`` is a
+    natural thing for an API caller to pass, and it means ``Algorithm.BFD``."""
+    if isinstance(value, enum):
+        return value
+    try:
+        return enum(value)
+    except ValueError:
+        choices = ", ".join(member.value for member in enum)
+        raise ConfigError(f"{name.replace('_', '-')} must be one of {choices}, got {value!r}") from None
+
+
+def is_int(value) -> bool:
+    """An integer that is not a bool (``True`` is an ``int`` to Python, never to a spec)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_types(spec, ints: tuple[str, ...], bools: tuple[str, ...], optional_ints: tuple[str, ...] = ()) -> None:
+    """Raise :class:`ConfigError` for a field of the wrong type: a float, a string or a bool
+    where an int belongs would otherwise reach the planner or be recorded as it is, and a
+    non-empty string such as ``"false"`` would switch a flag on."""
+    for name in ints + optional_ints:
+        value = getattr(spec, name)
+        if not is_int(value) and not (value is None and name in optional_ints):
+            raise ConfigError(f"{name.replace('_', '-')} must be an integer, got {value!r}")
+    for name in bools:
+        value = getattr(spec, name)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name.replace('_', '-')} must be True or False, got {value!r}")
+
+
 def pad_multiple_for(cp: int, tp: int, sp: bool) -> int:
     """The smallest per-sequence alignment for this parallel layout (Bridge's rule)."""
     cp_multiple = 2 * cp if cp > 1 else 1
@@ -98,6 +129,10 @@ class PackSpec:
     """After ffd/bfd, re-fill the non-full packs toward the Martello–Toth L2 bound (never more
     packs; ignored by the order-defined first-fit-shuffle and sequential algorithms)."""
 
+    def __post_init__(self):
+        object.__setattr__(self, "algorithm", _as_enum(Algorithm, "algorithm", self.algorithm))
+        object.__setattr__(self, "overlong", _as_enum(OverlongPolicy, "overlong", self.overlong))
+
     @property
     def refines(self) -> bool:
         """Whether the improvement pass actually runs for this algorithm."""
@@ -120,6 +155,9 @@ class PackSpec:
 
     def validate(self) -> "PackSpec":
         """Raise :class:`ConfigError` naming the fix when the spec cannot work."""
+        _check_types(self, ints=("pack_size", "cp", "tp", "seed", "pad_id"),
+                     bools=("sp", "shuffle", "pad_to_max_length", "pad_cu_seqlens", "refine"),
+                     optional_ints=("pad_seq_to_mult",))
         for name in ("pack_size", "cp", "tp"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -197,7 +235,15 @@ class SourceSpec:
     """Stop or skip on malformed records."""
     extra: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        object.__setattr__(self, "on_bad_record", _as_enum(BadRecordPolicy, "on_bad_record", self.on_bad_record))
+
     def validate(self) -> "SourceSpec":
+        _check_types(self, ints=(), bools=(), optional_ints=("vocab_size",))
+        for name in ("tokens_field", "mask_field", "labels_field"):
+            value = getattr(self, name)
+            if not (isinstance(value, str) and value) and not (value is None and name != "tokens_field"):
+                raise ConfigError(f"{name.replace('_', '-')} must be a field name, got {value!r}")
         if self.mask_field and self.labels_field:
             raise ConfigError("--mask-field and --labels-field are mutually exclusive")
         if self.vocab_size is not None and self.vocab_size < 1:
