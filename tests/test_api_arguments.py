@@ -105,3 +105,17 @@ def test_pathlib_output_and_spill_dir(data, tmp_path):
     spill.mkdir()
     summary = pack([pathlib.Path(data)], tmp_path / "out", PackSpec(pack_size=64), spill_dir=spill)
     assert summary.counts["records"] == len(RECORDS) and list(spill.iterdir()) == []
+
+
+def test_verify_source_of_a_spec_with_a_float_alignment_is_a_finding(data, tmp_path):
+    """A recorded spec whose numbers are not integers is unusable: verify says so (and skips the
+    source comparison) instead of failing inside it with a traceback."""
+    out = tmp_path / "out"
+    pack([data], out, PackSpec(pack_size=64, pad_seq_to_mult=4))
+    meta = json.loads((out / "metadata.json").read_text())
+    meta.pop("checksum")
+    meta["spec"]["pad_seq_to_mult"] = 4.0
+    (out / "metadata.json").write_text(json.dumps(seal_metadata(meta)))
+    result = CliRunner().invoke(app, ["verify", str(out), "--source", str(data)])
+    assert result.exit_code == 1 and result.exception is None or isinstance(result.exception, SystemExit)
+    assert "pad-seq-to-mult must be an integer, got 4.0" in result.output and "[source.skipped]" in result.output
