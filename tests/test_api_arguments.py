@@ -117,5 +117,6 @@ def test_verify_source_of_a_spec_with_a_float_alignment_is_a_finding(data, tmp_p
     meta["spec"]["pad_seq_to_mult"] = 4.0
     (out / "metadata.json").write_text(json.dumps(seal_metadata(meta)))
     result = CliRunner().invoke(app, ["verify", str(out), "--source", str(data)])
-    assert result.exit_code == 1 and result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert "pad-seq-to-mult must be an integer, got 4.0" in result.output and "[source.skipped]" in result.output
