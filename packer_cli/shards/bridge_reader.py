@@ -25,7 +25,7 @@ from packer_cli.shards.bridge import (
     BRIDGE_COLUMNS, BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PACKER_COLUMNS, SPLITS, split_manifest_name,
     split_metadata_name, splits_in,
 )
-from packer_cli.shards.reader import PackedReader, PackRow, read_json
+from packer_cli.shards.reader import DamagedOutput, PackedReader, PackRow, first_line, read_json
 
 COLUMNS = BRIDGE_COLUMNS + PACKER_COLUMNS
 
@@ -151,28 +151,54 @@ class _Group:
                           for name, (values, offsets) in self.columns.items()})
 
 
+#: Layout findings that do not change what this reader serves: Bridge's own ``{C}_metadata.jsonl``
+#: (which Bridge, not packer, reads; it may hold other writers' entries) and stray files.
+_IGNORED_CHECKS = ("bridge.", "structure.files")
+
+
+def check_bridge_layout(out_dir: str, split: str) -> None:
+    """verify's layout checks of one split (:func:`packer_cli.audit._layout_checks.check_layout`,
+    as ``inspect`` runs them): :class:`DamagedOutput` naming the output lists what fails. Reading
+    a Bridge split imports the audit's store anyway, so these run as the audit itself runs them."""
+    from packer_cli.audit._layout_checks import check_layout
+    from packer_cli.audit.findings import ERROR, FindingSink
+
+    sink = FindingSink()
+    check_layout(out_dir, sink, split)
+    first: dict[str, str] = {}  # one line for each failed check, in the order they were found
+    for finding in sink.findings():
+        if finding.severity == ERROR and not finding.check.startswith(_IGNORED_CHECKS):
+            first.setdefault(finding.check, finding.line())
+    if first:
+        raise DamagedOutput(out_dir, list(first.values()))
+
+
 class BridgeReader(PackedReader):
     """Random access to the packs of one split of a Bridge layout, as native rows."""
 
-    def __init__(self, out_dir, split: str | None = None):
+    def __init__(self, out_dir, split: str | None = None, *, check: bool = True):
         self.out_dir = out_dir = os.fspath(out_dir)
         self.split = resolve_split(out_dir, split)
         self.metadata = load_bridge_metadata(out_dir, self.split)
+        if check:
+            check_bridge_layout(out_dir, self.split)
         self.manifest = read_split_manifest(out_dir, self.split)
         self._pad_id = pad_id_of(self.metadata)
         self._groups: list[tuple[pq.ParquetFile, int]] = []
+        self._paths: list[str] = []
         starts = [0]
         for entry in self.manifest["shards"]:
             path = os.path.join(out_dir, entry["name"])
             try:
                 pf = pq.ParquetFile(path, memory_map=True)
             except (OSError, pa.ArrowException) as exc:
-                raise DataError(f"{path}: cannot open Parquet file ({exc})") from None
+                raise DataError(f"{path}: cannot open Parquet file ({first_line(exc)})") from None
             missing = [c for c in COLUMNS if c not in pf.schema_arrow.names]
             if missing:
                 raise DataError(f"{path}: missing columns {missing} (not written by packer --format megatron-bridge)")
             for g in range(pf.num_row_groups):
                 self._groups.append((pf, g))
+                self._paths.append(path)
                 starts.append(starts[-1] + pf.metadata.row_group(g).num_rows)
         self._starts = np.asarray(starts, dtype=np.int64)
         self._cached: tuple[int, _Group] | None = None
@@ -180,7 +206,17 @@ class BridgeReader(PackedReader):
     def _group(self, g: int) -> _Group:
         if self._cached is None or self._cached[0] != g:
             pf, index = self._groups[g]
-            self._cached = (g, _Group(pf.read_row_group(index, columns=list(COLUMNS)), self._pad_id))
+            try:
+                table = pf.read_row_group(index, columns=list(COLUMNS))
+            except (OSError, pa.ArrowException) as exc:
+                raise DataError(f"{self._paths[g]}: cannot read row group {index} ({first_line(exc)}); "
+                                f"run `packer verify` for a full report") from None
+            try:
+                group = _Group(table, self._pad_id)
+            except (ValueError, IndexError) as exc:
+                raise DataError(f"{self._paths[g]}: row group {index} is malformed ({first_line(exc)}); "
+                                f"run `packer verify` for a full report") from None
+            self._cached = (g, group)
         return self._cached[1]
 
     def row(self, i: int) -> PackRow:
@@ -189,3 +225,10 @@ class BridgeReader(PackedReader):
         i %= len(self)
         g = int(np.searchsorted(self._starts, i, side="right") - 1)
         return self._group(g).row(i - int(self._starts[g]))
+
+    def locate(self, i: int) -> str:
+        """Where pack ``i`` is stored, for messages: ``"<parquet path> row <r>"``."""
+        i %= len(self)
+        g = int(np.searchsorted(self._starts, i, side="right") - 1)
+        first = self._paths.index(self._paths[g])
+        return f"{self._paths[g]} row {i - int(self._starts[first])}"

@@ -8,6 +8,7 @@ Outputs of format version 1 (a uint8 mask a token) read the same.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +18,7 @@ import pyarrow as pa
 from packer_cli.errors import DataError
 from packer_cli._arrow import bitmap_of, unpack_bits
 from packer_cli.shards.format import (FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA, READABLE_VERSIONS_TEXT,
-                                      is_readable_version)
+                                      is_readable_version, metadata_checksum_problem, shard_name)
 
 COLUMNS = PACK_SCHEMA.names
 
@@ -37,6 +38,12 @@ class PackRow:
     @property
     def num_seqs(self) -> int:
         return int(self.seq_lens.size)
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message as one line (pyarrow's often run over several)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 def read_json(path: str) -> dict:
@@ -68,6 +75,90 @@ def load_metadata(out_dir: str, split: str | None = None) -> dict:
         raise DataError(f"{out_dir}: unsupported format version {meta.get('format_version')!r}; "
                         f"this packer reads versions {READABLE_VERSIONS_TEXT}")
     return meta
+
+
+class DamagedOutput(DataError):
+    """An output whose layout fails verify's cheap checks (no shard content is read); the reader
+    refuses it rather than serve packs that may be another output's, doubled or re-padded."""
+
+    def __init__(self, out_dir: str, problems: list[str]):
+        self.problems = problems
+        n = len(problems)
+        super().__init__(f"{out_dir}: not loaded, {n} problem{'s' if n > 1 else ''}: {'; '.join(problems)}; "
+                         f"run `packer verify` for a full report")
+
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # as packer_cli.audit.store.SAFE_NAME
+
+
+def _count(value) -> bool:
+    return type(value) is int and value >= 0
+
+
+def native_layout_problems(out_dir: str, meta: dict, manifest) -> list[str]:
+    """verify's checks of a native output that read no shard content, for the reader.
+
+    The same rules as :func:`packer_cli.audit._layout_checks.check_layout` (metadata
+    self-checksum and usable spec; manifest format, version and well-formed entries with safe
+    names, listed once; entry i is shard i; totals equal ``counts``; each shard present with its
+    recorded size), restated here because importing :mod:`packer_cli.audit` loads numba, which
+    a data-loader process must not pay. One JSON parse was already done; this adds a stat a shard.
+    """
+    from packer_cli.errors import PackerError
+    from packer_cli.spec import PackSpec
+
+    problems = []
+    if (problem := metadata_checksum_problem(meta)):
+        problems.append(f"{METADATA_FILE}: {problem}")
+    try:
+        PackSpec.from_dict(meta.get("spec")).validate()
+    except (PackerError, TypeError, ValueError, KeyError, AttributeError) as exc:
+        problems.append(f"{METADATA_FILE}: the spec is unusable ({exc})")
+    if not isinstance(manifest, dict):
+        return problems + [f"{MANIFEST_FILE} is not an object"]
+    if manifest.get("format") != FORMAT_NAME:
+        return problems + [f"{MANIFEST_FILE}: format is {manifest.get('format')!r}, expected {FORMAT_NAME!r}"]
+    if manifest.get("format_version") != meta.get("format_version"):
+        problems.append(f"{MANIFEST_FILE}: format_version is {manifest.get('format_version')!r}, but "
+                        f"{METADATA_FILE} records {meta.get('format_version')!r}")
+    shards = manifest.get("shards")
+    if not isinstance(shards, list):
+        return problems + [f"{MANIFEST_FILE}: 'shards' is not a list"]
+    entries_ok = True
+    for i, entry in enumerate(shards):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not _SAFE_NAME.match(name):
+            problems.append(f"{MANIFEST_FILE}: shard entry {i} has an unusable name {name!r}")
+            entries_ok = False
+            continue
+        if name != shard_name(i):
+            problems.append(f"{MANIFEST_FILE}: shard entry {i} is {name}, but the writer names shard {i} "
+                            f"{shard_name(i)} (entries reordered, removed, repeated or renamed)")
+        bad = [k for k in ("bytes", "rows", "tokens") if not _count(entry.get(k))]
+        if bad:
+            problems.append(f"{MANIFEST_FILE}: shard entry {i} ({name}): {', '.join(bad)} not a count")
+            entries_ok = False
+            continue
+        path = os.path.join(out_dir, name)
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            problems.append(f"{name}: listed in {MANIFEST_FILE} but missing")
+            continue
+        if size != entry["bytes"]:
+            problems.append(f"{name}: {size:,} bytes, but {MANIFEST_FILE} records {entry['bytes']:,} "
+                            f"(truncated or rewritten)")
+    counts = meta.get("counts")
+    if entries_ok and isinstance(counts, dict):
+        for key, total in (("rows", "packs"), ("tokens", "padded_tokens")):
+            listed = sum(entry[key] for entry in shards)
+            if type(counts.get(total)) is int and listed != counts[total]:
+                problems.append(f"{MANIFEST_FILE}: its {len(shards)} shards hold {listed:,} {key} in all, but "
+                                f"{METADATA_FILE} counts.{total} is {counts[total]:,} (a shard entry is missing, "
+                                f"added or edited)")
+    elif not isinstance(counts, dict):
+        problems.append(f"{METADATA_FILE}: 'counts' is not an object")
+    return problems
 
 
 class _Bits:
@@ -119,29 +210,40 @@ class PackedReader:
     which yields the same rows as the native output of the same plan.
     """
 
-    def __new__(cls, out_dir=None, split: str | None = None):
+    def __new__(cls, out_dir=None, split: str | None = None, *, check: bool = True):
         if cls is PackedReader and out_dir is not None and _wants_bridge(out_dir, split):
             from packer_cli.shards.bridge_reader import BridgeReader
 
             cls = BridgeReader
         return super().__new__(cls)
 
-    def __init__(self, out_dir: str, split: str | None = None):
-        self.out_dir = out_dir
+    def __init__(self, out_dir: str, split: str | None = None, *, check: bool = True):
+        """``check``: run verify's layout checks first (:func:`native_layout_problems`) and raise
+        :class:`DamagedOutput` when one fails; a process re-opening an output already checked
+        (a DataLoader worker) may pass False."""
+        self.out_dir = out_dir = os.fspath(out_dir)
         self.metadata = load_metadata(out_dir)
         self.manifest = read_json(os.path.join(out_dir, MANIFEST_FILE))
+        if check and (problems := native_layout_problems(out_dir, self.metadata, self.manifest)):
+            raise DamagedOutput(out_dir, problems)
+        if not isinstance(self.manifest, dict) or not isinstance(self.manifest.get("shards"), list):
+            raise DataError(f"{os.path.join(out_dir, MANIFEST_FILE)}: no 'shards' list")
         self._batches: list[_Batch] = []
+        self._paths: list[str] = []
         starts = [0]
         for entry in self.manifest["shards"]:
-            path = os.path.join(out_dir, entry["name"])
+            path = os.path.join(out_dir, entry["name"]) if isinstance(entry, dict) else None
+            if not isinstance(path, str):
+                raise DataError(f"{os.path.join(out_dir, MANIFEST_FILE)}: shard entry {entry!r} has no name")
             try:
                 reader = pa.ipc.open_file(pa.memory_map(path))
-            except (OSError, pa.ArrowException) as exc:
-                raise DataError(f"{path}: cannot open shard ({exc})") from None
-            for b in range(reader.num_record_batches):
-                batch = reader.get_batch(b)
-                self._batches.append(_Batch(batch))
-                starts.append(starts[-1] + batch.num_rows)
+                for b in range(reader.num_record_batches):
+                    batch = reader.get_batch(b)
+                    self._batches.append(_Batch(batch))
+                    self._paths.append(path)
+                    starts.append(starts[-1] + batch.num_rows)
+            except (OSError, pa.ArrowException, KeyError) as exc:
+                raise DataError(f"{path}: cannot open shard ({first_line(exc)})") from None
         self._starts = np.asarray(starts, dtype=np.int64)
 
     def __len__(self) -> int:
@@ -153,6 +255,13 @@ class PackedReader:
         i %= len(self)
         b = int(np.searchsorted(self._starts, i, side="right") - 1)
         return self._batches[b].row(i - int(self._starts[b]))
+
+    def locate(self, i: int) -> str:
+        """Where pack ``i`` is stored, for messages: ``"<shard path> row <r>"``."""
+        i %= len(self)
+        b = int(np.searchsorted(self._starts, i, side="right") - 1)
+        first = self._paths.index(self._paths[b])  # the shard's first record batch
+        return f"{self._paths[b]} row {i - int(self._starts[first])}"
 
     @property
     def spec(self) -> dict:

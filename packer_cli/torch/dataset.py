@@ -9,7 +9,10 @@ dataset of any size is instant and DataLoader workers share the page cache.
     >>> len(ds), ds[0].cu_seqlens_padded         # doctest: +SKIP
 
 The reader is opened lazily in each process (and dropped when pickled), so the dataset
-works with fork and spawn DataLoader workers alike.
+works with fork and spawn DataLoader workers alike. The first open runs verify's layout checks
+(no shard content read) and refuses a damaged output with a :class:`~packer_cli.errors.DataError`;
+a worker re-opening the unpickled dataset skips them. A damaged row (bad offsets, lengths)
+is a DataError naming its shard file and row.
 """
 
 from __future__ import annotations
@@ -19,16 +22,17 @@ from typing import Any, Sequence
 
 from torch.utils.data import Dataset
 
+from packer_cli.errors import DataError
 from packer_cli.torch.batch import THDBatch
 from packer_cli.torch.build import build_thd_batch, concat_batches, static_shape
 
 
-def _open_reader(out_dir: str) -> Any:
+def _open_reader(out_dir: str, check: bool = True) -> Any:
     try:
         from packer_cli.shards.reader import PackedReader
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ImportError(f"cannot read packed shards: packer_cli.shards.reader is unavailable ({exc})") from exc
-    return PackedReader(out_dir)
+    return PackedReader(out_dir, check=check)
 
 
 class PackedDataset(Dataset):
@@ -47,9 +51,11 @@ class PackedDataset(Dataset):
         if isinstance(source, (str, os.PathLike)):
             self.out_dir: str | None = os.fspath(source)
             self._reader: Any = None
+            self._checked = False  # verify's layout checks run once, at the first open
         else:
             self.out_dir = None
             self._reader = source
+            self._checked = True
         meta = self.reader.metadata
         self.metadata: dict = meta
         spec = meta.get("spec", {})
@@ -62,7 +68,8 @@ class PackedDataset(Dataset):
     @property
     def reader(self) -> Any:
         if self._reader is None:
-            self._reader = _open_reader(self.out_dir)  # type: ignore[arg-type]
+            self._reader = _open_reader(self.out_dir, check=not self._checked)  # type: ignore[arg-type]
+            self._checked = True
         return self._reader
 
     def __getstate__(self) -> dict:
@@ -80,7 +87,13 @@ class PackedDataset(Dataset):
             index += self._len
         if not 0 <= index < self._len:
             raise IndexError(f"pack index {index} out of range for {self._len} packs")
-        return build_thd_batch(self.reader.row(index), self.metadata, static=self.static)
+        reader = self.reader
+        row = reader.row(index)
+        try:
+            return build_thd_batch(row, self.metadata, static=self.static)
+        except (ValueError, IndexError) as exc:  # a damaged row (a flipped offset or length)
+            where = reader.locate(index) if hasattr(reader, "locate") else f"pack {index}"
+            raise DataError(f"{where} (pack {index}): {exc}; run `packer verify` for a full report") from None
 
     def micro_batch(self, indices: Sequence[int], cp_size: int = 1, cp_rank: int = 0) -> THDBatch:
         """The THD row of packs ``indices`` (concatenated), sliced for one CP rank.

@@ -1,0 +1,213 @@
+"""Damaged outputs never load silently, and never fail with an exception that hides the file.
+
+Every damage below is a :class:`DataError` (or subclass) whose message names the output or the
+file (and the shard row where one is at fault). Layout damage (manifest entries, metadata edits)
+is caught when the dataset opens, by verify's checks that read no shard content; a damaged row
+is caught when it is built; a corrupt Parquet page when its row group is read.
+"""
+import json
+import pickle
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import packer_cli  # noqa: E402
+from packer_cli.errors import DataError  # noqa: E402
+from packer_cli.shards import reader as reader_module  # noqa: E402
+from packer_cli.shards.bridge_output import BridgeOutput  # noqa: E402
+from packer_cli.shards.format import seal_metadata  # noqa: E402
+from packer_cli.shards.reader import PackedReader  # noqa: E402
+from packer_cli.torch import PackedDataset, THDLoader  # noqa: E402
+from packer_cli.torch.build import build_thd_batch  # noqa: E402
+
+SHARD = "packs-00000.arrow"
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("damaged")
+    src = tmp / "in.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": list(range(3, 5 + k % 29)) + [2]}) + "\n" for k in range(120)))
+    spec = packer_cli.PackSpec(pack_size=64, cp=2)
+    packer_cli.pack([str(src)], str(tmp / "native"), spec)
+    packer_cli.pack([str(src)], str(tmp / "other"), packer_cli.PackSpec(pack_size=128))
+    packer_cli.pack([str(src)], str(tmp / "bridge"), spec, output=BridgeOutput())
+    return tmp
+
+
+def copy(outputs, tmp_path, name="native"):
+    dest = tmp_path / name
+    shutil.copytree(outputs / name, dest)
+    return dest
+
+
+def edit_json(path, change, *, seal=False):
+    record = json.loads(path.read_text())
+    record = change(record)
+    if seal:
+        record = seal_metadata({k: v for k, v in record.items() if k != "checksum"})
+    path.write_text(json.dumps(record))
+
+
+def load_all(out):
+    """Open ``out`` and build every pack, as training would (dataset, then a CPU loader)."""
+    ds = PackedDataset(out)
+    batches = [ds[i] for i in range(len(ds))]
+    loader = THDLoader(ds, cp_size=2, cp_rank=0, seed=3, device="cpu", num_workers=0, pin_memory=False)
+    return batches + list(loader)
+
+
+def assert_refused(out, *names):
+    with pytest.raises(DataError) as info:
+        load_all(out)
+    message = str(info.value)
+    assert "\n" not in message
+    for name in names:
+        assert name in message, message
+    return message
+
+
+# -- D5: layout damage that used to load silently -----------------------------------------
+
+def test_duplicated_shard_entry(outputs, tmp_path):
+    out = copy(outputs, tmp_path)
+    edit_json(out / "manifest.json", lambda m: {**m, "shards": m["shards"] * 2})
+    message = assert_refused(out, str(out), "manifest.json")
+    assert "packs-00001.arrow" in message  # entry 1 should be the writer's shard 1
+
+
+def test_empty_shard_list(outputs, tmp_path):
+    out = copy(outputs, tmp_path)
+    edit_json(out / "manifest.json", lambda m: {**m, "shards": []})
+    assert "counts.packs" in assert_refused(out, str(out), "manifest.json")
+
+
+def test_shard_name_pointing_at_another_output(outputs, tmp_path):
+    out = copy(outputs, tmp_path)
+    other = copy(outputs, tmp_path, "other")
+    name = f"../{other.name}/{SHARD}"
+
+    def point(m):
+        m["shards"][0]["name"] = name
+        return m
+
+    edit_json(out / "manifest.json", point)
+    assert "unusable name" in assert_refused(out, str(out), name)
+
+
+@pytest.mark.parametrize("name,split", [("native", None), ("bridge", "training")])
+def test_spec_edited_after_writing(outputs, tmp_path, name, split):
+    out = copy(outputs, tmp_path, name)
+    meta = "metadata.json" if split is None else f"{split}.metadata.json"
+
+    def pad(m):
+        m["spec"]["pad_to_max_length"] = True
+        return m
+
+    edit_json(out / meta, pad)
+    message = assert_refused(out, str(out), meta)
+    assert "checksum" in message
+
+
+def test_bridge_manifest_entry_repeated(outputs, tmp_path):
+    out = copy(outputs, tmp_path, "bridge")
+    edit_json(out / "training.manifest.json", lambda m: {**m, "shards": m["shards"] * 2})
+    assert_refused(out, str(out), "training.manifest.json")
+
+
+# -- D6: damage that used to raise an exception naming no file ----------------------------
+
+@pytest.mark.parametrize("content", [{"format": "packer-thd", "format_version": 2}, [1]],
+                         ids=["no-shards", "not-an-object"])
+def test_manifest_without_shards(outputs, tmp_path, content):
+    out = copy(outputs, tmp_path)
+    meta = json.loads((out / "metadata.json").read_text())
+    if isinstance(content, dict):
+        content["format_version"] = meta["format_version"]
+    (out / "manifest.json").write_text(json.dumps(content))
+    assert_refused(out, str(out), "manifest.json")
+
+
+@pytest.mark.parametrize("seal", [False, True], ids=["edited", "edited-and-resealed"])
+@pytest.mark.parametrize("change", [
+    lambda m: {**m, "spec": []},
+    lambda m: {**m, "spec": {**m["spec"], "pad_id": "abc"}},
+    lambda m: {**m, "spec": {**m["spec"], "pack_size": "1024"}},
+], ids=["spec-list", "pad-id-text", "pack-size-text"])
+def test_unusable_spec(outputs, tmp_path, change, seal):
+    out = copy(outputs, tmp_path)
+    edit_json(out / "metadata.json", change, seal=seal)
+    assert_refused(out, str(out), "metadata.json")
+
+
+def _patch_int32(path, column, part, index, value):
+    """Overwrite entry ``index`` of ``column``'s list offsets (``part="offsets"``) or values in a
+    native shard, in place (the file keeps its size, so only the rows tell)."""
+    with pa.memory_map(str(path)) as mm:
+        base = mm.read_buffer(1).address
+        mm.seek(0)
+        arr = pa.ipc.open_file(mm).get_batch(0).column(column)
+        buf = arr.buffers()[1] if part == "offsets" else arr.values.buffers()[1]
+        at = buf.address - base + 4 * index
+    with open(path, "r+b") as f:
+        f.seek(at)
+        assert len(f.read(4)) == 4
+        f.seek(at)
+        f.write(np.int32(value).tobytes())
+
+
+@pytest.mark.parametrize("column,part,index,value", [
+    ("tokens", "offsets", 3, 5),            # row 2 claims 5 tokens fewer/more than its boundaries
+    ("cu_seqlens", "values", 1, 1_000_000),  # a boundary far past the pack
+    ("seq_lens", "values", 0, 0),            # a sequence of length 0
+], ids=["list-offset", "cu_seqlens", "seq_lens"])
+def test_damaged_row_names_shard_and_row(outputs, tmp_path, column, part, index, value):
+    out = copy(outputs, tmp_path)
+    _patch_int32(out / SHARD, column, part, index, value)
+    message = assert_refused(out, str(out / SHARD), " row ")
+    assert "malformed pack" in message
+
+
+def test_corrupt_bridge_parquet_names_the_file(outputs, tmp_path):
+    out = copy(outputs, tmp_path, "bridge")
+    (data,) = out.glob("*.parquet")
+    raw = bytearray(data.read_bytes())
+    mid = len(raw) // 2
+    raw[mid:mid + 256] = bytes(range(256))
+    data.write_bytes(bytes(raw))
+    # the manifest records the size only, which is unchanged: the layout checks pass
+    assert_refused(out, str(data))
+
+
+# -- good outputs: unchanged batches, checks once a process --------------------------------
+
+@pytest.mark.parametrize("name", ["native", "bridge"])
+def test_good_output_gives_the_same_batches(outputs, name):
+    out = outputs / name
+    ds = PackedDataset(out)
+    raw = PackedReader(str(out), check=False)  # the rows as stored, no checks in the way
+    assert len(ds) == len(raw) == ds.metadata["counts"]["packs"]
+    for i in range(len(ds)):
+        got, want = ds[i], build_thd_batch(raw.row(i), ds.metadata)
+        for field in ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "cu_seqlens_padded"):
+            assert torch.equal(getattr(got, field), getattr(want, field)), (i, field)
+    total = sum(b.num_real_tokens for b in THDLoader(ds, seed=1, device="cpu", num_workers=0, pin_memory=False))
+    assert total == ds.metadata["counts"]["runtime_tokens"]
+
+
+def test_workers_do_not_rerun_the_checks(outputs, monkeypatch):
+    ds = PackedDataset(outputs / "native")
+    clone = pickle.loads(pickle.dumps(ds))  # what a spawned worker gets
+    assert clone._reader is None
+
+    def fail(*args):
+        raise AssertionError("layout checks ran again in a worker")
+
+    monkeypatch.setattr(reader_module, "native_layout_problems", fail)
+    assert torch.equal(clone[2].tokens, ds[2].tokens)
+    with pytest.raises(AssertionError, match="ran again"):
+        PackedDataset(outputs / "native")  # a fresh open does check
