@@ -77,7 +77,7 @@ def test_duplicated_shard_entry(outputs, tmp_path):
     out = copy(outputs, tmp_path)
     edit_json(out / "manifest.json", lambda m: {**m, "shards": m["shards"] * 2})
     message = assert_refused(out, str(out), "manifest.json")
-    assert "packs-00001.arrow" in message  # entry 1 should be the writer's shard 1
+    assert "shard packs-00000.arrow is listed twice" in message  # verify's own finding, word for word
 
 
 def test_empty_shard_list(outputs, tmp_path):
@@ -207,7 +207,7 @@ def test_workers_do_not_rerun_the_checks(outputs, monkeypatch):
     def fail(*args):
         raise AssertionError("layout checks ran again in a worker")
 
-    monkeypatch.setattr(reader_module, "native_layout_problems", fail)
+    monkeypatch.setattr(reader_module, "check_layout_for_reading", fail)
     assert torch.equal(clone[2].tokens, ds[2].tokens)
     with pytest.raises(AssertionError, match="ran again"):
         PackedDataset(outputs / "native")  # a fresh open does check

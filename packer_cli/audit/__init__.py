@@ -18,12 +18,27 @@ Example::
 docs/AUDIT.md documents the JSON keys, every check and the exit codes.
 """
 from packer_cli.audit.findings import Finding, FindingSink
-from packer_cli.audit.inspect import InconsistentOutput, inspect_output
-from packer_cli.audit.report import InspectReport, PackDetail
-from packer_cli.audit.store import PackBatch, open_store
-from packer_cli.audit.verify import VerifyReport, verify_output
 
-__all__ = [
-    "Finding", "FindingSink", "InconsistentOutput", "InspectReport", "PackBatch", "PackDetail", "VerifyReport",
-    "inspect_output", "open_store", "verify_output",
-]
+# The rest loads on first use: inspect and verify bring numba with their kernels, and the
+# loader (``packer_cli.shards.reader``) runs the layout checks of this package without them.
+_LAZY = {
+    "InconsistentOutput": "packer_cli.audit.inspect", "inspect_output": "packer_cli.audit.inspect",
+    "InspectReport": "packer_cli.audit.report", "PackDetail": "packer_cli.audit.report",
+    "PackBatch": "packer_cli.audit.store", "open_store": "packer_cli.audit.store",
+    "VerifyReport": "packer_cli.audit.verify", "verify_output": "packer_cli.audit.verify",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = ["Finding", "FindingSink", *_LAZY]

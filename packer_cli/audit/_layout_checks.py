@@ -16,15 +16,26 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from packer_cli.audit._bridge_checks import check_bridge_array
 from packer_cli.audit._meta_schema import check_schema
-from packer_cli.audit._pack_checks import Limits
 from packer_cli.audit.findings import FindingSink
 from packer_cli.audit.store import STORES, NativeStore, manifest_problems, read_json_file
 from packer_cli.errors import ConfigError, DataError, PackerError
 from packer_cli.shards.bridge import BRIDGE_FORMAT
 from packer_cli.shards.format import FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, metadata_checksum_problem
 from packer_cli.spec import PackSpec
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the recorded spec allows (the pack checks' bounds)."""
+
+    C: int
+    m: int
+    cap: int
+    pad_id: int
+    vocab: int | None
+    records: int | None = None
+    """Records the run read (metadata counts.records): every source index must be below it."""
 
 
 @dataclass
@@ -63,6 +74,8 @@ def check_layout(out: str, sink: FindingSink, split: str | None = None) -> Layou
     for entry in entries:
         check_shard_size(out, entry, store.manifest_name, sink)
     if store.format == BRIDGE_FORMAT:
+        from packer_cli.audit._bridge_checks import check_bridge_array  # Bridge's modules, only for a Bridge split
+
         layout.bridge_array = check_bridge_array(store, sink)
     return layout
 

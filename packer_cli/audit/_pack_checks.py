@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from packer_cli.audit._kernels import fingerprints, scan_sequences
+from packer_cli.audit._layout_checks import Limits
 from packer_cli.audit.findings import FindingSink
 from packer_cli.audit.report import InspectReport
 from packer_cli.audit.store import PackBatch
@@ -32,19 +33,6 @@ from packer_cli.audit.store import PackBatch
 SEQ_FIELDS = ("index", "offset", "real", "targets", "batch", "row", "seq", "last")
 #: Kept as well for ``verify --source``: fingerprints of each sequence's tokens and loss mask.
 FINGERPRINT_FIELDS = ("tokens_fp", "mask_fp")
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What the recorded spec allows."""
-
-    C: int
-    m: int
-    cap: int
-    pad_id: int
-    vocab: int | None
-    records: int | None = None
-    """Records the run read (metadata counts.records): every source index must be below it."""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from packer_cli.shards.bridge import (
     BRIDGE_COLUMNS, BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PACKER_COLUMNS, SPLITS, split_manifest_name,
     split_metadata_name, splits_in,
 )
-from packer_cli.shards.reader import DamagedOutput, PackedReader, PackRow, first_line, read_json
+from packer_cli.shards.reader import PackedReader, PackRow, check_layout_for_reading, first_line, read_json
 
 COLUMNS = BRIDGE_COLUMNS + PACKER_COLUMNS
 
@@ -151,28 +151,6 @@ class _Group:
                           for name, (values, offsets) in self.columns.items()})
 
 
-#: Layout findings that do not change what this reader serves: Bridge's own ``{C}_metadata.jsonl``
-#: (which Bridge, not packer, reads; it may hold other writers' entries) and stray files.
-_IGNORED_CHECKS = ("bridge.", "structure.files")
-
-
-def check_bridge_layout(out_dir: str, split: str) -> None:
-    """verify's layout checks of one split (:func:`packer_cli.audit._layout_checks.check_layout`,
-    as ``inspect`` runs them): :class:`DamagedOutput` naming the output lists what fails. Reading
-    a Bridge split imports the audit's store anyway, so these run as the audit itself runs them."""
-    from packer_cli.audit._layout_checks import check_layout
-    from packer_cli.audit.findings import ERROR, FindingSink
-
-    sink = FindingSink()
-    check_layout(out_dir, sink, split)
-    first: dict[str, str] = {}  # one line for each failed check, in the order they were found
-    for finding in sink.findings():
-        if finding.severity == ERROR and not finding.check.startswith(_IGNORED_CHECKS):
-            first.setdefault(finding.check, finding.line())
-    if first:
-        raise DamagedOutput(out_dir, list(first.values()))
-
-
 class BridgeReader(PackedReader):
     """Random access to the packs of one split of a Bridge layout, as native rows."""
 
@@ -181,7 +159,7 @@ class BridgeReader(PackedReader):
         self.split = resolve_split(out_dir, split)
         self.metadata = load_bridge_metadata(out_dir, self.split)
         if check:
-            check_bridge_layout(out_dir, self.split)
+            check_layout_for_reading(out_dir, self.split)
         self.manifest = read_split_manifest(out_dir, self.split)
         self._pad_id = pad_id_of(self.metadata)
         self._groups: list[tuple[pq.ParquetFile, int]] = []

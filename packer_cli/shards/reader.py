@@ -8,7 +8,6 @@ Outputs of format version 1 (a uint8 mask a token) read the same.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +17,7 @@ import pyarrow as pa
 from packer_cli.errors import DataError
 from packer_cli._arrow import bitmap_of, unpack_bits
 from packer_cli.shards.format import (FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA, READABLE_VERSIONS_TEXT,
-                                      is_readable_version, metadata_checksum_problem, shard_name)
+                                      is_readable_version)
 
 COLUMNS = PACK_SCHEMA.names
 
@@ -88,77 +87,29 @@ class DamagedOutput(DataError):
                          f"run `packer verify` for a full report")
 
 
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # as packer_cli.audit.store.SAFE_NAME
+#: Findings of the layout checks that change nothing a reader serves: a stray file in the
+#: directory, and Bridge's ``{C}_metadata.jsonl`` (packer's reader never reads it, and it may
+#: hold other writers' entries). verify still reports both.
+_NOT_FOR_READERS = ("structure.files", "bridge.")
 
 
-def _count(value) -> bool:
-    return type(value) is int and value >= 0
+def check_layout_for_reading(out_dir: str, split: str | None = None) -> None:
+    """Run verify's checks that read no shard content (:func:`packer_cli.audit._layout_checks.check_layout`:
+    metadata self-checksum, schema and usable spec; manifest well-formed, entry i is shard i,
+    totals equal to the metadata's counts; every shard present with its recorded size) and raise
+    :class:`DamagedOutput` naming the output, one line for each failed check. They cost a JSON
+    read and a stat a shard, and load no compiler (the audit's kernels stay unimported)."""
+    from packer_cli.audit._layout_checks import check_layout
+    from packer_cli.audit.findings import ERROR, FindingSink
 
-
-def native_layout_problems(out_dir: str, meta: dict, manifest) -> list[str]:
-    """verify's checks of a native output that read no shard content, for the reader.
-
-    The same rules as :func:`packer_cli.audit._layout_checks.check_layout` (metadata
-    self-checksum and usable spec; manifest format, version and well-formed entries with safe
-    names, listed once; entry i is shard i; totals equal ``counts``; each shard present with its
-    recorded size), restated here because importing :mod:`packer_cli.audit` loads numba, which
-    a data-loader process must not pay. One JSON parse was already done; this adds a stat a shard.
-    """
-    from packer_cli.errors import PackerError
-    from packer_cli.spec import PackSpec
-
-    problems = []
-    if (problem := metadata_checksum_problem(meta)):
-        problems.append(f"{METADATA_FILE}: {problem}")
-    try:
-        PackSpec.from_dict(meta.get("spec")).validate()
-    except (PackerError, TypeError, ValueError, KeyError, AttributeError) as exc:
-        problems.append(f"{METADATA_FILE}: the spec is unusable ({exc})")
-    if not isinstance(manifest, dict):
-        return problems + [f"{MANIFEST_FILE} is not an object"]
-    if manifest.get("format") != FORMAT_NAME:
-        return problems + [f"{MANIFEST_FILE}: format is {manifest.get('format')!r}, expected {FORMAT_NAME!r}"]
-    if manifest.get("format_version") != meta.get("format_version"):
-        problems.append(f"{MANIFEST_FILE}: format_version is {manifest.get('format_version')!r}, but "
-                        f"{METADATA_FILE} records {meta.get('format_version')!r}")
-    shards = manifest.get("shards")
-    if not isinstance(shards, list):
-        return problems + [f"{MANIFEST_FILE}: 'shards' is not a list"]
-    entries_ok = True
-    for i, entry in enumerate(shards):
-        name = entry.get("name") if isinstance(entry, dict) else None
-        if not isinstance(name, str) or not _SAFE_NAME.match(name):
-            problems.append(f"{MANIFEST_FILE}: shard entry {i} has an unusable name {name!r}")
-            entries_ok = False
-            continue
-        if name != shard_name(i):
-            problems.append(f"{MANIFEST_FILE}: shard entry {i} is {name}, but the writer names shard {i} "
-                            f"{shard_name(i)} (entries reordered, removed, repeated or renamed)")
-        bad = [k for k in ("bytes", "rows", "tokens") if not _count(entry.get(k))]
-        if bad:
-            problems.append(f"{MANIFEST_FILE}: shard entry {i} ({name}): {', '.join(bad)} not a count")
-            entries_ok = False
-            continue
-        path = os.path.join(out_dir, name)
-        try:
-            size = os.stat(path).st_size
-        except OSError:
-            problems.append(f"{name}: listed in {MANIFEST_FILE} but missing")
-            continue
-        if size != entry["bytes"]:
-            problems.append(f"{name}: {size:,} bytes, but {MANIFEST_FILE} records {entry['bytes']:,} "
-                            f"(truncated or rewritten)")
-    counts = meta.get("counts")
-    if entries_ok and isinstance(counts, dict):
-        for key, total in (("rows", "packs"), ("tokens", "padded_tokens")):
-            listed = sum(entry[key] for entry in shards)
-            if type(counts.get(total)) is int and listed != counts[total]:
-                problems.append(f"{MANIFEST_FILE}: its {len(shards)} shards hold {listed:,} {key} in all, but "
-                                f"{METADATA_FILE} counts.{total} is {counts[total]:,} (a shard entry is missing, "
-                                f"added or edited)")
-    elif not isinstance(counts, dict):
-        problems.append(f"{METADATA_FILE}: 'counts' is not an object")
-    return problems
+    sink = FindingSink()
+    check_layout(out_dir, sink, split)
+    first: dict[str, str] = {}  # one line for each failed check, in the order they were found
+    for finding in sink.findings():
+        if finding.severity == ERROR and not finding.check.startswith(_NOT_FOR_READERS):
+            first.setdefault(finding.check, finding.line())
+    if first:
+        raise DamagedOutput(out_dir, list(first.values()))
 
 
 class _Bits:
@@ -218,14 +169,14 @@ class PackedReader:
         return super().__new__(cls)
 
     def __init__(self, out_dir: str, split: str | None = None, *, check: bool = True):
-        """``check``: run verify's layout checks first (:func:`native_layout_problems`) and raise
+        """``check``: run verify's layout checks first (:func:`check_layout_for_reading`) and raise
         :class:`DamagedOutput` when one fails; a process re-opening an output already checked
         (a DataLoader worker) may pass False."""
         self.out_dir = out_dir = os.fspath(out_dir)
         self.metadata = load_metadata(out_dir)
         self.manifest = read_json(os.path.join(out_dir, MANIFEST_FILE))
-        if check and (problems := native_layout_problems(out_dir, self.metadata, self.manifest)):
-            raise DamagedOutput(out_dir, problems)
+        if check:
+            check_layout_for_reading(out_dir)
         if not isinstance(self.manifest, dict) or not isinstance(self.manifest.get("shards"), list):
             raise DataError(f"{os.path.join(out_dir, MANIFEST_FILE)}: no 'shards' list")
         self._batches: list[_Batch] = []
