@@ -25,13 +25,6 @@ from packer_cli.sources.parquet_lists import ListColumnReader
 BATCH_ROWS = 2048  # rows per batch: bounds decode memory in flight (a few batches are)
 SCAN_CHUNK = 16 << 20  # bytes read per step by the JSON Lines scanner
 
-try:
-    from zstandard import ZstdError as _ZstdError
-except ImportError:  # pragma: no cover - zstandard is a core dependency
-    class _ZstdError(Exception):
-        pass
-
-
 @dataclass
 class RawBatch:
     """Records ``row0 .. row0+len`` of ``path`` (a file, or one part of a datasets dir)."""
@@ -213,7 +206,7 @@ class _ScannedBatches:
             self.buf = grown
         try:
             n = self.f.readinto(memoryview(self.buf)[tail:])
-        except (OSError, EOFError, ValueError, zlib.error, _ZstdError) as exc:  # raised once the lines before it are used
+        except (OSError, EOFError, ValueError, zlib.error) as exc:  # raised once the lines before it are used
             self.error, n = exc, 0
         if not n:
             self.eof = True
@@ -468,7 +461,7 @@ def read_file(file: InputFile, fields: list[str], scalar_fields: set[str],
                 yield from read_ipc(path, fields)
         except DataError:
             raise
-        except (pa.ArrowException, OSError, EOFError, ValueError, UnicodeDecodeError, zlib.error, _ZstdError) as exc:
+        except (pa.ArrowException, OSError, EOFError, ValueError, UnicodeDecodeError, zlib.error) as exc:
             kind = {"jsonl": "JSON Lines", "parquet": "Parquet", "arrow": "Arrow IPC", "hf": "Arrow IPC"}
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise DataError(f"{path}: cannot read as {kind[file.format]}: {message}") from None
