@@ -160,7 +160,7 @@ class PackSpec:
                      optional_ints=("pad_seq_to_mult",))
         for name in ("pack_size", "cp", "tp"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if value < 1:  # an int: _check_types saw to that
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
         if self.pack_size > MAX_CAPACITY:
             raise ConfigError(f"pack-size {self.pack_size:,} is above the largest supported, {MAX_CAPACITY:,} "
@@ -209,11 +209,10 @@ class PackSpec:
 
     @classmethod
     def from_dict(cls, record: dict) -> "PackSpec":
-        """Inverse of :meth:`as_dict` (used when reading an output back)."""
+        """Inverse of :meth:`as_dict` (used when reading an output back; the enums' string values
+        become the enums in ``__post_init__``)."""
         names = {f for f in cls.__dataclass_fields__}
         kwargs = {k: v for k, v in record.items() if k in names}
-        kwargs["algorithm"] = Algorithm(kwargs.get("algorithm", "ffd"))
-        kwargs["overlong"] = OverlongPolicy(kwargs.get("overlong", "truncate"))
         if not record.get("pad_seq_to_mult_override", False):
             kwargs["pad_seq_to_mult"] = None
         return cls(**kwargs)
