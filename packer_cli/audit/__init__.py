@@ -22,7 +22,7 @@ from packer_cli.audit.findings import Finding, FindingSink
 # The rest loads on first use: inspect and verify bring numba with their kernels, and the
 # loader (``packer_cli.shards.reader``) runs the layout checks of this package without them.
 _LAZY = {
-    "InconsistentOutput": "packer_cli.audit.inspect", "inspect_output": "packer_cli.audit.inspect",
+    "InconsistentOutput": "packer_cli.audit._layout_checks", "inspect_output": "packer_cli.audit.inspect",
     "InspectReport": "packer_cli.audit.report", "PackDetail": "packer_cli.audit.report",
     "PackBatch": "packer_cli.audit.store", "open_store": "packer_cli.audit.store",
     "VerifyReport": "packer_cli.audit.verify", "verify_output": "packer_cli.audit.verify",

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 
 from packer_cli.audit._meta_schema import check_schema
-from packer_cli.audit.findings import FindingSink
+from packer_cli.audit.findings import ERROR, Finding, FindingSink
 from packer_cli.audit.store import STORES, NativeStore, manifest_problems, read_json_file
 from packer_cli.errors import ConfigError, DataError, PackerError
 from packer_cli.shards.bridge import BRIDGE_FORMAT
@@ -50,6 +50,30 @@ class Layout:
     """The recorded spec as limits (None: pack checks cannot run)."""
     bridge_array: list | None = None
     """A Bridge layout's ``{C}_metadata.jsonl`` entries, when the file could be read."""
+
+
+class InconsistentOutput(DataError):
+    """An output that fails the layout checks, so it is not ``refused`` (summarized, loaded);
+    ``findings`` are verify's, the message one line with the first finding of each failed check."""
+
+    def __init__(self, out: str, findings: list[Finding], errors: dict[str, int], refused: str):
+        self.findings = findings
+        n = sum(errors.values())
+        first = {}  # one line for each failed check, in the order they were found
+        for finding in findings:
+            first.setdefault(finding.check, finding.line())
+        super().__init__(f"{out}: not {refused}, {n} problem{'s' if n > 1 else ''} in {len(errors)} "
+                         f"check{'s' if len(errors) > 1 else ''}: {'; '.join(first.values())}; "
+                         f"run `packer verify` for a full report")
+
+
+def raise_if_inconsistent(out: str, sink: FindingSink, refused: str, ignore: tuple[str, ...] = ()) -> None:
+    """Raise :class:`InconsistentOutput` when ``sink`` holds errors, those of checks starting
+    with an ``ignore`` prefix aside."""
+    errors = {check: n for check, n in sink.counts(ERROR).items() if not check.startswith(ignore)}
+    if errors:
+        findings = [f for f in sink.findings() if f.severity == ERROR and f.check in errors]
+        raise InconsistentOutput(out, findings, errors, refused)
 
 
 def check_layout(out: str, sink: FindingSink, split: str | None = None) -> Layout:

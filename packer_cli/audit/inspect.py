@@ -12,9 +12,10 @@ partials add up to one report per shard and shard reports add up to the whole ou
 Before reading, ``inspect`` runs verify's checks that need no read of the shards' content
 (:mod:`packer_cli.audit._layout_checks`: metadata checksum and schema, manifest against
 metadata, shard files and sizes, Bridge's metadata array) and summarizes nothing when one
-fails: an :class:`InconsistentOutput` error lists the findings. It does not hash the shards;
-beyond that it trusts the data as far as its arithmetic needs (lengths are consistent and
-non-negative); anything else is a :class:`DataError` that points at ``packer verify``.
+fails: an :class:`~packer_cli.audit._layout_checks.InconsistentOutput` error lists the
+findings. It does not hash the shards; beyond that it trusts the data as far as its
+arithmetic needs (lengths are consistent and non-negative); anything else is a
+:class:`DataError` that points at ``packer verify``.
 """
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ import os
 import numpy as np
 
 from packer_cli.audit._bridge_checks import check_bridge_entries
-from packer_cli.audit._layout_checks import Layout, check_layout
-from packer_cli.audit.findings import ERROR, Finding, FindingSink
+from packer_cli.audit._layout_checks import Layout, check_layout, raise_if_inconsistent
+from packer_cli.audit.findings import FindingSink
 from packer_cli.audit.report import InspectReport, PackDetail
 from packer_cli.audit.store import PackBatch
 from packer_cli.errors import ConfigError, DataError
@@ -33,22 +34,9 @@ INSPECT_COLUMNS = ("cu_seqlens", "seq_lens", "loss_mask")
 RECORDED = ("records", "samples_packed", "bad_records", "too_short_dropped", "no_target_samples", "overlong")
 
 
-class InconsistentOutput(DataError):
-    """The output fails a check inspect runs before summarizing; ``findings`` are verify's."""
-
-    def __init__(self, out: str, findings: list[Finding], errors: dict[str, int]):
-        self.findings = findings
-        n = sum(errors.values())
-        first = {}  # one line for each failed check, in the order they were found
-        for finding in findings:
-            first.setdefault(finding.check, finding.line())
-        super().__init__(f"{out}: not summarized, {n} problem{'s' if n > 1 else ''} in {len(errors)} "
-                         f"check{'s' if len(errors) > 1 else ''}: {'; '.join(first.values())}; "
-                         f"run `packer verify` for a full report")
-
-
 def consistent_layout(out: str, split: str | None = None) -> Layout:
-    """``out`` opened after verify's layout checks, which all hold (else :class:`InconsistentOutput`).
+    """``out`` opened after verify's layout checks, which all hold (else
+    :class:`~packer_cli.audit._layout_checks.InconsistentOutput`).
 
     The split's entry in Bridge's metadata array is compared with what its metadata records
     (verify compares it with what the data gives).
@@ -58,9 +46,7 @@ def consistent_layout(out: str, split: str | None = None) -> Layout:
     bridge = layout.metadata.get("bridge") if layout.metadata else None
     if layout.bridge_array is not None and isinstance(bridge, dict):
         check_bridge_entries(layout.store, layout.bridge_array, bridge, sink, f"{layout.store.metadata_name} records")
-    errors = sink.counts(ERROR)
-    if errors:
-        raise InconsistentOutput(out, [f for f in sink.findings() if f.severity == ERROR], errors)
+    raise_if_inconsistent(out, sink, "summarized")
     return layout
 
 
@@ -130,8 +116,8 @@ def inspect_output(out: str, pack: int | None = None, split: str | None = None) 
     """Read ``out`` and return its report; ``pack`` adds that pack's detail (global index).
 
     Raises :class:`ConfigError` when ``out`` is not a packer output or ``pack`` is out of
-    range, :class:`InconsistentOutput` when verify's layout checks fail, :class:`DataError`
-    when the output cannot be read.
+    range, :class:`~packer_cli.audit._layout_checks.InconsistentOutput` when verify's layout
+    checks fail, :class:`DataError` when the output cannot be read.
     """
     if not os.path.isdir(out):
         raise ConfigError(f"{out}: not a directory")

@@ -204,9 +204,3 @@ class BridgeReader(PackedReader):
         g = int(np.searchsorted(self._starts, i, side="right") - 1)
         return self._group(g).row(i - int(self._starts[g]))
 
-    def locate(self, i: int) -> str:
-        """Where pack ``i`` is stored, for messages: ``"<parquet path> row <r>"``."""
-        i %= len(self)
-        g = int(np.searchsorted(self._starts, i, side="right") - 1)
-        first = self._paths.index(self._paths[g])
-        return f"{self._paths[g]} row {i - int(self._starts[first])}"

@@ -76,17 +76,6 @@ def load_metadata(out_dir: str, split: str | None = None) -> dict:
     return meta
 
 
-class DamagedOutput(DataError):
-    """An output whose layout fails verify's cheap checks (no shard content is read); the reader
-    refuses it rather than serve packs that may be another output's, doubled or re-padded."""
-
-    def __init__(self, out_dir: str, problems: list[str]):
-        self.problems = problems
-        n = len(problems)
-        super().__init__(f"{out_dir}: not loaded, {n} problem{'s' if n > 1 else ''}: {'; '.join(problems)}; "
-                         f"run `packer verify` for a full report")
-
-
 #: Findings of the layout checks that change nothing a reader serves: a stray file in the
 #: directory, and Bridge's ``{C}_metadata.jsonl`` (packer's reader never reads it, and it may
 #: hold other writers' entries). verify still reports both.
@@ -97,19 +86,15 @@ def check_layout_for_reading(out_dir: str, split: str | None = None) -> None:
     """Run verify's checks that read no shard content (:func:`packer_cli.audit._layout_checks.check_layout`:
     metadata self-checksum, schema and usable spec; manifest well-formed, entry i is shard i,
     totals equal to the metadata's counts; every shard present with its recorded size) and raise
-    :class:`DamagedOutput` naming the output, one line for each failed check. They cost a JSON
-    read and a stat a shard, and load no compiler (the audit's kernels stay unimported)."""
-    from packer_cli.audit._layout_checks import check_layout
-    from packer_cli.audit.findings import ERROR, FindingSink
+    :class:`~packer_cli.audit._layout_checks.InconsistentOutput` (a :class:`DataError`) naming the
+    output, with the first finding of each failed check. They cost a JSON read and a stat a shard,
+    and load no compiler (the audit's kernels stay unimported)."""
+    from packer_cli.audit._layout_checks import check_layout, raise_if_inconsistent
+    from packer_cli.audit.findings import FindingSink
 
     sink = FindingSink()
     check_layout(out_dir, sink, split)
-    first: dict[str, str] = {}  # one line for each failed check, in the order they were found
-    for finding in sink.findings():
-        if finding.severity == ERROR and not finding.check.startswith(_NOT_FOR_READERS):
-            first.setdefault(finding.check, finding.line())
-    if first:
-        raise DamagedOutput(out_dir, list(first.values()))
+    raise_if_inconsistent(out_dir, sink, "loaded", ignore=_NOT_FOR_READERS)
 
 
 class _Bits:
@@ -170,7 +155,7 @@ class PackedReader:
 
     def __init__(self, out_dir: str, split: str | None = None, *, check: bool = True):
         """``check``: run verify's layout checks first (:func:`check_layout_for_reading`) and raise
-        :class:`DamagedOutput` when one fails; a process re-opening an output already checked
+        :class:`~packer_cli.audit._layout_checks.InconsistentOutput` when one fails; a process re-opening an output already checked
         (a DataLoader worker) may pass False."""
         self.out_dir = out_dir = os.fspath(out_dir)
         self.metadata = load_metadata(out_dir)
@@ -208,11 +193,13 @@ class PackedReader:
         return self._batches[b].row(i - int(self._starts[b]))
 
     def locate(self, i: int) -> str:
-        """Where pack ``i`` is stored, for messages: ``"<shard path> row <r>"``."""
+        """Where pack ``i`` is stored, for messages: ``"<file> row <r>"``. ``_starts[k]`` is the
+        first pack of the k-th part read (a record batch of a shard, a row group of a Bridge
+        file) and ``_paths[k]`` its file."""
         i %= len(self)
-        b = int(np.searchsorted(self._starts, i, side="right") - 1)
-        first = self._paths.index(self._paths[b])  # the shard's first record batch
-        return f"{self._paths[b]} row {i - int(self._starts[first])}"
+        k = int(np.searchsorted(self._starts, i, side="right") - 1)
+        first = self._paths.index(self._paths[k])  # the file's first part
+        return f"{self._paths[k]} row {i - int(self._starts[first])}"
 
     @property
     def spec(self) -> dict:
