@@ -148,8 +148,9 @@ class BridgeOutput:
         """Write the split's Parquet file into ``tmp`` and return its manifest.
 
         As for the native shards, each step's packs are read from the plan order parked in the
-        spill directory (``plan`` holds only the per-pack arrays) and resolved, gathered and laid
-        out as Bridge's rows on two threads while this thread writes them in order.
+        spill directory (``plan`` holds only the per-pack arrays) and resolved, gathered, laid
+        out as Bridge's rows and encoded as Parquet on two threads while this thread joins them
+        into the file in order.
         """
         from packer_cli.shards.bridge_writer import bridge_step, packs_per_step, resolve_eos, write_bridge_file
 
@@ -168,7 +169,7 @@ class BridgeOutput:
                 tokens, mask, last, _, buffers = spill.gather(seq.src, seq.length, seq.padded, run_offsets,
                                                               spec.pad_id)
                 built = bridge_step(tokens, mask, last, seq.length, seq.padded, sources[seq.sample], seq.offset,
-                                    run_offsets, eos=eos, pad_multiple=spec.pad_multiple)
+                                    run_offsets, eos=eos, pad_multiple=spec.pad_multiple, row_group_size=rows)
                 spill.recycle(buffers)  # the table holds copies laid out Bridge's way
                 return built
 

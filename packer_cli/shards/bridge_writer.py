@@ -6,9 +6,15 @@
 
 The native gather (:class:`packer_cli.shards._gather.SpillReader`) produces each pack's runtime
 stream; :func:`to_bridge_rows` re-lays it out the way Bridge stores it (each sequence followed by
-its last label, alignment padding as the end-of-sequence id) with vectorized NumPy only. Row
-groups are whole multiples of the configured size, so every group but the last has exactly
+its last label, alignment padding as the end-of-sequence id) in one compiled pass. Steps
+are whole multiples of the row-group size, so every group but the last has exactly
 ``row_group_size`` packs.
+
+Parquet encoding (dictionary, levels, Snappy) is most of the work, and pyarrow's writer encodes
+one row group after another on one thread. So each step is encoded by the thread that built it,
+as a small Parquet file of its own, and :func:`write_bridge_file` joins the steps' files into
+the split's one file (:mod:`packer_cli.shards._parquet_stitch`): the same bytes one writer would
+produce, with both cores encoding.
 """
 from __future__ import annotations
 
@@ -19,10 +25,12 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from numba import njit
 
 from packer_cli._arrow import list_array
 from packer_cli.errors import ConfigError
 from packer_cli.shards.bridge import BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION
+from packer_cli.shards._parquet_stitch import ParquetStitcher
 from packer_cli.shards._sink import OutputFile
 
 #: Tokens gathered per write step (about 40 bytes per token while a step is built; a few steps
@@ -79,25 +87,37 @@ def to_bridge_rows(tokens, mask, last, seq_len, seq_pad, pack_seq_offsets, eos):
     Returns ``(input_ids int64, loss_mask int8, row_offsets, seq_start_id int64)``: flat stored
     values, each pack's stored extent, and each sequence's start within its pack.
     """
-    n = seq_pad.size
     p = seq_pad.astype(np.int64)
-    s = seq_len.astype(np.int64)
-    native_start = np.concatenate([[0], np.cumsum(p)[:-1]]).astype(np.int64)
-    stored_start = native_start + np.arange(n, dtype=np.int64)
-    total = int(p.sum()) + n
-    seq_of_token = np.repeat(np.arange(n, dtype=np.int64), p)
-    dest = np.arange(int(p.sum()), dtype=np.int64) + seq_of_token
-    real = (np.arange(dest.size, dtype=np.int64) - native_start[seq_of_token]) < s[seq_of_token]
-    ids = np.full(total, 0 if eos is None else eos, dtype=np.int64)
-    ids[dest[real]] = tokens[real]
-    ids[stored_start + s] = last
-    loss = np.zeros(total, dtype=np.int8)
-    loss[dest] = mask
+    n = p.size
+    ids = np.empty(int(p.sum()) + n, dtype=np.int64)
+    loss = np.empty(ids.size, dtype=np.int8)
+    stored_start = np.empty(n, dtype=np.int64)
+    _lay_out_stored(tokens, mask, last, seq_len, seq_pad, 0 if eos is None else eos, ids, loss, stored_start)
     seq_ends = np.concatenate([[0], np.cumsum(p + 1)])
     row_offsets = seq_ends[pack_seq_offsets]
     pack_of_seq = np.repeat(np.arange(pack_seq_offsets.size - 1), np.diff(pack_seq_offsets))
     seq_start = stored_start - row_offsets[pack_of_seq]
     return ids, loss, row_offsets, seq_start
+
+
+@njit(cache=True, nogil=True)
+def _lay_out_stored(tokens, mask, last, seq_len, seq_pad, fill, ids, loss, stored_start):
+    """Copy each sequence's inputs, last label, padding and mask to its stored place (one pass,
+    the GIL released: the two building threads run it side by side)."""
+    native = stored = 0
+    for k in range(seq_pad.size):
+        s, p = seq_len[k], seq_pad[k]
+        stored_start[k] = stored
+        for j in range(s):
+            ids[stored + j] = tokens[native + j]
+        ids[stored + s] = last[k]
+        for j in range(s + 1, p + 1):
+            ids[stored + j] = fill
+        for j in range(p):
+            loss[stored + j] = mask[native + j]
+        loss[stored + p] = 0
+        native += p
+        stored += p + 1
 
 
 def logical_length_mismatches(tokens, last, seq_len, seq_pad, eos) -> tuple[int, int]:
@@ -117,11 +137,29 @@ def logical_length_mismatches(tokens, last, seq_len, seq_pad, eos) -> tuple[int,
     return int(short.sum()), int(long.sum())
 
 
+def bridge_schema(eos: int | None) -> pa.Schema:
+    """The split file's schema, with packer's format and the EOS id in its key-value metadata."""
+    return BRIDGE_SCHEMA.with_metadata({
+        "packer_format": BRIDGE_FORMAT, "packer_format_version": str(BRIDGE_FORMAT_VERSION),
+        "eos_id": "" if eos is None else str(eos),
+    })
+
+
+def encode_parquet(table: pa.Table, schema: pa.Schema, row_group_size: int) -> pa.Buffer:
+    """``table`` as a complete Parquet file in memory, with the settings of every part of a
+    split's file (pyarrow's defaults, as Bridge's own writer: dictionary pages and Snappy)."""
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(sink, schema, write_statistics=False) as writer:
+        writer.write_table(table, row_group_size=row_group_size)
+    return sink.getvalue()
+
+
 @dataclass
 class BridgeStep:
-    """One write step: a table of whole row groups and what it adds to the file's totals."""
+    """One write step: whole row groups encoded as a Parquet file of their own, and what the
+    step adds to the split file's totals."""
 
-    table: pa.Table
+    part: pa.Buffer
     packs: int
     stored_tokens: int
     runtime_tokens: int
@@ -130,8 +168,8 @@ class BridgeStep:
 
 
 def bridge_step(tokens, mask, last, seq_len, seq_pad, seq_source, seq_offset, run_offsets, *, eos: int | None,
-                pad_multiple: int) -> BridgeStep:
-    """Bridge's rows for a run of packs, from the native runtime stream of its sequences
+                pad_multiple: int, row_group_size: int) -> BridgeStep:
+    """Bridge's rows for a run of packs, encoded, from the native runtime stream of its sequences
     (``tokens``, label-aligned ``mask`` and ``last`` labels, as ``SpillReader.gather`` returns
     them) and their per-sequence columns; ``run_offsets`` delimits the packs."""
     ids, loss, row_offsets, seq_start = to_bridge_rows(tokens, mask, last, seq_len, seq_pad, run_offsets, eos)
@@ -146,31 +184,34 @@ def bridge_step(tokens, mask, last, seq_len, seq_pad, seq_source, seq_offset, ru
         list_array(run_offsets, seq_source, pa.int64()),
         list_array(run_offsets, seq_offset, pa.int32()),
     ], schema=BRIDGE_SCHEMA)
-    return BridgeStep(table, run_offsets.size - 1, int(ids.size), int(tokens.size), short, long)
+    part = encode_parquet(table, bridge_schema(eos), row_group_size)
+    return BridgeStep(part, run_offsets.size - 1, int(ids.size), int(tokens.size), short, long)
 
 
 def write_bridge_file(path: str, *, steps: Iterable[BridgeStep], n_packs: int, eos: int | None,
                       row_group_size: int, progress, direct_io: bool = True) -> tuple[dict, dict]:
-    """Write the packs of ``steps`` (each whole row groups, in output order) into one Parquet file,
-    hashed on its way (``direct_io``: with ``O_DIRECT`` where the file system allows it).
+    """Join the encoded packs of ``steps`` (each whole row groups, in output order) into one
+    Parquet file, hashed on its way (``direct_io``: with ``O_DIRECT`` where the file system
+    allows it).
 
     Returns the manifest entry and the diagnostics (EOS-scan mismatches when ``m > 1``).
     """
-    schema = BRIDGE_SCHEMA.with_metadata({
-        "packer_format": BRIDGE_FORMAT, "packer_format_version": str(BRIDGE_FORMAT_VERSION),
-        "eos_id": "" if eos is None else str(eos),
-    })
     short = long = stored_tokens = runtime_tokens = 0
     task = progress.task("writing", total=n_packs, unit="packs")
     sink = OutputFile(path, direct=direct_io)
     try:
-        with pq.ParquetWriter(sink, schema, write_statistics=False) as writer:
-            for step in steps:
-                writer.write_table(step.table, row_group_size=row_group_size)
-                stored_tokens += step.stored_tokens
-                runtime_tokens += step.runtime_tokens
-                short, long = short + step.eos_scan_too_short, long + step.eos_scan_too_long
-                progress.advance(task, step.packs)
+        stitcher = ParquetStitcher(sink)
+        joined = 0
+        for step in steps:
+            stitcher.add(step.part)
+            joined += 1
+            stored_tokens += step.stored_tokens
+            runtime_tokens += step.runtime_tokens
+            short, long = short + step.eos_scan_too_short, long + step.eos_scan_too_long
+            progress.advance(task, step.packs)
+        if not joined:  # no packs: still a file with the schema and no row groups
+            stitcher.add(encode_parquet(BRIDGE_SCHEMA.empty_table(), bridge_schema(eos), row_group_size))
+        stitcher.finish()
         sink.close()
     finally:
         sink.discard()  # a no-op after close(); otherwise the file is being abandoned

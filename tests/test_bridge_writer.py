@@ -1,0 +1,194 @@
+"""The Bridge writer's two parallel parts: the stored layout kernel and joining Parquet parts.
+
+* ``to_bridge_rows`` (one compiled pass) must lay out exactly what the plain NumPy formulation
+  below does, for any sequence lengths, padding and EOS id;
+* a split file joined from parts that pyarrow encoded apart must be byte for byte the file one
+  pyarrow writer makes of the same row groups, and read back the same.
+"""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packer_cli._arrow import list_array
+from packer_cli.shards._parquet_stitch import ParquetStitcher, StitchError, read_struct, split_file, write_struct
+from packer_cli.shards.bridge_writer import BRIDGE_SCHEMA, bridge_schema, encode_parquet, to_bridge_rows
+
+
+# -- the stored layout -----------------------------------------------------------------------------
+def reference_rows(tokens, mask, last, seq_len, seq_pad, pack_seq_offsets, eos):
+    """Bridge's stored layout with whole-array NumPy operations (the slow, obvious formulation)."""
+    n = seq_pad.size
+    p, s = seq_pad.astype(np.int64), seq_len.astype(np.int64)
+    native_start = np.concatenate([[0], np.cumsum(p)[:-1]]).astype(np.int64)
+    stored_start = native_start + np.arange(n, dtype=np.int64)
+    seq_of_token = np.repeat(np.arange(n, dtype=np.int64), p)
+    dest = np.arange(int(p.sum()), dtype=np.int64) + seq_of_token
+    real = (np.arange(dest.size, dtype=np.int64) - native_start[seq_of_token]) < s[seq_of_token]
+    ids = np.full(int(p.sum()) + n, 0 if eos is None else eos, dtype=np.int64)
+    ids[dest[real]] = tokens[real]
+    ids[stored_start + s] = last
+    loss = np.zeros(ids.size, dtype=np.int8)
+    loss[dest] = mask
+    row_offsets = np.concatenate([[0], np.cumsum(p + 1)])[pack_seq_offsets]
+    pack_of_seq = np.repeat(np.arange(pack_seq_offsets.size - 1), np.diff(pack_seq_offsets))
+    return ids, loss, row_offsets, stored_start - row_offsets[pack_of_seq]
+
+
+@st.composite
+def runs_of_packs(draw):
+    """A gathered run: sequences (real length s ≥ 1, padded p ≥ s) grouped into packs."""
+    seqs = draw(st.lists(st.tuples(st.integers(1, 12), st.integers(0, 5)), min_size=1, max_size=30))
+    seq_len = np.array([s for s, _ in seqs], dtype=np.int32)
+    seq_pad = np.array([s + extra for s, extra in seqs], dtype=np.int32)
+    cuts = sorted(draw(st.sets(st.integers(1, len(seqs) - 1), max_size=len(seqs) - 1))) if len(seqs) > 1 else []
+    pack_seq_offsets = np.array([0, *cuts, len(seqs)], dtype=np.int64)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    total = int(seq_pad.sum())
+    tokens = rng.integers(0, 200_000, total).astype(np.int32)
+    mask = rng.integers(0, 2, total).astype(np.uint8)
+    last = rng.integers(0, 200_000, len(seqs)).astype(np.int32)
+    eos = draw(st.one_of(st.none(), st.integers(0, 200_000)))
+    return tokens, mask, last, seq_len, seq_pad, pack_seq_offsets, eos
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs_of_packs())
+def test_stored_layout_matches_the_numpy_formulation(run):
+    got = to_bridge_rows(*run)
+    want = reference_rows(*run)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert got[0].dtype == np.int64 and got[1].dtype == np.int8
+
+
+# -- joining Parquet parts -------------------------------------------------------------------------
+def bridge_table(rng, packs: int) -> pa.Table:
+    """``packs`` rows of Bridge's schema with random contents (some lists empty, large ids)."""
+    lengths = rng.integers(0, 40, packs)
+    seqs = rng.integers(0, 4, packs)
+    off, soff = np.concatenate([[0], np.cumsum(lengths)]), np.concatenate([[0], np.cumsum(seqs)])
+    n, m = int(off[-1]), int(soff[-1])
+    return pa.Table.from_arrays([
+        list_array(off, rng.integers(0, 2**40, n), pa.int64()),
+        list_array(off, rng.integers(0, 2, n).astype(np.int8), pa.int8()),
+        list_array(soff, rng.integers(0, 100, m), pa.int64()),
+        list_array(soff, rng.integers(0, 100, m).astype(np.int32), pa.int32()),
+        list_array(soff, rng.integers(0, 10**6, m), pa.int64()),
+        list_array(soff, rng.integers(0, 100, m).astype(np.int32), pa.int32()),
+    ], schema=BRIDGE_SCHEMA)
+
+
+def single_writer(tables, schema, rows: int, **options) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(sink, schema, **options) as writer:
+        for table in tables:
+            writer.write_table(table, row_group_size=rows)
+    return sink.getvalue().to_pybytes()
+
+
+def stitched(parts) -> bytes:
+    out = io.BytesIO()
+    stitcher = ParquetStitcher(out)
+    for part in parts:
+        stitcher.add(part)
+    size = stitcher.finish()
+    assert size == len(out.getvalue())
+    return out.getvalue()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 5), st.lists(st.integers(1, 4), min_size=1, max_size=7), st.integers(0, 60),
+       st.integers(0, 2**32 - 1))
+def test_joined_parts_are_the_single_writer_file(rows, groups_per_part, last_packs, seed):
+    """Parts of whole row groups (the last part any size) joined == one writer, byte for byte."""
+    rng = np.random.default_rng(seed)
+    tables = [bridge_table(rng, rows * g) for g in groups_per_part]
+    if last_packs:
+        tables.append(bridge_table(rng, last_packs))
+    schema = bridge_schema(7)
+    parts = [encode_parquet(t, schema, rows) for t in tables]
+    joined = stitched(parts)
+    assert joined == single_writer(tables, schema, rows, write_statistics=False)
+    back = pq.read_table(pa.BufferReader(joined))
+    assert back.equals(pa.concat_tables(tables).replace_schema_metadata(back.schema.metadata))
+
+
+def test_many_row_groups_and_statistics_join_exactly():
+    """More than 15 row groups (the footer's long list form) and pyarrow's default statistics."""
+    rng = np.random.default_rng(3)
+    tables = [bridge_table(rng, 40) for _ in range(9)]
+    schema = bridge_schema(None)
+
+    def part(table):
+        sink = pa.BufferOutputStream()
+        with pq.ParquetWriter(sink, schema) as writer:
+            writer.write_table(table, row_group_size=2)
+        return sink.getvalue()
+
+    joined = stitched([part(t) for t in tables])
+    assert joined == single_writer(tables, schema, 2)
+    meta = pq.ParquetFile(pa.BufferReader(joined)).metadata
+    assert meta.num_row_groups == 180 and meta.num_rows == 360
+    assert [meta.row_group(k).num_rows for k in range(3)] == [2, 2, 2]
+
+
+def test_page_index_offsets_are_moved_too():
+    """With page indexes (written before each part's footer) the joined file still reads, and
+    every column chunk's offset and column index point inside the file at the right pages."""
+    rng = np.random.default_rng(5)
+    tables = [bridge_table(rng, 30) for _ in range(3)]
+    schema = bridge_schema(1)
+    parts = []
+    for table in tables:
+        sink = pa.BufferOutputStream()
+        with pq.ParquetWriter(sink, schema, write_page_index=True) as writer:
+            writer.write_table(table, row_group_size=10)
+        parts.append(sink.getvalue())
+    joined = stitched(parts)
+    back = pq.ParquetFile(pa.BufferReader(joined))
+    assert back.read().equals(pa.concat_tables(tables).replace_schema_metadata(back.schema_arrow.metadata))
+    for k in range(back.metadata.num_row_groups):  # each group read alone: its offsets are right
+        want = pa.concat_tables(tables).slice(10 * k, 10)
+        assert back.read_row_group(k).equals(want.replace_schema_metadata(back.schema_arrow.metadata))
+    chunk = back.metadata.row_group(8).column(0)
+    assert chunk.has_offset_index and chunk.has_column_index and chunk.data_page_offset < len(joined)
+
+
+def test_footer_round_trips_through_the_typed_thrift_reader():
+    rng = np.random.default_rng(9)
+    part = encode_parquet(bridge_table(rng, 50), bridge_schema(2), 7).to_pybytes()
+    footer_len = int.from_bytes(part[-8:-4], "little")
+    footer = part[-8 - footer_len:-8]
+    fields, end = read_struct(footer)
+    assert end == footer_len
+    out = bytearray()
+    write_struct(out, fields)
+    assert bytes(out) == footer
+
+
+def test_stitcher_refuses_what_it_cannot_join():
+    rng = np.random.default_rng(1)
+    good = encode_parquet(bridge_table(rng, 10), bridge_schema(2), 5)
+    with pytest.raises(StitchError, match="footer length out of range"):
+        ParquetStitcher(io.BytesIO()).add(b"PAR1 not really PAR1")
+    footer_len = int.from_bytes(good.to_pybytes()[-8:-4], "little")
+    with pytest.raises(StitchError, match="footer cut short"):  # the footer's last bytes lost
+        split_file(good.to_pybytes()[:-8 - footer_len // 2] + (footer_len // 2).to_bytes(4, "little") + b"PAR1")
+    with pytest.raises(StitchError, match="not a complete Parquet file"):
+        ParquetStitcher(io.BytesIO()).add(good.to_pybytes()[:-1])
+    with pytest.raises(StitchError, match="footer length out of range"):
+        split_file(b"PAR1" + b"\0" * 8 + (10**6).to_bytes(4, "little") + b"PAR1")
+    other = encode_parquet(bridge_table(rng, 10), bridge_schema(3), 5)  # another EOS in the metadata
+    stitcher = ParquetStitcher(io.BytesIO())
+    stitcher.add(good)
+    with pytest.raises(StitchError, match="different schemas"):
+        stitcher.add(other)
+    with pytest.raises(StitchError, match="no Parquet parts"):
+        ParquetStitcher(io.BytesIO()).finish()
