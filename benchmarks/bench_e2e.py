@@ -11,6 +11,9 @@ Tools (``--tools``):
 * ``cli_floor``  the same command on the input's first ``FLOOR_SAMPLES`` samples: a fresh
                  process's fixed cost (interpreter, imports, argument parsing, kernel loads, the
                  output's files), which no amount of packing speed removes from a CLI run;
+* ``cli_bridge`` ``packer pack IN -o OUT --format megatron-bridge``: the same run writing
+                 Megatron-Bridge's Parquet layout (one ``training_{C}.idx.parquet``, pyarrow's
+                 default encodings as Bridge's own writer) instead of native shards;
 * ``api``        ``packer_cli.pack()`` in a warm process (same work, no start-up);
 * ``trl``        TRL ``pack_dataset(ds, C, strategy="bfd")`` on the same table held in memory
                  (``datasets`` default: packed in 1,000-row ``map`` batches);
@@ -156,15 +159,23 @@ def serve_read_json(args) -> None:
 
 # --- in-process tools -------------------------------------------------------------------------
 
-def run_cli(args) -> dict:
+def run_cli(args, extra: tuple[str, ...] = (), out: str | None = None) -> dict:
     # Each run packs into a fresh directory: deleting the previous run's output (what
     # --overwrite would do, 0.03-0.06 s of page-cache truncation) is not part of packing.
-    shutil.rmtree(args.out, ignore_errors=True)
-    cmd = [PACKER, "pack", args.input, "-o", args.out, "--pack-size", str(args.pack_size), "--json"]
+    out = out or args.out
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [PACKER, "pack", args.input, "-o", out, "--pack-size", str(args.pack_size), "--json", *extra]
     r = run_measured(cmd)
     phases = json.loads(r["stdout"])["seconds"]  # the summary's own clock: pass two is "write"
     return {"seconds": r["wall_s"], "peak_rss_bytes": r["peak_rss_bytes"], "cpu_s": r["cpu_s"],
-            "out_bytes": dir_bytes(args.out), "write_s": phases["write"], "read_s": phases["read"]}
+            "out_bytes": dir_bytes(out), "write_s": phases["write"], "read_s": phases["read"]}
+
+
+def run_cli_bridge(args) -> dict:
+    out = args.out + "_bridge"
+    row = run_cli(args, ("--format", "megatron-bridge"), out)
+    shutil.rmtree(out, ignore_errors=True)
+    return row
 
 
 FLOOR_SAMPLES = 256
@@ -269,7 +280,7 @@ def main() -> None:
     ap.add_argument("--pack-size", type=int, default=4096)
     ap.add_argument("--runs", type=int, default=5)
     # `pages` must not follow `disk`, which has just freed 2 GB of memory it would reuse
-    ap.add_argument("--tools", default="cli,cli_floor,api,trl,trl_whole,trl_process,decode,disk,disk_direct,"
+    ap.add_argument("--tools", default="cli,cli_floor,cli_bridge,api,trl,trl_whole,trl_process,decode,disk,disk_direct,"
                                         "decode_packer,pages")
     ap.add_argument("--disk-gb", type=float, default=2.0)
     ap.add_argument("--out", default=os.path.join(OUT, "e2e"))
@@ -301,6 +312,8 @@ def main() -> None:
                     row = run_cli(args)
                 elif tool == "cli_floor":
                     row = run_cli_floor(args)
+                elif tool == "cli_bridge":
+                    row = run_cli_bridge(args)
                 elif tool == "trl_process":
                     row = run_trl_process(args)
                 elif tool == "disk":
