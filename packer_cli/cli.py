@@ -19,7 +19,7 @@ from rich.console import Console
 
 from packer_cli._jit import light_cache_loads
 from packer_cli.errors import ConfigError, PackerError
-from packer_cli.shards.bridge import OutputFormat, Split
+from packer_cli.shards.bridge import OutputFormat, ParquetEncoding, Split
 from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec
 
 app = typer.Typer(
@@ -84,6 +84,7 @@ def pack_command(
     split: Annotated[Optional[Split], typer.Option(help="megatron-bridge: which split file to write (default training).")] = None,
     eos_id: Annotated[Optional[int], typer.Option(help="megatron-bridge: end-of-sequence id for alignment padding (inferred when every sample ends with one id).")] = None,
     row_group_size: Annotated[Optional[int], typer.Option(help="megatron-bridge: packs per Parquet row group (default: about 1 MiB of tokens, at most 500).")] = None,
+    parquet_encoding: Annotated[Optional[ParquetEncoding], typer.Option(help="megatron-bridge: plain-zstd (default, any reader), plain-snappy (Bridge's codec) or split-zstd (smallest; readers need Arrow >= 16).")] = None,
 ) -> None:
     """Pack tokenized samples into fixed-capacity packs (native THD shards)."""
     from packer_cli.pipeline import pack
@@ -98,7 +99,7 @@ def pack_command(
                         vocab_size=vocab_size, on_bad_record=on_bad_record)
     light_cache_loads()
     try:
-        output = _bridge_output(out_format, split, eos_id, row_group_size)
+        output = _bridge_output(out_format, split, eos_id, row_group_size, parquet_encoding)
         summary = pack(inputs, out, spec, source, overwrite=overwrite, dry_run=dry_run,
                        shard_bytes=parse_size(shard_size, "--shard-size"), progress=not json_out,
                        warn=lambda msg: err.print(f"warning: {msg}", markup=False), output=output,
@@ -117,17 +118,18 @@ def pack_command(
             print(describe(summary.output))
 
 
-def _bridge_output(out_format: OutputFormat, split, eos_id, row_group_size):
+def _bridge_output(out_format: OutputFormat, split, eos_id, row_group_size, parquet_encoding=None):
     """The BridgeOutput for ``--format megatron-bridge``; its options are errors otherwise."""
     if out_format is OutputFormat.NATIVE:
-        given = [name for name, v in (("--split", split), ("--eos-id", eos_id), ("--row-group-size", row_group_size))
-                 if v is not None]
+        given = [name for name, v in (("--split", split), ("--eos-id", eos_id), ("--row-group-size", row_group_size),
+                                      ("--parquet-encoding", parquet_encoding)) if v is not None]
         if given:
             raise ConfigError(f"{', '.join(given)} only apply to --format megatron-bridge")
         return None
     from packer_cli.shards.bridge_output import BridgeOutput
 
-    return BridgeOutput(split=(split or Split.TRAINING).value, eos_id=eos_id, row_group_size=row_group_size).validate()
+    return BridgeOutput(split=(split or Split.TRAINING).value, eos_id=eos_id, row_group_size=row_group_size,
+                        parquet_encoding=(parquet_encoding or ParquetEncoding.PLAIN_ZSTD).value).validate()
 
 
 def _splits_to_audit(out: str, split: Optional[Split]) -> list[Optional[str]]:

@@ -18,7 +18,10 @@ from hypothesis import strategies as st
 
 from packer_cli._arrow import list_array
 from packer_cli.shards._parquet_stitch import ParquetStitcher, StitchError, read_struct, split_file, write_struct
-from packer_cli.shards.bridge_writer import BRIDGE_SCHEMA, bridge_schema, encode_parquet, to_bridge_rows
+from packer_cli.shards.bridge import PARQUET_ENCODING_NAMES
+from packer_cli.shards.bridge_writer import (
+    BRIDGE_SCHEMA, PARQUET_ENCODINGS, bridge_schema, encode_parquet, to_bridge_rows,
+)
 
 
 # -- the stored layout -----------------------------------------------------------------------------
@@ -105,17 +108,17 @@ def stitched(parts) -> bytes:
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 5), st.lists(st.integers(1, 4), min_size=1, max_size=7), st.integers(0, 60),
-       st.integers(0, 2**32 - 1))
-def test_joined_parts_are_the_single_writer_file(rows, groups_per_part, last_packs, seed):
+       st.integers(0, 2**32 - 1), st.sampled_from(PARQUET_ENCODING_NAMES))
+def test_joined_parts_are_the_single_writer_file(rows, groups_per_part, last_packs, seed, encoding):
     """Parts of whole row groups (the last part any size) joined == one writer, byte for byte."""
     rng = np.random.default_rng(seed)
     tables = [bridge_table(rng, rows * g) for g in groups_per_part]
     if last_packs:
         tables.append(bridge_table(rng, last_packs))
     schema = bridge_schema(7)
-    parts = [encode_parquet(t, schema, rows) for t in tables]
+    parts = [encode_parquet(t, schema, rows, encoding) for t in tables]
     joined = stitched(parts)
-    assert joined == single_writer(tables, schema, rows, write_statistics=False)
+    assert joined == single_writer(tables, schema, rows, write_statistics=False, **PARQUET_ENCODINGS[encoding])
     back = pq.read_table(pa.BufferReader(joined))
     assert back.equals(pa.concat_tables(tables).replace_schema_metadata(back.schema.metadata))
 
@@ -179,8 +182,8 @@ def test_stitcher_refuses_what_it_cannot_join():
     with pytest.raises(StitchError, match="footer length out of range"):
         ParquetStitcher(io.BytesIO()).add(b"PAR1 not really PAR1")
     footer_len = int.from_bytes(good.to_pybytes()[-8:-4], "little")
-    with pytest.raises(StitchError, match="footer cut short"):  # the footer's last bytes lost
-        split_file(good.to_pybytes()[:-8 - footer_len // 2] + (footer_len // 2).to_bytes(4, "little") + b"PAR1")
+    with pytest.raises(StitchError, match="footer cut short"):  # all but the footer's first 3 bytes lost
+        split_file(good.to_pybytes()[:-8 - footer_len + 3] + (3).to_bytes(4, "little") + b"PAR1")
     with pytest.raises(StitchError, match="not a complete Parquet file"):
         ParquetStitcher(io.BytesIO()).add(good.to_pybytes()[:-1])
     with pytest.raises(StitchError, match="footer length out of range"):
@@ -192,3 +195,21 @@ def test_stitcher_refuses_what_it_cannot_join():
         stitcher.add(other)
     with pytest.raises(StitchError, match="no Parquet parts"):
         ParquetStitcher(io.BytesIO()).finish()
+
+
+@pytest.mark.parametrize("encoding, ids_encoding, codec", [
+    ("plain-zstd", "PLAIN", "ZSTD"), ("plain-snappy", "PLAIN", "SNAPPY"), ("split-zstd", "BYTE_STREAM_SPLIT", "ZSTD"),
+])
+def test_each_encoding_stores_ids_as_named_and_the_rest_with_dictionaries(encoding, ids_encoding, codec):
+    rng = np.random.default_rng(11)
+    table = bridge_table(rng, 60)
+    data = encode_parquet(table, bridge_schema(4), 20, encoding)
+    meta = pq.ParquetFile(pa.BufferReader(data)).metadata
+    for g in range(meta.num_row_groups):
+        ids = meta.row_group(g).column(0)
+        assert ids.compression == codec
+        assert ids_encoding in ids.encodings and "RLE_DICTIONARY" not in ids.encodings
+        for c in range(1, 6):  # the loss mask and the per-sequence lists keep their dictionaries
+            assert "RLE_DICTIONARY" in meta.row_group(g).column(c).encodings
+    back = pq.read_table(pa.BufferReader(data))
+    assert back.equals(table.replace_schema_metadata(back.schema.metadata))

@@ -211,10 +211,10 @@ def split_file(data) -> tuple[memoryview, list]:
     if footer_start < 4:
         raise StitchError("Parquet footer length out of range")
     try:
-        footer, end = read_struct(view, footer_start)
+        footer, end = read_struct(view[footer_start:len(view) - 8])
     except (IndexError, struct.error) as exc:
         raise StitchError("Parquet footer cut short") from exc
-    if end != len(view) - 8:
+    if end != footer_len:
         raise StitchError("Parquet footer does not end where its length says")
     return view[4:footer_start], footer
 

@@ -66,6 +66,20 @@ class Split(str, Enum):
 SPLITS = tuple(s.value for s in Split)
 
 
+class ParquetEncoding(str, Enum):
+    """How the split file is encoded (``shards.bridge_writer.PARQUET_ENCODINGS`` has the settings)."""
+
+    PLAIN_ZSTD = "plain-zstd"
+    """Token ids stored plainly, Zstandard: every Parquet reader (the default)."""
+    PLAIN_SNAPPY = "plain-snappy"
+    """Token ids stored plainly, Snappy (Bridge's own writer's codec): fastest to decode, largest."""
+    SPLIT_ZSTD = "split-zstd"
+    """Token ids as byte streams, Zstandard: smallest, fastest to write; readers need Arrow >= 16."""
+
+
+PARQUET_ENCODING_NAMES = tuple(e.value for e in ParquetEncoding)
+
+
 def data_name(split: str, pack_size: int) -> str:
     """Bridge's data file name, e.g. ``training_4096.idx.parquet``."""
     return f"{split}_{pack_size}.idx.parquet"
@@ -151,5 +165,6 @@ def describe(output: dict) -> str:
     eos_text = f"eos id {eos} ({why})" if eos is not None else f"eos id: {why}"
     files = output.get("files", {})
     where = files.get("data", output.get("split"))
-    return (f"megatron-bridge: {where} (row groups of {output.get('row_group_size')} packs), "
+    encoding = f", {output['parquet_encoding']}" if output.get("parquet_encoding") else ""
+    return (f"megatron-bridge: {where} (row groups of {output.get('row_group_size')} packs{encoding}), "
             f"{files.get('bridge_metadata', '')}; {eos_text}")

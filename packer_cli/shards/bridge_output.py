@@ -29,7 +29,7 @@ from packer_cli.shards._gather import SpillReader
 from packer_cli.spec import is_int
 from packer_cli.shards.format import is_output_file_name, seal_metadata, write_json
 from packer_cli.shards.bridge import (
-    BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, SPLITS, bridge_metadata_name, data_name, default_row_group_size,
+    BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PARQUET_ENCODING_NAMES, SPLITS, bridge_metadata_name, data_name, default_row_group_size,
     is_layout_name, layout_files, layout_pack_sizes, split_manifest_name, split_metadata_name, splits_in,
 )
 
@@ -62,6 +62,9 @@ class BridgeOutput:
     """End-of-sequence id for alignment padding; inferred when every sample ends with one id."""
     row_group_size: int | None = None
     """Packs per Parquet row group; None = :func:`default_row_group_size`."""
+    parquet_encoding: str = PARQUET_ENCODING_NAMES[0]
+    """How the file is encoded: ``plain-zstd``, ``plain-snappy`` or ``split-zstd``
+    (:data:`~packer_cli.shards.bridge_writer.PARQUET_ENCODINGS`)."""
     _out: str = ""
     _pack_size: int = 0
     _replace_whole: bool = True
@@ -80,6 +83,9 @@ class BridgeOutput:
             raise ConfigError(f"eos-id must be a non-negative int32, got {self.eos_id}")
         if self.row_group_size is not None and self.row_group_size < 1:
             raise ConfigError(f"row-group-size must be a positive number of packs, got {self.row_group_size}")
+        if self.parquet_encoding not in PARQUET_ENCODING_NAMES:
+            raise ConfigError(f"parquet-encoding must be one of {', '.join(PARQUET_ENCODING_NAMES)}, "
+                              f"got {self.parquet_encoding!r}")
         return self
 
     def rows_per_group(self, pack_size: int) -> int:
@@ -169,14 +175,16 @@ class BridgeOutput:
                 tokens, mask, last, _, buffers = spill.gather(seq.src, seq.length, seq.padded, run_offsets,
                                                               spec.pad_id)
                 built = bridge_step(tokens, mask, last, seq.length, seq.padded, sources[seq.sample], seq.offset,
-                                    run_offsets, eos=eos, pad_multiple=spec.pad_multiple, row_group_size=rows)
+                                    run_offsets, eos=eos, pad_multiple=spec.pad_multiple, row_group_size=rows,
+                                    encoding=self.parquet_encoding)
                 spill.recycle(buffers)  # the table holds copies laid out Bridge's way
                 return built
 
             with closing(ordered_map(build, range(0, n_packs, step), workers=2, ahead=3)) as steps:
                 entry, diagnostics = write_bridge_file(
                     os.path.join(tmp, data_name(self.split, spec.pack_size)), steps=steps, n_packs=n_packs,
-                    eos=eos, row_group_size=rows, progress=progress, direct_io=direct_io)
+                    eos=eos, row_group_size=rows, progress=progress, direct_io=direct_io,
+                    encoding=self.parquet_encoding)
         self._result = {"eos_id": eos, "eos_id_source": source, "samples_not_ending_with_eos": not_ending,
                         **diagnostics}
         return {"format": BRIDGE_FORMAT, "format_version": BRIDGE_FORMAT_VERSION, "split": self.split,
@@ -190,6 +198,7 @@ class BridgeOutput:
                                   "eos_id_source": "given" if self.eos_id is not None else "not checked"}
         output = {
             "format": BRIDGE_FORMAT, "split": self.split, "row_group_size": self.rows_per_group(C),
+            "parquet_encoding": self.parquet_encoding,
             "files": {"data": data_name(self.split, C), "bridge_metadata": bridge_metadata_name(C),
                       "metadata": split_metadata_name(self.split), "manifest": split_manifest_name(self.split)},
             **result,
