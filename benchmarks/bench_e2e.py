@@ -12,8 +12,8 @@ Tools (``--tools``):
                  process's fixed cost (interpreter, imports, argument parsing, kernel loads, the
                  output's files), which no amount of packing speed removes from a CLI run;
 * ``cli_bridge`` ``packer pack IN -o OUT --format megatron-bridge``: the same run writing
-                 Megatron-Bridge's Parquet layout (one ``training_{C}.idx.parquet``, pyarrow's
-                 default encodings as Bridge's own writer) instead of native shards;
+                 Megatron-Bridge's Parquet layout (one ``training_{C}.idx.parquet``, the default
+                 ``plain-zstd`` encoding) instead of native shards;
 * ``api``        ``packer_cli.pack()`` in a warm process (same work, no start-up);
 * ``trl``        TRL ``pack_dataset(ds, C, strategy="bfd")`` on the same table held in memory
                  (``datasets`` default: packed in 1,000-row ``map`` batches);

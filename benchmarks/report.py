@@ -165,10 +165,11 @@ def render(res: dict, targets: dict) -> str:
                      f"{_fmt_ratio(_ratio(tp['median_s'], e2e['cli']['median_s']))} the CLI's time.")
         if "cli_bridge" in e2e:
             br = e2e["cli_bridge"]
-            text += (f" Writing Megatron-Bridge's Parquet layout instead (`cli_bridge`) took {br['median_s']:.2f} s, "
-                     f"pass two {br['write_s']:.2f} s of it: Parquet's dictionary encoding and Snappy, pyarrow's "
-                     "defaults and Bridge's own, cost far more than native shards' plain buffers; packer encodes "
-                     "the file's row groups on both cores and joins them into the one file Bridge reads.")
+            text += (f" Writing Megatron-Bridge's Parquet layout instead (`cli_bridge`, the default `plain-zstd` "
+                     f"encoding) took {br['median_s']:.2f} s, pass two {br['write_s']:.2f} s of it "
+                     f"({br['out_bytes'] / MB:,.0f} MB): Parquet's levels and Zstandard cost more CPU than native "
+                     "shards' plain Arrow buffers; packer encodes the file's row groups on both cores and joins "
+                     "them into the one file Bridge reads.")
         if "pages" in e2e:
             pg = e2e["pages"]
             text += (" The shards (4⅛ bytes a token: the id and one loss-mask bit) go to the device with `O_DIRECT`; the spill (2¼ bytes a token "
