@@ -7,7 +7,7 @@
 
 The CLI (``packer pack|inspect|verify``) is a thin layer over these functions.
 """
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 from typing import TYPE_CHECKING  # noqa: E402
 

@@ -67,9 +67,10 @@ def bridge_rows(path):
 def check_bridge_contract(path: Path, pack_size: int, m: int, tokens, masks, eos):
     """Everything Bridge's reader and collate rely on, from the Parquet file (and the sources)."""
     schema = pq.read_schema(path)
-    assert schema.field("input_ids").type == pa.list_(pa.int64())
+    # the types Bridge's reader documents (it reads any integer type: rows go through as_py())
+    assert schema.field("input_ids").type == pa.list_(pa.int32())
     assert schema.field("loss_mask").type == pa.list_(pa.int8())
-    assert schema.field("seq_start_id").type == pa.list_(pa.int64())
+    assert schema.field("seq_start_id").type == pa.list_(pa.int32())
     assert schema.names[:3] == ["input_ids", "loss_mask", "seq_start_id"]
     seen, runtime_of, loads, counts = set(), [], [], []
     for ids, loss, starts, src, off in bridge_rows(path):
@@ -203,6 +204,32 @@ def test_every_parquet_encoding_holds_the_same_rows(small, tmp_path, encoding):
     assert json.loads((tmp_path / encoding / "training.manifest.json").read_text())["shards"][0][
         "parquet_encoding"] == encoding
     report = verify_output(str(tmp_path / encoding), sources=[str(small)])
+    assert report.ok, report.findings
+
+
+def test_int64_files_of_earlier_versions_still_read(small, tmp_path):
+    """Packer 0.2.0 and earlier stored the ids and starts as int64 (Bridge's own writer's types):
+    such a file reads and verifies the same."""
+    import xxhash
+
+    from packer_cli.audit import verify_output
+
+    spec = PackSpec(pack_size=512, cp=2, seed=3)
+    bridge_pack([small], tmp_path / "new", spec, eos_id=DEMO_EOS)
+    bridge_pack([small], tmp_path / "old", spec, eos_id=DEMO_EOS)
+    data = tmp_path / "old" / "training_512.idx.parquet"
+    table = pq.read_table(data)
+    wide = table.schema.set(0, pa.field("input_ids", pa.list_(pa.int64()))).set(
+        2, pa.field("seq_start_id", pa.list_(pa.int64())))
+    pq.write_table(table.cast(wide), data, row_group_size=default_row_group_size(512))
+    manifest_path = tmp_path / "old" / "training.manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    raw = data.read_bytes()
+    manifest["shards"][0].update(bytes=len(raw), xxh3_64=xxhash.xxh3_64(raw).hexdigest())
+    manifest_path.write_text(json.dumps(manifest))
+    assert pq.read_schema(data).field("input_ids").type == pa.list_(pa.int64())
+    assert_same_rows(PackedReader(tmp_path / "new"), PackedReader(tmp_path / "old"))
+    report = verify_output(str(tmp_path / "old"), sources=[str(small)])
     assert report.ok, report.findings
 
 

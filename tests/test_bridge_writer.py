@@ -68,7 +68,7 @@ def test_stored_layout_matches_the_numpy_formulation(run):
     want = reference_rows(*run)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
-    assert got[0].dtype == np.int64 and got[1].dtype == np.int8
+    assert got[0].dtype == np.int32 and got[1].dtype == np.int8 and got[3].dtype == np.int32
 
 
 # -- joining Parquet parts -------------------------------------------------------------------------
@@ -79,9 +79,9 @@ def bridge_table(rng, packs: int) -> pa.Table:
     off, soff = np.concatenate([[0], np.cumsum(lengths)]), np.concatenate([[0], np.cumsum(seqs)])
     n, m = int(off[-1]), int(soff[-1])
     return pa.Table.from_arrays([
-        list_array(off, rng.integers(0, 2**40, n), pa.int64()),
+        list_array(off, rng.integers(0, 2**31, n).astype(np.int32), pa.int32()),
         list_array(off, rng.integers(0, 2, n).astype(np.int8), pa.int8()),
-        list_array(soff, rng.integers(0, 100, m), pa.int64()),
+        list_array(soff, rng.integers(0, 100, m).astype(np.int32), pa.int32()),
         list_array(soff, rng.integers(0, 100, m).astype(np.int32), pa.int32()),
         list_array(soff, rng.integers(0, 10**6, m), pa.int64()),
         list_array(soff, rng.integers(0, 100, m).astype(np.int32), pa.int32()),

@@ -37,11 +37,13 @@ from packer_cli.shards._sink import OutputFile
 #: are in flight).
 BATCH_TOKENS = 1 << 20
 
-#: Bridge's three columns with the types its writer produces, then packer's own (ignored by Bridge).
+#: Bridge's three columns with the types its reader documents (its own writer stores int64 ids
+#: and starts; the reader takes any integer type, and 32 bits halve what is encoded), then
+#: packer's own (ignored by Bridge).
 BRIDGE_SCHEMA = pa.schema([
-    pa.field("input_ids", pa.list_(pa.int64())),
+    pa.field("input_ids", pa.list_(pa.int32())),
     pa.field("loss_mask", pa.list_(pa.int8())),
-    pa.field("seq_start_id", pa.list_(pa.int64())),
+    pa.field("seq_start_id", pa.list_(pa.int32())),
     pa.field("packer_seq_lens", pa.list_(pa.int32())),
     pa.field("packer_source_index", pa.list_(pa.int64())),
     pa.field("packer_source_offset", pa.list_(pa.int32())),
@@ -84,19 +86,19 @@ def to_bridge_rows(tokens, mask, last, seq_len, seq_pad, pack_seq_offsets, eos):
     its last label, then ``p - s`` copies of ``eos``. The stored loss mask is the native one
     shifted the same way, with 0 on the sequence's final slot.
 
-    Returns ``(input_ids int64, loss_mask int8, row_offsets, seq_start_id int64)``: flat stored
+    Returns ``(input_ids int32, loss_mask int8, row_offsets, seq_start_id int32)``: flat stored
     values, each pack's stored extent, and each sequence's start within its pack.
     """
     p = seq_pad.astype(np.int64)
     n = p.size
-    ids = np.empty(int(p.sum()) + n, dtype=np.int64)
+    ids = np.empty(int(p.sum()) + n, dtype=np.int32)
     loss = np.empty(ids.size, dtype=np.int8)
     stored_start = np.empty(n, dtype=np.int64)
     _lay_out_stored(tokens, mask, last, seq_len, seq_pad, 0 if eos is None else eos, ids, loss, stored_start)
     seq_ends = np.concatenate([[0], np.cumsum(p + 1)])
     row_offsets = seq_ends[pack_seq_offsets]
     pack_of_seq = np.repeat(np.arange(pack_seq_offsets.size - 1), np.diff(pack_seq_offsets))
-    seq_start = stored_start - row_offsets[pack_of_seq]
+    seq_start = (stored_start - row_offsets[pack_of_seq]).astype(np.int32)
     return ids, loss, row_offsets, seq_start
 
 
@@ -201,9 +203,9 @@ def bridge_step(tokens, mask, last, seq_len, seq_pad, seq_source, seq_offset, ru
     if eos is not None and pad_multiple > 1:
         short, long = logical_length_mismatches(tokens, last, seq_len, seq_pad, eos)
     table = pa.Table.from_arrays([
-        list_array(row_offsets, ids, pa.int64()),
+        list_array(row_offsets, ids, pa.int32()),
         list_array(row_offsets, loss, pa.int8()),
-        list_array(run_offsets, seq_start, pa.int64()),
+        list_array(run_offsets, seq_start, pa.int32()),
         list_array(run_offsets, seq_len, pa.int32()),
         list_array(run_offsets, seq_source, pa.int64()),
         list_array(run_offsets, seq_offset, pa.int32()),
