@@ -72,9 +72,9 @@ class ParquetEncoding(str, Enum):
     PLAIN_ZSTD = "plain-zstd"
     """Token ids stored plainly, Zstandard: every Parquet reader (the default)."""
     PLAIN_SNAPPY = "plain-snappy"
-    """Token ids stored plainly, Snappy (Bridge's own writer's codec): fastest to decode, largest."""
+    """Token ids stored plainly, Snappy (Bridge's own writer's codec): the largest file."""
     SPLIT_ZSTD = "split-zstd"
-    """Token ids as byte streams, Zstandard: smallest, fastest to write; readers need Arrow >= 16."""
+    """Token ids as byte streams, Zstandard: the smallest file; readers need Arrow >= 16."""
 
 
 PARQUET_ENCODING_NAMES = tuple(e.value for e in ParquetEncoding)
