@@ -174,8 +174,23 @@ def run_cli(args, extra: tuple[str, ...] = (), out: str | None = None) -> dict:
 def run_cli_bridge(args) -> dict:
     out = args.out + "_bridge"
     row = run_cli(args, ("--format", "megatron-bridge"), out)
+    row["read_group_ms"] = bridge_group_read_ms(os.path.join(out, f"training_{args.pack_size}.idx.parquet"))
     shutil.rmtree(out, ignore_errors=True)
     return row
+
+
+def bridge_group_read_ms(path: str, reads: int = 300) -> float:
+    """What Bridge's ``GPTSFTPackedParquetDataset`` pays per sample in shuffled order: one row
+    group read (its three columns) and one row turned into Python lists; ms, the file cached."""
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    groups = np.random.default_rng(0).integers(0, pf.metadata.num_row_groups, reads)
+    start = time.perf_counter()
+    for g in groups:
+        table = pf.read_row_group(int(g), columns=["input_ids", "seq_start_id", "loss_mask"])
+        [table.column(name)[0].as_py() for name in ("input_ids", "seq_start_id", "loss_mask")]
+    return (time.perf_counter() - start) / reads * 1e3
 
 
 FLOOR_SAMPLES = 256
@@ -344,7 +359,7 @@ def main() -> None:
         if tool not in ("disk", "disk_direct", "pages", "cli_floor"):
             entry["tokens_per_s"] = tokens / sec
         for key in ("packs", "out_bytes", "peak_rss_bytes", "bytes_per_s", "cold_s", "hot_s", "cpu_s", "fast_rows", "bytes",
-                    "write_s", "read_s", "import_s", "load_s", "pack_s", "save_s"):
+                    "write_s", "read_s", "import_s", "load_s", "pack_s", "save_s", "read_group_ms"):
             if key in tool_rows[0]:
                 entry[key] = median([x[key] for x in tool_rows])
         summary[tool] = entry

@@ -232,6 +232,8 @@ def render(res: dict, targets: dict) -> str:
             if "write_s" in d:
                 extra.append(f"pass two {d['write_s']:.2f} s ({d['out_bytes'] / d['write_s'] / MB:,.0f} MB/s), "
                              f"pass one {d['read_s']:.2f} s")
+            if "read_group_ms" in d:
+                extra.append(f"Bridge's read of one row group and row: {d['read_group_ms']:.2f} ms")
             rows.append([label, f"{d['median_s']:.2f}", f"{d['min_s']:.2f}", _mt(d.get("tokens_per_s")),
                          _fmt_ratio(_ratio(d.get("tokens_per_s"), trl)) if key not in ("disk", "disk_direct", "pages", "cli_floor")
                          else "–",
