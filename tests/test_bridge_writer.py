@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packer_cli._arrow import list_array
-from packer_cli.shards._parquet_stitch import ParquetStitcher, StitchError, read_struct, split_file, write_struct
+from packer_cli._thrift import read_fields, write_fields
+from packer_cli.shards._parquet_stitch import ParquetStitcher, StitchError, split_file
 from packer_cli.shards.bridge import PARQUET_ENCODING_NAMES
 from packer_cli.shards.bridge_writer import (
     BRIDGE_SCHEMA, PARQUET_ENCODINGS, bridge_schema, encode_parquet, to_bridge_rows,
@@ -169,10 +170,10 @@ def test_footer_round_trips_through_the_typed_thrift_reader():
     part = encode_parquet(bridge_table(rng, 50), bridge_schema(2), 7).to_pybytes()
     footer_len = int.from_bytes(part[-8:-4], "little")
     footer = part[-8 - footer_len:-8]
-    fields, end = read_struct(footer)
+    fields, end = read_fields(footer)
     assert end == footer_len
     out = bytearray()
-    write_struct(out, fields)
+    write_fields(out, fields)
     assert bytes(out) == footer
 
 
@@ -182,7 +183,7 @@ def test_stitcher_refuses_what_it_cannot_join():
     with pytest.raises(StitchError, match="footer length out of range"):
         ParquetStitcher(io.BytesIO()).add(b"PAR1 not really PAR1")
     footer_len = int.from_bytes(good.to_pybytes()[-8:-4], "little")
-    with pytest.raises(StitchError, match="footer cut short"):  # all but the footer's first 3 bytes lost
+    with pytest.raises(StitchError, match="Parquet footer truncated"):  # all but the footer's first 3 bytes lost
         split_file(good.to_pybytes()[:-8 - footer_len + 3] + (3).to_bytes(4, "little") + b"PAR1")
     with pytest.raises(StitchError, match="not a complete Parquet file"):
         ParquetStitcher(io.BytesIO()).add(good.to_pybytes()[:-1])
