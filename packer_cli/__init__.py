@@ -9,13 +9,14 @@ The CLI (``packer pack|inspect|verify``) is a thin layer over these functions.
 """
 __version__ = "0.3.0"
 
+import importlib  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
 from packer_cli.errors import ConfigError, DataError, OutputError, PackerError  # noqa: E402
-from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec  # noqa: E402
 
 if TYPE_CHECKING:
     from packer_cli.plan import first_fit_decreasing
+    from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec
 
 
 def pack(*args, **kwargs):
@@ -25,18 +26,26 @@ def pack(*args, **kwargs):
     return _pack(*args, **kwargs)
 
 
-def __getattr__(name: str):
-    # numba loads with the planner, on first use: ``import packer_cli.torch`` (every data
-    # loader worker) and ``packer --help`` never pay its ~0.3 s and ~60 MB.
-    if name == "first_fit_decreasing":
-        from packer_cli.plan import first_fit_decreasing
+# Loaded on first use. numba comes with the planner: ``import packer_cli.torch`` (every data
+# loader worker) and ``packer --help`` never pay its ~0.3 s and ~60 MB. The specs come with
+# dataclasses and friends (~20 ms): the ``packer`` console script imports this package before
+# it can give Ctrl-C its default action (``packer_cli._entry``), so the package itself stays light.
+_LAZY = {
+    "first_fit_decreasing": "packer_cli.plan",
+    **{name: "packer_cli.spec" for name in ("Algorithm", "BadRecordPolicy", "OverlongPolicy", "PackSpec", "SourceSpec")},
+}
 
-        return first_fit_decreasing
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | {"first_fit_decreasing"})
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = [
