@@ -213,3 +213,19 @@ def test_each_encoding_stores_ids_as_named_and_nothing_with_dictionaries(encodin
             assert column.compression == codec and "RLE_DICTIONARY" not in column.encodings
     back = pq.read_table(pa.BufferReader(data))
     assert back.equals(table.replace_schema_metadata(back.schema.metadata))
+
+
+def test_a_split_without_packs_is_still_a_parquet_file(tmp_path):
+    """No steps at all (nothing to pack in this split): the file still has the schema, 0 rows."""
+    from packer_cli.progress import Progress
+    from packer_cli.shards.bridge_writer import write_bridge_file
+
+    path = tmp_path / "training_512.idx.parquet"
+    with Progress(enabled=False) as progress:
+        entry, diagnostics = write_bridge_file(str(path), steps=[], n_packs=0, eos=None, row_group_size=4,
+                                               progress=progress, direct_io=False)
+    meta = pq.ParquetFile(path).metadata
+    assert meta.num_rows == 0 and meta.num_row_groups == 0
+    assert pq.read_schema(path).names == BRIDGE_SCHEMA.names
+    assert entry["rows"] == 0 and entry["bytes"] == path.stat().st_size and entry["parquet_encoding"] == "plain-zstd"
+    assert diagnostics == {"eos_scan_too_short": 0, "eos_scan_too_long": 0}

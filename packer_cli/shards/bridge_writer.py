@@ -174,7 +174,8 @@ def encode_parquet(table: pa.Table, schema: pa.Schema, row_group_size: int,
     split's file (:data:`PARQUET_ENCODINGS`; statistics off: nobody reads them)."""
     sink = pa.BufferOutputStream()
     with pq.ParquetWriter(sink, schema, write_statistics=False, **PARQUET_ENCODINGS[encoding]) as writer:
-        writer.write_table(table, row_group_size=row_group_size)
+        if table.num_rows:  # pyarrow would write an empty row group
+            writer.write_table(table, row_group_size=row_group_size)
     return sink.getvalue()
 
 
