@@ -117,11 +117,17 @@ def native_columns(table: pa.Table, pad_id: int) -> dict[str, tuple[np.ndarray, 
     p = b - a - 1
     s = cols["packer_seq_lens"][0][seq_off[0]:seq_off[-1]].astype(np.int64)
     P = np.concatenate([[0], np.cumsum(p)])
-    seq = np.repeat(np.arange(p.size), p)
-    local = np.arange(int(P[-1])) - P[:-1][seq]
-    src = a[seq] + local
-    tokens = ids[src].astype(np.int32)
-    tokens[local >= s[seq]] = pad_id
+    # The runtime stream is the stored one without each sequence's last slot (its last label):
+    # a boolean compress, not a gather (no per-token index arrays).
+    lo, hi = int(row_off[0]), int(row_off[-1])
+    keep = np.ones(hi - lo, dtype=bool)
+    keep[b - 1 - lo] = False
+    tokens = ids[lo:hi][keep].astype(np.int32, copy=False)
+    pads = p - s  # alignment padding, stored as EOS: the native stream holds pad_id there
+    if pads.any():
+        first_pad = P[:-1] + s
+        before = np.cumsum(pads) - pads
+        tokens[np.repeat(first_pad - before, pads) + np.arange(int(pads.sum()))] = pad_id
     cu_off = first + np.arange(n_rows + 1)[:-1]
     cu_len = counts + 1
     cu_idx = np.arange(int(cu_len.sum())) - np.repeat(cu_off, cu_len) + np.repeat(first, cu_len)
@@ -131,7 +137,7 @@ def native_columns(table: pa.Table, pad_id: int) -> dict[str, tuple[np.ndarray, 
     token_offsets = P[seq_offsets]
     return {
         "tokens": (tokens, token_offsets),
-        "loss_mask": (cols["loss_mask"][0][src].astype(np.uint8), token_offsets),
+        "loss_mask": (cols["loss_mask"][0][lo:hi][keep].astype(np.uint8, copy=False), token_offsets),
         "cu_seqlens": (cu, seq_offsets + np.arange(n_rows + 1)),
         "seq_lens": (s.astype(np.int32), seq_offsets),
         "last_token": (ids[a + s].astype(np.int32), seq_offsets),
