@@ -5,7 +5,7 @@ loss masks), packs it once with the library, then times the audit functions. Eac
 the best of ``--repeat`` runs with the shards in the page cache (the first, cold-ish run and
 the numba compile/load are reported apart). One JSON line per measurement on stdout::
 
-    python benchmarks/bench_audit.py --tokens 200e6               # inspect + verify
+    python benchmarks/bench_audit.py --tokens 200e6               # inspect + verify, native and Bridge
     python benchmarks/bench_audit.py --tokens 50e6 --source       # also verify --source
 
 Throughput is runtime-stream tokens (Σp over all packs) per second of wall time.
@@ -70,6 +70,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--source", action="store_true", help="also time verify --source (slower)")
     ap.add_argument("--workdir", default=None, help="keep input/output here (default: a temp dir, removed)")
+    ap.add_argument("--no-bridge", action="store_true",
+                    help="skip the same audits of a Megatron-Bridge split of the same plan")
     args = ap.parse_args()
 
     from packer_cli.audit import inspect_output, verify_output
@@ -94,6 +96,14 @@ def main() -> None:
         runs = [("inspect", lambda: inspect_output(out)), ("verify", lambda: verify_output(out))]
         if args.source:
             runs.append(("verify --source", lambda: verify_output(out, [inp])))
+        if not args.no_bridge:  # the same plan as Bridge's Parquet file (default encoding)
+            from packer_cli.shards.bridge_output import BridgeOutput
+
+            bridge = os.path.join(work, "bridge")
+            pack([inp], bridge, PackSpec(pack_size=args.pack_size, cp=args.cp), overwrite=True,
+                 output=BridgeOutput(eos_id=0))
+            runs += [("inspect (megatron-bridge)", lambda: inspect_output(bridge)),
+                     ("verify (megatron-bridge)", lambda: verify_output(bridge))]
         for name, fn in runs:
             result, times = timed(fn, 1 + args.repeat)
             if name.startswith("verify") and not result.ok:

@@ -121,6 +121,10 @@ def render(res: dict, targets: dict) -> str:
             tps = audit[name]["tokens_per_s"]
             rows.append([f"`packer {name}` (audit helper's benchmark, best of runs)", _mt(tps), "–", "–",
                          "≥ 100 M tok/s", _met(tps, targets["audit_tokens_per_s"])])
+        if f"{name} (megatron-bridge)" in audit:  # the same plan as Bridge's Parquet file: decoding it
+            tps = audit[f"{name} (megatron-bridge)"]["tokens_per_s"]
+            rows.append([f"`packer {name}` of a Megatron-Bridge split (same plan, Parquet)", _mt(tps), "–", "–",
+                         "(report)", "–"])
     loader = _last(res.get("loader"))
     if loader:
         rows.append([f"Loader worker (`PackedDataset.micro_batch`, CP={loader['cp']})", _mt(loader["tokens_per_s"]),
@@ -338,7 +342,10 @@ def render(res: dict, targets: dict) -> str:
         out.append("## verify / inspect (bench_audit.py, audit helper)\n")
         setup = audit.get("setup", {})
         out.append(f"{setup.get('stream_tokens', 0):,} stream tokens in {setup.get('packs', 0):,} packs "
-                   f"({setup.get('shard_bytes', 0) / MB:,.0f} MB of shards, page cache warm).\n")
+                   f"({setup.get('shard_bytes', 0) / MB:,.0f} MB of shards, page cache warm). The "
+                   "`(megatron-bridge)` rows audit the same plan written as Bridge's Parquet file (default "
+                   "encoding): Parquet must be decoded, and a Bridge row turned back into the runtime stream, "
+                   "where native shards are read as they lie.\n")
         rows = [[name, f"{audit[name]['first_s']:.3f}", f"{audit[name]['best_s']:.3f}",
                  _mt(audit[name]["tokens_per_s"])] for name in audit if name not in ("setup",)]
         out.append(_table(["command", "first s", "best s", "tokens/s"], rows) + "\n")
