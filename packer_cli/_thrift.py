@@ -19,6 +19,7 @@ raises :class:`ThriftError`. Messages start with what was being read (``what``).
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 # compact-protocol types
 TRUE, FALSE, BYTE, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT = range(1, 13)
@@ -171,6 +172,15 @@ def _plain(kind: int, value):
 
 
 # -- writing ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Written:
+    """``count`` list items already in the compact protocol (``data``), to stand for the items
+    of a list value: a long list (a footer's row groups) can wait as bytes, not as objects."""
+
+    count: int
+    data: bytes
+
+
 def _put_varint(out: bytearray, n: int) -> None:
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -192,13 +202,17 @@ def _write_value(out: bytearray, kind: int, value) -> None:
         write_fields(out, value)
     elif kind in (LIST, SET):
         element, items = value
-        if len(items) < 15:
-            out.append(len(items) << 4 | element)
+        count = items.count if isinstance(items, Written) else len(items)
+        if count < 15:
+            out.append(count << 4 | element)
         else:
             out.append(0xF0 | element)
-            _put_varint(out, len(items))
-        for item in items:
-            _write_element(out, element, item)
+            _put_varint(out, count)
+        if isinstance(items, Written):
+            out += items.data
+        else:
+            for item in items:
+                _write_element(out, element, item)
     elif kind == MAP:
         key_kind, value_kind, pairs = value
         _put_varint(out, len(pairs))

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packer_cli._thrift import (
-    BINARY, BYTE, DOUBLE, FALSE, I16, I32, I64, LIST, MAP, SET, STRUCT, TRUE, ThriftError, Truncated, read_fields,
-    read_struct, write_fields,
+    BINARY, BYTE, DOUBLE, FALSE, I16, I32, I64, LIST, MAP, SET, STRUCT, TRUE, ThriftError, Truncated, Written,
+    read_fields, read_struct, write_fields,
 )
 
 _SCALARS = {
@@ -117,3 +117,15 @@ def test_damaged_bytes_are_refused():
         read_fields(deep)
     with pytest.raises(Truncated):  # a list claiming more elements than there are bytes
         read_fields(b"\x19\xf5\xff\xff\x03")
+
+
+def test_written_items_stand_for_the_items():
+    items = [[(1, I32, k), (2, BINARY, b"x" * k)] for k in range(40)]  # more than 15: the long list header
+    written = bytearray()
+    for item in items:
+        write_fields(written, item)
+    direct, via_bytes = bytearray(), bytearray()
+    write_fields(direct, [(4, LIST, (STRUCT, items))])
+    write_fields(via_bytes, [(4, LIST, (STRUCT, Written(len(items), bytes(written))))])
+    assert via_bytes == direct
+    assert read_fields(bytes(via_bytes))[0] == [(4, LIST, (STRUCT, items))]
