@@ -115,6 +115,12 @@ def render(res: dict, targets: dict) -> str:
         rows.append([f"Peak RSS growth 1× → {lg['copies']}× per extra sample",
                      f"{mem['growth_per_extra_sample']:.0f} B/sample", "–", "–", "≤ 16 B/sample",
                      "**met**" if mem["growth_within_target"] else "**not met**"])
+    mem_bridge = _last(res.get("memory_bridge"))
+    if mem_bridge:
+        small, lg = mem_bridge["small"], mem_bridge["large"]
+        rows.append([f"Peak RSS, `--format megatron-bridge`, 1× → {lg['copies']}× input",
+                     f"{small['peak_rss_bytes'] / GB:.2f} → {lg['peak_rss_bytes'] / GB:.2f} GB "
+                     f"(+{mem_bridge['growth_per_extra_sample']:.0f} B/sample)", "–", "–", "(report)", "–"])
     audit = {r.get("what"): r for r in res.get("audit") or []}
     for name in ("verify", "inspect"):
         if name in audit:

@@ -82,6 +82,10 @@ def main() -> None:
     if "memory" in wanted:
         results["memory"] = step("memory", ["bench_memory.py", "--input", parquet, "--times",
                                             str(cfg["memory_times"]), "--repeats", "3", "--verify-source"], log)
+        # the same for Bridge's layout (once each: it is reported, not a target)
+        results["memory_bridge"] = step("memory_bridge", ["bench_memory.py", "--input", parquet, "--times",
+                                                          str(cfg["memory_times"]), "--repeats", "1",
+                                                          "--format", "megatron-bridge"], log)
     if "plan" in wanted:
         plan_json = os.path.join(OUT, "bench_plan.json")
         step("plan", ["bench_plan.py", "--n", str(cfg["plan_n"]), "--runs", runs, "--python-n", str(cfg["python_n"]),
