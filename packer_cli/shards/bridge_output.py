@@ -29,8 +29,9 @@ from packer_cli.shards._gather import SpillReader
 from packer_cli.spec import is_int
 from packer_cli.shards.format import is_output_file_name, seal_metadata, write_json
 from packer_cli.shards.bridge import (
-    BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PARQUET_ENCODING_NAMES, SPLITS, bridge_metadata_name, data_name, default_row_group_size,
-    is_layout_name, layout_files, layout_pack_sizes, split_manifest_name, split_metadata_name, splits_in,
+    BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PARQUET_ENCODING_NAMES, SPLITS, bridge_metadata_name, data_name,
+    default_row_group_size, is_layout_name, layout_files, layout_pack_sizes, split_manifest_name,
+    split_metadata_name, splits_in,
 )
 
 
