@@ -233,6 +233,28 @@ def test_int64_files_of_earlier_versions_still_read(small, tmp_path):
     assert report.ok, report.findings
 
 
+def test_verify_names_the_damaged_row_group_inside_a_run(small, tmp_path):
+    """verify reads runs of row groups at once; a damaged group is still named exactly, with its
+    first row, and the packs before it are read (the run is read again group by group)."""
+    from packer_cli.audit import verify_output
+
+    out = tmp_path / "out"
+    bridge_pack([small], out, PackSpec(pack_size=512), row_group_size=4)
+    data = out / "training_512.idx.parquet"
+    meta = pq.ParquetFile(data).metadata
+    assert meta.num_row_groups > 6  # all in one run of the audit
+    chunk = meta.row_group(5).column(0)
+    raw = bytearray(data.read_bytes())
+    start = chunk.data_page_offset + 40
+    raw[start:start + 64] = bytes(64)  # zeros over the ids' compressed page
+    data.write_bytes(bytes(raw))
+    report = verify_output(str(out))
+    unreadable = [f for f in report.findings if f.check == "shard.unreadable"]
+    assert len(unreadable) == 1 and "row group 5 is unreadable" in unreadable[0].message
+    assert unreadable[0].row == 20 and "\n" not in unreadable[0].message
+    assert report.packs == 20
+
+
 def test_packed_dataset_batches_identical(small, tmp_path):
     torch = pytest.importorskip("torch")
     dataset = pytest.importorskip("packer_cli.torch.dataset", reason="packer_cli.torch.PackedDataset not available")

@@ -30,6 +30,8 @@ from packer_cli.shards.bridge_reader import (COLUMNS, load_bridge_metadata, nati
 #: ~1 MiB, for its shuffled reads), read together so that pyarrow decodes the columns on all
 #: cores and the per-batch work is paid once per ~36 groups, not per group.
 BATCH_TOKENS = 4 << 20
+#: What decoding a damaged file raises (pyarrow's errors; the row layout's own checks)
+_UNREADABLE = (OSError, pa.ArrowException, ValueError, IndexError)
 
 
 class BridgeStore:
@@ -105,14 +107,30 @@ class BridgeStore:
         return batches
 
     def _open(self, name: str):
-        from packer_cli.audit.store import ShardError
+        from packer_cli.audit.store import ShardError, _first_line
 
         try:
             return pq.ParquetFile(os.path.join(self.out, name), memory_map=False)
         except FileNotFoundError:
             raise ShardError(name, "missing") from None
         except (OSError, pa.ArrowException) as exc:
-            raise ShardError(name, f"cannot open as Parquet ({exc})") from None
+            raise ShardError(name, f"cannot open as Parquet ({_first_line(exc)})") from None
+
+    @staticmethod
+    def _one_group_at_a_time(name: str, pf, first: int, end: int, row: int, pad_id: int, exc: Exception):
+        """A run that failed to decode, again group by group: the groups before the damaged one
+        as batches, then the ShardError naming it (the error path only: good runs are read whole)."""
+        from packer_cli.audit.store import PackBatch, ShardError, _first_line
+
+        for g in range(first, end):
+            try:
+                cols = native_columns(pf.read_row_group(g, columns=list(COLUMNS)), pad_id)
+            except _UNREADABLE as alone:
+                raise ShardError(name, f"row group {g} is unreadable ({_first_line(alone)})", row=row) from None
+            n = pf.metadata.row_group(g).num_rows
+            yield PackBatch(name, row, n, cols.__getitem__)
+            row += n
+        raise ShardError(name, f"row groups {first}-{end - 1} are unreadable together ({_first_line(exc)})", row=row)
 
     def read_shard(self, name: str, columns=None) -> Iterator:
         """Runs of row groups of the split's Parquet file as native :class:`PackBatch` runs."""
@@ -127,9 +145,9 @@ class BridgeStore:
             try:
                 table = pf.read_row_groups(range(first, end), columns=list(COLUMNS))
                 cols = native_columns(table, pad_id)
-            except (OSError, pa.ArrowException, ValueError, IndexError) as exc:
-                groups = f"row group {first} is" if end == first + 1 else f"row groups {first}-{end - 1} are"
-                raise ShardError(name, f"{groups} unreadable ({exc})", row=row) from None
+            except _UNREADABLE as exc:
+                yield from self._one_group_at_a_time(name, pf, first, end, row, pad_id, exc)
+                return  # (not reached: the damaged group raises)
             yield PackBatch(name, row, table.num_rows, cols.__getitem__)
 
     def batch_at(self, name: str, first_row: int):
@@ -144,6 +162,6 @@ class BridgeStore:
                 if row == first_row:
                     table = pf.read_row_groups(range(first, end), columns=list(COLUMNS))
                     return PackBatch(name, row, table.num_rows, native_columns(table, pad_id).__getitem__)
-        except (OSError, pa.ArrowException, ValueError, IndexError) as exc:
+        except _UNREADABLE as exc:
             raise ShardError(name, f"cannot be read again ({exc})") from None
         raise ShardError(name, f"no batch starts at row {first_row}")
