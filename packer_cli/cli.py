@@ -128,8 +128,9 @@ def _bridge_output(out_format: OutputFormat, split, eos_id, row_group_size, parq
         return None
     from packer_cli.shards.bridge_output import BridgeOutput
 
+    encoding = {} if parquet_encoding is None else {"parquet_encoding": parquet_encoding.value}  # else BridgeOutput's default
     return BridgeOutput(split=(split or Split.TRAINING).value, eos_id=eos_id, row_group_size=row_group_size,
-                        parquet_encoding=(parquet_encoding or ParquetEncoding.PLAIN_ZSTD).value).validate()
+                        **encoding).validate()
 
 
 def _splits_to_audit(out: str, split: Optional[Split]) -> list[Optional[str]]:
