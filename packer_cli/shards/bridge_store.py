@@ -117,24 +117,31 @@ class BridgeStore:
             raise ShardError(name, f"cannot open as Parquet ({_first_line(exc)})") from None
 
     @staticmethod
-    def _one_group_at_a_time(name: str, pf, first: int, end: int, row: int, pad_id: int, exc: Exception):
+    def _read_run(name: str, pf, first: int, end: int, row: int, pad_id: int):
+        """Row groups ``first..end-1`` (starting at row ``row``) decoded as one native batch;
+        raises one of :data:`_UNREADABLE` on a damaged file."""
+        from packer_cli.audit.store import PackBatch
+
+        table = pf.read_row_groups(range(first, end), columns=list(COLUMNS))
+        return PackBatch(name, row, table.num_rows, native_columns(table, pad_id).__getitem__)
+
+    def _one_group_at_a_time(self, name: str, pf, first: int, end: int, row: int, pad_id: int, exc: Exception):
         """A run that failed to decode, again group by group: the groups before the damaged one
         as batches, then the ShardError naming it (the error path only: good runs are read whole)."""
-        from packer_cli.audit.store import PackBatch, ShardError, _first_line
+        from packer_cli.audit.store import ShardError, _first_line
 
         for g in range(first, end):
             try:
-                cols = native_columns(pf.read_row_group(g, columns=list(COLUMNS)), pad_id)
+                batch = self._read_run(name, pf, g, g + 1, row, pad_id)
             except _UNREADABLE as alone:
                 raise ShardError(name, f"row group {g} is unreadable ({_first_line(alone)})", row=row) from None
-            n = pf.metadata.row_group(g).num_rows
-            yield PackBatch(name, row, n, cols.__getitem__)
-            row += n
+            yield batch
+            row += batch.num_rows
         raise ShardError(name, f"row groups {first}-{end - 1} are unreadable together ({_first_line(exc)})", row=row)
 
     def read_shard(self, name: str, columns=None) -> Iterator:
         """Runs of row groups of the split's Parquet file as native :class:`PackBatch` runs."""
-        from packer_cli.audit.store import PackBatch, ShardError
+        from packer_cli.audit.store import ShardError
 
         pf = self._open(name)
         missing = [c for c in COLUMNS if c not in pf.schema_arrow.names]
@@ -143,25 +150,23 @@ class BridgeStore:
         pad_id = self._pad_id(name)
         for first, end, row in self._batches(pf):
             try:
-                table = pf.read_row_groups(range(first, end), columns=list(COLUMNS))
-                cols = native_columns(table, pad_id)
+                batch = self._read_run(name, pf, first, end, row, pad_id)
             except _UNREADABLE as exc:
                 yield from self._one_group_at_a_time(name, pf, first, end, row, pad_id, exc)
                 return  # (not reached: the damaged group raises)
-            yield PackBatch(name, row, table.num_rows, cols.__getitem__)
+            yield batch
 
     def batch_at(self, name: str, first_row: int):
         """The batch of ``name`` that starts at row ``first_row`` (as :meth:`read_shard` cut
         it), decoded alone."""
-        from packer_cli.audit.store import PackBatch, ShardError
+        from packer_cli.audit.store import ShardError
 
         pad_id = self._pad_id(name)
         try:
             pf = self._open(name)
             for first, end, row in self._batches(pf):
                 if row == first_row:
-                    table = pf.read_row_groups(range(first, end), columns=list(COLUMNS))
-                    return PackBatch(name, row, table.num_rows, native_columns(table, pad_id).__getitem__)
+                    return self._read_run(name, pf, first, end, row, pad_id)
         except _UNREADABLE as exc:
             raise ShardError(name, f"cannot be read again ({exc})") from None
         raise ShardError(name, f"no batch starts at row {first_row}")
