@@ -61,16 +61,10 @@ def _moved_chunk(chunk: list, shift: int) -> list:
 
 
 def _moved_group(group: list, shift: int, ordinal: int) -> list:
-    moved = []
-    for fid, kind, value in group:
-        if fid == _GROUP_COLUMNS:
-            value = (value[0], [_moved_chunk(chunk, shift) for chunk in value[1]])
-        elif fid == _GROUP_FILE_OFFSET and value:
-            value += shift
-        elif fid == _GROUP_ORDINAL:
-            value = ordinal
-        moved.append((fid, kind, value))
-    return moved
+    group = _moved(group, (_GROUP_FILE_OFFSET,), shift)
+    columns = _field(group, _GROUP_COLUMNS)
+    group = _replace(group, _GROUP_COLUMNS, (columns[0], [_moved_chunk(chunk, shift) for chunk in columns[1]]))
+    return _replace(group, _GROUP_ORDINAL, ordinal)
 
 
 def split_file(data) -> tuple[memoryview, list]:
