@@ -123,6 +123,68 @@ def martello_toth_l2(lengths, capacity):
     return best
 
 
+def exact_fill_rebuild(lengths, pool, capacity, threshold, max_triples):
+    """The refinement pass's exact-fill re-pack of ``pool``, by list scans: each pack takes the
+    largest item, then the largest that leave at least ``threshold`` free, then closes its
+    room with one item, the most balanced pair, or a third item (largest first, at most
+    ``max_triples`` tried) and a pair, then best fit. Items of one size go in pool order.
+    Returns the packs' item lists."""
+    left = {}
+    for k in pool:
+        left.setdefault(int(lengths[k]), []).append(int(k))
+    for items in left.values():
+        items.reverse()  # pop() takes the first in pool order
+
+    def sizes():
+        return sorted((s for s, items in left.items() if items), reverse=True)
+
+    def largest_at_most(x):
+        return next((s for s in sizes() if s <= x), -1)
+
+    def pair(room, held=None):
+        count = {s: len(items) - (s == held) for s, items in left.items()}
+        for a in range(room // 2, 0, -1):
+            b = room - a
+            if count.get(a, 0) > 0 and count.get(b, 0) > (a == b):
+                return [a, b]
+        return None
+
+    packs, todo = [], len(pool)
+    while todo:
+        pack, room = [], capacity
+
+        def take(s):
+            nonlocal room, todo
+            pack.append(left[s].pop())
+            room -= s
+            todo -= 1
+
+        take(largest_at_most(room))
+        while todo and room > threshold:
+            s = largest_at_most(room - threshold)
+            if s < 1:
+                break
+            take(s)
+        if todo and room > 0:
+            close = [room] if left.get(room) else pair(room)
+            if close is None:
+                candidates = [s for s in sizes() if s <= room - 2][:max_triples]
+                for c in candidates:
+                    found = pair(room - c, held=c)
+                    if found:
+                        close = [c] + found
+                        break
+            for s in close or []:
+                take(s)
+        while todo and room > 0:
+            s = largest_at_most(room)
+            if s < 1:
+                break
+            take(s)
+        packs.append(pack)
+    return packs
+
+
 def optimal_packs(lengths, capacity):
     """Exact minimum number of packs by exhaustive search (tiny inputs only)."""
     lengths = sorted((int(x) for x in lengths), reverse=True)

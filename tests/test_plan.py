@@ -351,6 +351,67 @@ def test_refine_invariants(algorithm, inst, seed):
     npt.assert_array_equal(again.order, refined.order)
 
 
+@settings(max_examples=300, deadline=None)
+@given(capacity=st.integers(2, 300), data=st.data())
+def test_exact_fill_rebuild_matches_reference(capacity, data):
+    # The compiled pass finds pairs 64 candidate sizes at a time through a mirrored bitset;
+    # the reference scans every size. Few distinct sizes (pairs often missing) and many
+    # (long scans, sizes on both sides of 64-bit word edges) are both drawn.
+    from packer_cli.plan._refine_kernels import _rebuild
+
+    distinct = data.draw(st.lists(st.integers(1, capacity), min_size=1, max_size=40, unique=True))
+    lengths = np.array(data.draw(st.lists(st.sampled_from(distinct), min_size=1, max_size=150)), np.int64)
+    pool = np.array(sorted(data.draw(st.sets(st.integers(0, lengths.size - 1), min_size=1))), np.int32)
+    threshold = data.draw(st.integers(1, capacity))
+    max_triples = data.draw(st.sampled_from([0, 1, 3, 64]))
+    sequence, ends, num = _rebuild(lengths, pool, capacity, threshold, max_triples)
+    got = [sequence[ends[q]:ends[q + 1]].tolist() for q in range(num)]
+    assert got == naive.exact_fill_rebuild(lengths, pool, capacity, threshold, max_triples)
+
+
+@pytest.mark.parametrize("capacity", [64, 127, 128, 1024, 4096])
+def test_exact_fill_rebuild_matches_reference_dense(capacity):
+    # Every size present (the case the mirrored bitset is for), with pairs and triples needed.
+    from packer_cli.plan._refine_kernels import _rebuild
+
+    rng = np.random.default_rng(capacity)
+    lengths = rng.integers(1, capacity // 2 + 1, 600 if capacity > 1000 else 300).astype(np.int64)
+    pool = np.arange(lengths.size, dtype=np.int32)
+    for divisor in (64, 8, 4):
+        sequence, ends, num = _rebuild(lengths, pool, capacity, max(1, capacity // divisor), 64)
+        got = [sequence[ends[q]:ends[q + 1]].tolist() for q in range(num)]
+        assert got == naive.exact_fill_rebuild(lengths, pool, capacity, max(1, capacity // divisor), 64)
+
+
+@pytest.mark.parametrize("n, seed", [(20000, 2), (30000, 7)])
+def test_refine_threads_change_nothing(monkeypatch, n, seed):
+    # Large pools try two thresholds at a time on two threads; the plan must be the one the
+    # sequential loop makes. The first input stops at the third threshold (the bound is
+    # reached), the second tries all six, then stops early in its second round.
+    from packer_cli.plan import refine as R
+
+    capacity = 1024
+    lengths = np.clip(np.random.default_rng(seed).gamma(5, 20, n).round(), 10, capacity).astype(np.int64)
+    base = plan_packs(lengths, capacity, "ffd")
+    monkeypatch.setattr(R, "_PARALLEL_POOL", 10**12)
+    sequential = refine_plan(lengths, base)
+    monkeypatch.setattr(R, "_PARALLEL_POOL", 0)
+    threaded = refine_plan(lengths, base)
+    npt.assert_array_equal(threaded.order, sequential.order)
+    npt.assert_array_equal(threaded.pack_offsets, sequential.pack_offsets)
+    assert threaded.num_packs < base.num_packs
+    # Every threshold's rebuild comes back, in order, the same on both paths.
+    pool = np.arange(lengths.size, dtype=np.int32)
+    together = list(R._rebuilds(lengths, pool, capacity))
+    monkeypatch.setattr(R, "_PARALLEL_POOL", 10**12)
+    alone = list(R._rebuilds(lengths, pool, capacity))
+    assert len(together) == len(alone) == len(R._THRESHOLD_DIVISORS)
+    for (s1, e1, n1), (s2, e2, n2) in zip(together, alone):
+        assert n1 == n2
+        npt.assert_array_equal(s1, s2)
+        npt.assert_array_equal(e1[: n1 + 1], e2[: n2 + 1])
+
+
 def test_refine_reaches_bound_on_small_items():
     # Many small items: FFD leaves a few tokens free in most packs; exact
     # filling closes them.

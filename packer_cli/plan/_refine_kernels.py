@@ -5,41 +5,92 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._config import NJIT_FLAGS
-from ._kernels import _bitset_clear, _bitset_layout, _bitset_prev, _bitset_set
+from ._config import NJIT_FLAGS, NJIT_INLINE_FLAGS
+from ._kernels import _ALL, _ONE, _bitset_clear, _bitset_layout, _bitset_prev, _bitset_set, _msb
 
 
-@njit(**NJIT_FLAGS)
-def _pool_take(size, counts, fill, bits, offsets):
+# The pool's available sizes are kept twice: in a hierarchical bitset (bit ``s`` set while an
+# item of size ``s`` is left; "largest size <= x" queries) and, level 0 only, mirrored (bit
+# ``capacity - s``). The mirror turns "is ``room - a`` available too?" for 64 candidate sizes
+# ``a`` at once into one AND: bit ``a`` of the mirror read from bit ``capacity - room`` on is
+# bit ``room - a`` of the sizes. The exact-close step asks that question up to 64 times per
+# pack (once per third item tried), so a scan over every available size below ``room / 2``
+# (up to ``capacity / 2`` of them on a dense length distribution) was most of the pass's time.
+
+
+@njit(**NJIT_INLINE_FLAGS)
+def _mirror_words(capacity):
+    """Words of the mirrored bitset: bits 0..capacity plus one word read past the last."""
+    return (capacity + 64) // 64 + 1
+
+
+@njit(**NJIT_INLINE_FLAGS)
+def _mirror_set(mirror, bit):
+    mirror[bit >> 6] |= _ONE << np.uint64(bit & 63)
+
+
+@njit(**NJIT_INLINE_FLAGS)
+def _mirror_clear(mirror, bit):
+    mirror[bit >> 6] &= ~(_ONE << np.uint64(bit & 63))
+
+
+@njit(**NJIT_INLINE_FLAGS)
+def _mirror_window(mirror, start):
+    """64 bits of ``mirror`` from bit ``start`` on (bit j of the result is bit start + j)."""
+    q = start >> 6
+    r = start & 63
+    if r == 0:
+        return mirror[q]
+    return (mirror[q] >> np.uint64(r)) | (mirror[q + 1] << np.uint64(64 - r))
+
+
+@njit(**NJIT_INLINE_FLAGS)
+def _pool_take(size, counts, fill, bits, offsets, mirror, capacity):
     """Index (into the pool's size-sorted item list) of the next item of ``size``."""
     k = fill[size]
     fill[size] = k + 1
     counts[size] -= 1
     if counts[size] == 0:
         _bitset_clear(bits, offsets, size)
+        _mirror_clear(mirror, capacity - size)
     return k
 
 
-@njit(**NJIT_FLAGS)
-def _find_pair(room, counts, bits, offsets):
+@njit(**NJIT_INLINE_FLAGS)
+def _find_pair(room, counts, bits, mirror, capacity):
     """Sizes ``(a, b)``, ``a <= b``, ``a + b == room``, both available; the most
-    balanced such pair. Returns ``(-1, -1)`` when there is none."""
-    a = _bitset_prev(bits, offsets, room // 2)
-    while a >= 1:
-        b = room - a
-        if counts[a] > 0 and counts[b] > 0 and (b != a or counts[a] >= 2):
-            return a, b
-        a = _bitset_prev(bits, offsets, a - 1)
+    balanced such pair. Returns ``(-1, -1)`` when there is none.
+
+    Candidates come 64 at a time from ``bits`` (level 0: sizes ``a``) AND the mirror
+    (sizes ``room - a``); each is confirmed by ``counts``, which the caller may have lowered
+    below what the bits say (a third item held out) and which decides ``a == b``."""
+    half = room // 2
+    if half < 1:
+        return -1, -1
+    shift = capacity - room
+    w = half >> 6
+    top = _ALL >> np.uint64(63 - (half & 63))
+    while w >= 0:
+        cand = bits[w] & _mirror_window(mirror, (w << 6) + shift) & top
+        top = _ALL
+        while cand != np.uint64(0):
+            t = _msb(cand)
+            a = (w << 6) + t
+            b = room - a
+            if a >= 1 and counts[a] > 0 and counts[b] > 0 and (b != a or counts[a] >= 2):
+                return a, b
+            cand &= ~(_ONE << np.uint64(t))
+        w -= 1
     return -1, -1
 
 
-
-@njit(**NJIT_FLAGS)
-def _place(s, placed, room, by_size, counts, fill, bits, offs, pool, sequence):
+@njit(**NJIT_INLINE_FLAGS)
+def _place(s, placed, room, by_size, counts, fill, bits, offs, mirror, capacity, pool, sequence):
     """Take one pooled item of length ``s`` into the open pack; returns the new (placed, room)."""
-    k = by_size[_pool_take(s, counts, fill, bits, offs)]
+    k = by_size[_pool_take(s, counts, fill, bits, offs, mirror, capacity)]
     sequence[placed] = pool[k]
     return placed + 1, room - s
+
 
 @njit(**NJIT_FLAGS)
 def _rebuild(lengths, pool, capacity, threshold, max_triples):
@@ -90,9 +141,11 @@ def _rebuild(lengths, pool, capacity, threshold, max_triples):
 
     offs = _bitset_layout(capacity + 1)
     bits = np.zeros(offs[-1], np.uint64)
+    mirror = np.zeros(_mirror_words(capacity), np.uint64)
     for s in range(1, capacity + 1):
         if counts[s] > 0:
             _bitset_set(bits, offs, s)
+            _mirror_set(mirror, capacity - s)
 
     sequence = np.empty(m, np.int32)
     ends = np.empty(m + 1, np.int64)
@@ -103,13 +156,13 @@ def _rebuild(lengths, pool, capacity, threshold, max_triples):
         room = capacity
         # 1. largest remaining item
         s = _bitset_prev(bits, offs, room)
-        placed, room = _place(s, placed, room, by_size, counts, fill, bits, offs, pool, sequence)
+        placed, room = _place(s, placed, room, by_size, counts, fill, bits, offs, mirror, capacity, pool, sequence)
         # 2. greedy, keeping ``threshold`` free
         while placed < m and room > threshold:
             s = _bitset_prev(bits, offs, room - threshold)
             if s < 1:
                 break
-            placed, room = _place(s, placed, room, by_size, counts, fill, bits, offs, pool, sequence)
+            placed, room = _place(s, placed, room, by_size, counts, fill, bits, offs, mirror, capacity, pool, sequence)
         # 3. exact close: one item, a pair, a triple
         if placed < m and room > 0:
             a = -1
@@ -118,13 +171,13 @@ def _rebuild(lengths, pool, capacity, threshold, max_triples):
             if counts[room] > 0:
                 a = room
             else:
-                a, b = _find_pair(room, counts, bits, offs)
+                a, b = _find_pair(room, counts, bits, mirror, capacity)
                 if a < 0:
                     tries = 0
                     c = _bitset_prev(bits, offs, room - 2)
                     while c >= 1 and tries < max_triples:
                         counts[c] -= 1
-                        a, b = _find_pair(room - c, counts, bits, offs)
+                        a, b = _find_pair(room - c, counts, bits, mirror, capacity)
                         counts[c] += 1
                         if a >= 0:
                             break
@@ -134,13 +187,14 @@ def _rebuild(lengths, pool, capacity, threshold, max_triples):
                         c = -1
             for s in (c, a, b):
                 if s > 0:
-                    placed, room = _place(s, placed, room, by_size, counts, fill, bits, offs, pool, sequence)
+                    placed, room = _place(s, placed, room, by_size, counts, fill, bits, offs, mirror, capacity,
+                                          pool, sequence)
         # 4. best fit for whatever room is left
         while placed < m and room > 0:
             s = _bitset_prev(bits, offs, room)
             if s < 1:
                 break
-            placed, room = _place(s, placed, room, by_size, counts, fill, bits, offs, pool, sequence)
+            placed, room = _place(s, placed, room, by_size, counts, fill, bits, offs, mirror, capacity, pool, sequence)
         pack += 1
         ends[pack] = placed
     return sequence, ends, pack

@@ -14,7 +14,9 @@ non-full packs while they help. Everything is deterministic.
 
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -30,13 +32,43 @@ __all__ = ["refine_plan"]
 _THRESHOLD_DIVISORS = (64, 32, 16, 8, 128, 4)
 #: Third-item candidates tried per pack when no exact pair closes it.
 _MAX_TRIPLES = 64
+#: Pools at least this large try two thresholds at a time, one per thread (the kernel
+#: releases the GIL); below it a thread's start costs more than the rebuild.
+_PARALLEL_POOL = 50_000
+
+
+def _usable_cpus() -> int:
+    if hasattr(os, "sched_getaffinity"):  # what this process may run on (Linux), not the machine
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _rebuilds(arr: np.ndarray, pool: np.ndarray, capacity: int):
+    """``_rebuild`` of ``pool`` under each threshold, yielded in ``_THRESHOLD_DIVISORS`` order.
+
+    On a large pool with two CPUs the next threshold is rebuilt on a second thread while this
+    one is, and while the caller looks at a result; a caller that stops early has wasted at
+    most that one. The results and their order are the same either way."""
+    thresholds = [max(1, capacity // divisor) for divisor in _THRESHOLD_DIVISORS]
+    if pool.size < _PARALLEL_POOL or _usable_cpus() < 2:
+        for threshold in thresholds:
+            yield _rebuild(arr, pool, capacity, threshold, _MAX_TRIPLES)
+        return
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="packer-refine") as workers:
+        running = [workers.submit(_rebuild, arr, pool, capacity, t, _MAX_TRIPLES) for t in thresholds[:2]]
+        for threshold in thresholds[2:] + [None]:
+            yield running.pop(0).result()
+            if threshold is not None:
+                running.append(workers.submit(_rebuild, arr, pool, capacity, threshold, _MAX_TRIPLES))
+        yield running.pop(0).result()
 
 
 def _refine_round(arr: np.ndarray, plan: PackPlan, target: int, in_place: bool = False):
     """One round: rebuild the non-full packs; return a better plan or None.
 
     Memory: the pool (items of non-full packs, usually a small share) costs
-    12 bytes per pooled item; the new ``order`` 4 bytes per item, or nothing
+    4 bytes per pooled item and each rebuild 12 (the best so far, the one looked at and, on a
+    large pool, the one rebuilt meanwhile); the new ``order`` 4 bytes per item, or nothing
     with ``in_place`` (``plan.order`` is rewritten, so ``plan`` must not be
     used again once a better plan is returned).
     """
@@ -50,9 +82,7 @@ def _refine_round(arr: np.ndarray, plan: PackPlan, target: int, in_place: bool =
     kept_packs = np.flatnonzero(~nonfull)
     kept = kept_packs.size
     best = None
-    for divisor in _THRESHOLD_DIVISORS:
-        threshold = max(1, capacity // divisor)
-        sequence, ends, num_new = _rebuild(arr, pool, capacity, threshold, _MAX_TRIPLES)
+    for sequence, ends, num_new in _rebuilds(arr, pool, capacity):
         if num_new < num_nonfull and (best is None or num_new < best[2]):
             best = (sequence, ends[: num_new + 1].copy(), num_new)
             if kept + num_new <= target:
