@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from numba import njit
+from packer_cli._kernel_cache import njit
 
 from packer_cli.errors import DataError
 from packer_cli.spec import OverlongPolicy, PackSpec

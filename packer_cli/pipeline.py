@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from numba import njit
+from packer_cli._kernel_cache import njit
 
 from packer_cli import __version__
 from packer_cli._background import background, ordered_map

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from packer_cli._kernel_cache import njit
 
 from ._config import NJIT_FLAGS, NJIT_INLINE_FLAGS
 from ._kernels import _ALL, _ONE, _bitset_clear, _bitset_layout, _bitset_prev, _bitset_set, _msb

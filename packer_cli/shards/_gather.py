@@ -30,11 +30,12 @@ import queue
 import numpy as np
 import pyarrow as pa
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from packer_cli._arrow import memory_pool
+from packer_cli._kernel_cache import njit
 from packer_cli._unaligned import load_u32, load_u64, store_u32
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from numba import njit
+from packer_cli._kernel_cache import njit
 
 from packer_cli._arrow import list_array
 from packer_cli.errors import ConfigError

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import intrinsic
 
+from packer_cli._kernel_cache import njit
 from packer_cli._unaligned import load_u64
 
 _FLAGS = {"cache": True, "nogil": True, "boundscheck": False}

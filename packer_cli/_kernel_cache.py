@@ -1,0 +1,186 @@
+"""numba's on-disk kernel cache, made to notice changes in the code a kernel calls.
+
+numba keys a cached kernel on its own source file and bytecode only. A kernel that calls a
+helper in another module (``_rebuild`` → ``plan._kernels._bitset_prev``, ``_pread_gather_kernel``
+→ ``_unaligned.load_u64``) or reads a constant from one (``NJIT_FLAGS``, a lookup table) has
+that code and those values compiled into its machine code, so after an upgrade or a
+``git pull`` that changes only the helper, numba loads the old machine code as valid: the
+helper's old behaviour, silently (numba's cache files in ``__pycache__`` outlive an upgrade).
+
+:func:`install` puts packer's own cache locators in front of numba's. They store the cache
+where numba would and differ only in the *source stamp* that validates it: the kernel file's
+stamp as numba computes it, plus a digest of everything the kernel's code reaches by name,
+followed through called kernels: the source of each module holding a called kernel, a
+helper intrinsic or a module used by attribute, each called kernel's compile options, and the
+value of each constant (numbers, strings, tuples, NumPy arrays). A change to any of them makes
+the cached kernel stale, so numba compiles it again and replaces the entry.
+
+Only functions defined in files under the installed root (packer's package) get these
+locators; every other function keeps numba's. A numba that lacks the classes this relies on
+is left alone (its own stamp then applies, as before).
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import types
+from functools import lru_cache
+
+import numpy as np
+from numba import njit
+
+__all__ = ["install", "njit", "reach_digest"]  # kernel modules take ``njit`` from here: see install()
+
+#: Directories whose functions get the reaching locators (packer's package; tests add others).
+_ROOTS: list[str] = [os.path.dirname(os.path.abspath(__file__))]
+_CONSTANTS = (bool, int, float, complex, str, bytes, np.generic)
+
+
+@lru_cache(maxsize=None)
+def _file_digest(path: str, mtime_ns: int, size: int) -> bytes:  # keyed on the stat: re-read if edited
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).digest()
+
+
+def _source_file(obj) -> str | None:
+    try:
+        return os.path.abspath(inspect.getfile(obj))
+    except (TypeError, OSError):
+        return None
+
+
+def _code_objects(code: types.CodeType):
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_objects(const)
+
+
+def _under_roots(path: str) -> bool:
+    path = os.path.abspath(path)
+    return any(path.startswith(root + os.sep) for root in _ROOTS)
+
+
+def _is_kernel(obj) -> bool:
+    return hasattr(obj, "py_func") and hasattr(obj, "targetoptions")
+
+
+class _Reach:
+    """What one kernel's code reaches by name: source files, compile options, constants."""
+
+    def __init__(self):
+        self.files: set[str] = set()
+        self.facts: list[str] = []
+        self._seen: set[int] = set()
+
+    def function(self, py_func) -> None:
+        if id(py_func) in self._seen:
+            return
+        self._seen.add(id(py_func))
+        path = _source_file(py_func)
+        if path:
+            self.files.add(path)
+        names = set()
+        for code in _code_objects(py_func.__code__):
+            names.update(code.co_names)
+        for name in sorted(names):
+            if name in py_func.__globals__:
+                self.value(name, py_func.__globals__[name], names)
+
+    def value(self, name: str, obj, names: set[str]) -> None:
+        if _is_kernel(obj):
+            self.facts.append(f"{name}:options={sorted(obj.targetoptions.items())!r}")
+            self.function(obj.py_func)
+        elif isinstance(obj, types.ModuleType):
+            path = _source_file(obj)
+            if path and _under_roots(path):
+                self.files.add(path)
+                for attr in sorted(names):  # module.kernel(...) reaches the kernel's callees too
+                    member = getattr(obj, attr, None)
+                    if _is_kernel(member):
+                        self.value(f"{name}.{attr}", member, names)
+        elif isinstance(obj, np.ndarray):
+            digest = hashlib.sha256(np.ascontiguousarray(obj).tobytes()).hexdigest()
+            self.facts.append(f"{name}:array={obj.dtype.str}{obj.shape}{digest}")
+        elif isinstance(obj, _CONSTANTS) or (isinstance(obj, tuple) and all(isinstance(x, _CONSTANTS) for x in obj)):
+            self.facts.append(f"{name}={obj!r}")
+        elif hasattr(obj, "_defn"):  # a numba @intrinsic: its codegen's source
+            path = _source_file(obj._defn)
+            if path:
+                self.files.add(path)
+
+
+def reach_digest(py_func) -> str:
+    """Digest of the sources, compile options and constants ``py_func``'s compiled code depends
+    on, its own file included (see the module docstring)."""
+    reach = _Reach()
+    own = py_func.__globals__.get(py_func.__name__)
+    if _is_kernel(own) and own.py_func is py_func:  # its own options (``@njit(**NJIT_FLAGS)``)
+        reach.facts.append(f"options={sorted(own.targetoptions.items())!r}")
+    reach.function(py_func)
+    h = hashlib.sha256()
+    for path in sorted(reach.files):
+        st = os.stat(path)
+        h.update(os.path.basename(path).encode() + b"\0" + _file_digest(path, st.st_mtime_ns, st.st_size))
+    for fact in reach.facts:
+        h.update(fact.encode() + b"\0")
+    return h.hexdigest()
+
+
+@lru_cache(maxsize=None)
+def _process_reach_digest(py_func) -> str:
+    """:func:`reach_digest`, once per function: numba asks for the stamp each time it reads or
+    writes a kernel's index, and sources do not change under a running process."""
+    return reach_digest(py_func)
+
+
+def _reaching(base: type) -> type:
+    """``base`` (one of numba's source-file locators) with the reach digest in its stamp, for
+    functions under the package root only."""
+
+    class Locator(base):
+        def __init__(self, py_func, py_file):
+            super().__init__(py_func, py_file)
+            self._packer_py_func = py_func
+
+        def get_source_stamp(self):
+            return (super().get_source_stamp(), _process_reach_digest(self._packer_py_func))
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if not _under_roots(py_file):
+                return None
+            return super().from_function(py_func, py_file)
+
+    Locator.__name__ = Locator.__qualname__ = f"Packer{base.__name__.lstrip('_')}"
+    return Locator
+
+
+def install(root: str | None = None) -> bool:
+    """Put the reaching locators first in numba's list (idempotent), for functions under
+    packer's package and ``root`` when given. False when this numba does not have the pieces,
+    or ``NUMBA_CACHE_LOCATOR_CLASSES`` chooses the locators instead."""
+    if root is not None and os.path.abspath(root) not in _ROOTS:
+        _ROOTS.append(os.path.abspath(root))
+    try:
+        from numba.core import caching, config
+    except ImportError:
+        return False
+    impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
+    bases = [getattr(caching, name, None) or getattr(caching, "_" + name, None)
+             for name in ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator")]
+    if impl is None or None in bases or not isinstance(getattr(impl, "_locator_classes", None), list):
+        return False
+    if getattr(config, "CACHE_LOCATOR_CLASSES", None):
+        return False
+    if any(getattr(cls, "_packer_reaching", False) for cls in impl._locator_classes):
+        return True
+    ours = [_reaching(base) for base in bases]
+    for cls in ours:
+        cls._packer_reaching = True
+    impl._locator_classes = ours + impl._locator_classes
+    return True
+
+
+install()
