@@ -135,6 +135,35 @@ def _process_reach_digest(py_func) -> str:
     return reach_digest(py_func)
 
 
+class _Stamp:
+    """numba's stamp of the kernel's file and the kernel's reach digest, the digest worked out
+    when the stamp is first compared or saved. numba asks for the stamp when the decorator
+    runs, before the functions defined further down the module (and what they reach) exist;
+    it compares the stamp when it first loads the kernel and pickles it when it saves one,
+    by which time they do. Pickled, it is a plain tuple."""
+
+    __slots__ = ("_file_stamp", "_py_func")
+
+    def __init__(self, file_stamp, py_func):
+        self._file_stamp = file_stamp
+        self._py_func = py_func
+
+    def value(self) -> tuple:
+        return (self._file_stamp, _process_reach_digest(self._py_func))
+
+    def __eq__(self, other):
+        return self.value() == (other.value() if isinstance(other, _Stamp) else other)
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __hash__(self):
+        return hash(self.value())
+
+    def __reduce__(self):
+        return (tuple, (self.value(),))
+
+
 def _reaching(base: type) -> type:
     """``base`` (one of numba's source-file locators) with the reach digest in its stamp, for
     functions under the package root only."""
@@ -145,7 +174,7 @@ def _reaching(base: type) -> type:
             self._packer_py_func = py_func
 
         def get_source_stamp(self):
-            return (super().get_source_stamp(), _process_reach_digest(self._packer_py_func))
+            return _Stamp(super().get_source_stamp(), self._packer_py_func)
 
         @classmethod
         def from_function(cls, py_func, py_file):

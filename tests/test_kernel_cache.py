@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 from packer_cli import _kernel_cache
 
@@ -32,6 +33,22 @@ CALLER = textwrap.dedent("""
 """)
 
 
+# The kernel calls a function defined below it, which calls into the helper module: when the
+# decorator runs (and numba asks for the stamp) ``_late`` does not exist yet.
+CALLER_LATE = textwrap.dedent("""
+    from numba import njit
+    from kpkg import helper
+
+    @njit(cache=True)
+    def total(n):
+        return _late(n) + 1
+
+    @njit(cache=True)
+    def _late(n):
+        return helper.step(n) + helper.OFFSET
+""")
+
+
 def _helper(body: str, offset: int) -> str:
     return textwrap.dedent(f"""
         from numba import njit
@@ -52,21 +69,22 @@ def _run(tmp_path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_cached_kernel_is_recompiled_when_a_callee_or_constant_changes(tmp_path):
+@pytest.mark.parametrize("caller, extra", [(CALLER, 0), (CALLER_LATE, 1)], ids=["direct", "defined-later"])
+def test_cached_kernel_is_recompiled_when_a_callee_or_constant_changes(tmp_path, caller, extra):
     pkg = tmp_path / "kpkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "caller.py").write_text(CALLER)
+    (pkg / "caller.py").write_text(caller)
     (pkg / "helper.py").write_text(_helper("n * 2", 0))
-    assert _run(tmp_path) == {"value": 6, "hits": 0, "misses": 1}
-    assert _run(tmp_path) == {"value": 6, "hits": 1, "misses": 0}  # nothing changed: cached
+    assert _run(tmp_path) == {"value": 6 + extra, "hits": 0, "misses": 1}
+    assert _run(tmp_path) == {"value": 6 + extra, "hits": 1, "misses": 0}  # nothing changed: cached
     # Only the callee's file changes (numba alone keys the caller on caller.py and would load
     # the old machine code: value 6).
     (pkg / "helper.py").write_text(_helper("n * 10", 0))
-    assert _run(tmp_path) == {"value": 30, "hits": 0, "misses": 1}
-    assert _run(tmp_path) == {"value": 30, "hits": 1, "misses": 0}
+    assert _run(tmp_path) == {"value": 30 + extra, "hits": 0, "misses": 1}
+    assert _run(tmp_path) == {"value": 30 + extra, "hits": 1, "misses": 0}
     (pkg / "helper.py").write_text(_helper("n * 10", 5))  # a constant the caller reads
-    assert _run(tmp_path) == {"value": 35, "hits": 0, "misses": 1}
+    assert _run(tmp_path) == {"value": 35 + extra, "hits": 0, "misses": 1}
 
 
 def test_packer_kernels_reach_their_helpers():
