@@ -185,9 +185,17 @@ def _load_token(base, u, bits):
 
 @njit(cache=True, nogil=True)
 def _locate(position, token_starts, widths):
-    """(batch, bits per token) of the token at stream ``position``."""
-    b = np.searchsorted(token_starts, position, side="right") - 1
-    return b, np.int64(widths[b])
+    """(batch, bits per token) of the token at stream ``position``: the last batch starting at
+    or before it. (A binary search by hand: ``np.searchsorted`` would make loading this kernel
+    from the cache import numba's array-math module, ~18 ms of every CLI start.)"""
+    lo, hi = 0, token_starts.size  # token_starts[0] == 0 <= position
+    while hi - lo > 1:
+        mid = (lo + hi) >> 1
+        if token_starts[mid] <= position:
+            lo = mid
+        else:
+            hi = mid
+    return lo, np.int64(widths[lo])
 
 
 @njit(cache=True, nogil=True)
