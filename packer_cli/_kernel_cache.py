@@ -131,8 +131,12 @@ def reach_digest(py_func) -> str:
 @lru_cache(maxsize=None)
 def _process_reach_digest(py_func) -> str:
     """:func:`reach_digest`, once per function: numba asks for the stamp each time it reads or
-    writes a kernel's index, and sources do not change under a running process."""
-    return reach_digest(py_func)
+    writes a kernel's index, and sources do not change under a running process. Should the
+    walk fail (a module whose attributes raise), the stamp is the file's alone, as numba's."""
+    try:
+        return reach_digest(py_func)
+    except Exception:  # noqa: BLE001 - a cache key must never stop a kernel from loading
+        return "unreached"
 
 
 class _Stamp:

@@ -125,3 +125,17 @@ def test_locators_installed_for_packer_only():
     assert len(ours) == 3 and impl._locator_classes[:3] == ours
     assert _kernel_cache.install() is True and impl._locator_classes[:3] == ours  # idempotent
     assert all(cls.from_function(np.add.reduce, np.__file__) is None for cls in ours)  # numpy's file: not ours
+
+
+def test_a_failing_walk_leaves_numbas_own_stamp(monkeypatch):
+    from packer_cli.plan._refine_kernels import _collect
+
+    def broken(py_func):
+        raise RuntimeError("attribute access failed")
+
+    monkeypatch.setattr(_kernel_cache, "reach_digest", broken)
+    _kernel_cache._process_reach_digest.cache_clear()
+    try:
+        assert _kernel_cache._process_reach_digest(_collect.py_func) == "unreached"
+    finally:
+        _kernel_cache._process_reach_digest.cache_clear()
