@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from packer_cli._kernel_cache import njit
 
+from packer_cli._kernel_cache import njit
 from packer_cli.errors import DataError
 from packer_cli.spec import OverlongPolicy, PackSpec
 

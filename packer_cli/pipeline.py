@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from packer_cli._kernel_cache import njit
 
 from packer_cli import __version__
 from packer_cli._background import background, ordered_map
+from packer_cli._kernel_cache import njit
 from packer_cli._sequences import Items, SampleLog, SourceMap, build_items
 from packer_cli._summary import PackSummary, summarize
 from packer_cli.errors import ConfigError, DataError, OutputError

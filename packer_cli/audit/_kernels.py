@@ -13,6 +13,7 @@ indexed from 0 (so LLVM drops negative-index handling and vectorizes the hot red
 from __future__ import annotations
 
 import numpy as np
+
 from packer_cli._kernel_cache import njit
 
 

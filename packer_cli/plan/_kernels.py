@@ -12,6 +12,7 @@ in which an algorithm assigned items; the grouping kernel turns it into the
 from __future__ import annotations
 
 import numpy as np
+
 from packer_cli._kernel_cache import njit
 
 from ._config import NJIT_FLAGS

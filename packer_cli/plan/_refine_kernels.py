@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from packer_cli._kernel_cache import njit
 
 from ._config import NJIT_FLAGS, NJIT_INLINE_FLAGS

@@ -56,11 +56,11 @@ def _rebuilds(arr: np.ndarray, pool: np.ndarray, capacity: int):
         return
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="packer-refine") as workers:
         running = [workers.submit(_rebuild, arr, pool, capacity, t, _MAX_TRIPLES) for t in thresholds[:2]]
-        for threshold in thresholds[2:] + [None]:
+        for threshold in thresholds[2:]:
             yield running.pop(0).result()
-            if threshold is not None:
-                running.append(workers.submit(_rebuild, arr, pool, capacity, threshold, _MAX_TRIPLES))
-        yield running.pop(0).result()
+            running.append(workers.submit(_rebuild, arr, pool, capacity, threshold, _MAX_TRIPLES))
+        for future in running:
+            yield future.result()
 
 
 def _refine_round(arr: np.ndarray, plan: PackPlan, target: int, in_place: bool = False):

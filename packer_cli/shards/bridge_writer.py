@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from packer_cli._kernel_cache import njit
 
 from packer_cli._arrow import list_array
+from packer_cli._kernel_cache import njit
 from packer_cli.errors import ConfigError
 from packer_cli.shards.bridge import BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PARQUET_ENCODING_NAMES
 from packer_cli.shards._parquet_stitch import ParquetStitcher

@@ -14,6 +14,7 @@ which blocks vectorization): each check runs at a fraction of a nanosecond per v
 from __future__ import annotations
 
 import numpy as np
+
 from packer_cli._kernel_cache import njit
 
 IGNORE_INDEX = -100

@@ -9,8 +9,8 @@ against the end of its buffer: a corrupt page returns an error code, never reads
 from __future__ import annotations
 
 import numpy as np
-from packer_cli._kernel_cache import njit
 
+from packer_cli._kernel_cache import njit
 from packer_cli._unaligned import load_u64
 
 TRUNCATED = -1  # the stream ends before n values
