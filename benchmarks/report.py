@@ -177,6 +177,13 @@ def render(res: dict, targets: dict) -> str:
                      f"fixed cost of a fresh process, so even with the warm API's work the CLI cannot finish under "
                      f"{floor + e2e['api']['median_s']:.2f} s, "
                      f"{_fmt_ratio(_ratio(e2e['trl']['median_s'], floor + e2e['api']['median_s']))} TRL's time.")
+        cores = (res.get("machine") or {}).get("cores")
+        if e2e["cli"].get("cpu_s") and cores:
+            # A bound no scheduling can beat: the CLI's CPU time spread over every core.
+            best = e2e["cli"]["cpu_s"] / cores
+            text += (f" The CLI's median run used {e2e['cli']['cpu_s']:.2f} s of CPU (user + system), so on "
+                     f"{cores} cores no schedule of that work finishes under {best:.2f} s"
+                     + (f", already more than the {need:.2f} s 5× needs." if best > need else "."))
         if "trl_process" in e2e:
             tp = e2e["trl_process"]
             text += (f" Run the way the CLI is run (a fresh process that imports its libraries, reads the file and "
