@@ -229,14 +229,21 @@ def _resolve(items, lengths, block_start, block, cap, m, extra_sample, extra_off
             k = extra_sample[e]
             o = extra_offset[e]
             s = extra_length[e]
-        start = block_start[k // block]
-        for j in range(k - k % block, k):
-            start += lengths[j]
         sample[t] = k
         offset[t] = o
         length[t] = s
         padded[t] = _aligned(s, m)
-        src[t] = start + o
+        src[t] = sample_start(k, lengths, block_start, block) + o
+
+
+@njit(cache=True, nogil=True, inline="always")
+def sample_start(k, lengths, block_start, block):
+    """Stream position of sample ``k``'s first token (``block_start`` holds every
+    ``block``-th sample's: see :func:`_block_starts`)."""
+    start = block_start[k // block]
+    for j in range(k - k % block, k):
+        start += lengths[j]
+    return start
 
 
 @njit(cache=True, nogil=True)

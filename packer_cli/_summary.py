@@ -45,6 +45,10 @@ class PackSummary:
     (sequences, plan, summary), ``write`` (pass two: gather, write, hash, rename into place) and
     ``total``. In the printed summary and ``--json``, never in ``metadata.json`` (the same inputs
     give the same bytes)."""
+    spill: dict | None = None
+    """How pass two read the spill (native shards): ``read`` (``random`` or ``staged``),
+    ``bytes`` (the spill's size) and, when staged, ``stages`` and ``stage_bytes``. Reported like
+    ``seconds``, never in ``metadata.json``."""
 
     def to_dict(self) -> dict:
         record = {
@@ -56,6 +60,8 @@ class PackSummary:
             record["output"] = self.output
         if self.seconds is not None:
             record["seconds"] = self.seconds
+        if self.spill is not None:
+            record["spill"] = self.spill
         return record
 
     def metadata(self, version: str) -> dict:
@@ -63,6 +69,7 @@ class PackSummary:
         record.pop("out")
         record.pop("dry_run")
         record.pop("seconds", None)
+        record.pop("spill", None)
         record.update(format=FORMAT_NAME, format_version=FORMAT_VERSION, packer_version=version)
         return record
 

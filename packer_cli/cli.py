@@ -20,7 +20,7 @@ from rich.console import Console
 from packer_cli._jit import light_cache_loads
 from packer_cli.errors import ConfigError, PackerError
 from packer_cli.shards.bridge import OutputFormat, ParquetEncoding, Split
-from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec
+from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec, SpillRead
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -76,6 +76,7 @@ def pack_command(
     shard_size: Annotated[str, typer.Option(help="Approximate shard size.")] = "256MB",
     spill_dir: Annotated[Optional[str], typer.Option(help="Existing directory for the temporary spill (about 2¼ bytes a token, read back at random; default: beside the output). Use local disk when OUT is on a network file system.")] = None,
     spill_memory: Annotated[str, typer.Option(help="Bytes of the spill to hold in memory instead of on disk (its first batches; resident only as far as used), e.g. when the only scratch is a network file system.")] = "0",
+    spill_read: Annotated[SpillRead, typer.Option(help="How pass two reads the spill: random (a read per sequence; the page cache serves it), staged (copied into stages in one sequential pass first, each stage then read whole: for a spill larger than the page cache can hold, e.g. under a container memory limit), auto (staged when the spill exceeds half the page cache available). Native shards only.")] = SpillRead.AUTO,
     direct_io: Annotated[Optional[bool], typer.Option("--direct-io/--buffered-io", help="Write the output with O_DIRECT, bypassing the page cache, or through it (same bytes either way). Default: O_DIRECT on local and parallel file systems (ext4, xfs, btrfs, Lustre, GPFS...), buffered elsewhere (NFS, SMB, FUSE, tmpfs).", show_default=False)] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing OUT.")] = False,
     dry_run: Annotated[bool, typer.Option(help="Plan and print the summary; write nothing.")] = False,
@@ -103,7 +104,8 @@ def pack_command(
         summary = pack(inputs, out, spec, source, overwrite=overwrite, dry_run=dry_run,
                        shard_bytes=parse_size(shard_size, "--shard-size"), progress=not json_out,
                        warn=lambda msg: err.print(f"warning: {msg}", markup=False), output=output,
-                       spill_dir=spill_dir, spill_memory=parse_size(spill_memory, "--spill-memory"), direct_io=direct_io)
+                       spill_dir=spill_dir, spill_memory=parse_size(spill_memory, "--spill-memory"), direct_io=direct_io,
+                       spill_read=spill_read.value)
     except PackerError as exc:
         fail(exc)
     if json_out:

@@ -44,8 +44,9 @@ from packer_cli.errors import ConfigError, DataError, OutputError
 from packer_cli.plan import plan_packs
 from packer_cli.progress import Progress
 from packer_cli.shards._atomic import check_replaceable, make_temporary, replace_dir, stale_temporaries
-from packer_cli.shards._gather import ORDER_FILE, SpillMemory, SpillReader, SpillWriter
+from packer_cli.shards._gather import ORDER_FILE, SPILL_FILE, SpillMemory, SpillReader, SpillWriter
 from packer_cli.shards._sink import use_direct_io
+from packer_cli.shards._staged import SPILL_READ_MODES, StagedSpillReader, choose_spill_read, group_stages
 from packer_cli.shards.bridge_output import BridgeOutput
 from packer_cli.shards.format import (
     FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, is_output_file_name, seal_metadata, write_json,
@@ -171,7 +172,8 @@ def _shard_runs(pack_offsets: np.ndarray, pack_load: np.ndarray, pack_order: np.
 
 def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, plan: _ParkedPlan, pack_order,
                   spec: PackSpec, shard_bytes: int, progress: Progress, direct_io: bool = True,
-                  memory: SpillMemory | None = None) -> list[dict]:
+                  memory: SpillMemory | None = None, spill_read: str = "random",
+                  spill_record: dict | None = None) -> list[dict]:
     """Pass two: ``SHARDS_IN_FLIGHT`` shards are written at once, each by its own thread, while
     ``GATHER_THREADS`` shared threads gather the runs of packs they will write next (``pread``
     from the spill, compiled, GIL released). Each run's items are read from the parked order
@@ -183,14 +185,20 @@ def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, pl
     Memory in flight is bounded here, by ``GATHERED_AHEAD``, not by shrinking the record
     batches: smaller batches cost every reader per-batch overhead (with 2M tokens ``inspect``
     read 3.0–4.5 instead of 5.2–7.0 G tok/s).
+
+    ``spill_read="staged"`` first copies the spill into per-stage regions in one sequential
+    pass and gathers each run from its stage's image in memory (:mod:`packer_cli.shards._staged`,
+    for a spill the page cache cannot hold); ``spill_record`` gets the number of stages and
+    their bytes.
     """
+    spill_record = {} if spill_record is None else spill_record
     task = progress.task("writing", total=pack_order.size, unit="packs")
 
     def gather(spill: SpillReader, a: int, b: int):
         run, run_offsets = spill.run_items(plan.pack_offsets, pack_order[a:b])
         seq = items.resolve(run)
-        tokens, mask, last, cu, buffers = spill.gather(seq.src, seq.length, seq.padded, run_offsets, spec.pad_id,
-                                                       min_buffer=BATCH_TOKENS + spec.pack_size)
+        tokens, mask, last, cu, buffers = spill.gather_run(a, seq, run_offsets, spec.pad_id,
+                                                           min_buffer=BATCH_TOKENS + spec.pack_size)
         batch = pack_record_batch(tokens, mask, cu, seq.length, last, sources[seq.sample], seq.offset, run_offsets)
         return batch, int(tokens.size), b - a, buffers
 
@@ -205,8 +213,14 @@ def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, pl
             return shard.finish()
 
     shards = _shard_runs(plan.pack_offsets, plan.pack_load, pack_order, shard_bytes)
+    if spill_read == "staged":
+        stages = group_stages(shards)
+        spill_reader = StagedSpillReader(spill_dir, memory, items, plan.pack_offsets, pack_order, stages)
+        spill_record.update(stages=len(stages), stage_bytes=spill_reader.stage_bytes)
+    else:
+        spill_reader = SpillReader(spill_dir, memory)
     gatherers = ThreadPoolExecutor(GATHER_THREADS, thread_name_prefix="packer-gather")
-    with SpillReader(spill_dir, memory) as spill, gatherers:
+    with spill_reader as spill, gatherers:
         written = ordered_map(lambda job: write_shard(spill, gatherers, *job), enumerate(shards),
                               workers=SHARDS_IN_FLIGHT, ahead=SHARDS_IN_FLIGHT)
         with closing(written) as entries:
@@ -410,6 +424,7 @@ def pack(
     spill_dir: str | None = None,
     spill_memory: int = DEFAULT_SPILL_MEMORY,
     direct_io: bool | None = None,
+    spill_read: str = "auto",
 ) -> PackSummary:
     """Pack tokenized samples from ``inputs`` into ``out`` (nothing is written with ``dry_run``).
 
@@ -429,11 +444,21 @@ def pack(
     local or parallel one that takes it well (:func:`~packer_cli.shards._sink.use_direct_io`).
     The bytes are the same either way.
 
+    ``spill_read``: how pass two reads the spill back: ``random`` (a read per sequence, in
+    output order; the page cache serves it), ``staged`` (first copied into stages in one
+    sequential pass, each stage then read whole: for a spill the page cache cannot hold, see
+    :mod:`packer_cli.shards._staged`), or ``auto`` (staged when the spill is more than half
+    the page cache this process can count on). Native shards only; the bytes are the same.
+
     Raises :class:`ConfigError` for unusable options (or an ``out`` that cannot be created),
     :class:`DataError` for bad data and :class:`OutputError` when writing the output or the
     spill fails (disk full, I/O error); on any error nothing is left at ``out``.
     """
     _check_arguments(spec, source, shard_bytes, spill_memory, output)
+    if spill_read not in SPILL_READ_MODES:
+        raise ConfigError(f"spill read must be one of {', '.join(SPILL_READ_MODES)}, got {spill_read!r}")
+    if spill_read == "staged" and output is not None:
+        raise ConfigError("staged spill reading writes native shards only (not --format megatron-bridge)")
     files = discover_inputs(_input_paths(inputs))
     if not dry_run and not out:
         raise ConfigError("an output directory (-o OUT) is required unless --dry-run")
@@ -495,8 +520,11 @@ def pack(
                     manifest = output.write(tmp, spill_dir, items, sources, layout, pack_order, spec, bar,
                                             direct_io=direct_io, spill_memory=memory)
                 else:
+                    spill_file = os.path.getsize(os.path.join(spill_dir, SPILL_FILE))
+                    mode = choose_spill_read(spill_read, spill_file)
+                    summary.spill = {"read": mode, "bytes": memory.used + spill_file}
                     entries = _write_shards(tmp, spill_dir, items, sources, layout, pack_order, spec,
-                                            shard_bytes, bar, direct_io, memory)
+                                            shard_bytes, bar, direct_io, memory, mode, summary.spill)
                     manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "shards": entries}
                 del lengths
         if summary.counts["no_target_samples"] and warn:

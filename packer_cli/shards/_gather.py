@@ -39,20 +39,33 @@ from packer_cli._kernel_cache import njit
 from packer_cli._unaligned import load_u32, load_u64, store_u32
 
 
-@intrinsic
-def _pread(typingctx, fd, address, nbytes, offset):
-    """libc ``pread(fd, address, nbytes, offset)``, bound by symbol name so the kernel caches."""
-    sig = types.int64(types.int64, types.uint64, types.int64, types.int64)
-
+def _libc_io(name: str):
+    """Codegen of a call to libc's ``name(fd, address, nbytes, offset)`` (``pread``/``pwrite``),
+    bound by symbol name so the kernels that use it cache."""
     def codegen(context, builder, signature, args):
         char_p = ir.IntType(8).as_pointer()
         fnty = ir.FunctionType(ir.IntType(64), [ir.IntType(32), char_p, ir.IntType(64), ir.IntType(64)])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "pread")
+        fn = cgutils.get_or_insert_function(builder.module, fnty, name)
         fd_, address_, nbytes_, offset_ = args
         return builder.call(fn, [builder.trunc(fd_, ir.IntType(32)), builder.inttoptr(address_, char_p),
                                  nbytes_, offset_])
 
-    return sig, codegen
+    return codegen
+
+
+_IO_SIGNATURE = types.int64(types.int64, types.uint64, types.int64, types.int64)
+
+
+@intrinsic
+def _pread(typingctx, fd, address, nbytes, offset):
+    """libc ``pread(fd, address, nbytes, offset)``."""
+    return _IO_SIGNATURE, _libc_io("pread")
+
+
+@intrinsic
+def _pwrite(typingctx, fd, address, nbytes, offset):
+    """libc ``pwrite(fd, address, nbytes, offset)``."""
+    return _IO_SIGNATURE, _libc_io("pwrite")
 
 
 @njit(cache=True, nogil=True)
@@ -65,6 +78,19 @@ def _read_exact(fd, address, nbytes, offset):
         address += got
         nbytes -= got
         offset += got
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _write_exact(fd, address, nbytes, offset):
+    """Write ``nbytes`` from ``address`` at ``offset``; False on an error."""
+    while nbytes > 0:
+        put = _pwrite(fd, address, nbytes, offset)
+        if put <= 0:
+            return False
+        address += put
+        nbytes -= put
+        offset += put
     return True
 
 
@@ -469,6 +495,18 @@ class SpillReader:
         Returns ``tokens`` (int32), ``loss_mask`` (uint8, label-aligned), ``last_token`` (int32
         per sequence), ``cu_seqlens`` (int32, N_k+1 entries per pack, concatenated) and the
         buffers to :meth:`recycle` (new ones hold at least ``min_buffer`` tokens)."""
+        return self._gather_from(self._fds[0], self._layout, self._memory.address, self._memory.used, seq_src,
+                                 seq_len, seq_pad, pack_seq_offsets, pad_id, min_buffer)
+
+    def gather_run(self, first: int, seq, pack_seq_offsets, pad_id, min_buffer: int = 0):
+        """:meth:`gather` of the resolved sequences ``seq`` of the run of output packs that
+        starts at output position ``first`` (a staged reader needs to know which run it is)."""
+        return self.gather(seq.src, seq.length, seq.padded, pack_seq_offsets, pad_id, min_buffer)
+
+    def _gather_from(self, fd, layout, memory_address, memory_bytes, seq_src, seq_len, seq_pad, pack_seq_offsets,
+                     pad_id, min_buffer):
+        """:meth:`gather` from any spill image: ``layout`` (token starts, byte starts, bits per
+        entry) over bytes that lie at ``memory_address`` up to ``memory_bytes``, then in ``fd``."""
         n_seq = seq_len.size
         n_packs = pack_seq_offsets.size - 1
         total = int(seq_pad.sum(dtype=np.int64))
@@ -479,7 +517,7 @@ class SpillReader:
         # the blocks of the longest sequence's s + 1 tokens, wherever in a block it starts
         scratch = np.empty((int(seq_len.max(initial=0)) // BLOCK_TOKENS + 2) * block_bytes(MAX_BITS) + READ_SLACK,
                            dtype=np.uint8)
-        ok = _pread_gather_kernel(self._fds[0], *self._layout, self._memory.address, self._memory.used,
+        ok = _pread_gather_kernel(fd, *layout, memory_address, memory_bytes,
                                   np.ascontiguousarray(seq_src, dtype=np.int64),
                                   np.ascontiguousarray(seq_len), np.ascontiguousarray(seq_pad),
                                   np.ascontiguousarray(pack_seq_offsets, dtype=np.int64), np.int32(pad_id), scratch,

@@ -50,6 +50,17 @@ class OverlongPolicy(str, Enum):
     """Stop with an error naming the sample."""
 
 
+class SpillRead(str, Enum):
+    """How ``pack``'s pass two reads the spill back (an I/O choice: the output is the same)."""
+
+    AUTO = "auto"
+    """Staged when the spill exceeds half the page cache this process can count on (default)."""
+    RANDOM = "random"
+    """A read per sequence, in output order: fast while the page cache holds the spill."""
+    STAGED = "staged"
+    """Copied into stages in one sequential pass first, each stage then read whole."""
+
+
 class BadRecordPolicy(str, Enum):
     """What a malformed record does."""
 

@@ -1,0 +1,200 @@
+"""Staged reading of the spill (``--spill-read staged``): the same bytes as reading it at random,
+every sample copied once per stage that needs it, the choice ``auto`` makes, and failures."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from packer_cli import pipeline
+from packer_cli.cli import app
+from packer_cli.demo import demo_table
+from packer_cli.errors import ConfigError, OutputError
+from packer_cli.pipeline import pack
+from packer_cli.shards import _gather, _staged
+from packer_cli.shards.bridge_output import BridgeOutput
+from packer_cli.spec import OverlongPolicy, PackSpec
+
+
+def _files(root: Path) -> dict:
+    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def mixed_inputs(tmp_path_factory) -> list[str]:
+    """Two files whose write batches need different bits per token (a 17-bit and a 30-bit
+    vocabulary), with a quarter of the samples past 513 tokens (truncated, dropped or split at the
+    tests' pack size of 512)."""
+    root = tmp_path_factory.mktemp("staged")
+    small, large = root / "small.parquet", root / "large.parquet"
+    pq.write_table(demo_table(1500, seed=3, vocab=100_000, max_len=5000), small, row_group_size=700)
+    pq.write_table(demo_table(900, seed=4, vocab=1 << 30, max_len=5000), large, row_group_size=400)
+    return [str(small), str(large)]
+
+
+@pytest.fixture
+def small_runs(monkeypatch):
+    """Runs of ~3 packs and stages of two runs: dozens of stages, two shards in flight."""
+    monkeypatch.setattr(pipeline, "BATCH_TOKENS", 6000)
+    monkeypatch.setattr(_staged, "STAGE_RUNS", 2)
+    monkeypatch.setattr(_staged, "WRITE_BUFFERS", 1 << 16)  # small write buffers: flushed many times
+    monkeypatch.setattr(_staged, "MIN_WRITE_BUFFER", 4096)
+    monkeypatch.setattr(_staged, "SCATTER_CHUNK", 1 << 16)  # the spill read in many pieces
+
+
+@pytest.mark.parametrize("spec_kw,pack_kw", [
+    ({}, {}),
+    ({"overlong": OverlongPolicy.SPLIT}, {}),
+    ({"overlong": OverlongPolicy.DROP, "cp": 2, "tp": 2}, {}),
+    ({"overlong": OverlongPolicy.SPLIT, "cp": 4, "pad_to_max_length": True}, {"spill_memory": 3 << 20}),
+    ({"shuffle": False}, {"shard_bytes": 1 << 20}),
+], ids=["truncate", "split", "drop-cp2-tp2", "split-cp4-spill-memory", "no-shuffle-small-shards"])
+def test_staged_writes_the_same_bytes_as_random(mixed_inputs, tmp_path, small_runs, spec_kw, pack_kw):
+    spec = PackSpec(pack_size=512, **spec_kw)
+    random = pack(mixed_inputs, str(tmp_path / "random"), spec, spill_read="random", **pack_kw)
+    staged = pack(mixed_inputs, str(tmp_path / "staged"), spec, spill_read="staged", **pack_kw)
+    assert random.spill["read"] == "random" and staged.spill["read"] == "staged"
+    assert staged.spill["stages"] >= 8
+    assert _files(tmp_path / "random") == _files(tmp_path / "staged")
+
+
+def test_each_sample_is_copied_once_per_stage_that_needs_it(mixed_inputs, tmp_path, small_runs):
+    """Without split samples the stage file holds each placed sample's blocks once: no more
+    bytes than the spill plus a block at each end of a sample (blocks two samples share); with
+    split samples, more (a piece landing in another stage takes the whole sample along)."""
+    spec = PackSpec(pack_size=512, overlong=OverlongPolicy.DROP)
+    dropped = pack(mixed_inputs, str(tmp_path / "drop"), spec, spill_read="staged")
+    sequences = dropped.counts["sequences"]
+    assert dropped.spill["stage_bytes"] <= dropped.spill["bytes"] + 2 * sequences * 31
+    split = pack(mixed_inputs, str(tmp_path / "split"), PackSpec(pack_size=512, overlong=OverlongPolicy.SPLIT),
+                 spill_read="staged")
+    assert split.spill["stage_bytes"] > split.spill["bytes"]
+
+
+def test_staged_build_matches_a_plain_copy(mixed_inputs, tmp_path, small_runs, monkeypatch):
+    """The stage file is each stage's samples in sample order, each as the spill bytes of the
+    blocks holding the tokens its sequences read: checked against a plain slice-and-join of
+    ``samples.bin``."""
+    built = {}
+
+    init = _staged.StagedSpillReader.__init__
+
+    def spying_init(self, spill_dir, memory, items, pack_offsets, pack_order, stages):
+        spill = (Path(spill_dir) / _gather.SPILL_FILE).read_bytes()
+        init(self, spill_dir, memory, items, pack_offsets, pack_order, stages)
+        built.update(spill=spill, stages=(Path(spill_dir) / _staged.STAGES_FILE).read_bytes(),
+                     grouped=self._grouped.copy(), offsets=self._group_offsets.copy(), layout=self._layout,
+                     items=items, cap1=int(self._cap1))
+
+    monkeypatch.setattr(_staged.StagedSpillReader, "__init__", spying_init)
+    pack(mixed_inputs, str(tmp_path / "out"), PackSpec(pack_size=512), spill_read="staged")
+    token_starts, byte_starts, widths = built["layout"]
+    lengths = built["items"].lengths.astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    expected = []
+    for stage in range(built["offsets"].size - 1):
+        samples = built["grouped"][built["offsets"][stage]:built["offsets"][stage + 1]]
+        assert np.all(np.diff(samples) > 0)
+        for k in samples:
+            b = int(np.searchsorted(token_starts, starts[k], side="right")) - 1
+            w = int(widths[b])
+            r = int(starts[k] - token_starts[b])
+            last = r + min(int(lengths[k]), built["cap1"]) - 1
+            first_byte = int(byte_starts[b]) + (r // 8) * (w + 1)
+            expected.append(built["spill"][first_byte:first_byte + (last // 8 - r // 8 + 1) * (w + 1)])
+    assert built["stages"] == b"".join(expected)
+    placed = np.sort(built["grouped"])
+    assert np.array_equal(placed, np.arange(lengths.size))  # truncate: every sample, once
+
+
+def test_auto_stages_only_a_spill_larger_than_half_the_room():
+    assert _staged.choose_spill_read("auto", 600, room=1000) == "staged"
+    assert _staged.choose_spill_read("auto", 500, room=1000) == "random"
+    assert _staged.choose_spill_read("auto", 10, room=0) == "staged"
+    assert _staged.choose_spill_read("random", 1 << 40, room=0) == "random"
+    assert _staged.choose_spill_read("staged", 0, room=1 << 40) == "staged"
+
+
+def test_auto_reads_a_small_spill_at_random_here(tmp_path, mixed_inputs, monkeypatch):
+    monkeypatch.setattr(_staged, "page_cache_room", lambda: 1 << 40)
+    summary = pack(mixed_inputs, str(tmp_path / "a"), PackSpec(pack_size=512))
+    assert summary.spill["read"] == "random"
+    monkeypatch.setattr(_staged, "page_cache_room", lambda: 1 << 20)  # a tight container
+    summary = pack(mixed_inputs, str(tmp_path / "b"), PackSpec(pack_size=512))
+    assert summary.spill["read"] == "staged" and summary.spill["stages"] >= 1
+    assert _files(tmp_path / "a") == _files(tmp_path / "b")
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_cgroup_rooms_v1_and_v2(tmp_path):
+    """Limit less anonymous memory for every limited group on the path; unlimited ones skipped."""
+    root = tmp_path / "cg"
+    _write(root / "memory" / "jobs" / "memory.limit_in_bytes", str(4 << 30))
+    _write(root / "memory" / "jobs" / "memory.stat", f"cache 123\nrss 1\ntotal_rss {1 << 30}\n")
+    _write(root / "memory" / "jobs" / "one" / "memory.limit_in_bytes", "9223372036854771712")
+    _write(root / "memory" / "memory.limit_in_bytes", "9223372036854771712")
+    proc = tmp_path / "cgroup"
+    proc.write_text("4:memory:/jobs/one\n3:cpu:/jobs\n0::/\n")
+    assert _staged._cgroup_rooms(str(proc), str(root)) == [3 << 30]
+    _write(root / "cgroup.controllers", "memory cpu\n")
+    _write(root / "pod" / "memory.max", str(2 << 30))
+    _write(root / "pod" / "memory.stat", f"anon {512 << 20}\nfile 7\n")
+    _write(root / "pod" / "c" / "memory.max", "max\n")
+    proc.write_text("0::/pod/c\n")
+    assert _staged._cgroup_rooms(str(proc), str(root)) == [(2 << 30) - (512 << 20)]
+    assert _staged._cgroup_rooms(str(tmp_path / "missing"), str(root)) == []
+
+
+def test_page_cache_room_is_known_on_linux():
+    room = _staged.page_cache_room()
+    assert room is None or room >= 0
+    if os.path.exists("/proc/meminfo"):
+        assert room is not None and room > 0
+
+
+def test_staged_is_for_native_shards_and_named_modes_only(mixed_inputs, tmp_path):
+    with pytest.raises(ConfigError, match="native shards only"):
+        pack(mixed_inputs, str(tmp_path / "b"), PackSpec(pack_size=512), output=BridgeOutput(), spill_read="staged")
+    with pytest.raises(ConfigError, match="spill read must be one of auto, random, staged"):
+        pack(mixed_inputs, str(tmp_path / "c"), PackSpec(pack_size=512), spill_read="sequential")
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_spill_cut_short_fails_the_staged_copy_cleanly(mixed_inputs, tmp_path, monkeypatch):
+    """A spill that lost its tail (another process, a full disk) is an OutputError naming the
+    output, and nothing is left behind."""
+    choose = _staged.choose_spill_read
+
+    def truncate_then_choose(mode, spill_bytes, room=None):
+        for spill in tmp_path.rglob(_gather.SPILL_FILE):
+            os.truncate(spill, spill_bytes // 2)
+        return choose(mode, spill_bytes, room)
+
+    monkeypatch.setattr(pipeline, "choose_spill_read", truncate_then_choose)
+    with pytest.raises(OutputError, match="copying the spill into its stages failed"):
+        pack(mixed_inputs, str(tmp_path / "out"), PackSpec(pack_size=512), spill_read="staged")
+    assert not any(tmp_path.iterdir())
+
+
+def test_cli_spill_read_option(mixed_inputs, tmp_path):
+    import orjson
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["pack", *mixed_inputs, "-o", str(tmp_path / "out"), "--pack-size", "512",
+                                 "--spill-read", "staged", "--json"])
+    assert result.exit_code == 0, result.output
+    record = orjson.loads(result.stdout)
+    assert record["spill"]["read"] == "staged" and record["spill"]["stages"] >= 1
+    metadata = orjson.loads((tmp_path / "out" / "metadata.json").read_bytes())
+    assert "spill" not in metadata  # an I/O choice: the output is the same either way
+    result = runner.invoke(app, ["pack", *mixed_inputs, "-o", str(tmp_path / "x"), "--spill-read", "sideways"])
+    assert result.exit_code == 2
+
