@@ -42,6 +42,39 @@ def _table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def _spill_section(rows: list[dict], command: str) -> str:
+    """How pass two read the spill back, at random or staged, with and without room for it."""
+    parts = ["## Spill read back at random or staged (bench_spill.py)\n",
+             "`--spill-read random` reads the spill one sequence at a time in output order; `staged` first "
+             "copies it into stages in one sequential pass and reads each stage whole (README, *A spill larger "
+             "than the page cache*). Both ran alternating, 3 rounds, medians; `auto` once under the limit.\n"]
+    table = []
+    for part in ("unlimited", "limited"):
+        summary = next((r for r in rows if r.get("what") == "summary" and r.get("part") == part), None)
+        if summary is None:
+            continue
+        where = (f"{summary['copies']}× input, no limit" if part == "unlimited" else
+                 f"{summary['copies']}× input, {summary['limit_bytes'] / MB:,.0f} MB memory cgroup")
+        for mode in ("random", "staged"):
+            m = summary[mode]
+            stages = f", {m['spill']['stages']} stages" if "stages" in m["spill"] else ""
+            table.append([where, mode, f"{m['spill']['bytes'] / MB:,.0f} MB{stages}", f"{m['median_s']:.2f}",
+                          ", ".join(f"{t:.1f}" for t in m["all_seconds"]), f"{m['write_s']:.2f}",
+                          f"{m['peak_rss_bytes'] / GB:.2f} GB"])
+        table.append([where, "staged vs random", "", _fmt_ratio(summary["staged_speedup"]), "",
+                      _fmt_ratio(summary["staged_write_speedup"]), ""])
+        if part == "limited":
+            parts.append(f"Under the limit `auto` chose **{summary['auto_chose']}**.\n")
+    skipped = next((r for r in rows if r.get("what") == "skipped"), None)
+    if skipped:
+        parts.append(f"The limited runs were skipped: {skipped['reason']}.\n")
+    if table:
+        parts.insert(2, _table(["input", "spill read", "spill", "median s", "every run, s", "pass two s",
+                                "peak RSS"], table) + "\n")
+    parts.append(f"Command: `{command}`\n")
+    return "\n".join(parts)
+
+
 def render(res: dict, targets: dict) -> str:
     e2e, jl, mem = _last(res.get("e2e")), _last(res.get("jsonl")), _last(res.get("memory"))
     out: list[str] = []
@@ -326,6 +359,10 @@ def render(res: dict, targets: dict) -> str:
                    "recomputed per run. The rest of the growth is allocator warm-up and noise (the decode threads' "
                    "allocations reach their working size over the first batches).\n")
         out.append("Command: `" + next(s["command"] for s in res["steps"] if s["step"] == "memory") + "`\n")
+
+    spill_rows = res.get("spill") or []
+    if spill_rows:
+        out.append(_spill_section(spill_rows, next(s["command"] for s in res["steps"] if s["step"] == "spill")))
 
     plan = res.get("plan")
     if plan:

@@ -23,9 +23,11 @@ from _util import HERE, PYTHON, REPO, machine, versions
 OUT = os.path.join(HERE, "_out")
 
 FULL = {"samples": 200_000, "jsonl_samples": 200_000, "plan_n": 1_000_000, "python_n": 100_000,
-        "quality_n": 1_000_000, "disk_gb": 2.0, "memory_times": 10, "audit_tokens": 200e6, "runs": 5}
+        "quality_n": 1_000_000, "disk_gb": 2.0, "memory_times": 10, "audit_tokens": 200e6, "runs": 5,
+        "spill_times": 5, "spill_limit_mb": 1200}
 QUICK = {"samples": 50_000, "jsonl_samples": 10_000, "plan_n": 200_000, "python_n": 20_000,
-         "quality_n": 200_000, "disk_gb": 0.5, "memory_times": 10, "audit_tokens": 20e6, "runs": 5}
+         "quality_n": 200_000, "disk_gb": 0.5, "memory_times": 10, "audit_tokens": 20e6, "runs": 5,
+         "spill_times": 10, "spill_limit_mb": 900}
 
 TARGETS = {"e2e_vs_trl": 5.0, "e2e_vs_disk": 0.5, "jsonl_vs_read_json": 2.0, "audit_tokens_per_s": 100e6}
 
@@ -55,7 +57,7 @@ def last(rows: list[dict], what: str = "summary") -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller inputs (about 3 minutes)")
-    ap.add_argument("--only", nargs="*", help="run only these steps (plan quality e2e jsonl memory audit loader)")
+    ap.add_argument("--only", nargs="*", help="run only these steps (plan quality e2e jsonl memory spill audit loader)")
     ap.add_argument("--no-write", action="store_true", help="do not rewrite RESULTS.md")
     args = ap.parse_args()
     cfg = QUICK if args.quick else FULL
@@ -65,7 +67,7 @@ def main() -> None:
                      "versions": versions(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
                      "steps": []}
     log = results["steps"]
-    wanted = set(args.only or ["plan", "quality", "e2e", "jsonl", "memory", "audit", "loader"])
+    wanted = set(args.only or ["plan", "quality", "e2e", "jsonl", "memory", "spill", "audit", "loader"])
 
     data = step("data", ["bench_data.py", "--samples", str(cfg["samples"]), "--jsonl-samples",
                          str(cfg["jsonl_samples"])], log)
@@ -86,6 +88,9 @@ def main() -> None:
         results["memory_bridge"] = step("memory_bridge", ["bench_memory.py", "--input", parquet, "--times",
                                                           str(cfg["memory_times"]), "--repeats", "1",
                                                           "--format", "megatron-bridge"], log)
+    if "spill" in wanted:
+        results["spill"] = step("spill", ["bench_spill.py", "--input", parquet, "--times", str(cfg["spill_times"]),
+                                          "--limit-mb", str(cfg["spill_limit_mb"]), "--rounds", "3"], log)
     if "plan" in wanted:
         plan_json = os.path.join(OUT, "bench_plan.json")
         step("plan", ["bench_plan.py", "--n", str(cfg["plan_n"]), "--runs", runs, "--python-n", str(cfg["python_n"]),

@@ -47,8 +47,9 @@ class PackSummary:
     give the same bytes)."""
     spill: dict | None = None
     """How pass two read the spill (native shards): ``read`` (``random`` or ``staged``),
-    ``bytes`` (the spill's size) and, when staged, ``stages`` and ``stage_bytes``. Reported like
-    ``seconds``, never in ``metadata.json``."""
+    ``bytes`` (the spill's size), ``room`` (the page cache ``auto`` judged it against) and, when
+    staged, ``stages`` and ``stage_bytes``. Reported like ``seconds``, never in
+    ``metadata.json``."""
 
     def to_dict(self) -> dict:
         record = {

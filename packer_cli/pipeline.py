@@ -447,8 +447,8 @@ def pack(
     ``spill_read``: how pass two reads the spill back: ``random`` (a read per sequence, in
     output order; the page cache serves it), ``staged`` (first copied into stages in one
     sequential pass, each stage then read whole: for a spill the page cache cannot hold, see
-    :mod:`packer_cli.shards._staged`), or ``auto`` (staged when the spill is more than half
-    the page cache this process can count on). Native shards only; the bytes are the same.
+    :mod:`packer_cli.shards._staged`), or ``auto`` (staged when the spill is larger than the
+    page cache this process can count on). Native shards only; the bytes are the same.
 
     Raises :class:`ConfigError` for unusable options (or an ``out`` that cannot be created),
     :class:`DataError` for bad data and :class:`OutputError` when writing the output or the
@@ -521,8 +521,10 @@ def pack(
                                             direct_io=direct_io, spill_memory=memory)
                 else:
                     spill_file = os.path.getsize(os.path.join(spill_dir, SPILL_FILE))
-                    mode = choose_spill_read(spill_read, spill_file)
+                    mode, room = choose_spill_read(spill_read, spill_file)
                     summary.spill = {"read": mode, "bytes": memory.used + spill_file}
+                    if room is not None:
+                        summary.spill["room"] = room
                     entries = _write_shards(tmp, spill_dir, items, sources, layout, pack_order, spec,
                                             shard_bytes, bar, direct_io, memory, mode, summary.spill)
                     manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "shards": entries}

@@ -51,8 +51,9 @@ def small_runs(monkeypatch):
     ({"overlong": OverlongPolicy.SPLIT}, {}),
     ({"overlong": OverlongPolicy.DROP, "cp": 2, "tp": 2}, {}),
     ({"overlong": OverlongPolicy.SPLIT, "cp": 4, "pad_to_max_length": True}, {"spill_memory": 3 << 20}),
+    ({"overlong": OverlongPolicy.SPLIT}, {"spill_memory": 1 << 30}),
     ({"shuffle": False}, {"shard_bytes": 1 << 20}),
-], ids=["truncate", "split", "drop-cp2-tp2", "split-cp4-spill-memory", "no-shuffle-small-shards"])
+], ids=["truncate", "split", "drop-cp2-tp2", "split-cp4-part-in-memory", "all-in-memory", "no-shuffle-small-shards"])
 def test_staged_writes_the_same_bytes_as_random(mixed_inputs, tmp_path, small_runs, spec_kw, pack_kw):
     spec = PackSpec(pack_size=512, **spec_kw)
     random = pack(mixed_inputs, str(tmp_path / "random"), spec, spill_read="random", **pack_kw)
@@ -111,21 +112,22 @@ def test_staged_build_matches_a_plain_copy(mixed_inputs, tmp_path, small_runs, m
     assert np.array_equal(placed, np.arange(lengths.size))  # truncate: every sample, once
 
 
-def test_auto_stages_only_a_spill_larger_than_half_the_room():
-    assert _staged.choose_spill_read("auto", 600, room=1000) == "staged"
-    assert _staged.choose_spill_read("auto", 500, room=1000) == "random"
-    assert _staged.choose_spill_read("auto", 10, room=0) == "staged"
-    assert _staged.choose_spill_read("random", 1 << 40, room=0) == "random"
-    assert _staged.choose_spill_read("staged", 0, room=1 << 40) == "staged"
+def test_auto_stages_only_a_spill_larger_than_the_room_pass_two_leaves():
+    room, reserve = 10 << 30, _staged.PASS_TWO_RESERVE
+    assert _staged.choose_spill_read("auto", room - reserve + 1, room=room) == ("staged", room)
+    assert _staged.choose_spill_read("auto", room - reserve, room=room) == ("random", room)
+    assert _staged.choose_spill_read("auto", 10, room=0) == ("staged", 0)
+    assert _staged.choose_spill_read("random", 1 << 40) == ("random", None)
+    assert _staged.choose_spill_read("staged", 0) == ("staged", None)
 
 
 def test_auto_reads_a_small_spill_at_random_here(tmp_path, mixed_inputs, monkeypatch):
     monkeypatch.setattr(_staged, "page_cache_room", lambda: 1 << 40)
     summary = pack(mixed_inputs, str(tmp_path / "a"), PackSpec(pack_size=512))
-    assert summary.spill["read"] == "random"
+    assert summary.spill["read"] == "random" and summary.spill["room"] == 1 << 40
     monkeypatch.setattr(_staged, "page_cache_room", lambda: 1 << 20)  # a tight container
     summary = pack(mixed_inputs, str(tmp_path / "b"), PackSpec(pack_size=512))
-    assert summary.spill["read"] == "staged" and summary.spill["stages"] >= 1
+    assert summary.spill["read"] == "staged" and summary.spill["stages"] >= 1 and summary.spill["room"] == 1 << 20
     assert _files(tmp_path / "a") == _files(tmp_path / "b")
 
 

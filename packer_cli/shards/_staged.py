@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -45,20 +46,30 @@ WRITE_BUFFERS = 128 << 20  # bytes of all stages' write buffers together
 MIN_WRITE_BUFFER, MAX_WRITE_BUFFER = 64 << 10, 1 << 20
 ORDER_CHUNK = 1 << 22  # items of the plan order read at a time
 SPARE_IMAGES = 2  # buffers of finished stages kept for the next ones
+#: Memory pass two holds besides the spill's pages (two shards in flight, each writing one run of
+#: ~20 MB while the next is gathered, direct-I/O blocks, the plan's per-pack arrays); the
+#: measured crossover (see choose_spill_read) lies between 110 and 200 MB.
+PASS_TWO_RESERVE = 160 << 20
 UNPLACED, SPLIT = -1, -2  # sample_stage markers: in no pack; pieces in several (see the pair list)
 
 
 SPILL_READ_MODES = tuple(mode.value for mode in SpillRead)
 
 
-def choose_spill_read(mode: str, spill_bytes: int, room: int | None = None) -> str:
-    """``random`` or ``staged`` for ``mode`` (one of ``SPILL_READ_MODES``): ``auto`` stages a
-    spill of more than half the page cache it can count on (``room``, by default
-    :func:`page_cache_room`), so that the inputs, the output's own pages and other jobs still fit."""
+def choose_spill_read(mode: str, spill_bytes: int, room: int | None = None) -> tuple[str, int | None]:
+    """(``random`` or ``staged``, the room it was judged against) for ``mode`` (one of
+    ``SPILL_READ_MODES``): ``auto`` stages a spill larger than the page cache it can count on
+    (``room``, by default :func:`page_cache_room`; None when not asked or unknown) less what
+    pass two itself will hold (``PASS_TWO_RESERVE``).
+
+    Where the line lies, measured (5× the benchmark input, a 1.33 GB spill, under memory cgroups
+    of 1.2-1.8 GB): reading at random, pass two took 2.3-2.7 s with 1.53 GB of room, then fell
+    off a cliff (7.2-7.9 s with 1.44 GB, 12 s with ~1.3 GB, 19.8 s with 1.17 GB), while staged
+    took 4.3-6.2 s throughout."""
     if mode != "auto":
-        return mode
+        return mode, None
     room = page_cache_room() if room is None else room
-    return "staged" if room is not None and spill_bytes > room // 2 else "random"
+    return ("staged" if room is not None and spill_bytes > room - PASS_TWO_RESERVE else "random"), room
 
 
 def page_cache_room() -> int | None:
@@ -222,16 +233,18 @@ def _put(fd, stage, source, at, size, buffers, filled, cursor):
 
 
 @njit(cache=True, nogil=True)
-def _scatter(spill_fd, file_bytes, memory, memory_bytes, lengths, cap1, sample_stage, pair_sample, pair_stage,
-             token_starts, byte_starts, widths, out_fd, cursor, buffers, filled, chunk, grouped, group_cursor):
-    """Copy every placed sample's blocks into its stage(s) (``cursor``: where each stage's next
-    bytes go in the stage file), reading the spill in file order, ``chunk`` bytes at a time;
-    ``grouped`` gets the samples of each stage in spill order (from ``group_cursor``). The
-    spill's first ``memory_bytes`` bytes are ``memory``. False when a read or write fails."""
-    held_from = held_to = np.int64(0)  # file bytes now in ``chunk``
-    position = np.int64(0)
-    j = 0
-    for k in range(lengths.size):
+def _scatter(state, chunk, chunk_from, chunk_to, limit, memory, memory_bytes, lengths, cap1, sample_stage, pair_sample,
+             pair_stage, token_starts, byte_starts, widths, out_fd, cursor, buffers, filled, grouped, group_cursor):
+    """Copy placed samples' blocks into their stage(s) (``cursor``: where each stage's next bytes
+    go in the stage file), in spill order from the sample ``state`` holds (sample, its stream
+    position, next pair), while their blocks start in the file before ``limit``: ``chunk`` holds
+    the file's bytes from ``chunk_from`` to ``chunk_to`` (at least ``limit`` plus the largest
+    sample's blocks, unless the file ends first). The spill's first ``memory_bytes`` bytes are
+    ``memory``. ``grouped`` gets each stage's samples in spill order (from ``group_cursor``).
+    Returns 1 when every sample is done, 0 when one starts at or past ``limit`` (``state`` then
+    points at it), -1 when a write fails, -2 when a sample runs past the end of the file."""
+    k, position, j = state[0], state[1], state[2]
+    while k < lengths.size:
         st = sample_stage[k]
         if st != UNPLACED:
             _, at, blocks, w = _span(position, _needed(k, lengths, cap1, st == SPLIT), token_starts, byte_starts,
@@ -240,32 +253,33 @@ def _scatter(spill_fd, file_bytes, memory, memory_bytes, lengths, cap1, sample_s
             if at + size <= memory_bytes:
                 source = memory
             else:
-                at -= memory_bytes
-                if at < held_from or at + size > held_to:
-                    held_from, held_to = at, min(at + chunk.size, file_bytes)
-                    if held_to - held_from < size or not _read_exact(
-                            spill_fd, np.uint64(chunk.ctypes.data), held_to - held_from, held_from):
-                        return False
+                if at - memory_bytes >= limit:
+                    state[0], state[1], state[2] = k, position, j
+                    return 0
+                if at - memory_bytes + size > chunk_to:
+                    return -2
                 source = chunk
-                at -= held_from
+                at -= memory_bytes + chunk_from
             if st >= 0:
                 if not _put(out_fd, st, source, at, size, buffers, filled, cursor):
-                    return False
+                    return -1
                 grouped[group_cursor[st]] = k
                 group_cursor[st] += 1
             while j < pair_sample.size and pair_sample[j] == k:
                 if not _put(out_fd, pair_stage[j], source, at, size, buffers, filled, cursor):
-                    return False
+                    return -1
                 grouped[group_cursor[pair_stage[j]]] = k
                 group_cursor[pair_stage[j]] += 1
                 j += 1
         position += lengths[k]
+        k += 1
+    state[0], state[1], state[2] = k, position, j
     for st in range(filled.size):  # each stage's last bytes
         if filled[st] and not _write_exact(out_fd, np.uint64(buffers[st].ctypes.data), filled[st], cursor[st]):
-            return False
+            return -1
         cursor[st] += filled[st]
         filled[st] = 0
-    return True
+    return 1
 
 
 @njit(cache=True, nogil=True)
@@ -389,18 +403,50 @@ class StagedSpillReader(SpillReader):
         self._grouped = np.empty(int(self._group_offsets[-1]), dtype=np.int32)
         room = int(min(MAX_WRITE_BUFFER, max(MIN_WRITE_BUFFER, WRITE_BUFFERS // max(1, n_stages))))
         buffers = np.empty((n_stages, room), dtype=np.uint8)
-        longest = int(lengths.max(initial=0))
-        chunk = np.empty(max(SCATTER_CHUNK, (longest // BLOCK_TOKENS + 2) * block_bytes(MAX_BITS)), dtype=np.uint8)
-        spill_fd = self._fds[0]
-        ok = _scatter(spill_fd, os.fstat(spill_fd).st_size, self._memory.array, np.int64(self._memory.used),
-                      lengths, self._cap1, sample_stage, pair_sample, pair_stage, *self._layout, self._stage_fd,
-                      self._stage_base[:-1].copy(), buffers, np.zeros(n_stages, dtype=np.int64), chunk,
-                      self._grouped, self._group_offsets[:-1].copy())
-        if not ok:
-            raise OSError("copying the spill into its stages failed (disk full, or the spill was removed?)")
+        self._scatter_spill(sample_stage, pair_sample, pair_stage, buffers)
         # everything pass two reads is in the stages now: the spill's disk space goes back
         os.close(self._fds.pop(0))
         os.unlink(os.path.join(spill_dir, SPILL_FILE))
+
+    def _scatter_spill(self, sample_stage, pair_sample, pair_stage, buffers) -> None:
+        """Run :func:`_scatter` over the spill file a chunk at a time, the next chunk read on a
+        second thread meanwhile (so the device and the copy overlap). Consecutive chunks
+        overlap by the largest sample's blocks, so every sample lies whole in one of them."""
+        lengths, n_stages = self._items.lengths, self._stage_bytes.size
+        spill_fd = self._fds[0]
+        file_bytes = os.fstat(spill_fd).st_size
+        overlap = (int(lengths.max(initial=0)) // BLOCK_TOKENS + 2) * block_bytes(MAX_BITS)
+        size = max(SCATTER_CHUNK, 2 * overlap)
+        chunks = [np.empty(size, dtype=np.uint8) for _ in range(2)]
+
+        def read(index: int, start: int) -> tuple[np.ndarray, int, int]:
+            nbytes = min(size, file_bytes - start)
+            if nbytes and not _read_exact(spill_fd, np.uint64(chunks[index].ctypes.data), np.int64(nbytes),
+                                          np.int64(start)):
+                raise OSError("copying the spill into its stages failed (the spill was removed or cut short?)")
+            return chunks[index], start, start + nbytes
+
+        state = np.zeros(3, dtype=np.int64)
+        cursor, filled = self._stage_base[:-1].copy(), np.zeros(n_stages, dtype=np.int64)
+        group_cursor = self._group_offsets[:-1].copy()
+        with ThreadPoolExecutor(1, thread_name_prefix="packer-stage-read") as reader:
+            pending, index = reader.submit(read, 0, 0), 0
+            while True:
+                chunk, start, end = pending.result()
+                limit = file_bytes if end >= file_bytes else end - overlap
+                if end < file_bytes:
+                    index ^= 1
+                    pending = reader.submit(read, index, limit)
+                done = _scatter(state, chunk, np.int64(start), np.int64(end), np.int64(limit), self._memory.array,
+                                np.int64(self._memory.used), lengths, self._cap1, sample_stage, pair_sample,
+                                pair_stage, *self._layout, self._stage_fd, cursor, buffers, filled, self._grouped,
+                                group_cursor)
+                if done == -1:
+                    raise OSError("copying the spill into its stages failed (disk full?)")
+                if done or end >= file_bytes:
+                    break
+        if done != 1:
+            raise OSError("copying the spill into its stages failed (the spill was cut short?)")
 
     # -- gathering
 

@@ -54,7 +54,7 @@ class SpillRead(str, Enum):
     """How ``pack``'s pass two reads the spill back (an I/O choice: the output is the same)."""
 
     AUTO = "auto"
-    """Staged when the spill exceeds half the page cache this process can count on (default)."""
+    """Staged when the spill exceeds the page cache this process can count on (default)."""
     RANDOM = "random"
     """A read per sequence, in output order: fast while the page cache holds the spill."""
     STAGED = "staged"
