@@ -18,9 +18,10 @@ spill's own kernel, through a layout with one entry per sample of the stage. A s
 pieces (``--overlong split``) is copied into every stage that one of its pieces lands in.
 
 The cost: one more read and write of about the spill's size, in large sequential pieces; the
-stage file on disk beside the spill while pass two runs; 4 bytes per sample (which stage needs
-it, then the samples grouped by stage); and stage images in memory, two to three at a time
-(each about 75 MB with a 17-bit vocabulary).
+stage file on disk beside the spill while pass two runs; per sample, 8 bytes during the copy
+(which stage needs it, and the samples grouped by stage) and 4 while pass two runs; the copy's
+write buffers (1 MiB a stage, 128 MiB in all at most); and stage images in memory, two to three
+at a time (each about 75 MB with a 17-bit vocabulary).
 """
 from __future__ import annotations
 
