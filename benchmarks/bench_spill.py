@@ -10,6 +10,7 @@ The same two modes also run at 1× without a limit, where the spill stays cached
 costs when it is not needed. Without a usable cgroup the limited part is skipped (reported).
 
     python benchmarks/bench_spill.py --input benchmarks/_data/sft4k_200000.parquet --times 5 --limit-mb 1200
+    python benchmarks/bench_spill.py ... --format megatron-bridge   # the same for Bridge's layout
 """
 from __future__ import annotations
 
@@ -60,10 +61,11 @@ class MemoryCgroup:
             pass
 
 
-def run_pack(inputs: list[str], mode: str, pack_size: int, cgroup: MemoryCgroup | None) -> dict:
+def run_pack(inputs: list[str], mode: str, pack_size: int, cgroup: MemoryCgroup | None, fmt: str = "native") -> dict:
     shutil.rmtree(OUT, ignore_errors=True)
     os.sync()  # the last run's dirty pages are not this run's to write back
-    cmd = [PACKER, "pack", *inputs, "-o", OUT, "--pack-size", str(pack_size), "--json", "--spill-read", mode]
+    cmd = [PACKER, "pack", *inputs, "-o", OUT, "--pack-size", str(pack_size), "--json", "--spill-read", mode,
+           "--format", fmt]
     r = run_measured(cgroup.wrap(cmd) if cgroup else cmd)
     summary = json.loads(r["stdout"])
     shutil.rmtree(OUT, ignore_errors=True)
@@ -95,14 +97,15 @@ def main() -> None:
     ap.add_argument("--limit-mb", type=int, default=1200, help="the cgroup's memory limit")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--pack-size", type=int, default=4096)
+    ap.add_argument("--format", default="native", help="native or megatron-bridge (the output written)")
     args = ap.parse_args()
 
     unlimited = []
     for _ in range(args.rounds):
         for mode in ("random", "staged"):
-            unlimited.append(run_pack([args.input], mode, args.pack_size, None))
+            unlimited.append(run_pack([args.input], mode, args.pack_size, None, args.format))
             emit({"what": "run", **unlimited[-1]})
-    emit({"what": "summary", "part": "unlimited", "copies": 1, **_summary(unlimited)})
+    emit({"what": "summary", "part": "unlimited", "copies": 1, "format": args.format, **_summary(unlimited)})
 
     try:
         cgroup = MemoryCgroup(args.limit_mb << 20)
@@ -114,11 +117,12 @@ def main() -> None:
         inputs = [args.input] * args.times
         for _ in range(args.rounds):
             for mode in ("random", "staged"):
-                limited.append(run_pack(inputs, mode, args.pack_size, cgroup))
+                limited.append(run_pack(inputs, mode, args.pack_size, cgroup, args.format))
                 emit({"what": "run", **limited[-1]})
-        auto = run_pack(inputs, "auto", args.pack_size, cgroup)
+        auto = run_pack(inputs, "auto", args.pack_size, cgroup, args.format)
         emit({"what": "run", **auto})
         emit({"what": "summary", "part": "limited", "copies": args.times, "limit_bytes": args.limit_mb << 20,
+              "format": args.format,
               "auto_chose": auto["spill"]["read"], **_summary(limited)})
     finally:
         cgroup.close()

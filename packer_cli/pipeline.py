@@ -448,7 +448,7 @@ def pack(
     output order; the page cache serves it), ``staged`` (first copied into stages in one
     sequential pass, each stage then read whole: for a spill the page cache cannot hold, see
     :mod:`packer_cli.shards._staged`), or ``auto`` (staged when the spill is larger than the
-    page cache this process can count on). Native shards only; the bytes are the same.
+    page cache this process can count on). The bytes written are the same either way.
 
     Raises :class:`ConfigError` for unusable options (or an ``out`` that cannot be created),
     :class:`DataError` for bad data and :class:`OutputError` when writing the output or the
@@ -457,8 +457,6 @@ def pack(
     _check_arguments(spec, source, shard_bytes, spill_memory, output)
     if spill_read not in SPILL_READ_MODES:
         raise ConfigError(f"spill read must be one of {', '.join(SPILL_READ_MODES)}, got {spill_read!r}")
-    if spill_read == "staged" and output is not None:
-        raise ConfigError("staged spill reading writes native shards only (not --format megatron-bridge)")
     files = discover_inputs(_input_paths(inputs))
     if not dry_run and not out:
         raise ConfigError("an output directory (-o OUT) is required unless --dry-run")
@@ -516,15 +514,16 @@ def pack(
                 del plan
                 _release_memory()
                 items.attach(_unpark(lengths))
+                spill_file = os.path.getsize(os.path.join(spill_dir, SPILL_FILE))
+                mode, room = choose_spill_read(spill_read, spill_file)
+                summary.spill = {"read": mode, "bytes": memory.used + spill_file}
+                if room is not None:
+                    summary.spill["room"] = room
                 if output:
                     manifest = output.write(tmp, spill_dir, items, sources, layout, pack_order, spec, bar,
-                                            direct_io=direct_io, spill_memory=memory)
+                                            direct_io=direct_io, spill_memory=memory, spill_read=mode,
+                                            spill_record=summary.spill)
                 else:
-                    spill_file = os.path.getsize(os.path.join(spill_dir, SPILL_FILE))
-                    mode, room = choose_spill_read(spill_read, spill_file)
-                    summary.spill = {"read": mode, "bytes": memory.used + spill_file}
-                    if room is not None:
-                        summary.spill["room"] = room
                     entries = _write_shards(tmp, spill_dir, items, sources, layout, pack_order, spec,
                                             shard_bytes, bar, direct_io, memory, mode, summary.spill)
                     manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "shards": entries}

@@ -162,12 +162,46 @@ def test_page_cache_room_is_known_on_linux():
         assert room is not None and room > 0
 
 
-def test_staged_is_for_native_shards_and_named_modes_only(mixed_inputs, tmp_path):
-    with pytest.raises(ConfigError, match="native shards only"):
-        pack(mixed_inputs, str(tmp_path / "b"), PackSpec(pack_size=512), output=BridgeOutput(), spill_read="staged")
+def test_only_named_modes(mixed_inputs, tmp_path):
     with pytest.raises(ConfigError, match="spill read must be one of auto, random, staged"):
         pack(mixed_inputs, str(tmp_path / "c"), PackSpec(pack_size=512), spill_read="sequential")
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("spec_kw", [{}, {"overlong": OverlongPolicy.SPLIT, "cp": 2}, {"overlong": OverlongPolicy.DROP}],
+                         ids=["truncate", "split-cp2", "drop"])
+def test_bridge_output_staged_writes_the_same_bytes(mixed_inputs, tmp_path, small_runs, monkeypatch, spec_kw):
+    """Megatron-Bridge's layout from a staged spill: the same files and the same EOS verdict,
+    with every sample's last token read during the copy (compared with the random reader's)."""
+    from packer_cli.shards import bridge_writer
+
+    monkeypatch.setattr(bridge_writer, "BATCH_TOKENS", 6000)  # steps of one row group
+    monkeypatch.setattr(_staged, "STAGE_TOKENS", 12000)  # stages of about two steps: many stages
+    seen = {}
+    random_last = _gather.SpillReader.last_tokens
+
+    def spying_random_last(self, lengths):
+        seen["random"] = random_last(self, lengths).copy()
+        return seen["random"]
+
+    staged_last = _staged.StagedSpillReader.last_tokens
+
+    def spying_staged_last(self, lengths):
+        seen["staged"] = staged_last(self, lengths).copy()
+        return seen["staged"]
+
+    monkeypatch.setattr(_gather.SpillReader, "last_tokens", spying_random_last)
+    monkeypatch.setattr(_staged.StagedSpillReader, "last_tokens", spying_staged_last)
+    spec = PackSpec(pack_size=512, **spec_kw)
+    random = pack(mixed_inputs, str(tmp_path / "random"), spec, output=BridgeOutput(row_group_size=8),
+                  spill_read="random")
+    staged = pack(mixed_inputs, str(tmp_path / "staged"), spec, output=BridgeOutput(row_group_size=8),
+                  spill_read="staged")
+    assert staged.spill["read"] == "staged" and staged.spill["stages"] >= 8
+    assert seen["staged"].size == seen["random"].size == random.counts["records"]  # dropped samples too
+    assert np.array_equal(seen["staged"], seen["random"])
+    assert staged.output == random.output
+    assert _files(tmp_path / "random") == _files(tmp_path / "staged")
 
 
 def test_a_spill_cut_short_fails_the_staged_copy_cleanly(mixed_inputs, tmp_path, monkeypatch):

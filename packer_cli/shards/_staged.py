@@ -35,13 +35,14 @@ import numpy as np
 from packer_cli._kernel_cache import njit
 from packer_cli._sequences import BLOCK, Items, sample_start
 from packer_cli.shards._gather import (
-    BLOCK_TOKENS, MAX_BITS, ORDER_FILE, READ_SLACK, SPILL_FILE, SpillMemory, SpillReader, _locate, _read_exact,
-    _write_exact, block_bytes,
+    BLOCK_TOKENS, MAX_BITS, ORDER_FILE, READ_SLACK, SPILL_FILE, SpillMemory, SpillReader, _load_token, _locate,
+    _read_exact, _write_exact, block_bytes,
 )
 from packer_cli.spec import SpillRead
 
 STAGES_FILE = "stages.bin"
-STAGE_RUNS = 8  # runs of packs (about 4M tokens each) per stage at most
+STAGE_TOKENS = 32 << 20  # tokens of output per stage, about
+STAGE_RUNS = 8  # runs of packs per stage at most for native shards (runs of about 4M tokens)
 SCATTER_CHUNK = 32 << 20  # bytes of the spill read at a time while copying it into the stages
 WRITE_BUFFERS = 128 << 20  # bytes of all stages' write buffers together
 MIN_WRITE_BUFFER, MAX_WRITE_BUFFER = 64 << 10, 1 << 20
@@ -145,9 +146,10 @@ def _cgroup_rooms(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/c
     return rooms
 
 
-def group_stages(shards: list[list[tuple[int, int]]], stage_runs: int = STAGE_RUNS) -> list[list[tuple[int, int]]]:
+def group_stages(shards: list[list[tuple[int, int]]], stage_runs: int | None = None) -> list[list[tuple[int, int]]]:
     """The stages: consecutive runs ``(first, end)`` of output positions of one shard, at most
-    ``stage_runs`` each, in output order."""
+    ``stage_runs`` (default ``STAGE_RUNS``) each, in output order."""
+    stage_runs = stage_runs or STAGE_RUNS
     return [runs[i:i + stage_runs] for runs in shards for i in range(0, len(runs), stage_runs)]
 
 
@@ -235,21 +237,25 @@ def _put(fd, stage, source, at, size, buffers, filled, cursor):
 
 @njit(cache=True, nogil=True)
 def _scatter(state, chunk, chunk_from, chunk_to, limit, memory, memory_bytes, lengths, cap1, sample_stage, pair_sample,
-             pair_stage, token_starts, byte_starts, widths, out_fd, cursor, buffers, filled, grouped, group_cursor):
+             pair_stage, token_starts, byte_starts, widths, out_fd, cursor, buffers, filled, grouped, group_cursor,
+             last_tokens):
     """Copy placed samples' blocks into their stage(s) (``cursor``: where each stage's next bytes
     go in the stage file), in spill order from the sample ``state`` holds (sample, its stream
     position, next pair), while their blocks start in the file before ``limit``: ``chunk`` holds
     the file's bytes from ``chunk_from`` to ``chunk_to`` (at least ``limit`` plus the largest
     sample's blocks, unless the file ends first). The spill's first ``memory_bytes`` bytes are
-    ``memory``. ``grouped`` gets each stage's samples in spill order (from ``group_cursor``).
+    ``memory``. ``grouped`` gets each stage's samples in spill order (from ``group_cursor``);
+    ``last_tokens``, unless empty, every sample's last token (placed or not).
     Returns 1 when every sample is done, 0 when one starts at or past ``limit`` (``state`` then
     points at it), -1 when a write fails, -2 when a sample runs past the end of the file."""
     k, position, j = state[0], state[1], state[2]
+    want_last = last_tokens.size > 0
     while k < lengths.size:
         st = sample_stage[k]
-        if st != UNPLACED:
-            _, at, blocks, w = _span(position, _needed(k, lengths, cap1, st == SPLIT), token_starts, byte_starts,
-                                     widths)
+        if st != UNPLACED or want_last:
+            n = np.int64(lengths[k])
+            first, at, blocks, w = _span(position, n if want_last else _needed(k, lengths, cap1, st == SPLIT),
+                                         token_starts, byte_starts, widths)
             size = blocks * (w + 1)
             if at + size <= memory_bytes:
                 source = memory
@@ -261,6 +267,10 @@ def _scatter(state, chunk, chunk_from, chunk_to, limit, memory, memory_bytes, le
                     return -2
                 source = chunk
                 at -= memory_bytes + chunk_from
+            if want_last:
+                last_tokens[k] = _load_token(np.uint64(source.ctypes.data) + np.uint64(at), position - first + n - 1, w)
+                size = (_span(position, _needed(k, lengths, cap1, st == SPLIT), token_starts, byte_starts,
+                              widths)[2]) * (w + 1)
             if st >= 0:
                 if not _put(out_fd, st, source, at, size, buffers, filled, cursor):
                     return -1
@@ -329,12 +339,15 @@ class StagedSpillReader(SpillReader):
     ``stages``: consecutive runs of output positions (:func:`group_stages`), covering every run
     pass two will gather, in output order. Building copies the spill into ``stages.bin`` and
     deletes ``samples.bin``; the plan order (``order.bin``) is read from the spill directory.
+    ``last_tokens``: also read every sample's last token on the way (:meth:`last_tokens`).
     """
 
     def __init__(self, spill_dir: str, memory: SpillMemory | None, items: Items, pack_offsets: np.ndarray,
-                 pack_order: np.ndarray, stages: list[list[tuple[int, int]]]):
+                 pack_order: np.ndarray, stages: list[list[tuple[int, int]]], last_tokens: bool = False):
         super().__init__(spill_dir, memory)
         self._items = items
+        # every sample's last token, read during the copy when asked (Bridge's EOS check needs them)
+        self._last_tokens = np.empty(items.num_samples if last_tokens else 0, dtype=np.int32)
         self._stage_first = [runs[0][0] for runs in stages]
         self._runs_left = [len(runs) for runs in stages]
         self._images: dict[int, _Image] = {}
@@ -418,7 +431,7 @@ class StagedSpillReader(SpillReader):
         file_bytes = os.fstat(spill_fd).st_size
         overlap = (int(lengths.max(initial=0)) // BLOCK_TOKENS + 2) * block_bytes(MAX_BITS)
         size = max(SCATTER_CHUNK, 2 * overlap)
-        chunks = [np.empty(size, dtype=np.uint8) for _ in range(2)]
+        chunks = [np.empty(size + READ_SLACK, dtype=np.uint8) for _ in range(2)]  # a token is an 8-byte load
 
         def read(index: int, start: int) -> tuple[np.ndarray, int, int]:
             nbytes = min(size, file_bytes - start)
@@ -441,7 +454,7 @@ class StagedSpillReader(SpillReader):
                 done = _scatter(state, chunk, np.int64(start), np.int64(end), np.int64(limit), self._memory.array,
                                 np.int64(self._memory.used), lengths, self._cap1, sample_stage, pair_sample,
                                 pair_stage, *self._layout, self._stage_fd, cursor, buffers, filled, self._grouped,
-                                group_cursor)
+                                group_cursor, self._last_tokens)
                 if done == -1:
                     raise OSError("copying the spill into its stages failed (disk full?)")
                 if done or end >= file_bytes:
@@ -455,7 +468,11 @@ class StagedSpillReader(SpillReader):
         raise NotImplementedError("a staged spill is gathered a run at a time, with gather_run")
 
     def last_tokens(self, lengths):
-        raise NotImplementedError("a staged spill holds only what its runs read")
+        """Every sample's last token, as :meth:`SpillReader.last_tokens` (read during the copy:
+        the reader must have been made with ``last_tokens=True``)."""
+        if self._last_tokens.size != lengths.size:
+            raise RuntimeError("this staged spill was built without its samples' last tokens")
+        return self._last_tokens
 
     def gather_run(self, first: int, seq, pack_seq_offsets, pad_id, min_buffer: int = 0):
         stage = bisect.bisect_right(self._stage_first, first) - 1

@@ -26,6 +26,7 @@ from packer_cli._background import ordered_map
 from packer_cli.errors import ConfigError, DataError
 from packer_cli.shards._atomic import check_replaceable, make_temporary, replace_dir, signals_held
 from packer_cli.shards._gather import SpillReader
+from packer_cli.shards import _staged
 from packer_cli.spec import is_int
 from packer_cli.shards.format import is_output_file_name, seal_metadata, write_json
 from packer_cli.shards.bridge import (
@@ -151,20 +152,30 @@ class BridgeOutput:
 
     # -- write -------------------------------------------------------------------------
     def write(self, tmp, spill_dir, items, sources, plan, pack_order, spec, progress, direct_io: bool = True,
-              spill_memory=None) -> dict:
+              spill_memory=None, spill_read: str = "random", spill_record: dict | None = None) -> dict:
         """Write the split's Parquet file into ``tmp`` and return its manifest.
 
         As for the native shards, each step's packs are read from the plan order parked in the
         spill directory (``plan`` holds only the per-pack arrays) and resolved, gathered, laid
         out as Bridge's rows and encoded as Parquet on two threads while this thread joins them
-        into the file in order.
+        into the file in order. ``spill_read="staged"`` gathers the steps from the spill's stages
+        (:mod:`packer_cli.shards._staged`); ``spill_record`` then gets their number and bytes.
         """
         from packer_cli.shards.bridge_writer import bridge_step, packs_per_step, resolve_eos, write_bridge_file
 
         rows = self.rows_per_group(spec.pack_size)
         n_packs = pack_order.size
         step = packs_per_step(rows, spec.pack_size)
-        with SpillReader(spill_dir, spill_memory) as spill:
+        if spill_read == "staged":
+            steps = [(a, min(a + step, n_packs)) for a in range(0, n_packs, step)]
+            stages = _staged.group_stages([steps], max(1, _staged.STAGE_TOKENS // (step * spec.pack_size)))
+            reader = _staged.StagedSpillReader(spill_dir, spill_memory, items, plan.pack_offsets, pack_order, stages,
+                                       last_tokens=True)
+            if spill_record is not None:
+                spill_record.update(stages=len(stages), stage_bytes=reader.stage_bytes)
+        else:
+            reader = SpillReader(spill_dir, spill_memory)
+        with reader as spill:
             last_tokens = spill.last_tokens(items.lengths)
             eos, source = resolve_eos(self.eos_id, last_tokens, items.misaligned > 0)
             not_ending = int((last_tokens != eos).sum()) if eos is not None else None
@@ -173,8 +184,7 @@ class BridgeOutput:
             def build(a: int):
                 run, run_offsets = spill.run_items(plan.pack_offsets, pack_order[a:a + step])
                 seq = items.resolve(run)
-                tokens, mask, last, _, buffers = spill.gather(seq.src, seq.length, seq.padded, run_offsets,
-                                                              spec.pad_id)
+                tokens, mask, last, _, buffers = spill.gather_run(a, seq, run_offsets, spec.pad_id)
                 built = bridge_step(tokens, mask, last, seq.length, seq.padded, sources[seq.sample], seq.offset,
                                     run_offsets, eos=eos, pad_multiple=spec.pad_multiple, row_group_size=rows,
                                     encoding=self.parquet_encoding)
