@@ -68,30 +68,30 @@ def _pwrite(typingctx, fd, address, nbytes, offset):
     return _IO_SIGNATURE, _libc_io("pwrite")
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _transfer_exact(fd, address, nbytes, offset, write):
+    """``pwrite`` (``write``) or ``pread`` all ``nbytes`` at ``offset`` from or into ``address``,
+    as many calls as it takes; False on an error, or a read that meets the end of the file."""
+    while nbytes > 0:
+        done = _pwrite(fd, address, nbytes, offset) if write else _pread(fd, address, nbytes, offset)
+        if done <= 0:
+            return False
+        address += done
+        nbytes -= done
+        offset += done
+    return True
+
+
 @njit(cache=True, nogil=True)
 def _read_exact(fd, address, nbytes, offset):
     """Read ``nbytes`` at ``offset`` into ``address``; False on an error or a short file."""
-    while nbytes > 0:
-        got = _pread(fd, address, nbytes, offset)
-        if got <= 0:
-            return False
-        address += got
-        nbytes -= got
-        offset += got
-    return True
+    return _transfer_exact(fd, address, nbytes, offset, False)
 
 
 @njit(cache=True, nogil=True)
 def _write_exact(fd, address, nbytes, offset):
     """Write ``nbytes`` from ``address`` at ``offset``; False on an error."""
-    while nbytes > 0:
-        put = _pwrite(fd, address, nbytes, offset)
-        if put <= 0:
-            return False
-        address += put
-        nbytes -= put
-        offset += put
-    return True
+    return _transfer_exact(fd, address, nbytes, offset, True)
 
 
 SPILL_FILE = "samples.bin"
