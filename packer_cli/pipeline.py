@@ -46,7 +46,7 @@ from packer_cli.progress import Progress
 from packer_cli.shards._atomic import check_replaceable, make_temporary, replace_dir, stale_temporaries
 from packer_cli.shards._gather import ORDER_FILE, SPILL_FILE, SpillMemory, SpillReader, SpillWriter
 from packer_cli.shards._sink import use_direct_io
-from packer_cli.shards._staged import SPILL_READ_MODES, StagedSpillReader, choose_spill_read, group_stages
+from packer_cli.shards._staged import SPILL_READ_MODES, choose_spill_read, open_spill
 from packer_cli.shards.bridge_output import BridgeOutput
 from packer_cli.shards.format import (
     FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, is_output_file_name, seal_metadata, write_json,
@@ -191,7 +191,6 @@ def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, pl
     for a spill the page cache cannot hold); ``spill_record`` gets the number of stages and
     their bytes.
     """
-    spill_record = {} if spill_record is None else spill_record
     task = progress.task("writing", total=pack_order.size, unit="packs")
 
     def gather(spill: SpillReader, a: int, b: int):
@@ -213,12 +212,8 @@ def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, pl
             return shard.finish()
 
     shards = _shard_runs(plan.pack_offsets, plan.pack_load, pack_order, shard_bytes)
-    if spill_read == "staged":
-        stages = group_stages(shards)
-        spill_reader = StagedSpillReader(spill_dir, memory, items, plan.pack_offsets, pack_order, stages)
-        spill_record.update(stages=len(stages), stage_bytes=spill_reader.stage_bytes)
-    else:
-        spill_reader = SpillReader(spill_dir, memory)
+    spill_reader = open_spill(spill_read, spill_dir, memory, items, plan.pack_offsets, pack_order, shards,
+                              spill_record)
     gatherers = ThreadPoolExecutor(GATHER_THREADS, thread_name_prefix="packer-gather")
     with spill_reader as spill, gatherers:
         written = ordered_map(lambda job: write_shard(spill, gatherers, *job), enumerate(shards),

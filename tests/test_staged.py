@@ -84,9 +84,9 @@ def test_staged_build_matches_a_plain_copy(mixed_inputs, tmp_path, small_runs, m
 
     init = _staged.StagedSpillReader.__init__
 
-    def spying_init(self, spill_dir, memory, items, pack_offsets, pack_order, stages):
+    def spying_init(self, spill_dir, memory, items, pack_offsets, pack_order, stages, *rest):
         spill = (Path(spill_dir) / _gather.SPILL_FILE).read_bytes()
-        init(self, spill_dir, memory, items, pack_offsets, pack_order, stages)
+        init(self, spill_dir, memory, items, pack_offsets, pack_order, stages, *rest)
         built.update(spill=spill, stages=(Path(spill_dir) / _staged.STAGES_FILE).read_bytes(),
                      grouped=self._grouped.copy(), offsets=self._group_offsets.copy(), layout=self._layout,
                      items=items, cap1=int(self._cap1))

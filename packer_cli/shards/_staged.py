@@ -267,10 +267,9 @@ def _scatter(state, chunk, chunk_from, chunk_to, limit, memory, memory_bytes, le
                     return -2
                 source = chunk
                 at -= memory_bytes + chunk_from
-            if want_last:
+            if want_last:  # the span was the whole sample's; what the stages need may be less
                 last_tokens[k] = _load_token(np.uint64(source.ctypes.data) + np.uint64(at), position - first + n - 1, w)
-                size = (_span(position, _needed(k, lengths, cap1, st == SPLIT), token_starts, byte_starts,
-                              widths)[2]) * (w + 1)
+                size = ((position - first + _needed(k, lengths, cap1, st == SPLIT) - 1) // BLOCK_TOKENS + 1) * (w + 1)
             if st >= 0:
                 if not _put(out_fd, st, source, at, size, buffers, filled, cursor):
                     return -1
@@ -321,6 +320,21 @@ def _contains(sorted_values, k):
         else:
             hi = mid
     return lo < sorted_values.size and sorted_values[lo] == k
+
+
+def open_spill(mode: str, spill_dir: str, memory: SpillMemory | None, items: Items, pack_offsets: np.ndarray,
+               pack_order: np.ndarray, runs: list[list[tuple[int, int]]], record: dict | None = None,
+               stage_runs: int | None = None, last_tokens: bool = False) -> SpillReader:
+    """The spill's reader for ``mode`` (``random`` or ``staged``): a :class:`SpillReader`, or a
+    :class:`StagedSpillReader` whose stages group ``runs`` (per shard; :func:`group_stages`,
+    ``stage_runs`` a stage), in which case ``record`` gets the number of stages and their bytes."""
+    if mode != "staged":
+        return SpillReader(spill_dir, memory)
+    stages = group_stages(runs, stage_runs)
+    reader = StagedSpillReader(spill_dir, memory, items, pack_offsets, pack_order, stages, last_tokens)
+    if record is not None:
+        record.update(stages=len(stages), stage_bytes=reader.stage_bytes)
+    return reader
 
 
 # --- the reader --------------------------------------------------------------------------------

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from packer_cli._background import ordered_map
 from packer_cli.errors import ConfigError, DataError
 from packer_cli.shards._atomic import check_replaceable, make_temporary, replace_dir, signals_held
-from packer_cli.shards._gather import SpillReader
 from packer_cli.shards import _staged
 from packer_cli.spec import is_int
 from packer_cli.shards.format import is_output_file_name, seal_metadata, write_json
@@ -166,15 +165,10 @@ class BridgeOutput:
         rows = self.rows_per_group(spec.pack_size)
         n_packs = pack_order.size
         step = packs_per_step(rows, spec.pack_size)
-        if spill_read == "staged":
-            steps = [(a, min(a + step, n_packs)) for a in range(0, n_packs, step)]
-            stages = _staged.group_stages([steps], max(1, _staged.STAGE_TOKENS // (step * spec.pack_size)))
-            reader = _staged.StagedSpillReader(spill_dir, spill_memory, items, plan.pack_offsets, pack_order, stages,
-                                       last_tokens=True)
-            if spill_record is not None:
-                spill_record.update(stages=len(stages), stage_bytes=reader.stage_bytes)
-        else:
-            reader = SpillReader(spill_dir, spill_memory)
+        steps = [(a, min(a + step, n_packs)) for a in range(0, n_packs, step)]
+        reader = _staged.open_spill(spill_read, spill_dir, spill_memory, items, plan.pack_offsets, pack_order, [steps],
+                                    spill_record, max(1, _staged.STAGE_TOKENS // (step * spec.pack_size)),
+                                    last_tokens=True)
         with reader as spill:
             last_tokens = spill.last_tokens(items.lengths)
             eos, source = resolve_eos(self.eos_id, last_tokens, items.misaligned > 0)
