@@ -36,6 +36,8 @@ def pack_summary_table(summary) -> Table:
         ("bad records skipped", f"{c['bad_records']:,}"),
         ("samples without targets", f"{c['no_target_samples']:,}"),
     ]
+    if summary.spill:
+        rows.append(("spill read back", _spill_line(summary.spill)))
     if summary.seconds:
         t = summary.seconds
         rows.append(("time (read / plan / write)",
@@ -43,6 +45,14 @@ def pack_summary_table(summary) -> Table:
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def _spill_line(spill: dict) -> str:
+    """How pass two read the spill, and (for ``auto``) against what room."""
+    size = f"{spill['bytes'] / 1e9:.2f} GB"
+    how = f"staged, {spill['stages']:,} stages" if spill["read"] == "staged" else "at random"
+    room = f", page cache room {spill['room'] / 1e9:.2f} GB" if "room" in spill else ""
+    return f"{how} ({size}{room})"
 
 
 def print_pack_summary(summary, console: Console | None = None) -> None:

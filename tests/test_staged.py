@@ -233,4 +233,8 @@ def test_cli_spill_read_option(mixed_inputs, tmp_path):
     assert "spill" not in metadata  # an I/O choice: the output is the same either way
     result = runner.invoke(app, ["pack", *mixed_inputs, "-o", str(tmp_path / "x"), "--spill-read", "sideways"])
     assert result.exit_code == 2
+    result = runner.invoke(app, ["pack", *mixed_inputs, "-o", str(tmp_path / "y"), "--pack-size", "512",
+                                 "--spill-read", "staged"])
+    assert result.exit_code == 0 and "spill read back" in result.output, result.output
+    assert f"staged, {record['spill']['stages']:,} stages" in result.output
 
