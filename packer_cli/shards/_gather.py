@@ -233,18 +233,26 @@ def _read_blocks(fd, token_starts, byte_starts, widths, memory, memory_bytes, po
     Returns (bits per token, index of token ``position`` within the blocks, their address), or
     0 bits when the read fails. A batch lies wholly in memory or wholly in the file, so the
     blocks of one sample never straddle the two."""
-    b, w = _locate(position, token_starts, widths)
+    first, start, blocks, w = _span(position, count, token_starts, byte_starts, widths)
     if w == 0:  # past the last token (the layout ends with a batch of 0 bits)
         return np.int64(0), np.int64(0), np.uint64(0)
-    r = position - token_starts[b]
-    first = r // 8
-    start = byte_starts[b] + first * (w + 1)
-    nbytes = ((r + count - 1) // 8 - first + 1) * (w + 1)
+    nbytes = blocks * (w + 1)
     if start + nbytes <= memory_bytes:
-        return w, r - 8 * first, memory + np.uint64(start)
+        return w, position - first, memory + np.uint64(start)
     if not _read_exact(fd, scratch.ctypes.data, nbytes, start - memory_bytes):
         return np.int64(0), np.int64(0), np.uint64(0)
-    return w, r - 8 * first, np.uint64(scratch.ctypes.data)
+    return w, position - first, np.uint64(scratch.ctypes.data)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _span(position, count, token_starts, byte_starts, widths):
+    """The spill blocks holding tokens ``position .. position+count-1`` (all in one batch):
+    (stream position of the first block's first token, byte position, blocks, bits per token)."""
+    b, w = _locate(position, token_starts, widths)
+    r = position - token_starts[b]
+    first = r // BLOCK_TOKENS
+    blocks = (r + count - 1) // BLOCK_TOKENS - first + 1
+    return token_starts[b] + BLOCK_TOKENS * first, byte_starts[b] + first * (w + 1), blocks, w
 
 
 @njit(cache=True, nogil=True)

@@ -35,8 +35,8 @@ import numpy as np
 from packer_cli._kernel_cache import njit
 from packer_cli._sequences import BLOCK, Items, sample_start
 from packer_cli.shards._gather import (
-    BLOCK_TOKENS, MAX_BITS, ORDER_FILE, READ_SLACK, SPILL_FILE, SpillMemory, SpillReader, _load_token, _locate,
-    _read_exact, _write_exact, block_bytes,
+    BLOCK_TOKENS, MAX_BITS, ORDER_FILE, READ_SLACK, SPILL_FILE, SpillMemory, SpillReader, _load_token, _read_exact,
+    _span, _write_exact, block_bytes,
 )
 from packer_cli.spec import SpillRead
 
@@ -154,17 +154,6 @@ def group_stages(shards: list[list[tuple[int, int]]], stage_runs: int | None = N
 
 
 # --- kernels -----------------------------------------------------------------------------------
-
-@njit(cache=True, nogil=True, inline="always")
-def _span(position, count, token_starts, byte_starts, widths):
-    """The spill blocks holding tokens ``position .. position+count-1`` (all in one batch):
-    (stream position of the first block's first token, byte position, blocks, bits per token)."""
-    b, w = _locate(position, token_starts, widths)
-    r = position - token_starts[b]
-    first = r // BLOCK_TOKENS
-    blocks = (r + count - 1) // BLOCK_TOKENS - first + 1
-    return token_starts[b] + BLOCK_TOKENS * first, byte_starts[b] + first * (w + 1), blocks, w
-
 
 @njit(cache=True, nogil=True, inline="always")
 def _needed(k, lengths, cap1, split):
