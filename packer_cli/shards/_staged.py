@@ -372,7 +372,7 @@ class StagedSpillReader(SpillReader):
 
     @property
     def stage_bytes(self) -> int:
-        """Bytes copied into the stages (the stage file adds each region's padding to whole blocks)."""
+        """Bytes copied into the stages (the stage file's size)."""
         return int(self._stage_bytes.sum())
 
     # -- building

@@ -165,8 +165,8 @@ class BridgeOutput:
         rows = self.rows_per_group(spec.pack_size)
         n_packs = pack_order.size
         step = packs_per_step(rows, spec.pack_size)
-        steps = [(a, min(a + step, n_packs)) for a in range(0, n_packs, step)]
-        reader = _staged.open_spill(spill_read, spill_dir, spill_memory, items, plan.pack_offsets, pack_order, [steps],
+        runs = [(a, min(a + step, n_packs)) for a in range(0, n_packs, step)]  # a step's packs each
+        reader = _staged.open_spill(spill_read, spill_dir, spill_memory, items, plan.pack_offsets, pack_order, [runs],
                                     spill_record, max(1, _staged.STAGE_TOKENS // (step * spec.pack_size)),
                                     last_tokens=True)
         with reader as spill:
@@ -185,7 +185,7 @@ class BridgeOutput:
                 spill.recycle(buffers)  # the table holds copies laid out Bridge's way
                 return built
 
-            with closing(ordered_map(build, range(0, n_packs, step), workers=2, ahead=3)) as steps:
+            with closing(ordered_map(build, [a for a, _ in runs], workers=2, ahead=3)) as steps:
                 entry, diagnostics = write_bridge_file(
                     os.path.join(tmp, data_name(self.split, spec.pack_size)), steps=steps, n_packs=n_packs,
                     eos=eos, row_group_size=rows, progress=progress, direct_io=direct_io,
