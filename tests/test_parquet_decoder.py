@@ -716,6 +716,76 @@ def test_dictionary_index_out_of_range_raises(tmp_path):
     assert r.get("packer") != "bad", r.get("packer_detail")
 
 
+
+def _repeated_run_values(raw: bytes, lo: int, hi: int, width: int) -> list[tuple[int, int]]:
+    """(position, value) of each repeated-value run's value byte in the hybrid stream raw[lo:hi]."""
+    out, pos = [], lo
+    while pos < hi:
+        header, length = _read_varint(raw, pos)
+        pos += length
+        if header & 1:
+            pos += (header >> 1) * width
+        else:
+            out.append((pos, raw[pos]))
+            pos += (width + 7) // 8
+    return out
+
+
+def _wide_run_variants(tmp_path: Path) -> list[tuple[str, Path]]:
+    """Files whose repeated-value runs (repetition levels, definition levels, dictionary indices)
+    hold a value with bits set past the run's bit width: 35 for a level of width 1, say. pyarrow
+    reads a run's whole bytes and rejects them; masking them to the width would read other data."""
+    variants = []
+    for dictionary in (False, True):
+        rows = [[7] * 100, [9] * 100, [7] * 100] if dictionary else [list(range(1, 101))] * 3
+        path = tmp_path / f"runs-{int(dictionary)}.parquet"
+        pq.write_table(pa.table({"input_ids": pa.array(rows, type=pa.list_(pa.int32()))}), path,
+                       compression="none", use_dictionary=dictionary, data_page_version="1.0")
+        raw = path.read_bytes()
+        _, d0, e0 = _chunk_span(path, 0, 0)
+        payload = e0 - _page_sizes(raw, d0)["compressed"][2]
+        rep_len = int.from_bytes(raw[payload:payload + 4], "little")
+        def_at = payload + 4 + rep_len
+        def_len = int.from_bytes(raw[def_at:def_at + 4], "little")
+        def_width = pq.ParquetFile(path).schema.column(0).max_definition_level.bit_length()
+        streams = [("repetition level", payload + 4, def_at, 1),
+                   ("definition level", def_at + 4, def_at + 4 + def_len, def_width)]
+        if dictionary:
+            width_at = def_at + 4 + def_len
+            streams.append(("dictionary index", width_at + 1, e0, raw[width_at]))
+        for what, lo, hi, width in streams:
+            for k, (at, value) in enumerate(_repeated_run_values(raw, lo, hi, width)):
+                for wide in (value | (1 << width), 35):
+                    bad = tmp_path / f"wide-{int(dictionary)}-{len(variants)}.parquet"
+                    bad.write_bytes(raw[:at] + bytes([wide]) + raw[at + 1:])
+                    variants.append((f"{path.name}: {what} run {k}: {value} -> {wide}", bad))
+    return variants
+
+
+def test_run_values_wider_than_their_bit_width_are_never_masked(tmp_path):
+    """A repeated-value run whose stored value has bits past the bit width (a level of 35 where
+    the maximum is 1; a dictionary index of 2 in a 1-bit stream) is an error, as pyarrow makes it,
+    never read as the value's low bits (which gave other rows, or other tokens, silently)."""
+    variants = _wide_run_variants(tmp_path)
+    kinds = {what.split(": ")[1].split(" run")[0] for what, _ in variants}
+    assert kinds == {"repetition level", "definition level", "dictionary index"}, kinds
+    results = run_isolated([(path, ["input_ids"]) for _, path in variants], tmp_path)
+    wrong = [f"{what}: packer {r.get('packer', r.get('died'))} {r.get('packer_detail', '')}, "
+             f"pyarrow {r.get('pyarrow')} {r.get('pyarrow_detail', '')}"
+             for (what, _), r in zip(variants, results) if r.get("packer") != "raised" or r.get("pyarrow") != "raised"]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_pack_names_the_row_group_pyarrow_rejects(tmp_path):
+    """Where packer hands a damaged file to pyarrow and pyarrow rejects it, the one-line error
+    names the file and the row group."""
+    what, bad = _wide_run_variants(tmp_path)[0]
+    with pytest.raises(DataError) as info:
+        pack(bad, tmp_path / "out", PackSpec(pack_size=128))
+    message = str(info.value)
+    assert message.startswith(f"{bad}: cannot read as Parquet: row group 0: "), message
+    assert "\n" not in message and not (tmp_path / "out").exists()
+
 # --- 5. the pipeline ---------------------------------------------------------------------------
 
 def _pack_both(monkeypatch, path, tmp_path, spec, source=SourceSpec()):

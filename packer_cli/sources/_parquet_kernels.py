@@ -17,7 +17,8 @@ TRUNCATED = -1  # the stream ends before n values
 BAD_WIDTH = -2  # bit width over 32
 INDEX_RANGE = -3  # a dictionary index past the dictionary
 # The values decode, but the stream is not what writers produce: bytes left over after the
-# last value, or a last bit-packed run whose padding is cut short. Valid files do not look
+# last value, a last bit-packed run whose padding is cut short, or a repeated value with bits
+# set past the bit width (pyarrow reads its whole bytes, so masking them would read other data). Valid files do not look
 # like this, damaged ones (a wrong bit width, say) often do; the caller lets pyarrow judge.
 UNUSUAL = -4
 
@@ -156,9 +157,11 @@ def _decode(buf, lo, hi, bit_width, n, out, dictionary, mapped):
             if pos + value_bytes > hi:
                 return TRUNCATED
             value = _repeated(buf, pos, value_bytes)
+            if value > mask:  # bits past the width: pyarrow reads the whole bytes, so let it judge
+                return UNUSUAL
             pos += value_bytes
             take = min(count, n - i)
-            if not _fill(out, i, take, value & mask, dictionary, mapped):
+            if not _fill(out, i, take, value, dictionary, mapped):
                 return INDEX_RANGE
         i += take
     if short_run or pos != hi:
@@ -196,17 +199,15 @@ def levels_all_equal(buf, lo, hi, bit_width, n, value):
     """True when the hybrid stream ``buf[lo:hi]`` is repeated-value runs of ``value`` only,
     covering ``n`` values and ending exactly at ``hi``."""
     value_bytes = (bit_width + 7) // 8
-    mask = (np.int64(1) << bit_width) - 1
     pos = lo
     i = 0
     while i < n:
         header, pos = _run_header(buf, pos, hi)
         if header < 0 or header & 1 or pos + value_bytes > hi:
             return False
-        stored = _repeated(buf, pos, value_bytes)
-        pos += value_bytes
-        if stored & mask != value:
+        if _repeated(buf, pos, value_bytes) != value:  # all its bytes: a level of 35 is not 1
             return False
+        pos += value_bytes
         i += min(header >> 1, n - i)
     return pos == hi
 
@@ -262,10 +263,10 @@ def repetition_rows(buf, lo, hi, n, lengths, fill):
                 b += 1
             pos += count
         else:  # one level repeated
-            if pos + 1 > hi:
+            if pos + 1 > hi or buf[pos] > 1:  # a level above 1: the general path judges it
                 return -1, 0
             take = min(count, n - i)
-            if buf[pos] & 1 == 0:  # rows of one value each
+            if buf[pos] == 0:  # rows of one value each
                 for p in range(i, i + take):
                     rows, last = _row_start(p, rows, last, lengths, fill)
                 lead = min(lead, i) if take else lead

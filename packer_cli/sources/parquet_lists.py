@@ -580,12 +580,21 @@ class ListColumnReader:
 
     def _arrow(self, pf: pq.ParquetFile, group: int, skip: int) -> Iterator[pa.RecordBatch]:
         """pyarrow's batches from row group ``group`` on, less the first ``skip`` rows (already yielded)."""
-        groups = list(range(group, pf.metadata.num_row_groups))
-        if not groups:
-            return
         pool = pa.default_memory_pool()
-        for k, batch in enumerate(pf.iter_batches(batch_size=self.batch_rows, row_groups=groups,
-                                                  columns=self.fields), 1):
+        k = 0
+        for g in range(group, pf.metadata.num_row_groups):  # one group at a time, to name a damaged one
+            try:
+                for batch in self._arrow_group(pf, g, skip if g == group else 0):
+                    yield batch
+                    k += 1
+                    if k % 16 == 0:
+                        pool.release_unused()  # the allocator otherwise keeps freed decode buffers
+            except (pa.ArrowException, OSError) as exc:
+                raise ValueError(f"row group {g}: {str(exc).strip() or type(exc).__name__}") from None
+        pool.release_unused()
+
+    def _arrow_group(self, pf: pq.ParquetFile, group: int, skip: int) -> Iterator[pa.RecordBatch]:
+        for batch in pf.iter_batches(batch_size=self.batch_rows, row_groups=[group], columns=self.fields):
             if skip >= batch.num_rows:
                 skip -= batch.num_rows
                 continue
@@ -593,6 +602,3 @@ class ListColumnReader:
                 batch, skip = batch.slice(skip), 0
             self.arrow_rows += batch.num_rows
             yield batch
-            if k % 16 == 0:
-                pool.release_unused()  # the allocator otherwise keeps freed decode buffers, file after file
-        pool.release_unused()
