@@ -199,6 +199,23 @@ def test_ipc_stream_cut_at_a_batch_boundary_is_a_data_error(tmp_path, legacy):
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.parametrize("legacy", [False, True], ids=["current", "legacy"])
+@pytest.mark.parametrize("tail", ["second stream", "garbage", "zeros"])
+def test_bytes_after_the_end_of_stream_marker_are_a_data_error(tmp_path, legacy, tail):
+    """pyarrow stops at the marker: whatever follows (streams joined with ``cat``, garbage)
+    would be dropped unread, a shorter input presented as the whole."""
+    extra = {"second stream": _stream_bytes(2, legacy=legacy), "garbage": b"garbage!garbage!",
+             "zeros": bytes(64)}[tail]
+    path = tmp_path / "s.arrow"
+    path.write_bytes(_stream_bytes(3, legacy=legacy) + extra)
+    with pytest.raises(DataError, match=rf"s\.arrow: {len(extra):,} bytes follow the Arrow IPC stream's "
+                                        r"end-of-stream marker after 30 rows"):
+        records(path)
+    result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 64)
+    assert_one_line_error(result, 1, "bytes follow the Arrow IPC stream's end-of-stream marker")
+    assert_nothing_written(tmp_path)
+
+
 def test_ipc_stream_with_only_a_schema_is_empty_not_truncated(tmp_path):
     path = tmp_path / "s.arrow"
     path.write_bytes(_stream_bytes(0))

@@ -403,9 +403,15 @@ def _complete_stream(path: str, source, reader) -> Iterator[pa.RecordBatch]:
         rows += batch.num_rows
         yield batch
     tail = source.read_at(min(len(_END_OF_STREAM), source.size() - end), end)
-    if not (tail.startswith(_END_OF_STREAM) or tail.startswith(_LEGACY_END_OF_STREAM)):
+    marker = next((m for m in (_END_OF_STREAM, _LEGACY_END_OF_STREAM) if tail.startswith(m)), None)
+    if marker is None:
         raise DataError(f"{path}: Arrow IPC stream ends after {rows:,} rows without its end-of-stream marker "
                         "(truncated?)")
+    # Bytes after the marker (a second stream appended, garbage) would be dropped unread.
+    extra = source.size() - end - len(marker)
+    if extra > 0:
+        raise DataError(f"{path}: {extra:,} bytes follow the Arrow IPC stream's end-of-stream marker after "
+                        f"{rows:,} rows (streams joined together, or a damaged file)")
 
 
 def _select(batch: pa.RecordBatch, fields: list[str]) -> pa.RecordBatch:
