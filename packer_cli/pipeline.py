@@ -43,7 +43,8 @@ from packer_cli._summary import PackSummary, summarize
 from packer_cli.errors import ConfigError, DataError, OutputError
 from packer_cli.plan import plan_packs
 from packer_cli.progress import Progress
-from packer_cli.shards._atomic import check_replaceable, make_temporary, replace_dir, stale_temporaries
+from packer_cli.shards._atomic import (check_replaceable, make_temporary, output_target, replace_dir,
+                                      stale_temporaries)
 from packer_cli.shards._gather import ORDER_FILE, SPILL_FILE, SpillMemory, SpillReader, SpillWriter
 from packer_cli.shards._sink import use_direct_io
 from packer_cli.shards._staged import SPILL_READ_MODES, choose_spill_read, open_spill
@@ -455,6 +456,7 @@ def pack(
     files = discover_inputs(_input_paths(inputs))
     if not dry_run and not out:
         raise ConfigError("an output directory (-o OUT) is required unless --dry-run")
+    out = output_target(out) if out and not dry_run else out
     spill_parent = _check_spill_parent(spill_dir)
     try:
         input_paths = [f.path for f in files]

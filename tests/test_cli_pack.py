@@ -191,6 +191,38 @@ def test_overwrite_refuses_an_out_holding_an_input(tmp_path):
     assert shard.exists()
 
 
+@pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
+def test_an_out_that_is_a_symbolic_link_is_built_where_it_points(tmp_path, fmt):
+    """OUT a link to an earlier output: --overwrite replaces the directory it points to and the
+    link stays (nothing renamed aside is left); a dangling link gets its output where it
+    points; a link loop is a one-line error before anything is read."""
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 6)
+    real, link = tmp_path / "real", tmp_path / "link"
+    assert run("pack", path, "-o", real, "--format", fmt, "--pack-size", "8").exit_code == 0
+    link.symlink_to("real")
+    assert run("pack", path, "-o", link, "--format", fmt).exit_code == 2  # exists: --overwrite needed
+    result = run("pack", path, "-o", link, "--format", fmt, "--overwrite", "--pack-size", "8", "--seed", "7")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl", "link", "real"]
+    assert link.is_symlink() and run("verify", link).exit_code == 0
+    metadata = real / ("metadata.json" if fmt == "native" else "training.metadata.json")
+    assert json.loads(metadata.read_text())["spec"]["seed"] == 7
+
+    (tmp_path / "dangling").symlink_to("later")
+    assert run("pack", path, "-o", tmp_path / "dangling", "--format", fmt).exit_code == 0
+    assert (tmp_path / "later").is_dir() and run("verify", tmp_path / "dangling").exit_code == 0
+
+    (tmp_path / "loop1").symlink_to("loop2")
+    (tmp_path / "loop2").symlink_to("loop1")
+    result = run("pack", path, "-o", tmp_path / "loop1", "--format", fmt)
+    assert result.exit_code == 2 and "is a symbolic link that does not resolve (a loop)" in result.output
+    (tmp_path / "nowhere").symlink_to(tmp_path / "missing" / "out")
+    result = run("pack", path, "-o", tmp_path / "nowhere", "--format", fmt)
+    assert result.exit_code == 2 and "output parent directory does not exist" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "data.jsonl", "later", "link", "loop1",
+                                                           "loop2", "nowhere", "real"]
+
+
 def test_dry_run_and_json(tmp_path):
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 10)
     result = run("pack", path, "--dry-run", "--json", "--pack-size", "6")

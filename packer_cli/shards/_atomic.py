@@ -49,6 +49,23 @@ def signals_held() -> Iterator[None]:
 _TMP = ".tmp-"
 
 
+def output_target(out: str) -> str:
+    """The directory an output named ``out`` is built as: ``out`` itself or, when ``out`` is a
+    symbolic link (to an earlier output, or dangling: to where one is to go), what it points to.
+
+    The temporary sibling and the final rename then happen beside the target, so the link
+    keeps pointing at the output; renaming onto the link itself would replace the link (and,
+    with ``--overwrite``, leave it renamed aside), or fail at the very end on a dangling one.
+    """
+    out = os.path.normpath(out)
+    if not os.path.islink(out):
+        return out
+    target = os.path.realpath(out)
+    if os.path.islink(target):  # realpath leaves a loop unresolved
+        raise ConfigError(f"{out} is a symbolic link that does not resolve (a loop)")
+    return target
+
+
 def make_temporary(out: str) -> str:
     """Create (afresh) and return this process's temporary sibling of ``out``."""
     tmp = f"{os.path.normpath(out)}{_TMP}{os.getpid()}"
