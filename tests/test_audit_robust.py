@@ -154,6 +154,7 @@ def test_native_json_that_is_not_its_object(copy, made, name, text):
 @pytest.mark.parametrize("text,says", [
     (None, "missing"), ("", "cannot read"), ("[{", "cannot read"), ("[]", "holds no entry"),
     ("null", "not a JSON array of dicts"), ("{}", "not a JSON array of dicts"), ("[1, 2]", "not a JSON array of dicts"),
+    ("[" * 100_000 + "]" * 100_000, "cannot read"),
 ])
 def test_bridge_array_missing_or_malformed(copy, made, text, says):
     out = copy("bridge")
@@ -343,3 +344,65 @@ def test_duplicated_shard_entry(copy, made):
     for args in (["verify", out], ["inspect", out]):
         result = run(*args)
         assert result.exit_code == 1 and f"shard {shards[0]['name']} is listed twice" in result.output, result.output
+
+
+# --- files that cannot be read, or are not files --------------------------------------------
+
+@pytest.mark.parametrize("kind,name,says", [
+    ("native", "metadata.json", "not a regular file"), ("native", "manifest.json", "not a regular file"),
+    ("bridge", "training.metadata.json", "no 'training' split here"),  # a split is a regular metadata file
+    ("bridge", "training.manifest.json", "not a regular file"), ("bridge", ARRAY, f"{ARRAY}: missing")])
+def test_a_fifo_in_place_of_a_json_file_is_a_finding_not_a_hang(copy, made, kind, name, says):
+    """A FIFO would block the reader forever (no writer ever comes): it is opened without
+    blocking and reported as not a regular file. Run as processes, so a hang fails by timeout."""
+    import os
+    import subprocess
+    import sys
+
+    out = copy(kind)
+    (out / name).unlink()
+    os.mkfifo(out / name)
+    pick = ["--split", "training"] if kind == "bridge" else []
+    for command in ("verify", "inspect"):
+        result = subprocess.run([sys.executable, "-m", "packer_cli.cli", command, str(out), *pick],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1, (command, result.stdout, result.stderr)
+        assert says in result.stdout + result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_unlistable_output_directory_is_a_one_line_error(copy, monkeypatch):
+    import os
+
+    out = copy("native")
+    listdir = os.listdir
+
+    def refuse(path="."):
+        if os.path.abspath(path) == str(out):
+            raise PermissionError(13, "Permission denied")
+        return listdir(path)
+
+    monkeypatch.setattr(os, "listdir", refuse)
+    for command in ("verify", "inspect"):
+        result = run(command, out)
+        assert result.exit_code == 2 and "cannot list the directory (Permission denied)" in result.output, \
+            result.output
+        assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_shard_that_cannot_be_read_is_a_finding(copy, made, monkeypatch):
+    from packer_cli.audit import verify
+
+    out = copy("native")
+    first = _shards(out)[0]["name"]
+    checksum = verify.file_checksum
+
+    def refuse(path):
+        if path.endswith(first):
+            raise PermissionError(13, "Permission denied")
+        return checksum(path)
+
+    monkeypatch.setattr(verify, "file_checksum", refuse)
+    result = run("verify", out)
+    assert result.exit_code == 1, result.output
+    assert f"{first}: cannot be read (Permission denied) [shard.unreadable]" in result.output
+    assert result.output.count("[shard.unreadable]") == 1  # the rows of a file that cannot be read are not tried

@@ -81,7 +81,10 @@ def check_layout(out: str, sink: FindingSink, split: str | None = None) -> Layou
 
     Raises :class:`ConfigError` only when ``out`` is not a packer output at all.
     """
-    listing = os.listdir(out)
+    try:
+        listing = os.listdir(out)
+    except OSError as exc:
+        raise ConfigError(f"{out}: cannot list the directory ({exc.strerror or exc})") from None
     store, meta, entries = _open_output(out, listing, sink, split)
     if store is not None:  # findings name this output's JSON files (a Bridge split's own)
         sink.files.update({METADATA_FILE: store.metadata_name, MANIFEST_FILE: store.manifest_name})

@@ -37,7 +37,7 @@ from packer_cli.errors import DataError
 from packer_cli._arrow import bits_to_numpy
 from packer_cli.shards.format import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA,
                                       READABLE_VERSIONS, READABLE_VERSIONS_TEXT, is_readable_version, pack_schema,
-                                      shard_name)
+                                      read_json_value, shard_name)
 from packer_cli.shards.reader import PackRow
 
 COLUMNS = tuple(PACK_SCHEMA.names)
@@ -84,11 +84,12 @@ class PackBatch:
 def read_json_file(path: str) -> dict:
     """A JSON object from ``path``; :class:`DataError` names the file when it is not one."""
     try:
-        with open(path, "rb") as f:
-            record = orjson.loads(f.read())
+        record = read_json_value(path)
     except FileNotFoundError:
         raise DataError(f"{os.path.basename(path)}: missing") from None
-    except (OSError, orjson.JSONDecodeError) as exc:
+    except OSError as exc:
+        raise DataError(f"{os.path.basename(path)}: cannot be read ({exc.strerror or exc})") from None
+    except orjson.JSONDecodeError as exc:
         raise DataError(f"{os.path.basename(path)}: empty or corrupted JSON ({exc})") from None
     if not isinstance(record, dict):
         raise DataError(f"{os.path.basename(path)}: expected a JSON object, got {type(record).__name__}")

@@ -93,13 +93,19 @@ class VerifyReport:
         return render_verify(self)
 
 
-def _check_shard_checksum(out: str, entry: dict, manifest_name: str, sink: FindingSink) -> None:
-    """``shard.checksum``: the file's xxh3_64 is the manifest's (a byte changed anywhere)."""
+def _check_shard_checksum(out: str, entry: dict, manifest_name: str, sink: FindingSink) -> bool:
+    """``shard.checksum``: the file's xxh3_64 is the manifest's (a byte changed anywhere).
+    False when the file cannot be read at all (``shard.unreadable``)."""
     if isinstance(entry.get("xxh3_64"), str):
-        digest = file_checksum(os.path.join(out, entry["name"]))
+        try:
+            digest = file_checksum(os.path.join(out, entry["name"]))
+        except OSError as exc:
+            sink.add("shard.unreadable", f"cannot be read ({exc.strerror or exc})", shard=entry["name"])
+            return False
         if digest != entry["xxh3_64"]:
             sink.add("shard.checksum", f"xxh3_64 is {digest} but {manifest_name} records {entry['xxh3_64']} "
                      f"(the file changed after it was written)", shard=entry["name"])
+    return True
 
 
 def _check_shard_rows(store, entry, first_pack, lim, sink, seqs, spec, out):
@@ -164,8 +170,8 @@ def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20
         for entry in entries:
             if os.path.isfile(os.path.join(out, entry["name"])):  # shard.missing otherwise
                 report.bytes += os.path.getsize(os.path.join(out, entry["name"]))
-                _check_shard_checksum(out, entry, store.manifest_name, sink)
-                if lim is not None:
+                readable = _check_shard_checksum(out, entry, store.manifest_name, sink)
+                if lim is not None and readable:
                     part, tokens = _check_shard_rows(store, entry, first_pack, lim, sink, seqs, meta["spec"], out)
                     report.tokens += tokens
                     if part is not None:

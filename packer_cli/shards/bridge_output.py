@@ -27,7 +27,7 @@ from packer_cli.errors import ConfigError, DataError
 from packer_cli.shards._atomic import check_replaceable, make_temporary, replace_dir, signals_held
 from packer_cli.shards import _staged
 from packer_cli.spec import is_int
-from packer_cli.shards.format import is_output_file_name, seal_metadata, write_json
+from packer_cli.shards.format import is_output_file_name, read_json_value, seal_metadata, write_json
 from packer_cli.shards.bridge import (
     BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PARQUET_ENCODING_NAMES, SPLITS, bridge_metadata_name, data_name,
     default_row_group_size, is_layout_name, layout_files, layout_pack_sizes, split_manifest_name,
@@ -37,9 +37,8 @@ from packer_cli.shards.bridge import (
 
 def _read_json(path: str):
     try:
-        with open(path, "rb") as f:
-            return json.loads(f.read())
-    except (OSError, ValueError) as exc:
+        return read_json_value(path)
+    except (OSError, ValueError) as exc:  # orjson's decode error is a ValueError
         raise DataError(f"{path}: cannot read ({exc})") from None
 
 

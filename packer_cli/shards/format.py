@@ -9,6 +9,7 @@ Defined once here; docs/FORMAT.md describes it for humans. An output directory h
 """
 from __future__ import annotations
 
+import os
 import re
 
 import pyarrow as pa
@@ -35,6 +36,26 @@ def metadata_checksum(meta: dict) -> str:
 
     body = {k: v for k, v in meta.items() if k != "checksum"}
     return xxhash.xxh3_64_hexdigest(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
+
+
+def read_json_value(path: str):
+    """The JSON value in the regular file at ``path`` (orjson: nesting past 1,024 levels is a
+    decode error, not a RecursionError).
+
+    Raises ``OSError`` (``FileNotFoundError`` when there is no such file; also for a FIFO, a
+    device or a directory, which the file is opened non-blocking to find out: reading a FIFO
+    without a writer would wait forever) or ``orjson.JSONDecodeError``; callers word them.
+    """
+    import errno
+    import stat
+
+    import orjson
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        return orjson.loads(f.read())
 
 
 def write_json(path: str, obj) -> None:

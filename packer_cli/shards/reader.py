@@ -17,7 +17,7 @@ import pyarrow as pa
 from packer_cli.errors import DataError
 from packer_cli._arrow import bitmap_of, unpack_bits
 from packer_cli.shards.format import (FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA, READABLE_VERSIONS_TEXT,
-                                      is_readable_version)
+                                      is_readable_version, read_json_value)
 
 COLUMNS = PACK_SCHEMA.names
 
@@ -47,10 +47,11 @@ def first_line(exc: BaseException) -> str:
 
 def read_json(path: str) -> dict:
     try:
-        with open(path, "rb") as f:
-            return orjson.loads(f.read())
+        return read_json_value(path)
     except FileNotFoundError:
         raise DataError(f"{path}: missing") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     except orjson.JSONDecodeError as exc:
         raise DataError(f"{path}: empty or corrupted JSON ({exc})") from None
 
