@@ -126,7 +126,8 @@ def _bridge_output(out_format: OutputFormat, split, eos_id, row_group_size, parq
         given = [name for name, v in (("--split", split), ("--eos-id", eos_id), ("--row-group-size", row_group_size),
                                       ("--parquet-encoding", parquet_encoding)) if v is not None]
         if given:
-            raise ConfigError(f"{', '.join(given)} only apply to --format megatron-bridge")
+            raise ConfigError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} only to "
+                              "--format megatron-bridge")
         return None
     from packer_cli.shards.bridge_output import BridgeOutput
 

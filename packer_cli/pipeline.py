@@ -326,7 +326,8 @@ def _check_spill_parent(spill_parent: str | None) -> str | None:
         return None
     spill_parent = os.path.abspath(spill_parent)
     if not os.path.isdir(spill_parent):
-        raise ConfigError(f"{spill_parent}: spill directory does not exist")
+        what = "is not a directory" if os.path.exists(spill_parent) else "does not exist"
+        raise ConfigError(f"{spill_parent}: spill directory {what}")
     return spill_parent
 
 

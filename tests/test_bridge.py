@@ -515,9 +515,10 @@ def test_cli_options(small, tmp_path):
     assert "validation_512.idx.parquet" in result.output and "--eos-id" in result.output
     assert (tmp_path / "out" / "validation_512.idx.parquet").exists()
     result = runner.invoke(app, ["pack", str(small), "-o", str(tmp_path / "n"), "--split", "validation"])
-    assert result.exit_code == 2 and "only apply to --format megatron-bridge" in result.output
-    result = runner.invoke(app, ["pack", str(small), "-o", str(tmp_path / "n"), "--parquet-encoding", "split-zstd"])
-    assert result.exit_code == 2 and "--parquet-encoding only apply" in result.output
+    assert result.exit_code == 2 and "--split applies only to --format megatron-bridge" in result.output
+    result = runner.invoke(app, ["pack", str(small), "-o", str(tmp_path / "n"), "--parquet-encoding", "split-zstd",
+                                 "--eos-id", "1"])
+    assert result.exit_code == 2 and "--eos-id, --parquet-encoding apply only to" in result.output
     result = runner.invoke(app, ["pack", str(small), "-o", str(tmp_path / "s"), "--pack-size", "512",
                                  "--format", "megatron-bridge", "--parquet-encoding", "split-zstd"])
     assert result.exit_code == 0, result.output

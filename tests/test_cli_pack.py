@@ -478,6 +478,10 @@ def test_missing_spill_dir_exits_2_before_anything_is_written(synthetic_parquet,
     result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--spill-dir", tmp_path / "nowhere")
     assert result.exit_code == 2, result.output
     assert result.output.strip() == f"error: {tmp_path / 'nowhere'}: spill directory does not exist"
+    (tmp_path / "file").write_text("")
+    result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--spill-dir", tmp_path / "file")
+    assert result.exit_code == 2 and result.output.strip() == f"error: {tmp_path / 'file'}: spill directory is not " \
+        "a directory", result.output
     assert_nothing_written(tmp_path)
 
 
