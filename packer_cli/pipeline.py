@@ -48,6 +48,7 @@ from packer_cli.shards._atomic import (check_replaceable, make_temporary, output
 from packer_cli.shards._gather import ORDER_FILE, SPILL_FILE, SpillMemory, SpillReader, SpillWriter
 from packer_cli.shards._sink import use_direct_io
 from packer_cli.shards._staged import SPILL_READ_MODES, choose_spill_read, open_spill
+from packer_cli.shards.bridge import is_layout_name
 from packer_cli.shards.bridge_output import BridgeOutput
 from packer_cli.shards.format import (
     FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, is_output_file_name, seal_metadata, write_json,
@@ -398,8 +399,8 @@ def _prepare_out(out: str, overwrite: bool, inputs: list[str]) -> str:
         raise ConfigError(f"{out} already exists; pass --overwrite to replace it")
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(f"{out} exists and is not a directory")
-    if os.path.exists(out):
-        check_replaceable(out, inputs, is_output_file_name)
+    if os.path.exists(out):  # a native output, or a Bridge layout being replaced by one
+        check_replaceable(out, inputs, lambda name: is_output_file_name(name) or is_layout_name(name))
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):
         raise ConfigError(f"{parent}: output parent directory does not exist")

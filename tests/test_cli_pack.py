@@ -181,6 +181,17 @@ def test_overwrite_replaces_only_a_packer_output(tmp_path):
     assert (out / "extra.txt").exists() and (out / "metadata.json").exists()
 
 
+@pytest.mark.parametrize("first,second", [("native", "megatron-bridge"), ("megatron-bridge", "native")])
+def test_overwrite_replaces_packer_output_of_either_format(tmp_path, first, second):
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 6)
+    out = tmp_path / "out"
+    assert run("pack", path, "-o", out, "--format", first).exit_code == 0
+    result = run("pack", path, "-o", out, "--format", second, "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert (out / "metadata.json").exists() == (second == "native")
+    assert run("verify", out).exit_code == 0
+
+
 def test_overwrite_refuses_an_out_holding_an_input(tmp_path):
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
     out = tmp_path / "out"
