@@ -96,6 +96,26 @@ def test_overlong_error_names_the_sample(synthetic_parquet, tmp_path):
     assert not any(tmp_path.iterdir()), "nothing may be written on error"
 
 
+def test_overlong_error_in_json_lines_names_the_line(tmp_path):
+    """JSON Lines errors name physical lines (blank lines are not records): the over-long record
+    here is record 2 on line 5, and verify --source names the same line for it."""
+    from packer_cli.audit.verify import verify_output
+    from packer_cli.errors import DataError
+
+    path = tmp_path / "d.jsonl"
+    long = {"input_ids": list(range(1, 40)), "loss_mask": [1] * 39}
+    short = {"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}
+    path.write_bytes(b"\n".join([orjson.dumps(short), b"", orjson.dumps(short), b"  ", orjson.dumps(long)]) + b"\n")
+    with pytest.raises(DataError, match=r"d\.jsonl: line 5: sample has 38 runtime tokens"):
+        pack([str(path)], str(tmp_path / "out"), PackSpec(pack_size=16, overlong=OverlongPolicy.ERROR))
+    pack([str(path)], str(tmp_path / "out"), PackSpec(pack_size=16, overlong=OverlongPolicy.DROP))
+    assert verify_output(str(tmp_path / "out"), [str(path)]).ok
+    changed = dict(short, input_ids=[1, 2, 4])  # the second record (line 3) differs from what was packed
+    path.write_bytes(b"\n".join([orjson.dumps(short), b"", orjson.dumps(changed), b"  ", orjson.dumps(long)]) + b"\n")
+    report = verify_output(str(tmp_path / "out"), [str(path)])
+    assert any("d.jsonl: line 3" in f.message for f in report.findings), [f.message for f in report.findings]
+
+
 @pytest.mark.parametrize("cp,tp,sp,m", [(1, 1, False, 1), (2, 1, False, 4), (1, 4, True, 4), (2, 2, True, 4),
                                         (2, 8, True, 16), (4, 4, True, 16), (3, 1, False, 6)])
 def test_padded_lengths_are_multiples_of_m(synthetic_parquet, tmp_path, cp, tp, sp, m):

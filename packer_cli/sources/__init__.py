@@ -16,7 +16,7 @@ from typing import Iterator
 from packer_cli.errors import DataError
 from packer_cli.sources.discover import InputFile, discover_inputs
 from packer_cli.sources.normalize import SampleBatch, Supervision, detect_supervision, normalize_batch
-from packer_cli.sources.readers import arrow_field_names, jsonl_field_names, read_file
+from packer_cli.sources.readers import arrow_field_names, jsonl_field_names, read_file, read_jsonl
 from packer_cli.spec import SourceSpec
 
 __all__ = ["InputFile", "SampleBatch", "SampleStream", "Supervision", "discover_inputs"]
@@ -81,8 +81,23 @@ class SampleStream:
                 raise DataError(f"{file.path}: empty input (no records)")
 
     def locate(self, source_index: int) -> str:
-        """'path: row R' for a source index (used in error messages)."""
+        """'path: line L' (JSON Lines) or 'path: row R' for a source index (used in error messages)."""
         for seg in self.segments:
             if seg.first_index <= source_index < seg.first_index + seg.count:
-                return f"{seg.path}: row {seg.first_row + source_index - seg.first_index}"
+                row = seg.first_row + source_index - seg.first_index
+                line = self._jsonl_line(seg.path, row)
+                return f"{seg.path}: line {line}" if line is not None else f"{seg.path}: row {row}"
         return f"source index {source_index}"
+
+    def _jsonl_line(self, path: str, row: int) -> int | None:
+        """The line holding record ``row`` of a JSON Lines input, as its other errors name it
+        (blank lines are not records); the file is read again, which only an error message asks."""
+        if not any(f.format == "jsonl" and f.path == path for f in self.files):
+            return None
+        try:
+            for raw in read_jsonl(path, [self.spec.tokens_field], set()):
+                if row < raw.row0 + raw.batch.num_rows:
+                    return int(raw.lines[row - raw.row0])
+        except Exception:  # noqa: BLE001 - the row then names it
+            return None
+        return None
