@@ -182,15 +182,21 @@ def inspect_command(
     try:
         reports = {s: inspect_output(out, pack=pack, split=s) for s in _splits_to_audit(out, split)}
     except InconsistentOutput as exc:
-        if json_out:  # a pipeline reading stdout gets the findings, not just an empty page
-            import orjson
-
-            doc = {"error": str(exc), "findings": [f.to_dict() for f in exc.findings]}
-            sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
-        fail(exc)
+        _fail_audit(exc, json_out, out, findings=[f.to_dict() for f in exc.findings])
     except PackerError as exc:
-        fail(exc)
+        _fail_audit(exc, json_out, out)
     _print_reports(reports, json_out, Console())
+
+
+def _fail_audit(exc: PackerError, json_out: bool, out: str, **extra) -> None:
+    """:func:`fail`; with ``--json``, stdout gets ``{out, ok: false, exit_code, error, ...}`` too,
+    so a pipeline reading stdout gets a document whatever went wrong, not an empty page."""
+    if json_out:
+        import orjson
+
+        doc = {"out": out, "ok": False, "exit_code": exc.exit_code, "error": str(exc), **extra}
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+    fail(exc)
 
 
 @app.command("verify")
@@ -207,12 +213,13 @@ def verify_command(
 
     splits = _splits_to_audit(out, split)
     if source and len(splits) > 1:
-        fail(ConfigError(f"{out} holds the splits {', '.join(splits)}; with --source name the one it fed (--split)"))
+        _fail_audit(ConfigError(f"{out} holds the splits {', '.join(splits)}; with --source name the one it fed "
+                                "(--split)"), json_out, out)
     light_cache_loads()
     try:
         reports = {s: verify_output(out, sources=source, limit=max(1, limit), split=s) for s in splits}
     except PackerError as exc:
-        fail(exc)
+        _fail_audit(exc, json_out, out)
     _print_reports(reports, json_out, Console(highlight=False, soft_wrap=True))
     raise typer.Exit(max(r.exit_code for r in reports.values()))
 

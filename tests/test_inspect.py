@@ -202,6 +202,25 @@ def test_errors_exit_codes(synth, tmp_path):
     assert result.exit_code == 1 and "metadata.json: empty or corrupted JSON" in result.output
 
 
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_json_failures_still_print_a_document(synth, tmp_path, command):
+    """--json: whatever stops the command (not an output, an unreadable shard), stdout holds one
+    JSON document with ``ok: false``, the exit code and the error line."""
+    broken = tmp_path / "broken"
+    shutil.copytree(synth[1], broken)
+    shard = sorted(broken.glob("packs-*.arrow"))[0]
+    raw = bytearray(shard.read_bytes())
+    raw[-20] ^= 0xFF  # inside the Arrow footer
+    shard.write_bytes(bytes(raw))
+    for out, code in ((tmp_path / "nothing", 2), (tmp_path, 2), (broken, 1)):
+        result = runner.invoke(app, [command, str(out), "--json"])
+        assert result.exit_code == code, result.output
+        doc = json.loads(result.stdout)
+        assert doc["ok"] is False and doc["exit_code"] == code and doc["out"] == str(out), doc
+        if command == "inspect" or code == 2:
+            assert doc["error"] and "\n" not in doc["error"], doc
+
+
 def test_json_of_an_inconsistent_output_lists_the_findings(synth, tmp_path):
     """With --json a pipeline reading stdout gets the failed checks, not an empty page."""
     out = tmp_path / "copy"
