@@ -11,6 +11,12 @@ undoes :func:`packer_cli.shards.bridge_writer.to_bridge_rows` with the ``packer_
              last_token = x5 = stored[s];  loss_mask = stored loss_mask[0:p]
 
 Like Bridge's own reader, it decodes one Parquet row group at a time and keeps the last one.
+
+Nothing in a file is taken on trust: :func:`schema_problem` checks its columns, their types and
+its schema metadata when it is opened, and :func:`native_columns` checks the rows it converts
+(no nulls; each column's per-row lengths those of ``input_ids`` or ``seq_start_id``; starts that
+begin at 0, increase and stay inside the row), raising :class:`BridgeRowError` naming the first
+bad row; the audit also has it check Bridge's stored padding (``check_padding``).
 """
 from __future__ import annotations
 
@@ -27,7 +33,21 @@ from packer_cli.shards.bridge import (
 )
 from packer_cli.shards.reader import PackedReader, PackRow, check_layout_for_reading, first_line, read_json
 
+#: The split file's columns and the value types of their lists, the writer's first: those of
+#: ``bridge_writer.BRIDGE_SCHEMA`` (a test holds them equal; that module loads the compiler, which
+#: a data-loader reading a split never needs). packer 0.2.0 stored ids and starts as int64.
+COLUMN_TYPES = {
+    "input_ids": (pa.int32(), pa.int64()),
+    "loss_mask": (pa.int8(),),
+    "seq_start_id": (pa.int32(), pa.int64()),
+    "packer_seq_lens": (pa.int32(),),
+    "packer_source_index": (pa.int64(),),
+    "packer_source_offset": (pa.int32(),),
+}
 COLUMNS = BRIDGE_COLUMNS + PACKER_COLUMNS
+assert tuple(COLUMN_TYPES) == COLUMNS
+#: ``recorded_eos`` of a split metadata that records no usable ``output.eos_id``
+UNKNOWN = object()
 
 
 def resolve_split(out_dir: str, split: str | None) -> str:
@@ -94,35 +114,235 @@ def pad_id_of(metadata: dict) -> int:
     return pad_id
 
 
-def native_columns(table: pa.Table, pad_id: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _type_text(t: pa.DataType) -> str:
+    """A column type in a few characters (``list<int32>``; a long nested type cut short)."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return f"{'large_' if pa.types.is_large_list(t) else ''}list<{_type_text(t.value_type)}>"
+    text = str(t)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _meta_text(value: bytes | None) -> str:
+    if value is None:
+        return "missing"
+    text = value.decode("utf-8", "replace")
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def _eos_of(value: bytes | None):
+    """The EOS id a split file's ``eos_id`` schema metadata holds (None for ``''``); UNKNOWN when
+    it holds something the writer never writes."""
+    if value == b"":
+        return None
+    if value is None or not value.isdigit() or str(int(value)).encode() != value or int(value) >= 2**31:
+        return UNKNOWN
+    return int(value)
+
+
+def file_eos(schema: pa.Schema) -> int | None:
+    """The EOS id recorded in a split file's schema metadata (check it with :func:`schema_problem`)."""
+    eos = _eos_of((schema.metadata or {}).get(b"eos_id"))
+    return None if eos is UNKNOWN else eos
+
+
+def recorded_eos(metadata: dict | None):
+    """The EOS id (or None) the split's metadata records as ``output.eos_id``; UNKNOWN if it does
+    not record a usable one (``metadata.schema`` reports that)."""
+    output = metadata.get("output") if isinstance(metadata, dict) else None
+    if not isinstance(output, dict) or "eos_id" not in output:
+        return UNKNOWN
+    eos = output["eos_id"]
+    return eos if eos is None or type(eos) is int else UNKNOWN
+
+
+def schema_problem(schema: pa.Schema, metadata: dict | None = None,
+                   metadata_name: str = "the split metadata") -> str | None:
+    """Why a split file's Arrow ``schema`` is not one packer writes (one short line), or None.
+
+    Its columns are :data:`COLUMNS` in that order, each a list of one of its :data:`COLUMN_TYPES`;
+    its key-value metadata names the format and version, and an EOS id (``''``: none) that is the
+    one ``metadata`` (the split's) records as ``output.eos_id``, where it records one.
+    """
+    head = f"schema differs from the {BRIDGE_FORMAT} version {BRIDGE_FORMAT_VERSION} schema"
+    names = list(schema.names)
+    missing = [c for c in COLUMNS if c not in names]
+    extra = [n if len(n) <= 40 else n[:37] + "..." for n in names if n not in COLUMN_TYPES]
+    if missing or extra:
+        some = lambda cols: ", ".join(cols[:3]) + (f" and {len(cols) - 3} more" if len(cols) > 3 else "")  # noqa: E731
+        parts = [f"missing column{'s' if len(missing) > 1 else ''} {some(missing)}"] if missing else []
+        parts += [f"unexpected column{'s' if len(extra) > 1 else ''} {some(extra)}"] if extra else []
+        return f"{head}: {'; '.join(parts)}"
+    if len(names) != len(COLUMNS):
+        twice = next(n for n in names if names.count(n) > 1)
+        return f"{head}: column {twice} appears {names.count(twice)} times"
+    if names != list(COLUMNS):
+        i = next(i for i, (got, want) in enumerate(zip(names, COLUMNS)) if got != want)
+        return f"{head}: column {i} is {names[i]}, expected {COLUMNS[i]}"
+    for field in schema:
+        t, types = field.type, COLUMN_TYPES[field.name]
+        if not (pa.types.is_list(t) and t.value_type in types):
+            expected = " or ".join(f"list<{v}>" for v in types)
+            return f"{head}: column {field.name} is {_type_text(t)}, expected {expected}"
+    meta = schema.metadata or {}
+    for key, want in (("packer_format", BRIDGE_FORMAT), ("packer_format_version", str(BRIDGE_FORMAT_VERSION))):
+        if meta.get(key.encode()) != want.encode():
+            return f"schema metadata {key} is {_meta_text(meta.get(key.encode()))}, expected {want!r}"
+    eos, recorded = _eos_of(meta.get(b"eos_id")), recorded_eos(metadata)
+    if eos is UNKNOWN:
+        return f"schema metadata eos_id is {_meta_text(meta.get(b'eos_id'))}, expected an id or ''"
+    if recorded is not UNKNOWN and recorded != eos:
+        return (f"schema metadata eos_id is {_meta_text(meta.get(b'eos_id'))}, but {metadata_name} records "
+                f"output.eos_id {recorded}")
+    return None
+
+
+class BridgeRowError(ValueError):
+    """A row :func:`native_columns` cannot convert: ``row`` counts from the table's first row."""
+
+    def __init__(self, row: int, reason: str):
+        self.row, self.reason = int(row), reason
+        super().__init__(f"row {self.row}: {reason}")
+
+
+def _first(flags) -> int:
+    """Index of the first true entry of a boolean pyarrow array (there is one)."""
+    return int(np.flatnonzero(flags.to_numpy(zero_copy_only=False))[0])
+
+
+def _row_of(offsets: np.ndarray, position) -> int:
+    return int(np.searchsorted(offsets, position, side="right") - 1)
+
+
+def _list_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """A list column's flat values and int64 offsets, both from 0 (a sliced table's too);
+    :class:`BridgeRowError` for a null row or value (NumPy would turn the values to floats)."""
+    arr = table.column(name).combine_chunks()
+    if arr.null_count:
+        raise BridgeRowError(_first(arr.is_null()), f"{name} is null")
+    offsets = np.asarray(arr.offsets).astype(np.int64)
+    start = int(offsets[0])
+    values = arr.values.slice(start, int(offsets[-1]) - start)
+    if start:
+        offsets -= start
+    if values.null_count:
+        raise BridgeRowError(_row_of(offsets, _first(values.is_null())), f"{name} holds a null value")
+    return np.asarray(values), offsets
+
+
+def _check_lengths(cols: dict) -> None:
+    """Every row of ``loss_mask`` has ``input_ids``' length, of each packer column ``seq_start_id``'s."""
+    for name, like, what in (("loss_mask", "input_ids", "values"),
+                             *((col, "seq_start_id", "entries") for col in PACKER_COLUMNS)):
+        offsets, reference = cols[name][1], cols[like][1]
+        if not np.array_equal(offsets, reference):  # both from 0, one entry a row more than rows
+            n, m = np.diff(offsets), np.diff(reference)
+            r = int(np.flatnonzero(n != m)[0])
+            raise BridgeRowError(r, f"{name} has {n[r]} {what} but {like} has {m[r]}")
+
+
+def _check_starts(starts: np.ndarray, seq_off: np.ndarray, row_len: np.ndarray) -> None:
+    """Each row's ``seq_start_id`` is non-empty, starts at 0, increases and stays inside the row
+    (so every sequence has a stored slot); :class:`BridgeRowError` names the first row that fails."""
+    counts = np.diff(seq_off)
+    if not counts.all():
+        raise BridgeRowError(int(np.flatnonzero(counts == 0)[0]), "seq_start_id is empty (every row holds a sequence)")
+    problems = []
+    head = starts[seq_off[:-1]]
+    if head.any():
+        r = int(np.flatnonzero(head)[0])
+        problems.append((r, f"seq_start_id starts at {head[r]}, not 0"))
+    down = np.diff(starts) <= 0
+    down[seq_off[1:-1] - 1] = False  # a row's first start after the previous row's last
+    if down.any():
+        j = int(np.flatnonzero(down)[0])
+        r = _row_of(seq_off, j + 1)
+        problems.append((r, f"seq_start_id is not increasing: {starts[j]} then {starts[j + 1]} at seq "
+                            f"{j + 1 - seq_off[r]}"))
+    tail = starts[seq_off[1:] - 1]
+    beyond = tail >= row_len
+    if beyond.any():
+        r = int(np.flatnonzero(beyond)[0])
+        problems.append((r, f"seq_start_id {tail[r]} at seq {counts[r] - 1} is beyond the row's {row_len[r]} "
+                            f"stored slots"))
+    if problems:
+        raise BridgeRowError(*min(problems, key=lambda problem: problem[0]))
+
+
+def _check_ids(ids: np.ndarray, row_off: np.ndarray) -> None:
+    """int64 ids (packer 0.2.0's files) fit the native int32 tokens."""
+    if ids.dtype != np.int32 and ids.size:
+        wide = (ids < -2**31) | (ids >= 2**31)
+        if wide.any():
+            j = int(np.flatnonzero(wide)[0])
+            raise BridgeRowError(_row_of(row_off, j), f"input_ids holds id {ids[j]}, beyond int32")
+
+
+def _check_stored_padding(ids, loss, a, b, s, sound, eos, seq_off, row_of_seq) -> None:
+    """Bridge's stored padding: its ``p - s`` slots after each sequence's last label hold the EOS id
+    (0 without one) and the sequence's final slot has no loss. Bridge's loader feeds those slots to
+    the model; the native columns hold ``pad_id`` there and drop the final slot, so the pack checks
+    cannot see them. Sequences whose real length is not ``1 <= s <= p`` are left to ``pack.lengths``."""
+    fill = 0 if eos is None else eos
+    found = []
+    final = loss[b - 1]
+    if final.any():
+        k = int(np.flatnonzero(final)[0])
+        found.append((k, f"loss_mask is {final[k]} on the final stored slot, expected 0"))
+    pads = np.where(sound, b - a - 1 - s, 0)
+    total = int(pads.sum())
+    if total:
+        ends = np.cumsum(pads)
+        slots = np.repeat(a + s + 1 - (ends - pads), pads) + np.arange(total)
+        wrong = ids[slots] != fill
+        if wrong.any():
+            j = int(np.flatnonzero(wrong)[0])
+            expected = f"the eos id {eos}" if eos is not None else "0 (the file records no eos id)"
+            found.append((int(np.searchsorted(ends, j, side="right")),
+                          f"input_ids holds {ids[slots[j]]} in the stored padding, expected {expected}"))
+    if found:
+        k, message = min(found, key=lambda problem: problem[0])
+        r = int(row_of_seq[k])
+        raise BridgeRowError(r, f"seq {k - seq_off[r]}: {message}")
+
+
+def native_columns(table: pa.Table, pad_id: int, *, check_padding: bool = False,
+                   eos: int | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The native columns (``values``, int64 ``offsets``) of all packs in ``table``, vectorized.
 
-    ``table`` holds Bridge rows with packer's columns (one decoded row group, say). Sequence k
-    spans stored ``[a_k, b_k)``; its runtime length is ``p_k = b_k - a_k - 1``.
+    ``table`` holds Bridge rows with packer's columns (one decoded row group, say), of the types
+    :func:`schema_problem` accepts. Sequence k spans stored ``[a_k, b_k)``; its runtime length is
+    ``p_k = b_k - a_k - 1``. Rows that cannot be converted (nulls, per-row lengths that disagree,
+    a damaged ``seq_start_id``) raise :class:`BridgeRowError` naming the first; a real length
+    outside ``0..p`` is kept in ``seq_lens`` for the pack checks (``pack.lengths``) and clipped
+    for the conversion. ``check_padding`` also checks the stored padding against ``eos``.
     """
-    cols = {}
-    for name in COLUMNS:
-        arr = table.column(name).combine_chunks()
-        cols[name] = (np.asarray(arr.values), np.asarray(arr.offsets).astype(np.int64))
+    cols = {name: _list_column(table, name) for name in COLUMNS}
+    _check_lengths(cols)
     ids, row_off = cols["input_ids"]
     starts, seq_off = cols["seq_start_id"]
+    starts = starts.astype(np.int64, copy=False)
     n_rows = row_off.size - 1
+    _check_starts(starts, seq_off, np.diff(row_off))
+    _check_ids(ids, row_off)
     counts = np.diff(seq_off)
     row_of_seq = np.repeat(np.arange(n_rows), counts)
-    first = seq_off[:-1] - seq_off[0]
-    a = starts[seq_off[0]:seq_off[-1]].astype(np.int64) + row_off[:-1][row_of_seq]
+    first = seq_off[:-1]
+    a = starts + row_off[:-1][row_of_seq]
     b = np.empty_like(a)
     b[:-1] = a[1:]
     b[first + counts - 1] = row_off[1:]                # a row's last sequence ends with the row
-    p = b - a - 1
-    s = cols["packer_seq_lens"][0][seq_off[0]:seq_off[-1]].astype(np.int64)
+    p = b - a - 1                                      # >= 0: the starts increase inside their rows
+    real = cols["packer_seq_lens"][0].astype(np.int64)
+    within = (real >= 0) & (real <= p)
+    s = real if within.all() else np.clip(real, 0, p)  # the pack checks report the real ones
+    if check_padding:
+        _check_stored_padding(ids, cols["loss_mask"][0], a, b, s, within & (real >= 1), eos, seq_off, row_of_seq)
     P = np.concatenate([[0], np.cumsum(p)])
     # The runtime stream is the stored one without each sequence's last slot (its last label):
     # a boolean compress, not a gather (no per-token index arrays).
-    lo, hi = int(row_off[0]), int(row_off[-1])
-    keep = np.ones(hi - lo, dtype=bool)
-    keep[b - 1 - lo] = False
-    tokens = ids[lo:hi][keep].astype(np.int32, copy=False)
+    keep = np.ones(ids.size, dtype=bool)
+    keep[b - 1] = False
+    tokens = ids[keep].astype(np.int32, copy=False)
     pads = p - s  # alignment padding, stored as EOS: the native stream holds pad_id there
     if pads.any():
         first_pad = P[:-1] + s
@@ -132,15 +352,14 @@ def native_columns(table: pa.Table, pad_id: int) -> dict[str, tuple[np.ndarray, 
     cu_len = counts + 1
     cu_idx = np.arange(int(cu_len.sum())) - np.repeat(cu_off, cu_len) + np.repeat(first, cu_len)
     cu = (P[cu_idx] - np.repeat(P[first], cu_len)).astype(np.int32)
-    seq_offsets = np.concatenate([[0], np.cumsum(counts)])
-    per_seq = lambda name, dtype: (cols[name][0][seq_off[0]:seq_off[-1]].astype(dtype), seq_offsets)  # noqa: E731
-    token_offsets = P[seq_offsets]
+    per_seq = lambda name, dtype: (cols[name][0].astype(dtype), seq_off)  # noqa: E731
+    token_offsets = P[seq_off]
     return {
         "tokens": (tokens, token_offsets),
-        "loss_mask": (cols["loss_mask"][0][lo:hi][keep].astype(np.uint8, copy=False), token_offsets),
-        "cu_seqlens": (cu, seq_offsets + np.arange(n_rows + 1)),
-        "seq_lens": (s.astype(np.int32), seq_offsets),
-        "last_token": (ids[a + s].astype(np.int32), seq_offsets),
+        "loss_mask": (cols["loss_mask"][0][keep].view(np.uint8), token_offsets),
+        "cu_seqlens": (cu, seq_off + np.arange(n_rows + 1)),
+        "seq_lens": (real.astype(np.int32), seq_off),
+        "last_token": (ids[a + s].astype(np.int32), seq_off),
         "source_index": per_seq("packer_source_index", np.int64),
         "source_offset": per_seq("packer_source_offset", np.int32),
     }
@@ -177,9 +396,9 @@ class BridgeReader(PackedReader):
                 pf = pq.ParquetFile(path, memory_map=True)
             except (OSError, pa.ArrowException) as exc:
                 raise DataError(f"{path}: cannot open Parquet file ({first_line(exc)})") from None
-            missing = [c for c in COLUMNS if c not in pf.schema_arrow.names]
-            if missing:
-                raise DataError(f"{path}: missing columns {missing} (not written by packer --format megatron-bridge)")
+            problem = schema_problem(pf.schema_arrow, self.metadata, split_metadata_name(self.split))
+            if problem:
+                raise DataError(f"{path}: {problem} (not written by packer --format megatron-bridge)")
             for g in range(pf.num_row_groups):
                 self._groups.append((pf, g))
                 self._paths.append(path)
@@ -197,6 +416,9 @@ class BridgeReader(PackedReader):
                                 f"run `packer verify` for a full report") from None
             try:
                 group = _Group(table, self._pad_id)
+            except BridgeRowError as exc:
+                raise DataError(f"{self._paths[g]}: pack {int(self._starts[g]) + exc.row}: {exc.reason} (row group "
+                                f"{index}); run `packer verify` for a full report") from None
             except (ValueError, IndexError) as exc:
                 raise DataError(f"{self._paths[g]}: row group {index} is malformed ({first_line(exc)}); "
                                 f"run `packer verify` for a full report") from None

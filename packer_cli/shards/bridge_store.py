@@ -10,10 +10,16 @@ audit's checks run unchanged::
     store = BridgeStore.open("packed/", split="validation")
     for batch in store.read_shard(store.shard_names()[0]):
         batch.row(0)                       # the same PackRow as the native output of the plan
+
+What the pack checks cannot see in native columns is checked here, as ``shard.unreadable``
+(a :class:`~packer_cli.audit.store.ShardError` naming the row, that is the pack): the file's
+schema (:func:`~packer_cli.shards.bridge_reader.schema_problem`), nulls, per-row lengths and
+starts, and, when the token ids are read (verify, not inspect), Bridge's stored padding.
 """
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Iterator
 
 import pyarrow as pa
@@ -22,8 +28,9 @@ import pyarrow.parquet as pq
 from packer_cli.errors import DataError
 from packer_cli.shards.bridge import (BRIDGE_FORMAT, SPLITS, bridge_metadata_name, data_name, split_manifest_name,
                                       split_metadata_name)
-from packer_cli.shards.bridge_reader import (COLUMNS, load_bridge_metadata, native_columns, pad_id_of,
-                                             read_split_manifest, resolve_split)
+from packer_cli.shards.bridge_reader import (COLUMNS, BridgeRowError, file_eos, load_bridge_metadata,
+                                             native_columns, pad_id_of, read_split_manifest, resolve_split,
+                                             schema_problem)
 
 
 #: Tokens decoded per batch, about a native record batch's: whole row groups (Bridge's are small,
@@ -107,66 +114,103 @@ class BridgeStore:
         return batches
 
     def _open(self, name: str):
+        """The split's Parquet file, its schema checked (:func:`schema_problem`)."""
         from packer_cli.audit.store import ShardError, _first_line
 
         try:
-            return pq.ParquetFile(os.path.join(self.out, name), memory_map=False)
+            pf = pq.ParquetFile(os.path.join(self.out, name), memory_map=False)
         except FileNotFoundError:
             raise ShardError(name, "missing") from None
         except (OSError, pa.ArrowException) as exc:
             raise ShardError(name, f"cannot open as Parquet ({_first_line(exc)})") from None
+        problem = schema_problem(pf.schema_arrow, self.metadata, self.metadata_name)
+        if problem:
+            raise ShardError(name, problem)
+        return pf
 
     @staticmethod
-    def _read_run(name: str, pf, first: int, end: int, row: int, pad_id: int):
-        """Row groups ``first..end-1`` (starting at row ``row``) decoded as one native batch;
-        raises one of :data:`_UNREADABLE` on a damaged file."""
+    def _read_run(name: str, pf, first: int, end: int, row: int, convert):
+        """Row groups ``first..end-1`` (starting at row ``row``) decoded as one native batch by
+        ``convert`` (:func:`native_columns` with its settings); raises one of :data:`_UNREADABLE`
+        on a damaged file."""
         from packer_cli.audit.store import PackBatch
 
         table = pf.read_row_groups(range(first, end), columns=list(COLUMNS))
-        return PackBatch(name, row, table.num_rows, native_columns(table, pad_id).__getitem__)
+        return PackBatch(name, row, table.num_rows, convert(table).__getitem__)
 
-    def _one_group_at_a_time(self, name: str, pf, first: int, end: int, row: int, pad_id: int, exc: Exception):
+    def _one_group_at_a_time(self, name: str, pf, first: int, end: int, row: int, convert, exc: Exception):
         """A run that failed to decode, again group by group: the groups before the damaged one
         as batches, then the ShardError naming it (the error path only: good runs are read whole)."""
         from packer_cli.audit.store import ShardError, _first_line
 
         for g in range(first, end):
             try:
-                batch = self._read_run(name, pf, g, g + 1, row, pad_id)
+                batch = self._read_run(name, pf, g, g + 1, row, convert)
+            except BridgeRowError as bad:  # the rows before it, then the ShardError naming it
+                yield from self._rows_before(name, pf.read_row_group(g, columns=list(COLUMNS)), row, convert, bad)
             except _UNREADABLE as alone:
                 raise ShardError(name, f"row group {g} is unreadable ({_first_line(alone)})", row=row) from None
             yield batch
             row += batch.num_rows
         raise ShardError(name, f"row groups {first}-{end - 1} are unreadable together ({_first_line(exc)})", row=row)
 
-    def read_shard(self, name: str, columns=None) -> Iterator:
-        """Runs of row groups of the split's Parquet file as native :class:`PackBatch` runs."""
-        from packer_cli.audit.store import ShardError
+    @staticmethod
+    def _rows_before(name: str, table: pa.Table, row: int, convert, bad: BridgeRowError):
+        """The rows of a group (``table``, at row ``row``) before its first bad one as a batch,
+        then the ShardError naming that row (so the packs before it are checked too)."""
+        from packer_cli.audit.store import PackBatch, ShardError
 
+        while bad.row > 0:
+            try:
+                columns = convert(table.slice(0, bad.row))
+            except BridgeRowError as earlier:  # a row before it fails a check made later
+                bad = earlier
+                continue
+            yield PackBatch(name, row, bad.row, columns.__getitem__)
+            break
+        raise ShardError(name, bad.reason, row=row + bad.row)
+
+    def _converter(self, name: str, pf, check_padding: bool):
+        return partial(native_columns, pad_id=self._pad_id(name), check_padding=check_padding,
+                       eos=file_eos(pf.schema_arrow))
+
+    def read_shard(self, name: str, columns=None) -> Iterator:
+        """Runs of row groups of the split's Parquet file as native :class:`PackBatch` runs.
+
+        The stored padding is checked when ``columns`` (all by default) include the tokens."""
+        return self._read(name, check_padding=columns is None or "tokens" in columns)
+
+    def _read(self, name: str, check_padding: bool) -> Iterator:
         pf = self._open(name)
-        missing = [c for c in COLUMNS if c not in pf.schema_arrow.names]
-        if missing:
-            raise ShardError(name, f"missing columns {missing}")
-        pad_id = self._pad_id(name)
+        convert = self._converter(name, pf, check_padding)
         for first, end, row in self._batches(pf):
             try:
-                batch = self._read_run(name, pf, first, end, row, pad_id)
+                batch = self._read_run(name, pf, first, end, row, convert)
             except _UNREADABLE as exc:
-                yield from self._one_group_at_a_time(name, pf, first, end, row, pad_id, exc)
+                yield from self._one_group_at_a_time(name, pf, first, end, row, convert, exc)
                 return  # (not reached: the damaged group raises)
             yield batch
 
     def batch_at(self, name: str, first_row: int):
         """The batch of ``name`` that starts at row ``first_row`` (as :meth:`read_shard` cut
-        it), decoded alone."""
+        it), decoded alone; one cut out of a damaged run (a row group, or the rows before a bad
+        row) is found by reading the file again up to it."""
         from packer_cli.audit.store import ShardError
 
-        pad_id = self._pad_id(name)
         try:
             pf = self._open(name)
+            convert = self._converter(name, pf, check_padding=False)  # checked as it was first read
             for first, end, row in self._batches(pf):
                 if row == first_row:
-                    return self._read_run(name, pf, first, end, row, pad_id)
+                    return self._read_run(name, pf, first, end, row, convert)
+        except BridgeRowError:
+            pass
         except _UNREADABLE as exc:
             raise ShardError(name, f"cannot be read again ({exc})") from None
+        try:
+            for batch in self._read(name, check_padding=False):
+                if batch.first_row == first_row:
+                    return batch
+        except ShardError as exc:
+            raise ShardError(name, f"cannot be read again ({exc.reason})", row=exc.row) from None
         raise ShardError(name, f"no batch starts at row {first_row}")

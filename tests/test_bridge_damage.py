@@ -1,0 +1,426 @@
+"""`verify` / `inspect` / `PackedReader` on a Megatron-Bridge split whose Parquet file was rewritten
+with damaged columns: wrong column kinds and schema metadata, nulls, per-row list lengths that
+disagree between columns, stored padding that is not the EOS id, and broken ``seq_start_id``.
+
+Each damaged file is rewritten with the manifest's size and checksum made to hold again, so the
+damage itself must be found (never a traceback or a NumPy warning), by a finding that names the
+column and the damaged row (the pack index: a split has one file).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import xxhash
+from typer.testing import CliRunner
+
+from packer_cli import PackSpec, pack
+from packer_cli.audit import inspect_output, verify_output
+from packer_cli.cli import app
+from packer_cli.demo import DEMO_EOS, demo_table
+from packer_cli.errors import DataError
+from packer_cli.shards.bridge_output import BridgeOutput
+from packer_cli.shards.reader import PackedReader
+
+C = 512
+DATA = f"training_{C}.idx.parquet"
+ROW_GROUP = 4
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """A Bridge split with alignment padding (m = 4, EOS given) in many small row groups."""
+    root = tmp_path_factory.mktemp("bridge_damage")
+    src = root / "src.parquet"
+    pq.write_table(demo_table(300, seed=5, max_len=700), src)
+    out = root / "good"
+    pack([str(src)], str(out), PackSpec(pack_size=C, cp=2, seed=1),
+         output=BridgeOutput(eos_id=DEMO_EOS, row_group_size=ROW_GROUP))
+    assert verify_output(str(out), sources=[str(src)]).ok
+    return {"src": src, "out": out}
+
+
+@pytest.fixture
+def copy(made, tmp_path):
+    def make() -> Path:
+        return Path(shutil.copytree(made["out"], tmp_path / "out"))
+    return make
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def read(out: Path) -> pa.Table:
+    return pq.read_table(out / DATA)
+
+
+def write(out: Path, table: pa.Table, metadata: dict | None = None) -> None:
+    """Rewrite the split file with ``table`` and make the manifest's size and checksum hold."""
+    if metadata is not None:
+        table = table.replace_schema_metadata(metadata)
+    pq.write_table(table, out / DATA, row_group_size=ROW_GROUP)
+    manifest_path = out / "training.manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    raw = (out / DATA).read_bytes()
+    manifest["shards"][0].update(bytes=len(raw), xxh3_64=xxhash.xxh3_64(raw).hexdigest())
+    manifest_path.write_text(json.dumps(manifest))
+
+
+def flat(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+    arr = table.column(name).combine_chunks()
+    return np.asarray(arr.values).copy(), np.asarray(arr.offsets).astype(np.int64)
+
+
+def with_column(table: pa.Table, name: str, values, offsets, value_type=None) -> pa.Table:
+    arr = pa.ListArray.from_arrays(pa.array(np.asarray(offsets), pa.int32()),
+                                   pa.array(values, type=value_type or table.schema.field(name).type.value_type))
+    return table.set_column(table.schema.get_field_index(name), pa.field(name, arr.type), arr)
+
+
+def verify(out: Path, source: Path | None = None):
+    """verify_output with NumPy's warnings made errors (a RuntimeWarning is a bug here too)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return verify_output(str(out), sources=[str(source)] if source else None)
+
+
+def only(report, check: str):
+    found = [f for f in report.findings if f.check == check]
+    assert not report.ok and found, [f.line() for f in report.findings]
+    return found[0]
+
+
+def assert_cli_reports(out: Path, *texts: str) -> None:
+    """verify and inspect exit 1 naming ``texts``, with one-line messages and no traceback."""
+    for args in (["verify", str(out)], ["inspect", str(out)]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 1, (args, result.output)
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+        assert "Traceback" not in result.output and "Warning" not in result.output, result.output
+        for text in texts:
+            assert text in result.output, (args, result.output)
+
+
+def padded_sequence(table: pa.Table, min_row: int = 5) -> tuple[int, int, int, int, int]:
+    """(row, seq, a, s, b) of the first sequence at or after ``min_row`` with alignment padding:
+    stored slots [a, b) of the row, s real inputs."""
+    starts, seq_off = flat(table, "seq_start_id")
+    lens, _ = flat(table, "packer_seq_lens")
+    _, row_off = flat(table, "input_ids")
+    for r in range(min_row, table.num_rows):
+        row_starts = starts[seq_off[r]:seq_off[r + 1]]
+        ends = np.append(row_starts[1:], row_off[r + 1] - row_off[r])
+        for k, (a, b) in enumerate(zip(row_starts, ends)):
+            s = lens[seq_off[r] + k]
+            if b - a - 1 > s:
+                return r, k, int(a), int(s), int(b)
+    raise AssertionError("no padded sequence")
+
+
+# -- 1: the file's schema ------------------------------------------------------------------------
+def _plain_ids(table):
+    lengths = np.diff(flat(table, "input_ids")[1]).astype(np.int32)
+    return table.set_column(0, "input_ids", pa.array(lengths))
+
+
+def _wide_mask(table):
+    return with_column(table, "loss_mask", *flat(table, "loss_mask"), pa.int16())
+
+
+def _bool_mask(table):
+    values, offsets = flat(table, "loss_mask")
+    return with_column(table, "loss_mask", values.astype(bool), offsets, pa.bool_())
+
+
+def _extra(table):
+    return table.append_column("extra", pa.array(np.arange(table.num_rows)))
+
+
+def _missing(table):
+    return table.drop_columns(["packer_source_offset"])
+
+
+def _large(table):
+    values, offsets = flat(table, "packer_seq_lens")
+    arr = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pa.array(values, pa.int32()))
+    return table.set_column(3, pa.field("packer_seq_lens", arr.type), arr)
+
+
+SCHEMA_DAMAGE = {
+    "ids-not-a-list": (_plain_ids, "column input_ids is int32, expected list<int32>"),
+    "mask-int16": (_wide_mask, "column loss_mask is list<int16>, expected list<int8>"),
+    "mask-bool": (_bool_mask, "column loss_mask is list<bool>, expected list<int8>"),
+    "extra-column": (_extra, "unexpected column extra"),
+    "missing-column": (_missing, "missing column packer_source_offset"),
+    "large-list": (_large, "column packer_seq_lens is large_list<int32>, expected list<int32>"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCHEMA_DAMAGE))
+def test_a_column_of_the_wrong_kind_is_a_finding(copy, case):
+    out = copy()
+    damage, text = SCHEMA_DAMAGE[case]
+    table = read(out)
+    write(out, damage(table), table.schema.metadata)
+    finding = only(verify(out), "shard.unreadable")
+    assert text in finding.message and "\n" not in finding.message and len(finding.message) < 200, finding.message
+    assert finding.shard == DATA
+    assert_cli_reports(out, text)
+    with pytest.raises(DataError, match=text.replace("<", ".").replace(">", ".")):
+        PackedReader(out)
+
+
+SCHEMA_METADATA = {
+    "format": ({b"packer_format": b"packer-thd"}, "schema metadata packer_format is 'packer-thd', expected "
+                                                  "'megatron-bridge'"),
+    "version": ({b"packer_format_version": b"2"}, "schema metadata packer_format_version is '2', expected '1'"),
+    "eos-not-recorded": ({b"eos_id": b""}, f"schema metadata eos_id is '', but training.metadata.json records "
+                                           f"output.eos_id {DEMO_EOS}"),
+    "eos-other": ({b"eos_id": b"7"}, f"schema metadata eos_id is '7', but training.metadata.json records "
+                                     f"output.eos_id {DEMO_EOS}"),
+    "eos-not-an-id": ({b"eos_id": b"x"}, "schema metadata eos_id is 'x', expected an id or ''"),
+    "no-metadata": (None, "schema metadata packer_format is missing, expected 'megatron-bridge'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCHEMA_METADATA))
+def test_schema_metadata_must_be_what_the_writer_writes(copy, case):
+    out = copy()
+    edit, text = SCHEMA_METADATA[case]
+    table = read(out)
+    meta = {} if edit is None else {**table.schema.metadata, **edit}
+    write(out, table, meta)
+    assert only(verify(out), "shard.unreadable").message.endswith(text)
+    assert_cli_reports(out, text)
+
+
+def test_nulls_in_a_list_column_are_a_finding(copy):
+    out = copy()
+    table = read(out)
+    values, offsets = flat(table, "input_ids")
+    r = 9
+    mask = np.zeros(values.size, bool)
+    mask[offsets[r] + 3] = True
+    arr = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, mask=mask))
+    write(out, table.set_column(0, pa.field("input_ids", arr.type), arr), table.schema.metadata)
+    finding = only(verify(out), "shard.unreadable")
+    assert finding.row == r and "input_ids holds a null value" in finding.message, finding.line()
+    assert_cli_reports(out, f"row {r}: input_ids holds a null value")
+
+
+def test_a_null_row_is_a_finding(copy):
+    out = copy()
+    table = read(out)
+    values, offsets = flat(table, "packer_source_index")
+    r = 6
+    valid = np.ones(table.num_rows, bool)
+    valid[r] = False
+    arr = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values),
+                                   mask=pa.array(~valid))
+    write(out, table.set_column(4, pa.field("packer_source_index", arr.type), arr), table.schema.metadata)
+    finding = only(verify(out), "shard.unreadable")
+    assert finding.row == r and "packer_source_index is null" in finding.message, finding.line()
+
+
+def test_int64_ids_beyond_int32_are_a_finding(copy):
+    """packer 0.2.0 stored ids as int64 (still read); an id beyond int32 cannot be a native token."""
+    out = copy()
+    table = read(out)
+    values, offsets = flat(table, "input_ids")
+    values = values.astype(np.int64)
+    r = 7
+    values[offsets[r] + 2] = 2**32 + 5  # would wrap to 5 as int32
+    write(out, with_column(table, "input_ids", values, offsets, pa.int64()), table.schema.metadata)
+    finding = only(verify(out), "shard.unreadable")
+    assert finding.row == r and "input_ids holds id 4294967301" in finding.message, finding.line()
+
+
+# -- 2: per-row list lengths -----------------------------------------------------------------------
+@pytest.mark.parametrize("name,like", [("loss_mask", "input_ids"), ("packer_seq_lens", "seq_start_id"),
+                                       ("packer_source_index", "seq_start_id"),
+                                       ("packer_source_offset", "seq_start_id")])
+def test_rows_of_a_column_must_have_their_reference_lengths(copy, made, name, like):
+    """One entry moved from row r+1 to row r (the flat values unchanged): found at row r, with
+    the packs before it checked."""
+    out = copy()
+    table = read(out)
+    values, offsets = flat(table, name)
+    r = 10  # inside a row group (groups of 4): the rows before it in its group are checked too
+    offsets[r + 1] += 1
+    write(out, with_column(table, name, values, offsets), table.schema.metadata)
+    for source in (None, made["src"]):
+        report = verify(out, source)
+        finding = only(report, "shard.unreadable")
+        assert finding.row == r and finding.message.startswith(f"{name} has "), finding.line()
+        assert f"but {like} has" in finding.message, finding.line()
+        assert report.packs == r
+    assert_cli_reports(out, f"row {r}: {name} has")
+    with pytest.raises(DataError, match=f"pack {r}: {name} has"):
+        reader = PackedReader(out)
+        for i in range(len(reader)):
+            reader.row(i)
+
+
+# -- 3: Bridge's stored padding -------------------------------------------------------------------
+def test_stored_padding_must_be_the_eos_id(copy):
+    out = copy()
+    table = read(out)
+    r, k, a, s, b = padded_sequence(table)
+    values, offsets = flat(table, "input_ids")
+    values[offsets[r] + b - 1] = DEMO_EOS + 1  # the last padding slot: natively dropped before
+    write(out, with_column(table, "input_ids", values, offsets), table.schema.metadata)
+    finding = only(verify(out), "shard.unreadable")
+    assert finding.row == r and f"seq {k}" in finding.message, finding.line()
+    assert f"input_ids holds {DEMO_EOS + 1} in the stored padding, expected the eos id {DEMO_EOS}" \
+        in finding.message, finding.line()
+
+
+def test_stored_padding_inside_the_runtime_stream_too(copy):
+    """The first padding slot after the last label (natively a pad_id position, overwritten)."""
+    out = copy()
+    table = read(out)
+    r, k, a, s, b = padded_sequence(table, min_row=20)
+    if b - a - 1 - s < 2:
+        pytest.skip("needs two padding slots")
+    values, offsets = flat(table, "input_ids")
+    values[offsets[r] + a + s + 1] = 0
+    write(out, with_column(table, "input_ids", values, offsets), table.schema.metadata)
+    report = verify(out)
+    finding = only(report, "shard.unreadable")
+    assert finding.row == r and f"seq {k}" in finding.message and "stored padding" in finding.message
+    assert report.packs == r
+
+
+def test_loss_on_a_sequence_final_slot(copy):
+    out = copy()
+    table = read(out)
+    starts, seq_off = flat(table, "seq_start_id")
+    values, offsets = flat(table, "loss_mask")
+    r, k = 13, 0
+    end = starts[seq_off[r] + 1] if seq_off[r + 1] - seq_off[r] > 1 else offsets[r + 1] - offsets[r]
+    values[offsets[r] + end - 1] = 1
+    write(out, with_column(table, "loss_mask", values, offsets), table.schema.metadata)
+    finding = only(verify(out), "shard.unreadable")
+    assert finding.row == r and f"seq {k}" in finding.message and "final stored slot" in finding.message, \
+        finding.line()
+
+
+def test_inspect_does_not_read_token_ids(copy):
+    """Like a native output's, a Bridge split's token values are verify's to check."""
+    out = copy()
+    table = read(out)
+    r, k, a, s, b = padded_sequence(table)
+    values, offsets = flat(table, "input_ids")
+    values[offsets[r] + b - 1] = DEMO_EOS + 1
+    write(out, with_column(table, "input_ids", values, offsets), table.schema.metadata)
+    assert inspect_output(str(out)).packs == table.num_rows
+    assert not verify(out).ok
+
+
+# -- 4: seq_start_id -------------------------------------------------------------------------------
+def _starts(edit):
+    def damage(table, r):
+        values, offsets = flat(table, "seq_start_id")
+        lo, hi = offsets[r], offsets[r + 1]
+        assert hi - lo >= 3
+        edit(values[lo:hi], np.diff(flat(table, "input_ids")[1])[r])
+        return with_column(table, "seq_start_id", values, offsets)
+    return damage
+
+
+def _swap(starts, n):
+    starts[[1, 2]] = starts[[2, 1]]
+
+
+def _negative(starts, n):
+    starts[1] = -3
+
+
+def _duplicate(starts, n):
+    starts[2] = starts[1]
+
+
+def _beyond(starts, n):
+    starts[-1] = n + 5
+
+
+def _first(starts, n):
+    starts[0] = 1
+
+
+START_DAMAGE = {
+    "out-of-order": (_swap, "seq_start_id is not increasing"),
+    "negative": (_negative, "seq_start_id is not increasing"),
+    "duplicate": (_duplicate, "seq_start_id is not increasing"),
+    "beyond-the-row": (_beyond, "beyond the row's"),
+    "first-not-zero": (_first, "seq_start_id starts at 1, not 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(START_DAMAGE))
+def test_damaged_seq_start_id_names_its_row(copy, made, case):
+    out = copy()
+    table = read(out)
+    edit, text = START_DAMAGE[case]
+    counts = np.diff(flat(table, "seq_start_id")[1])
+    r = int(np.flatnonzero(counts[10:] >= 3)[0]) + 10
+    write(out, _starts(edit)(table, r), table.schema.metadata)
+    for source in (None, made["src"]):
+        report = verify(out, source)
+        finding = only(report, "shard.unreadable")
+        assert finding.row == r and text in finding.message, finding.line()
+        assert "repeats" not in finding.message and "broadcast" not in finding.message
+    assert_cli_reports(out, f"row {r}: ", text)
+
+
+def test_native_columns_names_the_first_bad_row():
+    from packer_cli.shards.bridge_reader import native_columns
+
+    ids = pa.array([[5, 6, 7, 2], [5, 6, 2, 8, 9, 2], [1, 2, 3]], pa.list_(pa.int32()))
+    mask = pa.array([[1, 1, 0, 0], [1, 0, 0, 1, 0, 0], [1, 1, 0]], pa.list_(pa.int8()))
+    starts = pa.array([[0], [0, 3], [0]], pa.list_(pa.int32()))
+    lens = pa.array([[2], [2, 2], [2]], pa.list_(pa.int32()))
+    table = pa.table({"input_ids": ids, "loss_mask": mask, "seq_start_id": starts, "packer_seq_lens": lens,
+                      "packer_source_index": pa.array([[0], [1, 2], [3]], pa.list_(pa.int64())),
+                      "packer_source_offset": pa.array([[0], [0, 0], [0]], pa.list_(pa.int32()))})
+    cols = native_columns(table, pad_id=0)
+    assert cols["tokens"][0].tolist() == [5, 6, 0, 5, 6, 8, 9, 1, 2]
+    bad = table.set_column(2, "seq_start_id", pa.array([[0], [0, 7], [0]], pa.list_(pa.int32())))
+    with pytest.raises(ValueError, match=r"^row 1: seq_start_id 7 at seq 1 is beyond the row's 6 stored slots"):
+        native_columns(bad, pad_id=0)
+    with pytest.raises(ValueError, match=r"^row 0: seq_start_id 7 at seq 1 is beyond"):
+        native_columns(bad.slice(1), pad_id=0)
+
+
+def test_reader_schema_is_the_writers():
+    """bridge_reader keeps its own copy of the column types (the writer's module loads numba)."""
+    from packer_cli.shards.bridge_reader import COLUMN_TYPES
+    from packer_cli.shards.bridge_writer import BRIDGE_SCHEMA
+
+    assert tuple(COLUMN_TYPES) == tuple(BRIDGE_SCHEMA.names)
+    assert [types[0] for types in COLUMN_TYPES.values()] == [f.type.value_type for f in BRIDGE_SCHEMA]
+
+
+def test_source_findings_in_packs_before_a_damaged_row(copy, made):
+    """verify --source reads a batch again to name a differing token: also a batch cut out of a
+    damaged run (one row group, or the rows before the bad one)."""
+    out = copy()
+    table = read(out)
+    values, offsets = flat(table, "input_ids")
+    values[offsets[5] + 1] += 1    # row 5: in row group 1, a batch of its own once the run fails
+    values[offsets[9] + 1] += 1    # row 9: before the damaged row 10 of row group 2
+    starts, seq_off = flat(table, "seq_start_id")
+    starts[seq_off[10]] = 1        # row 10 is damaged
+    table = with_column(with_column(table, "input_ids", values, offsets), "seq_start_id", starts, seq_off)
+    write(out, table, table.schema.metadata)
+    report = verify(out, made["src"])
+    assert only(report, "shard.unreadable").row == 10
+    rows = sorted(f.row for f in report.findings if f.check == "source.tokens")
+    assert rows == [5, 9], [f.line() for f in report.findings]
+    assert all("position 1 is" in f.message for f in report.findings if f.check == "source.tokens"), [
+        f.line() for f in report.findings]
