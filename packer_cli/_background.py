@@ -27,12 +27,19 @@ class _Failed:
         self.exc = exc
 
 
+#: How long a consumer that stops early waits for the producer to notice. A producer blocked in
+#: the kernel (opening a FIFO no one writes, reading a hung network mount) never does; it is a
+#: daemon thread, left behind so that an error or Ctrl-C still unwinds the caller.
+ABANDON_AFTER_S = 5.0
+
+
 def background(items: Iterator[T], depth: int = 2) -> Iterator[T]:
     """Yield ``items`` in order, computed ahead on a thread (at most ``depth`` waiting).
 
     An exception raised by the producer is re-raised unchanged in the consumer, after the items
     produced before it. When the consumer stops early (an error, or ``close()``), the producer
-    is told to stop and joined, so no thread outlives the call.
+    is told to stop and joined, so no thread outlives the call, unless it is blocked in a
+    system call for longer than :data:`ABANDON_AFTER_S` (then it is left to end on its own).
     """
     q: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
@@ -71,7 +78,7 @@ def background(items: Iterator[T], depth: int = 2) -> Iterator[T]:
             yield item
     finally:
         stop.set()
-        thread.join()
+        thread.join(ABANDON_AFTER_S)
 
 
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int = 2, ahead: int = 3,

@@ -99,3 +99,27 @@ def test_background_yields_in_order_reraises_and_joins_on_early_stop():
     assert next(gen) == 0
     gen.close()
     assert threading.active_count() == threads and len(produced) <= 5
+
+
+def test_a_producer_blocked_in_the_kernel_does_not_hold_the_consumer(monkeypatch):
+    """A producer stuck where stop cannot reach it (a FIFO's open() with no writer, a hung
+    mount): the consumer's error still unwinds, after ABANDON_AFTER_S, and the daemon thread
+    ends on its own once unblocked."""
+    import time
+
+    from packer_cli import _background
+
+    monkeypatch.setattr(_background, "ABANDON_AFTER_S", 0.2)
+    release = threading.Event()
+
+    def stuck():
+        yield 1
+        release.wait()  # blocked, not looking at the stop flag
+        yield 2
+
+    start = time.perf_counter()
+    with pytest.raises(RuntimeError, match="consumer failed"):
+        for _ in background(stuck()):
+            raise RuntimeError("consumer failed")
+    assert time.perf_counter() - start < 5
+    release.set()
