@@ -554,3 +554,14 @@ def test_fingerprints_match_the_reference_and_see_every_single_change():
             assert fingerprints(swapped, starts[i:i + 1], lens[i:i + 1])[0] != got[i]
     by_content = {tuple(values[a:a + n].tolist()): int(fp) for a, n, fp in zip(starts, lens, got)}
     assert len(set(by_content.values())) == len(by_content)  # different sequences, different fingerprints
+
+
+@pytest.mark.parametrize("command", ["verify", "inspect"])
+def test_split_on_a_native_output_is_a_usage_error(synth, command):
+    """A native output has no splits: --split names something that is not there (exit 2), it
+    is not silently ignored."""
+    out = synth[1][OverlongPolicy.TRUNCATE]
+    result = CliRunner().invoke(app, [command, str(out), "--split", "validation"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: {out}: --split validation applies to a Megatron-Bridge layout; " \
+                                    "this is a native output"

@@ -133,6 +133,9 @@ def _open_output(out: str, listing: list[str], sink: FindingSink, split: str | N
                 return store, store.metadata, store.shard_entries()
         if MANIFEST_FILE not in listing:
             raise ConfigError(f"{out}: not a packer output (neither {METADATA_FILE} nor {MANIFEST_FILE} is there)")
+    if split is not None:  # a native output has no splits: --split names something that is not there
+        raise ConfigError(f"{out}: --split {split} applies to a Megatron-Bridge layout; this is a native output")
+    if METADATA_FILE not in listing:
         sink.add("structure.json", "missing", shard=METADATA_FILE)
         meta = None
     else:
