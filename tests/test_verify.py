@@ -565,3 +565,22 @@ def test_split_on_a_native_output_is_a_usage_error(synth, command):
     assert result.exit_code == 2, result.output
     assert result.output.strip() == f"error: {out}: --split validation applies to a Megatron-Bridge layout; " \
                                     "this is a native output"
+
+
+@pytest.mark.parametrize("edit,says", [
+    (lambda t: t.append_column("extra", pa.array([0] * t.num_rows)), "unexpected column extra"),
+    (lambda t: t.drop_columns(["source_offset"]), "column source_offset is missing"),
+    (lambda t: t.set_column(0, "tokens", t.column(0).cast(pa.list_(pa.int64()))), "column tokens is list<item: int64>, expected list<item: int32> not null"),
+    (lambda t: t.rename_columns(["toks", *t.column_names[1:]]), "column 0 is toks, expected tokens"),
+])
+def test_a_shard_of_another_schema_is_named_in_a_few_words(broken, edit, says):
+    """The finding names the first difference, not the whole schema (hundreds of characters)."""
+    shard = sorted(broken.glob("packs-*.arrow"))[0]
+    with pa.ipc.open_file(shard) as reader:
+        table = reader.read_all()
+    table = edit(table).replace_schema_metadata(table.schema.metadata)
+    with pa.ipc.new_file(shard, table.schema) as writer:
+        writer.write_table(table)
+    result = runner.invoke(app, ["verify", str(broken)])
+    line = next(x for x in result.output.splitlines() if "[shard.unreadable]" in x)
+    assert says in line and len(line) < 250, line

@@ -134,6 +134,24 @@ def shard_entry_problems(shards, reserved=()) -> list[str]:
     return problems
 
 
+def _schema_difference(found: pa.Schema, expected: pa.Schema) -> str:
+    """The first way ``found`` differs from ``expected``, in a few words (not the whole schema)."""
+    def short(x) -> str:
+        text = str(x).replace("\n", " ")
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    names = list(found.names)
+    for i, field in enumerate(expected):
+        if i >= len(names):
+            return f"column {field.name} is missing"
+        if names[i] != field.name:
+            return f"column {i} is {short(names[i])}, expected {field.name}"
+        if not found.field(i).equals(field):
+            kind = lambda f: short(f.type) + ("" if f.nullable else " not null")  # noqa: E731
+            return f"column {field.name} is {kind(found.field(i))}, expected {kind(field)}"
+    return f"unexpected column {short(names[len(expected)])}"
+
+
 class NativeStore:
     """The native format: ``metadata.json``, ``manifest.json`` and Arrow IPC shards.
 
@@ -197,13 +215,14 @@ class NativeStore:
             raise ShardError(name, "missing") from None
         except (OSError, pa.ArrowException) as exc:
             raise ShardError(name, f"cannot open as Arrow IPC ({_first_line(exc)})") from None
-        if not reader.schema.equals(pack_schema(self.version), check_metadata=False):
-            found = reader.schema.to_string(show_schema_metadata=False).replace("\n", "; ")
-            raise ShardError(name, f"schema differs from the {FORMAT_NAME} version {self.version} pack schema: {found}")
-        meta = reader.schema.metadata or {}
-        if meta.get(b"format_version") != str(self.version).encode():
-            raise ShardError(name, f"schema format_version is {meta.get(b'format_version')!r}, "
-                                   f"expected {self.version}")
+        expected = pack_schema(self.version)
+        if not reader.schema.equals(expected, check_metadata=False):
+            raise ShardError(name, f"schema differs from the {FORMAT_NAME} version {self.version} pack schema: "
+                                   f"{_schema_difference(reader.schema, expected)}")
+        recorded = (reader.schema.metadata or {}).get(b"format_version")
+        if recorded != str(self.version).encode():
+            shown = "missing" if recorded is None else repr(recorded.decode("utf-8", "replace")[:40])
+            raise ShardError(name, f"schema format_version is {shown}, expected {self.version}")
         row = 0
         for b in range(reader.num_record_batches):
             try:
