@@ -211,3 +211,87 @@ def test_workers_do_not_rerun_the_checks(outputs, monkeypatch):
     assert torch.equal(clone[2].tokens, ds[2].tokens)
     with pytest.raises(AssertionError, match="ran again"):
         PackedDataset(outputs / "native")  # a fresh open does check
+
+
+# -- rows whose damage a batch would otherwise carry silently --------------------------------
+
+def _shift_offset(path, column, index, delta):
+    """Move entry ``index`` of ``column``'s list offsets by ``delta`` (in place)."""
+    with pa.memory_map(str(path)) as mm:
+        offsets = pa.ipc.open_file(mm).get_batch(0).column(column).offsets
+        value = offsets[index].as_py()
+    _patch_int32(path, column, "offsets", index, value + delta)
+
+
+@pytest.mark.parametrize("column", ["source_index", "source_offset", "last_token"])
+def test_per_sequence_column_of_another_length_is_refused(outputs, tmp_path, column):
+    """One pack's per-sequence list one entry longer (the next one shorter): the batch would
+    carry another pack's source index; it is a DataError naming the shard and row."""
+    out = copy(outputs, tmp_path)
+    _shift_offset(out / SHARD, column, 3, -1)
+    message = assert_refused(out, str(out / SHARD), " row ")
+    assert f"{column} entries for" in message, message
+
+
+def _row(**changes):
+    from types import SimpleNamespace
+
+    row = dict(tokens=np.arange(1, 17, dtype=np.int32), loss_mask=np.ones(16, np.uint8),
+               cu_seqlens=np.array([0, 8, 16], np.int32), seq_lens=np.array([7, 8], np.int32),
+               last_token=np.array([9, 9], np.int32), source_index=np.array([0, 1]), source_offset=np.array([0, 0]))
+    row.update(changes)
+    return SimpleNamespace(**row)
+
+
+@pytest.mark.parametrize("changes,says", [
+    (dict(cu_seqlens=np.array([0, 6, 16], np.int32), seq_lens=np.array([6, 8], np.int32)),
+     "sequence 0 spans 6 tokens, not a multiple of pad_seq_to_mult=4"),
+    (dict(loss_mask=np.array([1] * 15 + [2], np.uint8)), "loss_mask holds 2 at token 15, not 0 or 1"),
+    (dict(loss_mask=np.array([1] * 15 + [-1], np.int8).view(np.uint8)), "loss_mask holds 255 at token 15"),
+    (dict(source_index=np.array([0, 1, 2])), "3 source_index entries for 2 sequences"),
+])
+def test_build_refuses_rows_that_would_train_wrongly(changes, says):
+    """A boundary off the recorded alignment (tokens shifted; CP slicing would also fail), a loss
+    mask value that would weight the loss, per-sequence lists of another length."""
+    meta = {"spec": {"pad_id": 0, "pack_size": 16, "pad_seq_to_mult": 4}}
+    build_thd_batch(_row(), meta)  # the unchanged row builds
+    with pytest.raises(ValueError, match=says):
+        build_thd_batch(_row(**changes), meta)
+
+
+def test_bridge_loss_mask_value_other_than_0_or_1_is_refused(outputs, tmp_path):
+    import pyarrow.parquet as pq
+
+    out = copy(outputs, tmp_path, "bridge")
+    (data,) = out.glob("*.parquet")
+    table = pq.read_table(data)
+    masks = table.column("loss_mask").to_pylist()
+    masks[0][0] = 2
+    table = table.set_column(1, "loss_mask", pa.array(masks, table.schema.field("loss_mask").type))
+    pq.write_table(table, data)
+    manifest = json.loads(next(out.glob("*.manifest.json")).read_text())
+    manifest["shards"][0]["bytes"] = data.stat().st_size
+    next(out.glob("*.manifest.json")).write_text(json.dumps(manifest))
+    message = assert_refused(out, str(data))
+    assert "loss_mask holds 2" in message, message
+
+
+def test_index_types_and_ranges(outputs):
+    """Only integers index packs (numpy ints too; not bools, floats, strings, slices or arrays);
+    an index out of range is named as it was given; an empty micro-batch or a bad CP rank is a
+    clear ValueError."""
+    ds = PackedDataset(outputs / "native")
+    n = len(ds)
+    assert torch.equal(ds[np.int64(1)].tokens, ds[1].tokens) and torch.equal(ds[-1].tokens, ds[n - 1].tokens)
+    for bad in (True, 1.0, "3", None, slice(0, 2), np.array([1, 2])):
+        with pytest.raises(TypeError, match="pack index must be an integer"):
+            ds[bad]
+    for bad in (n, -n - 1, 2**63, -2**63):
+        with pytest.raises(IndexError, match=rf"pack index {bad} out of range for {n} packs"):
+            ds[bad]
+    with pytest.raises(ValueError, match="at least one pack index"):
+        ds.micro_batch([])
+    for size, rank in ((0, 0), (2, 2), (2.0, 0), (2, -1)):
+        with pytest.raises(ValueError, match="cp_size must be an integer >= 1"):
+            ds.micro_batch([0], size, rank)
+    assert ds.micro_batch([0], np.int64(2), 1).cp_rank == 1

@@ -1,5 +1,8 @@
 """MicroBatchSampler and THDLoader: sharding, epochs, CP slices, resume, and the no-sync GPU path."""
 
+import re
+
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -111,6 +114,29 @@ def test_epochs_and_exact_resume():
 
     with pytest.raises(ValueError, match="seed"):
         THDLoader(ds, seed=1, device="cpu").load_state_dict(state)
+
+
+@pytest.mark.parametrize("change,says", [
+    ({"position": -5}, "position must be an integer >= 0, got -5"),
+    ({"position": 5.7}, "position must be an integer >= 0, got 5.7"),
+    ({"position": 11}, "position=11, past the 10 micro-batches of an epoch"),
+    ({"epoch": -1}, "epoch must be an integer >= 0, got -1"),
+    ({"epoch": None}, "epoch must be an integer >= 0, got None"),
+])
+def test_a_state_that_would_resume_elsewhere_is_refused(change, says):
+    """A negative position used to replay the epoch's last micro-batches, one past the end to
+    skip to the next epoch, a float to be truncated: each is a ValueError now."""
+    ds = _dataset(num_packs=10)
+    loader = THDLoader(ds, seed=9, device="cpu", num_workers=0)
+    state = {**loader.state_dict(), **change}
+    with pytest.raises(ValueError, match=re.escape(says)):
+        loader.load_state_dict(state)
+    state.pop("epoch")
+    with pytest.raises(ValueError, match="loader state has no epoch"):
+        loader.load_state_dict(state)
+    with pytest.raises(ValueError, match="epoch must be an integer >= 0"):
+        loader.set_epoch(-3)
+    loader.load_state_dict({**loader.state_dict(), "epoch": np.int64(2), "position": 10})  # NumPy ints, the end
 
 
 def test_set_epoch_selects_permutation():

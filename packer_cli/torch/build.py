@@ -57,7 +57,10 @@ def static_shape(meta: dict) -> tuple[int, int, int]:
     return t, cu_len, max_seqlen
 
 
-def _check_row(tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s: np.ndarray, p: np.ndarray) -> None:
+def _check_row(row: Any, tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s: np.ndarray, p: np.ndarray,
+               multiple: int) -> None:
+    """What a damaged row would otherwise turn into a batch silently (a flipped offset or
+    length, a mask value that would weight the loss): ``ValueError`` naming the first problem."""
     if cu.size < 1 or cu[0] != 0 or cu[-1] != tokens.size or loss.size != tokens.size:
         raise ValueError(
             f"malformed pack: cu_seqlens must start at 0 and end at len(tokens)={tokens.size} "
@@ -65,6 +68,17 @@ def _check_row(tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s: np.ndarr
         )
     if s.size != p.size or (p < s).any() or (s < 1).any():
         raise ValueError(f"malformed pack: need 1 <= seq_lens <= physical lengths, got {s.tolist()} vs {p.tolist()}")
+    for name in ("last_token", "source_index", "source_offset"):
+        values = getattr(row, name, None)
+        if values is not None and len(values) != s.size:
+            raise ValueError(f"malformed pack: {len(values)} {name} entries for {s.size} sequences")
+    if multiple > 1 and (p % multiple).any():
+        k = int(np.flatnonzero(p % multiple)[0])
+        raise ValueError(f"malformed pack: sequence {k} spans {p[k]} tokens, not a multiple of pad_seq_to_mult="
+                         f"{multiple}")
+    if loss.size and loss.dtype != np.bool_ and (int(loss.max()) > 1 or int(loss.min()) < 0):
+        bad = int(np.flatnonzero((loss > 1) | (loss < 0))[0])
+        raise ValueError(f"malformed pack: loss_mask holds {loss[bad]} at token {bad}, not 0 or 1")
 
 
 def build_thd_batch(row: Any, meta: dict, *, static: bool = False) -> THDBatch:
@@ -86,7 +100,8 @@ def build_thd_batch(row: Any, meta: dict, *, static: bool = False) -> THDBatch:
     cu_in = np.asarray(row.cu_seqlens, dtype=np.int64)
     s = np.asarray(row.seq_lens, dtype=np.int64)
     p = np.diff(cu_in)
-    _check_row(tokens_in, loss_in, cu_in, s, p)
+    multiple = spec.get("pad_seq_to_mult")
+    _check_row(row, tokens_in, loss_in, cu_in, s, p, multiple if type(multiple) is int else 1)
     n = s.size
     phys = int(cu_in[-1])
 

@@ -17,9 +17,11 @@ is a DataError naming its shard file and row.
 
 from __future__ import annotations
 
+import operator
 import os
 from typing import Any, Sequence
 
+import numpy as np
 from torch.utils.data import Dataset
 
 from packer_cli.errors import DataError
@@ -83,10 +85,16 @@ class PackedDataset(Dataset):
         return self._len
 
     def __getitem__(self, index: int) -> THDBatch:
+        try:
+            if isinstance(index, (bool, np.bool_)):
+                raise TypeError
+            asked = index = operator.index(index)  # ints, NumPy integers; not floats or arrays
+        except TypeError:
+            raise TypeError(f"pack index must be an integer, got {type(index).__name__}") from None
         if index < 0:
             index += self._len
         if not 0 <= index < self._len:
-            raise IndexError(f"pack index {index} out of range for {self._len} packs")
+            raise IndexError(f"pack index {asked} out of range for {self._len} packs")
         reader = self.reader
         row = reader.row(index)
         try:
@@ -101,6 +109,8 @@ class PackedDataset(Dataset):
         This is the whole host-side job of a DataLoader worker: read, build, concatenate,
         slice, so only ``T / cp_size`` tokens per pack cross to the GPU.
         """
+        if len(indices) == 0:
+            raise ValueError("a micro-batch needs at least one pack index")
         batch = concat_batches([self[i] for i in indices])
         return batch.for_cp_rank(cp_size, cp_rank)
 

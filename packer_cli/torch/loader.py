@@ -32,6 +32,7 @@ Example::
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -58,6 +59,20 @@ class _MicroBatches(Dataset):
 
 def _as_is(batch: THDBatch) -> THDBatch:
     return batch
+
+
+def _count(value: Any, name: str) -> int:
+    """``value`` as a count (an integer >= 0, NumPy's too); ValueError otherwise (a float or a
+    negative position would silently resume elsewhere)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        count = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}") from None
+    if count < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return count
 
 
 class THDLoader:
@@ -141,6 +156,7 @@ class THDLoader:
         Calling it with the current epoch keeps the position, so
         ``load_state_dict(...)`` followed by the usual ``set_epoch(e)`` resumes exactly.
         """
+        epoch = _count(epoch, "epoch")
         if epoch != self.sampler.epoch:
             self.sampler.epoch = epoch
             self._position = 0
@@ -165,8 +181,14 @@ class THDLoader:
         for key in ("seed", "num_packs", "batch_packs", "dp_size", "dp_rank", "shuffle"):
             if key in state and state[key] != getattr(s, key):
                 raise ValueError(f"loader state has {key}={state[key]!r} but this loader has {getattr(s, key)!r}")
-        s.epoch = int(state["epoch"])
-        self._position = int(state["position"])
+        missing = [key for key in ("epoch", "position") if key not in state]
+        if missing:
+            raise ValueError(f"loader state has no {' or '.join(missing)}")
+        epoch, position = _count(state["epoch"], "epoch"), _count(state["position"], "position")
+        if position > s.per_epoch:
+            raise ValueError(f"loader state has position={position}, past the {s.per_epoch} micro-batches of an "
+                             "epoch for this rank")
+        s.epoch, self._position = epoch, position
 
     # -- iteration --------------------------------------------------------------------
     def __len__(self) -> int:
