@@ -249,11 +249,16 @@ def _row(**changes):
     (dict(loss_mask=np.array([1] * 15 + [2], np.uint8)), "loss_mask holds 2 at token 15, not 0 or 1"),
     (dict(loss_mask=np.array([1] * 15 + [-1], np.int8).view(np.uint8)), "loss_mask holds 255 at token 15"),
     (dict(source_index=np.array([0, 1, 2])), "3 source_index entries for 2 sequences"),
+    (dict(source_index=np.array([0, 10])), "source_index 10 is not one of the 10 input records"),
+    (dict(source_index=np.array([-1, 1])), "source_index -1 is not one of the 10 input records"),
+    (dict(tokens=np.arange(1, 21, dtype=np.int32), loss_mask=np.ones(20, np.uint8),
+          cu_seqlens=np.array([0, 8, 20], np.int32)), "pack has 20 physical tokens, more than pack_size=16"),
 ])
 def test_build_refuses_rows_that_would_train_wrongly(changes, says):
     """A boundary off the recorded alignment (tokens shifted; CP slicing would also fail), a loss
-    mask value that would weight the loss, per-sequence lists of another length."""
-    meta = {"spec": {"pad_id": 0, "pack_size": 16, "pad_seq_to_mult": 4}}
+    mask value that would weight the loss, per-sequence lists of another length, a source index
+    that is no input record, a pack longer than C (a metadata re-signed with a smaller C)."""
+    meta = {"spec": {"pad_id": 0, "pack_size": 16, "pad_seq_to_mult": 4}, "counts": {"records": 10}}
     build_thd_batch(_row(), meta)  # the unchanged row builds
     with pytest.raises(ValueError, match=says):
         build_thd_batch(_row(**changes), meta)

@@ -81,6 +81,15 @@ def _check_row(row: Any, tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s
         raise ValueError(f"malformed pack: loss_mask holds {loss[bad]} at token {bad}, not 0 or 1")
 
 
+def _check_sources(row: Any, meta: dict) -> None:
+    """Source indices point at input records: ``0 <= i < counts.records`` where that is recorded."""
+    index = np.asarray(row.source_index)
+    records = meta.get("counts", {}).get("records") if isinstance(meta.get("counts"), dict) else None
+    if index.size and (int(index.min()) < 0 or (type(records) is int and int(index.max()) >= records)):
+        bad = int(index.min()) if int(index.min()) < 0 else int(index.max())
+        raise ValueError(f"malformed pack: source_index {bad} is not one of the {records} input records")
+
+
 def build_thd_batch(row: Any, meta: dict, *, static: bool = False) -> THDBatch:
     """Build the CPU :class:`THDBatch` of one stored pack.
 
@@ -111,8 +120,11 @@ def build_thd_batch(row: Any, meta: dict, *, static: bool = False) -> THDBatch:
         t = int(spec["pack_size"])
     else:
         t = phys
-    if phys > t:
-        raise ValueError(f"pack has {phys} physical tokens, more than pack_size={t}")
+    capacity = spec.get("pack_size")
+    limit = min(t, capacity) if type(capacity) is int else t  # no pack holds more than C, padded or not
+    if phys > limit:
+        raise ValueError(f"pack has {phys} physical tokens, more than pack_size={limit}")
+    _check_sources(row, meta)
     tail = t - phys
 
     # Segments: the sequences, then the tail (if any). seg_real is what is trained/attended
