@@ -106,3 +106,36 @@ def test_gpu_tensors_stay_on_device():
     t = torch.tensor([[1, 2, 3, 0], [4, 5, 0, 0]], device="cuda")
     out = pack_batch_sequences(t, None, None, None, torch.arange(4, device="cuda").expand(2, -1), pad_to_multiple_of=2)
     assert out[0].is_cuda and out[5].is_cuda and out[5].tolist() == [0, 4, 6]
+
+
+def test_inputs_of_other_shapes_are_refused():
+    """labels, loss_mask, position_ids or padding_mask of another shape than tokens (they used
+    to be gathered out of bounds, or silently mismatched), and a multiple that is not a count."""
+    tokens = torch.tensor([[5, 6, 7, 0, 0], [8, 9, 0, 0, 0], [4, 0, 0, 0, 0]])
+    positions = torch.arange(5).expand(3, 5)
+    for name in ("labels", "loss_mask", "position_ids", "padding_mask"):
+        args = dict(tokens=tokens, labels=tokens.clone(), loss_mask=torch.ones(3, 5), attention_mask=None,
+                    position_ids=positions)
+        args[name] = torch.ones(3, 3, dtype=torch.int64)
+        with pytest.raises(ValueError, match=rf"{name} has shape \[3, 3\], but tokens has \[3, 5\]"):
+            pack_batch_sequences(**args)
+    for m in (0, 2.5, True, "2"):
+        with pytest.raises(ValueError, match="pad_to_multiple_of must be an integer >= 1"):
+            pack_batch_sequences(tokens, None, None, None, positions, pad_to_multiple_of=m)
+    with pytest.raises(ValueError, match="tokens must be a \\[B, S\\] tensor"):
+        pack_batch_sequences(tokens[0], None, None, None, positions[0])
+
+
+def test_padding_mask_values_count_tokens_and_empty_widths_are_empty():
+    """A mask's nonzero entries are real tokens (a 2 is one token, not two); a batch of width 0
+    is all padding; a NumPy integer multiple is accepted."""
+    import numpy as np
+
+    tokens = torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0]])
+    mask = torch.tensor([[2, 2, 2, 0], [1, 1, 0, 0]])
+    out = pack_batch_sequences(tokens, None, None, None, torch.arange(4).expand(2, 4), padding_mask=mask,
+                               pad_to_multiple_of=np.int64(2))
+    assert out[5].tolist() == [0, 4, 6]
+    empty = torch.zeros(2, 0, dtype=torch.int64)
+    out = pack_batch_sequences(empty, None, None, None, empty)
+    assert out[0].shape == (1, 0) and out[5].tolist() == [0]

@@ -48,9 +48,12 @@ def test_sampler_epochs_reshuffle_and_seed_matters():
     assert list(MicroBatchSampler(5, shuffle=False)) == [[0], [1], [2], [3], [4]]
 
 
-def test_sampler_rejects_bad_sharding():
+@pytest.mark.parametrize("kwargs", [dict(dp_size=2, dp_rank=2), dict(batch_packs=2.5), dict(dp_size=0),
+                                    dict(dp_size=2.0, dp_rank=1), dict(batch_packs="2"), dict(dp_rank=-1)])
+def test_sampler_rejects_bad_sharding(kwargs):
     with pytest.raises(ValueError, match="bad sharding"):
-        MicroBatchSampler(10, dp_size=2, dp_rank=2)
+        MicroBatchSampler(10, **kwargs)
+    assert MicroBatchSampler(10, batch_packs=np.int64(2), dp_size=np.int64(2), dp_rank=np.int64(1)).per_epoch == 2
 
 
 # ---------------------------------------------------------------------------- loader on CPU

@@ -21,6 +21,7 @@ run it at collate time, not in the step.
 from __future__ import annotations
 
 import logging
+import operator
 
 import torch
 
@@ -28,9 +29,11 @@ logger = logging.getLogger(__name__)
 
 
 def _row_lengths(tokens: torch.Tensor, pad_token_id: int, padding_mask: torch.Tensor | None) -> torch.Tensor:
-    if padding_mask is not None:
-        return padding_mask.to(torch.int64).sum(dim=1)
+    if padding_mask is not None:  # nonzero = real (a mask of 0/2 or -1 still counts tokens, not weights)
+        return (padding_mask != 0).sum(dim=1)
     width = tokens.shape[1]
+    if width == 0:
+        return torch.zeros(tokens.shape[0], dtype=torch.int64, device=tokens.device)
     nonpad = tokens != pad_token_id
     # index of the last non-pad token + 1, via argmax over the reversed row; 0 if none
     last_from_end = torch.argmax(nonpad.flip(1).to(torch.int8), dim=1)
@@ -76,8 +79,19 @@ def pack_batch_sequences(
         and ``max_seqlen=0``.
     """
     del attention_mask  # replaced by cu_seqlens
-    if pad_to_multiple_of < 1:
-        raise ValueError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}")
+    try:
+        multiple = 0 if isinstance(pad_to_multiple_of, bool) else operator.index(pad_to_multiple_of)
+    except TypeError:
+        multiple = 0
+    if multiple < 1:
+        raise ValueError(f"pad_to_multiple_of must be an integer >= 1, got {pad_to_multiple_of!r}")
+    pad_to_multiple_of = multiple
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must be a [B, S] tensor, got shape {list(tokens.shape)}")
+    for name, t in (("labels", labels), ("loss_mask", loss_mask), ("position_ids", position_ids),
+                    ("padding_mask", padding_mask)):
+        if t is not None and t.shape != tokens.shape:
+            raise ValueError(f"{name} has shape {list(t.shape)}, but tokens has {list(tokens.shape)}")
     device = tokens.device
     batch, width = tokens.shape
     lengths = _row_lengths(tokens, pad_token_id, padding_mask)

@@ -17,6 +17,7 @@ Example: 10 packs, ``batch_packs=2``, ``dp_size=2`` -> 2 micro-batches per rank 
 
 from __future__ import annotations
 
+import operator
 from typing import Iterator
 
 import numpy as np
@@ -43,12 +44,14 @@ class MicroBatchSampler:
         seed: int = 0,
         shuffle: bool = True,
     ) -> None:
-        if batch_packs < 1 or dp_size < 1 or not 0 <= dp_rank < dp_size:
-            raise ValueError(f"bad sharding: batch_packs={batch_packs}, dp_size={dp_size}, dp_rank={dp_rank}")
+        try:  # counts (NumPy integers too); a float would fail later, deep in the slicing
+            counts = [operator.index(v) for v in (batch_packs, dp_size, dp_rank)]
+        except TypeError:
+            counts = [0, 0, 0]
+        if counts[0] < 1 or counts[1] < 1 or not 0 <= counts[2] < counts[1]:
+            raise ValueError(f"bad sharding: batch_packs={batch_packs!r}, dp_size={dp_size!r}, dp_rank={dp_rank!r}")
         self.num_packs = num_packs
-        self.batch_packs = batch_packs
-        self.dp_size = dp_size
-        self.dp_rank = dp_rank
+        self.batch_packs, self.dp_size, self.dp_rank = counts
         self.seed = seed
         self.shuffle = shuffle
         self.epoch = 0
