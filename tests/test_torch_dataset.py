@@ -67,3 +67,27 @@ def test_pickles_without_the_memory_map(packed_dir):
     clone = pickle.loads(pickle.dumps(ds))
     assert clone._reader is None  # reopened lazily in the worker process
     assert torch.equal(clone[3].tokens, ds[3].tokens)
+
+
+def test_a_bridge_split_by_name_pickles_and_loads_in_spawned_workers(tmp_path):
+    """split= picks a Bridge layout's split and travels with the path, so spawn/forkserver
+    workers reopen it (an open reader holds pyarrow objects that do not pickle)."""
+    packer = pytest.importorskip("packer_cli")
+    from packer_cli.shards.bridge_output import BridgeOutput
+    from packer_cli.shards.reader import PackedReader
+
+    rows = {"training": 60, "validation": 24}
+    for split, n in rows.items():
+        src = tmp_path / f"{split}.jsonl"
+        src.write_text("".join(json.dumps({"input_ids": list(range(1, 4 + k % 13)) + [2]}) + "\n" for k in range(n)))
+        packer.pack([str(src)], str(tmp_path / "bridge"), packer.PackSpec(pack_size=64),
+                    output=BridgeOutput(split=split))
+    val = PackedDataset(tmp_path / "bridge", split="validation")
+    assert val.metadata["counts"]["records"] == 24
+    assert PackedDataset(tmp_path / "bridge").metadata["counts"]["records"] == 60  # training by default
+    clone = pickle.loads(pickle.dumps(val))
+    assert clone.split == "validation" and torch.equal(clone[0].tokens, val[0].tokens)
+    loader = torch.utils.data.DataLoader(val, batch_size=None, num_workers=1, multiprocessing_context="spawn")
+    assert sum(b.num_real_tokens for b in loader) == val.metadata["counts"]["runtime_tokens"]
+    with pytest.raises(ValueError, match="split= goes with an output directory"):
+        PackedDataset(PackedReader(str(tmp_path / "bridge"), "validation"), split="validation")

@@ -29,12 +29,12 @@ from packer_cli.torch.batch import THDBatch
 from packer_cli.torch.build import build_thd_batch, concat_batches, static_shape
 
 
-def _open_reader(out_dir: str, check: bool = True) -> Any:
+def _open_reader(out_dir: str, check: bool = True, split: str | None = None) -> Any:
     try:
         from packer_cli.shards.reader import PackedReader
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ImportError(f"cannot read packed shards: packer_cli.shards.reader is unavailable ({exc})") from exc
-    return PackedReader(out_dir, check=check)
+    return PackedReader(out_dir, split, check=check)
 
 
 class PackedDataset(Dataset):
@@ -43,18 +43,25 @@ class PackedDataset(Dataset):
     Args:
         source: the output directory written by ``packer pack``, or an already open
             reader-like object (``.metadata``, ``len()``, ``.row(i)``).
+        split: of a Megatron-Bridge layout, ``"training"`` (the default) or ``"validation"``.
+            Given with the directory (not as an open reader), the dataset pickles as a path
+            and split, so it works with spawn and forkserver DataLoader workers too.
         static: CUDA-graph shapes (fixed ``T``, boundary length and ``max_seqlen``).
             ``None`` follows the data's ``spec.pad_cu_seqlens``. Checked at construction:
             a clear :class:`~packer_cli.torch.build.StaticShapeError` when the data was not
             padded to ``pack_size`` or the metadata lacks Bridge's keys.
     """
 
-    def __init__(self, source: str | os.PathLike | Any, *, static: bool | None = None) -> None:
+    def __init__(self, source: str | os.PathLike | Any, *, static: bool | None = None,
+                 split: str | None = None) -> None:
+        self.split = split
         if isinstance(source, (str, os.PathLike)):
             self.out_dir: str | None = os.fspath(source)
             self._reader: Any = None
             self._checked = False  # verify's layout checks run once, at the first open
         else:
+            if split is not None:
+                raise ValueError("split= goes with an output directory; an open reader already has its split")
             self.out_dir = None
             self._reader = source
             self._checked = True
@@ -70,7 +77,7 @@ class PackedDataset(Dataset):
     @property
     def reader(self) -> Any:
         if self._reader is None:
-            self._reader = _open_reader(self.out_dir, check=not self._checked)  # type: ignore[arg-type]
+            self._reader = _open_reader(self.out_dir, check=not self._checked, split=self.split)  # type: ignore[arg-type]
             self._checked = True
         return self._reader
 
