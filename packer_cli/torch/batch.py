@@ -28,12 +28,12 @@ and never cross a sequence boundary; padding has label ``-100`` and loss weight 
 from __future__ import annotations
 
 import dataclasses
-import operator
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
+from packer_cli.torch._ints import integer
 from packer_cli.torch.cp import cp_partition_indices
 from packer_cli.torch.params import make_packed_seq_params
 
@@ -158,11 +158,8 @@ class THDBatch:
         Runs on the batch's device without a sync. On CPU tensors it also checks that every
         physical boundary is divisible by ``2 * cp_size`` (a device check would sync).
         """
-        try:
-            size, rank = operator.index(cp_size), operator.index(cp_rank)
-        except TypeError:
-            size = rank = -1
-        if size < 1 or not 0 <= rank < size:
+        size, rank = integer(cp_size), integer(cp_rank)
+        if size is None or rank is None or size < 1 or not 0 <= rank < size:
             raise ValueError(f"cp_size must be an integer >= 1 and cp_rank one of 0..cp_size-1, got cp_size="
                              f"{cp_size!r}, cp_rank={cp_rank!r}")
         cp_size, cp_rank = size, rank

@@ -17,14 +17,13 @@ is a DataError naming its shard file and row.
 
 from __future__ import annotations
 
-import operator
 import os
 from typing import Any, Sequence
 
-import numpy as np
 from torch.utils.data import Dataset
 
 from packer_cli.errors import DataError
+from packer_cli.torch._ints import integer
 from packer_cli.torch.batch import THDBatch
 from packer_cli.torch.build import build_thd_batch, concat_batches, static_shape
 
@@ -92,12 +91,9 @@ class PackedDataset(Dataset):
         return self._len
 
     def __getitem__(self, index: int) -> THDBatch:
-        try:
-            if isinstance(index, (bool, np.bool_)):
-                raise TypeError
-            asked = index = operator.index(index)  # ints, NumPy integers; not floats or arrays
-        except TypeError:
-            raise TypeError(f"pack index must be an integer, got {type(index).__name__}") from None
+        asked, index = index, integer(index)
+        if index is None:
+            raise TypeError(f"pack index must be an integer, got {type(asked).__name__}")
         if index < 0:
             index += self._len
         if not 0 <= index < self._len:

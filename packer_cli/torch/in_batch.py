@@ -21,9 +21,10 @@ run it at collate time, not in the step.
 from __future__ import annotations
 
 import logging
-import operator
 
 import torch
+
+from packer_cli.torch._ints import integer
 
 logger = logging.getLogger(__name__)
 
@@ -79,11 +80,8 @@ def pack_batch_sequences(
         and ``max_seqlen=0``.
     """
     del attention_mask  # replaced by cu_seqlens
-    try:
-        multiple = 0 if isinstance(pad_to_multiple_of, bool) else operator.index(pad_to_multiple_of)
-    except TypeError:
-        multiple = 0
-    if multiple < 1:
+    multiple = integer(pad_to_multiple_of)
+    if multiple is None or multiple < 1:
         raise ValueError(f"pad_to_multiple_of must be an integer >= 1, got {pad_to_multiple_of!r}")
     pad_to_multiple_of = multiple
     if tokens.dim() != 2:

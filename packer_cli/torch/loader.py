@@ -32,12 +32,12 @@ Example::
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Iterator, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from packer_cli.torch._ints import integer
 from packer_cli.torch.batch import CP_MBS_ERROR, THDBatch
 from packer_cli.torch.config import validate_training_config
 from packer_cli.torch.dataset import PackedDataset
@@ -64,13 +64,8 @@ def _as_is(batch: THDBatch) -> THDBatch:
 def _count(value: Any, name: str) -> int:
     """``value`` as a count (an integer >= 0, NumPy's too); ValueError otherwise (a float or a
     negative position would silently resume elsewhere)."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        count = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}") from None
-    if count < 0:
+    count = integer(value)
+    if count is None or count < 0:
         raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
     return count
 

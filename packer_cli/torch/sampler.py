@@ -17,10 +17,11 @@ Example: 10 packs, ``batch_packs=2``, ``dp_size=2`` -> 2 micro-batches per rank 
 
 from __future__ import annotations
 
-import operator
 from typing import Iterator
 
 import numpy as np
+
+from packer_cli.torch._ints import integer
 
 
 class MicroBatchSampler:
@@ -44,11 +45,8 @@ class MicroBatchSampler:
         seed: int = 0,
         shuffle: bool = True,
     ) -> None:
-        try:  # counts (NumPy integers too); a float would fail later, deep in the slicing
-            counts = [operator.index(v) for v in (batch_packs, dp_size, dp_rank)]
-        except TypeError:
-            counts = [0, 0, 0]
-        if counts[0] < 1 or counts[1] < 1 or not 0 <= counts[2] < counts[1]:
+        counts = [integer(v) for v in (batch_packs, dp_size, dp_rank)]  # a float fails later, in the slicing
+        if None in counts or counts[0] < 1 or counts[1] < 1 or not 0 <= counts[2] < counts[1]:
             raise ValueError(f"bad sharding: batch_packs={batch_packs!r}, dp_size={dp_size!r}, dp_rank={dp_rank!r}")
         self.num_packs = num_packs
         self.batch_packs, self.dp_size, self.dp_rank = counts
