@@ -256,3 +256,10 @@ def test_prefetch_order_of_operations(monkeypatch):
         "compute waits copy", "record 1 on compute",
         "step 1",
     ]  # fmt: skip
+
+
+def test_a_loader_with_empty_epochs_says_so():
+    ds = _dataset(num_packs=10)
+    with pytest.warns(UserWarning, match="10 packs make no micro-batch of 1 pack\\(s\\) for each of 16 DP rank"):
+        loader = THDLoader(ds, dp_size=16, dp_rank=3, device="cpu", num_workers=0)
+    assert len(loader) == 0 and list(loader) == []

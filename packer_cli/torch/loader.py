@@ -32,6 +32,7 @@ Example::
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -127,6 +128,10 @@ class THDLoader:
         self.sampler = MicroBatchSampler(
             len(dataset), batch_packs=batch_packs, dp_size=dp_size, dp_rank=dp_rank, seed=seed, shuffle=shuffle
         )
+        if self.sampler.per_epoch == 0:  # a loop over it would run empty epochs without a word
+            warnings.warn(f"THDLoader: {len(dataset)} packs make no micro-batch of {self.sampler.batch_packs} "
+                          f"pack(s) for each of {self.sampler.dp_size} DP rank(s); every epoch is empty",
+                          stacklevel=2)
         self._position = 0  # micro-batches handed to the caller in the current epoch
         cuda = self.device.type == "cuda"
         self._loader = DataLoader(
