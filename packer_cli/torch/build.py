@@ -76,7 +76,7 @@ def _check_row(row: Any, tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s
         k = int(np.flatnonzero(p % multiple)[0])
         raise ValueError(f"malformed pack: sequence {k} spans {p[k]} tokens, not a multiple of pad_seq_to_mult="
                          f"{multiple}")
-    if loss.size and loss.dtype != np.bool_ and (int(loss.max()) > 1 or int(loss.min()) < 0):
+    if loss.size and loss.dtype != np.bool_ and (int(loss.max()) > 1 or (loss.dtype.kind != "u" and int(loss.min()) < 0)):
         bad = int(np.flatnonzero((loss > 1) | (loss < 0))[0])
         raise ValueError(f"malformed pack: loss_mask holds {loss[bad]} at token {bad}, not 0 or 1")
 
@@ -84,10 +84,14 @@ def _check_row(row: Any, tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s
 def _check_sources(row: Any, meta: dict) -> None:
     """Source indices point at input records: ``0 <= i < counts.records`` where that is recorded."""
     index = np.asarray(row.source_index)
-    records = meta.get("counts", {}).get("records") if isinstance(meta.get("counts"), dict) else None
-    if index.size and (int(index.min()) < 0 or (type(records) is int and int(index.max()) >= records)):
-        bad = int(index.min()) if int(index.min()) < 0 else int(index.max())
-        raise ValueError(f"malformed pack: source_index {bad} is not one of the {records} input records")
+    if not index.size:
+        return
+    counts = meta.get("counts")
+    records = counts.get("records") if isinstance(counts, dict) else None
+    lo, hi = int(index.min()), int(index.max())
+    if lo < 0 or (type(records) is int and hi >= records):
+        raise ValueError(f"malformed pack: source_index {lo if lo < 0 else hi} is not one of the {records} input "
+                         "records")
 
 
 def build_thd_batch(row: Any, meta: dict, *, static: bool = False) -> THDBatch:
