@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from packer_cli._arrow import bits_to_numpy, to_numpy
 from packer_cli.errors import DataError
 from packer_cli.shards.bridge import (
     BRIDGE_COLUMNS, BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PACKER_COLUMNS, SPLITS, split_manifest_name,
@@ -206,7 +207,7 @@ class BridgeRowError(ValueError):
 
 def _first(flags) -> int:
     """Index of the first true entry of a boolean pyarrow array (there is one)."""
-    return int(np.flatnonzero(flags.to_numpy(zero_copy_only=False))[0])
+    return int(np.flatnonzero(bits_to_numpy(flags))[0])
 
 
 def _row_of(offsets: np.ndarray, position) -> int:
@@ -219,14 +220,14 @@ def _list_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
     arr = table.column(name).combine_chunks()
     if arr.null_count:
         raise BridgeRowError(_first(arr.is_null()), f"{name} is null")
-    offsets = np.asarray(arr.offsets).astype(np.int64)
+    offsets = to_numpy(arr.offsets).astype(np.int64)
     start = int(offsets[0])
     values = arr.values.slice(start, int(offsets[-1]) - start)
     if start:
         offsets -= start
     if values.null_count:
         raise BridgeRowError(_row_of(offsets, _first(values.is_null())), f"{name} holds a null value")
-    return np.asarray(values), offsets
+    return to_numpy(values), offsets
 
 
 def _check_lengths(cols: dict) -> None:
