@@ -18,8 +18,9 @@ BAD_WIDTH = -2  # bit width over 32
 INDEX_RANGE = -3  # a dictionary index past the dictionary
 # The values decode, but the stream is not what writers produce: bytes left over after the
 # last value, a last bit-packed run whose padding is cut short, or a repeated value with bits
-# set past the bit width (pyarrow reads its whole bytes, so masking them would read other data). Valid files do not look
-# like this, damaged ones (a wrong bit width, say) often do; the caller lets pyarrow judge.
+# set past the bit width (pyarrow reads its whole bytes, so masking them would read other
+# data). Valid files do not look like this, damaged ones (a wrong bit width, say) often do;
+# the caller lets pyarrow judge.
 UNUSUAL = -4
 
 MESSAGES = {TRUNCATED: "encoded values end early", BAD_WIDTH: "bit width over 32",
