@@ -121,8 +121,8 @@ def serve(handlers: dict, ready: dict | None = None) -> None:
 
 def versions() -> dict:
     out = {"python": platform.python_version()}
-    for name in ("packer-cli", "numpy", "pyarrow", "numba", "orjson", "xxhash", "trl", "datasets", "lightbinpack",
-                 "torch"):
+    for name in ("packer-cli", "typer", "numpy", "pyarrow", "numba", "orjson", "xxhash", "trl", "datasets",
+                 "lightbinpack", "torch"):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

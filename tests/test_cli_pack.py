@@ -115,7 +115,7 @@ def test_bad_options_exit_2(tmp_path, args, message):
     (["pack", "DATA", "--overlong", "xx"], "Invalid value for '--overlong'"),
     (["pack", "DATA", "--shard-size", "abc"], "--shard-size: not a size: 'abc'"),
     (["pack", "DATA", "--spill-memory", "xyz"], "--spill-memory: not a size: 'xyz'"),
-    (["pack"], "Missing argument 'inputs'"),
+    (["pack"], "Missing argument 'inputs"),  # typer 0.28 spells it 'INPUTS...'
     (["inspect"], "Missing argument 'out'"),
     (["bogus"], "No such command 'bogus'"),
 ], ids=["int", "float", "choice", "shard-size", "spill-memory", "no-input", "no-out", "command"])
@@ -129,7 +129,7 @@ def test_bad_command_lines_are_one_line_errors(tmp_path, args, message):
                            capture_output=True, text=True, timeout=60)
     lines = child.stderr.strip().splitlines()
     assert child.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), child.stderr
-    assert message in lines[0], lines[0]
+    assert message.lower() in lines[0].lower(), lines[0]
     if "not a size" not in message:  # typer's own checks point at the command's help
         assert lines[0].endswith(f"(see 'packer {args[0] if args[0] != 'bogus' else ''}".rstrip() + " --help')"), lines[0]
     assert_nothing_written(tmp_path)
