@@ -386,8 +386,9 @@ def test_exact_fill_rebuild_matches_reference_dense(capacity):
 @pytest.mark.parametrize("n, seed", [(20000, 2), (30000, 7)])
 def test_refine_threads_change_nothing(monkeypatch, n, seed):
     # Large pools try two thresholds at a time on two threads; the plan must be the one the
-    # sequential loop makes. The first input stops at the third threshold (the bound is
-    # reached), the second tries all six, then stops early in its second round.
+    # sequential loop makes. The first input reaches the bound with its first rebuild (the
+    # second, already running, is dropped); the second looks ahead from its first rebuild and
+    # reaches the bound with its second round's third.
     from packer_cli.plan import refine as R
 
     capacity = 1024
@@ -410,6 +411,40 @@ def test_refine_threads_change_nothing(monkeypatch, n, seed):
         assert n1 == n2
         npt.assert_array_equal(s1, s2)
         npt.assert_array_equal(e1[: n1 + 1], e2[: n2 + 1])
+
+
+@pytest.mark.parametrize("n, seed", [(60000, 3), (100000, 1)])
+def test_refine_look_ahead_skips_rebuilds_and_loses_nothing(monkeypatch, n, seed):
+    # Looking ahead from a first-round rebuild that leaves few items in non-full packs may
+    # end the first round early at the bound; the packing must never have more packs than
+    # the plain rounds make (best of every threshold, then later rounds on that one).
+    from packer_cli.plan import refine as R
+    from packer_cli.plan._refine_kernels import _collect
+
+    capacity = 1024
+    lengths = np.clip(np.random.default_rng(seed).gamma(5, 20, n).round(), 10, capacity).astype(np.int64)
+    base = plan_packs(lengths, capacity, "ffd")
+    nonfull = base.pack_load < capacity
+    pool = np.sort(_collect(base.order, base.pack_offsets, np.flatnonzero(nonfull)))
+    bound = martello_toth_l2(lengths, capacity) - int((~nonfull).sum())
+    pools = []
+    real_rebuild = R._rebuild
+    monkeypatch.setattr(R, "_rebuild", lambda arr, p, *a: pools.append(p.size) or real_rebuild(arr, p, *a))
+    packs, first_round = {}, {}
+    for look_ahead in (False, True):
+        for goal in (0, bound):  # 0: never reached, every threshold is tried
+            pools.clear()
+            sequence, ends = R._repack(lengths, pool, int(nonfull.sum()), capacity, goal, 4, look_ahead=look_ahead)
+            npt.assert_array_equal(np.sort(sequence), pool)
+            assert ends[0] == 0 and ends[-1] == pool.size and (np.diff(ends) > 0).all()
+            assert (np.add.reduceat(lengths[sequence], ends[:-1]) <= capacity).all()
+            packs[look_ahead, goal] = ends.size - 1
+            first_round[look_ahead, goal] = pools.count(pool.size)
+    for goal in (0, bound):
+        assert packs[True, goal] <= packs[False, goal]
+    assert first_round[False, 0] == first_round[True, 0] == len(R._THRESHOLD_DIVISORS)
+    assert packs[True, bound] == bound  # these inputs all reach the bound ...
+    assert first_round[True, bound] < first_round[False, bound]  # ... with fewer first-round rebuilds
 
 
 def test_refine_reaches_bound_on_small_items():

@@ -9,7 +9,10 @@ exactly with one, two or three items when the pool allows it, and finally
 best-fits what is left. Several thresholds are tried (largest items first
 matters most when items are big, exact closing when they are small); the
 best result is kept only if it beats the input, and rounds repeat on the new
-non-full packs while they help. Everything is deterministic.
+non-full packs while they help. A first-round result that leaves few items in
+non-full packs gets its later rounds at once, so a first round whose later
+rounds reach the L2 bound stops there instead of trying every threshold on
+the whole pool (``_repack``). Everything is deterministic.
 """
 
 from __future__ import annotations
@@ -29,12 +32,15 @@ from .plan import PackPlan, _make_plan
 __all__ = ["refine_plan"]
 
 #: Thresholds tried, as fractions of the capacity (``capacity // d``).
-_THRESHOLD_DIVISORS = (64, 32, 16, 8, 128, 4)
+_THRESHOLD_DIVISORS = (8, 64, 32, 16, 128, 4)
 #: Third-item candidates tried per pack when no exact pair closes it.
 _MAX_TRIPLES = 64
 #: Pools at least this large try two thresholds at a time, one per thread (the kernel
 #: releases the GIL); below it a thread's start costs more than the rebuild.
 _PARALLEL_POOL = 50_000
+#: A first-round rebuild gets its later rounds at once when the items of its non-full packs
+#: are at most this fraction (1 / share) of the pool (see ``_repack``).
+_LOOK_AHEAD_SHARE = 4
 
 
 def _usable_cpus() -> int:
@@ -47,84 +53,142 @@ def _rebuilds(arr: np.ndarray, pool: np.ndarray, capacity: int):
     """``_rebuild`` of ``pool`` under each threshold, yielded in ``_THRESHOLD_DIVISORS`` order.
 
     On a large pool with two CPUs the next threshold is rebuilt on a second thread while this
-    one is, and while the caller looks at a result; a caller that stops early has wasted at
-    most that one. The results and their order are the same either way."""
+    one is, and while the caller looks at a result. A caller that stops early does not wait
+    for the rebuild still running: it finishes on its thread and is dropped. The results and
+    their order are the same either way."""
     thresholds = [max(1, capacity // divisor) for divisor in _THRESHOLD_DIVISORS]
     if pool.size < _PARALLEL_POOL or _usable_cpus() < 2:
         for threshold in thresholds:
             yield _rebuild(arr, pool, capacity, threshold, _MAX_TRIPLES)
         return
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="packer-refine") as workers:
+    workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="packer-refine")
+    try:
         running = [workers.submit(_rebuild, arr, pool, capacity, t, _MAX_TRIPLES) for t in thresholds[:2]]
         for threshold in thresholds[2:]:
             yield running.pop(0).result()
             running.append(workers.submit(_rebuild, arr, pool, capacity, threshold, _MAX_TRIPLES))
         for future in running:
             yield future.result()
+    finally:
+        workers.shutdown(wait=False, cancel_futures=True)
 
 
-def _refine_round(arr: np.ndarray, plan: PackPlan, target: int, in_place: bool = False):
-    """One round: rebuild the non-full packs; return a better plan or None.
+def _repack(arr: np.ndarray, pool: np.ndarray, num_packs: int, capacity: int, goal: int, rounds: int,
+            look_ahead: bool = False):
+    """A packing of ``pool`` (item indices, ascending) into fewer than ``num_packs`` packs, as
+    ``(sequence, ends)`` (pack ``q`` is ``sequence[ends[q]:ends[q + 1]]``), or None.
 
-    Memory: the pool (items of non-full packs, usually a small share) costs
-    4 bytes per pooled item and each rebuild 12 (the best so far, the one looked at and, on a
-    large pool, the one rebuilt meanwhile); the new ``order`` 4 bytes per item, or nothing
-    with ``in_place`` (``plan.order`` is rewritten, so ``plan`` must not be
-    used again once a better plan is returned).
+    One round rebuilds the pool under each threshold and keeps the one with fewest packs;
+    later rounds (``rounds`` in all) re-pack that one's non-full packs. It stops as soon as a
+    packing has at most ``goal`` packs (the L2 bound less the packs kept outside the pool).
+
+    ``look_ahead`` (the first round): a rebuild that is the round's best so far and leaves
+    few items in non-full packs (at most ``1 / _LOOK_AHEAD_SHARE`` of the pool) gets its
+    later rounds at once, before the next threshold's rebuild is looked at. Those rounds work
+    on a small pool, and when they reach the bound the remaining first-round rebuilds, the
+    expensive ones, are skipped. Otherwise nothing is lost: the round's final best gets its
+    later rounds either way, and the packing with the fewest packs found is returned.
     """
-    capacity = plan.capacity
-    nonfull = plan.pack_load < capacity
-    num_nonfull = int(nonfull.sum())
-    if num_nonfull <= 1:
-        return None
-    # Sorted by item index so equal lengths are taken in index order.
-    pool = np.sort(_collect(plan.order, plan.pack_offsets, np.flatnonzero(nonfull)))
-    kept_packs = np.flatnonzero(~nonfull)
-    kept = kept_packs.size
-    best = None
-    for sequence, ends, num_new in _rebuilds(arr, pool, capacity):
-        if num_new < num_nonfull and (best is None or num_new < best[2]):
-            best = (sequence, ends[: num_new + 1].copy(), num_new)
-            if kept + num_new <= target:
-                break
-    if best is None:
-        return None
-    sequence, ends, num_new = best
-    del pool
-    # Kept (full) packs first in their old order, then the new packs. In place, each kept
-    # segment only moves towards the front, so copying forward never overwrites unread items.
-    if in_place:
-        order = plan.order
-        order.setflags(write=True)
-    else:
-        order = np.empty(plan.order.shape[0], np.int32)
-    _compose(plan.order, plan.pack_offsets, kept_packs, sequence, order)
-    kept_sizes = np.diff(plan.pack_offsets)[kept_packs]
-    offsets = np.concatenate([[0], np.cumsum(kept_sizes), kept_sizes.sum() + ends[1:]])
-    new_load = np.add.reduceat(arr[sequence], ends[:-1]) if num_new else np.zeros(0, np.int64)
-    load = np.concatenate([plan.pack_load[kept_packs], new_load])
-    return _make_plan(order, offsets, load, plan.num_items, capacity, plan.algorithm)
+    round_best = num_packs
+    pending = None  # the round's best rebuild, its later rounds not run yet
+    found = None  # the best packing after later rounds
+    for sequence, ends, num in _rebuilds(arr, pool, capacity):
+        if num >= round_best:
+            continue
+        round_best = num
+        ends = ends[: num + 1].copy()
+        if num <= goal:
+            return sequence, ends
+        nonfull = np.add.reduceat(arr[sequence], ends[:-1]) < capacity
+        rebuild = (sequence, ends, nonfull)
+        if look_ahead and np.diff(ends)[nonfull].sum() * _LOOK_AHEAD_SHARE <= pool.size:
+            pending = None
+            found = _fewer(found, _later_rounds(arr, rebuild, capacity, goal, rounds - 1))
+            if found[1].size - 1 <= goal:
+                return found
+        else:
+            pending = rebuild
+    if pending is not None:
+        found = _fewer(found, _later_rounds(arr, pending, capacity, goal, rounds - 1))
+    return found
+
+
+def _fewer(packing, other):
+    """Of two ``(sequence, ends)`` packings (the first may be None), the one with fewer packs;
+    the first on a tie."""
+    return other if packing is None or other[1].size < packing[1].size else packing
+
+
+def _later_rounds(arr: np.ndarray, rebuild, capacity: int, goal: int, rounds: int):
+    """A rebuild ``(sequence, ends, nonfull)`` with its non-full packs re-packed by up to
+    ``rounds`` more rounds: its full packs first, in their order, then the re-packed ones (or
+    the rebuild as it is)."""
+    sequence, ends, nonfull = rebuild
+    num_nonfull = int(np.count_nonzero(nonfull))
+    if rounds == 0 or num_nonfull <= 1:
+        return sequence, ends
+    full_packs = np.flatnonzero(~nonfull)
+    pool = np.sort(_collect(sequence, ends, np.flatnonzero(nonfull)))
+    repacked = _repack(arr, pool, num_nonfull, capacity, goal - full_packs.size, rounds)
+    if repacked is None:
+        return sequence, ends
+    return _join(sequence, ends, full_packs, *repacked)
+
+
+def _join(sequence, ends, kept_packs, new_sequence, new_ends, out=None):
+    """The ``kept_packs`` of ``(sequence, ends)``, in their order, then the packs of
+    ``(new_sequence, new_ends)``, as one ``(sequence, ends)`` (written into ``out`` if given)."""
+    kept_sizes = np.diff(ends)[kept_packs]
+    if out is None:
+        out = np.empty(int(kept_sizes.sum()) + new_sequence.size, np.int32)
+    _compose(sequence, ends, kept_packs, new_sequence, out)
+    joined_ends = np.concatenate([[0], np.cumsum(kept_sizes), kept_sizes.sum() + new_ends[1:]])
+    return out, joined_ends
 
 
 def _refine(arr: np.ndarray, plan: PackPlan, *, max_rounds: int = 4, in_place: bool = False) -> PackPlan:
     """:func:`refine_plan` on validated lengths (empty items allowed, they stay unpacked).
 
-    ``in_place``: reuse ``plan.order`` for the refined order (4 bytes an item less at the
+    ``in_place``: write the refined order into ``plan.order`` (4 bytes an item less at the
     peak); only for a caller that owns ``plan`` and drops it for the result.
+
+    Memory: the pool (items of non-full packs, usually a small share) costs 4 bytes per
+    pooled item and each first-round rebuild 12 (the best so far, the one looked at and, on a
+    large pool, the one rebuilt meanwhile); later rounds work on smaller pools.
     """
     start = time.perf_counter()
+    capacity = plan.capacity
     current = plan
-    if plan.order.shape[0]:
-        target = _l2_of_histogram(K._length_histogram(arr, plan.capacity), plan.capacity)
-        for _ in range(max_rounds):
-            if current.num_packs <= target:
-                break
-            better = _refine_round(arr, current, target, in_place)
-            if better is None:
-                break
-            current = better
-    return _make_plan(current.order, current.pack_offsets, current.pack_load, current.num_items, plan.capacity,
+    nonfull = plan.pack_load < capacity
+    num_nonfull = int(nonfull.sum())
+    if max_rounds > 0 and plan.order.shape[0] and num_nonfull > 1:
+        target = _l2_of_histogram(K._length_histogram(arr, capacity), capacity)
+        kept_packs = np.flatnonzero(~nonfull)
+        if plan.num_packs > target:
+            # Sorted by item index so equal lengths are taken in index order.
+            pool = np.sort(_collect(plan.order, plan.pack_offsets, np.flatnonzero(nonfull)))
+            repacked = _repack(arr, pool, num_nonfull, capacity, target - kept_packs.size, max_rounds,
+                               look_ahead=True)
+            del pool
+            if repacked is not None:
+                current = _with_packs(arr, plan, kept_packs, *repacked, in_place=in_place)
+    return _make_plan(current.order, current.pack_offsets, current.pack_load, current.num_items, capacity,
                       plan.algorithm + "+refine", refine_seconds=time.perf_counter() - start)
+
+
+def _with_packs(arr, plan: PackPlan, kept_packs, sequence, ends, *, in_place: bool) -> PackPlan:
+    """``plan``'s ``kept_packs`` (full ones) in their old order, then the new packs."""
+    # In place, each kept segment only moves towards the front, so copying forward never
+    # overwrites unread items.
+    if in_place:
+        out = plan.order
+        out.setflags(write=True)
+    else:
+        out = np.empty(plan.order.shape[0], np.int32)
+    order, offsets = _join(plan.order, plan.pack_offsets, kept_packs, sequence, ends, out)
+    new_load = np.add.reduceat(arr[sequence], ends[:-1])
+    load = np.concatenate([plan.pack_load[kept_packs], new_load])
+    return _make_plan(order, offsets, load, plan.num_items, plan.capacity, plan.algorithm)
 
 
 def refine_plan(lengths, plan: PackPlan, *, max_rounds: int = 4) -> PackPlan:
