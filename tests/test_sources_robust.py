@@ -223,6 +223,73 @@ def test_ipc_stream_with_only_a_schema_is_empty_not_truncated(tmp_path):
         records(path)
 
 
+# --- Arrow IPC files: the footer must describe the whole file ------------------------------
+
+def _file_bytes(first: int, rows: int = 30, metadata=None, **options) -> bytes:
+    """An IPC file of ``rows`` records in batches of 10 (ids ``first``, ``first + 1``, ...), with a
+    dictionary-encoded column so dictionary blocks are laid out too."""
+    ids = [[1, 2, first + i] for i in range(rows)]
+    table = pa.table({"input_ids": ids, "loss_mask": [[0, 1, 1]] * rows,
+                      "source": pa.array(["a", "b"] * (rows // 2) + ["a"] * (rows % 2)).dictionary_encode()},
+                     metadata=metadata)
+    sink = io.BytesIO()
+    with pa.ipc.new_file(sink, table.schema, options=pa.ipc.IpcWriteOptions(**options)) as writer:
+        for batch in table.to_batches(max_chunksize=10):
+            writer.write_batch(batch)
+    return sink.getvalue()
+
+
+@pytest.mark.parametrize("options", [{}, {"use_legacy_format": True}, {"compression": "zstd"},
+                                     {"metadata_version": pa.ipc.MetadataVersion.V4}],
+                         ids=["current", "legacy", "zstd", "v4"])
+@pytest.mark.parametrize("rows", [0, 1, 30])
+def test_ipc_files_as_arrow_writes_them_read(tmp_path, options, rows):
+    path = tmp_path / "f.arrow"
+    path.write_bytes(_file_bytes(100, rows, **options))
+    if rows:
+        assert records(path) == rows
+    else:
+        with pytest.raises(DataError, match="empty input"):
+            records(path)
+
+
+@pytest.mark.parametrize("first", ["another file", "the same file", "a file with schema metadata"])
+def test_ipc_files_joined_together_are_a_data_error(tmp_path, first):
+    """pyarrow reads a file from its footer, whose block offsets count from the start: two files
+    joined with ``cat`` read as the first file's batches, the second's samples lost unread
+    (and ``verify --source`` against the same input agreed)."""
+    second = _file_bytes(500)
+    head = {"another file": _file_bytes(100), "the same file": second,
+            "a file with schema metadata": _file_bytes(100, metadata={b"origin": b"x" * 40})}[first]
+    path = tmp_path / "f.arrow"
+    path.write_bytes(head + second)
+    if "metadata" not in first:  # pyarrow reads the first file's batches as the second's
+        assert pa.ipc.open_file(pa.memory_map(str(path))).read_all().num_rows == 30
+    # Where the first file's schema message is longer, the second's first batch is not where it
+    # ends (pyarrow fails on its own there, with "Invalid flatbuffers message").
+    detail = (r"message 1 of 4 is at byte [\d,]+, the one before it ends at byte [\d,]+" if "metadata" in first
+              else r"its messages end at byte [\d,]+, the footer starts at byte [\d,]+")
+    with pytest.raises(DataError, match=rf"f\.arrow: the Arrow IPC file's footer does not describe its contents "
+                                        rf"\({detail}\): files joined together"):
+        records(path)
+    result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 64)
+    assert_one_line_error(result, 1, "footer does not describe its contents")
+    assert_nothing_written(tmp_path)
+
+
+def test_ipc_file_with_a_damaged_head_or_inserted_bytes_is_a_data_error(tmp_path):
+    data = _file_bytes(100)
+    path = tmp_path / "f.arrow"
+    path.write_bytes(b"XRROW1" + data[6:])  # the footer is intact, pyarrow reads it as before
+    with pytest.raises(DataError, match=r"f\.arrow: an Arrow IPC file must start with ARROW1"):
+        records(path)
+    # 8 bytes inserted before the footer: the footer is found from the end as before.
+    footer_start = len(data) - 10 - int.from_bytes(data[-10:-6], "little")
+    path.write_bytes(data[:footer_start] + bytes(8) + data[footer_start:])
+    with pytest.raises(DataError, match=r"footer does not describe its contents \(its messages end at byte "):
+        records(path)
+
+
 # --- D11: all records malformed; uint64 ids beyond int64 ------------------------------------
 
 MALFORMED = {

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from packer_cli._arrow import from_numpy, memory_pool
 from packer_cli.errors import DataError
+from packer_cli.sources._ipc_file import check_file_layout
 from packer_cli.sources.discover import InputFile
 from packer_cli.sources.parquet_lists import ListColumnReader
 
@@ -383,11 +384,12 @@ def _open_ipc(path: str):
     source = pa.memory_map(path)
     try:
         reader = pa.ipc.open_file(source)
-        return [reader.get_batch(i) for i in range(reader.num_record_batches)], reader.schema
     except pa.ArrowInvalid:
         source.seek(0)
         reader = pa.ipc.open_stream(source)
         return _complete_stream(path, source, reader), reader.schema
+    check_file_layout(path, source)
+    return [reader.get_batch(i) for i in range(reader.num_record_batches)], reader.schema
 
 
 def _complete_stream(path: str, source, reader) -> Iterator[pa.RecordBatch]:
