@@ -34,6 +34,13 @@ def assert_nothing_written(parent):
     assert [p.name for p in parent.iterdir() if p.name.startswith("out")] == []
 
 
+def assert_pack_refuses(tmp_path, path, text: str) -> None:
+    """``packer pack path`` fails with a one-line data error (exit 1) and writes nothing."""
+    result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 64)
+    assert_one_line_error(result, 1, text)
+    assert_nothing_written(tmp_path)
+
+
 def records(path, spec=SourceSpec()) -> int:
     stream = SampleStream(discover_inputs([str(path)]), spec)
     for _ in stream:
@@ -116,9 +123,7 @@ def test_malformed_state_json_is_a_data_error(tmp_path, state, reason):
 
 def test_malformed_state_json_on_the_command_line(tmp_path):
     root = _datasets_dir(tmp_path, {"_data_files": [{"filename": 5}]})
-    result = run("pack", root, "-o", tmp_path / "out", "--pack-size", 64)
-    assert_one_line_error(result, 1, "state.json")
-    assert_nothing_written(tmp_path)
+    assert_pack_refuses(tmp_path, root, "state.json")
 
 
 # --- D6: truncated or corrupt .jsonl.zst ------------------------------------------------------
@@ -194,9 +199,7 @@ def test_ipc_stream_cut_at_a_batch_boundary_is_a_data_error(tmp_path, legacy):
     path.write_bytes(_stream_bytes(3, legacy=legacy, close=False))
     with pytest.raises(DataError, match=r"s\.arrow: .*end-of-stream marker"):
         records(path)
-    result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 64)
-    assert_one_line_error(result, 1, "end-of-stream marker")
-    assert_nothing_written(tmp_path)
+    assert_pack_refuses(tmp_path, path, "end-of-stream marker")
 
 
 @pytest.mark.parametrize("legacy", [False, True], ids=["current", "legacy"])
@@ -211,9 +214,7 @@ def test_bytes_after_the_end_of_stream_marker_are_a_data_error(tmp_path, legacy,
     with pytest.raises(DataError, match=rf"s\.arrow: {len(extra):,} bytes follow the Arrow IPC stream's "
                                         r"end-of-stream marker after 30 rows"):
         records(path)
-    result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 64)
-    assert_one_line_error(result, 1, "bytes follow the Arrow IPC stream's end-of-stream marker")
-    assert_nothing_written(tmp_path)
+    assert_pack_refuses(tmp_path, path, "bytes follow the Arrow IPC stream's end-of-stream marker")
 
 
 def test_ipc_stream_with_only_a_schema_is_empty_not_truncated(tmp_path):
@@ -272,9 +273,7 @@ def test_ipc_files_joined_together_are_a_data_error(tmp_path, first):
     with pytest.raises(DataError, match=rf"f\.arrow: the Arrow IPC file's footer does not describe its contents "
                                         rf"\({detail}\): files joined together"):
         records(path)
-    result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 64)
-    assert_one_line_error(result, 1, "footer does not describe its contents")
-    assert_nothing_written(tmp_path)
+    assert_pack_refuses(tmp_path, path, "footer does not describe its contents")
 
 
 def test_ipc_file_with_a_damaged_head_or_inserted_bytes_is_a_data_error(tmp_path):
