@@ -356,6 +356,18 @@ def _input_paths(inputs) -> list[str]:
         raise ConfigError(f"inputs must be paths (str or os.PathLike), got {inputs!r}") from None
 
 
+def _check_out_outside_input_directories(out: str, inputs: list[str]) -> None:
+    """An OUT inside a directory given as input would be read as input by every later run over
+    that directory (and by ``verify --source``): refuse it before anything is written."""
+    real_out = os.path.realpath(out)
+    for path in inputs:
+        if os.path.isdir(path):
+            real = os.path.realpath(path)
+            if real_out == real or real_out.startswith(real.rstrip(os.sep) + os.sep):
+                raise ConfigError(f"{out} is inside the input directory {path}, so a later run over it would read "
+                                  "the output as input: write the output elsewhere")
+
+
 def _check_arguments(spec, source, shard_bytes, spill_memory, output) -> None:
     """Raise :class:`ConfigError` for unusable arguments of :func:`pack`, before anything is read."""
     if not isinstance(spec, PackSpec):
@@ -459,6 +471,8 @@ def pack(
     if not dry_run and not out:
         raise ConfigError("an output directory (-o OUT) is required unless --dry-run")
     out = output_target(out) if out and not dry_run else out
+    if out and not dry_run:
+        _check_out_outside_input_directories(out, _input_paths(inputs))
     spill_parent = _check_spill_parent(spill_dir)
     try:
         input_paths = [f.path for f in files]

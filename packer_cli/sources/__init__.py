@@ -15,7 +15,13 @@ from typing import Iterator
 
 from packer_cli.errors import DataError
 from packer_cli.sources.discover import InputFile, discover_inputs
-from packer_cli.sources.normalize import SampleBatch, Supervision, detect_supervision, normalize_batch
+from packer_cli.sources.normalize import (
+    SUPERVISION_FIELDS,
+    SampleBatch,
+    Supervision,
+    detect_supervision,
+    normalize_batch,
+)
 from packer_cli.sources.readers import arrow_field_names, jsonl_field_names, read_file, read_jsonl
 from packer_cli.spec import SourceSpec
 
@@ -62,9 +68,12 @@ class SampleStream:
         self.supervision = sup = self._detect()
         fields = [self.spec.tokens_field] + ([sup.field] if sup.field else [])
         scalar = {sup.field} if sup.kind == "answer" else set()
+        # The first record decided that every token is a target; a later record with a
+        # supervision field would have it ignored, so it is an error instead.
+        absent = tuple(n for n in SUPERVISION_FIELDS if n != self.spec.tokens_field) if sup.kind == "all" else ()
         for file in self.files:
             before = self.records
-            for raw in read_file(file, fields, scalar, self.arrow_parquet):
+            for raw in read_file(file, fields, scalar, self.arrow_parquet, absent):
                 n = raw.batch.num_rows
                 last = self.segments[-1] if self.segments else None
                 if last and last.path == raw.path and last.first_row + last.count == raw.row0:

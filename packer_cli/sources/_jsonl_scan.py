@@ -436,7 +436,7 @@ def _field_of(buf, a, b, names, name_offsets):
 @njit(**_FLAGS)
 def _record(buf, i, end, names, name_offsets, scalar, row, offsets, values, scalars, seen, stack):
     """Parse one record spanning ``buf[i:end]``; 1 parsed, 0 give up, -1 out of value space."""
-    k_fields = name_offsets.size - 1
+    k_fields = scalar.shape[0]  # the wanted fields; the names after them are fields no record may have
     for k in range(k_fields):
         seen[k] = False
         offsets[k, row + 1] = offsets[k, row]
@@ -454,6 +454,8 @@ def _record(buf, i, end, names, name_offsets, scalar, row, offsets, values, scal
             if key_end < 0 or escaped:
                 return 0
             k = _field_of(buf, i + 1, key_end - 1, names, name_offsets)
+            if k >= k_fields:
+                return 0
             i = _ws(buf, key_end, end)
             if i >= end or buf[i] != _COLON:
                 return 0
@@ -536,7 +538,7 @@ def scan(buf, pos, end, eof, max_rows, names, name_offsets, scalar, state, lines
         state[LINE] += 1
         lines[row] = state[LINE]
         if got == 0:
-            for k in range(name_offsets.size - 1):
+            for k in range(scalar.shape[0]):
                 offsets[k, row + 1] = offsets[k, row]
             slow_rows[state[SLOW]] = row
             slow_spans[state[SLOW], 0] = pos

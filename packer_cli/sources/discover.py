@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 
 from packer_cli.errors import ConfigError, DataError
+from packer_cli.shards.bridge import is_bridge_dir, layout_files
+from packer_cli.shards.format import FORMAT_NAME, MANIFEST_FILE
 
 #: Suffix → format name. Longest suffixes first so ``.jsonl.gz`` wins over ``.gz``.
 SUFFIXES = {
@@ -88,6 +90,8 @@ def _data_file_names(state, state_path: str) -> list[str]:
 
 
 def _expand_directory(path: str) -> list[InputFile]:
+    """A directory's inputs: a datasets directory as one input, else every supported file
+    below it (hidden entries skipped), in sorted order of their paths."""
     if os.path.isfile(os.path.join(path, "state.json")):
         return [_hf_dataset(path)]
     if os.path.isfile(os.path.join(path, "dataset_dict.json")):
@@ -96,16 +100,52 @@ def _expand_directory(path: str) -> list[InputFile]:
             f"{path} is a Hugging Face DatasetDict with splits {splits}; pass one split directory, "
             f"e.g. {os.path.join(path, splits[0]) if splits else path + '/train'}"
         )
-    files = []
-    for root, dirs, names in os.walk(path):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in names:
-            full = os.path.join(root, name)
-            if not name.startswith(".") and format_of(name):
-                files.append(full)
-    if not files:
+    _refuse_packer_output(path)
+    found = sorted(_walk(path, (os.path.realpath(path),)), key=lambda f: f.path)
+    if not found:
         raise DataError(f"{path}: directory holds no supported input files ({', '.join(SUFFIXES)})")
-    return [InputFile(path=f, format=format_of(f)) for f in sorted(files)]
+    return found
+
+
+def _walk(directory: str, ancestors: tuple[str, ...]) -> list[InputFile]:
+    """The inputs below ``directory``. A subdirectory is expanded as a directory argument is (a
+    datasets directory is one input, read through its state.json, never as loose files: its
+    cache files are not data, and its splits must not be mixed); a symbolic link to a
+    directory is followed, one that leads back to a directory above it is an error."""
+    found = []
+    for name in os.listdir(directory):
+        full = os.path.join(directory, name)
+        if name.startswith("."):
+            continue
+        if os.path.isdir(full):
+            real = os.path.realpath(full)
+            if real in ancestors:
+                raise DataError(f"{full}: a symbolic link back to {real}, which holds it: the directory "
+                                "would be read without end")
+            if any(os.path.isfile(os.path.join(full, marker)) for marker in ("state.json", "dataset_dict.json")):
+                found += _expand_directory(full)
+            else:
+                _refuse_packer_output(full)
+                found += _walk(full, ancestors + (real,))
+        elif format_of(name):
+            found.append(InputFile(path=full, format=format_of(name)))
+    return found
+
+
+def _refuse_packer_output(directory: str) -> None:
+    """A packer output is not input: its shards hold packs, and a Bridge layout's Parquet file
+    has the very columns of a tokenized input, so it would be packed again as samples."""
+    if _is_native_output(directory) or (is_bridge_dir(directory) and layout_files(directory) is not None):
+        raise DataError(f"{directory}: a packer output, not input: move it out of the input directory, "
+                        "or name the input files")
+
+
+def _is_native_output(directory: str) -> bool:
+    try:
+        with open(os.path.join(directory, MANIFEST_FILE), "rb") as f:
+            return f'"{FORMAT_NAME}"'.encode() in f.read(4096)  # its "format" key comes first
+    except OSError:
+        return False
 
 
 def discover_inputs(inputs: list[str]) -> list[InputFile]:
@@ -124,7 +164,7 @@ def discover_inputs(inputs: list[str]) -> list[InputFile]:
                 )
             found.append(InputFile(path=arg, format=fmt))
         elif glob.has_magic(arg):
-            matches = sorted(glob.glob(arg))
+            matches = sorted(glob.glob(arg, recursive=True))  # `**` spans directories
             if not matches:
                 raise DataError(f"{arg}: the pattern matches no files")
             for match in matches:

@@ -47,6 +47,10 @@ class Supervision:
         return "every token" if self.kind == "all" else f"{self.kind} field '{self.field}'"
 
 
+#: The fields detected as supervision, in order of preference (a mask, labels, an answer start).
+SUPERVISION_FIELDS = ("loss_mask", "labels", "answer_start_idx")
+
+
 def detect_supervision(names: list[str], spec: SourceSpec) -> Supervision:
     """Pick the supervision source from the available field names (or the forced one)."""
     sup = _pick_supervision(names, spec)
@@ -67,7 +71,7 @@ def _pick_supervision(names: list[str], spec: SourceSpec) -> Supervision:
         return Supervision("mask", spec.mask_field)
     if spec.labels_field:
         return Supervision("labels", spec.labels_field)
-    for kind, name in (("mask", "loss_mask"), ("labels", "labels"), ("answer", "answer_start_idx")):
+    for kind, name in zip(("mask", "labels", "answer"), SUPERVISION_FIELDS):
         if name in names:
             return Supervision(kind, name)
     return Supervision("all")
@@ -147,7 +151,7 @@ def _int_values(values: pa.Array, name: str, path: str, row0: int, offsets, bad:
 def _null_rows(arr, name: str, bad: dict) -> None:
     if arr.null_count:
         for row in np.flatnonzero(np.asarray(arr.is_null().to_numpy(zero_copy_only=False))).tolist():
-            bad.setdefault(int(row), f"missing field '{name}'")
+            bad.setdefault(int(row), f"field '{name}' is null")
 
 
 def _targets(batch: pa.RecordBatch, sup: Supervision, tokens, offsets, lengths, path, row0, bad, name):

@@ -66,11 +66,19 @@ class _ZstdReader(io.RawIOBase):
 
 
 def _open_text(path: str):
-    if path.endswith(".gz"):
+    suffix = path.lower()  # as discover.format_of matched it: DATA.JSONL.GZ is gzip too
+    if suffix.endswith(".gz"):
         return gzip.open(path, "rb")
-    if path.endswith(".zst"):
+    if suffix.endswith(".zst"):
         return io.BufferedReader(_ZstdReader(path), buffer_size=1 << 20)
     return open(path, "rb", buffering=1 << 20)
+
+
+def unexpected_supervision(where: str) -> DataError:
+    """A record or column with a supervision field in a stream whose first record has none."""
+    return DataError(f"{where} is a supervision field, but the first record of the input has none, so every "
+                     "token would be a target: give all records the same fields, or name the supervision "
+                     "field with --mask-field or --labels-field")
 
 
 def _value_problem(value, scalar: bool) -> str | None:
@@ -82,6 +90,8 @@ def _value_problem(value, scalar: bool) -> str | None:
     if not isinstance(value, list):
         return "is not a list"
     for j, item in enumerate(value):
+        if isinstance(item, float) and item.is_integer() and not -(2**63) <= item < 2**63:
+            return f"[{j}] = {item!r} is out of range"  # orjson reads integers beyond 64 bits as floats
         if not isinstance(item, int) or isinstance(item, bool):
             return f"[{j}] = {item!r} is not an integer"
         if not -(2**63) <= item < 2**63:
@@ -134,6 +144,11 @@ def _orjson_values(raw: bytes, fields: list[str], pre_bad: dict[int, str], row: 
     except (orjson.JSONDecodeError, ValueError) as exc:
         pre_bad[row] = f"malformed JSON: {exc}"
         record = {}
+    for name in fields:  # both read as None below; the message tells them apart
+        if name not in record:
+            pre_bad.setdefault(row, f"missing field '{name}'")
+        elif record[name] is None:
+            pre_bad.setdefault(row, f"field '{name}' is null")
     return [record.get(name) for name in fields]
 
 
@@ -184,9 +199,12 @@ class _ScannedBatches:
     assembles it, so messages and results do not change.
     """
 
-    def __init__(self, path: str, f, fields: list[str], scalar_fields: set[str]):
+    def __init__(self, path: str, f, fields: list[str], scalar_fields: set[str], absent: tuple[str, ...] = ()):
         self.path, self.f, self.fields, self.scalar_fields = path, f, fields, scalar_fields
-        encoded = [name.encode() for name in fields]
+        # Keys the scanner compares: the wanted fields, then the absent ones (a record with one
+        # of those is given up on, so orjson reads it and :meth:`_mixed_batch` reports it).
+        self.absent = absent
+        encoded = [name.encode() for name in (*fields, *absent)]
         self.names = np.frombuffer(b"".join(encoded) or b"\0", dtype=np.uint8)
         self.name_offsets = np.cumsum([0] + [len(n) for n in encoded]).astype(np.int64)
         self.scalar = np.array([name in scalar_fields for name in fields], dtype=np.bool_)
@@ -308,12 +326,26 @@ class _ScannedBatches:
         batch = pa.RecordBatch.from_arrays(arrays, names=self.fields)
         return RawBatch(self.path, row0, batch, part.lines[:rows].copy(), {})
 
+    def _refuse_absent(self, raw: bytes, line: int) -> None:
+        """Raise if the record on ``line`` has an ``absent`` field (the scanner gives up on
+        such a record, and on others it cannot vouch for)."""
+        if not self.absent:
+            return
+        try:
+            record = orjson.loads(raw)
+        except orjson.JSONDecodeError:  # reported as malformed by the caller
+            return
+        for name in self.absent:
+            if isinstance(record, dict) and name in record:
+                raise unexpected_supervision(f"{self.path}: line {line}: field '{name}'")
+
     def _mixed_batch(self, row0: int, part: "_ScannedPart") -> RawBatch:
         columns: dict[str, list] = {name: [] for name in self.fields}
         pre_bad: dict[int, str] = {}
         values, offsets, scalars = part.values, part.offsets, part.scalars
         for row in range(part.rows):
             if row in part.slow:
+                self._refuse_absent(part.slow[row], int(part.lines[row]))
                 parsed = _orjson_values(part.slow[row], self.fields, pre_bad, row)
             else:
                 parsed = [int(scalars[k, row]) if self.scalar[k]
@@ -360,10 +392,11 @@ class _ScannedPart:
         self.rows += other.rows
 
 
-def read_jsonl(path: str, fields: list[str], scalar_fields: set[str]) -> Iterator[RawBatch]:
+def read_jsonl(path: str, fields: list[str], scalar_fields: set[str],
+               absent: tuple[str, ...] = ()) -> Iterator[RawBatch]:
     """Batches of a JSON Lines file (plain, .gz or .zst) through the compiled scanner."""
     with _open_text(path) as f:
-        yield from _ScannedBatches(path, f, fields, scalar_fields)
+        yield from _ScannedBatches(path, f, fields, scalar_fields, absent)
 
 
 # --- Arrow family --------------------------------------------------------------------------
@@ -382,6 +415,9 @@ _LEGACY_END_OF_STREAM = b"\x00\x00\x00\x00"
 
 def _open_ipc(path: str):
     source = pa.memory_map(path)
+    if source.read_at(4, 0) == b"FEA1":
+        raise DataError(f"{path}: a Feather version 1 file; packer reads Feather version 2 (Arrow IPC): "
+                        "rewrite it with pyarrow.feather.write_feather")
     try:
         reader = pa.ipc.open_file(source)
     except pa.ArrowInvalid:
@@ -421,27 +457,35 @@ def _select(batch: pa.RecordBatch, fields: list[str]) -> pa.RecordBatch:
     return batch.select(names)
 
 
-def _require_fields(path: str, schema: pa.Schema, fields: list[str]) -> None:
-    """A columnar file lacking a wanted column is bad as a whole: say so with its fields."""
+def _require_fields(path: str, schema: pa.Schema, fields: list[str], absent: tuple[str, ...] = ()) -> None:
+    """A columnar file lacking a wanted column, holding it twice, or holding an ``absent`` one
+    is bad as a whole: say so with its fields."""
+    for name in absent:
+        if name in schema.names:
+            raise unexpected_supervision(f"{path}: column '{name}'")
     for name in fields:
         if name not in schema.names:
             raise DataError(f"{path}: row 0: missing field '{name}' (fields: {', '.join(schema.names) or 'none'})")
+        if (times := schema.names.count(name)) > 1:
+            raise DataError(f"{path}: column '{name}' appears {times} times; which one holds the field is "
+                            "ambiguous")
 
 
-def read_parquet(path: str, fields: list[str], arrow_only: bool = False) -> Iterator[RawBatch]:
+def read_parquet(path: str, fields: list[str], arrow_only: bool = False,
+                 absent: tuple[str, ...] = ()) -> Iterator[RawBatch]:
     """Batches of a Parquet file: packer's compiled decoder for list-of-integer columns,
     pyarrow's for anything else or with ``arrow_only`` (see :mod:`.parquet_lists`). Pages are
     streamed, never whole row groups, so memory stays bounded by the batch size."""
-    _require_fields(path, pq.read_schema(path), fields)
+    _require_fields(path, pq.read_schema(path), fields, absent)
     row0 = 0
     for batch in ListColumnReader(path, fields, BATCH_ROWS, arrow_only=arrow_only):
         yield RawBatch(path, row0, batch)
         row0 += batch.num_rows
 
 
-def read_ipc(path: str, fields: list[str]) -> Iterator[RawBatch]:
+def read_ipc(path: str, fields: list[str], absent: tuple[str, ...] = ()) -> Iterator[RawBatch]:
     batches, schema = _open_ipc(path)
-    _require_fields(path, schema, fields)
+    _require_fields(path, schema, fields, absent)
     row0 = 0
     for batch in batches:
         # IPC buffers are taken as written: check offsets and bounds before trusting them.
@@ -453,20 +497,22 @@ def read_ipc(path: str, fields: list[str]) -> Iterator[RawBatch]:
 
 
 def read_file(file: InputFile, fields: list[str], scalar_fields: set[str],
-              arrow_parquet: bool = False) -> Iterator[RawBatch]:
+              arrow_parquet: bool = False, absent: tuple[str, ...] = ()) -> Iterator[RawBatch]:
     """Raw batches of one input, wrapping every reader failure as a one-line DataError.
 
-    ``arrow_parquet`` decodes Parquet with pyarrow instead of packer's own decoder.
+    ``arrow_parquet`` decodes Parquet with pyarrow instead of packer's own decoder. ``absent``:
+    fields no record may have (the supervision fields, when the stream's first record has none,
+    so that every token is a target: a record that has one is an error, not ignored).
     """
     paths = file.parts or (file.path,)
     for path in paths:
         try:
             if file.format == "jsonl":
-                yield from read_jsonl(path, fields, scalar_fields)
+                yield from read_jsonl(path, fields, scalar_fields, absent)
             elif file.format == "parquet":
-                yield from read_parquet(path, fields, arrow_parquet)
+                yield from read_parquet(path, fields, arrow_parquet, absent)
             else:
-                yield from read_ipc(path, fields)
+                yield from read_ipc(path, fields, absent)
         except DataError:
             raise
         except (pa.ArrowException, OSError, EOFError, ValueError, UnicodeDecodeError, zlib.error) as exc:

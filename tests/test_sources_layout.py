@@ -1,0 +1,218 @@
+"""Inputs as a user lays them out: directories (nested datasets directories, symbolic links,
+packer outputs), globs, suffix case, duplicate columns, and supervision fields that only
+some records have. Each case was once read wrongly without a word, or with a traceback."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from packer_cli import PackSpec, pack
+from packer_cli.cli import app
+from packer_cli.errors import ConfigError, DataError
+from packer_cli.sources import SampleStream, discover_inputs
+from packer_cli.spec import SourceSpec
+
+runner = CliRunner()
+
+
+def jsonl(path, records) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return str(path)
+
+
+def sample(first: int, n: int = 4) -> dict:
+    return {"input_ids": list(range(first, first + n)), "loss_mask": [0] + [1] * (n - 1)}
+
+
+def datasets_dir(root, firsts) -> str:
+    """A save_to_disk-like directory (stream-format Arrow file + state.json) of one sample per entry."""
+    root.mkdir(parents=True)
+    table = pa.Table.from_pylist([sample(f) for f in firsts])
+    with pa.ipc.new_stream(str(root / "data-00000-of-00001.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    (root / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}))
+    return str(root)
+
+
+def read(*paths, spec=SourceSpec()):
+    """(first token of each sample, number of records) of the stream over ``paths``."""
+    stream = SampleStream(discover_inputs([str(p) for p in paths]), spec)
+    firsts = []
+    for batch in stream:
+        starts = np.concatenate([[0], np.cumsum(batch.lengths)[:-1]]).astype(np.int64)
+        firsts += batch.tokens[starts].tolist()
+    return firsts, stream.records
+
+
+# --- directories ------------------------------------------------------------------------------
+
+def test_a_datasets_directory_inside_a_directory_is_read_through_its_state_json(tmp_path):
+    """Walked as loose files, a ``datasets.map`` cache file next to the data was read as data."""
+    jsonl(tmp_path / "data" / "a.jsonl", [sample(100)])
+    ds = datasets_dir(tmp_path / "data" / "b_ds", [200, 300])
+    table = pa.Table.from_pylist([sample(900)])
+    with pa.ipc.new_stream(os.path.join(ds, "cache-1234.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    assert read(tmp_path / "data") == ([100, 200, 300], 3)
+
+
+def test_a_datasetdict_inside_a_directory_is_refused_as_at_the_top(tmp_path):
+    """Read as loose files, its test split was packed into the training data."""
+    jsonl(tmp_path / "data" / "a.jsonl", [sample(100)])
+    dd = tmp_path / "data" / "dd"
+    datasets_dir(dd / "train", [200])
+    datasets_dir(dd / "test", [300])
+    (dd / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
+    with pytest.raises(ConfigError, match=r"dd is a Hugging Face DatasetDict with splits \['test', 'train'\]"):
+        discover_inputs([str(tmp_path / "data")])
+
+
+def test_a_symbolic_link_to_a_directory_is_followed_and_a_loop_refused(tmp_path):
+    jsonl(tmp_path / "data" / "a.jsonl", [sample(100)])
+    jsonl(tmp_path / "elsewhere" / "c.jsonl", [sample(300)])
+    os.symlink(tmp_path / "elsewhere", tmp_path / "data" / "b_link")
+    assert read(tmp_path / "data") == ([100, 300], 2)  # the linked directory was skipped
+    os.symlink(tmp_path / "data", tmp_path / "elsewhere" / "back")
+    with pytest.raises(DataError, match=r"back: a symbolic link back to .*data, which holds it"):
+        discover_inputs([str(tmp_path / "data")])
+
+
+def test_a_directory_walk_keeps_sorted_path_order(tmp_path):
+    # "a.b/x" sorts before "a/y" as a path ("." < "/"): the order source indices were always given in
+    jsonl(tmp_path / "data" / "a" / "y.jsonl", [sample(200)])
+    jsonl(tmp_path / "data" / "a.b" / "x.jsonl", [sample(100)])
+    jsonl(tmp_path / "data" / ".hidden" / "z.jsonl", [sample(900)])
+    assert read(tmp_path / "data") == ([100, 200], 2)
+
+
+def test_a_double_star_glob_spans_directories(tmp_path):
+    jsonl(tmp_path / "data" / "f1.jsonl", [sample(100)])
+    jsonl(tmp_path / "data" / "x" / "f2.jsonl", [sample(200)])
+    jsonl(tmp_path / "data" / "x" / "y" / "f3.jsonl", [sample(300)])
+    assert read(tmp_path / "data" / "**" / "*.jsonl") == ([100, 200, 300], 3)
+
+
+@pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
+def test_a_packer_output_inside_an_input_directory_is_refused(tmp_path, fmt):
+    """A Bridge layout's Parquet file has the columns of a tokenized input: it was packed
+    again as samples. Native shards failed on a missing field."""
+    data = tmp_path / "data"
+    jsonl(data / "a.jsonl", [sample(100 * i, 8) for i in range(1, 6)])
+    result = runner.invoke(app, ["pack", str(data / "a.jsonl"), "-o", str(tmp_path / "out"), "-C", "16",
+                                 "--format", fmt])
+    assert result.exit_code == 0, result.output
+    os.rename(tmp_path / "out", data / "packed")
+    with pytest.raises(DataError, match=r"data/packed: a packer output, not input"):
+        discover_inputs([str(data)])
+    assert read(data / "a.jsonl")[1] == 5  # named on its own, the input still reads
+
+
+def test_an_output_inside_an_input_directory_is_refused_before_anything_is_written(tmp_path):
+    data = tmp_path / "data"
+    jsonl(data / "a.jsonl", [sample(100, 8)])
+    with pytest.raises(ConfigError, match=r"data/packed is inside the input directory .*data, so a later run"):
+        pack([str(data)], str(data / "packed"), PackSpec(pack_size=16))
+    result = runner.invoke(app, ["pack", str(tmp_path / "data"), "-o", str(data / "sub" / ".." / "packed"),
+                                 "-C", "16"])
+    assert result.exit_code == 2 and "is inside the input directory" in result.output, result.output
+    assert sorted(os.listdir(data)) == ["a.jsonl"]
+    assert pack([str(data / "a.jsonl")], str(data / "packed"), PackSpec(pack_size=16)).counts["records"] == 1  # a file is fine
+
+
+# --- files --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["UP.JSONL.GZ", "mixed.jsonl.Gz"])
+def test_compressed_suffixes_in_any_case_are_decompressed(tmp_path, name):
+    """Matched as JSON Lines whatever the case, the file was then read as plain text."""
+    records = [sample(100 * i) for i in range(1, 4)]
+    (tmp_path / name).write_bytes(gzip.compress(b"".join(orjson.dumps(r) + b"\n" for r in records)))
+    assert read(tmp_path / name) == ([100, 200, 300], 3)
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "arrow"])
+@pytest.mark.parametrize("column", ["input_ids", "loss_mask"])
+def test_a_column_named_twice_is_a_data_error(tmp_path, suffix, column):
+    """It was a KeyError traceback."""
+    other = "loss_mask" if column == "input_ids" else "input_ids"
+    table = pa.Table.from_arrays([pa.array([[1, 2, 3]]), pa.array([[0, 1, 1]]), pa.array([[1, 2, 3]])],
+                                 names=[column, other, column])
+    path = tmp_path / f"dup.{suffix}"
+    pq.write_table(table, path) if suffix == "parquet" else feather.write_feather(table, str(path))
+    with pytest.raises(DataError, match=rf"dup\.{suffix}: column '{column}' appears 2 times"):
+        read(path)
+
+
+@pytest.mark.filterwarnings("ignore:Feather V1 files are deprecated")
+def test_feather_version_1_is_named(tmp_path):
+    path = tmp_path / "v1.feather"
+    feather.write_feather(pa.table({"input_ids": [1, 2]}), str(path), version=1)
+    with pytest.raises(DataError, match=r"v1\.feather: a Feather version 1 file; packer reads Feather version 2"):
+        read(path)
+
+
+@pytest.mark.parametrize("line,message", [
+    (b'{"input_ids": [1, 99999999999999999999999, 3]}', "input_ids[1] = 1e+23 is out of range"),
+    (b'{"input_ids": null}', "field 'input_ids' is null"),
+    (b'{"tokens": [1, 2]}', "missing field 'input_ids'"),
+])
+def test_bad_values_are_named_for_what_they_are(tmp_path, line, message):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(line + b"\n")
+    with pytest.raises(DataError, match=r"d\.jsonl: line 1: " + re.escape(message)):
+        read(path)
+
+
+def test_a_null_row_of_a_columnar_input_is_named_null(tmp_path):
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"input_ids": pa.array([[1, 2], None], pa.list_(pa.int32()))}), path)
+    with pytest.raises(DataError, match=r"d\.parquet: row 1: field 'input_ids' is null"):
+        read(path)
+
+
+# --- supervision that only some records have ---------------------------------------------------
+
+def test_a_later_columnar_input_with_a_mask_is_an_error_not_ignored(tmp_path):
+    """The first input decided "every token is a target"; the second one's mask was ignored."""
+    first = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3]]}), first)
+    second = tmp_path / "b.parquet"
+    pq.write_table(pa.table({"input_ids": [[4, 5, 6]], "loss_mask": [[0, 0, 1]]}), second)
+    with pytest.raises(DataError, match=r"b\.parquet: column 'loss_mask' is a supervision field, but the first "
+                                        "record of the input has none, so every token would be a target"):
+        read(first, second)
+
+
+@pytest.mark.parametrize("record", [
+    {"input_ids": [4, 5, 6], "loss_mask": [0, 0, 1]},
+    {"input_ids": [4, 5, 6], "labels": [-100, 5, 6]},
+    {"input_ids": [4, 5, 6], "answer_start_idx": 1},
+    {"input_ids": [4, 5, 6], "l\\u006fss_mask": [0, 0, 1]},  # an escaped key: orjson reads it
+], ids=["mask", "labels", "answer", "escaped key"])
+def test_a_later_json_record_with_supervision_is_an_error_not_ignored(tmp_path, record):
+    path = tmp_path / "d.jsonl"
+    lines = [orjson.dumps({"input_ids": [1, 2, 3]}), b"", json.dumps(record).encode().replace(b"\\\\", b"\\")]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    name = next(k for k in ("loss_mask", "labels", "answer_start_idx") if k in json.loads(lines[2]))
+    with pytest.raises(DataError, match=rf"d\.jsonl: line 3: field '{name}' is a supervision field, but the first "
+                                        "record of the input has none"):
+        read(path)
+
+
+def test_supervision_names_elsewhere_in_a_record_are_not_supervision(tmp_path):
+    path = jsonl(tmp_path / "d.jsonl", [{"input_ids": [1, 2, 3]},
+                                        {"input_ids": [4, 5, 6], "note": "loss_mask"},
+                                        {"input_ids": [7, 8, 9], "meta": {"loss_mask": [1, 1, 1]}}])
+    stream = SampleStream(discover_inputs([path]), SourceSpec())
+    targets = np.concatenate([batch.targets for batch in stream])
+    assert stream.records == 3 and targets.all()
