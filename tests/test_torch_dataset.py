@@ -91,3 +91,28 @@ def test_a_bridge_split_by_name_pickles_and_loads_in_spawned_workers(tmp_path):
     assert sum(b.num_real_tokens for b in loader) == val.metadata["counts"]["runtime_tokens"]
     with pytest.raises(ValueError, match="split= goes with an output directory"):
         PackedDataset(PackedReader(str(tmp_path / "bridge"), "validation"), split="validation")
+
+
+def test_static_shapes_of_a_bridge_layout_are_the_same_for_both_splits(tmp_path):
+    """Bridge sizes static batches from every entry of ``{C}_metadata.jsonl`` (max, max, min), so
+    a CUDA graph captured on training batches replays on validation ones; each split's own
+    values gave training max_seqlen 4 and validation boundaries of length 4 instead."""
+    packer = pytest.importorskip("packer_cli")
+    from packer_cli.shards.bridge_output import BridgeOutput
+
+    lengths = {"training": [4] * 16, "validation": [30, 31, 20, 12]}  # many short / few long samples
+    spec = packer.PackSpec(pack_size=32, cp=2, pad_to_max_length=True, pad_cu_seqlens=True)
+    for split, lens in lengths.items():
+        src = tmp_path / f"{split}.jsonl"
+        src.write_text("".join(json.dumps({"input_ids": list(range(10, 10 + n)) + [7]}) + "\n" for n in lens))
+        packer.pack([str(src)], str(tmp_path / "bridge"), spec, output=BridgeOutput(split=split))
+    entries = json.loads((tmp_path / "bridge" / "32_metadata.jsonl").read_text())
+    assert len({e["max_samples_per_bin"] for e in entries}) == 2  # the splits differ on their own
+    cu_len = max(e["max_samples_per_bin"] for e in entries) + 2
+    max_seqlen = max(max(e["dataset_max_seqlen"] for e in entries), 32 - min(e["min_packed_seqlen"] for e in entries))
+    for split in lengths:
+        ds = PackedDataset(tmp_path / "bridge", split=split)
+        assert ds.static
+        for batch in (ds[i] for i in range(len(ds))):
+            assert batch.tokens.shape[-1] == 32
+            assert batch.cu_seqlens_padded.numel() == cu_len and batch.max_seqlen == max_seqlen

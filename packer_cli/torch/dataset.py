@@ -36,6 +36,40 @@ def _open_reader(out_dir: str, check: bool = True, split: str | None = None) -> 
     return PackedReader(out_dir, split, check=check)
 
 
+#: Bridge's static-shape keys and how its loader combines them across the splits' entries.
+_STATIC_KEYS = {"max_samples_per_bin": max, "dataset_max_seqlen": max, "min_packed_seqlen": min}
+
+
+def _static_keys_across_splits(out_dir: str, meta: dict) -> dict:
+    """``meta`` with its ``bridge`` static-shape keys taken across every split of a Bridge layout.
+
+    Bridge sizes its static batches from all entries of ``{C}_metadata.jsonl`` (the largest
+    ``max_samples_per_bin`` and ``dataset_max_seqlen``, the smallest ``min_packed_seqlen``), so
+    the training and validation splits get the same shapes and a CUDA graph captured on one
+    replays on the other. The same values here: packer's metadata of every split present,
+    plus the file's entries where it is readable (it may hold other writers' entries, which
+    Bridge counts too). A native output has one split and is returned unchanged.
+    """
+    from packer_cli.shards.bridge import bridge_metadata_name, is_bridge_dir, splits_in
+    from packer_cli.shards.bridge_reader import load_bridge_metadata
+    from packer_cli.shards.format import read_json_value
+
+    if not is_bridge_dir(out_dir):
+        return meta
+    entries = [load_bridge_metadata(out_dir, split).get("bridge") or {} for split in splits_in(out_dir)]
+    try:
+        listed = read_json_value(os.path.join(out_dir, bridge_metadata_name(meta["spec"]["pack_size"])))
+    except (OSError, ValueError, KeyError, TypeError):  # verify reports it; packer's own entries suffice
+        listed = []
+    entries += [e for e in listed if isinstance(e, dict)] if isinstance(listed, list) else []
+    bridge = dict(meta.get("bridge") or {})
+    for key, pick in _STATIC_KEYS.items():
+        values = [e[key] for e in entries if type(e.get(key)) is int]
+        if bridge.get(key) is not None and values:
+            bridge[key] = pick([bridge[key], *values])
+    return {**meta, "bridge": bridge}
+
+
 class PackedDataset(Dataset):
     """Map-style dataset: ``len`` = number of packs, ``ds[i]`` = THDBatch of pack ``i``.
 
@@ -65,9 +99,11 @@ class PackedDataset(Dataset):
             self._reader = source
             self._checked = True
         meta = self.reader.metadata
-        self.metadata: dict = meta
         spec = meta.get("spec", {})
         self.static = bool(spec.get("pad_cu_seqlens", False)) if static is None else bool(static)
+        if self.static and self.out_dir is not None:
+            meta = _static_keys_across_splits(self.out_dir, meta)
+        self.metadata: dict = meta
         if self.static:
             static_shape(meta)  # raises early with a clear message
         self._len = len(self.reader)
