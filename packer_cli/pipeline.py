@@ -30,7 +30,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -129,10 +129,22 @@ def _histogram(values: np.ndarray, size: int) -> np.ndarray:
     return hist
 
 
-def _plan(padded: np.ndarray, spec: PackSpec, progress: Progress):
+def _plan(padded: np.ndarray, spec: PackSpec, progress: Progress, extra_sample: np.ndarray):
     task = progress.task("planning", total=None, unit="sequences")
+    stream_order = None
+    if spec.algorithm.value == "sequential" and extra_sample.size:
+        # Items N + e, the later pieces of split samples, come after every sample's first
+        # piece; in input order each follows its own first piece. Two sorted runs: the stable
+        # sort merges them in linear time.
+        stream_order = np.argsort(np.concatenate([np.arange(padded.size - extra_sample.size), extra_sample]),
+                                  kind="stable").astype(np.int32)
+        padded = padded[stream_order]
     plan = plan_packs(padded, spec.pack_size, spec.algorithm.value, seed=spec.seed, refine=spec.refines,
                       skip_empty=True)
+    if stream_order is not None:
+        order = stream_order[plan.order]
+        order.setflags(write=False)
+        plan = replace(plan, order=order)
     progress.advance(task, plan.order.size)
     return plan
 
@@ -511,7 +523,7 @@ def pack(
             # lengths wait in the spill directory.
             lengths = _park(lengths, spill_dir)
             _release_memory()
-            plan = _plan(padded, spec, bar)
+            plan = _plan(padded, spec, bar, items.extra_sample)
             del padded
             pack_order = _pack_order(plan.num_packs, spec)
             summary = summarize(

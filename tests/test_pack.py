@@ -238,3 +238,18 @@ def test_bridge_keys_match_plan(synthetic_parquet, tmp_path):
     assert summary.bridge["packing_factor"] == round(len(got) / summary.counts["packs"], 2)
     assert summary.bridge["packing_efficiency"] == round(padded.sum() / summary.counts["packs"] / 4096 * 100, 2)
     assert summary.quality["lower_bound"] == -(-padded.sum() // 4096)
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+def test_sequential_keeps_the_pieces_of_split_samples_in_input_order(tmp_path, cp):
+    """``sequential`` is order-preserving next fit; a split sample's later pieces were planned
+    after every other sample (they are items N + e), so they came out last."""
+    rng = np.random.default_rng(cp)
+    lengths = [int(n) for n in rng.choice([5, 9, 40, 75], size=60, p=[0.4, 0.3, 0.2, 0.1])]
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"input_ids": list(range(1, n + 1))}) + b"\n" for n in lengths))
+    spec = PackSpec(pack_size=16, cp=cp, algorithm=Algorithm.SEQUENTIAL, shuffle=False, overlong=OverlongPolicy.SPLIT)
+    summary = pack([str(path)], str(tmp_path / "out"), spec)
+    assert summary.counts["overlong"]["samples"] > 5
+    keys = list(packed_sequences(tmp_path / "out"))  # in output order
+    assert keys == sorted(keys) and len({k[0] for k in keys}) == len(lengths)
