@@ -216,3 +216,19 @@ def test_supervision_names_elsewhere_in_a_record_are_not_supervision(tmp_path):
     stream = SampleStream(discover_inputs([path]), SourceSpec())
     targets = np.concatenate([batch.targets for batch in stream])
     assert stream.records == 3 and targets.all()
+
+
+def test_a_subdirectory_that_cannot_be_listed_is_an_error_not_skipped(tmp_path, monkeypatch):
+    """The directory walk skipped it without a word (root ignores permissions: the refusal is simulated)."""
+    jsonl(tmp_path / "data" / "a.jsonl", [sample(100)])
+    (tmp_path / "data" / "sub").mkdir()
+    listdir = os.listdir
+
+    def refusing(path):
+        if str(path).endswith("sub"):
+            raise PermissionError(13, "Permission denied")
+        return listdir(path)
+
+    monkeypatch.setattr(os, "listdir", refusing)
+    with pytest.raises(DataError, match=r"data/sub: cannot list the directory \(Permission denied\)"):
+        discover_inputs([str(tmp_path / "data")])

@@ -112,8 +112,12 @@ def _walk(directory: str, ancestors: tuple[str, ...]) -> list[InputFile]:
     datasets directory is one input, read through its state.json, never as loose files: its
     cache files are not data, and its splits must not be mixed); a symbolic link to a
     directory is followed, one that leads back to a directory above it is an error."""
+    try:
+        names = os.listdir(directory)
+    except OSError as exc:  # a directory that cannot be listed is not skipped in silence
+        raise DataError(f"{directory}: cannot list the directory ({exc.strerror or exc})") from None
     found = []
-    for name in os.listdir(directory):
+    for name in names:
         full = os.path.join(directory, name)
         if name.startswith("."):
             continue
