@@ -153,8 +153,10 @@ def _refine(arr: np.ndarray, plan: PackPlan, *, max_rounds: int = 4, in_place: b
     peak); only for a caller that owns ``plan`` and drops it for the result.
 
     Memory: the pool (items of non-full packs, usually a small share) costs 4 bytes per
-    pooled item and each first-round rebuild 12 (the best so far, the one looked at and, on a
-    large pool, the one rebuilt meanwhile); later rounds work on smaller pools.
+    pooled item, and the first round up to 16 more: 4 for each packing it holds (the best
+    rebuild or the best packing after later rounds, the one looked at and, on a large pool,
+    the one rebuilt meanwhile; briefly both the best rebuild and its later rounds' result).
+    Later rounds work on smaller pools.
     """
     start = time.perf_counter()
     capacity = plan.capacity
