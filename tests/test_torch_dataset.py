@@ -116,3 +116,49 @@ def test_static_shapes_of_a_bridge_layout_are_the_same_for_both_splits(tmp_path)
         for batch in (ds[i] for i in range(len(ds))):
             assert batch.tokens.shape[-1] == 32
             assert batch.cu_seqlens_padded.numel() == cu_len and batch.max_seqlen == max_seqlen
+
+
+def _pack_jsonl(tmp_path, name, lengths, *options):
+    packer = pytest.importorskip("packer_cli")
+    from packer_cli.spec import Algorithm
+
+    src = tmp_path / f"{name}.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": list(range(1, n + 1))}) + "\n" for n in lengths))
+    spec = packer.PackSpec(pack_size=1024, pad_seq_to_mult=2, pad_to_max_length=True, algorithm=Algorithm.SEQUENTIAL,
+                           shuffle=False)
+    packer.pack([str(src)], str(tmp_path / name), spec, overwrite=True)
+    return tmp_path / name
+
+
+def test_a_worker_reopens_the_output_the_dataset_opened(tmp_path, monkeypatch):
+    """A spawned worker re-opens the dataset by path: a relative path read another directory
+    after a chdir, and an output replaced meanwhile was served under the same indices."""
+    out = _pack_jsonl(tmp_path, "out", [601, 600, 601, 600])
+    monkeypatch.chdir(tmp_path)
+    ds = PackedDataset("out")
+    first = ds[0].tokens
+    (tmp_path / "elsewhere").mkdir()
+    _pack_jsonl(tmp_path / "elsewhere", "out", [300, 200, 100])
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    clone = pickle.loads(pickle.dumps(ds))  # what a spawn/forkserver worker gets
+    assert torch.equal(clone[0].tokens, first)
+    _pack_jsonl(tmp_path, "out", [300, 200, 100])  # `pack --overwrite` replaces it
+    with pytest.raises(Exception, match=r"out: the output changed after the dataset was opened"):
+        pickle.loads(pickle.dumps(ds))[0]
+    assert out.is_dir()
+
+
+def test_joined_packs_count_a_tail_as_real_in_neither_or_both_vectors(tmp_path):
+    """A pack without alignment padding keeps its tail in its one boundary vector; joined with
+    a padded pack it was still counted real there, 424 tokens that num_real_tokens and
+    seqlen_sq_sum leave out."""
+    ds = PackedDataset(_pack_jsonl(tmp_path, "out", [601, 600, 601, 600]))  # runtime 600 (even) and 599
+    plain = next(i for i in range(len(ds)) if not ds[i].has_padding)
+    padded = next(i for i in range(len(ds)) if ds[i].has_padding)
+    for pair in ([plain, padded], [padded, plain]):
+        row = ds.micro_batch(pair)
+        assert row.has_padding and row.cu_seqlens is not row.cu_seqlens_padded
+        segments = torch.diff(row.cu_seqlens.long())
+        assert int(segments.sum()) == row.num_real_tokens == 1199
+        assert int((segments * segments).sum()) == row.seqlen_sq_sum
+        assert int(row.cu_seqlens_padded[-1]) == 2048

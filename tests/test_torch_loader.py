@@ -263,3 +263,57 @@ def test_a_loader_with_empty_epochs_says_so():
     with pytest.warns(UserWarning, match="10 packs make no micro-batch of 1 pack\\(s\\) for each of 16 DP rank"):
         loader = THDLoader(ds, dp_size=16, dp_rank=3, device="cpu", num_workers=0)
     assert len(loader) == 0 and list(loader) == []
+
+
+def test_a_pass_that_took_the_whole_epoch_without_ending_continues_with_the_next():
+    """islice/zip over the loader, or a break after the last step, took every micro-batch of
+    an epoch without exhausting the iterator; the next pass was empty (and so was a resume
+    from a checkpoint taken at that step)."""
+    import itertools
+
+    ds = _dataset(num_packs=10)
+    ref = THDLoader(ds, seed=3, device="cpu", num_workers=0)
+    epochs = [_ids(ref) for _ in range(3)]
+    loader = THDLoader(ds, seed=3, device="cpu", num_workers=0)
+    passes = [_ids(itertools.islice(loader, len(loader))) for _ in range(3)]
+    assert passes == epochs
+    state = THDLoader(ds, seed=3, device="cpu", num_workers=0)
+    list(itertools.islice(state, len(state)))
+    assert state.state_dict()["position"] == len(state)
+    resumed = THDLoader(ds, seed=3, device="cpu", num_workers=0)
+    resumed.load_state_dict(state.state_dict())
+    assert _ids(resumed) == epochs[1]
+    # The README's loop calls set_epoch(e) after restoring: epoch e is finished, nothing is replayed.
+    looped = THDLoader(ds, seed=3, device="cpu", num_workers=0)
+    looped.load_state_dict(state.state_dict())
+    served = []
+    for epoch in (0, 1, 2):
+        looped.set_epoch(epoch)
+        served.append(_ids(looped))
+    assert served == [[], epochs[1], epochs[2]]
+
+
+@pytest.mark.parametrize("kwargs", [dict(seed=-1), dict(seed=1.5), dict(seed=None), dict(seed=True), dict(seed="5"),
+                                    dict(cp_size=2, cp_rank=1.0), dict(cp_size=2, cp_rank=True),
+                                    dict(cp_size=2.0, cp_rank=0)])
+def test_seed_and_cp_arguments_are_checked_when_the_loader_is_built(kwargs):
+    """They failed at the first batch, inside a worker, or not at all (True, '5')."""
+    with pytest.raises(ValueError, match="seed must be an integer >= 0|need integers 0 <= cp_rank < cp_size"):
+        THDLoader(_dataset(num_packs=10), device="cpu", num_workers=0, **kwargs)
+
+
+def test_a_numpy_seed_is_stored_as_an_int_and_large_seeds_do_not_collide():
+    loader = THDLoader(_dataset(num_packs=10), seed=np.int64(1234), device="cpu", num_workers=0)
+    assert type(loader.state_dict()["seed"]) is int  # a checkpoint loads with torch.load(weights_only=True)
+    orders = {}
+    for seed, epoch in [(5, 1), (5 + 2**32, 0), (7, 3), (7 + 3 * 2**32, 0), (2**70, 0), (2**70, 1)]:
+        sampler = MicroBatchSampler(200, seed=seed)
+        orders[seed, epoch] = tuple(np.concatenate(sampler.epoch_order(epoch)).tolist())
+    assert len(set(orders.values())) == len(orders)
+    assert orders[5, 1] == tuple(np.random.default_rng([5, 1]).permutation(200).tolist())  # unchanged below 2**32
+
+
+def test_unshuffled_packs_that_are_never_served_are_named():
+    ds = _dataset(num_packs=26)
+    with pytest.warns(UserWarning, match=r"shuffle=False\): the last 8 of 26 packs make no whole micro-batch"):
+        THDLoader(ds, shuffle=False, batch_packs=3, dp_size=3, cp_size=1, device="cpu", num_workers=0)

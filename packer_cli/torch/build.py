@@ -202,6 +202,20 @@ def build_thd_batch(row: Any, meta: dict, *, static: bool = False) -> THDBatch:
     )
 
 
+def _real_boundaries(b: THDBatch) -> torch.Tensor:
+    """``b``'s real boundaries with its tail (and any static filler) as length-0 segments.
+
+    A pack without alignment padding carries one vector, ``cu_seqlens is cu_seqlens_padded``,
+    whose tail segment counts as real (see :class:`THDBatch`). Joined into a row that has
+    padding, so two vectors, that tail must count 0 as every other pack's does, or the real
+    vector holds tokens ``num_real_tokens`` and ``seqlen_sq_sum`` leave out."""
+    if b.has_padding or b.cu_seqlens.numel() - 1 == b.num_seqs:
+        return b.cu_seqlens
+    real = b.cu_seqlens.clone()
+    real[b.num_seqs + 1:] = real[b.num_seqs]  # on the batch's device: no host read
+    return real
+
+
 def concat_batches(batches: list[THDBatch]) -> THDBatch:
     """One THD row from several whole packs (micro-batch of ``len(batches)`` packs, CP=1).
 
@@ -216,18 +230,19 @@ def concat_batches(batches: list[THDBatch]) -> THDBatch:
     cat = lambda name: torch.cat([getattr(b, name) for b in batches], dim=1)  # noqa: E731
     off_pad = off_seg = 0
     off_real = torch.zeros((), dtype=torch.int32, device=batches[0].cu_seqlens.device)  # no host read
+    padded = any(b.has_padding for b in batches)
     cu_pad, cu_real, seq_idx = [batches[0].cu_seqlens_padded[:1]], [batches[0].cu_seqlens[:1]], []
     segments = 0
     for b in batches:
+        real = _real_boundaries(b) if padded else b.cu_seqlens
         cu_pad.append(b.cu_seqlens_padded[1:] + off_pad)
-        cu_real.append(b.cu_seqlens[1:] + off_real)
+        cu_real.append(real[1:] + off_real)
         seq_idx.append(b.seq_idx + off_seg)
         segments = off_seg + b.num_segments
         off_pad += b.num_tokens
-        off_real = off_real + b.cu_seqlens[-1]
+        off_real = off_real + real[-1]
         off_seg += b.cu_seqlens.numel() - 1
     cu_pad_t = torch.cat(cu_pad)
-    padded = any(b.has_padding for b in batches)
     cu_real_t = torch.cat(cu_real) if padded else cu_pad_t
     return THDBatch(
         tokens=cat("tokens"),

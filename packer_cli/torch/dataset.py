@@ -36,6 +36,13 @@ def _open_reader(out_dir: str, check: bool = True, split: str | None = None) -> 
     return PackedReader(out_dir, split, check=check)
 
 
+def _identity_of(reader: Any) -> tuple:
+    """What tells one output from another: its metadata and manifest (every shard's xxh3_64).
+    A worker process re-opens the dataset by path and compares, so an output replaced after
+    the parent opened it is an error, not other data served under the same indices."""
+    return getattr(reader, "metadata", None), getattr(reader, "manifest", None)
+
+
 #: Bridge's static-shape keys and how its loader combines them across the splits' entries.
 _STATIC_KEYS = {"max_samples_per_bin": max, "dataset_max_seqlen": max, "min_packed_seqlen": min}
 
@@ -88,8 +95,10 @@ class PackedDataset(Dataset):
     def __init__(self, source: str | os.PathLike | Any, *, static: bool | None = None,
                  split: str | None = None) -> None:
         self.split = split
+        self._identity: tuple | None = None
         if isinstance(source, (str, os.PathLike)):
-            self.out_dir: str | None = os.fspath(source)
+            # Absolute: a spawned worker resolves the path after the parent may have changed directory.
+            self.out_dir: str | None = os.path.abspath(os.fspath(source))
             self._reader: Any = None
             self._checked = False  # verify's layout checks run once, at the first open
         else:
@@ -112,8 +121,12 @@ class PackedDataset(Dataset):
     @property
     def reader(self) -> Any:
         if self._reader is None:
-            self._reader = _open_reader(self.out_dir, check=not self._checked, split=self.split)  # type: ignore[arg-type]
-            self._checked = True
+            reader = _open_reader(self.out_dir, check=not self._checked, split=self.split)  # type: ignore[arg-type]
+            identity = _identity_of(reader)
+            if self._identity is not None and identity != self._identity:
+                raise DataError(f"{self.out_dir}: the output changed after the dataset was opened (replaced by "
+                                "another run?); a worker re-opening it would read other packs: open it again")
+            self._reader, self._identity, self._checked = reader, identity, True
         return self._reader
 
     def __getstate__(self) -> dict:

@@ -105,10 +105,12 @@ class THDLoader:
         pin_memory: bool = True,
         prefetch_factor: int = 2,
     ) -> None:
+        cp = [integer(v) for v in (cp_size, cp_rank)]  # a float or a bool failed in a worker's first batch
+        if None in cp or not 0 <= cp[1] < cp[0]:
+            raise ValueError(f"need integers 0 <= cp_rank < cp_size, got {cp_rank!r}, {cp_size!r}")
+        cp_size, cp_rank = cp
         if batch_packs > 1 and cp_size > 1:
             raise ValueError(CP_MBS_ERROR)
-        if not 0 <= cp_rank < cp_size:
-            raise ValueError(f"need 0 <= cp_rank < cp_size, got {cp_rank}, {cp_size}")
         if torch.device(device).type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"THDLoader(device={str(device)!r}) needs CUDA, which is unavailable; pass device='cpu'")
         spec = dataset.metadata.get("spec", {})
@@ -128,11 +130,19 @@ class THDLoader:
         self.sampler = MicroBatchSampler(
             len(dataset), batch_packs=batch_packs, dp_size=dp_size, dp_rank=dp_rank, seed=seed, shuffle=shuffle
         )
-        if self.sampler.per_epoch == 0:  # a loop over it would run empty epochs without a word
-            warnings.warn(f"THDLoader: {len(dataset)} packs make no micro-batch of {self.sampler.batch_packs} "
-                          f"pack(s) for each of {self.sampler.dp_size} DP rank(s); every epoch is empty",
+        s = self.sampler
+        if s.per_epoch == 0:  # a loop over it would run empty epochs without a word
+            warnings.warn(f"THDLoader: {len(dataset)} packs make no micro-batch of {s.batch_packs} "
+                          f"pack(s) for each of {s.dp_size} DP rank(s); every epoch is empty",
                           stacklevel=2)
+        elif s.dropped and not shuffle:  # shuffled, the dropped packs change with the epoch
+            warnings.warn(f"THDLoader(shuffle=False): the last {s.dropped} of {len(dataset)} packs make no whole "
+                          f"micro-batch for every DP rank and are never served (batch_packs={s.batch_packs}, "
+                          f"dp_size={s.dp_size})", stacklevel=2)
         self._position = 0  # micro-batches handed to the caller in the current epoch
+        # set_epoch() chose the epoch the next pass serves; otherwise a pass that consumed the
+        # whole epoch without exhausting the iterator continues with the next epoch.
+        self._epoch_chosen = False
         cuda = self.device.type == "cuda"
         self._loader = DataLoader(
             _MicroBatches(dataset, cp_size, cp_rank),
@@ -160,6 +170,7 @@ class THDLoader:
         if epoch != self.sampler.epoch:
             self.sampler.epoch = epoch
             self._position = 0
+        self._epoch_chosen = True
 
     def state_dict(self) -> dict[str, Any]:
         """Position of this rank: epoch, micro-batches consumed, and what defines the order."""
@@ -203,6 +214,12 @@ class THDLoader:
             self.sampler.start = 0
 
     def __iter__(self) -> Iterator[THDBatch]:
+        if not self._epoch_chosen and 0 < self.sampler.per_epoch <= self._position:
+            # The last pass took every micro-batch but was not run to its end (islice, zip,
+            # a break after the last step): this one starts the next epoch, not an empty pass.
+            self.sampler.epoch += 1
+            self._position = 0
+        self._epoch_chosen = False
         batches = self._host_batches()
         if self.device.type == "cuda":
             batches = cuda_prefetch(batches, self.device)

@@ -7,8 +7,9 @@ cut into micro-batches of ``batch_packs`` packs; micro-batch ``k`` goes to DP ra
 * all ranks agree on the order without communicating (same seed, same epoch);
 * the CP ranks of one DP replica are *not* part of the sharding: they get the same
   packs, which is what context parallelism needs (each then keeps its own slice);
-* every DP rank gets the same number of micro-batches (the remainder is dropped), so
-  no rank waits for a step another rank never takes;
+* every DP rank gets the same number of micro-batches (the remainder is dropped: other
+  packs each epoch when shuffled, the same last packs without shuffling, which the loader
+  warns about), so no rank waits for a step another rank never takes;
 * the position inside an epoch is one integer, which makes resuming exact.
 
 Example: 10 packs, ``batch_packs=2``, ``dp_size=2`` -> 2 micro-batches per rank per epoch
@@ -22,6 +23,16 @@ from typing import Iterator
 import numpy as np
 
 from packer_cli.torch._ints import integer
+
+
+def _rng(seed: int, epoch: int) -> np.random.Generator:
+    """The generator of ``(seed, epoch)``: ``default_rng([seed, epoch])`` while both fit in 32
+    bits (the orders every earlier version gave); beyond, NumPy splits a seed into 32-bit words
+    and pads with zeros, so ``[5 + 2**32, 0]`` and ``[5, 1]`` would be the same seed, and the
+    epoch goes in a spawn key of its own instead."""
+    if seed < 2**32 and epoch < 2**32:
+        return np.random.default_rng([seed, epoch])
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(epoch,)))
 
 
 class MicroBatchSampler:
@@ -48,9 +59,12 @@ class MicroBatchSampler:
         counts = [integer(v) for v in (batch_packs, dp_size, dp_rank)]  # a float fails later, in the slicing
         if None in counts or counts[0] < 1 or counts[1] < 1 or not 0 <= counts[2] < counts[1]:
             raise ValueError(f"bad sharding: batch_packs={batch_packs!r}, dp_size={dp_size!r}, dp_rank={dp_rank!r}")
+        seed_value = integer(seed)
+        if seed_value is None or seed_value < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         self.num_packs = num_packs
         self.batch_packs, self.dp_size, self.dp_rank = counts
-        self.seed = seed
+        self.seed = seed_value  # a plain int: a checkpoint holding state_dict() loads with weights_only
         self.shuffle = shuffle
         self.epoch = 0
         self.start = 0  # micro-batches of this epoch already consumed by this rank
@@ -60,13 +74,18 @@ class MicroBatchSampler:
         """Micro-batches per epoch for every DP rank."""
         return self.num_packs // (self.batch_packs * self.dp_size)
 
+    @property
+    def dropped(self) -> int:
+        """Packs of each epoch's order that make no whole micro-batch for every rank."""
+        return self.num_packs - self.per_epoch * self.batch_packs * self.dp_size
+
     def __len__(self) -> int:
         return self.per_epoch - self.start
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """``[per_epoch, batch_packs]`` pack indices of this rank for ``epoch``."""
         if self.shuffle:
-            order = np.random.default_rng([self.seed, epoch]).permutation(self.num_packs)
+            order = _rng(self.seed, epoch).permutation(self.num_packs)
         else:
             order = np.arange(self.num_packs)
         used = self.per_epoch * self.batch_packs * self.dp_size
