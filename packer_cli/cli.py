@@ -41,14 +41,18 @@ def fail(exc: PackerError) -> None:
 
 def parse_size(text: str, option: str) -> int:
     """'256MB', '1G', '1048576' → bytes (binary units); ``option`` names the flag in the error."""
-    units = {"": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30,
-             "T": 1 << 40, "TB": 1 << 40}
+    units = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30,
+             "GB": 1 << 30, "T": 1 << 40, "TB": 1 << 40}
     t = text.strip().upper().replace("IB", "B")
     num = t.rstrip("KMGTB")
     try:
-        return int(float(num) * units[t[len(num):]])
+        number = float(num)
+        size = int(number * units[t[len(num):]])
     except (ValueError, KeyError, OverflowError):  # OverflowError: 'inf'
         raise ConfigError(f"{option}: not a size: {text!r} (e.g. 256MB, 2GB)") from None
+    if number > 0 and size == 0:  # 0.5 would pass on as 0 bytes, an error naming neither
+        raise ConfigError(f"{option}: {text!r} is less than one byte")
+    return size
 
 
 @app.command("pack")
@@ -107,7 +111,7 @@ def pack_command(
                        spill_dir=spill_dir, spill_memory=parse_size(spill_memory, "--spill-memory"), direct_io=direct_io,
                        spill_read=spill_read.value)
     except PackerError as exc:
-        fail(exc)
+        _fail_audit(exc, json_out, out)
     if json_out:
         import orjson
 
@@ -217,7 +221,7 @@ def verify_command(
                                 "(--split)"), json_out, out)
     light_cache_loads()
     try:
-        reports = {s: verify_output(out, sources=source, limit=max(1, limit), split=s) for s in splits}
+        reports = {s: verify_output(out, sources=source, limit=limit, split=s) for s in splits}
     except PackerError as exc:
         _fail_audit(exc, json_out, out)
     _print_reports(reports, json_out, Console(highlight=False, soft_wrap=True))
@@ -320,7 +324,13 @@ def main() -> None:
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare `packer`: the help is already printed
             code = 2
         elif _is_usage_error(exc):
-            print(_usage_line(exc), file=sys.stderr)
+            line = _usage_line(exc)
+            if "--json" in sys.argv[1:]:  # a pipeline reading stdout gets a document here too
+                import orjson
+
+                doc = {"out": None, "ok": False, "exit_code": exc.exit_code, "error": line.removeprefix("error: ")}
+                sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+            print(line, file=sys.stderr)
             code = exc.exit_code
         elif (signalled := _signal_behind(exc)) is not None:
             code = _report_signal(signalled)

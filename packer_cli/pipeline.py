@@ -55,7 +55,8 @@ from packer_cli.shards.format import (
 )
 from packer_cli.shards.writer import ShardFile, pack_record_batch
 from packer_cli.sources import SampleStream, discover_inputs
-from packer_cli.spec import PackSpec, SourceSpec, is_int
+from packer_cli.sources.discover import input_paths, path_argument
+from packer_cli.spec import PackSpec, SourceSpec, is_bool, is_int
 
 DEFAULT_SHARD_BYTES = 256 << 20
 # The spill's first bytes held in memory (see SpillMemory). Off by default: on the benchmark
@@ -357,17 +358,6 @@ def _make_spill_dir(tmp: str, spill_parent: str | None) -> str:
         raise ConfigError(f"{spill_parent}: cannot create the spill directory: {exc}") from exc
 
 
-def _input_paths(inputs) -> list[str]:
-    """``inputs`` as a list of path strings: one path (str or ``os.PathLike``) or a list of them
-    (a bare string is one path, not a sequence of one-letter names)."""
-    if isinstance(inputs, (str, os.PathLike)):
-        inputs = [inputs]
-    try:
-        return [os.fspath(path) for path in inputs]
-    except TypeError:
-        raise ConfigError(f"inputs must be paths (str or os.PathLike), got {inputs!r}") from None
-
-
 def _check_out_outside_input_directories(out: str, inputs: list[str]) -> None:
     """An OUT inside a directory given as input would be read as input by every later run over
     that directory (and by ``verify --source``): refuse it before anything is written."""
@@ -389,6 +379,8 @@ def _check_arguments(spec, source, shard_bytes, spill_memory, output) -> None:
     spec.validate()
     source.validate()
     if output is not None:
+        if not isinstance(output, BridgeOutput):
+            raise ConfigError(f"output must be a BridgeOutput or None, got {output!r}")
         output.validate()
     if not is_int(shard_bytes) or shard_bytes < 1:
         raise ConfigError(f"shard size must be a positive number of bytes, got {shard_bytes!r}")
@@ -477,19 +469,30 @@ def pack(
     spill fails (disk full, I/O error); on any error nothing is left at ``out``.
     """
     _check_arguments(spec, source, shard_bytes, spill_memory, output)
+    shard_bytes, spill_memory = int(shard_bytes), int(spill_memory)  # NumPy integers too
     if spill_read not in SPILL_READ_MODES:
         raise ConfigError(f"spill read must be one of {', '.join(SPILL_READ_MODES)}, got {spill_read!r}")
-    files = discover_inputs(_input_paths(inputs))
+    for name, flag in (("overwrite", overwrite), ("dry_run", dry_run), ("progress", progress)):
+        if not is_bool(flag):  # overwrite="false" is truthy: it replaced the output
+            raise ConfigError(f"{name} must be True or False, got {flag!r}")
+    if direct_io is not None and not is_bool(direct_io):
+        raise ConfigError(f"direct_io must be True, False or None, got {direct_io!r}")
+    overwrite, dry_run, progress = bool(overwrite), bool(dry_run), bool(progress)
+    direct_io = None if direct_io is None else bool(direct_io)
+    paths = input_paths(inputs)
+    out = None if out is None else path_argument(out, "out")
+    spill_dir = None if spill_dir is None else path_argument(spill_dir, "spill_dir")
+    files = discover_inputs(paths)
     if not dry_run and not out:
         raise ConfigError("an output directory (-o OUT) is required unless --dry-run")
     out = output_target(out) if out and not dry_run else out
     if out and not dry_run:
-        _check_out_outside_input_directories(out, _input_paths(inputs))
+        _check_out_outside_input_directories(out, paths)
     spill_parent = _check_spill_parent(spill_dir)
     try:
-        input_paths = [f.path for f in files]
-        tmp = None if dry_run else (output.prepare(out, overwrite, spec, input_paths) if output
-                                    else _prepare_out(out, overwrite, input_paths))
+        file_paths = [f.path for f in files]
+        tmp = None if dry_run else (output.prepare(out, overwrite, spec, file_paths) if output
+                                    else _prepare_out(out, overwrite, file_paths))
     except OSError as exc:
         raise ConfigError(f"{out}: cannot create the output: {exc}") from exc
     if tmp:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
+import subprocess
+import sys
 
+import numpy as np
 import orjson
 import pytest
 from typer.testing import CliRunner
@@ -39,7 +43,7 @@ def test_enum_values_given_as_strings_are_the_enums(data, tmp_path):
     strings = pack([data], tmp_path / "s", spec)
     enums = pack([data], tmp_path / "e", PackSpec(pack_size=64, algorithm=Algorithm.BFD, overlong=OverlongPolicy.SPLIT))
     assert (tmp_path / "s" / "manifest.json").read_bytes() == (tmp_path / "e" / "manifest.json").read_bytes()
-    assert strings.to_dict()["spec"]["algorithm"] == "bfd"
+    assert strings.to_dict()["spec"]["algorithm"] == "bfd" and strings.spec == enums.spec
     with pytest.raises(ConfigError, match="algorithm must be one of ffd, bfd, first-fit-shuffle, sequential, got 'xx'"):
         PackSpec(pack_size=64, algorithm="xx")
 
@@ -120,3 +124,114 @@ def test_verify_source_of_a_spec_with_a_float_alignment_is_a_finding(data, tmp_p
     assert result.exit_code == 1, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert "pad-seq-to-mult must be an integer, got 4.0" in result.output and "[source.skipped]" in result.output
+
+
+# --- a helper's fuzz round: flags, NumPy integers, paths, the audit API, --json and sizes ------
+
+@pytest.mark.parametrize("kwargs,says", [
+    (dict(overwrite="false"), "overwrite must be True or False, got 'false'"),
+    (dict(dry_run="no"), "dry_run must be True or False, got 'no'"),
+    (dict(direct_io="false"), "direct_io must be True, False or None, got 'false'"),
+    (dict(spill_dir=5), "spill_dir must be a path"),
+    (dict(spill_dir=b"/tmp"), "spill_dir must be a path"),
+    (dict(output="megatron-bridge"), "output must be a BridgeOutput or None"),
+])
+def test_flags_and_paths_of_the_wrong_type_are_refused(data, tmp_path, kwargs, says):
+    """overwrite="false" is truthy: it replaced an existing output."""
+    first = pack([data], tmp_path / "out", PackSpec(pack_size=64))
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        pack([data], tmp_path / "out", PackSpec(pack_size=32), **kwargs)
+    assert json.loads((tmp_path / "out" / "metadata.json").read_text())["spec"] == first.spec
+
+
+@pytest.mark.parametrize("out,inputs", [(5, None), (b"/tmp/x", None), ("x", [b"data.jsonl"])])
+def test_bytes_or_numbers_as_paths_are_refused_and_nothing_is_made(data, tmp_path, monkeypatch, out, inputs):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="must be a path"):
+        pack(inputs or [data], out, PackSpec(pack_size=64))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]
+
+
+def test_numpy_integers_and_bools_are_taken_and_recorded_as_json(data, tmp_path):
+    spec = PackSpec(pack_size=np.int64(64), cp=np.int32(2), sp=np.bool_(False), seed=np.uint8(3))
+    summary = pack([data], tmp_path / "np", spec, SourceSpec(vocab_size=np.int64(100)), shard_bytes=np.int64(1 << 20),
+                   spill_memory=np.int64(0), output=BridgeOutput(row_group_size=np.int64(4), eos_id=np.int64(2)))
+    plain = pack([data], tmp_path / "plain", PackSpec(pack_size=64, cp=2, seed=3), SourceSpec(vocab_size=100),
+                 output=BridgeOutput(row_group_size=4, eos_id=2))
+    assert summary.spec == plain.spec and type(summary.spec["pack_size"]) is int
+    assert summary.counts == plain.counts
+
+
+def test_the_audit_api_takes_paths_one_source_string_and_numpy_indices(data, tmp_path):
+    from packer_cli.audit import inspect_output, verify_output
+
+    out = tmp_path / "out"
+    pack([data], out, PackSpec(pack_size=64))
+    report = inspect_output(out, pack=np.int64(3))
+    json.dumps(report.to_dict())  # a Path or an np.int64 in it did not serialize
+    assert report.to_dict()["out"] == str(out)
+    for sources in (str(data), data, [data]):  # a bare string was read as one-letter paths
+        result = verify_output(out, sources=sources)
+        assert result.ok and json.dumps(result.to_dict())
+    for bad, says in ((dict(pack=3.0), "pack must be an integer"), (dict(pack="3"), "pack must be an integer"),
+                      (dict(pack=True), "pack must be an integer")):
+        with pytest.raises(ConfigError, match=says):
+            inspect_output(out, **bad)
+    with pytest.raises(ConfigError, match="out must be a path"):
+        inspect_output(None)
+    for limit in (-1, None, "5"):
+        with pytest.raises(ConfigError, match="limit must be an integer >= 0"):
+            verify_output(out, limit=limit)
+
+
+def test_verify_limit_zero_lists_no_problem_and_counts_them_all(data, tmp_path):
+    out = tmp_path / "out"
+    pack([data], out, PackSpec(pack_size=64))
+    for name in ("x1", "x2", "x3"):
+        (out / name).write_text("stray")
+    result = CliRunner().invoke(app, ["verify", str(out), "--limit", "0", "--json"])
+    doc = json.loads(result.stdout)
+    assert [f["message"] for f in doc["findings"]] == ["3 more structure.files problems not shown"]
+
+
+@pytest.mark.parametrize("argv,code", [
+    (["pack", "DATA", "-o", "OUT", "-C", "512", "--cp", "3", "--json"], 2),
+    (["pack", "nope.jsonl", "-o", "OUT", "--json"], 1),
+    (["inspect", "OUT", "--pack", "abc", "--json"], 2),
+    (["verify", "OUT", "--limit", "x", "--json"], 2),
+])
+def test_json_failures_print_a_document_on_stdout(data, tmp_path, argv, code):
+    """A pipeline reading stdout got an empty page from pack and from typer's own checks."""
+    argv = [str(data) if a == "DATA" else str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    script = "import sys; sys.argv[0] = 'packer'; from packer_cli._entry import main; main()"
+    child = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=60,
+                           cwd=tmp_path)
+    assert child.returncode == code, child.stderr
+    doc = json.loads(child.stdout)
+    assert doc["ok"] is False and doc["exit_code"] == code and doc["error"] in child.stderr
+
+
+@pytest.mark.parametrize("size,bytes_", [("512B", 512), ("4kib", 4096), ("1.5K", 1536), ("0", 0)])
+def test_sizes_take_a_byte_suffix(size, bytes_):
+    from packer_cli.cli import parse_size
+
+    assert parse_size(size, "--spill-memory") == bytes_
+
+
+def test_a_size_below_one_byte_names_the_option():
+    from packer_cli.cli import parse_size
+
+    with pytest.raises(ConfigError, match=r"--shard-size: '0.5' is less than one byte"):
+        parse_size("0.5", "--shard-size")
+
+
+def test_refine_plan_refuses_a_plan_made_for_other_lengths():
+    from packer_cli.plan import plan_packs, refine_plan
+
+    plan = plan_packs([5, 5, 5, 5, 5, 5], 10)
+    with pytest.raises(ValueError, match="not the sums of these lengths"):
+        refine_plan([9, 9, 9, 1, 1, 1], plan)
+    with pytest.raises(TypeError, match="plan must be a PackPlan"):
+        refine_plan([1, 2], None)
+    with pytest.raises(ValueError, match="max_rounds must be an integer >= 0"):
+        refine_plan([5] * 6, plan, max_rounds=None)

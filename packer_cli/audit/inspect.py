@@ -29,6 +29,8 @@ from packer_cli.audit.findings import FindingSink
 from packer_cli.audit.report import InspectReport, PackDetail
 from packer_cli.audit.store import PackBatch
 from packer_cli.errors import ConfigError, DataError
+from packer_cli.sources.discover import path_argument
+from packer_cli.spec import is_int
 
 INSPECT_COLUMNS = ("cu_seqlens", "seq_lens", "loss_mask")
 RECORDED = ("records", "samples_packed", "bad_records", "too_short_dropped", "no_target_samples", "overlong")
@@ -119,6 +121,11 @@ def inspect_output(out: str, pack: int | None = None, split: str | None = None) 
     range, :class:`~packer_cli.audit._layout_checks.InconsistentOutput` when verify's layout
     checks fail, :class:`DataError` when the output cannot be read.
     """
+    out = path_argument(out, "out")  # a Path would reach the report's JSON document as is
+    if pack is not None:
+        if not is_int(pack):  # 3.0, "3" and True failed deep inside NumPy, or read pack 1
+            raise ConfigError(f"pack must be an integer pack index, got {pack!r}")
+        pack = int(pack)
     if not os.path.isdir(out):
         raise ConfigError(f"{out}: not a directory")
     store = consistent_layout(out, split).store

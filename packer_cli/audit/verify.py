@@ -33,6 +33,8 @@ from packer_cli.audit.findings import ERROR, WARNING, Finding, FindingSink
 from packer_cli.audit.report import InspectReport
 from packer_cli.audit.store import ShardError
 from packer_cli.errors import ConfigError, PackerError
+from packer_cli.sources.discover import input_paths, path_argument
+from packer_cli.spec import is_int
 from packer_cli.shards.writer import file_checksum
 
 
@@ -150,14 +152,20 @@ def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20
     in the data is a finding in the returned report (at most ``limit`` listed per check).
     """
     start = time.perf_counter()
+    out = path_argument(out, "out")  # a Path would reach the report's JSON document as is
+    if not is_int(limit) or limit < 0:
+        raise ConfigError(f"limit must be an integer >= 0 (problems listed per check), got {limit!r}")
+    limit = int(limit)
     if not os.path.isdir(out):
         raise ConfigError(f"{out}: not a directory")
     files = None
+    if sources is not None:
+        sources = input_paths(sources, "sources")  # a bare string is one path, not one-letter names
     if sources:
         from packer_cli.sources import discover_inputs
 
         try:
-            files = discover_inputs(list(sources))
+            files = discover_inputs(sources)
         except PackerError as exc:
             raise ConfigError(f"--source: {exc}") from None
     sink = FindingSink(limit)

@@ -17,6 +17,7 @@ the whole pool (``_repack``). Everything is deterministic.
 
 from __future__ import annotations
 
+import numbers
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -218,8 +219,15 @@ def refine_plan(lengths, plan: PackPlan, *, max_rounds: int = 4) -> PackPlan:
         ``algorithm`` gets a ``"+refine"`` suffix and ``refine_seconds`` the
         wall time of the pass.
     """
+    if not isinstance(plan, PackPlan):
+        raise TypeError(f"plan must be a PackPlan, got {type(plan).__name__}")
+    if not isinstance(max_rounds, numbers.Integral) or isinstance(max_rounds, bool) or max_rounds < 0:
+        raise ValueError(f"max_rounds must be an integer >= 0, got {max_rounds!r}")
     skipped = plan.order.shape[0] != plan.num_items
     arr, _ = check_lengths(lengths, plan.capacity, allow_zero=skipped)
     if arr.shape[0] != plan.num_items:
         raise ValueError(f"plan covers {plan.num_items} items but {arr.shape[0]} lengths were given")
-    return _refine(arr, plan, max_rounds=max_rounds)
+    loads = np.add.reduceat(arr[plan.order], plan.pack_offsets[:-1]) if plan.num_packs else np.zeros(0, np.int64)
+    if not np.array_equal(loads, plan.pack_load):  # other lengths would be re-packed past the capacity
+        raise ValueError("the plan's pack loads are not the sums of these lengths: the plan was made for others")
+    return _refine(arr, plan, max_rounds=int(max_rounds))

@@ -79,6 +79,8 @@ class BridgeOutput:
             value = getattr(self, name)
             if value is not None and not is_int(value):
                 raise ConfigError(f"{name.replace('_', '-')} must be an integer, got {value!r}")
+            if value is not None:
+                object.__setattr__(self, name, int(value))  # a NumPy integer is recorded as a JSON number
         if self.eos_id is not None and not 0 <= self.eos_id < 2**31:
             raise ConfigError(f"eos-id must be a non-negative int32, got {self.eos_id}")
         if self.row_group_size is not None and self.row_group_size < 1:

@@ -152,6 +152,30 @@ def _is_native_output(directory: str) -> bool:
         return False
 
 
+def path_argument(value, name: str) -> str:
+    """``value`` (a ``str`` or ``os.PathLike``) as a path string; :class:`ConfigError` naming
+    ``name`` otherwise (bytes too: a bytes path formatted into a string names another file)."""
+    try:
+        path = os.fspath(value)
+    except TypeError:
+        path = None
+    if not isinstance(path, str):
+        raise ConfigError(f"{name} must be a path (str or os.PathLike), got {value!r}")
+    return path
+
+
+def input_paths(inputs, name: str = "inputs") -> list[str]:
+    """``inputs`` as a list of path strings: one path (str or ``os.PathLike``) or a list of them
+    (a bare string is one path, not a sequence of one-letter names)."""
+    if isinstance(inputs, (str, bytes, os.PathLike)):
+        inputs = [inputs]
+    try:
+        items = list(inputs)
+    except TypeError:
+        raise ConfigError(f"{name} must be paths (str or os.PathLike), got {inputs!r}") from None
+    return [path_argument(path, name) for path in items]
+
+
 def discover_inputs(inputs: list[str]) -> list[InputFile]:
     """Expand INPUT arguments (files, directories, globs) into the ordered input stream."""
     if not inputs:

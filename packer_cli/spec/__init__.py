@@ -17,6 +17,7 @@ and sequence-parallel (SP) THD training can slice every sequence::
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
@@ -83,8 +84,15 @@ def _as_enum(enum: type[Enum], name: str, value):
 
 
 def is_int(value) -> bool:
-    """An integer that is not a bool (``True`` is an ``int`` to Python, never to a spec)."""
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer (Python's or NumPy's) that is not a bool (``True`` is an ``int`` to Python,
+    never to a spec)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_bool(value) -> bool:
+    """True or False, Python's or NumPy's (never a string such as ``"false"``, which is truthy)."""
+    kind = type(value)  # NumPy's bool by name: the CLI loads numpy only after setting its thread count
+    return isinstance(value, bool) or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"))
 
 
 def _check_types(spec, ints: tuple[str, ...], bools: tuple[str, ...], optional_ints: tuple[str, ...] = ()) -> None:
@@ -95,10 +103,13 @@ def _check_types(spec, ints: tuple[str, ...], bools: tuple[str, ...], optional_i
         value = getattr(spec, name)
         if not is_int(value) and not (value is None and name in optional_ints):
             raise ConfigError(f"{name.replace('_', '-')} must be an integer, got {value!r}")
+        if value is not None:
+            object.__setattr__(spec, name, int(value))  # a NumPy integer is recorded as a JSON number
     for name in bools:
         value = getattr(spec, name)
-        if not isinstance(value, bool):
+        if not is_bool(value):
             raise ConfigError(f"{name.replace('_', '-')} must be True or False, got {value!r}")
+        object.__setattr__(spec, name, bool(value))
 
 
 def pad_multiple_for(cp: int, tp: int, sp: bool) -> int:
