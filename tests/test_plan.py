@@ -538,3 +538,16 @@ def test_skip_empty_plans_the_rest_as_if_alone(algorithm_any, inst, data):
     assert (plan.pack_of_item[with_empty == 0] == -1).all()
     with pytest.raises(ValueError, match="below 1"):
         plan_packs(with_empty if holes else np.append(lengths, 0), capacity, algorithm_any)
+
+
+def test_refine_at_a_large_capacity_stays_valid_with_its_bounded_pair_search():
+    # Beyond C = 2**15 a pair search looks at the 16,384 sizes nearest to balance, not all C/2.
+    from packer_cli.plan._refine_kernels import PAIR_WORDS
+
+    capacity = 1 << 20
+    assert capacity // 2 // 64 > PAIR_WORDS
+    lengths = np.random.default_rng(4).integers(1, capacity // 3, 3000).astype(np.int64)
+    base = plan_packs(lengths, capacity, "ffd")
+    refined = refine_plan(lengths, base)
+    validate_plan(refined, lengths, capacity)
+    assert martello_toth_l2(lengths, capacity) <= refined.num_packs <= base.num_packs

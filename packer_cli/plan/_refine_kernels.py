@@ -19,6 +19,12 @@ from ._kernels import _ALL, _ONE, _bitset_clear, _bitset_layout, _bitset_prev, _
 # (up to ``capacity / 2`` of them on a dense length distribution) was most of the pass's time.
 
 
+#: Words of candidate sizes one pair search looks at (64 sizes each, from ``room / 2`` down):
+#: all of them up to C = 2**15, the 16,384 sizes closest to balanced beyond. Unbounded, the
+#: search cost O(C / 64) a call, up to 65 calls a pack: 23 s at C = 2**24 for 30,000 items.
+PAIR_WORDS = 256
+
+
 @njit(**NJIT_INLINE_FLAGS)
 def _mirror_words(capacity):
     """Words of the mirrored bitset: bits 0..capacity plus one word read past the last."""
@@ -71,7 +77,8 @@ def _find_pair(room, counts, bits, mirror, capacity):
     shift = capacity - room
     w = half >> 6
     top = _ALL >> np.uint64(63 - (half & 63))
-    while w >= 0:
+    stop = max(-1, w - PAIR_WORDS)  # the most balanced candidates come first; see PAIR_WORDS
+    while w > stop:
         cand = bits[w] & _mirror_window(mirror, (w << 6) + shift) & top
         top = _ALL
         while cand != np.uint64(0):
