@@ -137,6 +137,11 @@ def jsonl_field_names(path: str) -> list[str]:
 
 def _orjson_values(raw: bytes, fields: list[str], pre_bad: dict[int, str], row: int) -> list:
     """The wanted fields of one record parsed by orjson (the reference path for every record)."""
+    return _field_values(_orjson_record(raw, pre_bad, row), fields, pre_bad, row)
+
+
+def _orjson_record(raw: bytes, pre_bad: dict[int, str], row: int) -> dict:
+    """One record parsed by orjson; ``{}`` (and the reason in ``pre_bad``) when it is no object."""
     try:
         record = orjson.loads(raw)
         if not isinstance(record, dict):
@@ -144,6 +149,11 @@ def _orjson_values(raw: bytes, fields: list[str], pre_bad: dict[int, str], row: 
     except (orjson.JSONDecodeError, ValueError) as exc:
         pre_bad[row] = f"malformed JSON: {exc}"
         record = {}
+    return record
+
+
+def _field_values(record: dict, fields: list[str], pre_bad: dict[int, str], row: int) -> list:
+    """The wanted fields of a parsed record (None where missing or null, each named in ``pre_bad``)."""
     for name in fields:  # both read as None below; the message tells them apart
         if name not in record:
             pre_bad.setdefault(row, f"missing field '{name}'")
@@ -326,17 +336,11 @@ class _ScannedBatches:
         batch = pa.RecordBatch.from_arrays(arrays, names=self.fields)
         return RawBatch(self.path, row0, batch, part.lines[:rows].copy(), {})
 
-    def _refuse_absent(self, raw: bytes, line: int) -> None:
+    def _refuse_absent(self, record: dict, line: int) -> None:
         """Raise if the record on ``line`` has an ``absent`` field (the scanner gives up on
         such a record, and on others it cannot vouch for)."""
-        if not self.absent:
-            return
-        try:
-            record = orjson.loads(raw)
-        except orjson.JSONDecodeError:  # reported as malformed by the caller
-            return
         for name in self.absent:
-            if isinstance(record, dict) and name in record:
+            if name in record:
                 raise unexpected_supervision(f"{self.path}: line {line}: field '{name}'")
 
     def _mixed_batch(self, row0: int, part: "_ScannedPart") -> RawBatch:
@@ -345,8 +349,9 @@ class _ScannedBatches:
         values, offsets, scalars = part.values, part.offsets, part.scalars
         for row in range(part.rows):
             if row in part.slow:
-                self._refuse_absent(part.slow[row], int(part.lines[row]))
-                parsed = _orjson_values(part.slow[row], self.fields, pre_bad, row)
+                record = _orjson_record(part.slow[row], pre_bad, row)
+                self._refuse_absent(record, int(part.lines[row]))
+                parsed = _field_values(record, self.fields, pre_bad, row)
             else:
                 parsed = [int(scalars[k, row]) if self.scalar[k]
                           else values[k, offsets[k, row]:offsets[k, row + 1]].tolist() for k in range(len(self.fields))]
