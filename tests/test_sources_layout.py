@@ -232,3 +232,27 @@ def test_a_subdirectory_that_cannot_be_listed_is_an_error_not_skipped(tmp_path, 
     monkeypatch.setattr(os, "listdir", refusing)
     with pytest.raises(DataError, match=r"data/sub: cannot list the directory \(Permission denied\)"):
         discover_inputs([str(tmp_path / "data")])
+
+
+@pytest.mark.parametrize("marker,content", [("state.json", {"step": 3}), ("dataset_dict.json", {"note": 1})])
+def test_a_subdirectory_with_an_unrelated_state_file_is_walked(tmp_path, marker, content):
+    """Only a datasets state file (with _data_files) or DatasetDict (with splits) makes a
+    subdirectory a datasets directory; a training log's state.json refused the whole input."""
+    jsonl(tmp_path / "data" / "a.jsonl", [sample(100)])
+    jsonl(tmp_path / "data" / "logs" / "b.jsonl", [sample(200)])
+    (tmp_path / "data" / "logs" / marker).write_text(json.dumps(content))
+    assert read(tmp_path / "data") == ([100, 200], 2)
+
+
+def test_a_double_star_glob_reads_each_file_once(tmp_path):
+    """`k/**` matches k itself, each subdirectory and each file: all were read, some three times."""
+    jsonl(tmp_path / "k" / "a.jsonl", [sample(100)])
+    jsonl(tmp_path / "k" / "sub" / "b.jsonl", [sample(200)])
+    datasets_dir(tmp_path / "k" / "sub" / "ds", [300])
+    assert read(tmp_path / "k" / "**") == ([100, 200, 300], 3)
+
+
+def test_a_null_supervision_field_in_a_later_record_is_no_supervision(tmp_path):
+    path = jsonl(tmp_path / "d.jsonl", [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5, 6], "labels": None}])
+    stream = SampleStream(discover_inputs([path]), SourceSpec())
+    assert sum(int(batch.targets.sum()) for batch in stream) == 6 and stream.records == 2  # every token a target

@@ -162,3 +162,19 @@ def test_joined_packs_count_a_tail_as_real_in_neither_or_both_vectors(tmp_path):
         assert int(segments.sum()) == row.num_real_tokens == 1199
         assert int((segments * segments).sum()) == row.seqlen_sq_sum
         assert int(row.cu_seqlens_padded[-1]) == 2048
+
+
+def test_static_shapes_of_a_bridge_split_opened_as_a_reader_are_the_layouts(tmp_path):
+    packer = pytest.importorskip("packer_cli")
+    from packer_cli.shards.bridge_output import BridgeOutput
+    from packer_cli.shards.reader import PackedReader
+
+    spec = packer.PackSpec(pack_size=32, cp=2, pad_to_max_length=True, pad_cu_seqlens=True)
+    for split, lens in {"training": [4] * 16, "validation": [30, 31, 20, 12]}.items():
+        src = tmp_path / f"{split}.jsonl"
+        src.write_text("".join(json.dumps({"input_ids": list(range(10, 10 + n)) + [7]}) + "\n" for n in lens))
+        packer.pack([str(src)], str(tmp_path / "bridge"), spec, output=BridgeOutput(split=split))
+    by_path = PackedDataset(tmp_path / "bridge", split="training")[0]
+    by_reader = PackedDataset(PackedReader(str(tmp_path / "bridge"), "training"))[0]
+    assert by_reader.max_seqlen == by_path.max_seqlen == 32
+    assert by_reader.cu_seqlens_padded.numel() == by_path.cu_seqlens_padded.numel()

@@ -126,7 +126,7 @@ def _walk(directory: str, ancestors: tuple[str, ...]) -> list[InputFile]:
             if real in ancestors:
                 raise DataError(f"{full}: a symbolic link back to {real}, which holds it: the directory "
                                 "would be read without end")
-            if any(os.path.isfile(os.path.join(full, marker)) for marker in ("state.json", "dataset_dict.json")):
+            if _holds_datasets(full):
                 found += _expand_directory(full)
             else:
                 _refuse_packer_output(full)
@@ -134,6 +134,20 @@ def _walk(directory: str, ancestors: tuple[str, ...]) -> list[InputFile]:
         elif format_of(name):
             found.append(InputFile(path=full, format=format_of(name)))
     return found
+
+
+def _holds_datasets(directory: str) -> bool:
+    """Whether ``directory`` is a ``datasets`` directory or DatasetDict: its ``state.json`` has
+    ``_data_files`` (a damaged list is then reported), its ``dataset_dict.json`` ``splits``. A
+    ``state.json`` of something else (a training log's) leaves the directory an ordinary one."""
+    for marker, key in (("state.json", "_data_files"), ("dataset_dict.json", "splits")):
+        try:
+            with open(os.path.join(directory, marker), "rb") as f:
+                if f'"{key}"'.encode() in f.read(1 << 20):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def _refuse_packer_output(directory: str) -> None:
@@ -192,11 +206,15 @@ def discover_inputs(inputs: list[str]) -> list[InputFile]:
                 )
             found.append(InputFile(path=arg, format=fmt))
         elif glob.has_magic(arg):
-            matches = sorted(glob.glob(arg, recursive=True))  # `**` spans directories
+            matches = sorted(os.path.normpath(m) for m in glob.glob(arg, recursive=True))  # `**` spans directories
             if not matches:
                 raise DataError(f"{arg}: the pattern matches no files")
+            expanded: list[str] = []  # `**` matches a directory and everything in it: read it once
             for match in matches:
-                found.extend(discover_inputs([match]))
+                if not any(match.startswith(d + os.sep) for d in expanded):
+                    if os.path.isdir(match):
+                        expanded.append(match)
+                    found.extend(discover_inputs([match]))
         else:
             raise DataError(f"{arg}: no such file or directory")
     return found

@@ -340,7 +340,7 @@ class _ScannedBatches:
         """Raise if the record on ``line`` has an ``absent`` field (the scanner gives up on
         such a record, and on others it cannot vouch for)."""
         for name in self.absent:
-            if name in record:
+            if record.get(name) is not None:  # null carries no supervision
                 raise unexpected_supervision(f"{self.path}: line {line}: field '{name}'")
 
     def _mixed_batch(self, row0: int, part: "_ScannedPart") -> RawBatch:

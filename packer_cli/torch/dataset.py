@@ -110,8 +110,9 @@ class PackedDataset(Dataset):
         meta = self.reader.metadata
         spec = meta.get("spec", {})
         self.static = bool(spec.get("pad_cu_seqlens", False)) if static is None else bool(static)
-        if self.static and self.out_dir is not None:
-            meta = _static_keys_across_splits(self.out_dir, meta)
+        layout_dir = self.out_dir or getattr(self.reader, "out_dir", None)  # an open reader knows its own
+        if self.static and isinstance(layout_dir, str):
+            meta = _static_keys_across_splits(layout_dir, meta)
         self.metadata: dict = meta
         if self.static:
             static_shape(meta)  # raises early with a clear message
