@@ -44,7 +44,7 @@ from packer_cli.errors import ConfigError, DataError, OutputError
 from packer_cli.plan import plan_packs
 from packer_cli.progress import Progress
 from packer_cli.shards._atomic import (check_replaceable, make_temporary, output_target, replace_dir,
-                                      stale_temporaries)
+                                      stale_temporaries, within)
 from packer_cli.shards._gather import ORDER_FILE, SPILL_FILE, SpillMemory, SpillReader, SpillWriter
 from packer_cli.shards._sink import use_direct_io
 from packer_cli.shards._staged import SPILL_READ_MODES, choose_spill_read, open_spill
@@ -365,7 +365,7 @@ def _check_out_outside_input_directories(out: str, inputs: list[str]) -> None:
     for path in inputs:
         if os.path.isdir(path):
             real = os.path.realpath(path)
-            if real_out == real or real_out.startswith(real.rstrip(os.sep) + os.sep):
+            if within(real_out, real):
                 raise ConfigError(f"{out} is inside the input directory {path}, so a later run over it would read "
                                   "the output as input: write the output elsewhere")
 

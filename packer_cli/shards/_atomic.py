@@ -111,6 +111,11 @@ def replace_dir(tmp: str, out: str) -> None:
             os.rename(trash, out)
 
 
+def within(path: str, directory: str) -> bool:
+    """Whether ``path`` is ``directory`` or lies below it (as strings: resolve both first)."""
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
 def check_replaceable(out: str, inputs: Iterable[str], ours: Callable[[str], bool]) -> None:
     """Refuse to replace an existing directory ``out`` unless everything in it is a file packer
     writes there (``ours``, by name) and no input lies inside it.
@@ -126,6 +131,6 @@ def check_replaceable(out: str, inputs: Iterable[str], ours: Callable[[str], boo
     real_out = os.path.realpath(out)
     for path in inputs:
         real = os.path.realpath(path)
-        if real == real_out or real.startswith(real_out + os.sep):
+        if within(real, real_out):
             raise ConfigError(f"{path}: this input lies inside {out}, which --overwrite would replace; "
                               "write the output elsewhere")

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 from packer_cli.errors import ConfigError, DataError
+from packer_cli.shards._atomic import within
 from packer_cli.shards.bridge import is_bridge_dir, layout_files
 from packer_cli.shards.format import FORMAT_NAME, MANIFEST_FILE
 
@@ -211,7 +212,7 @@ def discover_inputs(inputs: list[str]) -> list[InputFile]:
                 raise DataError(f"{arg}: the pattern matches no files")
             expanded: list[str] = []  # `**` matches a directory and everything in it: read it once
             for match in matches:
-                if not any(match.startswith(d + os.sep) for d in expanded):
+                if not any(within(match, d) for d in expanded):
                     if os.path.isdir(match):
                         expanded.append(match)
                     found.extend(discover_inputs([match]))
