@@ -123,12 +123,13 @@ def martello_toth_l2(lengths, capacity):
     return best
 
 
-def exact_fill_rebuild(lengths, pool, capacity, threshold, max_triples):
+def exact_fill_rebuild(lengths, pool, capacity, threshold, max_triples, pair_words=None):
     """The refinement pass's exact-fill re-pack of ``pool``, by list scans: each pack takes the
     largest item, then the largest that leave at least ``threshold`` free, then closes its
     room with one item, the most balanced pair, or a third item (largest first, at most
     ``max_triples`` tried) and a pair, then best fit. Items of one size go in pool order.
-    Returns the packs' item lists."""
+    ``pair_words``: a pair's smaller size ``a`` is looked for only in the 64-size words from
+    the one holding ``room // 2`` down, that many of them. Returns the packs' item lists."""
     left = {}
     for k in pool:
         left.setdefault(int(lengths[k]), []).append(int(k))
@@ -143,9 +144,10 @@ def exact_fill_rebuild(lengths, pool, capacity, threshold, max_triples):
 
     def pair(room, held=None):
         count = {s: len(items) - (s == held) for s, items in left.items()}
-        for a in range(room // 2, 0, -1):
+        low = 1 if pair_words is None else max(1, ((room // 2 >> 6) - pair_words + 1) * 64)
+        for a in sorted((s for s in count if low <= s <= room // 2), reverse=True):
             b = room - a
-            if count.get(a, 0) > 0 and count.get(b, 0) > (a == b):
+            if count[a] > 0 and count.get(b, 0) > (a == b):
                 return [a, b]
         return None
 

@@ -428,8 +428,8 @@ def test_refine_look_ahead_skips_rebuilds_and_loses_nothing(monkeypatch, n, seed
     pool = np.sort(_collect(base.order, base.pack_offsets, np.flatnonzero(nonfull)))
     bound = martello_toth_l2(lengths, capacity) - int((~nonfull).sum())
     pools = []
-    real_rebuild = R._rebuild
-    monkeypatch.setattr(R, "_rebuild", lambda arr, p, *a: pools.append(p.size) or real_rebuild(arr, p, *a))
+    real_rebuild = R._rebuild_sorted
+    monkeypatch.setattr(R, "_rebuild_sorted", lambda arr, p, *a: pools.append(p.size) or real_rebuild(arr, p, *a))
     packs, first_round = {}, {}
     for look_ahead in (False, True):
         for goal in (0, bound):  # 0: never reached, every threshold is tried
@@ -551,3 +551,40 @@ def test_refine_at_a_large_capacity_stays_valid_with_its_bounded_pair_search():
     refined = refine_plan(lengths, base)
     validate_plan(refined, lengths, capacity)
     assert martello_toth_l2(lengths, capacity) <= refined.num_packs <= base.num_packs
+
+
+@pytest.mark.parametrize("capacity, seed", [((1 << 20) + 5, 0), (1 << 22, 1)])
+def test_exact_fill_rebuild_matches_reference_at_a_huge_capacity(capacity, seed):
+    # Far fewer items than sizes: the pool is sorted by comparison, not by a table of C sizes,
+    # and a pair search jumps over empty words and stops after PAIR_WORDS of them. Each
+    # ``capacity - room`` item leaves a room that a (small, room - small) pair closes exactly,
+    # but that pair lies outside the window, so the bound changes which items close it.
+    from packer_cli.plan._refine_kernels import PAIR_WORDS, _by_size, _rebuild
+
+    rng = np.random.default_rng(seed)
+    room = rng.integers(capacity // 24, capacity // 9, 40)
+    small = rng.integers(1, 3_000, 40)
+    near_half = capacity // 2 - rng.integers(0, 40_000, 60)
+    lengths = np.concatenate([capacity - room, small, room - small, rng.integers(1, capacity // 3, 100),
+                              near_half, capacity - near_half]).astype(np.int64)
+    pool = np.sort(rng.choice(lengths.size, 260, replace=False)).astype(np.int32)
+    assert capacity > 4 * pool.size and capacity // 2 // 64 > PAIR_WORDS
+    npt.assert_array_equal(_by_size(lengths, pool, capacity), np.argsort(lengths[pool], kind="stable"))
+    threshold = capacity // 8
+    want = naive.exact_fill_rebuild(lengths, pool, capacity, threshold, 64, PAIR_WORDS)
+    assert want != naive.exact_fill_rebuild(lengths, pool, capacity, threshold, 64)  # the bound matters
+    for divisor in (8, 64):
+        sequence, ends, num = _rebuild(lengths, pool, capacity, capacity // divisor, 64)
+        got = [sequence[ends[q]:ends[q + 1]].tolist() for q in range(num)]
+        assert got == naive.exact_fill_rebuild(lengths, pool, capacity, capacity // divisor, 64, PAIR_WORDS)
+
+
+@pytest.mark.parametrize("capacity", [60, 10**6])
+def test_pool_sorted_by_size_either_way(capacity):
+    # A counting sort while C is at most 4x the pool, a stable comparison sort beyond: the same
+    # order, pool order within a size.
+    from packer_cli.plan._refine_kernels import _by_size
+
+    lengths = np.random.default_rng(capacity).integers(1, 61, 400).astype(np.int64)
+    pool = np.sort(np.random.default_rng(1).choice(400, 100, replace=False)).astype(np.int32)
+    npt.assert_array_equal(_by_size(lengths, pool, capacity), np.argsort(lengths[pool], kind="stable"))

@@ -64,7 +64,7 @@ def _pool_take(size, counts, fill, bits, offsets, mirror, capacity):
 
 
 @njit(**NJIT_INLINE_FLAGS)
-def _find_pair(room, counts, bits, mirror, capacity):
+def _find_pair(room, counts, bits, offsets, mirror, capacity):
     """Sizes ``(a, b)``, ``a <= b``, ``a + b == room``, both available; the most
     balanced such pair. Returns ``(-1, -1)`` when there is none.
 
@@ -89,6 +89,10 @@ def _find_pair(room, counts, bits, mirror, capacity):
                 return a, b
             cand &= ~(_ONE << np.uint64(t))
         w -= 1
+        if w > stop and bits[w] == np.uint64(0):
+            # No size ``a`` in this word: jump to the next word below that has one (level 1
+            # of the bitset), so a sparse pool at a large capacity skips its empty words.
+            w = _bitset_prev(bits, offsets, (w << 6) - 1) >> 6
     return -1, -1
 
 
@@ -101,7 +105,39 @@ def _place(s, placed, room, by_size, counts, fill, bits, offs, mirror, capacity,
 
 
 @njit(**NJIT_FLAGS)
+def _by_size(lengths, pool, capacity):
+    """Positions in ``pool`` ordered by item length, pool order within a length (int32[M]).
+
+    A counting sort where the capacity is at most a few times the pool (tables of C + 1
+    entries), a stable comparison sort beyond: at C = 2**22 a pool of a few thousand items
+    would otherwise walk a table of four million sizes for every rebuild."""
+    m = pool.shape[0]
+    if capacity > 4 * m:
+        sizes = np.empty(m, np.int64)
+        for k in range(m):
+            sizes[k] = lengths[pool[k]]
+        return np.argsort(sizes, kind="mergesort").astype(np.int32)
+    starts = np.zeros(capacity + 2, np.int64)
+    for k in range(m):
+        starts[lengths[pool[k]] + 1] += 1
+    for s in range(capacity + 1):
+        starts[s + 1] += starts[s]
+    by_size = np.empty(m, np.int32)
+    for k in range(m):
+        s = lengths[pool[k]]
+        by_size[starts[s]] = k
+        starts[s] += 1
+    return by_size
+
+
+@njit(**NJIT_FLAGS)
 def _rebuild(lengths, pool, capacity, threshold, max_triples):
+    """:func:`_rebuild_sorted` of ``pool``, sorting it first."""
+    return _rebuild_sorted(lengths, pool, _by_size(lengths, pool, capacity), capacity, threshold, max_triples)
+
+
+@njit(**NJIT_FLAGS)
+def _rebuild_sorted(lengths, pool, by_size, capacity, threshold, max_triples):
     """Pack a pool of items, aiming at packs filled exactly to ``capacity``.
 
     Each pack takes the largest remaining item, then greedily the largest item
@@ -116,6 +152,9 @@ def _rebuild(lengths, pool, capacity, threshold, max_triples):
         Lengths of all items.
     pool : int32[M]
         The pool's item indices (lengths in ``[1, capacity]``).
+    by_size : int32[M]
+        ``_by_size(lengths, pool, capacity)``: the same for every threshold, so a caller
+        trying several sorts the pool once.
     capacity : int
     threshold : int
         Room kept free by the greedy phase for the exact phase.
@@ -132,28 +171,21 @@ def _rebuild(lengths, pool, capacity, threshold, max_triples):
         ``num_packs + 1`` entries are set).
     num_packs : int
     """
+    # Tables indexed by size, set up from the sorted pool only where a size is present, so a
+    # rebuild costs O(M) plus zeroing counts and bitsets (``fill`` is read at present sizes only).
     m = pool.shape[0]
-    counts = np.zeros(capacity + 1, np.int64)
-    for k in range(m):
-        counts[lengths[pool[k]]] += 1
-    starts = np.zeros(capacity + 2, np.int64)
-    for s in range(capacity + 1):
-        starts[s + 1] = starts[s] + counts[s]
-    fill = starts[: capacity + 1].copy()
-    by_size = np.empty(m, np.int32)
-    for k in range(m):
-        s = lengths[pool[k]]
-        by_size[fill[s]] = k
-        fill[s] += 1
-    fill[:] = starts[: capacity + 1]
-
+    counts = np.zeros(capacity + 1, np.int32)
+    fill = np.empty(capacity + 1, np.int64)
     offs = _bitset_layout(capacity + 1)
     bits = np.zeros(offs[-1], np.uint64)
     mirror = np.zeros(_mirror_words(capacity), np.uint64)
-    for s in range(1, capacity + 1):
-        if counts[s] > 0:
+    for j in range(m):
+        s = lengths[pool[by_size[j]]]
+        if counts[s] == 0:
+            fill[s] = j
             _bitset_set(bits, offs, s)
             _mirror_set(mirror, capacity - s)
+        counts[s] += 1
 
     sequence = np.empty(m, np.int32)
     ends = np.empty(m + 1, np.int64)
@@ -179,13 +211,13 @@ def _rebuild(lengths, pool, capacity, threshold, max_triples):
             if counts[room] > 0:
                 a = room
             else:
-                a, b = _find_pair(room, counts, bits, mirror, capacity)
+                a, b = _find_pair(room, counts, bits, offs, mirror, capacity)
                 if a < 0:
                     tries = 0
                     c = _bitset_prev(bits, offs, room - 2)
                     while c >= 1 and tries < max_triples:
                         counts[c] -= 1
-                        a, b = _find_pair(room - c, counts, bits, mirror, capacity)
+                        a, b = _find_pair(room - c, counts, bits, offs, mirror, capacity)
                         counts[c] += 1
                         if a >= 0:
                             break

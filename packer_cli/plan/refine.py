@@ -2,7 +2,7 @@
 
 Packs filled exactly to capacity cannot be improved on their own, so the pass
 keeps them and re-packs the items of every other pack ("the pool") with an
-exact-fill heuristic (:func:`packer_cli.plan._refine_kernels._rebuild`): each
+exact-fill heuristic (:func:`packer_cli.plan._refine_kernels._rebuild_sorted`): each
 new pack takes the largest pool item, then greedily the largest items that
 leave at least ``threshold`` tokens free, then closes the remaining room
 exactly with one, two or three items when the pool allows it, and finally
@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from . import _kernels as K
-from ._refine_kernels import _collect, _compose, _rebuild
+from ._refine_kernels import _by_size, _collect, _compose, _rebuild_sorted
 from ._validate import check_lengths
 from .bounds import _l2_of_histogram
 from .plan import PackPlan, _make_plan
@@ -58,16 +58,17 @@ def _rebuilds(arr: np.ndarray, pool: np.ndarray, capacity: int):
     for the rebuild still running: it finishes on its thread and is dropped. The results and
     their order are the same either way."""
     thresholds = [max(1, capacity // divisor) for divisor in _THRESHOLD_DIVISORS]
+    sorted_pool = (arr, pool, _by_size(arr, pool, capacity))  # the same for every threshold
     if pool.size < _PARALLEL_POOL or _usable_cpus() < 2:
         for threshold in thresholds:
-            yield _rebuild(arr, pool, capacity, threshold, _MAX_TRIPLES)
+            yield _rebuild_sorted(*sorted_pool, capacity, threshold, _MAX_TRIPLES)
         return
     workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="packer-refine")
     try:
-        running = [workers.submit(_rebuild, arr, pool, capacity, t, _MAX_TRIPLES) for t in thresholds[:2]]
+        running = [workers.submit(_rebuild_sorted, *sorted_pool, capacity, t, _MAX_TRIPLES) for t in thresholds[:2]]
         for threshold in thresholds[2:]:
             yield running.pop(0).result()
-            running.append(workers.submit(_rebuild, arr, pool, capacity, threshold, _MAX_TRIPLES))
+            running.append(workers.submit(_rebuild_sorted, *sorted_pool, capacity, threshold, _MAX_TRIPLES))
         for future in running:
             yield future.result()
     finally:
