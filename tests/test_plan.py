@@ -588,3 +588,31 @@ def test_pool_sorted_by_size_either_way(capacity):
     lengths = np.random.default_rng(capacity).integers(1, 61, 400).astype(np.int64)
     pool = np.sort(np.random.default_rng(1).choice(400, 100, replace=False)).astype(np.int32)
     npt.assert_array_equal(_by_size(lengths, pool, capacity), np.argsort(lengths[pool], kind="stable"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(capacity=st.integers(1, 5000), data=st.data())
+def test_l2_from_distinct_sizes_matches_every_threshold(capacity, data):
+    # L2 is evaluated only where L(K) can change (an item entering J1 or leaving J3); the
+    # reference evaluates every K. Sizes near C/2, C/3 and C are drawn often: the edges.
+    from packer_cli.plan.bounds import _l2_of_histogram
+
+    edges = sorted({max(1, min(capacity, v)) for v in (1, capacity // 3, capacity // 3 + 1, capacity // 2,
+                                                       capacity // 2 + 1, capacity - 1, capacity)})
+    size = st.one_of(st.sampled_from(edges), st.integers(1, capacity))
+    lengths = np.array(data.draw(st.lists(size, min_size=1, max_size=40)), np.int64)
+    want = naive.martello_toth_l2(lengths, capacity)
+    assert martello_toth_l2(lengths, capacity) == want  # by histogram or, C > 4N, by sorting
+    assert _l2_of_histogram(np.bincount(lengths, minlength=capacity + 1), capacity) == want
+
+
+def test_l2_at_the_largest_capacity_without_a_table_of_sizes():
+    # C = 2**24 and a few thousand items: the sorted path; the histogram path agrees.
+    from packer_cli.plan.bounds import _l2_of_histogram
+
+    capacity = 1 << 24
+    rng = np.random.default_rng(9)
+    lengths = np.concatenate([rng.integers(1, capacity + 1, 3000), capacity // 2 + rng.integers(-5, 6, 500)])
+    l2 = martello_toth_l2(lengths, capacity)
+    assert l2 == _l2_of_histogram(np.bincount(lengths, minlength=capacity + 1), capacity)
+    assert lower_bound(lengths, capacity) <= l2 <= first_fit_decreasing(lengths, capacity).max() + 1

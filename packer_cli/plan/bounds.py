@@ -34,29 +34,57 @@ def martello_toth_l2(lengths, capacity) -> int:
     Parameters and errors as :func:`packer_cli.plan.first_fit_decreasing`.
     """
     arr, capacity = check_lengths(lengths, capacity)
+    return _l2_of_lengths(arr, capacity)
+
+
+def _l2_of_lengths(arr: np.ndarray, capacity: int) -> int:
+    """L2 of validated lengths (empty items, length 0, ignored)."""
     if arr.shape[0] == 0:
         return 0
+    if capacity > 4 * arr.shape[0]:  # a sort costs less than a histogram of C sizes
+        sizes, counts = np.unique(arr, return_counts=True)
+        return _l2_of_sizes(sizes, counts, capacity)
     return _l2_of_histogram(np.bincount(arr, minlength=capacity + 1), capacity)
 
 
 def _l2_of_histogram(hist: np.ndarray, capacity: int) -> int:
     """L2 from a length histogram ``hist[0..C]`` (``hist[0]``, empty items, is ignored)."""
+    hist = np.asarray(hist, dtype=np.int64)
+    sizes = np.flatnonzero(hist)
+    return _l2_of_sizes(sizes, hist[sizes], capacity)
+
+
+def _l2_of_sizes(sizes: np.ndarray, counts: np.ndarray, capacity: int) -> int:
+    """L2 from the distinct lengths (ascending, at most C) and how many items have each.
+
+    ``L(K)`` changes only where an item enters ``J1`` (``K = C - s + 1``) or leaves ``J3``
+    (``K = s + 1``), so it is evaluated at ``K = 0`` and at those points only: O(D log D) for
+    D distinct lengths, where every ``K`` up to ``C / 2`` took tables of C entries (seconds
+    at C = 2**24)."""
     c = capacity
-    hist = np.asarray(hist, dtype=np.int64).copy()
-    hist[0] = 0
-    n = int(hist.sum())
+    sizes = np.asarray(sizes, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    keep = sizes > 0  # empty items are not packed
+    sizes, counts = sizes[keep], counts[keep]
+    n = int(counts.sum())
     if n == 0:
         return 0
-    # cnt_le[v] = #items with s <= v, sum_le[v] = total length of those items.
-    cnt_le = np.cumsum(hist)
-    sum_le = np.cumsum(hist * np.arange(c + 1, dtype=np.int64))
     half = c // 2  # s > C/2  <=>  s > half
-    k = np.arange(half + 1, dtype=np.int64)
-    n1 = n - cnt_le[c - k]
-    n2 = cnt_le[c - k] - cnt_le[half]
-    s2 = sum_le[c - k] - sum_le[half]
-    below_k = np.where(k > 0, sum_le[np.maximum(k - 1, 0)], 0)
-    s3 = sum_le[half] - below_k
+    # cnt_le[i] / sum_le[i]: items (and their total length) among the i smallest distinct sizes.
+    cnt_le = np.concatenate([[0], np.cumsum(counts)])
+    sum_le = np.concatenate([[0], np.cumsum(counts * sizes)])
+
+    def at_most(v):  # index into cnt_le / sum_le for "s <= v"
+        return np.searchsorted(sizes, v, side="right")
+
+    k = np.unique(np.concatenate([[0], c - sizes[sizes > half] + 1, sizes[sizes <= half] + 1]))
+    k = k[k <= half]
+    upper = at_most(c - k)
+    mid = at_most(half)
+    n1 = n - cnt_le[upper]
+    n2 = cnt_le[upper] - cnt_le[mid]
+    s2 = sum_le[upper] - sum_le[mid]
+    s3 = sum_le[mid] - sum_le[at_most(k - 1)]
     excess = s3 - (n2 * c - s2)
     extra = np.where(excess > 0, -(-excess // c), 0)
     return int((n1 + n2 + extra).max())

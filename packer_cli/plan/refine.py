@@ -24,10 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import _kernels as K
 from ._refine_kernels import _by_size, _collect, _compose, _rebuild_sorted
 from ._validate import check_lengths
-from .bounds import _l2_of_histogram
+from .bounds import _l2_of_lengths
 from .plan import PackPlan, _make_plan
 
 __all__ = ["refine_plan"]
@@ -166,7 +165,7 @@ def _refine(arr: np.ndarray, plan: PackPlan, *, max_rounds: int = 4, in_place: b
     nonfull = plan.pack_load < capacity
     num_nonfull = int(nonfull.sum())
     if max_rounds > 0 and plan.order.shape[0] and num_nonfull > 1:
-        target = _l2_of_histogram(K._length_histogram(arr, capacity), capacity)
+        target = _l2_of_lengths(arr, capacity)
         kept_packs = np.flatnonzero(~nonfull)
         if plan.num_packs > target:
             # Sorted by item index so equal lengths are taken in index order.
