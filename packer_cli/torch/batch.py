@@ -202,6 +202,7 @@ class THDBatch:
         which is exact for causal attention (no real query sees it; its loss is 0). For
         bidirectional attention use :meth:`packed_seq_params` (real + padded vectors).
         """
+        self._check_whole_row("flash_attn_kwargs")
         return {
             "cu_seqlens_q": self.cu_seqlens_padded,
             "cu_seqlens_k": self.cu_seqlens_padded,
@@ -209,18 +210,33 @@ class THDBatch:
             "max_seqlen_k": self.max_seqlen,
         }
 
-    def hf_kwargs(self) -> dict[str, torch.Tensor]:
+    def hf_kwargs(self) -> dict[str, Any]:
         """Inputs for a Hugging Face causal LM in padding-free mode (batch dim 1, no mask).
 
         ``position_ids`` restart at 0 per segment, which is how HF finds boundaries.
         ``labels`` are -100 where not trained. They are already shifted, so they are also
         passed as ``shift_labels``: recent transformers' ``ForCausalLMLoss`` then uses them
         as-is instead of shifting again (a second shift would cross sequence boundaries).
+        ``use_cache=False``: with a KV cache (most configs' default, in training too)
+        transformers' sdpa and eager attention do not look for packed sequences in
+        ``position_ids`` and attend across them; flash-attention looks either way.
         """
+        self._check_whole_row("hf_kwargs")
         labels = torch.where(self.loss_mask > 0, self.labels, torch.full_like(self.labels, -100))
         return {
             "input_ids": self.tokens,
             "labels": labels,
             "shift_labels": labels,
             "position_ids": self.position_ids,
+            "use_cache": False,
         }
+
+    def _check_whole_row(self, consumer: str) -> None:
+        """flash-attn and HF take boundaries over the tokens they are given, but a CP slice keeps
+        the whole pack's boundaries: flash-attn would index past its tokens, HF would find
+        sequences in zig-zag positions. Only Transformer Engine slices for CP itself."""
+        if self.cp_size != 1:
+            raise ValueError(
+                f"{consumer}() needs the whole THD row, but this batch is CP rank {self.cp_rank} of "
+                f"{self.cp_size}'s slice: use packed_seq_params() (Transformer Engine handles CP), or cp_size=1"
+            )
