@@ -3,7 +3,8 @@
 * every tensor of random packs (CP 1-8 with TP/SP multiples, tails, one-token sequences,
   sequences of exactly the multiple) equals a slow per-token Python construction;
 * the consumers: a Hugging Face model trained on ``hf_kwargs()`` sees each sequence alone,
-  and the kwargs of whole-row consumers are refused for a CP slice.
+  and the kwargs of whole-row consumers are refused for a CP slice;
+* host reads: the loader's device-side steps read nothing back, in-batch packing reads once.
 """
 
 import math
@@ -13,7 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from packer_cli.torch import THDBatch, pad_multiple  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from packer_cli.torch import THDBatch, cp_partition_indices, pack_batch_sequences, pad_multiple  # noqa: E402
 from packer_cli.torch.testing import make_meta, make_row  # noqa: E402
 
 
@@ -132,3 +135,71 @@ def test_whole_row_consumers_refuse_a_cp_slice():
         with pytest.raises(ValueError, match="CP rank 1 of 2"):
             consumer()
     assert part.packed_seq_params().cu_seqlens_q is b.cu_seqlens  # TE's: global boundaries, fine
+
+
+# -- host reads -----------------------------------------------------------------------------------
+
+
+class HostReads(TorchDispatchMode):
+    """Record every op that reads device data back to the host (a sync on CUDA), on any device:
+    scalar reads, ``nonzero`` and its users (boolean-mask indexing), ``repeat_interleave``
+    without ``output_size``. ``.tolist()`` of a CPU tensor bypasses the dispatcher, so it
+    is counted by patching it (``count_tolist``)."""
+
+    SYNCING = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique_consecutive",
+               "aten::_unique2", "aten::unique_dim"}
+
+    def __init__(self):
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._schema.name
+        if name in self.SYNCING:
+            self.reads.append(name)
+        elif name in ("aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_") and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None
+        ):
+            self.reads.append(name + " (boolean mask)")
+        elif name == "aten::repeat_interleave" and func._overloadname == "Tensor" and kwargs.get("output_size") is None:
+            self.reads.append(name + " (no output_size)")
+        return func(*args, **kwargs)
+
+
+@pytest.fixture
+def host_reads(monkeypatch):
+    mode = HostReads()
+    tolist = torch.Tensor.tolist
+
+    def counted(self):
+        mode.reads.append("tolist")
+        return tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counted)
+    return mode
+
+
+def test_device_side_steps_read_nothing_back(host_reads):
+    rows = [make_row([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10]], multiple=4), make_row([[1, 2, 3, 4, 5]], multiple=4)]
+    meta = make_meta(rows, pack_size=16, multiple=4, cp=2, pad_to_max_length=True, pad_cu_seqlens=True)
+    a, b = (THDBatch.from_row(r, meta, static=True) for r in rows)
+    with host_reads:
+        THDBatch.concat([a, b]).to("cpu").packed_seq_params(with_total_tokens=True)
+        idx = cp_partition_indices(a.cu_seqlens_padded, a.num_tokens, 2, 1)
+        a.tokens.index_select(1, idx)
+        a.hf_kwargs(), a.flash_attn_kwargs()
+    assert host_reads.reads == []
+
+
+def test_in_batch_packing_reads_the_host_once(host_reads):
+    tokens = torch.tensor([[1, 2, 3, 0], [0, 0, 0, 0], [4, 5, 0, 0]])
+    for mask in (None, tokens != 0):
+        host_reads.reads.clear()
+        with host_reads:
+            out = pack_batch_sequences(tokens, tokens + 1, torch.ones(3, 4), None, torch.arange(4).expand(3, 4),
+                                       pad_to_multiple_of=4, padding_mask=mask)
+        # the output's size depends on the data: one read, and no boolean mask (each is another sync)
+        assert len(host_reads.reads) == 1, host_reads.reads
+        assert out[0].tolist() == [[1, 2, 3, 0, 4, 5, 0, 0]] and out[5].tolist() == [0, 4, 8]
+        assert out[4].tolist() == [[0, 1, 2, 3, 0, 1, 2, 3]] and int(out[6]) == 4

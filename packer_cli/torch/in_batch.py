@@ -91,15 +91,18 @@ def pack_batch_sequences(
         if t is not None and t.shape != tokens.shape:
             raise ValueError(f"{name} has shape {list(t.shape)}, but tokens has {list(tokens.shape)}")
     device = tokens.device
-    batch, width = tokens.shape
+    width = tokens.shape[1]
     lengths = _row_lengths(tokens, pad_token_id, padding_mask)
     keep = lengths > 0  # empty rows are dropped
-    rows = torch.arange(batch, device=device)[keep]
-    lens = lengths[keep]
-    padded = (lens + pad_to_multiple_of - 1) // pad_to_multiple_of * pad_to_multiple_of
-    cu = torch.zeros(padded.numel() + 1, dtype=torch.int32, device=device)
+    padded_all = (lengths + pad_to_multiple_of - 1) // pad_to_multiple_of * pad_to_multiple_of  # 0 if empty
+    # The one host read: the output's length and row count depend on the data.
+    total, kept = torch.stack((padded_all.sum(), keep.sum())).tolist()
+    # The kept rows in order, by a stable sort rather than a boolean mask (each mask is one more sync).
+    rows = torch.argsort((~keep).to(torch.int8), stable=True)[:kept]
+    lens = lengths[rows]
+    padded = padded_all[rows]
+    cu = torch.zeros(kept + 1, dtype=torch.int32, device=device)
     cu[1:] = torch.cumsum(padded, 0).to(torch.int32)
-    total = int(cu[-1])  # the one host read: the output size depends on the data
 
     if total == 0:
         logger.warning("pack_batch_sequences: every row is padding; returning an empty packed batch")
