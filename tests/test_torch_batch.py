@@ -166,7 +166,8 @@ def test_flash_attn_and_hf_kwargs():
     fa = b.flash_attn_kwargs()
     assert fa["cu_seqlens_q"] is fa["cu_seqlens_k"] is b.cu_seqlens_padded and fa["max_seqlen_q"] == 4
     hf = b.hf_kwargs()
-    assert set(hf) == {"input_ids", "labels", "shift_labels", "position_ids", "use_cache"} and hf["use_cache"] is False
+    assert set(hf) == {"input_ids", "labels", "shift_labels", "position_ids", "use_cache", "cu_seq_lens_q",
+                       "cu_seq_lens_k", "max_length_q", "max_length_k"} and hf["use_cache"] is False
     assert hf["labels"].tolist() == [[-100, 3, 4, -100, 6, 7]] and hf["shift_labels"] is hf["labels"]
     assert hf["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1]]
 

@@ -124,6 +124,21 @@ def test_hf_model_on_hf_kwargs_sees_each_sequence_alone(attn, multiple, tail):
     assert abs(float(packed) - float(sum(alone)) / b.num_loss_tokens) < 1e-5
 
 
+@pytest.mark.parametrize("tail", [0, 8])
+def test_hf_kwargs_carry_the_flash_attention_boundaries(tail):
+    # Without them transformers' flash-attention path finds the boundaries from position_ids in
+    # every layer: a nonzero and two scalar reads, each a device sync, per layer and step.
+    fa_utils = pytest.importorskip("transformers.modeling_flash_attention_utils")
+    row = make_row([[5, 9, 3, 7, 1, 2], [8, 4, 6], [3, 3, 9, 10, 11, 12, 13, 2]], multiple=4)
+    t = int(row.cu_seqlens[-1]) + tail
+    b = THDBatch.from_row(row, make_meta([row], pack_size=t, multiple=4, pad_to_max_length=tail > 0))
+    hf = b.hf_kwargs()
+    (cu_q, cu_k), (max_q, max_k) = fa_utils.prepare_fa_kwargs_from_position_ids(b.position_ids)
+    assert hf["cu_seq_lens_q"].tolist() == hf["cu_seq_lens_k"].tolist() == cu_q.tolist() == cu_k.tolist()
+    assert hf["cu_seq_lens_q"].dtype == torch.int32 and hf["max_length_q"] == hf["max_length_k"] == int(max_q)
+    assert type(hf["max_length_q"]) is int
+
+
 def test_whole_row_consumers_refuse_a_cp_slice():
     row = make_row([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10]], multiple=4)
     b = THDBatch.from_row(row, make_meta([row], pack_size=12, multiple=4, cp=2))

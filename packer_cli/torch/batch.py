@@ -219,7 +219,10 @@ class THDBatch:
         as-is instead of shifting again (a second shift would cross sequence boundaries).
         ``use_cache=False``: with a KV cache (most configs' default, in training too)
         transformers' sdpa and eager attention do not look for packed sequences in
-        ``position_ids`` and attend across them; flash-attention looks either way.
+        ``position_ids`` and attend across them. ``cu_seq_lens_q/k`` and ``max_length_q/k``
+        (the boundaries of :meth:`flash_attn_kwargs`) spare its flash-attention path finding
+        them from ``position_ids`` in every layer, a few device syncs each; sdpa and eager
+        ignore them.
         """
         self._check_whole_row("hf_kwargs")
         labels = torch.where(self.loss_mask > 0, self.labels, torch.full_like(self.labels, -100))
@@ -229,6 +232,10 @@ class THDBatch:
             "shift_labels": labels,
             "position_ids": self.position_ids,
             "use_cache": False,
+            "cu_seq_lens_q": self.cu_seqlens_padded,
+            "cu_seq_lens_k": self.cu_seqlens_padded,
+            "max_length_q": self.max_seqlen,
+            "max_length_k": self.max_seqlen,
         }
 
     def _check_whole_row(self, consumer: str) -> None:
