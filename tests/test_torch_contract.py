@@ -218,3 +218,14 @@ def test_in_batch_packing_reads_the_host_once(host_reads):
         assert len(host_reads.reads) == 1, host_reads.reads
         assert out[0].tolist() == [[1, 2, 3, 0, 4, 5, 0, 0]] and out[5].tolist() == [0, 4, 8]
         assert out[4].tolist() == [[0, 1, 2, 3, 0, 1, 2, 3]] and int(out[6]) == 4
+
+
+def test_num_segments_of_a_row_of_static_packs():
+    rows = [make_row([[1, 2, 3]], multiple=2), make_row([[1, 2, 3, 4, 5], [6, 7, 8]], multiple=2)]
+    meta = make_meta(rows, pack_size=8, multiple=2, pad_to_max_length=True, pad_cu_seqlens=True)
+    b = THDBatch.concat([THDBatch.from_row(r, meta, static=True) for r in rows])
+    assert b.cu_seqlens_padded.tolist() == [0, 2, 8, 8, 12, 14, 16]
+    # 5 segments carry tokens, but the first pack's repeat (8, 8) sits between them: the slice
+    # [: num_segments + 1] keeps it and drops only trailing repeats
+    assert b.num_segments == 6 and b.cu_seqlens_padded[b.num_segments] == b.num_tokens
+    assert b.seq_idx[0].tolist() == [0] * 2 + [1] * 6 + [3] * 4 + [4] * 2 + [5] * 2

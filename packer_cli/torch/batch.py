@@ -65,8 +65,10 @@ class THDBatch:
             pack, computed from real lengths before any CP slicing (``seqlen_sq_sum`` is
             ``Σ s_i²``, exact in Python ints).
         num_tokens: physical length ``T`` of the full pack (before CP).
-        num_segments: segments carrying tokens (sequences plus a tail segment, if any);
-            ``cu_seqlens[: num_segments + 1]`` drops only static-shape repeats.
+        num_segments: segments up to the last one carrying tokens (sequences plus a tail
+            segment, if any; in a row of static packs also the earlier packs' zero-length
+            repeats, which sit between real segments); ``cu_seqlens[: num_segments + 1]``
+            drops only the trailing static-shape repeats.
         num_packs: how many stored packs were concatenated into this row.
         cp_size, cp_rank: the CP slice this batch holds (1, 0 when unsliced).
     """
