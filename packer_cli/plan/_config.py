@@ -25,8 +25,8 @@ NJIT_FLAGS: dict = {
 #: searches of :mod:`._kernels` inlined into the refinement pass made it 25 % slower.
 NJIT_INLINE_FLAGS: dict = {**NJIT_FLAGS, "inline": "always"}
 
-#: Largest pack capacity accepted by the planner. Best-fit and the L2 bound use
-#: tables indexed by capacity, so their memory grows linearly with it.
+#: Largest pack capacity accepted by the planner. The decreasing algorithms and the
+#: improvement pass use tables indexed by length, so their memory grows linearly with it.
 MAX_CAPACITY: int = 1 << 24
 
 #: Dtypes the kernels accept for ``lengths`` (anything else is converted to int64).

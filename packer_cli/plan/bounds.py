@@ -29,7 +29,8 @@ def martello_toth_l2(lengths, capacity) -> int:
     ``L(K) = |J1| + |J2| + max(0, ceil((sum(J3) - (|J2| C - sum(J2))) / C))``
 
     and ``L2 = max_K L(K)``. ``L(0) = max(|{s > C/2}|, L1)``, so ``L2 >= L1``.
-    Computed in ``O(N + C)`` from a length histogram and prefix sums.
+    Computed from prefix sums over the distinct lengths (a histogram, or a sort when
+    C > 4N), at the thresholds where ``L(K)`` changes.
 
     Parameters and errors as :func:`packer_cli.plan.first_fit_decreasing`.
     """
