@@ -184,7 +184,10 @@ class OutputFile:
                         raise  # a full disk, an I/O error: the caller's to report
                 if written < nbytes:  # refused, or a short write that leaves the offset unaligned
                     self._leave_direct()
-            _write_all(self._fd, view[written:])
+            # released here even when the write fails: the error's traceback keeps _write_all's
+            # frame, and a view of the map alive there makes discard's m.close() a BufferError
+            with view[written:] as rest:
+                _write_all(self._fd, rest)
 
     def _write_tail(self) -> None:
         """The last, partial block: a direct write must cover whole ``ALIGN``-byte blocks, so

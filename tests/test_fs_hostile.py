@@ -1,0 +1,58 @@
+"""`packer pack` where the file system or the process environment works against it: real
+limits (RLIMIT_FSIZE, unusable paths) rather than patched functions, in child processes.
+
+Each failure must be one line on stderr, a non-zero exit, ``ok: false`` with ``--json``, and
+nothing left where OUT was to go.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX resource limits and file modes")
+
+PACKER = "import sys; sys.argv[0] = 'packer'; from packer_cli._entry import main; main()"
+
+
+def packer(*args, cwd=None, env=None, file_limit: int | None = None, **kw) -> subprocess.CompletedProcess:
+    """``packer ARGS`` in a child process; ``file_limit``: its RLIMIT_FSIZE in bytes (Python
+    ignores SIGXFSZ, so a write past it fails with EFBIG, as on a full quota)."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
+
+    return subprocess.run([sys.executable, "-c", PACKER, *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=120, preexec_fn=limit if file_limit else None, **kw)
+
+
+def assert_one_line_failure(result, code: int, text: str) -> None:
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("warning:")]
+    assert len(lines) == 1 and text in lines[0], result.stderr
+
+
+def assert_json_failure(result, code: int) -> None:
+    doc = json.loads(result.stdout)
+    assert doc["ok"] is False and doc["exit_code"] == code, result.stdout
+
+
+def leftovers(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("out"))
+
+
+# The synthetic input's spill (~2.6 MB) is held in memory, so the limit is met by the shard:
+# below one direct-write block (4 MiB: in a block's write) and between one and two (in the tail's)
+@pytest.mark.parametrize("limit", [1 << 20, 3 << 20 | 1000], ids=["block", "tail"])
+@pytest.mark.parametrize("io", ["--direct-io", "--buffered-io"])
+def test_a_file_size_limit_met_by_a_shard_is_exit_3_not_a_traceback(synthetic_parquet, tmp_path, limit, io):
+    result = packer("pack", synthetic_parquet, "-o", tmp_path / "out", "--spill-memory", "1G", io, "--json",
+                    file_limit=limit)
+    assert_one_line_failure(result, 3, f"{tmp_path / 'out'}: writing the output failed: [Errno 27] File too large")
+    assert_json_failure(result, 3)
+    assert leftovers(tmp_path) == []
