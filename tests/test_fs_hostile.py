@@ -20,14 +20,15 @@ pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX resource limit
 PACKER = "import sys; sys.argv[0] = 'packer'; from packer_cli._entry import main; main()"
 
 
-def packer(*args, cwd=None, env=None, file_limit: int | None = None, **kw) -> subprocess.CompletedProcess:
+def packer(*args, cwd=None, env=None, file_limit: int | None = None, timeout_s: float = 120,
+           **kw) -> subprocess.CompletedProcess:
     """``packer ARGS`` in a child process; ``file_limit``: its RLIMIT_FSIZE in bytes (Python
     ignores SIGXFSZ, so a write past it fails with EFBIG, as on a full quota)."""
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
 
     return subprocess.run([sys.executable, "-c", PACKER, *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=120, preexec_fn=limit if file_limit else None, **kw)
+                          cwd=cwd, env=env, timeout=timeout_s, preexec_fn=limit if file_limit else None, **kw)
 
 
 def assert_one_line_failure(result, code: int, text: str) -> None:
@@ -55,4 +56,36 @@ def test_a_file_size_limit_met_by_a_shard_is_exit_3_not_a_traceback(synthetic_pa
                     file_limit=limit)
     assert_one_line_failure(result, 3, f"{tmp_path / 'out'}: writing the output failed: [Errno 27] File too large")
     assert_json_failure(result, 3)
+    assert leftovers(tmp_path) == []
+
+
+def _fifo(path: Path) -> Path:
+    try:
+        os.mkfifo(path)
+    except (OSError, AttributeError) as exc:
+        pytest.skip(f"cannot make a FIFO here: {exc}")
+    return path
+
+
+@pytest.mark.parametrize("given", ["file", "directory", "glob"])
+def test_a_fifo_input_is_refused_not_read_twice(tmp_path, given):
+    """The input is opened twice (field names, then records): a FIFO blocked for ever, or lost
+    the records the first look consumed (exit 0 under --on-bad-record skip)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jsonl").write_text('{"input_ids": [1, 2, 3]}\n')
+    fifo = _fifo(data / "b.jsonl")
+    arg = {"file": fifo, "directory": data, "glob": data / "*.jsonl"}[given]
+    result = packer("pack", arg, "-o", tmp_path / "out", "--json", timeout_s=30)
+    assert_one_line_failure(result, 1, f"{fifo}: not a regular file (a FIFO, socket or device)")
+    assert_json_failure(result, 1)
+    assert leftovers(tmp_path) == []
+
+
+def test_a_device_input_is_refused_not_read_without_end(tmp_path):
+    if not os.path.exists("/dev/zero"):
+        pytest.skip("no /dev/zero")
+    (tmp_path / "zero.jsonl").symlink_to("/dev/zero")
+    result = packer("pack", tmp_path / "zero.jsonl", "-o", tmp_path / "out", timeout_s=30)
+    assert_one_line_failure(result, 1, f"{tmp_path / 'zero.jsonl'}: not a regular file")
     assert leftovers(tmp_path) == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 from dataclasses import dataclass
 
 from packer_cli.errors import ConfigError, DataError
@@ -48,6 +49,22 @@ def format_of(path: str) -> str | None:
         if lower.endswith(suffix):
             return fmt
     return None
+
+
+def _input_file(path: str, fmt: str) -> InputFile:
+    """An input file, refused unless it is a regular file (or a link to one). Each input is
+    opened more than once (its first record names the supervision field, then it is read), and
+    Parquet and Arrow files are read at offsets: a FIFO gave the reader what the first look left
+    (an error, or records silently missing) or blocked for ever, and a device such as
+    /dev/zero never ended."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # a dangling link: reported, with its reason, when it is read
+        return InputFile(path=path, format=fmt)
+    if not stat.S_ISREG(mode):
+        raise DataError(f"{path}: not a regular file (a FIFO, socket or device); packer reads an input more "
+                        "than once: write it to a file first")
+    return InputFile(path=path, format=fmt)
 
 
 def _hf_dataset(path: str) -> InputFile:
@@ -133,7 +150,7 @@ def _walk(directory: str, ancestors: tuple[str, ...]) -> list[InputFile]:
                 _refuse_packer_output(full)
                 found += _walk(full, ancestors + (real,))
         elif format_of(name):
-            found.append(InputFile(path=full, format=format_of(name)))
+            found.append(_input_file(full, format_of(name)))
     return found
 
 
@@ -205,7 +222,7 @@ def discover_inputs(inputs: list[str]) -> list[InputFile]:
                 raise DataError(
                     f"{arg}: unknown file type; supported: {', '.join(SUFFIXES)} or a datasets directory"
                 )
-            found.append(InputFile(path=arg, format=fmt))
+            found.append(_input_file(arg, fmt))
         elif glob.has_magic(arg):
             matches = sorted(os.path.normpath(m) for m in glob.glob(arg, recursive=True))  # `**` spans directories
             if not matches:
