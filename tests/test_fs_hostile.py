@@ -89,3 +89,21 @@ def test_a_device_input_is_refused_not_read_without_end(tmp_path):
     result = packer("pack", tmp_path / "zero.jsonl", "-o", tmp_path / "out", timeout_s=30)
     assert_one_line_failure(result, 1, f"{tmp_path / 'zero.jsonl'}: not a regular file")
     assert leftovers(tmp_path) == []
+
+
+IN_DELETED_CWD = ("import os, sys; os.chdir(sys.argv.pop(1)); os.rmdir(os.getcwd()); sys.argv[0] = 'packer'; "
+                  "from packer_cli._entry import main; main()")
+
+
+@pytest.mark.parametrize("relative", ["out", "input"])
+def test_a_relative_path_in_a_deleted_working_directory_is_one_line(synthetic_parquet, tmp_path, relative):
+    """Resolving a relative OUT (os.path.realpath) raised FileNotFoundError from os.getcwd."""
+    (tmp_path / "gone").mkdir()
+    out = "out" if relative == "out" else str(tmp_path / "out")
+    source = "synthetic.parquet" if relative == "input" else str(synthetic_parquet)
+    result = subprocess.run([sys.executable, "-c", IN_DELETED_CWD, str(tmp_path / "gone"), "pack", source, "-o", out,
+                             "--json"], capture_output=True, text=True, timeout=120)
+    name = out if relative == "out" else source
+    assert_one_line_failure(result, 2, f"{name}: a relative path, but the working directory no longer exists")
+    assert_json_failure(result, 2)
+    assert leftovers(tmp_path) == []

@@ -193,7 +193,17 @@ def path_argument(value, name: str) -> str:
         path = None
     if not isinstance(path, str):
         raise ConfigError(f"{name} must be a path (str or os.PathLike), got {value!r}")
+    if not os.path.isabs(path) and not _cwd_exists():  # else a traceback where it is first resolved
+        raise ConfigError(f"{path}: a relative path, but the working directory no longer exists (deleted?)")
     return path
+
+
+def _cwd_exists() -> bool:
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def input_paths(inputs, name: str = "inputs") -> list[str]:
