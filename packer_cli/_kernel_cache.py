@@ -28,13 +28,38 @@ import types
 from functools import lru_cache
 
 import numpy as np
-from numba import njit
+from numba import njit as _numba_njit
 
 __all__ = ["install", "njit", "reach_digest"]  # kernel modules take ``njit`` from here: see install()
 
 #: Directories whose functions get the reaching locators (packer's package; tests add others).
 _ROOTS: list[str] = [os.path.dirname(os.path.abspath(__file__))]
 _CONSTANTS = (bool, int, float, complex, str, bytes, np.generic)
+
+
+def njit(*args, **options):
+    """numba's ``njit``, except that a kernel asking for the disk cache where numba finds no
+    writable cache directory is compiled in memory, afresh in every process, instead.
+
+    numba raises at decoration ("no locator available") when neither the package's
+    ``__pycache__`` (a read-only install or image) nor ``NUMBA_CACHE_DIR`` nor the home
+    directory's cache can be written: every command died with a traceback on import.
+    """
+    if args and callable(args[0]):  # bare @njit
+        return njit(**options)(args[0])
+    decorate = _numba_njit(*args, **options)
+    if not options.get("cache"):
+        return decorate
+
+    def cached_where_possible(py_func):
+        try:
+            return decorate(py_func)
+        except RuntimeError as exc:
+            if "no locator available" not in str(exc):
+                raise
+            return _numba_njit(*args, **dict(options, cache=False))(py_func)
+
+    return cached_where_possible
 
 
 @lru_cache(maxsize=None)

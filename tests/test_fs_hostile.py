@@ -107,3 +107,28 @@ def test_a_relative_path_in_a_deleted_working_directory_is_one_line(synthetic_pa
     assert_one_line_failure(result, 2, f"{name}: a relative path, but the working directory no longer exists")
     assert_json_failure(result, 2)
     assert leftovers(tmp_path) == []
+
+
+# numba with no writable cache directory (a read-only install, no writable NUMBA_CACHE_DIR or
+# home): none of its locators takes a kernel, so its cache=True decorator raises at import
+NO_CACHE_LOCATOR = """
+from numba.core import caching
+impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl
+import packer_cli._kernel_cache
+impl._locator_classes = []
+import packer_cli.pipeline, packer_cli.audit.verify, packer_cli.audit.inspect, packer_cli.sources.parquet_lists
+import packer_cli.shards.bridge_writer, packer_cli.plan.refine
+from packer_cli._kernel_cache import njit
+
+@njit(cache=True, nogil=True)
+def twice(x):
+    return 2 * x
+
+print(twice(21), twice._cache.__class__.__name__)
+"""
+
+
+def test_kernels_compile_in_memory_where_no_cache_directory_is_writable():
+    result = subprocess.run([sys.executable, "-c", NO_CACHE_LOCATOR], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["42", "NullCache"]
