@@ -568,7 +568,7 @@ def pack(
             shutil.rmtree(spill_dir)
             write_json(os.path.join(tmp, MANIFEST_FILE), manifest)
             write_json(os.path.join(tmp, METADATA_FILE), seal_metadata(summary.metadata(__version__)))
-            replace_dir(tmp, out)
+            replace_dir(tmp, out, overwrite)
             tmp = None
         clock.lap("write")
         summary.seconds = clock.seconds()

@@ -132,3 +132,39 @@ def test_kernels_compile_in_memory_where_no_cache_directory_is_writable():
     result = subprocess.run([sys.executable, "-c", NO_CACHE_LOCATOR], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["42", "NullCache"]
+
+
+@pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
+def test_an_out_that_appears_during_the_run_is_not_replaced_without_overwrite(synthetic_parquet, tmp_path,
+                                                                             monkeypatch, fmt):
+    """Two runs to one OUT at once: the one finishing second replaced the first one's output
+    (no --overwrite given), and both exited 0."""
+    from typer.testing import CliRunner
+
+    from packer_cli import pipeline
+    from packer_cli.cli import app
+    from packer_cli.shards.bridge_output import BridgeOutput
+
+    out = tmp_path / "out"
+
+    def other_run_finishes(write):
+        def writing(*args, **kwargs):
+            result = write(*args, **kwargs)
+            out.mkdir()
+            (out / "metadata.json").write_text("the other run's")
+            return result
+        return writing
+
+    if fmt == "native":
+        monkeypatch.setattr(pipeline, "_write_shards", other_run_finishes(pipeline._write_shards))
+    else:
+        monkeypatch.setattr(BridgeOutput, "write", other_run_finishes(BridgeOutput.write))
+    result = CliRunner().invoke(app, ["pack", str(synthetic_parquet), "-o", str(out), "--format", fmt, "--json"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: {out} already exists (it appeared while this run was packing: another run?); "
+        "pass --overwrite to replace it")
+    assert json.loads(result.stdout.split("\nerror:")[0])["ok"] is False
+    assert sorted(p.name for p in out.iterdir()) == ["metadata.json"]
+    assert (out / "metadata.json").read_text() == "the other run's"
+    assert leftovers(tmp_path) == ["out"]  # no temporary left

@@ -5,6 +5,7 @@ The temporary directory is ``OUT.tmp-PID``; the names are made and recognized he
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -88,14 +89,27 @@ def stale_temporaries(out: str, tmp: str) -> list[str]:
                   if n.startswith(prefix) and n[len(prefix):].isdigit() and n != ours)
 
 
-def replace_dir(tmp: str, out: str) -> None:
+def replace_dir(tmp: str, out: str, overwrite: bool = True) -> None:
     """Rename ``tmp`` to ``out``; an existing ``out`` is first renamed aside, then deleted.
 
     Readers see either the old directory or the new one, never a mix: the only window in
     which ``out`` is absent lies between two renames, and signals are held across it. Should
     the second rename fail, the old directory is put back.
+
+    Without ``overwrite`` an ``out`` that appeared since the run checked it (another run to the
+    same OUT finished first) is a :class:`ConfigError`, not replaced: both runs reported
+    success and the first one's output was gone.
     """
     out = os.path.normpath(out)
+    if not overwrite:
+        try:
+            os.rename(tmp, out)  # refused onto a file or a non-empty directory
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+                raise
+            raise ConfigError(f"{out} already exists (it appeared while this run was packing: another run?); "
+                              "pass --overwrite to replace it") from None
+        return
     trash, moved_in = None, False
     try:
         with signals_held():

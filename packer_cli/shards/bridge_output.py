@@ -68,6 +68,7 @@ class BridgeOutput:
     _out: str = ""
     _pack_size: int = 0
     _replace_whole: bool = True
+    _overwrite: bool = False
     _old_entry: dict | None = None
     _notes: list = field(default_factory=list)
     _result: dict = field(default_factory=dict)
@@ -99,6 +100,7 @@ class BridgeOutput:
         (``inputs``: the run's input files, which ``overwrite`` must never replace)."""
         self.validate()
         self._old_entry, self._notes, self._result = None, [], {}
+        self._overwrite = overwrite
         out = self._out = os.path.normpath(out)
         self._pack_size = spec.pack_size
         parent = os.path.dirname(os.path.abspath(out))
@@ -235,7 +237,7 @@ class BridgeOutput:
         with open(os.path.join(tmp, array_name), "w") as f:
             json.dump(array, f)
         if self._replace_whole:
-            replace_dir(tmp, out)
+            replace_dir(tmp, out, self._overwrite)
             return
         with signals_held():  # no signal lands between the split's files
             for name in (data_name(self.split, C), split_manifest_name(self.split),
