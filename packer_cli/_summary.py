@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from packer_cli.errors import DataError
 from packer_cli.plan.bounds import _l2_of_histogram
 from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION
 from packer_cli.spec import OverlongPolicy, PackSpec
@@ -73,6 +74,16 @@ class PackSummary:
         record.pop("spill", None)
         record.update(format=FORMAT_NAME, format_version=FORMAT_VERSION, packer_version=version)
         return record
+
+
+def _input_bytes(file) -> int:
+    """An input's size, looked up once it has been read; one removed or moved meanwhile is the
+    input's error (it was reported as the output failing to be written, exit 3)."""
+    try:
+        return file.size
+    except OSError as exc:
+        raise DataError(f"{file.path}: the input is gone after it was read (removed or moved during the run?): "
+                        f"{exc.strerror or exc}") from None
 
 
 def summarize(*, spec: PackSpec, files, stream, read_counts, bad_listed, totals, overlong, padded_hist, plan,
@@ -143,7 +154,7 @@ def summarize(*, spec: PackSpec, files, stream, read_counts, bad_listed, totals,
     }
     sup = stream.supervision
     source = {
-        "inputs": [{"path": os.path.abspath(f.path), "format": f.format, "bytes": f.size} for f in files],
+        "inputs": [{"path": os.path.abspath(f.path), "format": f.format, "bytes": _input_bytes(f)} for f in files],
         "tokens_field": stream.spec.tokens_field,
         "supervision": {"kind": sup.kind, "field": sup.field},
         "vocab_size": stream.spec.vocab_size,

@@ -168,3 +168,29 @@ def test_an_out_that_appears_during_the_run_is_not_replaced_without_overwrite(sy
     assert sorted(p.name for p in out.iterdir()) == ["metadata.json"]
     assert (out / "metadata.json").read_text() == "the other run's"
     assert leftovers(tmp_path) == ["out"]  # no temporary left
+
+
+def test_an_input_removed_once_read_is_the_input_s_error_not_the_output_s(synthetic_parquet, tmp_path, monkeypatch):
+    """Its size, looked up for the metadata after pass one, was an OSError blamed on OUT (exit 3)."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from packer_cli import pipeline
+    from packer_cli.cli import app
+
+    source = tmp_path / "in.parquet"
+    shutil.copy(synthetic_parquet, source)
+    read = pipeline._read_inputs
+
+    def read_then_remove(*args, **kwargs):
+        result = read(*args, **kwargs)
+        source.unlink()
+        return result
+
+    monkeypatch.setattr(pipeline, "_read_inputs", read_then_remove)
+    result = CliRunner().invoke(app, ["pack", str(source), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip() == (f"error: {source}: the input is gone after it was read (removed or moved "
+                                     "during the run?): No such file or directory")
+    assert leftovers(tmp_path) == []
