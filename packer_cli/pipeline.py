@@ -560,16 +560,20 @@ def pack(
             warn(f"{summary.counts['no_target_samples']} samples have no target tokens (kept, they add no loss)")
         if output:
             output.annotate(summary, warn)
+        kept = None  # a replaced OUT that could not be deleted
         if tmp and output:
             shutil.rmtree(spill_dir)
-            output.commit(tmp, manifest, summary.metadata(__version__))
+            kept = output.commit(tmp, manifest, summary.metadata(__version__))
             tmp = None
         if tmp:
             shutil.rmtree(spill_dir)
             write_json(os.path.join(tmp, MANIFEST_FILE), manifest)
             write_json(os.path.join(tmp, METADATA_FILE), seal_metadata(summary.metadata(__version__)))
-            replace_dir(tmp, out, overwrite)
+            kept = replace_dir(tmp, out, overwrite)
             tmp = None
+        if kept and warn:
+            warn(f"{kept} holds the output this run replaced, which could not be deleted (read-only?); "
+                 "remove it to free its space")
         clock.lap("write")
         summary.seconds = clock.seconds()
         return summary

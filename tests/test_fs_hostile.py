@@ -194,3 +194,51 @@ def test_an_input_removed_once_read_is_the_input_s_error_not_the_output_s(synthe
     assert result.output.strip() == (f"error: {source}: the input is gone after it was read (removed or moved "
                                      "during the run?): No such file or directory")
     assert leftovers(tmp_path) == []
+
+
+def _pack_in_process(*args):
+    from typer.testing import CliRunner
+
+    from packer_cli.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
+def test_a_replaced_out_that_cannot_be_deleted_is_pointed_out(synthetic_parquet, tmp_path, monkeypatch, fmt):
+    """--overwrite of a read-only OUT: the old output stayed behind as OUT.old-PID, in silence."""
+    import shutil
+
+    from packer_cli.shards import _atomic
+
+    out = tmp_path / "out"
+    # a native OUT: a Bridge layout's own split would be replaced file by file, inside it
+    assert _pack_in_process("pack", synthetic_parquet, "-o", out).exit_code == 0
+    rmtree = shutil.rmtree
+
+    def read_only_old(path, *args, **kwargs):  # as for a directory without write permission
+        if ".old-" not in os.path.basename(path):
+            rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(_atomic.shutil, "rmtree", read_only_old)
+    result = _pack_in_process("pack", synthetic_parquet, "-o", out, "--format", fmt, "--overwrite", "--seed", 5)
+    assert result.exit_code == 0, result.output
+    old = f"{out}.old-{os.getpid()}"
+    assert [line for line in result.output.splitlines() if line.startswith("warning:")] == [
+        f"warning: {old} holds the output this run replaced, which could not be deleted (read-only?); "
+        "remove it to free its space"]
+    assert leftovers(tmp_path) == ["out", os.path.basename(old)]
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root deletes from read-only directories")
+def test_a_read_only_out_replaced_is_pointed_out(synthetic_parquet, tmp_path):
+    out = tmp_path / "out"
+    assert _pack_in_process("pack", synthetic_parquet, "-o", out).exit_code == 0
+    out.chmod(0o555)
+    try:
+        result = packer("pack", synthetic_parquet, "-o", out, "--overwrite", "--seed", 5)
+        assert result.returncode == 0, result.stderr
+        assert "holds the output this run replaced, which could not be deleted" in result.stderr
+    finally:
+        for old in tmp_path.glob("out.old-*"):
+            old.chmod(0o755)

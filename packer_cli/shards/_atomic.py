@@ -89,7 +89,7 @@ def stale_temporaries(out: str, tmp: str) -> list[str]:
                   if n.startswith(prefix) and n[len(prefix):].isdigit() and n != ours)
 
 
-def replace_dir(tmp: str, out: str, overwrite: bool = True) -> None:
+def replace_dir(tmp: str, out: str, overwrite: bool = True) -> str | None:
     """Rename ``tmp`` to ``out``; an existing ``out`` is first renamed aside, then deleted.
 
     Readers see either the old directory or the new one, never a mix: the only window in
@@ -99,6 +99,9 @@ def replace_dir(tmp: str, out: str, overwrite: bool = True) -> None:
     Without ``overwrite`` an ``out`` that appeared since the run checked it (another run to the
     same OUT finished first) is a :class:`ConfigError`, not replaced: both runs reported
     success and the first one's output was gone.
+
+    Returns the old directory when it could not be deleted (a read-only one: its files cannot
+    be unlinked), for the caller to point out; else None.
     """
     out = os.path.normpath(out)
     if not overwrite:
@@ -109,7 +112,7 @@ def replace_dir(tmp: str, out: str, overwrite: bool = True) -> None:
                 raise
             raise ConfigError(f"{out} already exists (it appeared while this run was packing: another run?); "
                               "pass --overwrite to replace it") from None
-        return
+        return None
     trash, moved_in = None, False
     try:
         with signals_held():
@@ -123,6 +126,7 @@ def replace_dir(tmp: str, out: str, overwrite: bool = True) -> None:
             shutil.rmtree(trash, ignore_errors=True)
         elif trash:
             os.rename(trash, out)
+    return trash if trash and os.path.lexists(trash) else None
 
 
 def within(path: str, directory: str) -> bool:

@@ -222,8 +222,9 @@ class BridgeOutput:
         return output
 
     # -- commit ------------------------------------------------------------------------
-    def commit(self, tmp: str, manifest: dict, metadata: dict) -> None:
-        """Write the JSON files into ``tmp`` and move everything into OUT."""
+    def commit(self, tmp: str, manifest: dict, metadata: dict) -> str | None:
+        """Write the JSON files into ``tmp`` and move everything into OUT; returns a replaced
+        OUT that could not be deleted (see :func:`replace_dir`)."""
         out, C = self._out, self._pack_size
         metadata = seal_metadata(dict(metadata, format=BRIDGE_FORMAT, format_version=BRIDGE_FORMAT_VERSION,
                                       split=self.split))
@@ -237,10 +238,10 @@ class BridgeOutput:
         with open(os.path.join(tmp, array_name), "w") as f:
             json.dump(array, f)
         if self._replace_whole:
-            replace_dir(tmp, out, self._overwrite)
-            return
+            return replace_dir(tmp, out, self._overwrite)
         with signals_held():  # no signal lands between the split's files
             for name in (data_name(self.split, C), split_manifest_name(self.split),
                          split_metadata_name(self.split), array_name):
                 os.replace(os.path.join(tmp, name), os.path.join(out, name))
         shutil.rmtree(tmp, ignore_errors=True)
+        return None
