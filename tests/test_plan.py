@@ -429,7 +429,7 @@ def test_refine_look_ahead_skips_rebuilds_and_loses_nothing(monkeypatch, n, seed
     bound = martello_toth_l2(lengths, capacity) - int((~nonfull).sum())
     pools = []
     real_rebuild = R._rebuild_sorted
-    monkeypatch.setattr(R, "_rebuild_sorted", lambda arr, p, *a: pools.append(p.size) or real_rebuild(arr, p, *a))
+    monkeypatch.setattr(R, "_rebuild_sorted", lambda items, *a: pools.append(items.size) or real_rebuild(items, *a))
     packs, first_round = {}, {}
     for look_ahead in (False, True):
         for goal in (0, bound):  # 0: never reached, every threshold is tried
@@ -559,7 +559,7 @@ def test_exact_fill_rebuild_matches_reference_at_a_huge_capacity(capacity, seed)
     # and a pair search jumps over empty words and stops after PAIR_WORDS of them. Each
     # ``capacity - room`` item leaves a room that a (small, room - small) pair closes exactly,
     # but that pair lies outside the window, so the bound changes which items close it.
-    from packer_cli.plan._refine_kernels import PAIR_WORDS, _by_size, _rebuild
+    from packer_cli.plan._refine_kernels import PAIR_WORDS, _rebuild
 
     rng = np.random.default_rng(seed)
     room = rng.integers(capacity // 24, capacity // 9, 40)
@@ -569,7 +569,7 @@ def test_exact_fill_rebuild_matches_reference_at_a_huge_capacity(capacity, seed)
                               near_half, capacity - near_half]).astype(np.int64)
     pool = np.sort(rng.choice(lengths.size, 260, replace=False)).astype(np.int32)
     assert capacity > 4 * pool.size and capacity // 2 // 64 > PAIR_WORDS
-    npt.assert_array_equal(_by_size(lengths, pool, capacity), np.argsort(lengths[pool], kind="stable"))
+    _assert_sorted_pool(lengths, pool, capacity)
     threshold = capacity // 8
     want = naive.exact_fill_rebuild(lengths, pool, capacity, threshold, 64, PAIR_WORDS)
     assert want != naive.exact_fill_rebuild(lengths, pool, capacity, threshold, 64)  # the bound matters
@@ -579,40 +579,18 @@ def test_exact_fill_rebuild_matches_reference_at_a_huge_capacity(capacity, seed)
         assert got == naive.exact_fill_rebuild(lengths, pool, capacity, capacity // divisor, 64, PAIR_WORDS)
 
 
+def _assert_sorted_pool(lengths, pool, capacity):
+    from packer_cli.plan._refine_kernels import _sort_pool
+
+    items, sizes = _sort_pool(lengths, pool, capacity)
+    npt.assert_array_equal(items, pool[np.argsort(lengths[pool], kind="stable")])
+    npt.assert_array_equal(sizes, lengths[items])
+
+
 @pytest.mark.parametrize("capacity", [60, 10**6])
 def test_pool_sorted_by_size_either_way(capacity):
     # A counting sort while C is at most 4x the pool, a stable comparison sort beyond: the same
     # order, pool order within a size.
-    from packer_cli.plan._refine_kernels import _by_size
-
     lengths = np.random.default_rng(capacity).integers(1, 61, 400).astype(np.int64)
     pool = np.sort(np.random.default_rng(1).choice(400, 100, replace=False)).astype(np.int32)
-    npt.assert_array_equal(_by_size(lengths, pool, capacity), np.argsort(lengths[pool], kind="stable"))
-
-
-@settings(max_examples=200, deadline=None)
-@given(capacity=st.integers(1, 5000), data=st.data())
-def test_l2_from_distinct_sizes_matches_every_threshold(capacity, data):
-    # L2 is evaluated only where L(K) can change (an item entering J1 or leaving J3); the
-    # reference evaluates every K. Sizes near C/2, C/3 and C are drawn often: the edges.
-    from packer_cli.plan.bounds import _l2_of_histogram
-
-    edges = sorted({max(1, min(capacity, v)) for v in (1, capacity // 3, capacity // 3 + 1, capacity // 2,
-                                                       capacity // 2 + 1, capacity - 1, capacity)})
-    size = st.one_of(st.sampled_from(edges), st.integers(1, capacity))
-    lengths = np.array(data.draw(st.lists(size, min_size=1, max_size=40)), np.int64)
-    want = naive.martello_toth_l2(lengths, capacity)
-    assert martello_toth_l2(lengths, capacity) == want  # by histogram or, C > 4N, by sorting
-    assert _l2_of_histogram(np.bincount(lengths, minlength=capacity + 1), capacity) == want
-
-
-def test_l2_at_the_largest_capacity_without_a_table_of_sizes():
-    # C = 2**24 and a few thousand items: the sorted path; the histogram path agrees.
-    from packer_cli.plan.bounds import _l2_of_histogram
-
-    capacity = 1 << 24
-    rng = np.random.default_rng(9)
-    lengths = np.concatenate([rng.integers(1, capacity + 1, 3000), capacity // 2 + rng.integers(-5, 6, 500)])
-    l2 = martello_toth_l2(lengths, capacity)
-    assert l2 == _l2_of_histogram(np.bincount(lengths, minlength=capacity + 1), capacity)
-    assert lower_bound(lengths, capacity) <= l2 <= first_fit_decreasing(lengths, capacity).max() + 1
+    _assert_sorted_pool(lengths, pool, capacity)

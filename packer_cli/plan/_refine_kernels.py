@@ -64,13 +64,18 @@ def _pool_take(size, counts, fill, bits, offsets, mirror, capacity):
 
 
 @njit(**NJIT_INLINE_FLAGS)
-def _find_pair(room, counts, bits, offsets, mirror, capacity):
+def _find_pair(room, counts, bits, offsets, mirror, capacity, sparse):
     """Sizes ``(a, b)``, ``a <= b``, ``a + b == room``, both available; the most
     balanced such pair. Returns ``(-1, -1)`` when there is none.
 
     Candidates come 64 at a time from ``bits`` (level 0: sizes ``a``) AND the mirror
     (sizes ``room - a``); each is confirmed by ``counts``, which the caller may have lowered
-    below what the bits say (a third item held out) and which decides ``a == b``."""
+    below what the bits say (a third item held out) and which decides ``a == b``.
+
+    ``sparse`` (a compile-time constant, see ``_rebuild_sorted``): jump over words with no
+    size ``a``, which level 1 of the bitset tells 64 words at a time. On a sparse pool at a
+    large capacity most words are empty (2-3.5x faster at C = 2**20-2**24); on a dense one
+    the extra branch in this loop alone made the pass 2.5x slower, taken or not."""
     half = room // 2
     if half < 1:
         return -1, -1
@@ -89,55 +94,79 @@ def _find_pair(room, counts, bits, offsets, mirror, capacity):
                 return a, b
             cand &= ~(_ONE << np.uint64(t))
         w -= 1
-        if w > stop and bits[w] == np.uint64(0):
-            # No size ``a`` in this word: jump to the next word below that has one (level 1
-            # of the bitset), so a sparse pool at a large capacity skips its empty words.
-            w = _bitset_prev(bits, offsets, (w << 6) - 1) >> 6
+        if sparse and w > stop and bits[w] == np.uint64(0) and offsets.shape[0] > 2:
+            while w > stop:
+                block = bits[offsets[1] + (w >> 6)] & (_ALL >> np.uint64(63 - (w & 63)))
+                if block != np.uint64(0):
+                    w = ((w >> 6) << 6) + _msb(block)
+                    break
+                w = ((w >> 6) << 6) - 1
     return -1, -1
 
 
 @njit(**NJIT_INLINE_FLAGS)
-def _place(s, placed, room, by_size, counts, fill, bits, offs, mirror, capacity, pool, sequence):
+def _place(s, placed, room, items, counts, fill, bits, offs, mirror, capacity, sequence):
     """Take one pooled item of length ``s`` into the open pack; returns the new (placed, room)."""
-    k = by_size[_pool_take(s, counts, fill, bits, offs, mirror, capacity)]
-    sequence[placed] = pool[k]
+    sequence[placed] = items[_pool_take(s, counts, fill, bits, offs, mirror, capacity)]
     return placed + 1, room - s
 
 
+@njit(**NJIT_INLINE_FLAGS)
+def _sparse(capacity, num_items):
+    """A pool whose items are few against the capacity: sorted by comparison rather than by
+    a table of C sizes, and its pair searches jump over empty words."""
+    return capacity > 4 * num_items
+
+
 @njit(**NJIT_FLAGS)
-def _by_size(lengths, pool, capacity):
-    """Positions in ``pool`` ordered by item length, pool order within a length (int32[M]).
+def _sort_pool(lengths, pool, capacity):
+    """The pool's items ordered by length, pool order within a length, and their lengths:
+    ``(items int32[M], sizes int64[M])``, ``sizes`` ascending.
 
     A counting sort where the capacity is at most a few times the pool (tables of C + 1
     entries), a stable comparison sort beyond: at C = 2**22 a pool of a few thousand items
-    would otherwise walk a table of four million sizes for every rebuild."""
+    would otherwise walk a table of four million sizes."""
     m = pool.shape[0]
-    if capacity > 4 * m:
-        sizes = np.empty(m, np.int64)
-        for k in range(m):
-            sizes[k] = lengths[pool[k]]
-        return np.argsort(sizes, kind="mergesort").astype(np.int32)
+    sizes = np.empty(m, np.int64)
+    for k in range(m):
+        sizes[k] = lengths[pool[k]]
+    if _sparse(capacity, m):
+        order = np.argsort(sizes, kind="mergesort")
+        return pool[order], sizes[order]
     starts = np.zeros(capacity + 2, np.int64)
     for k in range(m):
-        starts[lengths[pool[k]] + 1] += 1
+        starts[sizes[k] + 1] += 1
     for s in range(capacity + 1):
         starts[s + 1] += starts[s]
-    by_size = np.empty(m, np.int32)
+    items = np.empty(m, np.int32)
+    sorted_sizes = np.empty(m, np.int64)
     for k in range(m):
-        s = lengths[pool[k]]
-        by_size[starts[s]] = k
+        s = sizes[k]
+        items[starts[s]] = pool[k]
+        sorted_sizes[starts[s]] = s
         starts[s] += 1
-    return by_size
+    return items, sorted_sizes
 
 
 @njit(**NJIT_FLAGS)
 def _rebuild(lengths, pool, capacity, threshold, max_triples):
     """:func:`_rebuild_sorted` of ``pool``, sorting it first."""
-    return _rebuild_sorted(lengths, pool, _by_size(lengths, pool, capacity), capacity, threshold, max_triples)
+    items, sizes = _sort_pool(lengths, pool, capacity)
+    return _rebuild_sorted(items, sizes, capacity, threshold, max_triples)
 
 
 @njit(**NJIT_FLAGS)
-def _rebuild_sorted(lengths, pool, by_size, capacity, threshold, max_triples):
+def _rebuild_sorted(items, sizes, capacity, threshold, max_triples):
+    """:func:`_rebuild_body`, compiled twice, once for a sparse pool (see ``_find_pair``)."""
+    # Each call inlines the body with ``sparse`` a constant, so the compiler drops the other's
+    # branches from the pair search's loop.
+    if _sparse(capacity, items.shape[0]):
+        return _rebuild_body(items, sizes, capacity, threshold, max_triples, True)
+    return _rebuild_body(items, sizes, capacity, threshold, max_triples, False)
+
+
+@njit(**NJIT_INLINE_FLAGS)
+def _rebuild_body(items, sizes, capacity, threshold, max_triples, sparse):
     """Pack a pool of items, aiming at packs filled exactly to ``capacity``.
 
     Each pack takes the largest remaining item, then greedily the largest item
@@ -148,13 +177,10 @@ def _rebuild_sorted(lengths, pool, by_size, capacity, threshold, max_triples):
 
     Parameters
     ----------
-    lengths : int[N]
-        Lengths of all items.
-    pool : int32[M]
-        The pool's item indices (lengths in ``[1, capacity]``).
-    by_size : int32[M]
-        ``_by_size(lengths, pool, capacity)``: the same for every threshold, so a caller
-        trying several sorts the pool once.
+    items, sizes : int32[M], int64[M]
+        The pool sorted by :func:`_sort_pool` (item indices, and their lengths, each in
+        ``[1, capacity]``): the same for every threshold, so a caller trying several sorts
+        the pool once.
     capacity : int
     threshold : int
         Room kept free by the greedy phase for the exact phase.
@@ -173,14 +199,14 @@ def _rebuild_sorted(lengths, pool, by_size, capacity, threshold, max_triples):
     """
     # Tables indexed by size, set up from the sorted pool only where a size is present, so a
     # rebuild costs O(M) plus zeroing counts and bitsets (``fill`` is read at present sizes only).
-    m = pool.shape[0]
+    m = items.shape[0]
     counts = np.zeros(capacity + 1, np.int32)
     fill = np.empty(capacity + 1, np.int64)
     offs = _bitset_layout(capacity + 1)
     bits = np.zeros(offs[-1], np.uint64)
     mirror = np.zeros(_mirror_words(capacity), np.uint64)
     for j in range(m):
-        s = lengths[pool[by_size[j]]]
+        s = sizes[j]
         if counts[s] == 0:
             fill[s] = j
             _bitset_set(bits, offs, s)
@@ -196,13 +222,13 @@ def _rebuild_sorted(lengths, pool, by_size, capacity, threshold, max_triples):
         room = capacity
         # 1. largest remaining item
         s = _bitset_prev(bits, offs, room)
-        placed, room = _place(s, placed, room, by_size, counts, fill, bits, offs, mirror, capacity, pool, sequence)
+        placed, room = _place(s, placed, room, items, counts, fill, bits, offs, mirror, capacity, sequence)
         # 2. greedy, keeping ``threshold`` free
         while placed < m and room > threshold:
             s = _bitset_prev(bits, offs, room - threshold)
             if s < 1:
                 break
-            placed, room = _place(s, placed, room, by_size, counts, fill, bits, offs, mirror, capacity, pool, sequence)
+            placed, room = _place(s, placed, room, items, counts, fill, bits, offs, mirror, capacity, sequence)
         # 3. exact close: one item, a pair, a triple
         if placed < m and room > 0:
             a = -1
@@ -211,13 +237,13 @@ def _rebuild_sorted(lengths, pool, by_size, capacity, threshold, max_triples):
             if counts[room] > 0:
                 a = room
             else:
-                a, b = _find_pair(room, counts, bits, offs, mirror, capacity)
+                a, b = _find_pair(room, counts, bits, offs, mirror, capacity, sparse)
                 if a < 0:
                     tries = 0
                     c = _bitset_prev(bits, offs, room - 2)
                     while c >= 1 and tries < max_triples:
                         counts[c] -= 1
-                        a, b = _find_pair(room - c, counts, bits, offs, mirror, capacity)
+                        a, b = _find_pair(room - c, counts, bits, offs, mirror, capacity, sparse)
                         counts[c] += 1
                         if a >= 0:
                             break
@@ -227,14 +253,14 @@ def _rebuild_sorted(lengths, pool, by_size, capacity, threshold, max_triples):
                         c = -1
             for s in (c, a, b):
                 if s > 0:
-                    placed, room = _place(s, placed, room, by_size, counts, fill, bits, offs, mirror, capacity,
-                                          pool, sequence)
+                    placed, room = _place(s, placed, room, items, counts, fill, bits, offs, mirror, capacity,
+                                          sequence)
         # 4. best fit for whatever room is left
         while placed < m and room > 0:
             s = _bitset_prev(bits, offs, room)
             if s < 1:
                 break
-            placed, room = _place(s, placed, room, by_size, counts, fill, bits, offs, mirror, capacity, pool, sequence)
+            placed, room = _place(s, placed, room, items, counts, fill, bits, offs, mirror, capacity, sequence)
         pack += 1
         ends[pack] = placed
     return sequence, ends, pack

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ._refine_kernels import _by_size, _collect, _compose, _rebuild_sorted
+from ._refine_kernels import _collect, _compose, _rebuild_sorted, _sort_pool
 from ._validate import check_lengths
 from .bounds import _l2_of_lengths
 from .plan import PackPlan, _make_plan
@@ -57,7 +57,7 @@ def _rebuilds(arr: np.ndarray, pool: np.ndarray, capacity: int):
     for the rebuild still running: it finishes on its thread and is dropped. The results and
     their order are the same either way."""
     thresholds = [max(1, capacity // divisor) for divisor in _THRESHOLD_DIVISORS]
-    sorted_pool = (arr, pool, _by_size(arr, pool, capacity))  # the same for every threshold
+    sorted_pool = _sort_pool(arr, pool, capacity)  # the same for every threshold
     if pool.size < _PARALLEL_POOL or _usable_cpus() < 2:
         for threshold in thresholds:
             yield _rebuild_sorted(*sorted_pool, capacity, threshold, _MAX_TRIPLES)
