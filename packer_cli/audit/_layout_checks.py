@@ -141,7 +141,7 @@ def _open_output(out: str, listing: list[str], sink: FindingSink, split: str | N
     else:
         meta = _load(out, METADATA_FILE, sink)
     fmt = meta.get("format") if meta else FORMAT_NAME
-    if fmt != FORMAT_NAME and fmt in STORES:
+    if fmt != FORMAT_NAME and isinstance(fmt, str) and fmt in STORES:  # a list or object is not a name
         try:
             store = STORES[fmt].open(out, meta)
         except DataError as exc:

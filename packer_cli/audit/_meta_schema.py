@@ -95,7 +95,7 @@ def check_schema(meta: dict, sink: FindingSink) -> None:
             "supervision": lambda v: isinstance(v, dict) and set(v) == {"kind", "field"}
             and v["kind"] in SUPERVISION_KINDS and _opt_str(v["field"]),
             "vocab_size": lambda v: v is None or (type(v) is int and v > 0),
-            "on_bad_record": lambda v: v in {p.value for p in BadRecordPolicy},
+            "on_bad_record": lambda v: v in [p.value for p in BadRecordPolicy],  # a list: v may be unhashable
         })
     counts = meta.get("counts")
     if "counts" in meta:

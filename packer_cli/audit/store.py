@@ -272,7 +272,7 @@ def open_store(out: str, split: str | None = None) -> NativeStore:
             if getattr(store, "detect", None) and store.detect(out):
                 return store.open(out, split=split)
     meta = read_json_file(os.path.join(out, METADATA_FILE))
-    store = STORES.get(meta.get("format"))
+    store = STORES.get(meta.get("format")) if isinstance(meta.get("format"), str) else None  # a list is unhashable
     if store is None:
         raise DataError(f"{out}: unsupported data format {meta.get('format')!r}; known: {', '.join(STORES)}")
     return store.open(out, meta)

@@ -40,7 +40,8 @@ def metadata_checksum(meta: dict) -> str:
 
 def read_json_value(path: str):
     """The JSON value in the regular file at ``path`` (orjson: nesting past 1,024 levels is a
-    decode error, not a RecursionError).
+    decode error, not a RecursionError; so is nesting past the 254 levels orjson writes, which
+    the metadata checksum would otherwise raise on).
 
     Raises ``OSError`` (``FileNotFoundError`` when there is no such file; also for a FIFO, a
     device or a directory, which the file is opened non-blocking to find out: reading a FIFO
@@ -55,7 +56,12 @@ def read_json_value(path: str):
     with open(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
-        return orjson.loads(f.read())
+        value = orjson.loads(f.read())
+    try:  # the metadata checksum and --json reports write values out again: orjson writes 254 levels at most
+        orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:
+        raise orjson.JSONDecodeError(f"nested deeper than orjson writes ({exc})", "", 0) from None
+    return value
 
 
 def write_json(path: str, obj) -> None:

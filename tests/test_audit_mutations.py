@@ -1,0 +1,135 @@
+"""`verify` and `inspect` on outputs damaged by mutation: hostile JSON values, byte flips and
+truncations, files swapped in from elsewhere, and shards rewritten with consistent checksums.
+
+Each case breaks a copy of a small good output (native, several shards; Megatron-Bridge, both
+splits). Neither command may crash with a traceback; verify must fail (exit 1) naming the
+problem, inspect must report correctly or fail with one line, and ``--json`` must print one
+JSON document.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from packer_cli import pipeline
+from packer_cli.cli import app
+from packer_cli.demo import demo_table
+from packer_cli.shards.format import seal_metadata
+from packer_cli.spec import PackSpec
+
+runner = CliRunner()
+C = 512
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """A native output of several shards and a Bridge layout with both splits (m = 4)."""
+    root = tmp_path_factory.mktemp("mutations")
+    train, val = root / "train.parquet", root / "val.parquet"
+    pq.write_table(demo_table(120, seed=3, max_len=700), train)
+    pq.write_table(demo_table(40, seed=4, max_len=700), val)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline, "BATCH_TOKENS", 8000)
+        pipeline.pack([str(train)], str(root / "native"), PackSpec(pack_size=C, cp=2), shard_bytes=1)
+    for src, split in ((train, "training"), (val, "validation")):
+        result = runner.invoke(app, ["pack", str(src), "-o", str(root / "bridge"), "-C", str(C), "--cp", "2",
+                                     "--format", "megatron-bridge", "--split", split])
+        assert result.exit_code == 0, result.output
+    return {"train": train, "val": val, "native": root / "native", "bridge": root / "bridge"}
+
+
+@pytest.fixture
+def copy(made, tmp_path):
+    """``copy(kind)``: a fresh copy of the native or Bridge output to break."""
+    return lambda kind: Path(shutil.copytree(made[kind], tmp_path / kind))
+
+
+def run(*args):
+    result = runner.invoke(app, [*map(str, args)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert "Traceback" not in result.output
+    return result
+
+
+def metadata_name(kind: str) -> str:
+    return "metadata.json" if kind == "native" else "training.metadata.json"
+
+
+def edit_metadata(out: Path, name: str, edit, seal: bool = True) -> None:
+    """Apply ``edit(doc)`` to a metadata file; with ``seal`` its checksum is made to hold again,
+    so only the schema and data checks can see the edit."""
+    doc = json.loads((out / name).read_text())
+    edit(doc)
+    if seal:
+        doc.pop("checksum", None)
+        doc = seal_metadata(doc)
+    (out / name).write_text(json.dumps(doc))
+
+
+def assert_refused(out: Path, says: str, split: str | None = None) -> None:
+    """verify exits 1 naming ``says``; inspect exits 1 with one line; both --json give a document."""
+    pick = ["--split", split] if split else []
+    result = run("verify", out, *pick)
+    assert result.exit_code == 1 and says in result.output, result.output
+    for args in (["verify", out, "--json", *pick], ["inspect", out, "--json", *pick]):
+        result = run(*args)
+        assert result.exit_code == 1, result.output
+        assert json.loads(result.stdout)["ok"] is False
+    result = run("inspect", out, *pick)
+    assert result.exit_code == 1 and result.output.startswith("error: ") and says in result.output, result.output
+
+
+# --- hostile JSON values -------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["native", "bridge"])
+@pytest.mark.parametrize("seal", [True, False])
+def test_json_nested_deeper_than_it_can_be_written_is_a_finding(copy, kind, seal):
+    """orjson reads 1,024 levels but writes 254: the metadata checksum raised on a value in
+    between (TypeError: Recursion limit reached) instead of reporting the file."""
+    out = copy(kind)
+    name = metadata_name(kind)
+    text = (out / name).read_text()
+    doc = json.loads(text)
+    if seal:
+        doc = seal_metadata({k: v for k, v in doc.items() if k != "checksum"})
+    nested = "[" * 300 + "]" * 300
+    (out / name).write_text(json.dumps({**doc, "junk": "@"}).replace('"@"', nested))
+    assert_refused(out, name, "training" if kind == "bridge" else None)
+
+
+@pytest.mark.parametrize("kind", ["native", "bridge"])
+@pytest.mark.parametrize("path", [("format",), ("source", "on_bad_record")])
+@pytest.mark.parametrize("value", [[], {}, [1], {"a": 1}])
+def test_unhashable_values_where_a_name_belongs_are_findings(copy, kind, path, value):
+    """A list or object as the format name or the bad-record policy was looked up in a dict or a
+    set: TypeError: unhashable type."""
+    out = copy(kind)
+
+    def edit(doc):
+        node = doc
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+
+    edit_metadata(out, metadata_name(kind), edit)
+    if kind == "bridge" and path == ("format",):  # no longer a Bridge split's metadata: not opened
+        assert_refused(out, "is not packer's 'megatron-bridge' metadata", "training")
+    elif path == ("format",):
+        assert_refused(out, "structure.format")
+    else:
+        assert_refused(out, f"{'.'.join(path)} has an unexpected value", "training" if kind == "bridge" else None)
+
+
+def test_open_store_refuses_an_unhashable_format_by_name(copy):
+    from packer_cli.audit import open_store
+    from packer_cli.errors import DataError
+
+    out = copy("native")
+    edit_metadata(out, "metadata.json", lambda doc: doc.update(format=["packer-thd"]))
+    with pytest.raises(DataError, match="unsupported data format"):
+        open_store(str(out))
