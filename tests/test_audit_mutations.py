@@ -133,3 +133,29 @@ def test_open_store_refuses_an_unhashable_format_by_name(copy):
     edit_metadata(out, "metadata.json", lambda doc: doc.update(format=["packer-thd"]))
     with pytest.raises(DataError, match="unsupported data format"):
         open_store(str(out))
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda doc: doc.update(format_version=True), "version True"),
+    (lambda doc: doc["output"].update(eos_id="2"), "output.eos_id has an unexpected value '2'"),
+    (lambda doc: doc["output"].update(eos_id=2.0), "output.eos_id has an unexpected value 2.0"),
+    (lambda doc: doc["output"].pop("eos_id"), "output.eos_id is missing"),
+    (lambda doc: doc.pop("output"), "output is NoneType, expected an object"),
+    (lambda doc: doc.update(split=["training"]), "metadata.split has an unexpected value"),
+    (lambda doc: doc.pop("split"), "metadata.split is missing"),
+])
+def test_a_bridge_split_metadata_with_its_own_fields_mistyped_is_a_finding(copy, edit, says):
+    """A Bridge split's ``output.eos_id`` (what the stored padding is checked against) and
+    ``split`` were never type-checked, and ``format_version: true`` was read as version 1: with
+    the checksum recomputed, verify said OK."""
+    out = copy("bridge")
+    edit_metadata(out, "training.metadata.json", edit)
+    assert_refused(out, says, "training")
+
+
+@pytest.mark.parametrize("kind", ["native", "bridge"])
+@pytest.mark.parametrize("value", [None, 1, [], {}, ""])
+def test_quality_plan_must_be_a_name(copy, kind, value):
+    out = copy(kind)
+    edit_metadata(out, metadata_name(kind), lambda doc: doc["quality"].update(plan=value))
+    assert_refused(out, "quality.plan has an unexpected value", "training" if kind == "bridge" else None)

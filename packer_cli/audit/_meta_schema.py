@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from packer_cli.audit.findings import FindingSink
+from packer_cli.shards.bridge import BRIDGE_FORMAT, SPLITS
 from packer_cli.shards.format import METADATA_FILE
 from packer_cli.spec import BadRecordPolicy, PackSpec
 
@@ -102,8 +103,12 @@ def check_schema(meta: dict, sink: FindingSink) -> None:
         c.section(counts, "counts", {**{k: _count for k in COUNT_KEYS}, "overlong": None})
         if isinstance(counts, dict) and "overlong" in counts:
             c.section(counts["overlong"], "counts.overlong", {**{k: _count for k in OVERLONG_KEYS}, "policy": None})
+    if meta.get("format") == BRIDGE_FORMAT:  # a Bridge split's own fields: its name and the EOS id its checks use
+        c.section(meta, "metadata", {"split": lambda v: isinstance(v, str) and v in SPLITS})
+        c.section(meta.get("output"), "output", {"eos_id": lambda v: v is None or (type(v) is int and v >= 0)})
     number = lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))  # noqa: E731
     for name, keys in (("quality", QUALITY_KEYS), ("bridge", BRIDGE_KEYS),
                        ("static", ("pack_len", "cu_seqlens_len", "max_seqlen"))):
         if name in meta:
-            c.section(meta[name], name, {k: number for k in keys})
+            plan = {"plan": lambda v: isinstance(v, str) and v != ""} if name == "quality" else {}  # how it was planned
+            c.section(meta[name], name, {**{k: number for k in keys}, **plan})

@@ -72,7 +72,7 @@ def load_bridge_metadata(out_dir: str, split: str | None = None) -> dict:
     meta = read_json(os.path.join(out_dir, split_metadata_name(split)))
     if not isinstance(meta, dict) or meta.get("format") != BRIDGE_FORMAT:
         raise DataError(f"{out_dir}: {split_metadata_name(split)} is not packer's {BRIDGE_FORMAT!r} metadata")
-    if meta.get("format_version") != BRIDGE_FORMAT_VERSION:
+    if type(meta.get("format_version")) is not int or meta["format_version"] != BRIDGE_FORMAT_VERSION:  # not true
         raise DataError(f"{out_dir}: unsupported {BRIDGE_FORMAT} version {meta.get('format_version')!r}; "
                         f"this packer reads version {BRIDGE_FORMAT_VERSION}")
     return meta
