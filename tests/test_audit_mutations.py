@@ -159,3 +159,15 @@ def test_quality_plan_must_be_a_name(copy, kind, value):
     out = copy(kind)
     edit_metadata(out, metadata_name(kind), lambda doc: doc["quality"].update(plan=value))
     assert_refused(out, "quality.plan has an unexpected value", "training" if kind == "bridge" else None)
+
+
+@pytest.mark.parametrize("kind", ["native", "bridge"])
+@pytest.mark.parametrize("name", [[], {"a": 1}])
+def test_a_shard_entry_named_by_a_list_or_object_is_a_finding(copy, kind, name):
+    """The duplicate-name check put every entry's name in a set, usable or not: unhashable type."""
+    out = copy(kind)
+    manifest = out / ("manifest.json" if kind == "native" else "training.manifest.json")
+    doc = json.loads(manifest.read_text())
+    doc["shards"][0]["name"] = name
+    manifest.write_text(json.dumps(doc))
+    assert_refused(out, "has an unusable name", "training" if kind == "bridge" else None)

@@ -125,7 +125,8 @@ def shard_entry_problems(shards, reserved=()) -> list[str]:
             problems.append(f"shard entry {i} has an unusable name {name!r}")
         elif name in seen:
             problems.append(f"shard {name} is listed twice")
-        seen.add(name)
+        else:  # a usable name only: a list or object is unhashable
+            seen.add(name)
         for key in ("bytes", "rows", "tokens"):
             if type(entry.get(key)) is not int or entry[key] < 0:
                 problems.append(f"shard entry {i} ({name}): '{key}' is {entry.get(key)!r}, expected a count")
