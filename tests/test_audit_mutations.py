@@ -171,3 +171,24 @@ def test_a_shard_entry_named_by_a_list_or_object_is_a_finding(copy, kind, name):
     doc["shards"][0]["name"] = name
     manifest.write_text(json.dumps(doc))
     assert_refused(out, "has an unusable name", "training" if kind == "bridge" else None)
+
+
+@pytest.mark.parametrize("gone, left", [("validation", "training"), ("training", "validation")])
+@pytest.mark.parametrize("how", ["deleted", "a directory"])
+def test_a_bridge_split_that_lost_its_metadata_is_not_skipped(copy, gone, left, how):
+    """A split is found by its metadata file alone: without it, its data and manifest looked like
+    a split Bridge wrote itself, and verify said OK over every split, even with the data damaged."""
+    out = copy("bridge")
+    (out / f"{gone}.metadata.json").unlink()
+    if how == "a directory":
+        (out / f"{gone}.metadata.json").mkdir()
+    data = out / f"{gone}_{C}.idx.parquet"
+    damaged = bytearray(data.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    data.write_bytes(bytes(damaged))
+    for pick in ([], ["--split", left]):
+        result = run("verify", out, *pick)
+        assert result.exit_code == 1, result.output
+        assert f"{gone}.metadata.json: missing, but {gone}.manifest.json is here" in result.output
+    result = run("inspect", out)
+    assert result.exit_code == 1 and f"{gone}.metadata.json: missing" in result.output

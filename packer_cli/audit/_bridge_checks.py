@@ -19,7 +19,7 @@ from packer_cli.audit._meta_checks import _same
 from packer_cli.audit._meta_schema import BRIDGE_KEYS
 from packer_cli.audit.findings import FindingSink
 from packer_cli.errors import DataError
-from packer_cli.shards.bridge import SPLITS, bridge_metadata_name, data_name, split_metadata_name
+from packer_cli.shards.bridge import SPLITS, bridge_metadata_name, data_name, split_manifest_name, split_metadata_name
 from packer_cli.shards.bridge_output import read_bridge_array
 from packer_cli.shards.bridge_reader import load_bridge_metadata
 
@@ -48,6 +48,17 @@ def check_bridge_array(store, sink: FindingSink) -> list | None:
         for problem in _entry_problems(entry, C):
             sink.add("bridge.array", f"entry {i}: {problem}", shard=name)
     return array
+
+
+def check_split_metadata_present(store, sink: FindingSink) -> None:
+    """``structure.json``: every split whose manifest packer wrote has its metadata. A split is
+    found by its metadata alone, so without it the split (a Bridge-written one, as it seems) is
+    never verified, whatever its data file holds."""
+    for split in SPLITS:
+        meta, manifest = split_metadata_name(split), split_manifest_name(split)
+        if os.path.isfile(os.path.join(store.out, manifest)) and not os.path.isfile(os.path.join(store.out, meta)):
+            sink.add("structure.json", f"missing, but {manifest} is here: the {split} split packer wrote cannot be "
+                     "verified without it", shard=meta)
 
 
 def _entry_problems(entry: dict, C: int):

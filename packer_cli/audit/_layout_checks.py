@@ -101,8 +101,10 @@ def check_layout(out: str, sink: FindingSink, split: str | None = None) -> Layou
     for entry in entries:
         check_shard_size(out, entry, store.manifest_name, sink)
     if store.format == BRIDGE_FORMAT:
-        from packer_cli.audit._bridge_checks import check_bridge_array  # Bridge's modules, only for a Bridge split
+        from packer_cli.audit._bridge_checks import (  # Bridge's modules, only for a Bridge split
+            check_bridge_array, check_split_metadata_present)
 
+        check_split_metadata_present(store, sink)
         layout.bridge_array = check_bridge_array(store, sink)
     return layout
 
