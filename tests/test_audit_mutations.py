@@ -192,3 +192,39 @@ def test_a_bridge_split_that_lost_its_metadata_is_not_skipped(copy, gone, left, 
         assert f"{gone}.metadata.json: missing, but {gone}.manifest.json is here" in result.output
     result = run("inspect", out)
     assert result.exit_code == 1 and f"{gone}.metadata.json: missing" in result.output
+
+
+@pytest.mark.parametrize("kind", ["native", "bridge"])
+@pytest.mark.parametrize("edit", [
+    lambda source: source["inputs"][0].update(bytes=None),
+    lambda source: source["inputs"][0].update(bytes="234583"),
+    lambda source: source["inputs"][0].update(bytes=[]),
+    lambda source: source.update(inputs=5),
+    lambda source: source.update(inputs=["train.parquet"]),
+])
+def test_verify_source_with_mistyped_recorded_inputs(copy, made, kind, edit):
+    """The input-size warning formatted the recorded size with ``:,`` (a TypeError or ValueError
+    for None, a string or a list) and took len() of whatever ``inputs`` was."""
+    out = copy(kind)
+    edit_metadata(out, metadata_name(kind), lambda doc: edit(doc["source"]))
+    pick = ["--split", "training"] if kind == "bridge" else []
+    result = run("verify", out, "--source", made["train"], *pick)
+    assert result.exit_code == 1 and "[metadata.schema]" in result.output, result.output
+    result = run("verify", out, "--source", made["train"], "--json", *pick)
+    assert json.loads(result.stdout)["errors"]["metadata.schema"] >= 1
+
+
+@pytest.mark.parametrize("pad_id", [2**31, 2**64 - 1])
+def test_a_bridge_pad_id_beyond_int32_is_a_data_error_when_read(copy, pad_id):
+    """Rebuilding native rows wrote spec.pad_id into the int32 tokens: OverflowError from NumPy
+    through open_store().read_shard (verify itself skips the packs: metadata.spec)."""
+    from packer_cli.audit import open_store
+    from packer_cli.errors import DataError
+
+    out = copy("bridge")
+    edit_metadata(out, "training.metadata.json", lambda doc: doc["spec"].update(pad_id=pad_id))
+    store = open_store(str(out))
+    with pytest.raises(DataError, match="spec.pad_id"):
+        for name in store.shard_names():
+            list(store.read_shard(name))
+    assert_refused(out, "pad-id must be a non-negative int32", "training")

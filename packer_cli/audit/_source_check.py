@@ -236,11 +236,13 @@ def _compare_counts(meta, replay: _Replay, stream, files, sink: FindingSink) -> 
     if stream.supervision and (stream.supervision.kind, stream.supervision.field) != (sup["kind"], sup.get("field")):
         sink.add("source.spec", f"targets come from {stream.supervision.describe()} in the source, but the "
                  f"output recorded {sup['kind']} {sup.get('field')!r}", shard="metadata.json")
-    inputs = meta["source"].get("inputs") or []
-    sizes = [e.get("bytes") for e in inputs if isinstance(e, dict)]
+    inputs = meta["source"].get("inputs")
+    inputs = inputs if isinstance(inputs, list) else []  # anything else is metadata.schema's to report
+    sizes = [e.get("bytes") if isinstance(e, dict) else None for e in inputs]
     if len(files) != len(inputs):
         sink.warn("source.inputs", f"{len(files)} input files given, the output records {len(inputs)}")
     else:
         for f, size in zip(files, sizes):
-            if f.size != size:
-                sink.warn("source.inputs", f"{f.path}: {f.size:,} bytes, the output recorded {size:,}")
+            if f.size != size:  # a size that is no count (metadata.schema's too) is shown as it is
+                shown = f"{size:,}" if type(size) is int else repr(size)
+                sink.warn("source.inputs", f"{f.path}: {f.size:,} bytes, the output recorded {shown}")

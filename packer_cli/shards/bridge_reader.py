@@ -110,7 +110,7 @@ def pad_id_of(metadata: dict) -> int:
     """The pad id packer's readers put in a rebuilt native row's padding (``spec.pad_id``)."""
     spec = metadata.get("spec")
     pad_id = spec.get("pad_id", 0) if isinstance(spec, dict) else 0
-    if type(pad_id) is not int:
+    if type(pad_id) is not int or not 0 <= pad_id < 2**31:  # written into the int32 token column
         raise DataError(f"spec.pad_id is {pad_id!r}, not a token id")
     return pad_id
 
