@@ -142,14 +142,14 @@ def _schema_difference(found: pa.Schema, expected: pa.Schema) -> str:
         return text if len(text) <= 60 else text[:57] + "..."
 
     names = list(found.names)
-    for i, field in enumerate(expected):
+    for i, want in enumerate(expected):
         if i >= len(names):
-            return f"column {field.name} is missing"
-        if names[i] != field.name:
-            return f"column {i} is {short(names[i])}, expected {field.name}"
-        if not found.field(i).equals(field):
+            return f"column {want.name} is missing"
+        if names[i] != want.name:
+            return f"column {i} is {short(names[i])}, expected {want.name}"
+        if not found.field(i).equals(want):
             kind = lambda f: short(f.type) + ("" if f.nullable else " not null")  # noqa: E731
-            return f"column {field.name} is {kind(found.field(i))}, expected {kind(field)}"
+            return f"column {want.name} is {kind(found.field(i))}, expected {kind(want)}"
     return f"unexpected column {short(names[len(expected)])}"
 
 
