@@ -113,9 +113,9 @@ def _place(s, placed, room, items, counts, fill, bits, offs, mirror, capacity, s
 
 @njit(**NJIT_INLINE_FLAGS)
 def _sparse(capacity, num_items):
-    """A pool whose items are few against the capacity: sorted by comparison rather than by
-    a table of C sizes, and its pair searches jump over empty words."""
-    return capacity > 4 * num_items
+    """A pool whose items are few against the capacity: its pair searches jump over empty
+    words (see ``_find_pair``)."""
+    return capacity > 8 * num_items
 
 
 @njit(**NJIT_FLAGS)
@@ -123,14 +123,14 @@ def _sort_pool(lengths, pool, capacity):
     """The pool's items ordered by length, pool order within a length, and their lengths:
     ``(items int32[M], sizes int64[M])``, ``sizes`` ascending.
 
-    A counting sort where the capacity is at most a few times the pool (tables of C + 1
-    entries), a stable comparison sort beyond: at C = 2**22 a pool of a few thousand items
-    would otherwise walk a table of four million sizes."""
+    A counting sort (a table of C + 1 entries) unless the capacity is far above the pool's
+    size, then a stable comparison sort: at C = 2**22 a pool of a few thousand items would
+    otherwise walk a table of four million sizes."""
     m = pool.shape[0]
     sizes = np.empty(m, np.int64)
     for k in range(m):
         sizes[k] = lengths[pool[k]]
-    if _sparse(capacity, m):
+    if capacity > 32 * m:
         order = np.argsort(sizes, kind="mergesort")
         return pool[order], sizes[order]
     starts = np.zeros(capacity + 2, np.int64)
