@@ -1,6 +1,7 @@
 """Shared fixtures: synthetic SFT data the project generates itself, and ../shared/data when present."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -60,3 +61,10 @@ def packed_sequences(out_dir) -> dict[tuple[int, int], tuple[np.ndarray, np.ndar
                 assert all(t == row["tokens"][o + s] for t in row["tokens"][o + s:e]) or s == e - o
                 assert not any(row["loss_mask"][o + s:e]), "loss on padding"
     return out
+
+
+@pytest.fixture
+def copy(made, tmp_path):
+    """``copy(kind)``: a fresh copy of the requesting module's ``made`` outputs (``tests/damage.py``
+    makes them) of that kind, to break."""
+    return lambda kind: Path(shutil.copytree(made[kind], tmp_path / kind))

@@ -9,51 +9,20 @@ JSON document.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
-from packer_cli import pipeline
-from packer_cli.cli import app
-from packer_cli.demo import demo_table
 from packer_cli.shards.format import seal_metadata
-from packer_cli.spec import PackSpec
 
-runner = CliRunner()
+from damage import make_outputs, run
+
 C = 512
 
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    """A native output of several shards and a Bridge layout with both splits (m = 4)."""
-    root = tmp_path_factory.mktemp("mutations")
-    train, val = root / "train.parquet", root / "val.parquet"
-    pq.write_table(demo_table(120, seed=3, max_len=700), train)
-    pq.write_table(demo_table(40, seed=4, max_len=700), val)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pipeline, "BATCH_TOKENS", 8000)
-        pipeline.pack([str(train)], str(root / "native"), PackSpec(pack_size=C, cp=2), shard_bytes=1)
-    for src, split in ((train, "training"), (val, "validation")):
-        result = runner.invoke(app, ["pack", str(src), "-o", str(root / "bridge"), "-C", str(C), "--cp", "2",
-                                     "--format", "megatron-bridge", "--split", split])
-        assert result.exit_code == 0, result.output
-    return {"train": train, "val": val, "native": root / "native", "bridge": root / "bridge"}
-
-
-@pytest.fixture
-def copy(made, tmp_path):
-    """``copy(kind)``: a fresh copy of the native or Bridge output to break."""
-    return lambda kind: Path(shutil.copytree(made[kind], tmp_path / kind))
-
-
-def run(*args):
-    result = runner.invoke(app, [*map(str, args)])
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
-    assert "Traceback" not in result.output
-    return result
+    return make_outputs(tmp_path_factory.mktemp("mutations"), C, (120, 40), max_len=700, batch_tokens=8_000)
 
 
 def metadata_name(kind: str) -> str:
