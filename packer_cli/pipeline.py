@@ -42,6 +42,7 @@ from packer_cli._sequences import Items, SampleLog, SourceMap, build_items
 from packer_cli._summary import PackSummary, summarize
 from packer_cli.errors import ConfigError, DataError, OutputError
 from packer_cli.plan import plan_packs
+from packer_cli.plan.bounds import histogram
 from packer_cli.progress import Progress
 from packer_cli.shards._atomic import (check_replaceable, make_temporary, output_target, replace_dir,
                                       stale_temporaries, within)
@@ -119,15 +120,6 @@ def _take(batch, counts: dict, bad_listed: list, log: SampleLog, cap: int, spill
         log.add(batch.lengths, batch.source_index, runtime, tail)
         if spill:
             spill.write(batch.tokens, batch.targets, batch.max_token)
-
-
-def _histogram(values: np.ndarray, size: int) -> np.ndarray:
-    """``np.bincount(values, minlength=size)`` a million values at a time: bincount converts its
-    input to int64 first, 8 bytes a sample at once otherwise."""
-    hist = np.zeros(size, np.int64)
-    for a in range(0, values.size, 1 << 20):
-        hist += np.bincount(values[a:a + (1 << 20)], minlength=size)
-    return hist
 
 
 def _plan(padded: np.ndarray, spec: PackSpec, progress: Progress, extra_sample: np.ndarray):
@@ -519,7 +511,7 @@ def pack(
             lengths = log.lengths()
             items, padded, overlong = build_items(
                 lengths, totals, spec, locate=lambda k: stream.locate(int(sources[[k]][0])))
-            padded_hist = _histogram(padded, spec.pack_size + 1)
+            padded_hist = histogram(padded, spec.pack_size + 1)
             if padded_hist[1:].sum() == 0:
                 raise DataError(_nothing_left(files, read_counts, overlong.dropped, bad_listed))
             # Only the planner's input and output are resident while it runs: the sample

@@ -45,7 +45,16 @@ def _l2_of_lengths(arr: np.ndarray, capacity: int) -> int:
     if capacity > 4 * arr.shape[0]:  # a sort costs less than a histogram of C sizes
         sizes, counts = np.unique(arr, return_counts=True)
         return _l2_of_sizes(sizes, counts, capacity)
-    return _l2_of_histogram(np.bincount(arr, minlength=capacity + 1), capacity)
+    return _l2_of_histogram(histogram(arr, capacity + 1), capacity)
+
+
+def histogram(values: np.ndarray, size: int) -> np.ndarray:
+    """``np.bincount(values, minlength=size)`` a million values at a time: bincount converts its
+    input to int64 first, 8 bytes a value at once otherwise (at the planner's memory peak)."""
+    hist = np.zeros(size, np.int64)
+    for a in range(0, values.size, 1 << 20):
+        hist += np.bincount(values[a:a + (1 << 20)], minlength=size)
+    return hist
 
 
 def _l2_of_histogram(hist: np.ndarray, capacity: int) -> int:
