@@ -18,6 +18,8 @@ when the process is packer's.
 """
 from __future__ import annotations
 
+from packer_cli.errors import reraise_interrupt
+
 
 def light_cache_loads() -> bool:
     """Install the light loader on numba's cache (idempotent); False when this numba does not
@@ -41,7 +43,8 @@ def light_cache_loads() -> bool:
             nrt.rtsys.initialize(target_context)  # what the cached machine code links against
             with self._guard_against_spurious_io_errors():
                 return self._load_overload(sig, target_context)
-        except Exception:
+        except Exception as exc:
+            reraise_interrupt(exc)  # a Ctrl-C inside the load is not a failure to fall back from
             return full(self, sig, target_context)  # numba's own way: refresh, then load
 
     load_overload.packer_light = True

@@ -30,6 +30,8 @@ from functools import lru_cache
 import numpy as np
 from numba import njit as _numba_njit
 
+from packer_cli.errors import reraise_interrupt
+
 __all__ = ["install", "njit", "reach_digest"]  # kernel modules take ``njit`` from here: see install()
 
 #: Directories whose functions get the reaching locators (packer's package; tests add others).
@@ -160,7 +162,8 @@ def _process_reach_digest(py_func) -> str:
     walk fail (a module whose attributes raise), the stamp is the file's alone, as numba's."""
     try:
         return reach_digest(py_func)
-    except Exception:  # noqa: BLE001 - a cache key must never stop a kernel from loading
+    except Exception as exc:  # noqa: BLE001 - a cache key must never stop a kernel from loading
+        reraise_interrupt(exc)  # nor be cached as "unreached" because of a Ctrl-C
         return "unreached"
 
 

@@ -40,3 +40,20 @@ class BadRecord(DataError):
         self.path, self.row, self.reason, self.line = path, row, reason, line
         where = f"line {line}" if line is not None else f"row {row}"
         super().__init__(f"{path}: {where}: {reason}")
+
+
+def reraise_interrupt(exc: BaseException) -> None:
+    """Raise again the interrupt an exception stands for, if any, before a handler that means to
+    recover from an ordinary failure does so.
+
+    A signal handler raises wherever the main thread is; inside C code calling back into Python
+    (numba's dispatcher loading a cached kernel, a codec) the C code reports a ``SystemError``
+    with the interrupt as its context, which an ``except Exception`` that falls back to another
+    way would swallow: the Ctrl-C was lost and the run went on to exit 0."""
+    seen: set[int] = set()
+    cause = exc
+    while cause is not None and id(cause) not in seen:
+        if not isinstance(cause, Exception):  # KeyboardInterrupt, the CLI's signal, SystemExit
+            raise cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__

@@ -84,3 +84,48 @@ def test_a_failing_light_load_falls_back_to_numbas_own(tmp_path, monkeypatch):
     assert probe.twice(np.int64(5)) == 10
     assert len(calls) >= 2 and full  # the light load failed, numba's refresh ran
     assert sum(probe.twice._cache_hits.values()) == 1  # and the kernel still came from the cache
+
+
+class _Interrupt(BaseException):
+    """Stands for the CLI's signal exception (a BaseException, like KeyboardInterrupt)."""
+
+
+def test_an_interrupt_inside_the_light_load_is_not_a_failure_to_fall_back_from(tmp_path, monkeypatch):
+    # A signal handler raising inside numba's C dispatcher surfaces as a SystemError with the
+    # interrupt as its context; the light loader caught it as a failed load and fell back to
+    # numba's own, so a Ctrl-C at that moment was lost and the run went on to exit 0.
+    from numba.core.runtime import nrt
+
+    from packer_cli._jit import light_cache_loads
+
+    module = tmp_path / "jit_interrupt_kernels.py"
+    module.write_text("from numba import njit\n\n@njit(cache=True)\ndef thrice(x):\n    return x * 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    probe = importlib.import_module("jit_interrupt_kernels")
+    assert probe.thrice(np.int64(2)) == 6  # compiled and cached
+    assert light_cache_loads()
+
+    def interrupted(ctx):
+        try:
+            raise _Interrupt()
+        except _Interrupt:
+            raise SystemError("<built-in method> returned a result with an exception set")
+
+    monkeypatch.setattr(nrt.rtsys, "initialize", interrupted)
+    probe = importlib.reload(probe)  # a new dispatcher: the next call loads from the cache
+    with pytest.raises(_Interrupt):
+        probe.thrice(np.int64(5))
+
+
+def test_reraise_interrupt_finds_the_interrupt_behind_an_error():
+    from packer_cli.errors import reraise_interrupt
+
+    reraise_interrupt(ValueError("plain"))  # an ordinary failure: nothing raised
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as inner:
+            raise SystemError("wrapped") from inner
+    except SystemError as exc:
+        with pytest.raises(KeyboardInterrupt):
+            reraise_interrupt(exc)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from packer_cli.errors import DataError
+from packer_cli.errors import DataError, reraise_interrupt
 from packer_cli.sources.discover import InputFile, discover_inputs
 from packer_cli.sources.normalize import (
     SUPERVISION_FIELDS,
@@ -60,8 +60,8 @@ class SampleStream:
         try:
             names = self._field_names(self.files[0])
         except Exception as exc:  # the read below reports it with the file name
+            reraise_interrupt(exc)
             names = []
-            del exc
         return detect_supervision(names, self.spec)
 
     def __iter__(self) -> Iterator[SampleBatch]:
@@ -107,6 +107,7 @@ class SampleStream:
             for raw in read_jsonl(path, [self.spec.tokens_field], set()):
                 if row < raw.row0 + raw.batch.num_rows:
                     return int(raw.lines[row - raw.row0])
-        except Exception:  # noqa: BLE001 - the row then names it
+        except Exception as exc:  # noqa: BLE001 - the row then names it
+            reraise_interrupt(exc)
             return None
         return None
