@@ -54,17 +54,23 @@ def test_a_cli_run_loads_cached_kernels_without_refreshing_numba(tmp_path):
         assert (tmp_path / "first" / name).read_bytes() == (tmp_path / "second" / name).read_bytes()
 
 
+def _cached_probe(tmp_path, monkeypatch, module_name: str, name: str, factor: int):
+    """A module with one cached kernel ``name(x) = x * factor``, compiled and cached once."""
+    module = tmp_path / f"{module_name}.py"
+    module.write_text(f"from numba import njit\n\n@njit(cache=True)\ndef {name}(x):\n    return x * {factor}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    probe = importlib.import_module(module_name)
+    assert getattr(probe, name)(np.int64(7)) == 7 * factor
+    return probe
+
+
 def test_a_failing_light_load_falls_back_to_numbas_own(tmp_path, monkeypatch):
     from numba.core import caching
     from numba.core.runtime import nrt
 
     from packer_cli._jit import light_cache_loads
 
-    module = tmp_path / "jit_probe_kernels.py"
-    module.write_text("from numba import njit\n\n@njit(cache=True)\ndef twice(x):\n    return x * 2\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    probe = importlib.import_module("jit_probe_kernels")
-    assert probe.twice(np.int64(21)) == 42  # compiled and cached
+    probe = _cached_probe(tmp_path, monkeypatch, "jit_probe_kernels", "twice", 2)
     assert light_cache_loads() and light_cache_loads()  # idempotent
     assert caching.Cache.load_overload.packer_light
 
@@ -98,11 +104,7 @@ def test_an_interrupt_inside_the_light_load_is_not_a_failure_to_fall_back_from(t
 
     from packer_cli._jit import light_cache_loads
 
-    module = tmp_path / "jit_interrupt_kernels.py"
-    module.write_text("from numba import njit\n\n@njit(cache=True)\ndef thrice(x):\n    return x * 3\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    probe = importlib.import_module("jit_interrupt_kernels")
-    assert probe.thrice(np.int64(2)) == 6  # compiled and cached
+    probe = _cached_probe(tmp_path, monkeypatch, "jit_interrupt_kernels", "thrice", 3)
     assert light_cache_loads()
 
     def interrupted(ctx):
