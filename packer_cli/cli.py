@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from packer_cli._jit import light_cache_loads
-from packer_cli.errors import ConfigError, PackerError
+from packer_cli.errors import ConfigError, PackerError, exception_chain
 from packer_cli.shards.bridge import OutputFormat, ParquetEncoding, Split
 from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec, SpillRead
 
@@ -253,13 +253,7 @@ def _signal_behind(exc: BaseException) -> _Signalled | None:
     into Python (numba's dispatcher loading a cached kernel, say), the C code reports
     ``SystemError: ... returned a result with an exception set``, with ours as its context.
     """
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, _Signalled):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    return next((cause for cause in exception_chain(exc) if isinstance(cause, _Signalled)), None)
 
 
 def _is_usage_error(exc: BaseException) -> bool:

@@ -42,6 +42,16 @@ class BadRecord(DataError):
         super().__init__(f"{path}: {where}: {reason}")
 
 
+def exception_chain(exc: BaseException | None):
+    """``exc``, then what it was raised from or during (``__cause__``, else ``__context__``),
+    each once."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        yield exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+
+
 def reraise_interrupt(exc: BaseException) -> None:
     """Raise again the interrupt an exception stands for, if any, before a handler that means to
     recover from an ordinary failure does so.
@@ -50,10 +60,6 @@ def reraise_interrupt(exc: BaseException) -> None:
     (numba's dispatcher loading a cached kernel, a codec) the C code reports a ``SystemError``
     with the interrupt as its context, which an ``except Exception`` that falls back to another
     way would swallow: the Ctrl-C was lost and the run went on to exit 0."""
-    seen: set[int] = set()
-    cause = exc
-    while cause is not None and id(cause) not in seen:
+    for cause in exception_chain(exc):
         if not isinstance(cause, Exception):  # KeyboardInterrupt, the CLI's signal, SystemExit
             raise cause
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
