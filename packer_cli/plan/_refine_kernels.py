@@ -121,13 +121,14 @@ def _sparse(capacity, num_items):
 @njit(**NJIT_FLAGS)
 def _sort_pool(lengths, pool, capacity):
     """The pool's items ordered by length, pool order within a length, and their lengths:
-    ``(items int32[M], sizes int64[M])``, ``sizes`` ascending.
+    ``(items int32[M], sizes int32[M])``, ``sizes`` ascending (lengths are at most
+    ``MAX_CAPACITY``, 2**24).
 
     A counting sort (a table of C + 1 entries) unless the capacity is far above the pool's
     size, then a stable comparison sort: at C = 2**22 a pool of a few thousand items would
     otherwise walk a table of four million sizes."""
     m = pool.shape[0]
-    sizes = np.empty(m, np.int64)
+    sizes = np.empty(m, np.int32)
     for k in range(m):
         sizes[k] = lengths[pool[k]]
     if capacity > 32 * m:
@@ -139,7 +140,7 @@ def _sort_pool(lengths, pool, capacity):
     for s in range(capacity + 1):
         starts[s + 1] += starts[s]
     items = np.empty(m, np.int32)
-    sorted_sizes = np.empty(m, np.int64)
+    sorted_sizes = np.empty(m, np.int32)
     for k in range(m):
         s = sizes[k]
         items[starts[s]] = pool[k]
@@ -177,7 +178,7 @@ def _rebuild_body(items, sizes, capacity, threshold, max_triples, sparse):
 
     Parameters
     ----------
-    items, sizes : int32[M], int64[M]
+    items, sizes : int32[M], int32[M]
         The pool sorted by :func:`_sort_pool` (item indices, and their lengths, each in
         ``[1, capacity]``): the same for every threshold, so a caller trying several sorts
         the pool once.

@@ -154,7 +154,8 @@ def _refine(arr: np.ndarray, plan: PackPlan, *, max_rounds: int = 4, in_place: b
     peak); only for a caller that owns ``plan`` and drops it for the result.
 
     Memory: the pool (items of non-full packs, usually a small share) costs 4 bytes per
-    pooled item, and the first round up to 16 more: 4 for each packing it holds (the best
+    pooled item, its copy sorted by length 8 more (item and length) while a round runs, and
+    the first round up to 16 more: 4 for each packing it holds (the best
     rebuild or the best packing after later rounds, the one looked at and, on a large pool,
     the one rebuilt meanwhile; briefly both the best rebuild and its later rounds' result).
     Later rounds work on smaller pools.
