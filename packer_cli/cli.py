@@ -18,7 +18,8 @@ import typer
 from rich.console import Console
 
 from packer_cli._jit import light_cache_loads
-from packer_cli.errors import ConfigError, PackerError, exception_chain
+from packer_cli.errors import (ConfigError, Interrupted, PackerError, check_interrupted, exception_chain,
+                               raise_interrupted)
 from packer_cli.shards.bridge import OutputFormat, ParquetEncoding, Split
 from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec, SpillRead
 
@@ -182,6 +183,7 @@ def inspect_command(
     """Summarize packed shards: counts, padding, bounds, distributions and attention work."""
     from packer_cli.audit import InconsistentOutput, inspect_output
 
+    check_interrupted()
     light_cache_loads()
     try:
         reports = {s: inspect_output(out, pack=pack, split=s) for s in _splits_to_audit(out, split)}
@@ -215,6 +217,7 @@ def verify_command(
     """Check shards, metadata and (with --source) the inputs; exit 0 ok, 1 problems, 2 unusable."""
     from packer_cli.audit import verify_output
 
+    check_interrupted()
     splits = _splits_to_audit(out, split)
     if source and len(splits) > 1:
         _fail_audit(ConfigError(f"{out} holds the splits {', '.join(splits)}; with --source name the one it fed "
@@ -228,32 +231,14 @@ def verify_command(
     raise typer.Exit(max(r.exit_code for r in reports.values()))
 
 
-class _Signalled(BaseException):
-    """SIGINT (Ctrl-C) or SIGTERM (a scheduler preempting the job), raised in the main thread.
-
-    It unwinds the command like an error, so every ``finally`` runs: background threads are
-    stopped and joined, and the temporary output and spill are removed. Not a
-    KeyboardInterrupt, which typer would turn into a silent exit, and not an Exception, which
-    nothing on the way may swallow.
-    """
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise_signalled(signum, frame) -> None:
-    raise _Signalled(signum)
-
-
-def _signal_behind(exc: BaseException) -> _Signalled | None:
+def _signal_behind(exc: BaseException) -> Interrupted | None:
     """The signal an exception stands for, if any.
 
     The handler raises wherever the main thread is; when that is inside C code calling back
     into Python (numba's dispatcher loading a cached kernel, say), the C code reports
     ``SystemError: ... returned a result with an exception set``, with ours as its context.
     """
-    return next((cause for cause in exception_chain(exc) if isinstance(cause, _Signalled)), None)
+    return next((cause for cause in exception_chain(exc) if isinstance(cause, Interrupted)), None)
 
 
 def _is_usage_error(exc: BaseException) -> bool:
@@ -267,10 +252,22 @@ def _usage_line(exc) -> str:
     return f"error: {exc.format_message()} (see '{command} --help')"
 
 
-def _report_signal(exc: _Signalled) -> int:
+def _report_signal(exc: Interrupted) -> int:
     """Say why the command stopped; 128 + the signal's number, as a shell reports a killed command."""
     print(f"error: {'interrupted' if exc.signum == signal.SIGINT else 'terminated'}", file=sys.stderr)
     return 128 + exc.signum
+
+
+def _quiet_about_interrupts(hook):
+    """``sys.unraisablehook`` that keeps quiet about an interrupt raised inside a finalizer (a
+    ``__del__`` that ran when the signal came): Python would print it as "Exception ignored"
+    with a traceback and go on; :func:`check_interrupted` raises it again at the next check."""
+
+    def unraisable(event) -> None:
+        if not isinstance(event.exc_value, Interrupted):
+            hook(event)
+
+    return unraisable
 
 
 def _single_threaded_blas() -> None:
@@ -303,16 +300,18 @@ def main() -> None:
     gc.disable()
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:  # e.g. SIGINT in a background shell job
-            signal.signal(signum, _raise_signalled)
+            signal.signal(signum, raise_interrupted)
+    sys.unraisablehook = _quiet_about_interrupts(sys.unraisablehook)
     try:
         # not standalone: bad options come back as exceptions, to be reported in one line
         returned = app(standalone_mode=False)
+        check_interrupted()  # one whose exception was lost late in the command
         code = returned if isinstance(returned, int) else 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if isinstance(exc.code, str):
             print(exc.code, file=sys.stderr)
-    except _Signalled as exc:
+    except Interrupted as exc:
         code = _report_signal(exc)
     except Exception as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare `packer`: the help is already printed

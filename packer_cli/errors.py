@@ -42,6 +42,46 @@ class BadRecord(DataError):
         super().__init__(f"{path}: {where}: {reason}")
 
 
+class Interrupted(BaseException):
+    """SIGINT (Ctrl-C) or SIGTERM (a scheduler preempting the job), raised in the main thread by
+    the CLI's handler (:func:`raise_interrupted`).
+
+    It unwinds the command like an error, so every ``finally`` runs: background threads are
+    stopped and joined, and the temporary output and spill are removed. Not a
+    KeyboardInterrupt, which typer would turn into a silent exit, and not an Exception, which
+    nothing on the way may swallow.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+_signal_received: int | None = None  # set by raise_interrupted, for check_interrupted
+
+
+def raise_interrupted(signum: int, frame=None) -> None:
+    """The CLI's handler for SIGINT and SIGTERM: remember the signal, then raise it."""
+    global _signal_received
+    _signal_received = signum
+    raise Interrupted(signum)
+
+
+def check_interrupted() -> None:
+    """Raise again a signal :func:`raise_interrupted` received, should its exception have been
+    lost on the way: called where a command goes on to work that matters (after its imports,
+    between a run's phases) and before an output is moved into place.
+
+    Python runs a signal handler wherever the main thread is, C code included, and some C code
+    clears whatever error a call it makes leaves, but a ``KeyboardInterrupt``. CPython's
+    compiler does so while folding a constant such as ``2**63``, in a module compiled from
+    source as it is imported (no cached bytecode, e.g. ``PYTHONDONTWRITEBYTECODE``): a Ctrl-C
+    arriving then vanished and the run went on to exit 0 with its output written. No-op where
+    no handler of packer's ran (the Python API, or no signal)."""
+    if _signal_received is not None:
+        raise Interrupted(_signal_received)
+
+
 def exception_chain(exc: BaseException | None):
     """``exc``, then what it was raised from or during (``__cause__``, else ``__context__``),
     each once."""

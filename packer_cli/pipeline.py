@@ -40,7 +40,7 @@ from packer_cli._background import background, ordered_map
 from packer_cli._kernel_cache import njit
 from packer_cli._sequences import Items, SampleLog, SourceMap, build_items
 from packer_cli._summary import PackSummary, summarize
-from packer_cli.errors import ConfigError, DataError, OutputError
+from packer_cli.errors import ConfigError, DataError, OutputError, check_interrupted
 from packer_cli.plan import plan_packs
 from packer_cli.plan.bounds import histogram
 from packer_cli.progress import Progress
@@ -460,6 +460,7 @@ def pack(
     :class:`DataError` for bad data and :class:`OutputError` when writing the output or the
     spill fails (disk full, I/O error); on any error nothing is left at ``out``.
     """
+    check_interrupted()  # a Ctrl-C lost while this module's imports compiled (see the function)
     _check_arguments(spec, source, shard_bytes, spill_memory, output)
     shard_bytes, spill_memory = int(shard_bytes), int(spill_memory)  # NumPy integers too
     if spill_read not in SPILL_READ_MODES:
@@ -505,6 +506,7 @@ def pack(
             log, read_counts, bad_listed = _read_inputs(stream, spill_dir, spec.max_sequence_length, bar,
                                                         spill_named=spill_parent, memory=memory)
             clock.lap("read")
+            check_interrupted()
             if read_counts["records"] == 0:
                 raise DataError(f"{files[0].path}: empty input (no records)")
             sources, totals = log.sources, log.totals
@@ -526,6 +528,7 @@ def pack(
                 totals=totals, overlong=overlong, padded_hist=padded_hist, plan=plan, out=out, dry_run=dry_run,
             )
             clock.lap("plan")
+            check_interrupted()
             manifest = None
             if tmp:
                 # Pass two reads each run's slice of the plan's order from the spill directory
@@ -552,6 +555,7 @@ def pack(
             warn(f"{summary.counts['no_target_samples']} samples have no target tokens (kept, they add no loss)")
         if output:
             output.annotate(summary, warn)
+        check_interrupted()  # never publish the output of a run the user stopped
         kept = None  # a replaced OUT that could not be deleted
         if tmp and output:
             shutil.rmtree(spill_dir)

@@ -115,6 +115,68 @@ def test_a_signal_that_c_code_reports_as_a_system_error_still_exits_with_its_cod
     assert child.stderr.strip().splitlines() == ["error: interrupted"]
 
 
+# Python runs a signal handler wherever the main thread is, C code included, and some C code
+# clears the error a call it makes leaves unless it is a KeyboardInterrupt (CPython's compiler,
+# folding a constant while a module is imported from source): the handler's exception is gone.
+# Here a wrapper swallows it the same way, by raising the signal where it is caught and dropped.
+SWALLOWING = ("import signal, sys\n"
+              "{where}\n"
+              "real = where.{name}\n"
+              "class Finalized:\n"
+              "    def __del__(self):\n"
+              "        signal.raise_signal(signal.SIGINT)\n"
+              "def swallowing(*args, **kwargs):\n"
+              "{swallow}"
+              "    return real(*args, **kwargs)\n"
+              "where.{name} = swallowing\n"
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+              "sys.argv = ['packer', *sys.argv[1:]]\n"
+              "from packer_cli.cli import main; main()\n")
+SWALLOW = {"except": ("    try:\n"
+                      "        signal.raise_signal(signal.SIGINT)\n"
+                      "    except BaseException:\n"
+                      "        pass\n"),
+           # a finalizer's exception is printed as "Exception ignored in ...", then dropped
+           "finalizer": "    Finalized()\n"}
+
+
+def _swallowing(where: str, name: str, how: str = "except") -> list[str]:
+    """``python -c`` running the CLI with ``where.name`` swallowing a Ctrl-C; then the CLI's arguments."""
+    return [sys.executable, "-c", SWALLOWING.format(where=where, name=name, swallow=SWALLOW[how])]
+
+
+def _small_jsonl(path: Path) -> Path:
+    path.parent.mkdir(exist_ok=True)
+    path.write_text("".join(f'{{"input_ids": [1, 2, {n}]}}\n' for n in range(50)))
+    return path
+
+
+@pytest.mark.parametrize("where,name,options", [
+    ("import packer_cli.pipeline as where", "discover_inputs", []),  # before pass one
+    ("import packer_cli.pipeline as where", "_write_shards", []),  # the last phase, before the output moves
+    ("from packer_cli.shards.bridge_output import BridgeOutput as where", "write", ["--format", "megatron-bridge"]),
+], ids=["start", "native-write", "bridge-write"])
+@pytest.mark.parametrize("how", list(SWALLOW))
+def test_a_ctrl_c_whose_exception_was_swallowed_still_stops_the_run_and_writes_nothing(tmp_path, where, name,
+                                                                                        options, how):
+    data = _small_jsonl(tmp_path / "in" / "data.jsonl")
+    child = subprocess.run([*_swallowing(where, name, how), "pack", str(data), "-o", str(tmp_path / "out"), *options],
+                           capture_output=True, text=True, timeout=120)
+    assert (child.returncode, child.stderr.strip().splitlines()) == (130, ["error: interrupted"]), child.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # neither OUT nor OUT.tmp-PID
+
+
+def test_verify_whose_ctrl_c_was_swallowed_exits_as_interrupted_not_with_its_verdict(tmp_path):
+    data = _small_jsonl(tmp_path / "data.jsonl")
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "-c", "from packer_cli.cli import main; main()", "pack", str(data), "-o", str(out)],
+                   check=True, capture_output=True)
+    child = subprocess.run([*_swallowing("import packer_cli.audit as where", "verify_output"), "verify", str(out)],
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == 130, (child.stdout, child.stderr)
+    assert child.stderr.strip().splitlines() == ["error: interrupted"]
+
+
 def _default_sigint():  # as in a terminal, whatever this test process inherited
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
