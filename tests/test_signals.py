@@ -115,9 +115,9 @@ def test_a_signal_that_c_code_reports_as_a_system_error_still_exits_with_its_cod
     assert child.stderr.strip().splitlines() == ["error: interrupted"]
 
 
-# Python runs a signal handler wherever the main thread is, C code included, and some C code
-# clears the error a call it makes leaves unless it is a KeyboardInterrupt (CPython's compiler,
-# folding a constant while a module is imported from source): the handler's exception is gone.
+# Python runs a signal handler wherever the main thread is, C code included, and C code may
+# clear the error it raised (seen inside compile(), importing a module from source) or only
+# print it (a finalizer): the handler's exception is gone.
 # Here a wrapper swallows it the same way, by raising the signal where it is caught and dropped.
 SWALLOWING = ("import signal, sys\n"
               "{where}\n"
