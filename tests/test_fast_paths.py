@@ -12,7 +12,8 @@ import pytest
 
 from naive import gather_packs
 from packer_cli.shards._gather import (
-    LAYOUT_FILE, ORDER_FILE, SPILL_FILE, SpillMemory, SpillReader, SpillWriter, token_bits,
+    LAYOUT_FILE, ORDER_FILE, SPILL_FILE, SpillMemory, SpillReader, SpillWriter, _store_blocks, block_bytes,
+    token_bits,
 )
 from packer_cli.shards.writer import ShardFile, file_checksum, pack_record_batch
 from packer_cli.sources import normalize
@@ -123,6 +124,20 @@ def test_spill_layout_is_blocks_of_tokens_then_their_flags(tmp_path):
     assert layout.tolist() == [[0, 0, 5], [11, 12, 17], [12, 30, 31], [14, 62, 1], [23, 66, 0]]  # then the end
     assert [token_bits(x) for x in (0, 1, 2, 100256, 131071, 131072, 2**24 - 1, 2**31 - 1)] == [1, 1, 2, 17, 17, 18,
                                                                                                   24, 31]
+
+
+def test_every_width_and_tail_stores_exactly_the_documented_blocks():
+    """The store kernel against the layout spelled out, for every width (the common ones run a
+    copy of the loop with the width a constant) and every length of the last block."""
+    rng = np.random.default_rng(12)
+    for bits in range(1, 32):
+        for n in [*range(1, 18), 64, 203]:
+            tokens = rng.integers(0, 1 << bits, n).astype(np.int32)
+            tokens[::5] = (1 << bits) - 1
+            targets = rng.integers(0, 3, n).astype(np.uint8)  # 2 is a target too
+            out = np.full(-(-n // 8) * block_bytes(bits), 0xAB, dtype=np.uint8)  # garbage where nothing is stored
+            _store_blocks(tokens, targets, bits, out)
+            assert out.tobytes() == _blocks(tokens, targets != 0, bits), (bits, n)
 
 
 def test_every_bit_width_round_trips(tmp_path):
