@@ -113,6 +113,7 @@ def pack_command(
                        spill_read=spill_read.value)
     except PackerError as exc:
         _fail_audit(exc, json_out, out)
+    check_interrupted()  # a run the user stopped prints no summary
     if json_out:
         import orjson
 
@@ -156,6 +157,7 @@ def _splits_to_audit(out: str, split: Optional[Split]) -> list[Optional[str]]:
 
 def _print_reports(reports: dict, json_out: bool, console: Console) -> None:
     """One report as itself; several (one per Bridge split) keyed by split name."""
+    check_interrupted()  # a run the user stopped prints no verdict
     if json_out:
         import orjson
 

@@ -160,9 +160,10 @@ def _small_jsonl(path: Path) -> Path:
 def test_a_ctrl_c_whose_exception_was_swallowed_still_stops_the_run_and_writes_nothing(tmp_path, where, name,
                                                                                         options, how):
     data = _small_jsonl(tmp_path / "in" / "data.jsonl")
-    child = subprocess.run([*_swallowing(where, name, how), "pack", str(data), "-o", str(tmp_path / "out"), *options],
-                           capture_output=True, text=True, timeout=120)
+    child = subprocess.run([*_swallowing(where, name, how), "pack", str(data), "-o", str(tmp_path / "out"), "--json",
+                            *options], capture_output=True, text=True, timeout=120)
     assert (child.returncode, child.stderr.strip().splitlines()) == (130, ["error: interrupted"]), child.stderr
+    assert child.stdout == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # neither OUT nor OUT.tmp-PID
 
 
@@ -171,10 +172,11 @@ def test_verify_whose_ctrl_c_was_swallowed_exits_as_interrupted_not_with_its_ver
     out = tmp_path / "out"
     subprocess.run([sys.executable, "-c", "from packer_cli.cli import main; main()", "pack", str(data), "-o", str(out)],
                    check=True, capture_output=True)
-    child = subprocess.run([*_swallowing("import packer_cli.audit as where", "verify_output"), "verify", str(out)],
-                           capture_output=True, text=True, timeout=120)
+    child = subprocess.run([*_swallowing("import packer_cli.audit as where", "verify_output"), "verify", str(out),
+                            "--json"], capture_output=True, text=True, timeout=120)
     assert child.returncode == 130, (child.stdout, child.stderr)
     assert child.stderr.strip().splitlines() == ["error: interrupted"]
+    assert child.stdout == ""  # no verdict for a run the user stopped
 
 
 def _default_sigint():  # as in a terminal, whatever this test process inherited
