@@ -216,5 +216,6 @@ def test_versions_must_be_known_and_agree(packed, tmp_path):
         assert result.exit_code == 1
         assert f"format 'packer-thd' version {json.dumps(bad)} is unknown; this packer knows 'packer-thd' version 1 or 2" \
             in result.output.replace("True", "true"), result.output
+        assert "'megatron-bridge' version 1 [structure.format]" in result.output, result.output  # not "version ?"
         with pytest.raises(DataError, match="this packer reads versions 1, 2"):
             PackedReader(str(future))

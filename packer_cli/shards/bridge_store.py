@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer_cli.errors import DataError
-from packer_cli.shards.bridge import (BRIDGE_FORMAT, SPLITS, bridge_metadata_name, data_name, split_manifest_name,
-                                      split_metadata_name)
+from packer_cli.shards.bridge import (BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, SPLITS, bridge_metadata_name, data_name,
+                                      split_manifest_name, split_metadata_name)
 from packer_cli.shards.bridge_reader import (COLUMNS, BridgeRowError, file_eos, load_bridge_metadata,
                                              native_columns, pad_id_of, read_split_manifest, resolve_split,
                                              schema_problem)
@@ -45,6 +45,7 @@ class BridgeStore:
     """One split of a Bridge layout: its metadata, manifest and Parquet file."""
 
     format = BRIDGE_FORMAT
+    version = BRIDGE_FORMAT_VERSION  # written and read by this packer (checked again when a split is opened)
 
     def __init__(self, out: str, metadata: dict, manifest: dict, split: str):
         self.out, self.metadata, self.manifest, self.split = out, metadata, manifest, split
