@@ -1,7 +1,7 @@
 """Run every packer benchmark against its peers and write ``benchmarks/RESULTS.md``.
 
-    .venv/bin/python benchmarks/run.py            # full run, about 7 minutes
-    .venv/bin/python benchmarks/run.py --quick    # smaller inputs, about 3 minutes
+    .venv/bin/python benchmarks/run.py            # full run, about 12 minutes
+    .venv/bin/python benchmarks/run.py --quick    # smaller inputs, about 2–3 minutes
 
 Each step is a separate script (runnable on its own, one JSON row per line on stdout);
 this runner generates the data, runs them in turn, keeps every row in
@@ -56,7 +56,7 @@ def last(rows: list[dict], what: str = "summary") -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller inputs (about 3 minutes)")
+    ap.add_argument("--quick", action="store_true", help="smaller inputs (about 2-3 minutes)")
     ap.add_argument("--only", nargs="*", help="run only these steps (plan quality e2e jsonl memory spill audit loader)")
     ap.add_argument("--no-write", action="store_true", help="do not rewrite RESULTS.md")
     args = ap.parse_args()
