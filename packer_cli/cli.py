@@ -144,15 +144,18 @@ def _bridge_output(out_format: OutputFormat, split, eos_id, row_group_size, parq
 
 def _splits_to_audit(out: str, split: Optional[Split]) -> list[Optional[str]]:
     """The split(s) to inspect or verify: the one asked for, else every split of a
-    Megatron-Bridge layout, else the output itself (None)."""
-    if split is not None:
-        return [split.value]
-    from packer_cli.shards.bridge import is_bridge_dir, splits_in
+    Megatron-Bridge layout, else the output itself (None). Asking for a split that was never
+    written to a Bridge layout is a :class:`ConfigError`, as ``--split`` on a native output is."""
+    from packer_cli.shards.bridge import is_bridge_dir, split_has_files, splits_in
     from packer_cli.shards.format import METADATA_FILE
 
-    if os.path.isdir(out) and not os.path.exists(os.path.join(out, METADATA_FILE)) and is_bridge_dir(out):
-        return splits_in(out)
-    return [None]
+    bridge = os.path.isdir(out) and not os.path.exists(os.path.join(out, METADATA_FILE)) and is_bridge_dir(out)
+    if split is not None:
+        if bridge and not split_has_files(out, split.value):
+            raise ConfigError(f"{out} holds no {split.value!r} split (it holds: {', '.join(splits_in(out))}); "
+                              "pass one of those to --split, or none for all")
+        return [split.value]
+    return splits_in(out) if bridge else [None]
 
 
 def _print_reports(reports: dict, json_out: bool, console: Console) -> None:
@@ -220,7 +223,10 @@ def verify_command(
     from packer_cli.audit import verify_output
 
     check_interrupted()
-    splits = _splits_to_audit(out, split)
+    try:
+        splits = _splits_to_audit(out, split)
+    except PackerError as exc:
+        _fail_audit(exc, json_out, out)
     if source and len(splits) > 1:
         _fail_audit(ConfigError(f"{out} holds the splits {', '.join(splits)}; with --source name the one it fed "
                                 "(--split)"), json_out, out)

@@ -52,3 +52,20 @@ def test_inspect_one_split(two_splits):
     both = json.loads(runner.invoke(app, ["inspect", str(out), "--json"]).stdout)
     assert one == both["splits"]["validation"]
     assert one["totals"]["sequences"] == 150
+
+
+@pytest.mark.parametrize("command", ["verify", "inspect"])
+def test_a_split_never_written_is_a_usage_error_and_a_damaged_one_a_finding(tmp_path, command):
+    """``--split`` naming a split the layout never held is the user's mistake (exit 2, as
+    ``--split`` on a native output); a split with a data file but no metadata is damage (exit 1)."""
+    pq.write_table(demo_table(100, seed=3, max_len=1500), tmp_path / "train.parquet")
+    out = tmp_path / "bridge"
+    r = runner.invoke(app, ["pack", str(tmp_path / "train.parquet"), "-o", str(out), "-C", "2048",
+                            "--format", "megatron-bridge"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, [command, str(out), "--split", "validation", "--json"])
+    assert r.exit_code == 2, r.output
+    doc = json.loads(r.stdout)
+    assert doc["exit_code"] == 2 and "holds no 'validation' split (it holds: training)" in doc["error"]
+    (out / "validation_2048.idx.parquet").write_bytes((out / "training_2048.idx.parquet").read_bytes())
+    assert runner.invoke(app, [command, str(out), "--split", "validation"]).exit_code == 1

@@ -147,6 +147,13 @@ def is_bridge_dir(out_dir) -> bool:
     return any(os.path.isfile(os.path.join(out_dir, split_metadata_name(s))) for s in SPLITS)
 
 
+def split_has_files(out_dir: str, split: str) -> bool:
+    """Whether any file of ``split`` (its data, metadata or manifest) is in ``out_dir``: a split
+    with some files but not its metadata is damaged, one with none was never written."""
+    return any(m.group(1) == split for n in os.listdir(out_dir) for p in (_LAYOUT_NAMES[0], _LAYOUT_NAMES[2])
+               if (m := p.match(n)))
+
+
 def splits_in(out_dir: str) -> list[str]:
     """Splits of a Bridge layout that packer wrote, in Bridge's order (training first)."""
     return [s for s in SPLITS if os.path.isfile(os.path.join(out_dir, split_metadata_name(s)))]
