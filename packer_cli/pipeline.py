@@ -44,7 +44,7 @@ from packer_cli.errors import ConfigError, DataError, OutputError, check_interru
 from packer_cli.plan import plan_packs
 from packer_cli.plan.bounds import histogram
 from packer_cli.progress import Progress
-from packer_cli.shards._atomic import (check_replaceable, make_temporary, output_target, replace_dir,
+from packer_cli.shards._atomic import (check_parent, check_replaceable, make_temporary, output_target, replace_dir,
                                       stale_temporaries, within)
 from packer_cli.shards._gather import ORDER_FILE, SPILL_FILE, SpillMemory, SpillReader, SpillWriter
 from packer_cli.shards._sink import use_direct_io
@@ -409,9 +409,7 @@ def _prepare_out(out: str, overwrite: bool, inputs: list[str]) -> str:
         raise ConfigError(f"{out} exists and is not a directory")
     if os.path.exists(out):  # a native output, or a Bridge layout being replaced by one
         check_replaceable(out, inputs, lambda name: is_output_file_name(name) or is_layout_name(name))
-    parent = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(parent):
-        raise ConfigError(f"{parent}: output parent directory does not exist")
+    check_parent(out)
     return make_temporary(out)
 
 

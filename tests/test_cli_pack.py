@@ -230,6 +230,9 @@ def test_an_out_that_is_a_symbolic_link_is_built_where_it_points(tmp_path, fmt):
     (tmp_path / "nowhere").symlink_to(tmp_path / "missing" / "out")
     result = run("pack", path, "-o", tmp_path / "nowhere", "--format", fmt)
     assert result.exit_code == 2 and "output parent directory does not exist" in result.output
+    result = run("pack", path, "-o", tmp_path / "data.jsonl" / "out", "--format", fmt)  # under a file
+    assert result.exit_code == 2 and f"{tmp_path / 'data.jsonl'}: output parent directory is not a directory" in \
+        result.output.replace("\n", "")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "data.jsonl", "later", "link", "loop1",
                                                            "loop2", "nowhere", "real"]
 

@@ -67,6 +67,14 @@ def output_target(out: str) -> str:
     return target
 
 
+def check_parent(out: str) -> None:
+    """The directory that will hold ``out`` must be one (a :class:`ConfigError` saying why not)."""
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        why = "is not a directory" if os.path.exists(parent) else "does not exist"
+        raise ConfigError(f"{parent}: output parent directory {why}")
+
+
 def make_temporary(out: str) -> str:
     """Create (afresh) and return this process's temporary sibling of ``out``."""
     tmp = f"{os.path.normpath(out)}{_TMP}{os.getpid()}"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from packer_cli._background import ordered_map
 from packer_cli.errors import ConfigError, DataError
-from packer_cli.shards._atomic import check_replaceable, make_temporary, replace_dir, signals_held
+from packer_cli.shards._atomic import check_parent, check_replaceable, make_temporary, replace_dir, signals_held
 from packer_cli.shards import _staged
 from packer_cli.spec import is_int
 from packer_cli.shards.format import is_output_file_name, read_json_value, seal_metadata, write_json
@@ -103,9 +103,7 @@ class BridgeOutput:
         self._overwrite = overwrite
         out = self._out = os.path.normpath(out)
         self._pack_size = spec.pack_size
-        parent = os.path.dirname(os.path.abspath(out))
-        if not os.path.isdir(parent):
-            raise ConfigError(f"{parent}: output parent directory does not exist")
+        check_parent(out)
         self._replace_whole = True
         if os.path.exists(out):
             if not os.path.isdir(out):
