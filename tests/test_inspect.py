@@ -191,6 +191,34 @@ def test_rich_rendering(synth):
         assert label in text, label
 
 
+def _fill_rows(report) -> list[tuple[str, int]]:
+    buf = io.StringIO()
+    Console(file=buf, width=100).print(report)
+    lines = buf.getvalue().split("pack fill (Σp / C)")[1].split("sequences per pack")[0].splitlines()
+    return [(line.split()[0], int(line.split()[-1])) for line in lines if line.strip()]
+
+
+def test_fill_histogram_labels_are_the_packs_fills():
+    """Each fill bucket's label spans the fills Σp/C of the loads it counts: a full pack is at
+    100%, never above (pack.capacity), and a bucket of one load shows that load's fill."""
+    C = 16
+    loads = [8, 16, 16]                      # fills 50% and 100%: one load per bucket (width 1)
+    report = InspectReport.partial(out="o", spec={"pack_size": C}, recorded={}, real=loads, padded=loads,
+                                   seq_counts=[1, 1, 1], target_tokens=0)
+    rows = _fill_rows(report)
+    assert rows[0] == (f"{100 * 8 / C:.1f}%", 1) and rows[-1] == (f"{100 * 16 / C:.1f}%", 2), rows
+    assert [count for _, count in rows] == [1] + [0] * 7 + [2]
+    full = InspectReport.partial(out="o", spec={"pack_size": C}, recorded={}, real=[C] * 4, padded=[C] * 4,
+                                 seq_counts=[1] * 4, target_tokens=0)
+    assert _fill_rows(full) == [("100.0%", 4)]
+    # wider buckets: 16 loads 5..36 at C=36 → width 2, the last bucket holds 35 and 36 (97.2–100.0%)
+    loads = list(range(5, 37))
+    wide = InspectReport.partial(out="o", spec={"pack_size": 36}, recorded={}, real=loads, padded=loads,
+                                 seq_counts=[1] * len(loads), target_tokens=0)
+    rows = _fill_rows(wide)
+    assert rows[0] == (f"{100 * 5 / 36:.1f}–{100 * 6 / 36:.1f}%", 2) and rows[-1] == ("97.2–100.0%", 2), rows
+
+
 def test_errors_exit_codes(synth, tmp_path):
     assert runner.invoke(app, ["inspect", str(tmp_path / "nope")]).exit_code == 2
     result = runner.invoke(app, ["inspect", str(synth[1]), "--pack", "100000"])

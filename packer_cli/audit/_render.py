@@ -102,7 +102,8 @@ def detail_table(detail) -> Table:
 def render_inspect(report) -> Group:
     d = report.to_dict()
     C = int(report.spec["pack_size"])
-    fill = lambda lo, hi: f"{100 * lo / C:.1f}–{100 * (hi + 1) / C:.1f}%"  # noqa: E731
+    # a bucket holds the loads lo..hi (inclusive, as the other histograms' labels): its fills are lo/C..hi/C
+    fill = lambda lo, hi: f"{100 * lo / C:.1f}–{100 * hi / C:.1f}%" if hi > lo else f"{100 * lo / C:.1f}%"  # noqa: E731
     parts = [
         summary_table(report, d), attention_table(d),
         histogram_table("sequence length (real runtime tokens)", report.real_hist),
