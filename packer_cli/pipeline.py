@@ -458,7 +458,7 @@ def pack(
     :class:`DataError` for bad data and :class:`OutputError` when writing the output or the
     spill fails (disk full, I/O error); on any error nothing is left at ``out``.
     """
-    check_interrupted()  # a Ctrl-C lost while this module's imports compiled (see the function)
+    check_interrupted()  # a Ctrl-C lost while this module's imports compiled (errors.check_interrupted)
     _check_arguments(spec, source, shard_bytes, spill_memory, output)
     shard_bytes, spill_memory = int(shard_bytes), int(spill_memory)  # NumPy integers too
     if spill_read not in SPILL_READ_MODES:
