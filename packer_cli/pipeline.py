@@ -45,7 +45,7 @@ from packer_cli.plan import plan_packs
 from packer_cli.plan.bounds import histogram
 from packer_cli.progress import Progress
 from packer_cli.shards._atomic import (check_parent, check_replaceable, make_temporary, output_target, replace_dir,
-                                      stale_temporaries, within)
+                                      signals_held, stale_temporaries, within)
 from packer_cli.shards._gather import ORDER_FILE, SPILL_FILE, SpillMemory, SpillReader, SpillWriter
 from packer_cli.shards._sink import use_direct_io
 from packer_cli.shards._staged import SPILL_READ_MODES, choose_spill_read, open_spill
@@ -574,8 +574,9 @@ def pack(
     except OSError as exc:  # readers report their own errors as DataError: this is the writing side
         raise OutputError(f"{out}: writing the output failed: {exc}") from exc
     finally:
-        memory.release()
-        if spill_dir and spill_parent:
-            shutil.rmtree(spill_dir, ignore_errors=True)
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+        with signals_held():  # a second Ctrl-C (or a SIGTERM after one) must not stop the cleanup half-way
+            memory.release()
+            if spill_dir and spill_parent:
+                shutil.rmtree(spill_dir, ignore_errors=True)
+            if tmp:
+                shutil.rmtree(tmp, ignore_errors=True)

@@ -241,3 +241,38 @@ def test_ctrl_c_while_starting_up_ends_quietly(big_parquet, tmp_path):
         assert child.returncode in (-signal.SIGINT, 130), (delay, child.returncode, stderr)
         assert stderr.strip() in ("", "error: interrupted"), stderr
         assert not any(tmp_path.iterdir()), (delay, list(tmp_path.iterdir()))
+
+
+# The first signal (here a SIGTERM) is raised where the run writes its output; the second (a
+# Ctrl-C) as the run starts removing its temporary output, as when a user presses Ctrl-C while
+# a preempted job unwinds.
+SECOND_SIGNAL_IN_CLEANUP = ("import shutil, signal, sys\n"
+                            "{where}\n"
+                            "real, real_rmtree, stopping = where.{name}, shutil.rmtree, []\n"
+                            "def first(*args, **kwargs):\n"
+                            "    stopping.append(True)\n"
+                            "    signal.raise_signal(signal.SIGTERM)\n"
+                            "    return real(*args, **kwargs)\n"
+                            "def rmtree(path, *args, **kwargs):\n"
+                            "    if stopping and '.tmp-' in str(path):\n"
+                            "        stopping.clear()\n"
+                            "        signal.raise_signal(signal.SIGINT)\n"
+                            "    return real_rmtree(path, *args, **kwargs)\n"
+                            "where.{name}, shutil.rmtree = first, rmtree\n"
+                            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+                            "sys.argv = ['packer', *sys.argv[1:]]\n"
+                            "from packer_cli.cli import main; main()\n")
+
+
+@pytest.mark.parametrize("where,name,options", [
+    ("import packer_cli.pipeline as where", "_write_shards", []),
+    ("from packer_cli.shards.bridge_output import BridgeOutput as where", "write", ["--format", "megatron-bridge"]),
+], ids=["native", "bridge"])
+def test_a_second_signal_while_the_run_cleans_up_does_not_stop_the_cleanup(tmp_path, where, name, options):
+    data = _small_jsonl(tmp_path / "in" / "data.jsonl")
+    code = SECOND_SIGNAL_IN_CLEANUP.format(where=where, name=name)
+    child = subprocess.run([sys.executable, "-c", code, "pack", str(data), "-o", str(tmp_path / "out"), "--json",
+                            *options], capture_output=True, text=True, timeout=120)
+    assert (child.returncode, child.stderr.strip().splitlines()) == (130, ["error: interrupted"]), child.stderr
+    assert child.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # no OUT.tmp-PID, whole or in part
