@@ -480,18 +480,18 @@ def pack(
     if out and not dry_run:
         _check_out_outside_input_directories(out, paths)
     spill_parent = _check_spill_parent(spill_dir)
+    spill_dir = None
+    memory = SpillMemory(0)
     try:
         file_paths = [f.path for f in files]
         tmp = None if dry_run else (output.prepare(out, overwrite, spec, file_paths) if output
                                     else _prepare_out(out, overwrite, file_paths))
     except OSError as exc:
         raise ConfigError(f"{out}: cannot create the output: {exc}") from exc
-    if tmp:
-        direct_io = use_direct_io(tmp, direct_io)
-    spill_dir = None
-    memory = SpillMemory(0)
-    clock = _PhaseClock()
-    try:
+    try:  # from the moment tmp exists: a signal anywhere after this still removes it
+        if tmp:
+            direct_io = use_direct_io(tmp, direct_io)
+        clock = _PhaseClock()
         if tmp and warn:
             for stale in stale_temporaries(out, tmp):
                 warn(f"{stale} was left by an earlier run that did not finish (killed outright?); "

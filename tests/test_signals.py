@@ -276,3 +276,33 @@ def test_a_second_signal_while_the_run_cleans_up_does_not_stop_the_cleanup(tmp_p
     assert (child.returncode, child.stderr.strip().splitlines()) == (130, ["error: interrupted"]), child.stderr
     assert child.stdout == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # no OUT.tmp-PID, whole or in part
+
+
+# A Ctrl-C raised the moment the temporary output exists: as makedirs returns it (inside
+# make_temporary), or while the run checks the directory's file system (use_direct_io).
+SIGNAL_AFTER = ("import os, signal, sys\n"
+                "{where}\n"
+                "real = where.{name}\n"
+                "def signalling(*args, **kwargs):\n"
+                "    result = real(*args, **kwargs)\n"
+                "    if '.tmp-' in str(args[0]):\n"
+                "        signal.raise_signal(signal.SIGINT)\n"
+                "    return result\n"
+                "where.{name} = signalling\n"
+                "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+                "sys.argv = ['packer', *sys.argv[1:]]\n"
+                "from packer_cli.cli import main; main()\n")
+
+
+@pytest.mark.parametrize("where,name", [("import os as where", "makedirs"),
+                                        ("import packer_cli.pipeline as where", "use_direct_io")],
+                         ids=["makedirs", "use_direct_io"])
+@pytest.mark.parametrize("options", [[], ["--format", "megatron-bridge"]], ids=["native", "bridge"])
+def test_a_ctrl_c_just_after_the_temporary_output_is_made_removes_it(tmp_path, where, name, options):
+    data = _small_jsonl(tmp_path / "in" / "data.jsonl")
+    child = subprocess.run([sys.executable, "-c", SIGNAL_AFTER.format(where=where, name=name), "pack", str(data),
+                            "-o", str(tmp_path / "out"), "--json", *options], capture_output=True, text=True,
+                           timeout=120)
+    assert (child.returncode, child.stderr.strip().splitlines()) == (130, ["error: interrupted"]), child.stderr
+    assert child.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # no OUT.tmp-PID

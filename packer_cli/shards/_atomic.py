@@ -79,7 +79,11 @@ def make_temporary(out: str) -> str:
     """Create (afresh) and return this process's temporary sibling of ``out``."""
     tmp = f"{os.path.normpath(out)}{_TMP}{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    try:
+        os.makedirs(tmp)
+    except BaseException:  # a Ctrl-C raised as makedirs returns: the directory may exist, unknown to the caller
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return tmp
 
 
