@@ -306,3 +306,29 @@ def test_a_ctrl_c_just_after_the_temporary_output_is_made_removes_it(tmp_path, w
     assert (child.returncode, child.stderr.strip().splitlines()) == (130, ["error: interrupted"]), child.stderr
     assert child.stdout == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # no OUT.tmp-PID
+
+
+def test_a_ctrl_c_while_the_replaced_output_is_deleted_does_not_leave_it_behind(tmp_path):
+    """``--overwrite`` renames the old OUT aside, moves the new one in, then deletes the old one;
+    a Ctrl-C during that deletion stopped it and left ``OUT.old-PID`` (a whole output's size)."""
+    data = _small_jsonl(tmp_path / "in" / "data.jsonl")
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "-c", "from packer_cli.cli import main; main()", "pack", str(data), "-o", str(out)],
+                   check=True, capture_output=True)
+    code = ("import shutil, signal, sys\n"
+            "real = shutil.rmtree\n"
+            "def rmtree(path, *args, **kwargs):\n"
+            "    if '.old-' in str(path):\n"
+            "        signal.raise_signal(signal.SIGINT)\n"
+            "    return real(path, *args, **kwargs)\n"
+            "shutil.rmtree = rmtree\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "sys.argv = ['packer', *sys.argv[1:]]\n"
+            "from packer_cli.cli import main; main()\n")
+    child = subprocess.run([sys.executable, "-c", code, "pack", str(data), "-o", str(out), "--overwrite", "--seed", "5",
+                            "--json"], capture_output=True, text=True, timeout=120)
+    assert (child.returncode, child.stderr.strip().splitlines()) == (130, ["error: interrupted"]), child.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out"]  # no out.old-PID
+    verify = subprocess.run([sys.executable, "-c", "from packer_cli.cli import main; main()", "verify", str(out)],
+                            capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stdout + verify.stderr

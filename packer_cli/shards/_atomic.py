@@ -134,10 +134,11 @@ def replace_dir(tmp: str, out: str, overwrite: bool = True) -> str | None:
             os.rename(tmp, out)
             moved_in = True
     finally:  # also when a held signal is delivered as the block ends
-        if trash and moved_in:
-            shutil.rmtree(trash, ignore_errors=True)
-        elif trash:
-            os.rename(trash, out)
+        with signals_held():  # nor may one stop the old OUT's removal half-way
+            if trash and moved_in:
+                shutil.rmtree(trash, ignore_errors=True)
+            elif trash:
+                os.rename(trash, out)
     return trash if trash and os.path.lexists(trash) else None
 
 
