@@ -260,8 +260,17 @@ def _usage_line(exc) -> str:
     return f"error: {exc.format_message()} (see '{command} --help')"
 
 
+def _ignore_signals() -> None:
+    """The command is over (done, or stopped and about to say so): a later SIGINT or SIGTERM is
+    ignored, not raised where nothing catches it (a traceback and exit 1; seen with a second
+    Ctrl-C right after the first, raised in the final flush of stdout)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def _report_signal(exc: Interrupted) -> int:
     """Say why the command stopped; 128 + the signal's number, as a shell reports a killed command."""
+    _ignore_signals()
     print(f"error: {'interrupted' if exc.signum == signal.SIGINT else 'terminated'}", file=sys.stderr)
     return 128 + exc.signum
 
@@ -337,6 +346,7 @@ def main() -> None:
             code = _report_signal(signalled)
         else:
             raise  # a bug: its traceback is what a report needs
+    _ignore_signals()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -332,3 +332,34 @@ def test_a_ctrl_c_while_the_replaced_output_is_deleted_does_not_leave_it_behind(
     verify = subprocess.run([sys.executable, "-c", "from packer_cli.cli import main; main()", "verify", str(out)],
                             capture_output=True, text=True)
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_a_second_ctrl_c_while_the_cli_exits_is_no_traceback(tmp_path):
+    """The first Ctrl-C stops verify; the second lands as the CLI flushes its output on the way
+    out, where nothing would catch it: it must change nothing (no traceback, exit 130)."""
+    data = _small_jsonl(tmp_path / "data.jsonl")
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "-c", "from packer_cli.cli import main; main()", "pack", str(data), "-o", str(out)],
+                   check=True, capture_output=True)
+    code = ("import signal, sys\n"
+            "import packer_cli.audit as audit\n"
+            "def verify_output(*args, **kwargs):\n"
+            "    signal.raise_signal(signal.SIGINT)\n"
+            "audit.verify_output = verify_output\n"
+            "class Stdout:\n"
+            "    def __init__(self, f):\n"
+            "        self.f = f\n"
+            "    def __getattr__(self, name):\n"
+            "        return getattr(self.f, name)\n"
+            "    def flush(self):\n"
+            "        signal.raise_signal(signal.SIGINT)\n"
+            "        return self.f.flush()\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "sys.argv = ['packer', *sys.argv[1:]]\n"
+            "from packer_cli.cli import main\n"
+            "sys.stdout = Stdout(sys.stdout)\n"
+            "main()\n")
+    child = subprocess.run([sys.executable, "-c", code, "verify", str(out), "--json"], capture_output=True, text=True,
+                           timeout=120)
+    assert (child.returncode, child.stderr.strip().splitlines()) == (130, ["error: interrupted"]), child.stderr
+    assert child.stdout == ""
