@@ -19,7 +19,7 @@ from rich.console import Console
 
 from packer_cli._jit import light_cache_loads
 from packer_cli.errors import (ConfigError, Interrupted, PackerError, check_interrupted, exception_chain,
-                               raise_interrupted)
+                               raise_interrupted, stop_raising_interrupts)
 from packer_cli.shards.bridge import OutputFormat, ParquetEncoding, Split
 from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec, SpillRead
 
@@ -260,17 +260,9 @@ def _usage_line(exc) -> str:
     return f"error: {exc.format_message()} (see '{command} --help')"
 
 
-def _ignore_signals() -> None:
-    """The command is over (done, or stopped and about to say so): a later SIGINT or SIGTERM is
-    ignored, not raised where nothing catches it (a traceback and exit 1; seen with a second
-    Ctrl-C right after the first, raised in the final flush of stdout)."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_IGN)
-
-
 def _report_signal(exc: Interrupted) -> int:
     """Say why the command stopped; 128 + the signal's number, as a shell reports a killed command."""
-    _ignore_signals()
+    stop_raising_interrupts()  # a second Ctrl-C now changes nothing
     print(f"error: {'interrupted' if exc.signum == signal.SIGINT else 'terminated'}", file=sys.stderr)
     return 128 + exc.signum
 
@@ -320,6 +312,18 @@ def main() -> None:
             signal.signal(signum, raise_interrupted)
     sys.unraisablehook = _quiet_about_interrupts(sys.unraisablehook)
     try:
+        code = _run_command()
+    except Interrupted as exc:  # a second signal came while the first was being handled
+        code = _report_signal(exc)
+    stop_raising_interrupts()  # the command is over: nothing would catch a signal in the flush
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _run_command() -> int:
+    """Run the command line's command; its exit code, every failure reported in one line."""
+    try:
         # not standalone: bad options come back as exceptions, to be reported in one line
         returned = app(standalone_mode=False)
         check_interrupted()  # one whose exception was lost late in the command
@@ -346,10 +350,7 @@ def main() -> None:
             code = _report_signal(signalled)
         else:
             raise  # a bug: its traceback is what a report needs
-    _ignore_signals()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover

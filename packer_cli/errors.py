@@ -58,13 +58,26 @@ class Interrupted(BaseException):
 
 
 _signal_received: int | None = None  # set by raise_interrupted, for check_interrupted
+_raising = True  # until stop_raising_interrupts
 
 
 def raise_interrupted(signum: int, frame=None) -> None:
-    """The CLI's handler for SIGINT and SIGTERM: remember the signal, then raise it."""
+    """The CLI's handler for SIGINT and SIGTERM: remember the signal, then raise it (unless the
+    command is over: :func:`stop_raising_interrupts`)."""
     global _signal_received
-    _signal_received = signum
-    raise Interrupted(signum)
+    if _signal_received is None:  # the first one is what stopped the run
+        _signal_received = signum
+    if _raising:
+        raise Interrupted(signum)
+
+
+def stop_raising_interrupts() -> None:
+    """The command is over (done, or stopped and saying so): a later SIGINT or SIGTERM is only
+    recorded, not raised where nothing would catch it (a second Ctrl-C right after the first
+    printed a traceback from the report or the final flush). One assignment, so no signal can
+    land half-way through it, as one could while ``signal.signal`` swapped two handlers."""
+    global _raising
+    _raising = False
 
 
 def check_interrupted() -> None:
