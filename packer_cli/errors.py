@@ -62,12 +62,17 @@ _raising = True  # until stop_raising_interrupts
 
 
 def raise_interrupted(signum: int, frame=None) -> None:
-    """The CLI's handler for SIGINT and SIGTERM: remember the signal, then raise it (unless the
-    command is over: :func:`stop_raising_interrupts`)."""
-    global _signal_received
+    """The CLI's handler for SIGINT and SIGTERM: remember the signal, then raise it, once.
+
+    A second signal (Ctrl-C pressed twice) is only recorded: raised, it would land in the
+    cleanup the first one set off and cut it short, leaving ``OUT.tmp-PID`` behind. Should the
+    first one's exception have been lost, :func:`check_interrupted` raises it again at the
+    next check, and pass one checks at every batch."""
+    global _signal_received, _raising
     if _signal_received is None:  # the first one is what stopped the run
         _signal_received = signum
     if _raising:
+        _raising = False
         raise Interrupted(signum)
 
 

@@ -93,6 +93,7 @@ def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress
             task = progress.task("reading", total=None, unit="samples")
             with closing(background(iter(stream), depth=2)) as validated:  # read + validate on a second core
                 for k, batch in enumerate(validated, 1):
+                    check_interrupted()  # a Ctrl-C whose exception was lost stops the run within a batch
                     _take(batch, counts, bad_listed, log, cap, spill)
                     progress.advance(task, batch.records)
                     if k % 32 == 0:
@@ -226,7 +227,11 @@ def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, pl
         written = ordered_map(lambda job: write_shard(spill, gatherers, *job), enumerate(shards),
                               workers=SHARDS_IN_FLIGHT, ahead=SHARDS_IN_FLIGHT)
         with closing(written) as entries:
-            return list(entries)
+            done = []
+            for entry in entries:
+                check_interrupted()  # a Ctrl-C whose exception was lost stops the run within a shard
+                done.append(entry)
+            return done
 
 
 def _trim_heap() -> None:
