@@ -364,73 +364,59 @@ def test_a_ctrl_c_while_the_replaced_output_is_deleted_does_not_leave_it_behind(
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
-def test_a_second_ctrl_c_while_the_cli_exits_is_no_traceback(tmp_path):
-    """The first Ctrl-C stops verify; the second lands as the CLI flushes its output on the way
-    out, where nothing would catch it: it must change nothing (no traceback, exit 130)."""
+# verify stopped by a Ctrl-C, and a second signal where nothing once caught it: as the CLI
+# flushes its output on the way out, or while it reports the first (as the report starts
+# writing, and as a handler is swapped, where the report once switched signals off one by one
+# and the other's handler was still in place).
+STOPPED_VERIFY = ("import signal, sys\n"
+                  "import packer_cli.audit as audit\n"
+                  "def verify_output(*args, **kwargs):\n"
+                  "    signal.raise_signal(signal.SIGINT)\n"
+                  "audit.verify_output = verify_output\n"
+                  "{second}"
+                  "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+                  "sys.argv = ['packer', *sys.argv[1:]]\n"
+                  "from packer_cli.cli import main\n"
+                  "{install}"
+                  "main()\n")
+SECOND_SIGNAL = {
+    "in-the-final-flush": ("class Stdout:\n"
+                           "    def __init__(self, f):\n"
+                           "        self.f = f\n"
+                           "    def __getattr__(self, name):\n"
+                           "        return getattr(self.f, name)\n"
+                           "    def flush(self):\n"
+                           "        signal.raise_signal(signal.SIGINT)\n"
+                           "        return self.f.flush()\n",
+                           "sys.stdout = Stdout(sys.stdout)\n"),
+    "while-reporting": ("real_signal = signal.signal\n"
+                        "def swap(signum, handler):\n"
+                        "    previous = real_signal(signum, handler)\n"
+                        "    if handler is signal.SIG_IGN and signum == signal.SIGINT:\n"
+                        "        signal.raise_signal(signal.SIGTERM)\n"
+                        "    return previous\n"
+                        "class Stderr:\n"
+                        "    def __init__(self, f):\n"
+                        "        self.f, self.sent = f, False\n"
+                        "    def __getattr__(self, name):\n"
+                        "        return getattr(self.f, name)\n"
+                        "    def write(self, text):\n"
+                        "        if not self.sent:\n"
+                        "            self.sent = True\n"
+                        "            signal.raise_signal(signal.SIGTERM)\n"
+                        "        return self.f.write(text)\n",
+                        "signal.signal = swap\nsys.stderr = Stderr(sys.stderr)\n"),
+}
+
+
+@pytest.mark.parametrize("when", list(SECOND_SIGNAL))
+def test_a_second_signal_after_the_first_stopped_the_command_is_no_traceback(tmp_path, when):
     data = _small_jsonl(tmp_path / "data.jsonl")
     out = tmp_path / "out"
     subprocess.run([sys.executable, "-c", "from packer_cli.cli import main; main()", "pack", str(data), "-o", str(out)],
                    check=True, capture_output=True)
-    code = ("import signal, sys\n"
-            "import packer_cli.audit as audit\n"
-            "def verify_output(*args, **kwargs):\n"
-            "    signal.raise_signal(signal.SIGINT)\n"
-            "audit.verify_output = verify_output\n"
-            "class Stdout:\n"
-            "    def __init__(self, f):\n"
-            "        self.f = f\n"
-            "    def __getattr__(self, name):\n"
-            "        return getattr(self.f, name)\n"
-            "    def flush(self):\n"
-            "        signal.raise_signal(signal.SIGINT)\n"
-            "        return self.f.flush()\n"
-            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "sys.argv = ['packer', *sys.argv[1:]]\n"
-            "from packer_cli.cli import main\n"
-            "sys.stdout = Stdout(sys.stdout)\n"
-            "main()\n")
-    child = subprocess.run([sys.executable, "-c", code, "verify", str(out), "--json"], capture_output=True, text=True,
-                           timeout=120)
-    assert (child.returncode, child.stderr.strip().splitlines()) == (130, ["error: interrupted"]), child.stderr
-    assert child.stdout == ""
-
-
-def test_a_second_signal_while_the_first_is_reported_is_no_traceback(tmp_path):
-    """SIGTERM lands while the CLI reports the Ctrl-C that stopped verify: as the report starts
-    writing, and as a handler is swapped (where the report once switched signals off one by one
-    and the other's handler was still in place). Exit 130 and its one line, nothing else."""
-    data = _small_jsonl(tmp_path / "data.jsonl")
-    out = tmp_path / "out"
-    subprocess.run([sys.executable, "-c", "from packer_cli.cli import main; main()", "pack", str(data), "-o", str(out)],
-                   check=True, capture_output=True)
-    code = ("import signal, sys\n"
-            "import packer_cli.audit as audit\n"
-            "def verify_output(*args, **kwargs):\n"
-            "    signal.raise_signal(signal.SIGINT)\n"
-            "audit.verify_output = verify_output\n"
-            "real_signal = signal.signal\n"
-            "def swap(signum, handler):\n"
-            "    previous = real_signal(signum, handler)\n"
-            "    if handler is signal.SIG_IGN and signum == signal.SIGINT:\n"
-            "        signal.raise_signal(signal.SIGTERM)\n"
-            "    return previous\n"
-            "class Stderr:\n"
-            "    def __init__(self, f):\n"
-            "        self.f, self.sent = f, False\n"
-            "    def __getattr__(self, name):\n"
-            "        return getattr(self.f, name)\n"
-            "    def write(self, text):\n"
-            "        if not self.sent:\n"
-            "            self.sent = True\n"
-            "            signal.raise_signal(signal.SIGTERM)\n"
-            "        return self.f.write(text)\n"
-            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "sys.argv = ['packer', *sys.argv[1:]]\n"
-            "from packer_cli.cli import main\n"
-            "signal.signal = swap\n"
-            "sys.stderr = Stderr(sys.stderr)\n"
-            "main()\n")
-    child = subprocess.run([sys.executable, "-c", code, "verify", str(out), "--json"], capture_output=True, text=True,
-                           timeout=120)
+    second, install = SECOND_SIGNAL[when]
+    child = subprocess.run([sys.executable, "-c", STOPPED_VERIFY.format(second=second, install=install), "verify",
+                            str(out), "--json"], capture_output=True, text=True, timeout=120)
     assert (child.returncode, child.stderr.strip().splitlines()) == (130, ["error: interrupted"]), child.stderr
     assert child.stdout == ""
