@@ -262,7 +262,6 @@ def _usage_line(exc) -> str:
 
 def _report_signal(exc: Interrupted) -> int:
     """Say why the command stopped; 128 + the signal's number, as a shell reports a killed command."""
-    stop_raising_interrupts()  # a second Ctrl-C now changes nothing
     print(f"error: {'interrupted' if exc.signum == signal.SIGINT else 'terminated'}", file=sys.stderr)
     return 128 + exc.signum
 
@@ -313,7 +312,7 @@ def main() -> None:
     sys.unraisablehook = _quiet_about_interrupts(sys.unraisablehook)
     try:
         code = _run_command()
-    except Interrupted as exc:  # a second signal came while the first was being handled
+    except Interrupted as exc:  # it came before the command's own handling began
         code = _report_signal(exc)
     stop_raising_interrupts()  # the command is over: nothing would catch a signal in the flush
     sys.stdout.flush()

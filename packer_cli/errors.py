@@ -77,9 +77,8 @@ def raise_interrupted(signum: int, frame=None) -> None:
 
 
 def stop_raising_interrupts() -> None:
-    """The command is over (done, or stopped and saying so): a later SIGINT or SIGTERM is only
-    recorded, not raised where nothing would catch it (a second Ctrl-C right after the first
-    printed a traceback from the report or the final flush). One assignment, so no signal can
+    """The command is over: a SIGINT or SIGTERM from now on is only recorded, not raised where
+    nothing would catch it (the final flush of its output). One assignment, so no signal can
     land half-way through it, as one could while ``signal.signal`` swapped two handlers."""
     global _raising
     _raising = False
