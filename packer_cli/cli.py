@@ -19,7 +19,7 @@ from rich.console import Console
 
 from packer_cli._jit import light_cache_loads
 from packer_cli.errors import (ConfigError, Interrupted, PackerError, check_interrupted, exception_chain,
-                               raise_interrupted, stop_raising_interrupts)
+                               interrupted, raise_interrupted, stop_raising_interrupts)
 from packer_cli.shards.bridge import OutputFormat, ParquetEncoding, Split
 from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec, SpillRead
 
@@ -269,10 +269,13 @@ def _report_signal(exc: Interrupted) -> int:
 def _quiet_about_interrupts(hook):
     """``sys.unraisablehook`` that keeps quiet about an interrupt raised inside a finalizer (a
     ``__del__`` that ran when the signal came): Python would print it as "Exception ignored"
-    with a traceback and go on; :func:`check_interrupted` raises it again at the next check."""
+    with a traceback and go on; :func:`check_interrupted` raises it again at the next check.
+    Once a signal has stopped the command it also keeps quiet about the finalizers of what the
+    signal cut short, which may fail (seen: llvmlite closing a half-closed module reference
+    raised AttributeError, printed after ``error: interrupted``)."""
 
     def unraisable(event) -> None:
-        if not isinstance(event.exc_value, Interrupted):
+        if not (isinstance(event.exc_value, Interrupted) or interrupted()):
             hook(event)
 
     return unraisable

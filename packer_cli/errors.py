@@ -76,6 +76,11 @@ def raise_interrupted(signum: int, frame=None) -> None:
         raise Interrupted(signum)
 
 
+def interrupted() -> bool:
+    """Whether :func:`raise_interrupted` received a signal in this process."""
+    return _signal_received is not None
+
+
 def stop_raising_interrupts() -> None:
     """The command is over: a SIGINT or SIGTERM from now on is only recorded, not raised where
     nothing would catch it (the final flush of its output). One assignment, so no signal can

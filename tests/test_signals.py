@@ -420,3 +420,26 @@ def test_a_second_signal_after_the_first_stopped_the_command_is_no_traceback(tmp
                             str(out), "--json"], capture_output=True, text=True, timeout=120)
     assert (child.returncode, child.stderr.strip().splitlines()) == (130, ["error: interrupted"]), child.stderr
     assert child.stdout == ""
+
+
+def test_a_finalizer_that_fails_after_a_ctrl_c_prints_nothing(tmp_path):
+    """What the Ctrl-C cut short may fail when it is freed (llvmlite closing a half-closed
+    module reference raised AttributeError): after the one line, nothing."""
+    data = _small_jsonl(tmp_path / "data.jsonl")
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "-c", "from packer_cli.cli import main; main()", "pack", str(data), "-o", str(out)],
+                   check=True, capture_output=True)
+    code = ("import signal, sys\n"
+            "import packer_cli.audit as audit\n"
+            "class HalfClosed:\n"
+            "    def __del__(self):\n"
+            "        raise AttributeError('half-closed')\n"
+            "def verify_output(*args, **kwargs):\n"
+            "    held = HalfClosed()  # freed with the traceback that holds this frame\n"
+            "    signal.raise_signal(signal.SIGINT)\n"
+            "audit.verify_output = verify_output\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "sys.argv = ['packer', *sys.argv[1:]]\n"
+            "from packer_cli.cli import main; main()\n")
+    child = subprocess.run([sys.executable, "-c", code, "verify", str(out)], capture_output=True, text=True, timeout=120)
+    assert (child.returncode, child.stderr.strip().splitlines()) == (130, ["error: interrupted"]), child.stderr
