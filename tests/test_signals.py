@@ -151,6 +151,15 @@ def _small_jsonl(path: Path) -> Path:
     return path
 
 
+def _small_output(tmp_path: Path, data: Path | None = None) -> Path:
+    """``tmp_path/out``, a finished native output of ``data`` (default: 50 small samples made here)."""
+    data = data or _small_jsonl(tmp_path / "data.jsonl")
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "-c", "from packer_cli.cli import main; main()", "pack", str(data), "-o", str(out)],
+                   check=True, capture_output=True)
+    return out
+
+
 @pytest.mark.parametrize("where,name,options", [
     ("import packer_cli.pipeline as where", "discover_inputs", []),  # before pass one
     ("import packer_cli.pipeline as where", "_write_shards", []),  # the last phase, before the output moves
@@ -168,10 +177,7 @@ def test_a_ctrl_c_whose_exception_was_swallowed_still_stops_the_run_and_writes_n
 
 
 def test_verify_whose_ctrl_c_was_swallowed_exits_as_interrupted_not_with_its_verdict(tmp_path):
-    data = _small_jsonl(tmp_path / "data.jsonl")
-    out = tmp_path / "out"
-    subprocess.run([sys.executable, "-c", "from packer_cli.cli import main; main()", "pack", str(data), "-o", str(out)],
-                   check=True, capture_output=True)
+    out = _small_output(tmp_path)
     child = subprocess.run([*_swallowing("import packer_cli.audit as where", "verify_output"), "verify", str(out),
                             "--json"], capture_output=True, text=True, timeout=120)
     assert child.returncode == 130, (child.stdout, child.stderr)
@@ -342,9 +348,7 @@ def test_a_ctrl_c_while_the_replaced_output_is_deleted_does_not_leave_it_behind(
     """``--overwrite`` renames the old OUT aside, moves the new one in, then deletes the old one;
     a Ctrl-C during that deletion stopped it and left ``OUT.old-PID`` (a whole output's size)."""
     data = _small_jsonl(tmp_path / "in" / "data.jsonl")
-    out = tmp_path / "out"
-    subprocess.run([sys.executable, "-c", "from packer_cli.cli import main; main()", "pack", str(data), "-o", str(out)],
-                   check=True, capture_output=True)
+    out = _small_output(tmp_path, data)
     code = ("import shutil, signal, sys\n"
             "real = shutil.rmtree\n"
             "def rmtree(path, *args, **kwargs):\n"
@@ -411,10 +415,7 @@ SECOND_SIGNAL = {
 
 @pytest.mark.parametrize("when", list(SECOND_SIGNAL))
 def test_a_second_signal_after_the_first_stopped_the_command_is_no_traceback(tmp_path, when):
-    data = _small_jsonl(tmp_path / "data.jsonl")
-    out = tmp_path / "out"
-    subprocess.run([sys.executable, "-c", "from packer_cli.cli import main; main()", "pack", str(data), "-o", str(out)],
-                   check=True, capture_output=True)
+    out = _small_output(tmp_path)
     second, install = SECOND_SIGNAL[when]
     child = subprocess.run([sys.executable, "-c", STOPPED_VERIFY.format(second=second, install=install), "verify",
                             str(out), "--json"], capture_output=True, text=True, timeout=120)
@@ -425,10 +426,7 @@ def test_a_second_signal_after_the_first_stopped_the_command_is_no_traceback(tmp
 def test_a_finalizer_that_fails_after_a_ctrl_c_prints_nothing(tmp_path):
     """What the Ctrl-C cut short may fail when it is freed (llvmlite closing a half-closed
     module reference raised AttributeError): after the one line, nothing."""
-    data = _small_jsonl(tmp_path / "data.jsonl")
-    out = tmp_path / "out"
-    subprocess.run([sys.executable, "-c", "from packer_cli.cli import main; main()", "pack", str(data), "-o", str(out)],
-                   check=True, capture_output=True)
+    out = _small_output(tmp_path)
     code = ("import signal, sys\n"
             "import packer_cli.audit as audit\n"
             "class HalfClosed:\n"
