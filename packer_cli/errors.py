@@ -67,7 +67,7 @@ def raise_interrupted(signum: int, frame=None) -> None:
     A second signal (Ctrl-C pressed twice) is only recorded: raised, it would land in the
     cleanup the first one set off and cut it short, leaving ``OUT.tmp-PID`` behind. Should the
     first one's exception have been lost, :func:`check_interrupted` raises it again at the
-    next check, and pass one checks at every batch."""
+    next check (pass one checks at every batch, pass two at every shard)."""
     global _signal_received, _raising
     if _signal_received is None:  # the first one is what stopped the run
         _signal_received = signum
@@ -92,7 +92,8 @@ def stop_raising_interrupts() -> None:
 def check_interrupted() -> None:
     """Raise again a signal :func:`raise_interrupted` received, should its exception have been
     lost on the way: called where a command goes on to work that matters (after its imports,
-    between a run's phases) and before an output is moved into place.
+    between a run's phases, at every batch and shard) and before an output is moved into place
+    or a result printed.
 
     Python runs a signal handler wherever the main thread is, C code included, and C code may
     clear the error a call it makes leaves. Seen here: the handler ran inside ``compile()`` as a
