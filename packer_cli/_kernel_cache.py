@@ -18,19 +18,32 @@ the cached kernel stale, so numba compiles it again and replaces the entry.
 Only functions defined in files under the installed root (packer's package) get these
 locators; every other function keeps numba's. A numba that lacks the classes this relies on
 is left alone (its own stamp then applies, as before).
+
+Where none of numba's places can be written (a read-only install or container image whose user
+has no writable home and no ``NUMBA_CACHE_DIR``), packer's kernels are cached in a directory of
+this user's own under the temporary directory, ``$TMPDIR/packer-kernels-<uid>``: without it
+every run compiled them afresh (8–17 s, by command). A cached kernel is a pickle, which runs
+code when loaded, so the directory is used only when it is private: a real directory (not a
+link) owned by this user that no one else may enter. It is made with mode 0700 when missing;
+one that exists and is not private is left alone. Where no directory is left at all the
+kernels compile in memory, with a :class:`~packer_cli.errors.KernelCacheWarning` saying so
+once a process.
 """
 from __future__ import annotations
 
 import hashlib
 import inspect
 import os
+import stat
+import tempfile
 import types
+import warnings
 from functools import lru_cache
 
 import numpy as np
 from numba import njit as _numba_njit
 
-from packer_cli.errors import reraise_interrupt
+from packer_cli.errors import KernelCacheWarning, reraise_interrupt
 
 __all__ = ["install", "njit", "reach_digest"]  # kernel modules take ``njit`` from here: see install()
 
@@ -59,9 +72,51 @@ def njit(*args, **options):
         except RuntimeError as exc:
             if "no locator available" not in str(exc):
                 raise
+            _warn_compiling_in_memory()
             return _numba_njit(*args, **dict(options, cache=False))(py_func)
 
     return cached_where_possible
+
+
+_warned_in_memory = False
+
+
+def _warn_compiling_in_memory() -> None:
+    global _warned_in_memory
+    if _warned_in_memory:  # once a process, not once a kernel
+        return
+    _warned_in_memory = True
+    private = os.path.join(tempfile.gettempdir(), f"packer-kernels-{getattr(os, 'getuid', lambda: '<uid>')()}")
+    warnings.warn(
+        "no writable directory for packer's compiled kernels (the package's __pycache__, "
+        f"NUMBA_CACHE_DIR, the user's cache directory, a private {private}): they compile in memory "
+        "in every run, several seconds each; set NUMBA_CACHE_DIR to a writable directory",
+        KernelCacheWarning, stacklevel=3)
+
+
+def private_temp_root() -> str | None:
+    """This user's private kernel cache directory under the temporary directory, made when
+    missing; None where it cannot be made or is not private (see the module docstring)."""
+    if not hasattr(os, "getuid"):
+        return None
+    return _private_root(os.path.join(tempfile.gettempdir(), f"packer-kernels-{os.getuid()}"))
+
+
+@lru_cache(maxsize=None)  # asked once per kernel; keyed on the path, so a new TMPDIR is looked at
+def _private_root(root: str) -> str | None:
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        st = os.lstat(root)  # lstat: a link planted in its place is not followed
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    return root
 
 
 @lru_cache(maxsize=None)
@@ -218,9 +273,27 @@ def _reaching(base: type) -> type:
     return Locator
 
 
+def _private_temp(base: type) -> type:
+    """numba's user-wide locator (``base``), rooted in :func:`private_temp_root` instead."""
+
+    class PrivateTempCacheLocator(base):
+        def __init__(self, py_func, py_file):
+            super().__init__(py_func, py_file)
+            self._cache_path = os.path.join(private_temp_root(), self.get_suitable_cache_subpath(py_file))
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if private_temp_root() is None:
+                return None
+            return super().from_function(py_func, py_file)  # makes the kernel's subdirectory
+
+    return PrivateTempCacheLocator
+
+
 def install(root: str | None = None) -> bool:
     """Put the reaching locators first in numba's list (idempotent), for functions under
-    packer's package and ``root`` when given. False when this numba does not have the pieces,
+    packer's package and ``root`` when given: numba's three source-file locators, then the
+    private temporary directory. False when this numba does not have the pieces,
     or ``NUMBA_CACHE_LOCATOR_CLASSES`` chooses the locators instead."""
     if root is not None and os.path.abspath(root) not in _ROOTS:
         _ROOTS.append(os.path.abspath(root))
@@ -237,7 +310,7 @@ def install(root: str | None = None) -> bool:
         return False
     if any(getattr(cls, "_packer_reaching", False) for cls in impl._locator_classes):
         return True
-    ours = [_reaching(base) for base in bases]
+    ours = [_reaching(base) for base in bases] + [_reaching(_private_temp(bases[2]))]
     for cls in ours:
         cls._packer_reaching = True
     impl._locator_classes = ours + impl._locator_classes

@@ -12,14 +12,15 @@ import gc
 import os
 import signal
 import sys
+import warnings
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 
 from packer_cli._jit import light_cache_loads
-from packer_cli.errors import (ConfigError, Interrupted, PackerError, check_interrupted, exception_chain,
-                               interrupted, raise_interrupted, stop_raising_interrupts)
+from packer_cli.errors import (ConfigError, Interrupted, PackerError, PackerWarning, check_interrupted,
+                               exception_chain, interrupted, raise_interrupted, stop_raising_interrupts)
 from packer_cli.shards.bridge import OutputFormat, ParquetEncoding, Split
 from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec, SpillRead
 
@@ -281,6 +282,19 @@ def _quiet_about_interrupts(hook):
     return unraisable
 
 
+def _one_line_warnings(show):
+    """``warnings.showwarning`` that prints packer's own warnings as one ``warning:`` line, as
+    the commands' other warnings, instead of Python's file, line and source; others as before."""
+
+    def showwarning(message, category, filename, lineno, file=None, line=None) -> None:
+        if issubclass(category, PackerWarning):
+            err.print(f"warning: {message}", markup=False)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    return showwarning
+
+
 def _single_threaded_blas() -> None:
     """One OpenBLAS thread for this process, unless the user chose otherwise; effective only
     before numpy loads, which importing this module does not do."""
@@ -313,6 +327,7 @@ def main() -> None:
         if signal.getsignal(signum) is not signal.SIG_IGN:  # e.g. SIGINT in a background shell job
             signal.signal(signum, raise_interrupted)
     sys.unraisablehook = _quiet_about_interrupts(sys.unraisablehook)
+    warnings.showwarning = _one_line_warnings(warnings.showwarning)
     try:
         code = _run_command()
     except Interrupted as exc:  # it came before the command's own handling began

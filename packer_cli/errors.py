@@ -42,6 +42,15 @@ class BadRecord(DataError):
         super().__init__(f"{path}: {where}: {reason}")
 
 
+class PackerWarning(UserWarning):
+    """Base of the warnings packer gives through :mod:`warnings` (the CLI prints each as one
+    ``warning:`` line)."""
+
+
+class KernelCacheWarning(PackerWarning):
+    """No directory could hold packer's compiled kernels: they compile in memory, in every run."""
+
+
 class Interrupted(BaseException):
     """SIGINT (Ctrl-C) or SIGTERM (a scheduler preempting the job), raised in the main thread by
     the CLI's handler (:func:`raise_interrupted`).

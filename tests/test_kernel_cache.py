@@ -122,8 +122,10 @@ def test_locators_installed_for_packer_only():
 
     impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl")
     ours = [cls for cls in impl._locator_classes if getattr(cls, "_packer_reaching", False)]
-    assert len(ours) == 3 and impl._locator_classes[:3] == ours
-    assert _kernel_cache.install() is True and impl._locator_classes[:3] == ours  # idempotent
+    assert len(ours) == 4 and impl._locator_classes[:4] == ours
+    assert [cls.__name__ for cls in ours] == ["PackerUserProvidedCacheLocator", "PackerInTreeCacheLocator",
+                                              "PackerUserWideCacheLocator", "PackerPrivateTempCacheLocator"]
+    assert _kernel_cache.install() is True and impl._locator_classes[:4] == ours  # idempotent
     assert all(cls.from_function(np.add.reduce, np.__file__) is None for cls in ours)  # numpy's file: not ours
 
 
@@ -139,3 +141,125 @@ def test_a_failing_walk_leaves_numbas_own_stamp(monkeypatch):
         assert _kernel_cache._process_reach_digest(_collect.py_func) == "unreached"
     finally:
         _kernel_cache._process_reach_digest.cache_clear()
+
+
+# A read-only install whose user has no writable cache directory, made as root can make it:
+# the kernel's __pycache__ is a file, NUMBA_CACHE_DIR and the user cache directory lie under a
+# file. Only the private temporary directory is left.
+NOWHERE = textwrap.dedent("""
+    import json, os, sys, tempfile, warnings
+    sys.path.insert(0, sys.argv[1])
+    tempfile.tempdir = sys.argv[2]
+    from packer_cli import _kernel_cache
+    _kernel_cache.install(sys.argv[1] + "/kpkg")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from kpkg.caller import total
+        value = total(3)
+    print(json.dumps({"value": int(value), "cache": total._cache.__class__.__name__,
+                      "path": getattr(total._cache, "cache_path", None),
+                      "hits": sum(total.stats.cache_hits.values()), "misses": sum(total.stats.cache_misses.values()),
+                      "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}))
+""")
+
+KERNEL = textwrap.dedent("""
+    from packer_cli._kernel_cache import njit
+
+    @njit(cache=True)
+    def total(n):
+        return 2 * n
+""")
+
+
+def _read_only_install(tmp_path):
+    pkg = tmp_path / "kpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "caller.py").write_text(KERNEL)
+    (pkg / "__pycache__").write_text("not a directory")
+    (tmp_path / "file").write_text("")
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "NUMBA_CACHE_DIR": str(tmp_path / "file" / "numba"),
+           "XDG_CACHE_HOME": str(tmp_path / "file" / "cache")}
+    env.pop("NUMBA_CACHE_LOCATOR_CLASSES", None)
+    return env
+
+
+def _run_nowhere(tmp_path, env) -> dict:
+    out = subprocess.run([sys.executable, "-c", NOWHERE, str(tmp_path), str(tmp_path / "tmp")], capture_output=True,
+                         text=True, env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="the private directory is keyed on a POSIX user id")
+def test_kernels_are_cached_in_a_private_temporary_directory_when_nothing_else_is_writable(tmp_path):
+    env = _read_only_install(tmp_path)
+    private = tmp_path / "tmp" / f"packer-kernels-{os.getuid()}"
+    first = _run_nowhere(tmp_path, env)
+    assert first["value"] == 6 and first["warnings"] == []
+    assert (first["hits"], first["misses"]) == (0, 1)  # compiled, and saved there
+    assert first["path"].startswith(str(private) + os.sep)
+    assert private.stat().st_mode & 0o777 == 0o700
+    assert any(name.endswith(".nbi") for name in os.listdir(first["path"]))
+    second = _run_nowhere(tmp_path, env)
+    assert (second["value"], second["hits"], second["misses"]) == (6, 1, 0)  # loaded from it
+
+
+def _not_private(kind: str, path, tmp_path) -> None:
+    if kind == "open to others":
+        path.mkdir()
+        path.chmod(0o777)
+    elif kind == "a link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        path.symlink_to(tmp_path / "elsewhere")
+    elif kind == "another user's":
+        path.mkdir(mode=0o700)
+        os.chown(path, os.getuid() + 1, -1)
+    else:
+        path.write_text("a file")
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="the private directory is keyed on a POSIX user id")
+@pytest.mark.parametrize("kind", ["open to others", "a link", "another user's", "a file"])
+def test_a_temporary_directory_that_is_not_private_is_not_used(tmp_path, kind):
+    """A cached kernel is a pickle: a directory someone else could write into would let them
+    run code in packer's process."""
+    if kind == "another user's" and os.getuid() != 0:
+        pytest.skip("needs root to give a directory away")
+    env = _read_only_install(tmp_path)
+    private = tmp_path / "tmp" / f"packer-kernels-{os.getuid()}"
+    _not_private(kind, private, tmp_path)
+    result = _run_nowhere(tmp_path, env)
+    assert (result["value"], result["cache"], result["hits"]) == (6, "NullCache", 0)  # compiled in memory
+    assert len(result["warnings"]) == 1 and result["warnings"][0].startswith(
+        "KernelCacheWarning: no writable directory for packer's compiled kernels")
+    assert "set NUMBA_CACHE_DIR to a writable directory" in result["warnings"][0]
+    if kind == "a link":
+        assert os.listdir(tmp_path / "elsewhere") == []
+
+
+WARN_IN_CLI = textwrap.dedent("""
+    import sys, warnings
+    from packer_cli import cli
+    from packer_cli.errors import KernelCacheWarning
+
+    def loads_after_a_warning():  # where the kernel cache warns: loading a command's kernels
+        warnings.warn("no writable directory for packer's compiled kernels (...)", KernelCacheWarning, stacklevel=2)
+        warnings.warn("something else", UserWarning)
+        return True
+
+    cli.light_cache_loads = loads_after_a_warning
+    sys.argv = ["packer", "inspect", sys.argv[1]]
+    cli.main()
+""")
+
+
+def test_the_cli_prints_packers_warnings_as_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-c", WARN_IN_CLI, str(tmp_path / "missing")], capture_output=True,
+                            text=True, timeout=120)
+    lines = result.stderr.splitlines()
+    assert lines[0] == "warning: no writable directory for packer's compiled kernels (...)"
+    assert "UserWarning: something else" in lines[1]  # others keep Python's format
+    assert lines[-1].startswith("error: ") and result.returncode == 2
+    assert "KernelCacheWarning" not in result.stderr
