@@ -45,11 +45,25 @@ def from_numpy(values: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), values.size, [None, pa.py_buffer(values)])
 
 
+def numpy_dtype(type_: pa.DataType) -> np.dtype:
+    """The NumPy dtype of a fixed-width integer, floating or boolean Arrow type.
+
+    ``DataType.to_pandas_dtype()`` gives the same, but pyarrow before 15 needs pandas for it:
+    without pandas installed it raised ModuleNotFoundError."""
+    if pa.types.is_integer(type_):
+        return np.dtype(f"{'u' if pa.types.is_unsigned_integer(type_) else 'i'}{type_.bit_width // 8}")
+    if pa.types.is_floating(type_):
+        return np.dtype(f"f{type_.bit_width // 8}")
+    if pa.types.is_boolean(type_):
+        return np.dtype(np.bool_)
+    return np.dtype(type_.to_pandas_dtype())
+
+
 def to_numpy(arr: pa.Array) -> np.ndarray:
     """A read-only NumPy view of an integer Arrow array without nulls."""
     if not pa.types.is_integer(arr.type) or arr.null_count:
         return np.asarray(arr.to_numpy(zero_copy_only=False))
-    dtype = np.dtype(arr.type.to_pandas_dtype())
+    dtype = numpy_dtype(arr.type)
     if len(arr) == 0:
         return np.empty(0, dtype=dtype)
     return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
@@ -68,7 +82,7 @@ def list_array(offsets: np.ndarray, values: np.ndarray, type_: pa.DataType) -> p
     if pa.types.is_boolean(type_):
         values = bits_from_numpy(values)
     else:
-        values = from_numpy(np.asarray(values).astype(type_.to_pandas_dtype(), copy=False))
+        values = from_numpy(np.asarray(values).astype(numpy_dtype(type_), copy=False))
     return pa.ListArray.from_arrays(from_numpy(np.asarray(offsets).astype(np.int32, copy=False)), values)
 
 

@@ -220,6 +220,9 @@ def test_a_null_row_is_a_finding(copy):
     r = 6
     valid = np.ones(table.num_rows, bool)
     valid[r] = False
+    # the null row holds no values, as Parquet stores it (pyarrow before 24 cannot write one that spans values)
+    values = np.delete(values, np.arange(offsets[r], offsets[r + 1]))
+    offsets = np.concatenate([offsets[:r + 1], offsets[r + 1:] - (offsets[r + 1] - offsets[r])])
     arr = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values),
                                    mask=pa.array(~valid))
     write(out, table.set_column(4, pa.field("packer_source_index", arr.type), arr), table.schema.metadata)

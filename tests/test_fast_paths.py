@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from naive import gather_packs
+from packer_cli._arrow import numpy_dtype
 from packer_cli.shards._gather import (
     LAYOUT_FILE, ORDER_FILE, SPILL_FILE, SpillMemory, SpillReader, SpillWriter, _store_blocks, block_bytes,
     token_bits,
@@ -25,7 +26,7 @@ def _batch(rng, n_rows, value_type, list_type, kind):
     lengths = rng.integers(0, 40, n_rows)
     lengths[::7] = 1  # some too short to keep
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64 if list_type is pa.large_list else np.int32)
-    tokens = rng.integers(0, 120, int(offsets[-1])).astype(value_type.to_pandas_dtype())
+    tokens = rng.integers(0, 120, int(offsets[-1])).astype(numpy_dtype(value_type))
     ids = list_type(value_type)
     columns = {"input_ids": pa.Array.from_buffers(ids, n_rows, [None, pa.py_buffer(offsets)],
                                                   children=[pa.array(tokens, type=value_type)])}

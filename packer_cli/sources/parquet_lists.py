@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packer_cli._arrow import from_numpy, memory_pool
+from packer_cli._arrow import from_numpy, memory_pool, numpy_dtype
 from packer_cli.sources import _parquet_thrift as thrift
 from packer_cli.sources._parquet_kernels import (EMPTY_CONTINUES, EMPTY_HAS_VALUES, LEVEL_ABOVE_MAX, MESSAGES, NULLS,
                                                  TRUNCATED, UNUSUAL, dictionary_decode, hybrid_decode,
@@ -106,7 +106,7 @@ def _column_layouts(pf: pq.ParquetFile, fields: list[str]) -> list[_ColumnLayout
                 or column.physical_type not in ("INT32", "INT64")):
             raise _Unsupported(f"field '{name}' is stored in a layout the compiled decoder does not read")
         layouts.append(_ColumnLayout(
-            name=name, leaf=first_leaf[name], arrow_type=t, value_dtype=np.dtype(t.value_type.to_pandas_dtype()),
+            name=name, leaf=first_leaf[name], arrow_type=t, value_dtype=numpy_dtype(t.value_type),
             physical_dtype=np.dtype("<i4" if column.physical_type == "INT32" else "<i8"),
             max_def=max_def, empty_def=max_def - 1 - int(element_nullable)))
     return layouts
