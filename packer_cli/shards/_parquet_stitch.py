@@ -12,13 +12,21 @@ So each run of row groups is written by pyarrow as a small file of its own, on a
 their row groups, with every file offset moved by where the run's pages landed. Nothing else in
 a footer depends on the position (the schema, key-value metadata, ``created_by`` and column
 orders are the same for every run), so the result is byte for byte the file a single writer
-makes of the same row groups (``tests/test_parquet_stitch.py`` holds it to that).
+makes of the same row groups (``tests/test_bridge_writer.py`` holds it to that).
+
+pyarrow before 18 also writes a copy of each column chunk's footer entry right after the
+chunk's pages, where the entry's ``file_offset`` points. Those copies hold positions too, so
+they are rewritten in place with the moved positions, as a single writer would have written
+them; a moved position can take more bytes to encode, so every position after a copy moves by
+the copies' growth before it as well (:class:`_Relocation`).
 
 The footer is rewritten through the typed view of :mod:`packer_cli._thrift`: a struct is a
 list of ``(field id, type, value)`` in their order, so fields this module does not know pass
 through unchanged.
 """
 from __future__ import annotations
+
+from bisect import bisect_left
 
 from packer_cli._thrift import I64, STRUCT, ThriftError, Written, read_fields, write_fields
 
@@ -48,28 +56,73 @@ def _replace(fields: list, field_id: int, value) -> list:
     return [(fid, kind, value if fid == field_id else old) for fid, kind, old in fields]
 
 
-def _moved(fields: list, offsets: tuple[int, ...], shift: int) -> list:
-    """``fields`` with the i64 fields named in ``offsets`` moved by ``shift`` (0: not set, kept)."""
-    return [(fid, kind, value + shift if fid in offsets and kind == I64 and value else value)
+class _Relocation:
+    """Where a position in a part lands in the joined file: moved by where the part's pages
+    start (``shift``), plus the growth of the inline copies rewritten before that position."""
+
+    def __init__(self, shift: int):
+        self.shift = shift
+        self._starts: list[int] = []  # of the rewritten copies, increasing
+        self._growth: list[int] = []  # total growth of the copies up to and including each
+
+    def grew(self, start: int, growth: int) -> None:
+        self._starts.append(start)
+        self._growth.append((self._growth[-1] if self._growth else 0) + growth)
+
+    @property
+    def total_growth(self) -> int:
+        return self._growth[-1] if self._growth else 0
+
+    def __call__(self, position: int) -> int:
+        k = bisect_left(self._starts, position)  # copies that start before the position
+        return position + self.shift + (self._growth[k - 1] if k else 0)
+
+
+def _moved(fields: list, offsets: tuple[int, ...], relocate: _Relocation) -> list:
+    """``fields`` with the i64 positions named in ``offsets`` relocated (0: not set, kept)."""
+    return [(fid, kind, relocate(value) if fid in offsets and kind == I64 and value else value)
             for fid, kind, value in fields]
 
 
-def _moved_chunk(chunk: list, shift: int) -> list:
-    chunk = _moved(chunk, _CHUNK_OFFSETS, shift)
+def _moved_chunk(chunk: list, relocate: _Relocation) -> list:
+    chunk = _moved(chunk, _CHUNK_OFFSETS, relocate)
     meta = _field(chunk, _CHUNK_META)
-    return chunk if meta is None else _replace(chunk, _CHUNK_META, _moved(meta, _META_OFFSETS, shift))
+    return chunk if meta is None else _replace(chunk, _CHUNK_META, _moved(meta, _META_OFFSETS, relocate))
 
 
-def _moved_group(group: list, shift: int, ordinal: int) -> list:
-    group = _moved(group, (_GROUP_FILE_OFFSET,), shift)
+def _moved_group(group: list, relocate: _Relocation, ordinal: int) -> list:
+    group = _moved(group, (_GROUP_FILE_OFFSET,), relocate)
     columns = _field(group, _GROUP_COLUMNS)
-    group = _replace(group, _GROUP_COLUMNS, (columns[0], [_moved_chunk(chunk, shift) for chunk in columns[1]]))
+    group = _replace(group, _GROUP_COLUMNS, (columns[0], [_moved_chunk(chunk, relocate) for chunk in columns[1]]))
     return _replace(group, _GROUP_ORDINAL, ordinal)
+
+
+def _inline_copies(view: memoryview, footer_start: int, groups: list) -> list[tuple[int, int, list]]:
+    """``(start, end, chunk)`` of each column chunk's copy of its footer entry within the pages
+    (pyarrow before 18 writes one after each chunk, at its ``file_offset``), in file order."""
+    copies = []
+    for group in groups:
+        for chunk in _field(group, _GROUP_COLUMNS)[1]:
+            start = _field(chunk, _CHUNK_OFFSETS[0])
+            if not start or not len(MAGIC) <= start < footer_start:
+                continue  # 0 (pyarrow 18 on): no copy
+            try:
+                copy, end = read_fields(view[:footer_start], start, what="Parquet column chunk")
+            except ThriftError:
+                continue
+            if copy == chunk:
+                copies.append((start, end, chunk))
+    return sorted(copies, key=lambda c: c[0])
 
 
 def split_file(data) -> tuple[memoryview, list]:
     """A complete Parquet file's pages (everything between the leading magic and the footer)
     and its parsed footer."""
+    view, footer_start, footer = _parse(data)
+    return view[len(MAGIC):footer_start], footer
+
+
+def _parse(data) -> tuple[memoryview, int, list]:
     view = memoryview(data).cast("B")  # unsigned bytes, whatever the buffer's own format
     if len(view) < 12 or view[:4] != MAGIC or view[-4:] != MAGIC:
         raise StitchError("not a complete Parquet file")
@@ -83,7 +136,7 @@ def split_file(data) -> tuple[memoryview, list]:
         raise StitchError(str(exc)) from None
     if end != footer_len:
         raise StitchError("Parquet footer does not end where its length says")
-    return view[4:footer_start], footer
+    return view, footer_start, footer
 
 
 class ParquetStitcher:
@@ -104,18 +157,27 @@ class ParquetStitcher:
         sink.write(MAGIC)
 
     def add(self, part) -> None:
-        pages, footer = split_file(part)
+        view, footer_start, footer = _parse(part)
         if self._first is None:
             self._first = footer
         elif _schema(footer) != _schema(self._first):
             raise StitchError("Parquet parts have different schemas")
-        shift = self._position - len(MAGIC)  # the part's own pages start right after its magic
-        for group in _field(footer, _FILE_ROW_GROUPS)[1]:
-            write_fields(self._groups, _moved_group(group, shift, self._group_count))
+        groups = _field(footer, _FILE_ROW_GROUPS)[1]
+        relocate = _Relocation(self._position - len(MAGIC))  # the part's pages start right after its magic
+        done = len(MAGIC)
+        for start, end, chunk in _inline_copies(view, footer_start, groups):
+            copy = bytearray()
+            write_fields(copy, _moved_chunk(chunk, relocate))  # its positions all lie before it
+            self._sink.write(view[done:start])
+            self._sink.write(copy)
+            relocate.grew(start, len(copy) - (end - start))
+            done = end
+        self._sink.write(view[done:footer_start])
+        for group in groups:
+            write_fields(self._groups, _moved_group(group, relocate, self._group_count))
             self._group_count += 1
         self._rows += _field(footer, _FILE_ROWS)
-        self._sink.write(pages)
-        self._position += len(pages)
+        self._position += footer_start - len(MAGIC) + relocate.total_growth
 
     def finish(self) -> int:
         """Write the footer; returns the file's size in bytes."""
