@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from packer_cli._arrow import list_array
@@ -21,7 +21,7 @@ from packer_cli._thrift import read_fields, write_fields
 from packer_cli.shards._parquet_stitch import ParquetStitcher, StitchError, split_file
 from packer_cli.shards.bridge import PARQUET_ENCODING_NAMES
 from packer_cli.shards.bridge_writer import (
-    BRIDGE_SCHEMA, PARQUET_ENCODINGS, bridge_schema, encode_parquet, to_bridge_rows,
+    BRIDGE_SCHEMA, PARQUET_ENCODINGS, bridge_schema, encode_parquet, to_bridge_rows, writes_integer_byte_streams,
 )
 
 
@@ -112,6 +112,7 @@ def stitched(parts) -> bytes:
        st.integers(0, 2**32 - 1), st.sampled_from(PARQUET_ENCODING_NAMES))
 def test_joined_parts_are_the_single_writer_file(rows, groups_per_part, last_packs, seed, encoding):
     """Parts of whole row groups (the last part any size) joined == one writer, byte for byte."""
+    assume(encoding != "split-zstd" or writes_integer_byte_streams())
     rng = np.random.default_rng(seed)
     tables = [bridge_table(rng, rows * g) for g in groups_per_part]
     if last_packs:
@@ -202,6 +203,8 @@ def test_stitcher_refuses_what_it_cannot_join():
     ("plain-zstd", "PLAIN", "ZSTD"), ("plain-snappy", "PLAIN", "SNAPPY"), ("split-zstd", "BYTE_STREAM_SPLIT", "ZSTD"),
 ])
 def test_each_encoding_stores_ids_as_named_and_nothing_with_dictionaries(encoding, ids_encoding, codec):
+    if encoding == "split-zstd" and not writes_integer_byte_streams():
+        pytest.skip(f"pyarrow {pa.__version__} cannot write integers as byte streams (needs 16)")
     rng = np.random.default_rng(11)
     table = bridge_table(rng, 60)
     data = encode_parquet(table, bridge_schema(4), 20, encoding)
