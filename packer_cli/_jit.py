@@ -18,7 +18,7 @@ when the process is packer's.
 """
 from __future__ import annotations
 
-from packer_cli.errors import reraise_interrupt
+from packer_cli.errors import interrupts_deferred, reraise_interrupt
 
 
 def light_cache_loads() -> bool:
@@ -40,9 +40,10 @@ def light_cache_loads() -> bool:
 
     def load_overload(self, sig, target_context):
         try:
-            nrt.rtsys.initialize(target_context)  # what the cached machine code links against
-            with self._guard_against_spurious_io_errors():
-                return self._load_overload(sig, target_context)
+            with interrupts_deferred():  # a signal in the middle of a load crashed numba 0.59
+                nrt.rtsys.initialize(target_context)  # what the cached machine code links against
+                with self._guard_against_spurious_io_errors():
+                    return self._load_overload(sig, target_context)
         except Exception as exc:
             reraise_interrupt(exc)  # a Ctrl-C inside the load is not a failure to fall back from
             return full(self, sig, target_context)  # numba's own way: refresh, then load

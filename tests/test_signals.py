@@ -441,3 +441,118 @@ def test_a_finalizer_that_fails_after_a_ctrl_c_prints_nothing(tmp_path):
             "from packer_cli.cli import main; main()\n")
     child = subprocess.run([sys.executable, "-c", code, "verify", str(out)], capture_output=True, text=True, timeout=120)
     assert (child.returncode, child.stderr.strip().splitlines()) == (130, ["error: interrupted"]), child.stderr
+
+
+ORJSON_IMPORTED_FIRST = """
+import signal, sys
+from packer_cli.errors import raise_interrupted
+import packer_cli.cli
+assert signal.getsignal(signal.SIGINT) is not raise_interrupted  # main() installs it later
+print("orjson" in sys.modules)
+"""
+
+
+def test_orjson_is_imported_before_the_signal_handlers_are_installed():
+    """orjson's extension crashes the process (SIGSEGV) when an import its initialization makes
+    raises, as the handler's Interrupted does when a signal lands there (shown below), so the
+    CLI imports it while Ctrl-C still has its default action."""
+    result = subprocess.run([sys.executable, "-c", ORJSON_IMPORTED_FIRST], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"
+
+
+INTERRUPTED_INSIDE_ORJSON_INIT = """
+import sys
+class InterruptOrjsonsImports:
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith("orjson"):
+            return None  # the package and its extension: the imports *inside* its initialization follow
+        frame = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code.co_filename.endswith("orjson/__init__.py"):
+                raise KeyboardInterrupt
+            frame = frame.f_back
+        return None
+sys.meta_path.insert(0, InterruptOrjsonsImports())
+try:
+    import orjson
+except BaseException:
+    print("raised")
+"""
+
+
+def test_an_interrupt_inside_orjsons_initialization_crashes_the_process():
+    """Why the test above matters: an orjson release that handles this would make it moot."""
+    result = subprocess.run([sys.executable, "-c", INTERRUPTED_INSIDE_ORJSON_INIT], capture_output=True, text=True,
+                            timeout=120)
+    if result.returncode == 0:
+        pytest.skip(f"this orjson survives it ({result.stdout.strip()!r}): importing it first is no longer needed")
+    assert result.returncode == -signal.SIGSEGV
+
+
+SIGNAL_INSIDE_A_KERNEL_LOAD = """
+import os, signal, sys
+import numpy as np
+from numba.core import caching
+from packer_cli import errors
+from packer_cli._jit import light_cache_loads
+light_cache_loads()
+real, steps = caching.Cache._load_overload, []
+
+def loading(self, sig, target_context):
+    os.kill(os.getpid(), signal.SIGINT)  # the handler runs at the load's next bytecode
+    steps.append("signalled")
+    result = real(self, sig, target_context)
+    steps.append("loaded" if result is not None else "not cached")
+    return result
+
+caching.Cache._load_overload = loading
+signal.signal(signal.SIGINT, errors.raise_interrupted)
+from packer_cli.sources._kernels import tokens_in_range
+try:
+    tokens_in_range(np.arange(5, dtype=np.int32), 10)
+    print("not interrupted", steps)
+except errors.Interrupted:
+    print("interrupted after", steps)
+"""
+
+
+def test_a_signal_during_a_kernel_load_is_raised_once_the_load_is_done():
+    """numba cut short in the middle of loading a cached kernel left its machine code
+    half-registered and then wrote through a null address: SIGSEGV with numba 0.59."""
+    from packer_cli.sources._kernels import tokens_in_range
+
+    tokens_in_range(np.arange(5, dtype=np.int32), 10)  # in the cache, so the child loads it
+    result = subprocess.run([sys.executable, "-c", SIGNAL_INSIDE_A_KERNEL_LOAD], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "interrupted after ['signalled', 'loaded']"
+
+
+def test_deferred_interrupts_are_raised_once_and_not_on_other_threads(monkeypatch):
+    import threading
+
+    from packer_cli import errors
+
+    monkeypatch.setattr(errors, "_signal_received", None)
+    monkeypatch.setattr(errors, "_raising", True)
+    with pytest.raises(errors.Interrupted):
+        with errors.interrupts_deferred():
+            with errors.interrupts_deferred():
+                errors.raise_interrupted(signal.SIGTERM)  # held: nested blocks raise at the outer end
+            assert errors.interrupted()
+    with errors.interrupts_deferred():  # already raised once: not again
+        errors.raise_interrupted(signal.SIGINT)
+    monkeypatch.setattr(errors, "_signal_received", None)
+    monkeypatch.setattr(errors, "_raising", True)
+    seen = []
+
+    def worker():
+        with errors.interrupts_deferred():  # not the main thread: nothing is held, nothing raised there
+            seen.append(errors._deferred)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen == [0]
