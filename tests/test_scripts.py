@@ -21,3 +21,41 @@ def test_demo_script_runs():
     assert "attention work" in result.stdout                     # inspect ran
     assert "verify: OK: demo/packed" in result.stdout + result.stderr  # verify --source passed
     assert "cu_seqlens_padded" in result.stdout and "qkv_format = thd" in result.stdout  # a batch loaded
+
+
+def _lower_bounds_in_pyproject() -> dict[str, str]:
+    text = (ROOT / "pyproject.toml").read_text()
+    block = text[text.index("dependencies = ["):]
+    block = block[:block.index("]")]
+    bounds = {}
+    for line in block.splitlines():
+        line = line.split("#")[0].strip().strip(",").strip('"')
+        if ">=" in line:
+            name, rest = line.split(">=", 1)
+            bounds[name.strip()] = rest.split(",")[0].strip()
+    return bounds
+
+
+def _pins_in_lowest() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "scripts" / "lowest.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, version = line.split("==")
+            pins[name.strip()] = version.strip()
+    return pins
+
+
+def _release(version: str) -> tuple[int, ...]:
+    parts = [int(p) for p in version.split(".")]
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def test_the_lowest_versions_tested_are_the_ones_pyproject_accepts():
+    """scripts/test_lowest.sh tests what pyproject.toml promises: every runtime dependency, each
+    at its lower bound (or the first release at or above it, where no release is exactly it)."""
+    bounds, pins = _lower_bounds_in_pyproject(), _pins_in_lowest()
+    assert set(bounds) == set(pins), (bounds, pins)
+    for name, bound in bounds.items():
+        pinned, lowest = _release(pins[name]), _release(bound)
+        assert lowest <= pinned and pinned[:2] == lowest[:2], (name, bound, pins[name])

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Run the whole test suite against the lowest dependency versions packer declares
+# (scripts/lowest.txt), in .venv-lowest, without pandas, torch or datasets: the tests that need
+# those skip. Extra arguments go to pytest. .ci/run calls this after scripts/test.sh.
+#
+# If pip cannot install those versions (an index without them), it says so and exits 0: that
+# is this machine's index, not packer. Set PACKER_LOWEST_REQUIRED=1 to make it an error.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+VENV="$ROOT/.venv-lowest"
+stamp="$VENV/.packer-lowest"
+if [ ! -f "$stamp" ] || [ scripts/lowest.txt -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  rm -rf "$VENV"
+  "$PY" -m venv "$VENV"
+  if ! log=$("$VENV/bin/python" -m pip install --quiet -c scripts/lowest.txt -r scripts/lowest.txt \
+                 -e . pytest hypothesis pytest-xdist 2>&1); then
+    echo "$log" | grep -v "^WARNING: Location" | tail -5 >&2
+    rm -rf "$VENV"
+    if [ "${PACKER_LOWEST_REQUIRED:-0}" = 1 ]; then
+      echo "test_lowest: cannot install the lowest versions" >&2
+      exit 1
+    fi
+    echo "test_lowest: skipped: pip cannot install the lowest versions from this index" >&2
+    exit 0
+  fi
+  touch "$stamp"
+fi
+# Its own kernel cache: numba keeps one index per kernel, so two numba versions sharing the
+# package's __pycache__ would each throw the other's machine code away and compile again.
+export NUMBA_CACHE_DIR="$VENV/numba-cache"
+exec "$VENV/bin/python" -m pytest -q -n "${PYTEST_WORKERS:-2}" -p no:cacheprovider "$@"
