@@ -86,20 +86,24 @@ def _warn_compiling_in_memory() -> None:
     if _warned_in_memory:  # once a process, not once a kernel
         return
     _warned_in_memory = True
-    private = os.path.join(tempfile.gettempdir(), f"packer-kernels-{getattr(os, 'getuid', lambda: '<uid>')()}")
     warnings.warn(
         "no writable directory for packer's compiled kernels (the package's __pycache__, "
-        f"NUMBA_CACHE_DIR, the user's cache directory, a private {private}): they compile in memory "
+        f"NUMBA_CACHE_DIR, the user's cache directory, a private {_private_temp_path()}): they compile in memory "
         "in every run, several seconds each; set NUMBA_CACHE_DIR to a writable directory",
         KernelCacheWarning, stacklevel=3)
+
+
+def _private_temp_path() -> str:
+    uid = os.getuid() if hasattr(os, "getuid") else "<uid>"
+    return os.path.join(tempfile.gettempdir(), f"packer-kernels-{uid}")
 
 
 def private_temp_root() -> str | None:
     """This user's private kernel cache directory under the temporary directory, made when
     missing; None where it cannot be made or is not private (see the module docstring)."""
-    if not hasattr(os, "getuid"):
+    if not hasattr(os, "getuid"):  # no user ids to check ownership against
         return None
-    return _private_root(os.path.join(tempfile.gettempdir(), f"packer-kernels-{os.getuid()}"))
+    return _private_root(_private_temp_path())
 
 
 @lru_cache(maxsize=None)  # asked once per kernel; keyed on the path, so a new TMPDIR is looked at
