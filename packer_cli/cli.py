@@ -325,8 +325,10 @@ def main() -> None:
     orjson is imported with this module, before the handlers are installed: its extension's
     initialization imports Python modules (``json``; ``uuid``, ``zoneinfo``... in older
     releases) and crashes the process (SIGSEGV) when one of those imports raises, as the
-    handler's exception does when a signal lands there (2 of 380 Ctrl-Cs 0.2-0.3 s into
-    ``pack`` with orjson 3.9, whose initialization imports more).
+    handler's exception does when a signal lands there (seen with orjson 3.9, whose
+    initialization imports more: 4 of 460 Ctrl-Cs 0.15-0.45 s into ``pack`` crashed at the lowest
+    versions packer accepts, in orjson's import where traced; then 1 of 700, in a kernel load:
+    see :func:`packer_cli.errors.interrupts_deferred`; then 0 of 400).
     """
     _single_threaded_blas()
     gc.disable()
