@@ -262,3 +262,25 @@ def test_json_of_an_inconsistent_output_lists_the_findings(synth, tmp_path):
     assert doc["error"].startswith(f"{out}: not summarized")
     checks = {f["check"] for f in doc["findings"]}
     assert {"structure.files", "structure.totals"} <= checks, checks
+
+
+def test_pack_out_of_range_in_one_of_two_bridge_splits_names_that_split(tmp_path, synthetic_parquet):
+    """Each split counts its packs from 0: "OUT has 8 packs" was wrong for a layout whose other
+    split held more, and did not say which split had too few."""
+    small = tmp_path / "small.parquet"
+    pq.write_table(pq.read_table(synthetic_parquet).slice(0, 20), small)
+    out = tmp_path / "bridge"
+    assert runner.invoke(app, ["pack", str(synthetic_parquet), "-o", str(out), "--format", "megatron-bridge",
+                               "--pack-size", "512"]).exit_code == 0
+    assert runner.invoke(app, ["pack", str(small), "-o", str(out), "--format", "megatron-bridge", "--split",
+                               "validation", "--pack-size", "512"]).exit_code == 0
+    training = inspect_output(str(out), split="training").packs
+    validation = inspect_output(str(out), split="validation").packs
+    assert validation < training
+    result = runner.invoke(app, ["inspect", str(out), "--pack", str(validation)])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: --pack {validation} is out of range: {out} split validation has {validation} packs "
+        f"(0..{validation - 1})")
+    assert "out of range" not in runner.invoke(app, ["inspect", str(out), "--pack", str(validation),
+                                                     "--split", "training"]).output

@@ -149,5 +149,7 @@ def inspect_output(out: str, pack: int | None = None, split: str | None = None) 
             seen += batch.num_rows
         total = total + shard
     if pack is not None and total.detail is None:
-        raise ConfigError(f"--pack {pack} is out of range: {out} has {seen} packs (0..{seen - 1})")
+        split_name = getattr(store, "split", None)  # a Bridge layout's splits each count from 0
+        where = f"{out} split {split_name}" if split_name else out
+        raise ConfigError(f"--pack {pack} is out of range: {where} has {seen} packs (0..{seen - 1})")
     return total
