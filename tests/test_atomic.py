@@ -96,3 +96,37 @@ def test_outside_the_main_thread_the_block_just_runs(tmp_path):
     thread.start()
     thread.join()
     assert ran == [signal.default_int_handler]
+
+
+@pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
+def test_an_out_name_of_250_bytes_packs_and_replaces(synthetic_parquet, tmp_path, fmt):
+    """A valid 250-byte OUT failed with "File name too long" on its OUT.tmp-PID sibling (exit 2)."""
+    from typer.testing import CliRunner
+
+    from packer_cli.audit import verify_output
+    from packer_cli.cli import app
+
+    out = tmp_path / ("é" * 100 + "o" * 50)  # 250 bytes in UTF-8, cut mid-character by a naive cut
+    for extra in ([], ["--overwrite"]):  # the second run renames the first aside (OUT.old-PID) to replace it
+        result = CliRunner().invoke(app, ["pack", str(synthetic_parquet), "-o", str(out), "--format", fmt, *extra])
+        assert result.exit_code == 0, result.output
+        assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+    assert verify_output(str(out)).exit_code == 0
+    stale = tmp_path / (_atomic._sibling_prefix(out.name, ".tmp-") + "99999")  # a run killed outright
+    stale.mkdir()
+    result = CliRunner().invoke(app, ["pack", str(synthetic_parquet), "-o", str(out), "--format", fmt, "--overwrite"])
+    assert result.exit_code == 0 and f"{stale} was left by an earlier run" in result.output
+
+
+def test_long_names_get_siblings_of_their_own():
+    from packer_cli.shards._atomic import _NAME_MAX, _sibling_prefix
+
+    short = _sibling_prefix("out", ".tmp-")
+    assert short == "out.tmp-"
+    a, b = "x" * 240 + "a", "x" * 240 + "b"
+    pa_, pb = _sibling_prefix(a, ".tmp-"), _sibling_prefix(b, ".tmp-")
+    assert pa_ != pb and pa_.endswith(".tmp-") and pa_.startswith("x" * 200)
+    assert len(os.fsencode(pa_ + "4194304")) <= _NAME_MAX
+    assert _sibling_prefix(a, ".tmp-") == pa_  # the same every time: stale siblings are found again
+    multibyte = _sibling_prefix("é" * 125, ".old-")
+    multibyte.encode("utf-8")  # no half character left at the cut

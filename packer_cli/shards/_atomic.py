@@ -1,11 +1,14 @@
 """Build OUT in a temporary sibling directory, then put it in place in one rename.
 
-The temporary directory is ``OUT.tmp-PID``; the names are made and recognized here only.
+The temporary directory is ``OUT.tmp-PID``; the names are made and recognized here only. Where
+``OUT``'s own name is too long for that (a file name holds 255 bytes), the sibling's name keeps
+the start of it and a digest of the whole (:func:`_sibling_prefix`).
 ``--overwrite`` replaces an OUT only when :func:`check_replaceable` agrees it is packer's own.
 """
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
 import signal
@@ -48,6 +51,28 @@ def signals_held() -> Iterator[None]:
 
 
 _TMP = ".tmp-"
+_OLD = ".old-"
+_NAME_MAX = 255  # bytes in one file name (ext4, xfs, btrfs, tmpfs, NFS, Lustre)
+_PID_DIGITS = 10  # room kept for the process id that ends a sibling's name
+
+
+def _sibling_prefix(name: str, marker: str) -> str:
+    """How the names of ``name``'s siblings (temporary, replaced) start, a process id to follow:
+    ``name + marker``; where that would not fit in a file name, ``name`` cut short plus a digest
+    of all of it, so two long OUT names that share their start still get siblings of their own.
+    A 250-byte OUT (a valid name) failed with "File name too long" on ``OUT.tmp-PID``."""
+    encoded = os.fsencode(name)
+    if len(encoded) + len(marker) + _PID_DIGITS <= _NAME_MAX:
+        return name + marker
+    digest = hashlib.sha256(encoded).hexdigest()[:16]
+    room = _NAME_MAX - _PID_DIGITS - len(marker) - len(digest) - 1
+    start = encoded[:room].decode("utf-8", errors="ignore")  # ending on a whole character
+    return f"{start}~{digest}{marker}"
+
+
+def _sibling(out: str, marker: str) -> str:
+    parent, name = os.path.split(os.path.normpath(out))
+    return os.path.join(parent, f"{_sibling_prefix(name, marker)}{os.getpid()}")
 
 
 def output_target(out: str) -> str:
@@ -77,7 +102,7 @@ def check_parent(out: str) -> None:
 
 def make_temporary(out: str) -> str:
     """Create (afresh) and return this process's temporary sibling of ``out``."""
-    tmp = f"{os.path.normpath(out)}{_TMP}{os.getpid()}"
+    tmp = _sibling(out, _TMP)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         os.makedirs(tmp)
@@ -91,7 +116,7 @@ def stale_temporaries(out: str, tmp: str) -> list[str]:
     """Temporary siblings of ``out`` other than ``tmp``: left by runs that were killed outright."""
     out = os.path.normpath(out)
     parent, name = os.path.split(os.path.abspath(out))
-    prefix = f"{name}{_TMP}"
+    prefix = _sibling_prefix(name, _TMP)
     try:
         names = os.listdir(parent)
     except OSError:
@@ -129,7 +154,7 @@ def replace_dir(tmp: str, out: str, overwrite: bool = True) -> str | None:
     try:
         with signals_held():
             if os.path.exists(out):
-                trash = f"{out}.old-{os.getpid()}"
+                trash = _sibling(out, _OLD)
                 os.rename(out, trash)
             os.rename(tmp, out)
             moved_in = True
