@@ -14,7 +14,10 @@ stamp="$VENV/.packer-lowest"
 if [ ! -f "$stamp" ] || [ scripts/lowest.txt -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
+  # wheels only for the compiled ones: an interpreter they have no wheel for (numpy 1.24 stops at
+  # Python 3.11) fails here at once instead of building them from source for many minutes
   if ! log=$("$VENV/bin/python" -m pip install --quiet -c scripts/lowest.txt -r scripts/lowest.txt \
+                 --only-binary numpy,numba,llvmlite,pyarrow,orjson,xxhash,zstandard \
                  -e . pytest hypothesis pytest-xdist 2>&1); then
     echo "$log" | grep -v "^WARNING: Location" | tail -5 >&2
     rm -rf "$VENV"
