@@ -96,9 +96,9 @@ def interrupts_deferred():
 
     For numba loading a cached kernel: the handler's exception raised in the middle of it left
     the machine code half-registered, and numba then wrote through a null address (SIGSEGV
-    with numba 0.59, 1 of 700 Ctrl-Cs 0.15-0.45 s into ``pack``; 0 of 400 with this). Only the main thread
-    defers (it alone runs signal handlers); a block that raises leaves the signal to the next
-    :func:`check_interrupted`."""
+    with numba 0.59, 1 of 700 Ctrl-Cs 0.15-0.45 s into ``pack``; 0 of 400 with this). Only the
+    main thread defers (it alone runs signal handlers); a block that raises leaves the signal to
+    the next :func:`check_interrupted`."""
     global _deferred, _raising
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -538,9 +538,7 @@ def test_cli_options(small, tmp_path):
 def test_split_zstd_on_a_pyarrow_that_cannot_write_it_is_a_usage_error(small, tmp_path, monkeypatch):
     """Before pyarrow 16 the write failed at the first row group, reported as the output's error
     (exit 3: "writing the output failed: BYTE_STREAM_SPLIT only supports FLOAT and DOUBLE")."""
-    from packer_cli.shards import bridge_writer
-
-    monkeypatch.setattr(bridge_writer, "pyarrow_version", lambda: "15.0.2")
+    monkeypatch.setattr(pa, "__version__", "15.0.2")
     result = CliRunner().invoke(app, ["pack", str(small), "-o", str(tmp_path / "s"), "--pack-size", "512",
                                       "--format", "megatron-bridge", "--parquet-encoding", "split-zstd"])
     assert result.exit_code == 2
@@ -550,5 +548,5 @@ def test_split_zstd_on_a_pyarrow_that_cannot_write_it_is_a_usage_error(small, tm
     assert not (tmp_path / "s").exists()
     with pytest.raises(ConfigError, match="needs pyarrow >= 16"):
         BridgeOutput(parquet_encoding="split-zstd").validate()
-    monkeypatch.setattr(bridge_writer, "pyarrow_version", lambda: "16.0.0")
+    monkeypatch.setattr(pa, "__version__", "16.0.0")
     BridgeOutput(parquet_encoding="split-zstd").validate()

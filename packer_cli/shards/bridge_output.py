@@ -90,11 +90,13 @@ class BridgeOutput:
             raise ConfigError(f"parquet-encoding must be one of {', '.join(PARQUET_ENCODING_NAMES)}, "
                               f"got {self.parquet_encoding!r}")
         if self.parquet_encoding == "split-zstd":
-            from packer_cli.shards.bridge_writer import pyarrow_version, writes_integer_byte_streams
+            import pyarrow as pa
+
+            from packer_cli.shards.bridge_writer import writes_integer_byte_streams
 
             if not writes_integer_byte_streams():  # checked here: the write would fail at its first row group
                 raise ConfigError(f"parquet-encoding split-zstd needs pyarrow >= 16 to write integers as byte "
-                                  f"streams (this is pyarrow {pyarrow_version()}); use plain-zstd")
+                                  f"streams (this is pyarrow {pa.__version__}); use plain-zstd")
         return self
 
     def rows_per_group(self, pack_size: int) -> int:

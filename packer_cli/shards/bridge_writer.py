@@ -165,17 +165,13 @@ PARQUET_ENCODINGS: dict[str, dict] = {
                        use_byte_stream_split=["input_ids.list.element"]),  # pyarrow names values by path
 }
 DEFAULT_PARQUET_ENCODING = PARQUET_ENCODING_NAMES[0]
-
-
-def pyarrow_version() -> str:
-    return pa.__version__
+assert tuple(PARQUET_ENCODINGS) == PARQUET_ENCODING_NAMES
 
 
 def writes_integer_byte_streams() -> bool:
     """Whether this pyarrow writes BYTE_STREAM_SPLIT for integers (``split-zstd``): 16 and later;
     before, the write failed at the first row group ("only supports FLOAT and DOUBLE")."""
-    return int(pyarrow_version().split(".")[0]) >= 16
-assert tuple(PARQUET_ENCODINGS) == PARQUET_ENCODING_NAMES
+    return int(pa.__version__.split(".")[0]) >= 16
 
 
 def encode_parquet(table: pa.Table, schema: pa.Schema, row_group_size: int,
