@@ -34,7 +34,7 @@ import orjson
 import pyarrow as pa
 
 from packer_cli.errors import DataError
-from packer_cli._arrow import bits_to_numpy
+from packer_cli._arrow import bits_to_numpy, to_numpy
 from packer_cli.shards.format import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA,
                                       READABLE_VERSIONS, READABLE_VERSIONS_TEXT, is_readable_version, pack_schema,
                                       read_json_value, shard_name)
@@ -249,8 +249,8 @@ class NativeStore:
 def _loader(batch: pa.RecordBatch) -> Callable[[str], tuple[np.ndarray, np.ndarray]]:
     def load(name: str):
         arr = batch.column(name)
-        values = bits_to_numpy(arr.values) if pa.types.is_boolean(arr.type.value_type) else np.asarray(arr.values)
-        return values, np.asarray(arr.offsets).astype(np.int64)
+        values = bits_to_numpy(arr.values) if pa.types.is_boolean(arr.type.value_type) else to_numpy(arr.values)
+        return values, to_numpy(arr.offsets).astype(np.int64)
     return load
 
 

@@ -15,7 +15,7 @@ import orjson
 import pyarrow as pa
 
 from packer_cli.errors import DataError
-from packer_cli._arrow import bitmap_of, unpack_bits
+from packer_cli._arrow import bitmap_of, to_numpy, unpack_bits
 from packer_cli.shards.format import (FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA, READABLE_VERSIONS_TEXT,
                                       is_readable_version, read_json_value)
 
@@ -112,7 +112,7 @@ def list_values(arr: pa.ListArray):
     """The flat values of a list column: a NumPy view, or :class:`_Bits` for a boolean one."""
     if pa.types.is_boolean(arr.type.value_type):
         return _Bits(arr.values)
-    return np.asarray(arr.values)
+    return to_numpy(arr.values)
 
 
 class _Batch:
@@ -122,7 +122,7 @@ class _Batch:
         self.columns = {}
         for name in COLUMNS:
             arr = batch.column(name)
-            offsets = np.asarray(arr.offsets)
+            offsets = to_numpy(arr.offsets)
             self.columns[name] = (list_values(arr), offsets)
 
     def row(self, i: int) -> PackRow:
