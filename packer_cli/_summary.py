@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packer_cli.errors import DataError
-from packer_cli.plan.bounds import _l2_of_histogram
+from packer_cli.plan.bounds import l2_of_histogram
 from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION
 from packer_cli.spec import OverlongPolicy, PackSpec
 
@@ -111,7 +111,7 @@ def summarize(*, spec: PackSpec, files, stream, read_counts, bad_listed, totals,
         targets_kept -= totals.over_targets
         no_target -= totals.over_no_target
     lower = -(-padded_total // C)
-    l2 = _l2_of_histogram(hist, C)
+    l2 = l2_of_histogram(hist, C)
     counts = {
         "records": read_counts["records"],
         "bad_records": read_counts["bad_records"],

@@ -182,6 +182,21 @@ def test_reports_merge_and_round_trip():
                                        "p99": 2.0}
 
 
+@pytest.mark.parametrize("C,n", [(64, 500), (4096, 300), (1 << 20, 50)])
+def test_bounds_come_from_the_histogram_alone(C, n):
+    """L2 from the padded-length histogram equals the bound of the lengths themselves (a
+    histogram of C sizes, or a sort when C > 4N); a length no pack can hold gives none."""
+    rng = np.random.default_rng(C)
+    padded = rng.integers(1, C + 1, n)
+    report = InspectReport.partial(out="o", spec={"pack_size": C}, recorded={}, real=padded, padded=padded,
+                                   seq_counts=[n], target_tokens=0)
+    assert report.bounds() == (-(-int(padded.sum()) // C), martello_toth_l2(padded, C))
+    for bad in (0, C + 1):
+        odd = InspectReport.partial(out="o", spec={"pack_size": C}, recorded={}, real=[1, bad], padded=[1, bad],
+                                    seq_counts=[2], target_tokens=0)
+        assert odd.bounds()[1] is None
+
+
 def test_rich_rendering(synth):
     buf = io.StringIO()
     Console(file=buf, width=100).print(inspect_output(str(synth[1]), pack=0))

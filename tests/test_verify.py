@@ -284,6 +284,36 @@ def test_no_shard_stays_mapped_while_the_source_is_replayed(synth, monkeypatch):
     assert mapped and max(mapped) == 0
 
 
+@pytest.mark.parametrize("policy", [OverlongPolicy.TRUNCATE, OverlongPolicy.SPLIT])
+def test_what_verify_keeps_per_sequence(synth, monkeypatch, policy):
+    """24 bytes of facts a packed sequence (44 with --source), nothing that names its place;
+    and the table is sorted only where offsets make pieces."""
+    from packer_cli.audit import _meta_checks, verify as verify_module
+
+    seen, sorts = {}, []
+    check = _meta_checks.check_provenance
+
+    def spying_check(arr, *args):
+        seen[len(seen)] = {k: (v.dtype.itemsize, v.size) for k, v in arr.items()}
+        return check(arr, *args)
+
+    monkeypatch.setattr(verify_module, "check_provenance", spying_check)
+    lexsort = np.lexsort
+    monkeypatch.setattr(np, "lexsort", lambda keys: sorts.append(len(keys)) or lexsort(keys))
+    out = synth[1][policy]
+    for sources in (None, [str(synth[0])]):
+        assert verify_output(str(out), sources).exit_code == 0
+    packs = sum(entry["rows"] for entry in manifest(out)["shards"])
+    plain, with_source = seen[0], seen[1]
+    assert set(plain) == {"index", "offset", "real", "targets"}
+    assert set(with_source) == set(plain) | {"last", "tokens_fp", "mask_fp"}
+    n = plain["index"][1]
+    assert n > packs  # more sequences than packs: several share a pack
+    assert sum(size * count for size, count in plain.values()) == 24 * n
+    assert sum(size * count for size, count in with_source.values()) == 44 * n
+    assert sorts == ([2, 2] if policy == OverlongPolicy.SPLIT else [])
+
+
 def test_a_shard_that_changed_before_it_is_read_again_is_a_finding(synth, tmp_path, monkeypatch):
     """The first differing position is found by reading the batch again; if the shard no longer
     holds that sequence (rewritten meanwhile), the finding says so instead of a traceback."""
@@ -323,6 +353,76 @@ def test_sample_missing_from_output(broken, synth):
     assert (f"train.parquet: row {removed['index']}: sample (source index {removed['index']}) is not in the "
             f"output, and not listed as dropped [source.missing]") in result.output
     assert "counts.sequences" in verify(broken).output  # without the source, the counts still disagree
+
+
+def piece_places(out: Path) -> dict[tuple[int, int], tuple[int, str, int, int]]:
+    """``(source index, offset)`` of every packed sequence → ``(pack, shard, row, seq)``."""
+    found, pack = {}, 0
+    for entry in manifest(out)["shards"]:
+        for row, r in enumerate(pa.ipc.open_file(str(out / entry["name"])).read_all().to_pylist()):
+            for seq, key in enumerate(zip(r["source_index"], r["source_offset"])):
+                found[key] = (pack + row, entry["name"], row, seq)
+        pack += entry["rows"]
+    return found
+
+
+def places(out: Path) -> dict[int, tuple[int, str, int, int]]:
+    """Where each source index's first piece was packed: ``(pack, shard, row, seq)``."""
+    return {index: place for (index, offset), place in piece_places(out).items() if offset == 0}
+
+
+def named(place: tuple[int, str, int, int]) -> str:
+    """A place as verify's findings name it."""
+    return f"{place[1]} row {place[2]} (pack {place[0]}) seq {place[3]}"
+
+
+def test_whole_output_findings_name_the_exact_place(broken, synth, tmp_path):
+    """Verify keeps no place per sequence, only per pack: a duplicate found after sorting, and a
+    source mismatch, still name the very shard, row, pack and place (in a later shard)."""
+    shard = manifest(broken)["shards"][-2]["name"]
+    before, twice = places(broken), {}
+
+    def repeat_a_sample(rows):
+        row = next(r for r in rows[3:] if len(r["seq_lens"]) > 1)
+        kept = next(i for i in before if before[i][1] == shard and i != row["source_index"][1])
+        twice.update(index=kept, seq=row["source_index"][1])
+        row["source_index"][1] = kept
+
+    rewrite(broken, shard, repeat_a_sample)
+    result = verify(broken)
+    assert result.exit_code == 1
+    line = next(x for x in result.output.splitlines() if "[output.duplicate]" in x)
+    first, second = sorted([before[twice["index"]], before[twice["seq"]]])  # in pack order
+    assert line == (f"{named(second)}: source index {twice['index']} offset 0 is packed twice "
+                    f"(also at {first[1]} row {first[2]} seq {first[3]}) [output.duplicate]"), (line, first, second)
+
+    k = max(i for i in before if before[i][1] == shard and i not in twice.values())
+    changed = _edited_source(synth[0], tmp_path, lambda columns: columns["input_ids"][k].__setitem__(
+        5, columns["input_ids"][k][5] + 1))
+    result = verify(broken, "--source", changed)
+    line = next(x for x in result.output.splitlines() if "[source.tokens]" in x)
+    assert line.startswith(f"{named(before[k])}: token position 5 is "), (line, before[k])
+
+
+@pytest.mark.parametrize("policy", [OverlongPolicy.SPLIT, OverlongPolicy.TRUNCATE])
+def test_a_piece_at_the_wrong_offset(synth, tmp_path, policy):
+    """Split: sample 31 (999 runtime tokens) is pieces at 0, 256, 512 and 768; moving one leaves a
+    gap. Any other policy: an offset other than 0 is a piece no run made."""
+    out = Path(shutil.copytree(synth[1][policy], tmp_path / "out"))
+    index, offset = (31, 512) if policy == OverlongPolicy.SPLIT else (40, 0)
+    at = piece_places(out)[index, offset]
+    moved = 1024 if policy == OverlongPolicy.SPLIT else 256
+
+    def move_piece(rows):
+        rows[at[2]]["source_offset"][at[3]] = moved
+
+    rewrite(out, at[1], move_piece)
+    result = verify(out)
+    assert result.exit_code == 1
+    says = (f"piece of source index {index} at offset {moved} should be at 768 (a piece is missing)"
+            if policy == OverlongPolicy.SPLIT else
+            f"source index {index} has offset {moved}, but only --overlong split makes pieces")
+    assert f"{named(at)}: {says} [output.pieces]" in result.output, result.output
 
 
 @pytest.mark.parametrize("column,check,what", [("tokens", "source.tokens", "token"),

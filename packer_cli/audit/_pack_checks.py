@@ -28,11 +28,12 @@ from packer_cli.audit.findings import FindingSink
 from packer_cli.audit.report import InspectReport
 from packer_cli.audit.store import PackBatch
 
-#: What verify keeps of every sound sequence (44 bytes): its source index and offset (int64),
-#: its real length, target count, batch, row, position in the pack and last label (int32).
-SEQ_FIELDS = ("index", "offset", "real", "targets", "batch", "row", "seq", "last")
-#: Kept as well for ``verify --source``: fingerprints of each sequence's tokens and loss mask.
-FINGERPRINT_FIELDS = ("tokens_fp", "mask_fp")
+#: What verify keeps of every sound sequence (24 bytes): its source index and offset (int64),
+#: its real length and target count (int32).
+SEQ_FIELDS = ("index", "offset", "real", "targets")
+#: Kept as well for ``verify --source`` (20 bytes more): its last label (int32) and
+#: fingerprints of its tokens and loss mask.
+SOURCE_FIELDS = ("last", "tokens_fp", "mask_fp")
 
 
 @dataclass(frozen=True)
@@ -49,27 +50,53 @@ class Sequences:
     """Per-sequence facts verify keeps for the whole output (a few ints each, never tokens).
 
     Only each batch's place is kept, so every shard is unmapped (or its decoded row groups
-    freed) once it has been checked. With ``fingerprint`` each sequence's tokens and loss mask
-    are also fingerprinted as they pass (16 bytes a sequence), which is all the source check
-    needs of them: memory grows by the facts of each sequence (44 bytes, 60 with fingerprints),
-    never by its tokens.
+    freed) once it has been checked. With ``fingerprint`` (``verify --source``) each
+    sequence's tokens and loss mask are also fingerprinted as they pass, which is all the
+    source check needs of them: memory grows by the facts of each sequence (24 bytes, 44 for
+    the source check), never by its tokens.
+
+    A fact is found again by its position in the collected order (its *ordinal*): the sound
+    packs' rows and sequence counts (8 bytes a pack) say which pack and place it came from,
+    so no sequence carries its batch, row and place (12 bytes more each) for the few that a
+    finding names.
     """
 
     fingerprint: bool = False
     batches: list = field(default_factory=list)
     first_pack: list = field(default_factory=list)
-    parts: dict = field(default_factory=lambda: {k: [] for k in SEQ_FIELDS + FINGERPRINT_FIELDS})
+    parts: dict = field(default_factory=lambda: {k: [] for k in SEQ_FIELDS + SOURCE_FIELDS})
+    sound_packs: list = field(default_factory=list)
+    """Per batch checked to the end: its id, the rows of its sound packs (whose sequences
+    were collected) and how many sequences each holds."""
+    _packs: tuple | None = None
 
     def where(self, batch: int, row: int, seq: int | None = None) -> dict:
         b = self.batches[batch]
         return {"shard": b.shard, "row": b.first_row + int(row), "pack": self.first_pack[batch] + int(row),
                 "seq": None if seq is None else int(seq)}
 
+    def place(self, ordinal: int) -> tuple[int, int, int]:
+        """``(batch, row, seq)`` of the collected sequence number ``ordinal``."""
+        if self._packs is None:  # built at the first finding that needs it: O(packs)
+            parts = self.sound_packs or [(0, np.zeros(0, np.int32), np.zeros(0, np.int32))]
+            counts = np.concatenate([p[2] for p in parts])
+            first = np.cumsum(counts, dtype=np.int64) - counts
+            batch = np.repeat([p[0] for p in parts], [p[1].size for p in parts])
+            self._packs = (first, batch, np.concatenate([p[1] for p in parts]))
+        first, batch, rows = self._packs
+        p = int(np.searchsorted(first, int(ordinal), side="right")) - 1
+        return int(batch[p]), int(rows[p]), int(ordinal) - int(first[p])
+
+    def locate(self, ordinal: int) -> dict:
+        """:meth:`where` of the collected sequence number ``ordinal``."""
+        return self.where(*self.place(ordinal))
+
     def arrays(self) -> dict[str, np.ndarray]:
         """Each fact as one array. The per-batch parts are handed over, a field at a time, so
         the facts are never held twice."""
         out = {}
-        for k, v in self.parts.items():
+        for k in SEQ_FIELDS + (SOURCE_FIELDS if self.fingerprint else ()):
+            v = self.parts[k]
             out[k] = np.concatenate(v) if v else np.zeros(0, np.int64)
             self.parts[k] = []
         return out
@@ -184,16 +211,14 @@ def check_batch(batch: PackBatch, first_pack: int, lim: Limits, sink: FindingSin
         sink.add_many("pack.tokens", np.flatnonzero(high >= lim.vocab),
                       msg(lambda i: f"token id {high[i]} is >= the vocab size {lim.vocab}"))
 
-    kept = {"index": index, "offset": offset}
-    narrow = {"real": s, "row": row, "seq": k, "last": last_tok}  # all below 2^31: lengths, positions, ids
-    for name, values in kept.items():
-        seqs.parts[name].append(values[keep])
-    for name, values in narrow.items():
-        seqs.parts[name].append(values[keep].astype(np.int32))
+    # Collected together, at the end, so a batch that fails half-way adds nothing.
+    facts = {"index": index[keep], "offset": offset[keep], "real": s[keep].astype(np.int32),
+             "targets": scan["targets"].astype(np.int32)}  # lengths, counts and ids are below 2^31
     if seqs.fingerprint:
-        seqs.parts["tokens_fp"].append(fingerprints(tok_v, start, s[keep]))
-        seqs.parts["mask_fp"].append(fingerprints(mask_v, mstart, s[keep]))
-    seqs.parts["targets"].append(scan["targets"].astype(np.int32))
-    seqs.parts["batch"].append(np.full(sel.size, bid, np.int32))
+        facts.update(last=last_tok[keep].astype(np.int32), tokens_fp=fingerprints(tok_v, start, s[keep]),
+                     mask_fp=fingerprints(mask_v, mstart, s[keep]))
+    for name, values in facts.items():
+        seqs.parts[name].append(values)
+    seqs.sound_packs.append((bid, good[pack_ok].astype(np.int32), counts[pack_ok].astype(np.int32)))
     return InspectReport.partial(out=out, spec=spec, recorded={}, real=s[keep], padded=p[keep],
                                  seq_counts=counts[pack_ok], target_tokens=int(scan["targets"].sum()))

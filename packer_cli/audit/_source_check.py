@@ -21,8 +21,8 @@ counts the run recorded for them are compared exactly.
 Memory: one window of source tokens, plus what verify keeps per packed sequence anyway and two
 64-bit fingerprints (its tokens, its loss mask) taken while the shards streamed past. No shard
 stays mapped and no decoded row group is kept, so ``verify --source`` needs the same memory for
-a terabyte of shards as for a megabyte, bar about 90 bytes per packed sequence (its facts, the
-fingerprints and the sorted copies the matching needs). A piece differs from its source when a
+a terabyte of shards as for a megabyte, bar about 70 bytes per packed sequence (its facts, the
+fingerprints, and the sorted key and ordinal the matching needs). A piece differs from its source when a
 fingerprint does (any one changed value always changes it; other changes escape with
 probability about 2⁻⁶⁴); only then is its batch read again, to report the first position that
 differs.
@@ -62,20 +62,29 @@ class _Replay:
         self.lim, self.seqs, self.sink, self.stream, self.store = lim, seqs, sink, stream, store
         self._reread: tuple = (None, None)  # (batch id, PackBatch): the last batch read again
         self.policy = meta["spec"].get("overlong")
-        valid = (arr["index"] >= 0) & (arr["index"] < 2**32) & (arr["offset"] >= 0)  # key fits in int64
-        order = np.flatnonzero(valid)[np.lexsort((arr["offset"][valid], arr["index"][valid]))]
+        # The table is sorted by one key, (index, offset) packed into an int64 (offsets are
+        # int32 in the shards); a negative index or offset, or an index past 2^32, is no
+        # sample's piece, and verify's other checks name it.
+        valid = (arr["index"] >= 0) & (arr["index"] < 2**32) & (arr["offset"] >= 0) & (arr["offset"] < 2**31)
+        kept = None if valid.all() else np.flatnonzero(valid)
+        key = (arr.pop("index") << 31) | arr.pop("offset")  # they live on in the key alone
+        key = key if kept is None else key[kept]
+        order = np.argsort(key, kind="stable")
+        self.key = key[order]
+        del key, valid
+        order = order if kept is None else kept[order]
         for k in list(arr):  # sorted in place, a field at a time: the facts are never held twice
             arr[k] = arr[k][order]
         self.t = arr
-        self.key = (self.t["index"] << 31) | self.t["offset"]
+        # Each sorted fact's ordinal, to find its pack again for a finding (Sequences.place).
+        self.ordinal = order.astype(np.int32) if order.size < 2**31 else order
         self.matched = np.zeros(order.size, dtype=bool)
         self.counts = dict(records=0, too_short=0, bad=0, over=0, tokens_lost=0, targets_lost=0, dropped=0,
                            no_target=0, packed=0, compared_tokens=0)
         self.bad_listed: list[tuple] = []
 
     def where(self, q: int) -> dict:
-        t = self.t
-        return self.seqs.where(t["batch"][q], t["row"][q], t["seq"][q])
+        return self.seqs.locate(self.ordinal[q])
 
     def add_batch(self, batch) -> None:
         c = self.counts
@@ -119,7 +128,7 @@ class _Replay:
         e_idx = sidx[e_sample]
         e_key = (e_idx << 31) | e_off
 
-        a, b = np.searchsorted(self.t["index"], [lo, hi])
+        a, b = np.searchsorted(self.key, [lo << 31, hi << 31])
         p_key = self.key[a:b]
         self.matched[a:b] = np.isin(p_key, e_key)
         pos = np.minimum(np.searchsorted(p_key, e_key), max(p_key.size - 1, 0))
@@ -170,12 +179,11 @@ class _Replay:
         """``length`` values of packed sequence ``q`` in ``column``, read again from its shard
         (only for a piece whose fingerprint differs: the findings are few and capped). Its place
         in the batch is found again from the pack's ``cu_seqlens``, checked when first read."""
-        b = int(self.t["batch"][q])
+        b, row, seq = self.seqs.place(self.ordinal[q])
         if self._reread[0] != b:
             place = self.seqs.batches[b]
             self._reread = (b, self.store.batch_at(place.shard, place.first_row))
         batch = self._reread[1]
-        row, seq = int(self.t["row"][q]), int(self.t["seq"][q])
         values, offsets = batch.column(column)
         cu_values, cu_offsets = batch.column("cu_seqlens")
         at = int(offsets[row]) + int(cu_values[cu_offsets[row] + seq])
@@ -207,9 +215,9 @@ def check_source(files, meta: dict, lim, arr: dict, seqs, sink: FindingSink, sto
     except PackerError as exc:
         sink.add("source.read", f"the source could not be read to the end: {exc}")
         return {"inputs": len(files), "records": stream.records, "complete": False}
-    t = replay.t
+    key = replay.key
     sink.add_many("source.unexpected", np.flatnonzero(~replay.matched), lambda q: (
-        f"source index {t['index'][q]} offset {t['offset'][q]} is not a piece of any kept source sample "
+        f"source index {key[q] >> 31} offset {key[q] & (2**31 - 1)} is not a piece of any kept source sample "
         f"(out of range, a bad or too-short record, or dropped)", replay.where(q)))
     _compare_counts(meta, replay, stream, files, sink)
     c = replay.counts

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from packer_cli.audit._histogram import add_hist, from_sparse, summarize, to_sparse
-from packer_cli.plan import martello_toth_l2
+from packer_cli.plan._config import MAX_CAPACITY
+from packer_cli.plan.bounds import l2_of_histogram
 
 
 @dataclass
@@ -127,15 +128,13 @@ class InspectReport:
         return self.packs * int(self.spec["pack_size"])
 
     def bounds(self) -> tuple[int, int | None]:
-        """``(⌈Σp/C⌉, Martello–Toth L2)``; L2 is None when some padded length exceeds C."""
+        """``(⌈Σp/C⌉, Martello–Toth L2)``; L2 is None when a padded length is 0 or exceeds C."""
         C = int(self.spec["pack_size"])
         lower = -(-self.padded_tokens // C)
-        lengths = np.repeat(np.arange(self.padded_hist.size), self.padded_hist)
-        try:
-            l2 = int(martello_toth_l2(lengths, C))
-        except (TypeError, ValueError):
-            l2 = None
-        return lower, l2
+        hist = self.padded_hist
+        if not 1 <= C <= MAX_CAPACITY or hist[C + 1:].any() or (hist.size and hist[0]):
+            return lower, None  # lengths no plan could hold: no bound
+        return lower, l2_of_histogram(hist, C)  # from the histogram: no array of every sequence
 
     def to_dict(self) -> dict:
         """The ``--json`` document (keys documented in docs/AUDIT.md)."""

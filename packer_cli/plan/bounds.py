@@ -45,7 +45,7 @@ def _l2_of_lengths(arr: np.ndarray, capacity: int) -> int:
     if capacity > 4 * arr.shape[0]:  # a sort costs less than a histogram of C sizes
         sizes, counts = np.unique(arr, return_counts=True)
         return _l2_of_sizes(sizes, counts, capacity)
-    return _l2_of_histogram(histogram(arr, capacity + 1), capacity)
+    return l2_of_histogram(histogram(arr, capacity + 1), capacity)
 
 
 def histogram(values: np.ndarray, size: int) -> np.ndarray:
@@ -57,7 +57,7 @@ def histogram(values: np.ndarray, size: int) -> np.ndarray:
     return hist
 
 
-def _l2_of_histogram(hist: np.ndarray, capacity: int) -> int:
+def l2_of_histogram(hist: np.ndarray, capacity: int) -> int:
     """L2 from a length histogram ``hist[0..C]`` (``hist[0]``, empty items, is ignored)."""
     hist = np.asarray(hist, dtype=np.int64)
     sizes = np.flatnonzero(hist)
