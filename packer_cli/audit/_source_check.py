@@ -22,10 +22,10 @@ Memory: one window of source tokens, plus what verify keeps per packed sequence 
 64-bit fingerprints (its tokens, its loss mask) taken while the shards streamed past. No shard
 stays mapped and no decoded row group is kept, so ``verify --source`` needs the same memory for
 a terabyte of shards as for a megabyte, bar about 70 bytes per packed sequence (its facts, the
-fingerprints, and the sorted key and ordinal the matching needs). A piece differs from its source when a
-fingerprint does (any one changed value always changes it; other changes escape with
-probability about 2⁻⁶⁴); only then is its batch read again, to report the first position that
-differs.
+fingerprints, and the sorted key and ordinal the matching needs). A piece differs from its
+source when a fingerprint does (any one changed value always changes it; other changes escape
+with probability about 2⁻⁶⁴); only then is its batch read again, to report the first position
+that differs.
 """
 from __future__ import annotations
 
