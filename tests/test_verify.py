@@ -314,6 +314,49 @@ def test_what_verify_keeps_per_sequence(synth, monkeypatch, policy):
     assert sorts == ([2, 2] if policy == OverlongPolicy.SPLIT else [])
 
 
+@pytest.mark.parametrize("window", [1, 900, 20_000])
+def test_source_compared_in_many_windows(synth, tmp_path, monkeypatch, window):
+    """The source is compared a window of records at a time while a second thread reads ahead;
+    windows are cut by the records taken, so tiny batches and windows change nothing: every
+    policy passes, and a changed token is still found in its sample."""
+    from packer_cli.audit import _source_check
+    from packer_cli.sources import readers
+
+    monkeypatch.setattr(_source_check, "WINDOW_TOKENS", window)
+    monkeypatch.setattr(readers, "BATCH_ROWS", 7)
+    src, outs = synth
+    for policy, out in outs.items():
+        report = verify_output(str(out), [str(src)])
+        assert report.ok, (policy, [f.line() for f in report.findings][:5])
+        assert report.source["records"] == 300 and report.source["complete"]
+    k = 200
+    changed = _edited_source(src, tmp_path, lambda columns: columns["input_ids"][k].__setitem__(
+        1, columns["input_ids"][k][1] + 1))
+    report = verify_output(str(outs[OverlongPolicy.TRUNCATE]), [str(changed)])
+    assert [f.check for f in report.findings] == ["source.tokens"], [f.line() for f in report.findings]
+    assert f"row {k})" in report.findings[0].message
+
+
+def test_a_source_that_breaks_half_way_is_a_finding(tmp_path, monkeypatch):
+    """A record that no longer parses stops the replay at its batch: one ``source.read`` finding,
+    and the records compared before it (whole batches read ahead on the second thread are not
+    counted until taken)."""
+    from packer_cli.sources import readers
+
+    lines = [json.dumps({"input_ids": list(range(1, 3 + k % 40)), "loss_mask": [1] * (2 + k % 40)})
+             for k in range(200)]
+    src = tmp_path / "train.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    out = pack_to([src], tmp_path / "out", PackSpec(pack_size=64))
+    lines[149] = "{not json"
+    src.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(readers, "BATCH_ROWS", 7)
+    report = verify_output(str(out), [str(src)])
+    assert [f.check for f in report.findings] == ["source.read"], [f.line() for f in report.findings]
+    assert "line 150" in report.findings[0].message, report.findings[0].line()
+    assert report.source == {"inputs": 1, "records": 147, "complete": False}
+
+
 def test_a_shard_that_changed_before_it_is_read_again_is_a_finding(synth, tmp_path, monkeypatch):
     """The first differing position is found by reading the batch again; if the shard no longer
     holds that sequence (rewritten meanwhile), the finding says so instead of a traceback."""

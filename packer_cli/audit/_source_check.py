@@ -29,8 +29,11 @@ that differs.
 """
 from __future__ import annotations
 
+from contextlib import closing
+
 import numpy as np
 
+from packer_cli._background import background
 from packer_cli.audit._kernels import fingerprints, segment_sums
 from packer_cli.audit._meta_checks import MAX_LISTED_BAD, compare
 from packer_cli.audit.findings import FindingSink
@@ -202,19 +205,23 @@ def check_source(files, meta: dict, lim, arr: dict, seqs, sink: FindingSink, sto
         return None
     stream = SampleStream(files, spec, arrow_parquet=True)  # not the decoder pack read the inputs with
     replay = _Replay(meta, lim, arr, seqs, sink, stream, store)
-    window, tokens, lo = [], 0, 0
+    window, tokens, lo, records = [], 0, 0, 0
     try:
-        for batch in stream:
-            replay.add_batch(batch)
-            window.append(batch)
-            tokens += int(batch.tokens.size)
-            if tokens >= WINDOW_TOKENS:
-                replay.window(window, lo, stream.records)
-                window, tokens, lo = [], 0, stream.records
-        replay.window(window, lo, stream.records) if window else None
+        # The inputs are read and decoded on a second thread while this one compares: the
+        # stream's own count runs ahead, so windows are cut by the records taken here.
+        with closing(background(iter(stream), depth=2)) as batches:
+            for batch in batches:
+                replay.add_batch(batch)
+                window.append(batch)
+                tokens += int(batch.tokens.size)
+                records += batch.records
+                if tokens >= WINDOW_TOKENS:
+                    replay.window(window, lo, records)
+                    window, tokens, lo = [], 0, records
+        replay.window(window, lo, records) if window else None
     except PackerError as exc:
         sink.add("source.read", f"the source could not be read to the end: {exc}")
-        return {"inputs": len(files), "records": stream.records, "complete": False}
+        return {"inputs": len(files), "records": records, "complete": False}
     key = replay.key
     sink.add_many("source.unexpected", np.flatnonzero(~replay.matched), lambda q: (
         f"source index {key[q] >> 31} offset {key[q] & (2**31 - 1)} is not a piece of any kept source sample "
