@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from packer_cli.audit._histogram import add_hist, from_sparse, summarize, to_sparse
-from packer_cli.plan._config import MAX_CAPACITY
+from packer_cli.plan._validate import check_capacity
 from packer_cli.plan.bounds import l2_of_histogram
 
 
@@ -132,7 +132,11 @@ class InspectReport:
         C = int(self.spec["pack_size"])
         lower = -(-self.padded_tokens // C)
         hist = self.padded_hist
-        if not 1 <= C <= MAX_CAPACITY or hist[C + 1:].any() or (hist.size and hist[0]):
+        try:
+            check_capacity(C)
+        except ValueError:
+            return lower, None
+        if hist[C + 1:].any() or (hist.size and hist[0]):
             return lower, None  # lengths no plan could hold: no bound
         return lower, l2_of_histogram(hist, C)  # from the histogram: no array of every sequence
 
