@@ -34,6 +34,7 @@ from typing import Any, Callable
 import torch
 
 from packer_cli.torch._ints import integer
+from packer_cli.torch._wire import from_wire, to_wire
 from packer_cli.torch.cp import cp_partition_indices
 from packer_cli.torch.params import make_packed_seq_params
 
@@ -117,6 +118,16 @@ class THDBatch:
     @property
     def device(self) -> torch.device:
         return self.tokens.device
+
+    # ------------------------------------------------------------------ pickling
+    def __reduce__(self):
+        """A CPU batch pickles as one byte buffer (a DataLoader worker's batch crosses to the
+        main process as one copy, not a shared-memory segment per tensor: see
+        :mod:`packer_cli.torch._wire`); a batch on another device field by field."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if any(t.device.type != "cpu" for t in self.tensors()):
+            return _from_fields, (fields,)
+        return _from_wire, to_wire(fields, shared_boundaries=not self.has_padding)
 
     # ------------------------------------------------------------------ tensor plumbing
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "THDBatch":
@@ -249,3 +260,11 @@ class THDBatch:
                 f"{consumer}() needs the whole THD row, but this batch is CP rank {self.cp_rank} of "
                 f"{self.cp_size}'s slice: use packed_seq_params() (Transformer Engine handles CP), or cp_size=1"
             )
+
+
+def _from_fields(fields: dict) -> THDBatch:
+    return THDBatch(**fields)
+
+
+def _from_wire(host: dict, layout: list, payload: bytearray) -> THDBatch:
+    return THDBatch(**from_wire(host, layout, payload))
