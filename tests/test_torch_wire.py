@@ -1,5 +1,6 @@
 """A THDBatch crossing a process boundary: one buffer, every field back as it was."""
 
+import copy
 import dataclasses
 import json
 import pickle
@@ -69,6 +70,16 @@ def test_a_batch_pickles_as_one_buffer_and_comes_back_equal(outputs):
         back.tokens.fill_(7)  # the views are writable and do not overlap
         assert torch.equal(back.labels, labels) and bool((back.tokens == 7).all()), what
         assert torch.equal(batch.tokens, sent), what  # a copy: the sender's batch is untouched
+
+
+def test_copies_shallow_and_deep(outputs):
+    batch = outputs["cp2"][3]
+    shallow = copy.copy(batch)
+    assert all(a is b for a, b in zip(shallow.tensors(), batch.tensors()))
+    source = outputs["unaligned"][3]
+    deep = copy.deepcopy(source)
+    assert_same_batch(deep, source)
+    assert deep.cu_seqlens_padded is deep.cu_seqlens and deep.tokens.data_ptr() != source.tokens.data_ptr()
 
 
 def test_a_batch_off_the_cpu_pickles_field_by_field(outputs):

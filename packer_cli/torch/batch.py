@@ -129,6 +129,10 @@ class THDBatch:
             return _from_fields, (fields,)
         return _from_wire, to_wire(fields, shared_boundaries=not self.has_padding)
 
+    def __copy__(self) -> "THDBatch":
+        """A shallow copy shares the tensors (``copy.copy`` would otherwise go through :meth:`__reduce__`)."""
+        return dataclasses.replace(self)
+
     # ------------------------------------------------------------------ tensor plumbing
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "THDBatch":
         """Apply ``fn`` to every tensor, keeping ``cu_seqlens_padded is cu_seqlens``."""
