@@ -36,10 +36,48 @@ def _met(value, target) -> str:
     return "**met**" if value >= target else "**not met**"
 
 
+def _all(rows, what: str) -> list[dict]:
+    return [r for r in rows or [] if r.get("what") == what]
+
+
 def _table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _loader_section(res: dict, loader: dict) -> str:
+    cp = loader["cp"]
+    out = ["## Loader (packer_cli.torch)\n",
+           f"{loader['packs']:,} packs, {loader['tokens']:,} tokens, CP={cp}. In one process, a worker builds "
+           f"CP-sliced THD micro-batches at {loader['batches_per_s']:,.0f} a second, {_mt(loader['tokens_per_s'])} "
+           f"({loader['built_batches']:,} micro-batches spread over the output, each built for every CP rank; "
+           f"median of {loader['runs']}). What the training loop receives from `THDLoader(device=\"cpu\")`, shuffled, "
+           "after the batches crossed from the worker processes (`main CPU`: the main process's CPU time per "
+           "batch, taken from the training step). `one buffer` is how packer sends a batch "
+           "(`packer_cli/torch/_wire.py`); `per tensor` sends the same batch the way torch sends any batch of "
+           "tensors, such as the dict a collate function returns: a shared-memory segment and a file "
+           "descriptor passed over a socket for each tensor. Tokens per second are full-pack tokens: each CP "
+           "rank's loader serves its slice of every pack.\n"]
+    served = _all(res.get("loader"), "served")
+    out.append(_table(["sent as", "workers", "batches/s", "tokens/s", "main CPU per batch"],
+                      [[r["ipc"], r["workers"], f"{r['batches_per_s']:,.0f}", _mt(r["tokens_per_s"]),
+                        f"{r['main_cpu_ms']:.2f} ms"] for r in served]) + "\n")
+    demand = _all(res.get("loader"), "demand")
+    if demand:
+        out.append(f"What a CP={cp} pair of GPUs consumes, in packs (batches per rank) a second, from these packs' "
+                   "own Σs and Σs² (`packer_cli.torch.training_flops`, forward and backward, mean over 2,000 packs) "
+                   f"at {demand[0]['gpu_tflops']:.0f} TFLOP/s per GPU (an assumed {demand[0]['mfu']:.0%} of "
+                   f"{demand[0]['peak_tflops']:.0f} TFLOP/s, an H100's or H200's dense BF16 peak), and how many "
+                   "times that one worker serves:\n")
+        out.append(_table(["model", "training TFLOP a pack", "batches/s consumed", "headroom, 1 worker",
+                           "headroom, per tensor"],
+                          [[d["model"], f"{d['training_flops_per_pack'] / 1e12:,.1f}", f"{d['batches_per_s']:,.1f}",
+                            f"{d['headroom_one_worker']:.1f}×",
+                            "–" if d["headroom_per_tensor"] is None else f"{d['headroom_per_tensor']:.1f}×"]
+                           for d in demand]) + "\n")
+    out.append("Command: `" + next(s["command"] for s in res["steps"] if s["step"] == "loader") + "`\n")
+    return "\n".join(out)
 
 
 def _spill_section(rows: list[dict], command: str) -> str:
@@ -174,8 +212,23 @@ def render(res: dict, targets: dict) -> str:
                          "(report)", "–"])
     loader = _last(res.get("loader"))
     if loader:
-        rows.append([f"Loader worker (`PackedDataset.micro_batch`, CP={loader['cp']})", _mt(loader["tokens_per_s"]),
-                     "–", "–", "(report)", "–"])
+        rows.append([f"Loader worker builds (`PackedDataset.micro_batch`, CP={loader['cp']}, in-process)",
+                     _mt(loader["tokens_per_s"]), "–", "–", "(report)", "–"])
+        served = {(r["ipc"], r["workers"]): r for r in _all(res.get("loader"), "served")}
+        one, per = served.get(("one buffer", 1)), served.get(("per tensor", 1))
+        if one:
+            rows.append([f"Loader, what the training loop receives (`THDLoader`, 1 worker process, CP={loader['cp']}) "
+                         "vs the same batches sent tensor by tensor (torch's way for any batch of tensors)",
+                         _mt(one["tokens_per_s"]), _mt(per["tokens_per_s"]) if per else "–",
+                         _fmt_ratio(_ratio(one["tokens_per_s"], per and per["tokens_per_s"])), "(report)", "–"])
+        demand = _all(res.get("loader"), "demand")
+        if one and demand:
+            hungriest = max(demand, key=lambda d: d["batches_per_s"])
+            rows.append([f"Loader headroom: 1 worker's batches vs what a CP={hungriest['cp']} pair of GPUs consumes "
+                         f"training {hungriest['model']} at {hungriest['gpu_tflops']:.0f} TFLOP/s each (the most "
+                         "demanding model benchmarked)", f"{one['batches_per_s']:,.0f} batches/s",
+                         f"{hungriest['batches_per_s']:,.0f} batches/s", f"{hungriest['headroom_one_worker']:.1f}×",
+                         "> 1× (never what a GPU waits on)", _met(hungriest["headroom_one_worker"], 1.0)])
     plan_calls = {"packer.plan_packs(ffd)": "`plan_packs(ffd)`",
                   "packer.plan_packs(ffd, refine)": "`plan_packs(ffd, refine=True)` (what `pack` runs)"}
     for r in (res.get("plan") or {}).get("rows", []):
@@ -414,10 +467,7 @@ def render(res: dict, targets: dict) -> str:
         out.append("Command: `" + next(s["command"] for s in res["steps"] if s["step"] == "audit") + "`\n")
 
     if loader:
-        out.append("## Loader worker (packer_cli.torch)\n")
-        out.append(f"{loader['packs']:,} packs, {loader['tokens']:,} tokens: one worker builds CP-sliced THD "
-                   f"micro-batches at {_mt(loader['tokens_per_s'])} (median of {loader['runs']}).\n")
-        out.append("Command: `" + next(s["command"] for s in res["steps"] if s["step"] == "loader") + "`\n")
+        out.append(_loader_section(res, loader))
 
     out.append("## Steps\n")
     out.append(_table(["step", "seconds", "exit", "command"],
