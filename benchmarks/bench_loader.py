@@ -92,7 +92,7 @@ class per_tensor_pickling:
         self._batch, self._saved = batch, batch.THDBatch.__reduce__
 
         def by_field(b):
-            return batch._from_fields, ({f.name: getattr(b, f.name) for f in dataclasses.fields(b)},)
+            return batch._from_fields, (type(b), {f.name: getattr(b, f.name) for f in dataclasses.fields(b)})
 
         batch.THDBatch.__reduce__ = by_field
 

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from packer_cli import PackSpec, pack  # noqa: E402
-from packer_cli.torch import PackedDataset, THDLoader  # noqa: E402
+from packer_cli.torch import PackedDataset, THDBatch, THDLoader  # noqa: E402
 
 SPECS = {
     "unaligned": PackSpec(pack_size=64),                                  # no sequence padded: one boundary vector
@@ -70,6 +70,19 @@ def test_a_batch_pickles_as_one_buffer_and_comes_back_equal(outputs):
         back.tokens.fill_(7)  # the views are writable and do not overlap
         assert torch.equal(back.labels, labels) and bool((back.tokens == 7).all()), what
         assert torch.equal(batch.tokens, sent), what  # a copy: the sender's batch is untouched
+
+
+class TaggedBatch(THDBatch):
+    """A user's subclass (pickle finds it by module and name)."""
+
+
+def test_a_subclass_stays_itself(outputs):
+    batch = outputs["cp2"][2]
+    tagged = TaggedBatch(**{f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)})
+    for sent in (tagged, tagged.to("meta")):
+        back = pickle.loads(pickle.dumps(sent))
+        assert type(back) is TaggedBatch
+    assert_same_batch(pickle.loads(pickle.dumps(tagged)), tagged)
 
 
 def test_copies_shallow_and_deep(outputs):

@@ -126,8 +126,8 @@ class THDBatch:
         :mod:`packer_cli.torch._wire`); a batch on another device field by field."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         if any(t.device.type != "cpu" for t in self.tensors()):
-            return _from_fields, (fields,)
-        return _from_wire, to_wire(fields, shared_boundaries=not self.has_padding)
+            return _from_fields, (type(self), fields)
+        return _from_wire, (type(self), *to_wire(fields, shared_boundaries=not self.has_padding))
 
     def __copy__(self) -> "THDBatch":
         """A shallow copy shares the tensors (``copy.copy`` would otherwise go through :meth:`__reduce__`)."""
@@ -266,9 +266,9 @@ class THDBatch:
             )
 
 
-def _from_fields(fields: dict) -> THDBatch:
-    return THDBatch(**fields)
+def _from_fields(cls: type, fields: dict) -> THDBatch:
+    return cls(**fields)
 
 
-def _from_wire(host: dict, layout: list, payload: bytearray) -> THDBatch:
-    return THDBatch(**from_wire(host, layout, payload))
+def _from_wire(cls: type, host: dict, layout: list, payload: bytearray) -> THDBatch:
+    return cls(**from_wire(host, layout, payload))
