@@ -95,6 +95,12 @@ def test_copies_shallow_and_deep(outputs):
     assert deep.cu_seqlens_padded is deep.cu_seqlens and deep.tokens.data_ptr() != source.tokens.data_ptr()
 
 
+def test_any_dtype_travels(outputs):
+    batch = outputs["cp2"][6]
+    bf16 = dataclasses.replace(batch, loss_mask=batch.loss_mask.to(torch.bfloat16))  # a user's cast
+    assert_same_batch(pickle.loads(ForkingPickler.dumps(bf16)), bf16)
+
+
 def test_a_batch_off_the_cpu_pickles_field_by_field(outputs):
     batch = outputs["cp2"][1]
     on_meta = batch.to("meta")
