@@ -10,31 +10,27 @@ to the training loop while building 2,600-3,000 (the benchmark's 4096-token pack
 Pickled here instead, a batch is its host fields, a small layout and one ``bytearray``
 holding every tensor's bytes (each at a 64-byte aligned offset). That goes through the
 queue's pipe as plain bytes, one copy, and the receiving side rebuilds the tensors as
-views into it: 800-1,200 batches a second with one worker on the same data, and the
-main process's CPU per batch fell from 1.6-2.4 ms to 0.24-0.36 ms (``benchmarks/bench_loader.py``). Only CPU batches take this path; a batch with tensors on
-another device pickles field by field, each tensor by torch's own rules.
+views into it: 800-1,200 batches a second with one worker on the same data, and the main
+process's CPU per batch fell from 1.6-2.4 ms to 0.24-0.36 ms (``benchmarks/bench_loader.py``).
+Only CPU batches take this path (``THDBatch.__reduce__``); a batch with tensors on another
+device pickles field by field, each tensor by torch's own rules.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-#: Per-tensor fields in their order on the wire (``cu_seqlens_padded`` only when it is not
-#: ``cu_seqlens`` itself: the receiver restores that identity).
-TENSOR_FIELDS = ("tokens", "labels", "loss_mask", "position_ids", "seq_idx", "padding_mask", "source_index",
-                 "cu_seqlens", "cu_seqlens_padded")
-ALIGN = 64
+ALIGN = 64  # bytes: every tensor starts where any dtype's view may start
 
 
-def to_wire(fields: dict, shared_boundaries: bool) -> tuple[dict, list, bytearray]:
-    """``(host fields, layout, payload)`` of a batch's ``fields`` (every tensor on the CPU);
-    ``shared_boundaries``: ``cu_seqlens_padded is cu_seqlens``, which the wire keeps."""
-    names = [n for n in TENSOR_FIELDS if not (shared_boundaries and n == "cu_seqlens_padded")]
+def to_wire(fields: dict, tensor_names: list[str]) -> tuple[dict, list, bytearray]:
+    """``(host fields, layout, payload)`` of ``fields``, whose ``tensor_names`` are CPU tensors:
+    those go into the payload, every other field stays in the host fields as it is."""
     # Each tensor's bytes as NumPy (the copies below cost less there than as torch ops); the
     # uint8 view first, so that dtypes NumPy lacks (bfloat16) travel too.
-    raw = [fields[n].detach().contiguous().reshape(-1).view(torch.uint8).numpy() for n in names]
+    raw = [fields[n].detach().contiguous().reshape(-1).view(torch.uint8).numpy() for n in tensor_names]
     layout, size = [], 0
-    for name, data in zip(names, raw):
+    for name, data in zip(tensor_names, raw):
         tensor = fields[name]
         layout.append((name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), size, data.size))
         size += -(-data.size // ALIGN) * ALIGN
@@ -42,20 +38,14 @@ def to_wire(fields: dict, shared_boundaries: bool) -> tuple[dict, list, bytearra
     flat = np.frombuffer(payload, np.uint8)
     for (_, _, _, offset, nbytes), data in zip(layout, raw):
         flat[offset:offset + nbytes] = data
-    host = {k: v for k, v in fields.items() if k not in TENSOR_FIELDS}
+    host = {k: v for k, v in fields.items() if k not in tensor_names}
     return host, layout, payload
-
-
-def _bytes_of(payload: bytearray) -> torch.Tensor:
-    """A uint8 tensor over ``payload``'s memory (``torch.frombuffer`` refuses an empty buffer)."""
-    return torch.frombuffer(payload, dtype=torch.uint8) if len(payload) else torch.empty(0, dtype=torch.uint8)
 
 
 def from_wire(host: dict, layout: list, payload: bytearray) -> dict:
     """The fields :func:`to_wire` took apart, every tensor a view into ``payload``."""
-    flat = _bytes_of(payload)
+    flat = torch.frombuffer(payload, dtype=torch.uint8) if len(payload) else torch.empty(0, dtype=torch.uint8)
     fields = dict(host)
     for name, dtype, shape, offset, nbytes in layout:
         fields[name] = flat[offset:offset + nbytes].view(getattr(torch, dtype)).reshape(shape)
-    fields.setdefault("cu_seqlens_padded", fields["cu_seqlens"])
     return fields

@@ -127,7 +127,9 @@ class THDBatch:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         if any(t.device.type != "cpu" for t in self.tensors()):
             return _from_fields, (type(self), fields)
-        return _from_wire, (type(self), *to_wire(fields, shared_boundaries=not self.has_padding))
+        if not self.has_padding:
+            del fields["cu_seqlens_padded"]  # it is cu_seqlens: _from_wire restores the identity
+        return _from_wire, (type(self), *to_wire(fields, self.tensor_fields()))
 
     def __copy__(self) -> "THDBatch":
         """A shallow copy shares the tensors (``copy.copy`` would otherwise go through :meth:`__reduce__`)."""
@@ -136,21 +138,18 @@ class THDBatch:
     # ------------------------------------------------------------------ tensor plumbing
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "THDBatch":
         """Apply ``fn`` to every tensor, keeping ``cu_seqlens_padded is cu_seqlens``."""
-        changes: dict[str, Any] = {name: fn(getattr(self, name)) for name in PER_TOKEN_FIELDS}
-        changes["source_index"] = fn(self.source_index)
-        changes["cu_seqlens"] = fn(self.cu_seqlens)
-        changes["cu_seqlens_padded"] = (
-            fn(self.cu_seqlens_padded) if self.has_padding else changes["cu_seqlens"]
-        )
+        changes: dict[str, Any] = {name: fn(getattr(self, name)) for name in self.tensor_fields()}
+        changes.setdefault("cu_seqlens_padded", changes["cu_seqlens"])
         return dataclasses.replace(self, **changes)
+
+    def tensor_fields(self) -> list[str]:
+        """The names of the batch's distinct tensors (the shared boundary vector once)."""
+        names = [*PER_TOKEN_FIELDS, "source_index", "cu_seqlens"]
+        return names + ["cu_seqlens_padded"] if self.has_padding else names
 
     def tensors(self) -> list[torch.Tensor]:
         """Every distinct tensor of the batch (the shared boundary vector once)."""
-        out = [getattr(self, name) for name in PER_TOKEN_FIELDS]
-        out += [self.source_index, self.cu_seqlens]
-        if self.has_padding:
-            out.append(self.cu_seqlens_padded)
-        return out
+        return [getattr(self, name) for name in self.tensor_fields()]
 
     def to(self, device: torch.device | str, non_blocking: bool = True) -> "THDBatch":
         """Copy every tensor to ``device``; host ints stay host ints (no sync).
@@ -271,4 +270,6 @@ def _from_fields(cls: type, fields: dict) -> THDBatch:
 
 
 def _from_wire(cls: type, host: dict, layout: list, payload: bytearray) -> THDBatch:
-    return cls(**from_wire(host, layout, payload))
+    fields = from_wire(host, layout, payload)
+    fields.setdefault("cu_seqlens_padded", fields["cu_seqlens"])
+    return cls(**fields)
