@@ -31,6 +31,7 @@ import dataclasses
 import os
 import shutil
 import time
+from contextlib import nullcontext
 
 from _util import HERE, emit, median
 
@@ -71,13 +72,11 @@ def time_served(ds, cp: int, workers: int, count: int, seed: int) -> dict:
     for _ in range(min(50, count)):  # start the workers, fill their queues
         next(batches)
     wall, cpu = time.perf_counter(), time.process_time()
-    served = 0
     for _ in range(count):
         next(batches)
-        served += 1
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     del batches, loader
-    return {"batches_per_s": served / wall, "main_cpu_ms": cpu / served * 1e3}
+    return {"batches_per_s": count / wall, "main_cpu_ms": cpu / count * 1e3}
 
 
 class per_tensor_pickling:
@@ -147,10 +146,7 @@ def main() -> None:
         served = {v: [] for v in variants}
         for r in range(args.runs):  # interleaved, so every variant sees the same machine
             for ipc, workers in variants:
-                if ipc == "per tensor":
-                    with per_tensor_pickling():
-                        served[(ipc, workers)].append(time_served(ds, args.cp, workers, args.served_batches, r))
-                else:
+                with per_tensor_pickling() if ipc == "per tensor" else nullcontext():
                     served[(ipc, workers)].append(time_served(ds, args.cp, workers, args.served_batches, r))
         served_rows = []
         for (ipc, workers), rows in served.items():
@@ -170,7 +166,8 @@ def main() -> None:
             flops = mean_pack_flops(ds, model)
             demand = args.cp * gpu_flops / (flops * args.micro_batch)  # batches a second the CP group consumes
             emit({"what": "demand", "model": name, "training_flops_per_pack": flops, "cp": args.cp,
-                  "gpu_tflops": gpu_flops / 1e12, "peak_tflops": args.peak_tflops, "mfu": args.mfu, "batches_per_s": demand, "headroom_one_worker": one / demand,
+                  "gpu_tflops": gpu_flops / 1e12, "peak_tflops": args.peak_tflops, "mfu": args.mfu,
+                  "batches_per_s": demand, "headroom_one_worker": one / demand,
                   "headroom_per_tensor": None if per is None else per / demand})
         built = len(batches) / sec  # micro-batches a second; evenly spread, so their packs are the mean pack
         emit({"what": "summary", "packs": packs, "tokens": tokens, "micro_batch": args.micro_batch, "cp": args.cp,
