@@ -44,6 +44,8 @@ BAD_LINES = [
     ('{"input_ids": 7, "loss_mask": [0, 1, 1]}', "line 3: field 'input_ids' is not a list"),
     ('{"input_ids": [1, 2, 3], "loss_mask": [0, 1]}', "line 3: loss_mask has 2 values but input_ids has 3"),
     ('{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 2]}', "line 3: loss_mask[2] = 2 is not 0 or 1"),
+    ('{"input_ids": [1, 2, 3], "loss_mask": [false, true, "yes"]}', "line 3: loss_mask[2] = 'yes' is not an integer"),
+    ('{"input_ids": [1, true, 3], "loss_mask": [0, 1, 1]}', "line 3: input_ids[1] = True is not an integer"),
     ('{"input_ids": [1, 2, 3]}', "line 3: missing field 'loss_mask'"),
     ('{"input_ids": [1, 2, 40000], "loss_mask": [0, 1, 1]}', "line 3: input_ids[2] = 40000 is >= vocab size 32000"),
 ]
@@ -399,6 +401,36 @@ def test_spill_dir_holds_the_spill_and_is_emptied(synthetic_parquet, tmp_path, m
     assert os.path.dirname(spill_dir) == str(spill) and spill_bytes == default_bytes > 0
     assert list(spill.iterdir()) == []  # removed at the end
     assert _files(tmp_path / "elsewhere") == _files(tmp_path / "beside")
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "arrow"])
+def test_boolean_loss_masks_pack_as_their_integers(synthetic_parquet, tmp_path, fmt):
+    """A loss mask of booleans (JSON true/false, Arrow list<bool>) packs to the same shards as the
+    same mask in 0/1 integers, and verify --source replays it."""
+    import pyarrow.feather as feather
+
+    table = pq.read_table(synthetic_parquet)
+    as_bools = table.set_column(table.schema.get_field_index("loss_mask"), "loss_mask",
+                                table.column("loss_mask").cast(pa.list_(pa.bool_())))
+    paths = {}
+    for name, t in (("ints", table), ("bools", as_bools)):
+        path = tmp_path / f"{name}.{fmt}"
+        if fmt == "jsonl":
+            path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in t.to_pylist()))
+        elif fmt == "parquet":
+            pq.write_table(t, path, row_group_size=1000)
+        else:
+            feather.write_feather(t, path, compression="uncompressed")
+        paths[name] = path
+        result = run("pack", path, "-o", tmp_path / f"out-{name}", "--pack-size", 2048)
+        assert result.exit_code == 0, result.output
+    if fmt == "jsonl":
+        assert paths["bools"].read_bytes().startswith(b'{"input_ids":[') and b"true" in paths["bools"].read_bytes()
+    shards = {name: {p.name: p.read_bytes() for p in (tmp_path / f"out-{name}").glob("packs-*")}
+              for name in paths}
+    assert shards["ints"] and shards["bools"] == shards["ints"]
+    result = run("verify", tmp_path / "out-bools", "--source", paths["bools"])
+    assert result.exit_code == 0, result.output
 
 
 @pytest.mark.parametrize("extra", [[], ["--format", "megatron-bridge"]], ids=["native", "bridge"])

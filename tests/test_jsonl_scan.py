@@ -8,6 +8,7 @@ import random
 
 import numpy as np
 import orjson
+import pyarrow as pa
 import pytest
 
 from packer_cli.sources import _jsonl_scan as scan
@@ -15,6 +16,8 @@ from packer_cli.sources.readers import BATCH_ROWS, read_jsonl, read_jsonl_orjson
 
 FIELDS = ["input_ids", "loss_mask", "answer_start_idx"]
 SCALAR = {"answer_start_idx"}
+FLAGS = {"loss_mask"}  # may hold true/false as well as integers
+KINDS = np.array([scan.SCALAR if f in SCALAR else scan.FLAGS if f in FLAGS else scan.LIST for f in FIELDS], np.int8)
 
 
 def _json_value(rng: random.Random, depth: int = 0):
@@ -44,7 +47,10 @@ def _record(rng: random.Random) -> bytes:
     rng.shuffle(keys)
     for key in keys:
         roll = rng.random()
-        if key in ("input_ids", "loss_mask"):
+        if key == "loss_mask" and roll < 0.3:  # booleans, sometimes mixed with integers
+            rec[key] = [rng.random() < 0.5 if rng.random() < 0.98 else rng.choice([0, 1, 2, None, "1"])
+                        for _ in range(n)]
+        elif key in ("input_ids", "loss_mask"):
             if roll < 0.9:
                 rec[key] = [rng.choice([0, 1, 7, 31999, 2**31 - 1, -(2**31), -1, 2**31, 10**12]) if rng.random() < 0.03
                             else rng.randrange(100) for _ in range(n)]
@@ -90,7 +96,7 @@ def _scan_one(line: bytes):
     slow_rows = np.empty(1, np.int64)
     slow_spans = np.empty((1, 2), np.int64)
     scan.scan(buf, 0, buf.size, True, 1, np.frombuffer(b"".join(names), np.uint8),
-              np.cumsum([0] + [len(n) for n in names]).astype(np.int64), np.array([f in SCALAR for f in FIELDS]),
+              np.cumsum([0] + [len(n) for n in names]).astype(np.int64), KINDS,
               state, np.empty(1, np.int64), offsets, values, scalars, slow_rows, slow_spans)
     if state[scan.ROWS] == 0:
         return None, None  # blank
@@ -103,7 +109,7 @@ def _scan_one(line: bytes):
 
 def test_accepted_records_match_orjson():
     rng = random.Random(1234)
-    accepted = given_up = 0
+    accepted = given_up = flags_read = 0
     for i in range(30000):
         line = _record(rng)
         if i % 2:
@@ -118,8 +124,19 @@ def test_accepted_records_match_orjson():
         accepted += 1
         record = orjson.loads(line)  # must not raise
         assert isinstance(record, dict)
-        assert [record[f] for f in FIELDS] == values, line
-    assert accepted > 3000 and given_up > 3000  # both paths exercised
+        assert [_as_read(f, record[f]) for f in FIELDS] == values, line
+        flags_read += any(type(v) is bool for v in record["loss_mask"])
+    assert accepted > 3000 and given_up > 3000 and flags_read > 300  # all paths exercised
+
+
+def _as_read(field: str, value):
+    """What the scanner must read for a value orjson parsed: booleans only in a flag field (as 1/0),
+    never in any other field (``True == 1`` would hide one)."""
+    if isinstance(value, list):
+        assert field in FLAGS or not any(type(v) is bool for v in value)
+        return [int(v) if type(v) is bool else v for v in value]
+    assert type(value) is not bool
+    return value
 
 
 def _number_text(rng: random.Random) -> bytes:
@@ -171,12 +188,14 @@ def test_reader_matches_orjson_reader(tmp_path, compress):
     data = b"\n".join(lines) + (b"\n" if compress else b"")  # one file ends without a newline
     path = tmp_path / ("d.jsonl.gz" if compress else "d.jsonl")
     path.write_bytes(gzip.compress(data) if compress else data)
-    got = list(read_jsonl(str(path), FIELDS, SCALAR))
-    want = list(read_jsonl_orjson(str(path), FIELDS, SCALAR))
+    got = list(read_jsonl(str(path), FIELDS, SCALAR, flag_fields=FLAGS))
+    want = list(read_jsonl_orjson(str(path), FIELDS, SCALAR, flag_fields=FLAGS))
     assert len(got) == len(want) == 4
     for g, w in zip(got, want):
         assert (g.path, g.row0, g.pre_bad) == (w.path, w.row0, w.pre_bad)
         np.testing.assert_array_equal(g.lines, w.lines)
+        for batch in (g.batch, w.batch):  # booleans are read as integers on both paths
+            assert all(pa.types.is_integer(t.value_type if pa.types.is_list(t) else t) for t in batch.schema.types)
         assert g.batch.to_pydict() == w.batch.to_pydict()
 
 
@@ -190,3 +209,48 @@ def test_scanner_grows_its_buffers(tmp_path, monkeypatch):
     got = [b for batch in read_jsonl(str(path), ["input_ids", "loss_mask"], set())
            for b in batch.batch.to_pylist()]
     assert got == rows
+
+
+_LINE = b'{"input_ids":[5,6],"loss_mask":%s,"answer_start_idx":0}'
+
+
+@pytest.mark.parametrize("mask,read", [
+    (b"[true,false]", [1, 0]),
+    (b"[ false , true\t]", [0, 1]),
+    (b"[false]", [0]),
+    (b"[true, 1]", None),  # mixed: orjson's path reads it
+    (b"[1, true]", None),
+    (b"[true,]", None),  # malformed: orjson's path reports it
+    (b"[truex, false]", None),
+    (b"[tru, false]", None),
+    (b"[true false]", None),
+    (b"[True, false]", None),
+    (b"[true, null]", None),
+])
+def test_flag_lists_read_as_integers(mask, read):
+    ok, values = _scan_one(_LINE % mask)
+    assert ok is (read is not None)
+    if read is not None:
+        assert values == [[5, 6], read, 0]
+
+
+@pytest.mark.parametrize("line", [
+    b'{"input_ids":[true,false],"loss_mask":[1,0],"answer_start_idx":0}',
+    b'{"input_ids":[5,6],"loss_mask":[1,0],"answer_start_idx":true}',
+])
+def test_booleans_only_in_flag_fields(line):
+    assert _scan_one(line) == (False, None)
+
+
+def test_reader_reads_boolean_masks_and_names_what_it_cannot(tmp_path):
+    lines = [_LINE % m for m in (b"[true,false]", b"[true, 1]", b'[true, "1"]', b"[1, 0]")]
+    lines.append(b'{"input_ids":[5,true],"loss_mask":[1,0],"answer_start_idx":0}')
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    for read in (read_jsonl, read_jsonl_orjson):
+        (batch,) = read(str(path), FIELDS, SCALAR, flag_fields=FLAGS)
+        assert batch.batch.column("loss_mask").to_pylist() == [[1, 0], [1, 1], None, [1, 0], [1, 0]]
+        assert batch.pre_bad == {2: "loss_mask[1] = '1' is not an integer",
+                                 4: "input_ids[1] = True is not an integer"}
+    (batch,) = read_jsonl(str(path), FIELDS, SCALAR)  # not a flag field: booleans are not integers
+    assert batch.pre_bad[0] == "loss_mask[0] = True is not an integer"

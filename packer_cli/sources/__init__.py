@@ -68,12 +68,13 @@ class SampleStream:
         self.supervision = sup = self._detect()
         fields = [self.spec.tokens_field] + ([sup.field] if sup.field else [])
         scalar = {sup.field} if sup.kind == "answer" else set()
+        flags = {sup.field} if sup.kind == "mask" else set()
         # The first record decided that every token is a target; a later record with a
         # supervision field would have it ignored, so it is an error instead.
         absent = tuple(n for n in SUPERVISION_FIELDS if n != self.spec.tokens_field) if sup.kind == "all" else ()
         for file in self.files:
             before = self.records
-            for raw in read_file(file, fields, scalar, self.arrow_parquet, absent):
+            for raw in read_file(file, fields, scalar, self.arrow_parquet, absent, flags):
                 n = raw.batch.num_rows
                 last = self.segments[-1] if self.segments else None
                 if last and last.path == raw.path and last.first_row + last.count == raw.row0:

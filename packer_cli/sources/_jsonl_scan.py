@@ -3,7 +3,8 @@
 :func:`scan` walks the bytes of complete lines once. For every record it either
 
 * fully parses it — a JSON object whose wanted fields each appear once, as a list of integers
-  (or an integer, for scalar fields) within int32 — and appends the values to flat arrays, or
+  within int32 (or an integer, for scalar fields; or a list of ``true``/``false``, read as 1/0,
+  for flag fields such as a loss mask) — and appends the values to flat arrays, or
 * gives up on it and records the line's byte span, so the reader can hand exactly that line to
   the orjson path, which reports problems with the same messages as before.
 
@@ -29,6 +30,9 @@ _FLAGS = {"cache": True, "nogil": True, "boundscheck": False}
 #: Small helpers are inlined into their callers (numba does not inline across njit functions by itself).
 _INLINE = dict(_FLAGS, inline="always")
 
+#: What a wanted field holds (``kinds``): a list of integers, one integer, or a list of integers
+#: or booleans (a loss mask; ``true``/``false`` read as 1/0).
+LIST, SCALAR, FLAGS = 0, 1, 2
 #: Values of ``state`` (an int64 array shared with the caller between calls).
 ROWS, LINE, SLOW, STATUS = 0, 1, 2, 3
 #: Why :func:`scan` returned.
@@ -418,6 +422,50 @@ def _int_list(buf, i, end, values, k, n):
 
 
 @njit(**_INLINE)
+def _bool_list(buf, i, end, values, k, n):
+    """Parse a non-empty list of JSON booleans at ``i`` into ``values[k, n:]`` as 1/0.
+
+    Same returns as :func:`_int_list`. A list mixing booleans with anything else is given up on
+    (orjson's path reads it).
+    """
+    cap = values.shape[1]
+    i = _ws(buf, i + 1, end)  # past the '['
+    while True:
+        if i + 4 <= end and buf[i] == 116 and buf[i + 1] == 114 and buf[i + 2] == 117 and buf[i + 3] == 101:
+            v = 1
+            i += 4
+        elif (i + 5 <= end and buf[i] == 102 and buf[i + 1] == 97 and buf[i + 2] == 108 and buf[i + 3] == 115
+              and buf[i + 4] == 101):
+            v = 0
+            i += 5
+        else:
+            return -1, 0
+        if n == cap:
+            return -1, -1
+        values[k, n] = v
+        n += 1
+        i = _ws(buf, i, end)
+        if i >= end:
+            return -1, 0
+        c = buf[i]
+        if c == _COMMA:
+            i = _ws(buf, i + 1, end)
+            continue
+        if c == _RBRACKET:
+            return i + 1, n
+        return -1, 0
+
+
+@njit(**_INLINE)
+def _starts_bool_list(buf, i, end):
+    """Whether the value at ``i`` is a list whose first item starts like ``true`` or ``false``."""
+    if i >= end or buf[i] != _LBRACKET:
+        return False
+    i = _ws(buf, i + 1, end)
+    return i < end and (buf[i] == 116 or buf[i] == 102)
+
+
+@njit(**_INLINE)
 def _field_of(buf, a, b, names, name_offsets):
     for k in range(name_offsets.size - 1):
         lo = name_offsets[k]
@@ -434,9 +482,9 @@ def _field_of(buf, a, b, names, name_offsets):
 
 
 @njit(**_FLAGS)
-def _record(buf, i, end, names, name_offsets, scalar, row, offsets, values, scalars, seen, stack):
+def _record(buf, i, end, names, name_offsets, kinds, row, offsets, values, scalars, seen, stack):
     """Parse one record spanning ``buf[i:end]``; 1 parsed, 0 give up, -1 out of value space."""
-    k_fields = scalar.shape[0]  # the wanted fields; the names after them are fields no record may have
+    k_fields = kinds.shape[0]  # the wanted fields; the names after them are fields no record may have
     for k in range(k_fields):
         seen[k] = False
         offsets[k, row + 1] = offsets[k, row]
@@ -466,14 +514,17 @@ def _record(buf, i, end, names, name_offsets, scalar, row, offsets, values, scal
                     return 0
             elif seen[k]:
                 return 0
-            elif scalar[k]:
+            elif kinds[k] == SCALAR:
                 v, i = _int(buf, i, end)
                 if i < 0:
                     return 0
                 scalars[k, row] = v
                 seen[k] = True
             else:
-                i, n = _int_list(buf, i, end, values, k, offsets[k, row])
+                if kinds[k] == FLAGS and _starts_bool_list(buf, i, end):
+                    i, n = _bool_list(buf, i, end, values, k, offsets[k, row])
+                else:
+                    i, n = _int_list(buf, i, end, values, k, offsets[k, row])
                 if i < 0:
                     return n
                 offsets[k, row + 1] = n
@@ -497,7 +548,7 @@ def _record(buf, i, end, names, name_offsets, scalar, row, offsets, values, scal
 
 
 @njit(**_FLAGS)
-def scan(buf, pos, end, eof, max_rows, names, name_offsets, scalar, state, lines, offsets, values, scalars,
+def scan(buf, pos, end, eof, max_rows, names, name_offsets, kinds, state, lines, offsets, values, scalars,
          slow_rows, slow_spans):
     """Scan complete lines of ``buf[pos:end]`` into the current batch; returns the new ``pos``.
 
@@ -531,14 +582,14 @@ def scan(buf, pos, end, eof, max_rows, names, name_offsets, scalar, state, lines
             pos = line_end + 1
             continue
         row = state[ROWS]
-        got = _record(buf, pos, line_end, names, name_offsets, scalar, row, offsets, values, scalars, seen, stack)
+        got = _record(buf, pos, line_end, names, name_offsets, kinds, row, offsets, values, scalars, seen, stack)
         if got < 0:
             state[STATUS] = NEED_SPACE
             return pos
         state[LINE] += 1
         lines[row] = state[LINE]
         if got == 0:
-            for k in range(scalar.shape[0]):
+            for k in range(kinds.shape[0]):
                 offsets[k, row + 1] = offsets[k, row]
             slow_rows[state[SLOW]] = row
             slow_spans[state[SLOW], 0] = pos

@@ -10,7 +10,7 @@ import gzip
 import io
 import zlib
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Collection, Iterator
 
 import numpy as np
 import orjson
@@ -81,8 +81,9 @@ def unexpected_supervision(where: str) -> DataError:
                      "field with --mask-field or --labels-field")
 
 
-def _value_problem(value, scalar: bool) -> str | None:
-    """Why one JSON value cannot be a token list (or an integer scalar); None if it can."""
+def _value_problem(value, scalar: bool, flags: bool = False) -> str | None:
+    """Why one JSON value cannot be a token list (or an integer scalar; or, for ``flags``, a list
+    of integers and booleans); None if it can."""
     if value is None:
         return None
     if scalar:
@@ -90,6 +91,8 @@ def _value_problem(value, scalar: bool) -> str | None:
     if not isinstance(value, list):
         return "is not a list"
     for j, item in enumerate(value):
+        if flags and isinstance(item, bool):
+            continue
         if isinstance(item, float) and item.is_integer() and not -(2**63) <= item < 2**63:
             return f"[{j}] = {item!r} is out of range"  # orjson reads integers beyond 64 bits as floats
         if not isinstance(item, int) or isinstance(item, bool):
@@ -99,12 +102,18 @@ def _value_problem(value, scalar: bool) -> str | None:
     return None
 
 
-def _column(name: str, values: list, scalar: bool, pre_bad: dict[int, str]) -> pa.Array:
-    """Arrow column of one field; values that are not integers become bad records."""
+def _column(name: str, values: list, scalar: bool, pre_bad: dict[int, str], flags: bool = False) -> pa.Array:
+    """Arrow column of one field; values that are not integers become bad records.
+
+    A ``flags`` field (a loss mask) may hold booleans too: they become the integers 1 and 0,
+    as the compiled scanner reads them.
+    """
     try:
         arr = pa.array(values)
         ok_type = pa.types.is_integer(arr.type) or pa.types.is_null(arr.type)
         if not scalar:
+            if flags and pa.types.is_list(arr.type) and pa.types.is_boolean(arr.type.value_type):
+                arr = arr.cast(pa.list_(pa.int64()))
             ok_type = pa.types.is_null(arr.type) or (
                 pa.types.is_list(arr.type)
                 and (pa.types.is_integer(arr.type.value_type) or pa.types.is_null(arr.type.value_type))
@@ -113,11 +122,13 @@ def _column(name: str, values: list, scalar: bool, pre_bad: dict[int, str]) -> p
             return arr
     except (pa.ArrowException, OverflowError, TypeError, ValueError):
         pass
-    for row, value in enumerate(values):  # slow path: only when something in the batch is wrong
-        problem = _value_problem(value, scalar)
+    for row, value in enumerate(values):  # slow path: something in the batch is wrong, or mixes types
+        problem = _value_problem(value, scalar, flags)
         if problem:
             pre_bad.setdefault(row, f"field '{name}' {problem}" if problem.startswith("is") else f"{name}{problem}")
             values[row] = None
+        elif flags and value and any(isinstance(item, bool) for item in value):
+            values[row] = [int(item) for item in value]  # booleans and integers in one list
     return pa.array(values, type=pa.int64() if scalar else pa.list_(pa.int64()))
 
 
@@ -163,13 +174,14 @@ def _field_values(record: dict, fields: list[str], pre_bad: dict[int, str], row:
 
 
 def _python_batch(path: str, row0: int, fields: list[str], scalar_fields: set[str], columns: dict[str, list],
-                  lines, pre_bad: dict[int, str]) -> RawBatch:
-    arrays = [_column(n, columns[n], n in scalar_fields, pre_bad) for n in fields]
+                  lines, pre_bad: dict[int, str], flag_fields: Collection[str] = ()) -> RawBatch:
+    arrays = [_column(n, columns[n], n in scalar_fields, pre_bad, n in flag_fields) for n in fields]
     batch = pa.RecordBatch.from_arrays(arrays, names=fields)
     return RawBatch(path, row0, batch, np.asarray(lines, dtype=np.int64), dict(pre_bad))
 
 
-def read_jsonl_orjson(path: str, fields: list[str], scalar_fields: set[str]) -> Iterator[RawBatch]:
+def read_jsonl_orjson(path: str, fields: list[str], scalar_fields: set[str],
+                      flag_fields: Collection[str] = ()) -> Iterator[RawBatch]:
     """Every record through orjson: the reference the compiled reader must match (see tests)."""
     columns: dict[str, list] = {name: [] for name in fields}
     lines: list[int] = []
@@ -177,7 +189,7 @@ def read_jsonl_orjson(path: str, fields: list[str], scalar_fields: set[str]) -> 
     row0 = 0
 
     def flush() -> RawBatch:
-        out = _python_batch(path, row0, fields, scalar_fields, columns, lines, pre_bad)
+        out = _python_batch(path, row0, fields, scalar_fields, columns, lines, pre_bad, flag_fields)
         for values in columns.values():
             values.clear()
         lines.clear()
@@ -209,8 +221,10 @@ class _ScannedBatches:
     assembles it, so messages and results do not change.
     """
 
-    def __init__(self, path: str, f, fields: list[str], scalar_fields: set[str], absent: tuple[str, ...] = ()):
+    def __init__(self, path: str, f, fields: list[str], scalar_fields: set[str], absent: tuple[str, ...] = (),
+                 flag_fields: Collection[str] = ()):
         self.path, self.f, self.fields, self.scalar_fields = path, f, fields, scalar_fields
+        self.flag_fields = flag_fields
         # Keys the scanner compares: the wanted fields, then the absent ones (a record with one
         # of those is given up on, so orjson reads it and :meth:`_mixed_batch` reports it).
         self.absent = absent
@@ -218,6 +232,10 @@ class _ScannedBatches:
         self.names = np.frombuffer(b"".join(encoded) or b"\0", dtype=np.uint8)
         self.name_offsets = np.cumsum([0] + [len(n) for n in encoded]).astype(np.int64)
         self.scalar = np.array([name in scalar_fields for name in fields], dtype=np.bool_)
+        from packer_cli.sources import _jsonl_scan as scan
+
+        self.kinds = np.array([scan.SCALAR if name in scalar_fields else scan.FLAGS if name in flag_fields
+                               else scan.LIST for name in fields], dtype=np.int8)
         self.buf = np.empty(SCAN_CHUNK, dtype=np.uint8)
         self.lo = self.hi = 0
         self.eof = False
@@ -280,7 +298,7 @@ class _ScannedBatches:
         state = np.zeros(4, dtype=np.int64)
         state[scan.LINE] = line0
         while True:
-            scan.scan(self.buf, lo, hi, True, rows, self.names, self.name_offsets, self.scalar, state, part.lines,
+            scan.scan(self.buf, lo, hi, True, rows, self.names, self.name_offsets, self.kinds, state, part.lines,
                       part.offsets, part.values, part.scalars, part.slow_rows, part.slow_spans)
             if state[scan.STATUS] != scan.NEED_SPACE:  # cannot happen: a value takes at least 2 bytes
                 break
@@ -357,7 +375,8 @@ class _ScannedBatches:
                           else values[k, offsets[k, row]:offsets[k, row + 1]].tolist() for k in range(len(self.fields))]
             for name, value in zip(self.fields, parsed):
                 columns[name].append(value)
-        return _python_batch(self.path, row0, self.fields, self.scalar_fields, columns, part.lines[:part.rows], pre_bad)
+        return _python_batch(self.path, row0, self.fields, self.scalar_fields, columns, part.lines[:part.rows], pre_bad,
+                             self.flag_fields)
 
 
 class _ScannedPart:
@@ -398,10 +417,13 @@ class _ScannedPart:
 
 
 def read_jsonl(path: str, fields: list[str], scalar_fields: set[str],
-               absent: tuple[str, ...] = ()) -> Iterator[RawBatch]:
-    """Batches of a JSON Lines file (plain, .gz or .zst) through the compiled scanner."""
+               absent: tuple[str, ...] = (), flag_fields: Collection[str] = ()) -> Iterator[RawBatch]:
+    """Batches of a JSON Lines file (plain, .gz or .zst) through the compiled scanner.
+
+    ``flag_fields`` (a loss mask) may hold ``true``/``false`` as well as integers; they are read as 1/0.
+    """
     with _open_text(path) as f:
-        yield from _ScannedBatches(path, f, fields, scalar_fields, absent)
+        yield from _ScannedBatches(path, f, fields, scalar_fields, absent, flag_fields)
 
 
 # --- Arrow family --------------------------------------------------------------------------
@@ -502,18 +524,21 @@ def read_ipc(path: str, fields: list[str], absent: tuple[str, ...] = ()) -> Iter
 
 
 def read_file(file: InputFile, fields: list[str], scalar_fields: set[str],
-              arrow_parquet: bool = False, absent: tuple[str, ...] = ()) -> Iterator[RawBatch]:
+              arrow_parquet: bool = False, absent: tuple[str, ...] = (),
+              flag_fields: Collection[str] = ()) -> Iterator[RawBatch]:
     """Raw batches of one input, wrapping every reader failure as a one-line DataError.
 
     ``arrow_parquet`` decodes Parquet with pyarrow instead of packer's own decoder. ``absent``:
     fields no record may have (the supervision fields, when the stream's first record has none,
     so that every token is a target: a record that has one is an error, not ignored).
+    ``flag_fields``: the loss mask, which JSON Lines may write with ``true``/``false`` (the
+    Arrow formats' boolean lists are taken by :mod:`.normalize`).
     """
     paths = file.parts or (file.path,)
     for path in paths:
         try:
             if file.format == "jsonl":
-                yield from read_jsonl(path, fields, scalar_fields, absent)
+                yield from read_jsonl(path, fields, scalar_fields, absent, flag_fields)
             elif file.format == "parquet":
                 yield from read_parquet(path, fields, arrow_parquet, absent)
             else:
