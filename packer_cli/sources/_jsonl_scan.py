@@ -421,7 +421,7 @@ def _int_list(buf, i, end, values, k, n):
         return -1, 0
 
 
-@njit(**_INLINE)
+@njit(**_FLAGS)  # not inlined: kept out of the integer lists' path
 def _bool_list(buf, i, end, values, k, n):
     """Parse a non-empty list of JSON booleans at ``i`` into ``values[k, n:]`` as 1/0.
 
