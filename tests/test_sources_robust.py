@@ -294,13 +294,40 @@ def test_ipc_file_with_a_damaged_head_or_inserted_bytes_is_a_data_error(tmp_path
 MALFORMED = {
     "one bad line": b"{bad\n",
     "two bad lines": b"{bad\n{bad\n",
-    "bom": b"\xef\xbb\xbf" + orjson.dumps(GOOD) + b"\n",
+    "bom on line 2": b"\n\xef\xbb\xbf" + orjson.dumps(GOOD) + b"\n",
     "nan": b'{"input_ids": [1, NaN], "loss_mask": [0, 1]}\n',
     "trailing text": orjson.dumps(GOOD) + b" x\n",
     "not utf-8": b'{"input_ids": [1, 2], "loss_mask": [0, 1], "t": "\xff"}\n',
     "400 digits": b"1" * 400 + b"\n",
     "deep nesting": b"[" * 100_000 + b"]" * 100_000 + b"\n",
 }
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "jsonl.gz", "jsonl.zst"])
+def test_a_byte_order_mark_at_the_start_is_skipped(tmp_path, suffix):
+    """A UTF-8 byte order mark before the first record (which pyarrow's JSON reader, and so HF
+    datasets, skip) is skipped: the output is the one of the file without it, and verify --source
+    replays it. Anywhere else it is malformed JSON, as orjson says."""
+    import gzip
+
+    import zstandard
+
+    compress = {"jsonl": bytes, "jsonl.gz": gzip.compress,
+                "jsonl.zst": zstandard.ZstdCompressor().compress}[suffix]
+    body = b"".join(orjson.dumps({"input_ids": [5, 6, i + 7], "loss_mask": [0, 1, 1]}) + b"\n" for i in range(50))
+    for name, data in (("plain", body), ("marked", b"\xef\xbb\xbf" + body)):
+        path = tmp_path / f"{name}.{suffix}"
+        path.write_bytes(compress(data))
+        result = run("pack", path, "-o", tmp_path / f"out-{name}", "--pack-size", 64)
+        assert result.exit_code == 0, result.output
+    shards = [{p.name: p.read_bytes() for p in (tmp_path / f"out-{name}").glob("packs-*")} for name in ("plain", "marked")]
+    assert shards[0] and shards[0] == shards[1]
+    result = run("verify", tmp_path / "out-marked", "--source", tmp_path / f"marked.{suffix}")
+    assert result.exit_code == 0, result.output
+    assert records(tmp_path / f"marked.{suffix}") == 50
+    (tmp_path / "twice").mkdir()
+    (tmp_path / "twice" / f"d.{suffix}").write_bytes(compress(b"\xef\xbb\xbf" * 2 + body))
+    assert_pack_refuses(tmp_path / "twice", tmp_path / "twice" / f"d.{suffix}", "line 1: malformed JSON")
 
 
 @pytest.mark.parametrize("policy", ["error", "skip"])
@@ -313,7 +340,8 @@ def test_a_file_of_only_malformed_json_names_the_line(tmp_path, content, policy)
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
     assert "missing field" not in result.output
     if policy == "error":
-        assert "data.jsonl: line 1: malformed JSON" in result.output, result.output
+        line = 2 if content.startswith(b"\n") else 1
+        assert f"data.jsonl: line {line}: malformed JSON" in result.output, result.output
     else:  # every record skipped as bad: nothing to pack, and no output that looks valid
         assert "no samples" in result.output, result.output
     assert_nothing_written(tmp_path)

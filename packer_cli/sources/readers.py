@@ -65,13 +65,29 @@ class _ZstdReader(io.RawIOBase):
         super().close()
 
 
+#: UTF-8's byte order mark: JSON parsers may ignore one at the start of the text (RFC 8259 §8.1),
+#: and pyarrow's JSON reader (so HF ``datasets``) does; orjson refuses it.
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def _open_text(path: str):
+    """The (decompressed) bytes of a JSON Lines file, past a byte order mark at its start."""
     suffix = path.lower()  # as discover.format_of matched it: DATA.JSONL.GZ is gzip too
     if suffix.endswith(".gz"):
-        return gzip.open(path, "rb")
-    if suffix.endswith(".zst"):
-        return io.BufferedReader(_ZstdReader(path), buffer_size=1 << 20)
-    return open(path, "rb", buffering=1 << 20)
+        f = gzip.open(path, "rb")
+    elif suffix.endswith(".zst"):
+        f = io.BufferedReader(_ZstdReader(path), buffer_size=1 << 20)
+    else:
+        f = open(path, "rb", buffering=1 << 20)
+    try:
+        # peek fills the buffer; were it ever to return fewer than 3 bytes of a longer file, the
+        # mark would stay, and line 1 be reported as malformed JSON (never read wrongly)
+        if f.peek(len(UTF8_BOM)).startswith(UTF8_BOM):
+            f.read(len(UTF8_BOM))
+    except BaseException:
+        f.close()
+        raise
+    return f
 
 
 def unexpected_supervision(where: str) -> DataError:
