@@ -29,16 +29,24 @@ def median(values) -> float:
     return float(statistics.median(values))
 
 
-def _peak_rss(pid: int) -> int | None:
-    """VmHWM (the process's resident high-water mark since exec), in bytes; None once it exited."""
+#: Fields of /proc/PID/status polled by :func:`run_measured`: the resident high-water mark, and
+#: the two parts of the resident set now (anonymous memory; pages of mapped files, shared
+#: libraries included).
+_RSS_FIELDS = {"VmHWM:": "hwm", "RssAnon:": "anon", "RssFile:": "file"}
+
+
+def _rss(pid: int) -> dict[str, int] | None:
+    """The process's :data:`_RSS_FIELDS` in bytes; None once it exited."""
+    found = {}
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
+                key = _RSS_FIELDS.get(line.split(None, 1)[0] if line.strip() else "")
+                if key:
+                    found[key] = int(line.split()[1]) * 1024
     except (OSError, ValueError):
         return None
-    return None
+    return found or None
 
 
 def user_env() -> dict:
@@ -57,18 +65,22 @@ def run_measured(cmd: list[str], env: dict | None = None, cwd: str | None = None
 
     Peak RSS is the child's ``VmHWM``, polled every 5 ms until it exits: ``wait4``'s
     ``ru_maxrss`` would also count the parent's pages (a child started with ``vfork`` inherits
-    the parent's high-water mark at ``exec``). Raises ``RuntimeError`` with the tail of stderr
-    when the command fails.
+    the parent's high-water mark at ``exec``). The same polls keep the largest ``RssAnon`` and
+    ``RssFile`` seen: how much of the peak is the process's own memory, and how much is pages of
+    mapped files (shared libraries: how many of those count depends on how the page cache holds
+    them, see benchmarks/README.md). Raises ``RuntimeError`` with the tail of stderr when the
+    command fails.
     """
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env if env is not None else user_env(), cwd=cwd)
-        peak = 0
+        peaks = dict.fromkeys(_RSS_FIELDS.values(), 0)
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
-            peak = max(peak, _peak_rss(proc.pid) or 0)
+            for key, value in (_rss(proc.pid) or {}).items():
+                peaks[key] = max(peaks[key], value)
             time.sleep(0.005)
         wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -79,7 +91,9 @@ def run_measured(cmd: list[str], env: dict | None = None, cwd: str | None = None
         raise RuntimeError(f"{' '.join(cmd[:4])} ... failed ({proc.returncode}): {stderr.strip()[-2000:]}")
     return {
         "wall_s": wall,
-        "peak_rss_bytes": peak,
+        "peak_rss_bytes": peaks["hwm"],
+        "peak_rss_anon_bytes": peaks["anon"],
+        "peak_rss_file_bytes": peaks["file"],
         "wait4_maxrss_bytes": usage.ru_maxrss * 1024,
         "cpu_s": usage.ru_utime + usage.ru_stime,
         "stdout": stdout,

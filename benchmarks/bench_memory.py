@@ -10,7 +10,14 @@ page cache, other jobs), which is as much as the whole per-sample term of 1.8 M 
 at 16 B. So both sizes run ``--repeats`` times, interleaved, and the growth is taken between
 the median peaks (every peak is reported).
 
-    python benchmarks/bench_memory.py --input benchmarks/_data/sft4k_200000.parquet --times 10 --repeats 3
+The peak's two parts are reported too, each the largest seen while polling: ``RssAnon``
+(packer's own memory: what grows with the samples) and ``RssFile`` (pages of mapped files,
+mostly shared libraries; how much of a mapped library counts depends on how the page cache
+holds it, which moves the whole peak by tens of MB from one state of the machine to another,
+see benchmarks/README.md). The growth of the anonymous part is reported beside the growth of
+the peak.
+
+    python benchmarks/bench_memory.py --input benchmarks/_data/sft4k_200000.parquet --times 10 --repeats 5
 
 With ``--verify-source`` each output is also checked with ``packer verify OUT --source INPUT...``
 before it is removed, and that process's peak RSS is reported the same way (no target: it
@@ -46,6 +53,7 @@ def measure(inputs: list[str], pack_size: int, fmt: str = "native", verify: bool
     r = run_measured(cmd)
     summary = json.loads(r["stdout"])
     row = {"copies": len(inputs), "seconds": r["wall_s"], "peak_rss_bytes": r["peak_rss_bytes"],
+           "peak_rss_anon_bytes": r["peak_rss_anon_bytes"], "peak_rss_file_bytes": r["peak_rss_file_bytes"],
            "samples": summary["counts"]["samples_packed"], "records": summary["counts"]["records"],
            "tokens": summary["counts"]["runtime_tokens"] + summary["counts"]["samples_packed"],
            "out_bytes": dir_bytes(OUT)}
@@ -63,6 +71,9 @@ def _median_row(rows: list[dict]) -> dict:
     row = dict(ordered[len(ordered) // 2])
     row["peaks"] = [r["peak_rss_bytes"] for r in rows]
     row["all_seconds"] = [r["seconds"] for r in rows]
+    for part in ("anon", "file"):  # each part's own median (its median run need not be the peak's)
+        values = sorted(r[f"peak_rss_{part}_bytes"] for r in rows)
+        row[f"median_{part}_bytes"] = values[len(values) // 2]
     return row
 
 
@@ -78,7 +89,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--input", required=True)
     ap.add_argument("--times", type=int, default=10)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--pack-size", type=int, default=4096)
     ap.add_argument("--format", default="native", help="native or megatron-bridge (the output written)")
     ap.add_argument("--verify-source", action="store_true", help="also measure `packer verify OUT --source IN...`")
@@ -94,7 +105,9 @@ def main() -> None:
         small["verify_source"], large["verify_source"] = _median_verify(smalls), _median_verify(larges)
     extra = large["records"] - small["records"]
     growth = large["peak_rss_bytes"] - small["peak_rss_bytes"]
+    growth_anon = large["median_anon_bytes"] - small["median_anon_bytes"]
     emit({"what": "summary", "format": args.format, "small": small, "large": large, "growth_bytes": growth, "repeats": args.repeats,
+          "growth_anon_bytes": growth_anon, "growth_anon_per_extra_sample": growth_anon / extra,
           "growth_per_extra_sample": growth / extra, "growth_per_extra_token": growth / (large["tokens"] - small["tokens"]),
           "per_sample_target": PER_SAMPLE_BYTES,
           "growth_within_target": growth <= PER_SAMPLE_BYTES * extra})

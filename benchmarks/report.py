@@ -376,17 +376,27 @@ def render(res: dict, targets: dict) -> str:
                    f"exits. Each size ran {reps} times, interleaved; the table shows the median run and every peak, "
                    "and the growth is taken between the medians (one peak moves by tens of MB between identical "
                    "runs here, as much as the whole per-sample term).\n")
+        parts = "median_anon_bytes" in mem["small"]
         rows = [[f"{r['copies']}×", f"{r['records']:,}", f"{r['tokens'] / 1e6:,.0f} M", f"{r['seconds']:.1f}",
                  f"{r['peak_rss_bytes'] / GB:.3f} GB",
                  ", ".join(f"{p / MB:,.0f}" for p in r.get("peaks", [r["peak_rss_bytes"]])),
+                 *([f"{r['median_anon_bytes'] / MB:,.0f} / {r['median_file_bytes'] / MB:,.0f}"] if parts else []),
                  f"{r['bound_bytes'] / GB:.3f} GB", "yes" if r["within_bound"] else "no"]
                 for r in (mem["small"], mem["large"])]
         out.append(_table(["input", "samples", "tokens", "seconds", "peak RSS (median)", "every peak, MB",
+                           *(["anonymous / file-backed, MB (medians)"] if parts else []),
                            "1.5 GB + 16 B/sample", "within"], rows) + "\n")
         out.append(f"Growth: {mem['growth_bytes'] / MB:,.0f} MB for "
                    f"{mem['large']['records'] - mem['small']['records']:,} extra samples = "
                    f"**{mem['growth_per_extra_sample']:.0f} B per sample** "
                    f"({mem['growth_per_extra_token']:.3f} B per extra token).\n")
+        if parts:
+            out.append(f"Of the peak, the anonymous part (packer's own memory) grew by "
+                       f"{mem['growth_anon_bytes'] / MB:,.0f} MB, {mem['growth_anon_per_extra_sample']:.0f} B per "
+                       f"extra sample. The file-backed part is pages of mapped files, mostly shared libraries "
+                       f"(libllvmlite.so alone 69–107 MB): it does not grow with the input, but how much of a mapped "
+                       f"library counts depends on how the page cache holds the file (benchmarks/README.md, "
+                       f"*Peak RSS and the page cache*).\n")
         if "verify_source" in mem["small"]:
             vs, vl = mem["small"]["verify_source"], mem["large"]["verify_source"]
             per_seq = (vl["peak_rss_bytes"] - vs["peak_rss_bytes"]) / max(1, vl["sequences"] - vs["sequences"])

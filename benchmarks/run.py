@@ -83,7 +83,7 @@ def main() -> None:
                                           "--tools", "cli,api,read_json", "--out", os.path.join(OUT, "jsonl")], log)
     if "memory" in wanted:
         results["memory"] = step("memory", ["bench_memory.py", "--input", parquet, "--times",
-                                            str(cfg["memory_times"]), "--repeats", "3", "--verify-source"], log)
+                                            str(cfg["memory_times"]), "--repeats", "5", "--verify-source"], log)
         # the same for Bridge's layout (once each: it is reported, not a target)
         results["memory_bridge"] = step("memory_bridge", ["bench_memory.py", "--input", parquet, "--times",
                                                           str(cfg["memory_times"]), "--repeats", "1",
