@@ -292,6 +292,13 @@ def test_audit_store_matches_native(small, tmp_path):
     b = inspect.inspect_output(str(tmp_path / "bridge")).to_dict()
     a.pop("out", None), b.pop("out", None)
     assert a == b
+    # inspect reads a Bridge split without its ids; one pack's detail reads them (rows, tokens)
+    for k in (0, len(rows) // 2, len(rows) - 1):
+        a = inspect.inspect_output(str(tmp_path / "native"), pack=k).to_dict()
+        b = inspect.inspect_output(str(tmp_path / "bridge"), pack=k).to_dict()
+        a.pop("out", None), b.pop("out", None)
+        assert a["pack"].pop("shard") == "packs-00000.arrow" and b["pack"].pop("shard") == "training_512.idx.parquet"
+        assert a["pack"]["pack"] == k and a == b
 
 
 # -- splits, the metadata array, atomic writes -------------------------------------------------

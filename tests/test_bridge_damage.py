@@ -95,15 +95,25 @@ def only(report, check: str):
     return found[0]
 
 
-def assert_cli_reports(out: Path, *texts: str) -> None:
-    """verify and inspect exit 1 naming ``texts``, with one-line messages and no traceback."""
-    for args in (["verify", str(out)], ["inspect", str(out)]):
+def assert_cli_reports(out: Path, *texts: str, commands=("verify", "inspect")) -> None:
+    """verify and inspect (or ``commands``) exit 1 naming ``texts``, with one-line messages and no traceback."""
+    for args in ([command, str(out)] for command in commands):
         result = runner.invoke(app, args)
         assert result.exit_code == 1, (args, result.output)
         assert result.exception is None or isinstance(result.exception, SystemExit), result.output
         assert "Traceback" not in result.output and "Warning" not in result.output, result.output
         for text in texts:
             assert text in result.output, (args, result.output)
+
+
+def assert_inspect_skips_the_ids(out: Path, r: int) -> None:
+    """Damage to the token ids is verify's to find: inspect, which never reads them (as on native
+    shards), reports the split; asked for the damaged pack's detail, it reads them and says so."""
+    result = runner.invoke(app, ["inspect", str(out)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["inspect", str(out), "--pack", str(r)])
+    assert result.exit_code == 1 and f"row {r}: " in result.output, result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
 
 
 def padded_sequence(table: pa.Table, min_row: int = 5) -> tuple[int, int, int, int, int]:
@@ -210,7 +220,8 @@ def test_nulls_in_a_list_column_are_a_finding(copy):
     write(out, table.set_column(0, pa.field("input_ids", arr.type), arr), table.schema.metadata)
     finding = only(verify(out), "shard.unreadable")
     assert finding.row == r and "input_ids holds a null value" in finding.message, finding.line()
-    assert_cli_reports(out, f"row {r}: input_ids holds a null value")
+    assert_cli_reports(out, f"row {r}: input_ids holds a null value", commands=("verify",))
+    assert_inspect_skips_the_ids(out, r)
 
 
 def test_a_null_row_is_a_finding(copy):
@@ -262,7 +273,11 @@ def test_rows_of_a_column_must_have_their_reference_lengths(copy, made, name, li
         assert finding.row == r and finding.message.startswith(f"{name} has "), finding.line()
         assert f"but {like} has" in finding.message, finding.line()
         assert report.packs == r
-    assert_cli_reports(out, f"row {r}: {name} has")
+    if like == "input_ids":
+        assert_cli_reports(out, f"row {r}: {name} has", commands=("verify",))
+        assert_inspect_skips_the_ids(out, r)
+    else:
+        assert_cli_reports(out, f"row {r}: {name} has")
     with pytest.raises(DataError, match=f"pack {r}: {name} has"):
         reader = PackedReader(out)
         for i in range(len(reader)):

@@ -231,9 +231,12 @@ def _list_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _check_lengths(cols: dict) -> None:
-    """Every row of ``loss_mask`` has ``input_ids``' length, of each packer column ``seq_start_id``'s."""
+    """Every row of ``loss_mask`` has ``input_ids``' length (when the ids were read), of each
+    packer column ``seq_start_id``'s."""
     for name, like, what in (("loss_mask", "input_ids", "values"),
                              *((col, "seq_start_id", "entries") for col in PACKER_COLUMNS)):
+        if like not in cols:
+            continue
         offsets, reference = cols[name][1], cols[like][1]
         if not np.array_equal(offsets, reference):  # both from 0, one entry a row more than rows
             n, m = np.diff(offsets), np.diff(reference)
@@ -307,7 +310,7 @@ def _check_stored_padding(ids, loss, a, b, s, sound, eos, seq_off, row_of_seq) -
 
 
 def native_columns(table: pa.Table, pad_id: int, *, check_padding: bool = False,
-                   eos: int | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+                   eos: int | None = None, tokens: bool = True) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The native columns (``values``, int64 ``offsets``) of all packs in ``table``, vectorized.
 
     ``table`` holds Bridge rows with packer's columns (one decoded row group, say), of the types
@@ -316,15 +319,22 @@ def native_columns(table: pa.Table, pad_id: int, *, check_padding: bool = False,
     a damaged ``seq_start_id``) raise :class:`BridgeRowError` naming the first; a real length
     outside ``0..p`` is kept in ``seq_lens`` for the pack checks (``pack.lengths``) and clipped
     for the conversion. ``check_padding`` also checks the stored padding against ``eos``.
+
+    ``tokens=False`` converts without the token ids (``table`` need not hold ``input_ids``: the
+    rows' lengths come from ``loss_mask``), for readers that never look at them (``inspect``);
+    the result has no ``tokens`` or ``last_token`` and the padding is not checked. Decoding the
+    ids is most of the work of reading a Bridge file.
     """
-    cols = {name: _list_column(table, name) for name in COLUMNS}
+    names = COLUMNS if tokens else tuple(name for name in COLUMNS if name != "input_ids")
+    cols = {name: _list_column(table, name) for name in names}
     _check_lengths(cols)
-    ids, row_off = cols["input_ids"]
+    ids, row_off = cols["input_ids"] if tokens else (None, cols["loss_mask"][1])
     starts, seq_off = cols["seq_start_id"]
     starts = starts.astype(np.int64, copy=False)
     n_rows = row_off.size - 1
     _check_starts(starts, seq_off, np.diff(row_off))
-    _check_ids(ids, row_off)
+    if tokens:
+        _check_ids(ids, row_off)
     counts = np.diff(seq_off)
     row_of_seq = np.repeat(np.arange(n_rows), counts)
     first = seq_off[:-1]
@@ -336,34 +346,43 @@ def native_columns(table: pa.Table, pad_id: int, *, check_padding: bool = False,
     real = cols["packer_seq_lens"][0].astype(np.int64)
     within = (real >= 0) & (real <= p)
     s = real if within.all() else np.clip(real, 0, p)  # the pack checks report the real ones
-    if check_padding:
+    if check_padding and tokens:
         _check_stored_padding(ids, cols["loss_mask"][0], a, b, s, within & (real >= 1), eos, seq_off, row_of_seq)
     P = np.concatenate([[0], np.cumsum(p)])
     # The runtime stream is the stored one without each sequence's last slot (its last label):
     # a boolean compress, not a gather (no per-token index arrays).
-    keep = np.ones(ids.size, dtype=bool)
+    keep = np.ones(int(row_off[-1]), dtype=bool)
     keep[b - 1] = False
-    tokens = ids[keep].astype(np.int32, copy=False)
-    pads = p - s  # alignment padding, stored as EOS: the native stream holds pad_id there
-    if pads.any():
-        first_pad = P[:-1] + s
-        before = np.cumsum(pads) - pads
-        tokens[np.repeat(first_pad - before, pads) + np.arange(int(pads.sum()))] = pad_id
     cu_off = first + np.arange(n_rows + 1)[:-1]
     cu_len = counts + 1
     cu_idx = np.arange(int(cu_len.sum())) - np.repeat(cu_off, cu_len) + np.repeat(first, cu_len)
     cu = (P[cu_idx] - np.repeat(P[first], cu_len)).astype(np.int32)
     per_seq = lambda name, dtype: (cols[name][0].astype(dtype), seq_off)  # noqa: E731
     token_offsets = P[seq_off]
-    return {
-        "tokens": (tokens, token_offsets),
+    columns = {
         "loss_mask": (cols["loss_mask"][0][keep].view(np.uint8), token_offsets),
         "cu_seqlens": (cu, seq_off + np.arange(n_rows + 1)),
         "seq_lens": (real.astype(np.int32), seq_off),
-        "last_token": (ids[a + s].astype(np.int32), seq_off),
         "source_index": per_seq("packer_source_index", np.int64),
         "source_offset": per_seq("packer_source_offset", np.int32),
     }
+    if tokens:
+        columns["tokens"] = (_runtime_tokens(ids, keep, P, p, s, pad_id), token_offsets)
+        columns["last_token"] = (ids[a + s].astype(np.int32), seq_off)
+    return columns
+
+
+def _runtime_tokens(ids, keep, P, p, s, pad_id) -> np.ndarray:
+    """The native token stream: the stored ids without each sequence's last slot, pad_id on the
+    alignment padding (stored as EOS) of each sequence (real length ``s``, runtime length ``p``,
+    starting at ``P``)."""
+    tokens = ids[keep].astype(np.int32, copy=False)
+    pads = p - s
+    if pads.any():
+        first_pad = P[:-1] + s
+        before = np.cumsum(pads) - pads
+        tokens[np.repeat(first_pad - before, pads) + np.arange(int(pads.sum()))] = pad_id
+    return tokens
 
 
 class _Group:

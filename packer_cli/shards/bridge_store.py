@@ -41,6 +41,11 @@ BATCH_TOKENS = 4 << 20
 _UNREADABLE = (OSError, pa.ArrowException, ValueError, IndexError)
 
 
+def _columns(tokens: bool) -> list[str]:
+    """The file's columns a conversion reads: all, or all but the token ids."""
+    return list(COLUMNS) if tokens else [name for name in COLUMNS if name != "input_ids"]
+
+
 class BridgeStore:
     """One split of a Bridge layout: its metadata, manifest and Parquet file."""
 
@@ -130,25 +135,53 @@ class BridgeStore:
         return pf
 
     @staticmethod
-    def _read_run(name: str, pf, first: int, end: int, row: int, convert):
+    def _read_run(name: str, pf, first: int, end: int, row: int, convert, tokens: bool = True):
         """Row groups ``first..end-1`` (starting at row ``row``) decoded as one native batch by
         ``convert`` (:func:`native_columns` with its settings); raises one of :data:`_UNREADABLE`
-        on a damaged file."""
+        on a damaged file.
+
+        Without ``tokens`` the ids are not decoded (``inspect``); a caller that asks for
+        ``tokens`` or ``last_token`` all the same (one pack's detail) has the run read again
+        with them."""
         from packer_cli.audit.store import PackBatch
 
-        table = pf.read_row_groups(range(first, end), columns=list(COLUMNS))
-        return PackBatch(name, row, table.num_rows, convert(table).__getitem__)
+        table = pf.read_row_groups(range(first, end), columns=_columns(tokens))
+        native = convert(table, tokens=tokens)
+        if tokens:
+            return PackBatch(name, row, table.num_rows, native.__getitem__)
 
-    def _one_group_at_a_time(self, name: str, pf, first: int, end: int, row: int, convert, exc: Exception):
+        def load(column: str):
+            if column not in native:
+                native.update(BridgeStore._with_tokens(name, pf, first, end, row, convert))
+            return native[column]
+
+        return PackBatch(name, row, table.num_rows, load)
+
+    @staticmethod
+    def _with_tokens(name: str, pf, first: int, end: int, row: int, convert) -> dict:
+        """The native columns of a run read without its ids, read again with them."""
+        from packer_cli.audit.store import ShardError, _first_line
+
+        try:
+            return convert(pf.read_row_groups(range(first, end), columns=_columns(True)))
+        except BridgeRowError as bad:
+            raise ShardError(name, bad.reason, row=row + bad.row) from None
+        except _UNREADABLE as exc:
+            raise ShardError(name, f"row groups {first}-{end - 1} are unreadable ({_first_line(exc)})",
+                             row=row) from None
+
+    def _one_group_at_a_time(self, name: str, pf, first: int, end: int, row: int, convert, exc: Exception,
+                             tokens: bool = True):
         """A run that failed to decode, again group by group: the groups before the damaged one
         as batches, then the ShardError naming it (the error path only: good runs are read whole)."""
         from packer_cli.audit.store import ShardError, _first_line
 
         for g in range(first, end):
             try:
-                batch = self._read_run(name, pf, g, g + 1, row, convert)
+                batch = self._read_run(name, pf, g, g + 1, row, convert, tokens)
             except BridgeRowError as bad:  # the rows before it, then the ShardError naming it
-                yield from self._rows_before(name, pf.read_row_group(g, columns=list(COLUMNS)), row, convert, bad)
+                yield from self._rows_before(name, pf.read_row_group(g, columns=_columns(tokens)), row,
+                                             partial(convert, tokens=tokens), bad)
             except _UNREADABLE as alone:
                 raise ShardError(name, f"row group {g} is unreadable ({_first_line(alone)})", row=row) from None
             yield batch
@@ -167,7 +200,12 @@ class BridgeStore:
             except BridgeRowError as earlier:  # a row before it fails a check made later
                 bad = earlier
                 continue
-            yield PackBatch(name, row, bad.row, columns.__getitem__)
+            def load(column: str, columns=columns, bad=bad):
+                if column not in columns:  # the ids, asked of rows read without them: the group is damaged
+                    raise ShardError(name, bad.reason, row=row + bad.row)
+                return columns[column]
+
+            yield PackBatch(name, row, bad.row, load)
             break
         raise ShardError(name, bad.reason, row=row + bad.row)
 
@@ -178,17 +216,20 @@ class BridgeStore:
     def read_shard(self, name: str, columns=None) -> Iterator:
         """Runs of row groups of the split's Parquet file as native :class:`PackBatch` runs.
 
-        The stored padding is checked when ``columns`` (all by default) include the tokens."""
-        return self._read(name, check_padding=columns is None or "tokens" in columns)
+        The token ids are decoded, and the stored padding checked, when ``columns`` (all by
+        default) include ``tokens`` or ``last_token``; otherwise (``inspect``) the ids are not
+        read at all, as a native output's are not."""
+        tokens = columns is None or bool({"tokens", "last_token"} & set(columns))
+        return self._read(name, check_padding=tokens, tokens=tokens)
 
-    def _read(self, name: str, check_padding: bool) -> Iterator:
+    def _read(self, name: str, check_padding: bool, tokens: bool = True) -> Iterator:
         pf = self._open(name)
         convert = self._converter(name, pf, check_padding)
         for first, end, row in self._batches(pf):
             try:
-                batch = self._read_run(name, pf, first, end, row, convert)
+                batch = self._read_run(name, pf, first, end, row, convert, tokens)
             except _UNREADABLE as exc:
-                yield from self._one_group_at_a_time(name, pf, first, end, row, convert, exc)
+                yield from self._one_group_at_a_time(name, pf, first, end, row, convert, exc, tokens)
                 return  # (not reached: the damaged group raises)
             yield batch
 
