@@ -431,14 +431,13 @@ def _bool_list(buf, i, end, values, k, n):
     cap = values.shape[1]
     i = _ws(buf, i + 1, end)  # past the '['
     while True:
-        if i + 4 <= end and buf[i] == 116 and buf[i + 1] == 114 and buf[i + 2] == 117 and buf[i + 3] == 101:
-            v = 1
-            i += 4
-        elif (i + 5 <= end and buf[i] == 102 and buf[i + 1] == 97 and buf[i + 2] == 108 and buf[i + 3] == 115
-              and buf[i + 4] == 101):
-            v = 0
-            i += 5
+        if i < end and buf[i] == 116:
+            v, i = 1, _literal(buf, i, end, _TRUE)
+        elif i < end and buf[i] == 102:
+            v, i = 0, _literal(buf, i, end, _FALSE)
         else:
+            return -1, 0
+        if i < 0:
             return -1, 0
         if n == cap:
             return -1, -1
