@@ -247,11 +247,11 @@ class _ScannedBatches:
         encoded = [name.encode() for name in (*fields, *absent)]
         self.names = np.frombuffer(b"".join(encoded) or b"\0", dtype=np.uint8)
         self.name_offsets = np.cumsum([0] + [len(n) for n in encoded]).astype(np.int64)
-        self.scalar = np.array([name in scalar_fields for name in fields], dtype=np.bool_)
         from packer_cli.sources import _jsonl_scan as scan
 
         self.kinds = np.array([scan.SCALAR if name in scalar_fields else scan.FLAGS if name in flag_fields
                                else scan.LIST for name in fields], dtype=np.int8)
+        self.scalar = self.kinds == scan.SCALAR
         self.buf = np.empty(SCAN_CHUNK, dtype=np.uint8)
         self.lo = self.hi = 0
         self.eof = False
