@@ -32,7 +32,7 @@ def median(values) -> float:
 #: Fields of /proc/PID/status polled by :func:`run_measured`: the resident high-water mark, and
 #: the two parts of the resident set now (anonymous memory; pages of mapped files, shared
 #: libraries included).
-_RSS_FIELDS = {"VmHWM:": "hwm", "RssAnon:": "anon", "RssFile:": "file"}
+_RSS_FIELDS = {"VmHWM": "hwm", "RssAnon": "anon", "RssFile": "file"}
 
 
 def _rss(pid: int) -> dict[str, int] | None:
@@ -41,9 +41,9 @@ def _rss(pid: int) -> dict[str, int] | None:
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                key = _RSS_FIELDS.get(line.split(None, 1)[0] if line.strip() else "")
-                if key:
-                    found[key] = int(line.split()[1]) * 1024
+                name, _, value = line.partition(":")
+                if name in _RSS_FIELDS:
+                    found[_RSS_FIELDS[name]] = int(value.split()[0]) * 1024
     except (OSError, ValueError):
         return None
     return found or None
