@@ -309,6 +309,11 @@ def _check_stored_padding(ids, loss, a, b, s, sound, eos, seq_off, row_of_seq) -
         raise BridgeRowError(r, f"seq {k - seq_off[r]}: {message}")
 
 
+def stored_columns(tokens: bool = True) -> list[str]:
+    """The file's columns :func:`native_columns` reads: all, or all but the token ids."""
+    return list(COLUMNS) if tokens else [name for name in COLUMNS if name != "input_ids"]
+
+
 def native_columns(table: pa.Table, pad_id: int, *, check_padding: bool = False,
                    eos: int | None = None, tokens: bool = True) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The native columns (``values``, int64 ``offsets``) of all packs in ``table``, vectorized.
@@ -325,8 +330,7 @@ def native_columns(table: pa.Table, pad_id: int, *, check_padding: bool = False,
     the result has no ``tokens`` or ``last_token`` and the padding is not checked. Decoding the
     ids is most of the work of reading a Bridge file.
     """
-    names = COLUMNS if tokens else tuple(name for name in COLUMNS if name != "input_ids")
-    cols = {name: _list_column(table, name) for name in names}
+    cols = {name: _list_column(table, name) for name in stored_columns(tokens)}
     _check_lengths(cols)
     ids, row_off = cols["input_ids"] if tokens else (None, cols["loss_mask"][1])
     starts, seq_off = cols["seq_start_id"]
@@ -430,7 +434,7 @@ class BridgeReader(PackedReader):
         if self._cached is None or self._cached[0] != g:
             pf, index = self._groups[g]
             try:
-                table = pf.read_row_group(index, columns=list(COLUMNS))
+                table = pf.read_row_group(index, columns=stored_columns())
             except (OSError, pa.ArrowException) as exc:
                 raise DataError(f"{self._paths[g]}: cannot read row group {index} ({first_line(exc)}); "
                                 f"run `packer verify` for a full report") from None

@@ -28,9 +28,9 @@ import pyarrow.parquet as pq
 from packer_cli.errors import DataError
 from packer_cli.shards.bridge import (BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, SPLITS, bridge_metadata_name, data_name,
                                       split_manifest_name, split_metadata_name)
-from packer_cli.shards.bridge_reader import (COLUMNS, BridgeRowError, file_eos, load_bridge_metadata,
+from packer_cli.shards.bridge_reader import (BridgeRowError, file_eos, load_bridge_metadata,
                                              native_columns, pad_id_of, read_split_manifest, resolve_split,
-                                             schema_problem)
+                                             schema_problem, stored_columns)
 
 
 #: Tokens decoded per batch, about a native record batch's: whole row groups (Bridge's are small,
@@ -39,11 +39,6 @@ from packer_cli.shards.bridge_reader import (COLUMNS, BridgeRowError, file_eos, 
 BATCH_TOKENS = 4 << 20
 #: What decoding a damaged file raises (pyarrow's errors; the row layout's own checks)
 _UNREADABLE = (OSError, pa.ArrowException, ValueError, IndexError)
-
-
-def _columns(tokens: bool) -> list[str]:
-    """The file's columns a conversion reads: all, or all but the token ids."""
-    return list(COLUMNS) if tokens else [name for name in COLUMNS if name != "input_ids"]
 
 
 class BridgeStore:
@@ -145,7 +140,7 @@ class BridgeStore:
         with them."""
         from packer_cli.audit.store import PackBatch
 
-        table = pf.read_row_groups(range(first, end), columns=_columns(tokens))
+        table = pf.read_row_groups(range(first, end), columns=stored_columns(tokens))
         native = convert(table, tokens=tokens)
         if tokens:
             return PackBatch(name, row, table.num_rows, native.__getitem__)
@@ -163,7 +158,7 @@ class BridgeStore:
         from packer_cli.audit.store import ShardError, _first_line
 
         try:
-            return convert(pf.read_row_groups(range(first, end), columns=_columns(True)))
+            return convert(pf.read_row_groups(range(first, end), columns=stored_columns()))
         except BridgeRowError as bad:
             raise ShardError(name, bad.reason, row=row + bad.row) from None
         except _UNREADABLE as exc:
@@ -180,7 +175,7 @@ class BridgeStore:
             try:
                 batch = self._read_run(name, pf, g, g + 1, row, convert, tokens)
             except BridgeRowError as bad:  # the rows before it, then the ShardError naming it
-                yield from self._rows_before(name, pf.read_row_group(g, columns=_columns(tokens)), row,
+                yield from self._rows_before(name, pf.read_row_group(g, columns=stored_columns(tokens)), row,
                                              partial(convert, tokens=tokens), bad)
             except _UNREADABLE as alone:
                 raise ShardError(name, f"row group {g} is unreadable ({_first_line(alone)})", row=row) from None
