@@ -485,6 +485,22 @@ def theirs(path, fields):
     t = pq.read_table(path, columns=fields)
     return t if t.num_rows else None
 
+def runs(path, fields):
+    # the whole file as runs of row groups (RowGroupRuns), the second run read ahead; a run
+    # left to pyarrow (None) is read by pyarrow, as its callers do
+    n = pq.ParquetFile(path).metadata.num_row_groups
+    cuts = [(0, n)] if n < 2 else [(0, n // 2), (n // 2, n)]
+    tables = []
+    with parquet_lists.RowGroupRuns(path) as r:
+        for k, (first, end) in enumerate(cuts):
+            batch = r.read(first, end, fields)
+            if k + 1 < len(cuts):
+                r.read_ahead(*cuts[k + 1], fields)
+            tables.append(pq.ParquetFile(path).read_row_groups(range(first, end), columns=fields)
+                          if batch is None else pa.Table.from_batches([batch]))
+    t = pa.concat_tables(tables) if tables else None
+    return t if t is not None and t.num_rows else None
+
 def attempt(fn, path, fields):
     try:
         return "ok", fn(path, fields), ""
@@ -503,10 +519,13 @@ for i in range(int(sys.argv[2]), len(jobs)):
     path, fields = jobs[i]
     say(i=i, phase="packer")
     s1, t1, d1 = attempt(ours_both_ways, path, fields)
+    say(i=i, phase="runs")
+    s3, t3, d3 = attempt(runs, path, fields)
     say(i=i, phase="pyarrow")
     s2, t2, d2 = attempt(theirs, path, fields)
     say(i=i, done=True, packer=s1, packer_detail=d1, pyarrow=s2, pyarrow_detail=d2,
-        equal=same(t1, t2) if s1 == s2 == "ok" else None)
+        equal=same(t1, t2) if s1 == s2 == "ok" else None,
+        runs=s3, runs_detail=d3, runs_equal=same(t3, t2) if s3 == s2 == "ok" else None)
 """
 
 
@@ -683,7 +702,8 @@ def _corrupt_variants(tmp_path: Path) -> list[tuple[str, Path, list[str]]]:
 def test_corrupt_files_raise_and_never_crash_or_lie(tmp_path):
     """~120 corrupted variants (truncated, holes, garbage or lying page headers, damaged levels and
     index bit widths, random bytes in the column chunks; snappy and uncompressed, dictionary and
-    plain): each read either raises ValueError /
+    plain), read by ListColumnReader and by RowGroupRuns (runs of row groups, one read ahead):
+    each read either raises ValueError /
     ArrowException / OSError or yields exactly what pyarrow yields — no crash, no hang, no other
     exception type. Data pyarrow rejects but packer yields is reported as a warning."""
     variants = _corrupt_variants(tmp_path)
@@ -691,9 +711,14 @@ def test_corrupt_files_raise_and_never_crash_or_lie(tmp_path):
     problems, lenient = [], []
     for (what, path, _), r in zip(variants, results):
         if "died" in r:
-            if r["phase"] == "packer":
-                problems.append(f"{what}: ListColumnReader {r['died']}\n{r['stderr'][-600:]}")
+            if r["phase"] in ("packer", "runs"):
+                reader = "ListColumnReader" if r["phase"] == "packer" else "RowGroupRuns"
+                problems.append(f"{what}: {reader} {r['died']}\n{r['stderr'][-600:]}")
             continue  # pyarrow itself died: not packer's decoder
+        if r["runs"] == "bad":
+            problems.append(f"{what}: RowGroupRuns raised an exception outside the contract:\n{r['runs_detail']}")
+        elif r["runs"] == "ok" and r["pyarrow"] == "ok" and not r["runs_equal"]:
+            problems.append(f"{what}: RowGroupRuns yielded data different from pyarrow's without an error")
         if r["packer"] == "bad":
             problems.append(f"{what}: raised an exception outside the contract:\n{r['packer_detail']}")
         elif r["packer"] == "ok" and r["pyarrow"] == "ok" and not r["equal"]:

@@ -19,6 +19,7 @@ starts, and, when the token ids are read (verify, not inspect), Bridge's stored 
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from functools import partial
 from typing import Iterator
 
@@ -26,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer_cli.errors import DataError
+from packer_cli.sources.parquet_lists import RowGroupRuns
 from packer_cli.shards.bridge import (BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, SPLITS, bridge_metadata_name, data_name,
                                       split_manifest_name, split_metadata_name)
 from packer_cli.shards.bridge_reader import (BridgeRowError, file_eos, load_bridge_metadata,
@@ -130,17 +132,21 @@ class BridgeStore:
         return pf
 
     @staticmethod
-    def _read_run(name: str, pf, first: int, end: int, row: int, convert, tokens: bool = True):
+    def _read_run(name: str, pf, first: int, end: int, row: int, convert, tokens: bool = True,
+                  runs: RowGroupRuns | None = None, then: tuple[int, int] | None = None):
         """Row groups ``first..end-1`` (starting at row ``row``) decoded as one native batch by
         ``convert`` (:func:`native_columns` with its settings); raises one of :data:`_UNREADABLE`
-        on a damaged file.
+        on a damaged file. ``runs`` decodes them when given (see :func:`_row_groups`), and then
+        starts on the groups ``then`` (the next run) while these are converted.
 
         Without ``tokens`` the ids are not decoded (``inspect``); a caller that asks for
         ``tokens`` or ``last_token`` all the same (one pack's detail) has the run read again
         with them."""
         from packer_cli.audit.store import PackBatch
 
-        table = pf.read_row_groups(range(first, end), columns=stored_columns(tokens))
+        table = _row_groups(pf, runs, first, end, stored_columns(tokens))
+        if runs is not None and then is not None:
+            runs.read_ahead(*then, stored_columns(tokens))
         native = convert(table, tokens=tokens)
         if tokens:
             return PackBatch(name, row, table.num_rows, native.__getitem__)
@@ -220,13 +226,16 @@ class BridgeStore:
     def _read(self, name: str, check_padding: bool, tokens: bool = True) -> Iterator:
         pf = self._open(name)
         convert = self._converter(name, pf, check_padding)
-        for first, end, row in self._batches(pf):
-            try:
-                batch = self._read_run(name, pf, first, end, row, convert, tokens)
-            except _UNREADABLE as exc:
-                yield from self._one_group_at_a_time(name, pf, first, end, row, convert, exc, tokens)
-                return  # (not reached: the damaged group raises)
-            yield batch
+        with _runs_of(self.out, name, pf) as runs:
+            batches = self._batches(pf)
+            for k, (first, end, row) in enumerate(batches):
+                then = batches[k + 1][:2] if k + 1 < len(batches) else None
+                try:
+                    batch = self._read_run(name, pf, first, end, row, convert, tokens, runs, then)
+                except _UNREADABLE as exc:
+                    yield from self._one_group_at_a_time(name, pf, first, end, row, convert, exc, tokens)
+                    return  # (not reached: the damaged group raises)
+                yield batch
 
     def batch_at(self, name: str, first_row: int):
         """The batch of ``name`` that starts at row ``first_row`` (as :meth:`read_shard` cut
@@ -251,3 +260,27 @@ class BridgeStore:
         except ShardError as exc:
             raise ShardError(name, f"cannot be read again ({exc.reason})", row=exc.row) from None
         raise ShardError(name, f"no batch starts at row {first_row}")
+
+
+def _runs_of(out: str, name: str, pf):
+    """The compiled decoder of the split's file (:class:`RowGroupRuns`), or a stand-in for none
+    where it cannot open the file (pyarrow, which could, reads it then)."""
+    try:
+        return RowGroupRuns(os.path.join(out, name), pf)
+    except OSError:
+        return nullcontext()
+
+
+def _row_groups(pf, runs: RowGroupRuns | None, first: int, end: int, columns: list[str]) -> pa.Table:
+    """Row groups ``first..end-1`` of ``columns``: decoded by packer's compiled decoder (``runs``),
+    2-3 times faster than pyarrow on Bridge's small row groups, where it reads the file; else by
+    pyarrow. A run the compiled decoder finds damaged is read by pyarrow too, whose error (or
+    reading: it is the reference) decides, so the audit's findings do not depend on the decoder."""
+    if runs is not None:
+        try:
+            batch = runs.read(first, end, columns)
+        except ValueError:
+            batch = None
+        if batch is not None:
+            return pa.Table.from_batches([batch])
+    return pf.read_row_groups(range(first, end), columns=columns)

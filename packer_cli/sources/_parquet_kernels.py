@@ -386,3 +386,36 @@ def row_lengths(rep, defs, max_def, lengths):
         if lengths[k] < 0:
             return EMPTY_HAS_VALUES, 0
     return 0, lead
+
+
+# --- a whole usual page, for runs of row groups decoded in bulk ---------------------------------
+
+@njit(cache=True, nogil=True)
+def usual_page_rows(levels, rep_lo, rep_hi, def_lo, def_hi, n, def_width, max_def, lengths, r, end, open_length):
+    """The rows of one usual page (every entry a value, see above) of a column chunk, in one
+    call: the lengths of the rows it finishes go into ``lengths[r:]`` (up to ``end``, its
+    chunk's last row). ``open_length`` is the length so far of the row the chunk's previous page
+    left open (-1: none). Returns (ok, r, open_length) after the page; not ok when the page is
+    not a usual one or its rows do not fit, and then the caller decodes the chunk another way.
+    (The values are copied by NumPy, which vectorizes the cast from unaligned bytes.)"""
+    if not levels_all_equal(levels, def_lo, def_hi, def_width, n, max_def):
+        return False, r, open_length
+    rows, lead = repetition_rows(levels, rep_lo, rep_hi, n, lengths[:0], False)  # counting: nothing written
+    if rows < 0:
+        return False, r, open_length
+    if lead:
+        if open_length < 0:  # the chunk's first value does not start a row
+            return False, r, open_length
+        open_length += lead
+    if rows:
+        if open_length >= 0:
+            if r >= end:
+                return False, r, open_length
+            lengths[r] = open_length
+            r += 1
+        if r + rows > min(end, lengths.size):  # more rows start in the chunk than its row group holds
+            return False, r, open_length
+        repetition_rows(levels, rep_lo, rep_hi, n, lengths[r:r + rows], True)
+        r += rows - 1
+        open_length = lengths[r]
+    return True, r, open_length

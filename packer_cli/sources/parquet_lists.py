@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 import zlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -36,11 +37,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer_cli._arrow import from_numpy, memory_pool, numpy_dtype
+from packer_cli.sources import _parquet_pages as pages
 from packer_cli.sources import _parquet_thrift as thrift
 from packer_cli.sources._parquet_kernels import (EMPTY_CONTINUES, EMPTY_HAS_VALUES, LEVEL_ABOVE_MAX, MESSAGES, NULLS,
                                                  TRUNCATED, UNUSUAL, dictionary_decode, hybrid_decode,
                                                  level_checks, levels_all_equal, repetition_rows,
-                                                 row_lengths)
+                                                 row_lengths, usual_page_rows)
 
 ENV_DECODER = "PACKER_PARQUET_DECODER"
 PARQUET_BUFFER = 4 << 20  # pyarrow's page-stream read size when it decodes
@@ -126,6 +128,19 @@ def _snappy_length(data: bytes) -> int:
 
 
 _SNAPPY: list = []
+_THREAD = threading.local()
+
+
+def _zstd():
+    """This thread's Zstandard decompressor (one may not be used by two threads at once, and
+    making one per page costs as much as decompressing a small page)."""
+    try:
+        return _THREAD.zstd
+    except AttributeError:
+        import zstandard
+
+        _THREAD.zstd = zstandard.ZstdDecompressor()
+        return _THREAD.zstd
 
 
 def _decompress(codec: str, data: bytes, size: int) -> bytes | pa.Buffer:
@@ -146,9 +161,7 @@ def _decompress(codec: str, data: bytes, size: int) -> bytes | pa.Buffer:
                 _SNAPPY.append(pa.Codec("snappy"))
             out = _SNAPPY[0].decompress(data, decompressed_size=size, memory_pool=memory_pool())
         elif codec == "ZSTD":
-            import zstandard
-
-            out = zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
+            out = _zstd().decompress(data, max_output_size=size)
         else:  # GZIP: zlib or gzip framing
             out = zlib.decompress(data, wbits=47)
     except (_Corrupt, _Unsupported):
@@ -158,6 +171,14 @@ def _decompress(codec: str, data: bytes, size: int) -> bytes | pa.Buffer:
     if len(out) != size:
         raise _Corrupt("page does not decompress to its stated size")
     return out
+
+
+def _chunk_span(chunk: pq.ColumnChunkMetaData) -> tuple[int, int]:
+    """The file's bytes ``[start, end)`` holding a column chunk's pages (its dictionary first)."""
+    start = chunk.data_page_offset
+    if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < start:
+        start = chunk.dictionary_page_offset
+    return start, start + chunk.total_compressed_size
 
 
 class _ChunkPages:
@@ -172,12 +193,10 @@ class _ChunkPages:
     """
 
     def __init__(self, fd: int, chunk: pq.ColumnChunkMetaData, file_size: int):
-        start = chunk.data_page_offset
-        if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < start:
-            start = chunk.dictionary_page_offset
-        self.fd, self.pos, self.end = fd, start, start + chunk.total_compressed_size
+        start, end = _chunk_span(chunk)
+        self.fd, self.pos, self.end = fd, start, end
         self.file_size = file_size
-        if start < 0 or chunk.total_compressed_size < 0:
+        if start < 0 or end < start:
             raise _Corrupt("column chunk has a negative offset or size")
 
     def next(self) -> tuple[thrift.PageHeader, bytes | memoryview]:
@@ -352,29 +371,39 @@ _NO_LENGTHS = np.zeros(0, dtype=np.int64)
 # --- one column ---------------------------------------------------------------------------------
 
 class _ColumnCursor:
-    """Decoded rows of one column chunk: ``take(rows)`` → (offsets, values).
+    """Decoded rows of one column over consecutive row groups' chunks: ``take(rows)`` →
+    (offsets, values).
 
     Pages are read in order on the caller's thread and decoded up to ``PAGES_AHEAD`` ahead
     (fewer when those already hold ``AHEAD_BYTES`` of values) on ``pool`` (the kernels release the GIL, so two columns' pages, or one column's next pages,
-    decode on both cores); their rows are then stitched together in order here.
+    decode on both cores); their rows are then stitched together in order here. A row never
+    crosses from one chunk into the next, and each chunk must hold exactly its row group's rows
+    (``group_rows``).
 
     Each page decodes straight into the next free stretch of a *slab*, an array shared by
-    consecutive pages (up to ``SLAB_BYTES``, and no larger than the chunk's values), so the
+    consecutive pages (up to ``SLAB_BYTES``, and no larger than the chunks' values), so the
     values of a batch usually lie side by side already and ``take`` hands out a view of them;
     only a batch that crosses into a new slab, or past a page with empty lists, is copied. A
     slab is freed when the last batch viewing it is.
     """
 
-    def __init__(self, fd: int, file_size: int, layout: _ColumnLayout, chunk: pq.ColumnChunkMetaData,
-                 pool: ThreadPoolExecutor):
-        if chunk.compression not in _CODECS:
-            raise _Unsupported(f"column '{layout.name}' is compressed with {chunk.compression}")
-        self.layout, self.codec, self.pool = layout, chunk.compression, pool
-        self.pages = _ChunkPages(fd, chunk, file_size)
-        self.levels_unread = chunk.num_values  # level entries (values and empty lists) not yet read
-        self.dictionary: np.ndarray | None = None
-        self.decoding: deque = deque()  # (level count, slab, start, future of _Page), in page order
+    def __init__(self, fd: int, file_size: int, layout: _ColumnLayout, chunks: list[pq.ColumnChunkMetaData],
+                 group_rows: list[int], pool: ThreadPoolExecutor):
+        for chunk in chunks:
+            if chunk.compression not in _CODECS:
+                raise _Unsupported(f"column '{layout.name}' is compressed with {chunk.compression}")
+        self.layout, self.pool = layout, pool
+        self.codecs = [chunk.compression for chunk in chunks]
+        self.chunk_pages = [_ChunkPages(fd, chunk, file_size) for chunk in chunks]
+        self.chunk_levels = [chunk.num_values for chunk in chunks]  # level entries not yet read, per chunk
+        self.group_rows = list(group_rows)
+        self.levels_unread = sum(self.chunk_levels)  # level entries (values and empty lists) not yet read
+        self.reading = 0  # the chunk whose pages are read next
+        self.dictionary: np.ndarray | None = None  # the dictionary of chunk ``reading``
+        self.decoding: deque = deque()  # (level count, slab, start, future of _Page, chunk), in page order
         self.ahead_values = 0  # level entries of the pages in ``decoding`` (a bound on their values)
+        self.taking = 0  # the chunk whose rows are being taken in
+        self.chunk_rows = 0  # rows of chunk ``taking`` completed so far
         self.lengths: list[np.ndarray] = []  # lengths of complete rows not yet taken
         self.rows_ready = 0
         self.open_length = -1  # length so far of the row the last page left open (-1: none)
@@ -385,27 +414,34 @@ class _ColumnCursor:
     def _read_ahead(self) -> None:
         while self.levels_unread and len(self.decoding) < PAGES_AHEAD and (
                 not self.decoding or self.ahead_values * self.layout.value_dtype.itemsize < AHEAD_BYTES):
-            header, payload = self.pages.next()
+            while not self.chunk_levels[self.reading]:  # a chunk read to its last level entry
+                self.reading += 1
+                self.dictionary = None
+            chunk = self.reading
+            header, payload = self.chunk_pages[chunk].next()
             if header.page_type == thrift.DICTIONARY_PAGE:
-                self.dictionary = _read_dictionary(self.layout, self.codec, header, payload)
+                self.dictionary = _read_dictionary(self.layout, self.codecs[chunk], header, payload)
             elif header.page_type in (thrift.DATA_PAGE, thrift.DATA_PAGE_V2):
-                if header.num_values > self.levels_unread:
+                if header.num_values > self.chunk_levels[chunk]:
                     raise _Corrupt("pages hold more values than the column chunk")
                 slab, start = self._reserve(header.num_values)
+                self.chunk_levels[chunk] -= header.num_values
                 self.levels_unread -= header.num_values
                 self.ahead_values += header.num_values
                 self.decoding.append((header.num_values, slab, start, self.pool.submit(
-                    _decode_page, self.layout, self.codec, header, payload, self.dictionary,
-                    slab[start:start + header.num_values])))
+                    _decode_page, self.layout, self.codecs[chunk], header, payload, self.dictionary,
+                    slab[start:start + header.num_values]), chunk))
             # index pages (and page types from the future) carry nothing we need
 
     def _next_page(self) -> bool:
-        """Take in the next decoded page's rows; False once the chunk has no more pages."""
+        """Take in the next decoded page's rows; False once the chunks have no more pages."""
         self._read_ahead()
         if not self.decoding:
+            self._end_chunks(len(self.group_rows))
             return False
-        levels, slab, start, future = self.decoding.popleft()
+        levels, slab, start, future, chunk = self.decoding.popleft()
         self.ahead_values -= levels
+        self._end_chunks(chunk)
         page = future.result()
         if page.lead:  # the page continues the open row
             if self.open_length < 0:
@@ -419,6 +455,20 @@ class _ColumnCursor:
         if page.values.size:
             self._append_values(slab, start, start + page.values.size)
         return True
+
+    def _end_chunks(self, until: int) -> None:
+        """Close the chunks before chunk ``until``: the last row of each ends with it, and each
+        must have held its row group's rows."""
+        while self.taking < until:
+            if self.open_length >= 0:
+                self._complete(np.array([self.open_length], dtype=np.int64))
+                self.open_length = -1
+            expected = self.group_rows[self.taking]
+            if self.chunk_rows != expected:
+                raise _Corrupt(f"column chunk holds {'more' if self.chunk_rows > expected else 'fewer'} rows "
+                               f"than its row group")
+            self.taking += 1
+            self.chunk_rows = 0
 
     def _reserve(self, n: int) -> tuple[np.ndarray, int]:
         """Room for ``n`` values (a page's level count, a bound on its values): (slab, start)."""
@@ -440,6 +490,7 @@ class _ColumnCursor:
     def _complete(self, lengths: np.ndarray) -> None:
         self.lengths.append(lengths)
         self.rows_ready += lengths.size
+        self.chunk_rows += lengths.size
 
     def _take_values(self, count: int) -> np.ndarray:
         """The next ``count`` values: a view of their slab when they lie side by side in one,
@@ -466,11 +517,7 @@ class _ColumnCursor:
     def take(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """The next ``rows`` rows: (int64 offsets from 0, values)."""
         while self.rows_ready < rows:
-            if not self._next_page():
-                if self.open_length >= 0:  # the chunk's last row ends with the chunk
-                    self._complete(np.array([self.open_length], dtype=np.int64))
-                    self.open_length = -1
-                    continue
+            if not self._next_page() and self.rows_ready < rows:  # (the last chunk's last row just closed)
                 raise _Corrupt("column chunk holds fewer rows than its row group")
         lengths = np.concatenate(self.lengths) if len(self.lengths) != 1 else self.lengths[0]
         taken, rest = lengths[:rows], lengths[rows:]
@@ -481,14 +528,14 @@ class _ColumnCursor:
         return offsets, self._take_values(int(offsets[-1]))
 
     def finish(self) -> None:
-        """Check that the chunk ends where its row group does."""
+        """Check that each chunk ends where its row group does."""
         while self._next_page():
             pass
-        if self.rows_ready or self.open_length >= 0:
+        if self.rows_ready:
             raise _Corrupt("column chunk holds more rows than its row group")
 
     def cancel(self) -> None:
-        for *_, future in self.decoding:
+        for *_, future, _chunk in self.decoding:
             future.cancel()
 
 
@@ -562,7 +609,8 @@ class ListColumnReader:
 
     def _row_group(self, fd, file_size: int, pf, group: int, layouts, schema, pool) -> Iterator[pa.RecordBatch]:
         meta = pf.metadata.row_group(group)
-        cursors = [_ColumnCursor(fd, file_size, layout, meta.column(layout.leaf), pool) for layout in layouts]
+        cursors = [_ColumnCursor(fd, file_size, layout, [meta.column(layout.leaf)], [meta.num_rows], pool)
+                   for layout in layouts]
         try:
             done = 0
             while done < meta.num_rows:
@@ -602,3 +650,319 @@ class ListColumnReader:
                 batch, skip = batch.slice(skip), 0
             self.arrow_rows += batch.num_rows
             yield batch
+
+
+# --- whole runs of row groups ------------------------------------------------------------------
+
+class _NotBulk(Exception):
+    """A run that :func:`_read_bulk` does not decode: the page-at-a-time cursors read it."""
+
+
+_MERGE_GAP = 256 << 10  # chunks this close are read in one pread, the bytes between them too
+
+
+def _read_spans(fd: int, file_size: int, spans: list[tuple[int, int]]) -> tuple[np.ndarray, list[int]]:
+    """The bytes of ``spans`` (file ranges, in file order) in one buffer, and where each starts in it."""
+    if any(start < 0 or end < start or end > file_size for start, end in spans):
+        raise _NotBulk
+    reads: list[list[int]] = []  # [file start, file end, buffer start]
+    at: list[int] = []
+    size = 0
+    for start, end in spans:
+        if reads and reads[-1][1] <= start <= reads[-1][1] + _MERGE_GAP:
+            size += start - reads[-1][1]
+            reads[-1][1] = end
+        elif not reads or start > reads[-1][1]:
+            reads.append([start, end, size])
+        else:  # overlapping chunks: not a layout writers produce
+            raise _NotBulk
+        at.append(size)
+        size += end - start
+    raw = np.empty(size, dtype=np.uint8)
+    for start, end, pos in reads:
+        done = 0
+        while done < end - start:
+            n = os.preadv(fd, [memoryview(raw[pos + done:pos + end - start])], start + done)
+            if n <= 0:
+                raise _NotBulk
+            done += n
+    return raw, at
+
+
+def _walk_pages(raw: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The page table (:data:`pages.FIELDS`) of the chunks ``raw[lo[c]:hi[c]]``."""
+    table = np.empty((max(16, 2 * lo.size), len(pages.FIELDS)), dtype=np.int64)
+    while True:
+        n = pages.page_table(raw, lo, hi, table)
+        if n != pages.FULL:
+            break
+        table = np.empty((2 * table.shape[0], table.shape[1]), dtype=np.int64)
+    if n < 0:
+        raise _NotBulk
+    return table[:n]
+
+
+def _page_header(row: list[int]) -> thrift.PageHeader:
+    return thrift.PageHeader(size=0, page_type=row[pages.PAGE_TYPE], uncompressed_size=row[pages.UNCOMPRESSED],
+                             compressed_size=row[pages.HI] - row[pages.LO], num_values=row[pages.NUM_VALUES],
+                             encoding=row[pages.ENCODING], def_encoding=row[pages.DEF_ENCODING],
+                             rep_encoding=row[pages.REP_ENCODING], def_bytes=row[pages.DEF_BYTES],
+                             rep_bytes=row[pages.REP_BYTES], is_compressed=bool(row[pages.IS_COMPRESSED]))
+
+
+@dataclass
+class _Chunk:
+    """One column chunk of a run, decoded into its column's arrays at ``value_at`` / ``row_at``."""
+
+    codec: str
+    pages: list  # its rows of the page table, as lists
+    value_at: int
+    row_at: int
+    rows: int
+
+
+def _decode_chunks(layout: _ColumnLayout, chunks: list[_Chunk], raw: memoryview, values: np.ndarray,
+                   lengths: np.ndarray) -> None:
+    """Decode whole chunks of one column: their values into ``values``, their row lengths into
+    ``lengths``, each at its chunk's offsets (so chunks decode in any order, on any thread).
+    :class:`_NotBulk` for a page holding empty lists (its values would not be where the level
+    count puts them) or rows that disagree with the footer; :class:`_Unsupported` and
+    :class:`_Corrupt` as for any page."""
+    for chunk in chunks:
+        v, r, end = chunk.value_at, chunk.row_at, chunk.row_at + chunk.rows
+        dictionary, open_length = None, -1
+        for row in chunk.pages:
+            payload = raw[row[pages.LO]:row[pages.HI]]
+            if row[pages.PAGE_TYPE] == thrift.DATA_PAGE and row[pages.ENCODING] == thrift.PLAIN:
+                n = row[pages.NUM_VALUES]
+                ok, r, open_length = _usual_page(layout, chunk.codec, row, payload, values, v, lengths, r, end,
+                                                 open_length)
+                if not ok:
+                    raise _NotBulk
+                v += n
+                continue
+            header = _page_header(row)
+            if header.page_type == thrift.DICTIONARY_PAGE:
+                dictionary = _read_dictionary(layout, chunk.codec, header, payload)
+                continue
+            n = header.num_values
+            page = _decode_page(layout, chunk.codec, header, payload, dictionary, values[v:v + n])
+            if page.values.size != n:
+                raise _NotBulk
+            v += n
+            if page.lead:
+                if open_length < 0:
+                    raise _NotBulk
+                open_length += page.lead
+            k = page.lengths.size
+            if k:
+                if r + (open_length >= 0) + k - 1 > end:
+                    raise _NotBulk
+                if open_length >= 0:
+                    lengths[r] = open_length
+                    r += 1
+                lengths[r:r + k - 1] = page.lengths[:-1]
+                r += k - 1
+                open_length = int(page.lengths[-1])
+        if open_length >= 0:  # the chunk's last row ends with it
+            if r == end:
+                raise _NotBulk
+            lengths[r] = open_length
+            r += 1
+        if r != end:
+            raise _NotBulk
+
+
+def _usual_page(layout: _ColumnLayout, codec: str, row: list[int], payload, values: np.ndarray, v: int,
+                lengths: np.ndarray, r: int, end: int, open_length: int) -> tuple[bool, int, int]:
+    """A data page v1 of PLAIN values, its rows read by one kernel call (:func:`usual_page_rows`):
+    (ok, r, open_length) after it; not ok for anything but the usual page, which the cursors judge."""
+    if row[pages.REP_ENCODING] != thrift.RLE or row[pages.DEF_ENCODING] != thrift.RLE:
+        return False, r, open_length
+    data = _decompress(codec, payload, row[pages.UNCOMPRESSED])
+    size = len(data)
+    if size < 4:
+        return False, r, open_length
+    def_at = 4 + int.from_bytes(data[0:4], "little")
+    if def_at + 4 > size:
+        return False, r, open_length
+    values_at = def_at + 4 + int.from_bytes(data[def_at:def_at + 4], "little")
+    n = row[pages.NUM_VALUES]
+    if values_at + n * layout.physical_dtype.itemsize != size:
+        return False, r, open_length
+    levels = np.frombuffer(data, dtype=np.uint8)
+    ok, r, open_length = usual_page_rows(levels, 4, def_at, def_at + 4, values_at, n, layout.max_def.bit_length(),
+                                         layout.max_def, lengths, r, end, open_length)
+    if ok:  # wraps like pyarrow's cast
+        np.copyto(values[v:v + n], np.frombuffer(data, dtype=layout.physical_dtype, count=n, offset=values_at),
+                  casting="unsafe")
+    return ok, r, open_length
+
+
+def _halves(chunks: list[_Chunk], sizes: list[int]) -> list[list[_Chunk]]:
+    """``chunks`` cut in two runs of about equal ``sizes`` (compressed bytes), so that one
+    column's work spreads over both threads."""
+    total, acc = sum(sizes), 0
+    for i, size in enumerate(sizes):
+        acc += size
+        if 2 * acc >= total:
+            return [part for part in (chunks[:i + 1], chunks[i + 1:]) if part]
+    return [chunks]
+
+
+class RowGroupRuns:
+    """Runs of consecutive row groups of one Parquet file, each decoded whole into one record
+    batch by the compiled decoder: ``read(first, end, fields)``.
+
+    For files of many small row groups (Megatron-Bridge's are ~1 MiB, for its shuffled reads)
+    the per-group work of :class:`ListColumnReader` (a batch, arrays and cursors per group)
+    outweighs the decoding; here each column is one cursor over the run's chunks, its values
+    one array. Use as a context manager (it holds a file descriptor and two decoding threads)::
+
+        with RowGroupRuns(path) as runs:
+            batch = runs.read(0, 36, ["input_ids", "loss_mask"])  # None: pyarrow's to read
+    """
+
+    def __init__(self, path: str, pf: pq.ParquetFile | None = None):
+        self.pf = pf if pf is not None else pq.ParquetFile(path, pre_buffer=False)
+        self.fd = os.open(path, os.O_RDONLY)
+        self.file_size = os.fstat(self.fd).st_size
+        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="packer-parquet")
+        self._layouts: dict[tuple, list[_ColumnLayout] | None] = {}
+        self._ahead: ThreadPoolExecutor | None = None  # where the next run is read while this one is used
+        self._pending: tuple | None = None  # ((first, end, fields), future of its read)
+
+    def __enter__(self) -> "RowGroupRuns":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            if self._ahead is not None:
+                self._ahead.shutdown(wait=True, cancel_futures=True)
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            os.close(self.fd)
+            self.fd = -1
+
+    def _layouts_of(self, fields: list[str]) -> list[_ColumnLayout] | None:
+        key = tuple(fields)
+        if key not in self._layouts:
+            try:
+                if os.environ.get(ENV_DECODER, "").lower() == "arrow":
+                    raise _Unsupported(f"{ENV_DECODER}=arrow")
+                self._layouts[key] = _column_layouts(self.pf, list(fields))
+            except _Unsupported:
+                self._layouts[key] = None
+        return self._layouts[key]
+
+    def read_ahead(self, first: int, end: int, fields: list[str]) -> None:
+        """Start reading the run that :meth:`read` will be asked for next, on a thread of its
+        own, so that it decodes while the caller works on the current one."""
+        if self._ahead is None:
+            self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="packer-parquet-ahead")
+        self._forget_pending()
+        self._pending = ((first, end, tuple(fields)), self._ahead.submit(self._read, first, end, fields))
+
+    def _forget_pending(self) -> None:
+        if self._pending is not None:
+            _, future = self._pending
+            self._pending = None
+            if not future.cancel():
+                future.exception()  # wait: its pages must not decode into a run nobody reads
+
+    def read(self, first: int, end: int, fields: list[str]) -> pa.RecordBatch | None:
+        """Row groups ``first..end-1`` of ``fields`` as one record batch, equal to what
+        pyarrow's ``read_row_groups`` reads; None where the compiled decoder does not read the
+        file (another type, codec or encoding, nulls); :class:`ValueError` naming the groups
+        and the column for a damaged run."""
+        if self._pending is not None and self._pending[0] == (first, end, tuple(fields)):
+            _, future = self._pending
+            self._pending = None
+            return future.result()
+        self._forget_pending()
+        return self._read(first, end, fields)
+
+    def _read(self, first: int, end: int, fields: list[str]) -> pa.RecordBatch | None:
+        layouts = self._layouts_of(fields)
+        if layouts is None:
+            return None
+        meta = self.pf.metadata
+        groups = [meta.row_group(g) for g in range(first, end)]
+        try:
+            arrays = self._read_bulk(layouts, groups)
+        except (_NotBulk, _Unsupported, _Corrupt):  # the cursors read it again, and judge
+            return self._read_paged(first, end, layouts, groups, fields)
+        return pa.RecordBatch.from_arrays(arrays, schema=self._schema(fields))
+
+    def _schema(self, fields: list[str]) -> pa.Schema:
+        return pa.schema([self.pf.schema_arrow.field(name) for name in fields])
+
+    def _read_bulk(self, layouts: list[_ColumnLayout], groups: list) -> list[pa.Array]:
+        """The run's columns, every page header read by one compiled walk and the pages decoded
+        chunk by chunk on both threads, straight into one array per column."""
+        columns = [[group.column(layout.leaf) for group in groups] for layout in layouts]
+        if any(chunk.compression not in _CODECS for chunks in columns for chunk in chunks):
+            raise _NotBulk
+        spans = sorted((_chunk_span(chunk), i, j) for i, chunks in enumerate(columns) for j, chunk in enumerate(chunks))
+        raw, at = _read_spans(self.fd, self.file_size, [span for span, _, _ in spans])
+        lo = np.array(at, dtype=np.int64)
+        hi = lo + np.array([end - start for (start, end), _, _ in spans], dtype=np.int64)
+        table = _walk_pages(raw, lo, hi).tolist()
+        rows_of = [[] for _ in spans]
+        for row in table:
+            rows_of[row[pages.CHUNK]].append(row)
+        where = {(i, j): k for k, (_, i, j) in enumerate(spans)}
+        group_rows = [group.num_rows for group in groups]
+        row_at = np.concatenate([[0], np.cumsum(group_rows)]).tolist()
+        view = memoryview(raw)
+        outputs, work = [], []
+        for i, (layout, chunks) in enumerate(zip(layouts, columns)):
+            planned, sizes, value_at = [], [], 0
+            for j, chunk in enumerate(chunks):
+                rows = rows_of[where[i, j]]
+                levels = sum(row[pages.NUM_VALUES] for row in rows if row[pages.PAGE_TYPE] != thrift.DICTIONARY_PAGE)
+                if levels != chunk.num_values:
+                    raise _NotBulk
+                planned.append(_Chunk(chunk.compression, rows, value_at, row_at[j], group_rows[j]))
+                sizes.append(chunk.total_compressed_size)
+                value_at += levels
+            values = np.empty(value_at, dtype=layout.value_dtype)
+            lengths = np.empty(row_at[-1], dtype=np.int64)
+            outputs.append((layout, values, lengths))
+            work += [(sum(chunk.total_compressed_size for chunk in chunks), layout, part, values, lengths)
+                     for part in _halves(planned, sizes)]
+        work.sort(key=lambda unit: -unit[0])  # the largest first, so both threads finish together
+        futures = [self.pool.submit(_decode_chunks, layout, part, view, values, lengths)
+                   for _, layout, part, values, lengths in work]
+        for future in futures:
+            future.result()
+        arrays = []
+        for layout, values, lengths in outputs:
+            offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            arrays.append(_list_array(layout, offsets, values))
+        return arrays
+
+    def _read_paged(self, first: int, end: int, layouts, groups, fields) -> pa.RecordBatch | None:
+        """The run read by one page-at-a-time cursor per column."""
+        group_rows = [group.num_rows for group in groups]
+        cursors: list[_ColumnCursor] = []
+        try:
+            for layout in layouts:
+                cursors.append(_ColumnCursor(self.fd, self.file_size, layout,
+                                             [group.column(layout.leaf) for group in groups], group_rows, self.pool))
+            for cursor in cursors:  # start every column's pages decoding before waiting on any
+                _named(cursor, cursor._read_ahead)
+            arrays = [_list_array(cursor.layout, *_named(cursor, cursor.take, sum(group_rows))) for cursor in cursors]
+            for cursor in cursors:
+                _named(cursor, cursor.finish)
+        except _Unsupported:
+            return None
+        except _Corrupt as exc:
+            raise ValueError(f"row groups {first}-{end - 1}: {exc}") from None
+        finally:
+            for cursor in cursors:
+                cursor.cancel()
+        return pa.RecordBatch.from_arrays(arrays, schema=self._schema(fields))
