@@ -301,6 +301,52 @@ def test_audit_store_matches_native(small, tmp_path):
         assert a["pack"]["pack"] == k and a == b
 
 
+@pytest.mark.parametrize("encoding", ["plain-zstd", "plain-snappy"])
+def test_audit_decodes_bridge_runs_with_packers_decoder(small, tmp_path, monkeypatch, encoding):
+    """inspect and verify read a Bridge split's runs of row groups with packer's own decoder
+    (RowGroupRuns, each next run read ahead), never pyarrow's, and report exactly what they
+    report with pyarrow decoding (PACKER_PARQUET_DECODER=arrow); the rows equal the native
+    output's."""
+    from packer_cli.audit import inspect_output, verify_output
+    from packer_cli.shards import bridge_store
+    from packer_cli.sources.parquet_lists import RowGroupRuns
+
+    spec = PackSpec(pack_size=512, cp=2)
+    pack([str(small)], str(tmp_path / "native"), spec)
+    bridge_pack([small], tmp_path / "bridge", spec, row_group_size=5, parquet_encoding=encoding)
+    monkeypatch.setattr(bridge_store, "BATCH_TOKENS", 512 * 12)  # runs of 3 groups: read ahead matters
+    store = bridge_store.BridgeStore.open(str(tmp_path / "bridge"))
+    counts = {"bulk": 0, "pyarrow": 0}
+    bulk, pyarrow_read = RowGroupRuns._read_bulk, pq.ParquetFile.read_row_groups
+
+    def spy_bulk(self, *args):
+        counts["bulk"] += 1
+        return bulk(self, *args)
+
+    def spy_pyarrow(self, *args, **kwargs):
+        counts["pyarrow"] += 1
+        return pyarrow_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(RowGroupRuns, "_read_bulk", spy_bulk)
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", spy_pyarrow)
+    rows = [batch.row(i) for name in store.shard_names() for batch in store.read_shard(name)
+            for i in range(batch.num_rows)]
+    assert counts["bulk"] >= 5 and counts["pyarrow"] == 0, counts
+    native = PackedReader(tmp_path / "native")
+    assert_same_rows(native, type("Rows", (), {"__len__": lambda _: len(rows), "row": lambda _, i: rows[i]})())
+    ours = [verify_output(str(tmp_path / "bridge"), sources=[str(small)]).to_dict(),
+            inspect_output(str(tmp_path / "bridge")).to_dict()]
+    assert counts["pyarrow"] == 0 and ours[0]["ok"], ours[0]
+    monkeypatch.setenv("PACKER_PARQUET_DECODER", "arrow")
+    theirs = [verify_output(str(tmp_path / "bridge"), sources=[str(small)]).to_dict(),
+              inspect_output(str(tmp_path / "bridge")).to_dict()]
+    assert counts["pyarrow"] > 0
+    for a, b in zip(ours, theirs):
+        for report in (a, b):
+            report.pop("seconds", None), report.pop("elapsed_s", None), report.pop("tokens_per_s", None)
+        assert a == b
+
+
 # -- splits, the metadata array, atomic writes -------------------------------------------------
 def test_second_split_appends(small, tmp_path):
     val = write_samples(tmp_path / "val.parquet", 150, seed=11)

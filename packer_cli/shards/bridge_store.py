@@ -21,23 +21,24 @@ from __future__ import annotations
 import os
 from contextlib import nullcontext
 from functools import partial
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer_cli.errors import DataError
-from packer_cli.sources.parquet_lists import RowGroupRuns
 from packer_cli.shards.bridge import (BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, SPLITS, bridge_metadata_name, data_name,
                                       split_manifest_name, split_metadata_name)
 from packer_cli.shards.bridge_reader import (BridgeRowError, file_eos, load_bridge_metadata,
                                              native_columns, pad_id_of, read_split_manifest, resolve_split,
                                              schema_problem, stored_columns)
 
+if TYPE_CHECKING:
+    from packer_cli.sources.parquet_lists import RowGroupRuns
 
 #: Tokens decoded per batch, about a native record batch's: whole row groups (Bridge's are small,
-#: ~1 MiB, for its shuffled reads), read together so that pyarrow decodes the columns on all
-#: cores and the per-batch work is paid once per ~36 groups, not per group.
+#: ~1 MiB, for its shuffled reads), read together so that the decoder keeps both cores busy and
+#: the per-batch work is paid once per ~36 groups, not per group.
 BATCH_TOKENS = 4 << 20
 #: What decoding a damaged file raises (pyarrow's errors; the row layout's own checks)
 _UNREADABLE = (OSError, pa.ArrowException, ValueError, IndexError)
@@ -264,7 +265,10 @@ class BridgeStore:
 
 def _runs_of(out: str, name: str, pf):
     """The compiled decoder of the split's file (:class:`RowGroupRuns`), or a stand-in for none
-    where it cannot open the file (pyarrow, which could, reads it then)."""
+    where it cannot open the file (pyarrow, which could, reads it then). Imported here: the
+    decoder's kernels load numba, which readers of native shards (the torch side) never need."""
+    from packer_cli.sources.parquet_lists import RowGroupRuns
+
     try:
         return RowGroupRuns(os.path.join(out, name), pf)
     except OSError:

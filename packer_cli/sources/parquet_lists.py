@@ -13,6 +13,11 @@ the rest of the file to pyarrow the moment anything else appears (a null, anothe
 codec, another type), so the output never depends on which decoder ran. Corrupt pages raise
 :class:`ValueError` naming the row group and column; nothing is read out of bounds.
 
+:class:`RowGroupRuns` reads runs of consecutive row groups whole, for files of many small groups
+(Megatron-Bridge's, which the audit reads): one compiled walk over the run's page headers
+(:mod:`._parquet_pages`), then the pages decoded chunk by chunk on two threads straight into one
+array per column. A run with anything else in it is read by the page-at-a-time cursors.
+
 Set ``PACKER_PARQUET_DECODER=arrow`` to use pyarrow throughout.
 
 Two known differences from pyarrow, both on files pyarrow itself mishandles: pyarrow's writer
