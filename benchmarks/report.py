@@ -209,7 +209,7 @@ def render(res: dict, targets: dict) -> str:
         if f"{name} (megatron-bridge)" in audit:  # the same plan as Bridge's Parquet file: decoding it
             tps = audit[f"{name} (megatron-bridge)"]["tokens_per_s"]
             rows.append([f"`packer {name}` of a Megatron-Bridge split (same plan, Parquet)", _mt(tps), "–", "–",
-                         "(report)", "–"])
+                         "≥ 100 M tok/s", _met(tps, targets["audit_tokens_per_s"])])
     loader = _last(res.get("loader"))
     if loader:
         rows.append([f"Loader worker builds (`PackedDataset.micro_batch`, CP={loader['cp']}, in-process)",
