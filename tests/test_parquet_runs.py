@@ -226,16 +226,11 @@ def _walk(raw: bytes, spans):
     buf = np.frombuffer(raw, dtype=np.uint8)
     lo = np.array([a for a, _ in spans], dtype=np.int64)
     hi = np.array([b for _, b in spans], dtype=np.int64)
-    table = np.empty((3, len(pages.FIELDS)), dtype=np.int64)  # small: FULL must come back and be retried
-    while True:
-        n = pages.page_table(buf, lo, hi, table)
-        if n != pages.FULL:
-            break
-        table = np.empty((2 * table.shape[0], table.shape[1]), dtype=np.int64)
-    if n < 0:
+    table = pages.walk(buf, lo, hi, capacity=3)  # small: the walk must run out of room and retry
+    if table is None:
         return None
     cols = [pages.CHUNK, pages.LO, pages.HI, pages.PAGE_TYPE, pages.UNCOMPRESSED, pages.NUM_VALUES, pages.ENCODING]
-    return [tuple(int(x) for x in row[cols]) for row in table[:n]]
+    return [tuple(int(x) for x in row[cols]) for row in table]
 
 
 @pytest.mark.parametrize("options", [

@@ -101,20 +101,26 @@ def _unpack_words(buf, pos, hi, bit_width, take, out, i, dictionary, mapped):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _run_header(buf, pos, hi):
-    """(header, position after it) of the run at ``pos`` (an unsigned varint), or (-1, pos) when
-    the stream ends inside it."""
-    header = np.int64(0)
-    shift = 0
-    while True:
-        if pos >= hi or shift > 28:
-            return np.int64(-1), pos
+def varint(buf, pos, hi, max_bytes):
+    """(the unsigned varint at ``pos``, position after it), reading at most ``max_bytes`` bytes;
+    (-1, pos) when it runs past ``hi`` or is longer."""
+    value = np.int64(0)
+    for k in range(max_bytes):
+        if pos >= hi:
+            break
         byte = np.int64(buf[pos])
         pos += 1
-        header |= (byte & 0x7F) << shift
+        value |= (byte & 0x7F) << (7 * k)
         if byte < 0x80:
-            return header, pos
-        shift += 7
+            return value, pos
+    return np.int64(-1), pos
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _run_header(buf, pos, hi):
+    """(header, position after it) of the run at ``pos`` (an unsigned varint of at most 5 bytes),
+    or (-1, pos) when the stream ends inside it."""
+    return varint(buf, pos, hi, 5)
 
 
 @njit(cache=True, nogil=True)

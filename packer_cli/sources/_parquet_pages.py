@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from packer_cli._kernel_cache import njit
+from packer_cli.sources._parquet_kernels import varint
 
 # compact-protocol types
 _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _STRUCT = range(1, 13)
@@ -34,20 +35,11 @@ FULL = -2  # the table has no room for another page: call again with a larger on
 MAX_DEPTH = 16
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _varint(buf, pos, hi):
     """(unsigned varint at ``pos``, position after it); (-1, pos) when it runs past ``hi`` or
-    past 63 bits."""
-    value = np.int64(0)
-    shift = 0
-    while pos < hi and shift < 63:
-        byte = np.int64(buf[pos])
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-    return np.int64(-1), pos
+    past 9 bytes (63 bits)."""
+    return varint(buf, pos, hi, 9)
 
 
 @njit(cache=True, nogil=True)
@@ -293,3 +285,15 @@ def page_table(buf, chunk_lo, chunk_hi, table):
             pos = row[HI]
             n += 1
     return n
+
+
+def walk(raw: np.ndarray, lo: np.ndarray, hi: np.ndarray, capacity: int = 0) -> np.ndarray | None:
+    """The page table of the chunks ``raw[lo[c]:hi[c]]`` (int64, one row of :data:`FIELDS` per
+    page), or None where :func:`page_table` declines them. The table starts with room for
+    ``capacity`` pages (default: two a chunk) and doubles until the pages fit."""
+    table = np.empty((capacity or max(16, 2 * lo.size), len(FIELDS)), dtype=np.int64)
+    while True:
+        n = page_table(raw, lo, hi, table)
+        if n != FULL:
+            return table[:n] if n >= 0 else None
+        table = np.empty((2 * table.shape[0], len(FIELDS)), dtype=np.int64)

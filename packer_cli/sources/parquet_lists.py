@@ -694,19 +694,6 @@ def _read_spans(fd: int, file_size: int, spans: list[tuple[int, int]]) -> tuple[
     return raw, at
 
 
-def _walk_pages(raw: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """The page table (:data:`pages.FIELDS`) of the chunks ``raw[lo[c]:hi[c]]``."""
-    table = np.empty((max(16, 2 * lo.size), len(pages.FIELDS)), dtype=np.int64)
-    while True:
-        n = pages.page_table(raw, lo, hi, table)
-        if n != pages.FULL:
-            break
-        table = np.empty((2 * table.shape[0], table.shape[1]), dtype=np.int64)
-    if n < 0:
-        raise _NotBulk
-    return table[:n]
-
-
 def _page_header(row: list[int]) -> thrift.PageHeader:
     return thrift.PageHeader(size=0, page_type=row[pages.PAGE_TYPE], uncompressed_size=row[pages.UNCOMPRESSED],
                              compressed_size=row[pages.HI] - row[pages.LO], num_values=row[pages.NUM_VALUES],
@@ -914,7 +901,10 @@ class RowGroupRuns:
         raw, at = _read_spans(self.fd, self.file_size, [span for span, _, _ in spans])
         lo = np.array(at, dtype=np.int64)
         hi = lo + np.array([end - start for (start, end), _, _ in spans], dtype=np.int64)
-        table = _walk_pages(raw, lo, hi).tolist()
+        table = pages.walk(raw, lo, hi)
+        if table is None:
+            raise _NotBulk
+        table = table.tolist()
         rows_of = [[] for _ in spans]
         for row in table:
             rows_of[row[pages.CHUNK]].append(row)
