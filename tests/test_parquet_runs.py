@@ -383,3 +383,15 @@ def test_usual_page_rows_stitch_rows_across_pages():
             assert ok and lengths[:rows].tolist() == want, trial
             outcomes.add("read")
     assert outcomes == {"declined", "read"}
+
+
+def test_runs_without_rows_and_of_empty_lists(tmp_path):
+    """A file of no rows (pyarrow writes one row group with a placeholder chunk) and runs whose
+    rows are all empty lists read as pyarrow reads them."""
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"a": pa.array([], pa.list_(pa.int32()))}), empty)
+    _assert_runs_equal_pyarrow(empty, ["a"], np.random.default_rng(0))
+    lists = tmp_path / "lists.parquet"
+    pq.write_table(pa.table({"a": pa.array([[], [], [1], [], [], []], pa.list_(pa.int32()))}), lists,
+                   row_group_size=2)
+    _assert_runs_equal_pyarrow(lists, ["a"], np.random.default_rng(1))

@@ -524,7 +524,8 @@ class _ColumnCursor:
         while self.rows_ready < rows:
             if not self._next_page() and self.rows_ready < rows:  # (the last chunk's last row just closed)
                 raise _Corrupt("column chunk holds fewer rows than its row group")
-        lengths = np.concatenate(self.lengths) if len(self.lengths) != 1 else self.lengths[0]
+        lengths = (np.concatenate(self.lengths) if len(self.lengths) > 1 else self.lengths[0] if self.lengths
+                   else np.zeros(0, dtype=np.int64))  # (none: a run of row groups without rows)
         taken, rest = lengths[:rows], lengths[rows:]
         self.lengths = [rest] if rest.size else []
         self.rows_ready -= rows
