@@ -90,7 +90,8 @@ def _has_empty_lists(table: pa.Table, fields) -> bool:
 def test_runs_equal_pyarrow_over_random_layouts(tmp_path, paths_taken, seed):
     """Random list<int> tables (every type, codec, page version, dictionary or plain, statistics,
     page and row-group sizes): every run of row groups reads equal to pyarrow's
-    ``read_row_groups``; the bulk path reads every run of a file without empty lists."""
+    ``read_row_groups``; the bulk path reads every run of a file of data pages v1 of PLAIN
+    values without empty lists."""
     _, n_rows, max_len, columns, fields, options, _ = _random_layout(seed)
     if n_rows == 0:
         n_rows = 50
@@ -98,20 +99,24 @@ def test_runs_equal_pyarrow_over_random_layouts(tmp_path, paths_taken, seed):
     path = tmp_path / "t.parquet"
     pq.write_table(table, path, **options)
     _assert_runs_equal_pyarrow(path, fields, np.random.default_rng(seed))
-    if not _has_empty_lists(table, fields):
+    usual = options["data_page_version"] == "1.0" and not options["use_dictionary"]
+    if usual and not _has_empty_lists(table, fields):
         assert paths_taken["paged"] == 0 and paths_taken["bulk"] > 0
 
 
 @pytest.mark.parametrize("codec", ["none", "snappy", "zstd", "gzip"])
 @pytest.mark.parametrize("page_version", ["1.0", "2.0"])
 @pytest.mark.parametrize("dictionary", [True, False])
-def test_each_codec_and_page_kind_read_in_bulk(tmp_path, paths_taken, codec, page_version, dictionary):
+def test_each_codec_and_page_kind_read_equal(tmp_path, paths_taken, codec, page_version, dictionary):
     table = full_table(900, seed=5)
     path = tmp_path / "t.parquet"
     pq.write_table(table, path, compression=codec, data_page_version=page_version, use_dictionary=dictionary,
                    row_group_size=64, data_page_size=2048)
     _assert_runs_equal_pyarrow(path, ["input_ids", "loss_mask"], np.random.default_rng(1))
-    assert paths_taken == {"bulk": paths_taken["bulk"], "paged": 0} and paths_taken["bulk"] >= 10
+    if page_version == "1.0" and not dictionary:  # as packer writes Bridge's files
+        assert paths_taken == {"bulk": paths_taken["bulk"], "paged": 0} and paths_taken["bulk"] >= 10
+    else:  # dictionary pages and data pages v2 are read by the cursors
+        assert paths_taken["paged"] >= 10
 
 
 def test_empty_lists_and_odd_pages_read_by_the_cursors(tmp_path, paths_taken, monkeypatch):

@@ -15,8 +15,10 @@ codec, another type), so the output never depends on which decoder ran. Corrupt 
 
 :class:`RowGroupRuns` reads runs of consecutive row groups whole, for files of many small groups
 (Megatron-Bridge's, which the audit reads): one compiled walk over the run's page headers
-(:mod:`._parquet_pages`), then the pages decoded chunk by chunk on two threads straight into one
-array per column. A run with anything else in it is read by the page-at-a-time cursors.
+(:mod:`._parquet_pages`), then the pages (data pages v1 of PLAIN values, as packer writes
+Bridge's files) decoded chunk by chunk on two threads straight into one array per column. A run
+with anything else in it (dictionary pages, data pages v2, empty lists) is read by the
+page-at-a-time cursors.
 
 Set ``PACKER_PARQUET_DECODER=arrow`` to use pyarrow throughout.
 
@@ -695,14 +697,6 @@ def _read_spans(fd: int, file_size: int, spans: list[tuple[int, int]]) -> tuple[
     return raw, at
 
 
-def _page_header(row: list[int]) -> thrift.PageHeader:
-    return thrift.PageHeader(size=0, page_type=row[pages.PAGE_TYPE], uncompressed_size=row[pages.UNCOMPRESSED],
-                             compressed_size=row[pages.HI] - row[pages.LO], num_values=row[pages.NUM_VALUES],
-                             encoding=row[pages.ENCODING], def_encoding=row[pages.DEF_ENCODING],
-                             rep_encoding=row[pages.REP_ENCODING], def_bytes=row[pages.DEF_BYTES],
-                             rep_bytes=row[pages.REP_BYTES], is_compressed=bool(row[pages.IS_COMPRESSED]))
-
-
 @dataclass
 class _Chunk:
     """One column chunk of a run, decoded into its column's arrays at ``value_at`` / ``row_at``."""
@@ -716,47 +710,20 @@ class _Chunk:
 
 def _decode_chunks(layout: _ColumnLayout, chunks: list[_Chunk], raw: memoryview, values: np.ndarray,
                    lengths: np.ndarray) -> None:
-    """Decode whole chunks of one column: their values into ``values``, their row lengths into
-    ``lengths``, each at its chunk's offsets (so chunks decode in any order, on any thread).
-    :class:`_NotBulk` for a page holding empty lists (its values would not be where the level
-    count puts them) or rows that disagree with the footer; :class:`_Unsupported` and
-    :class:`_Corrupt` as for any page."""
+    """Decode whole chunks of one column (data pages v1 of PLAIN values): their values into
+    ``values``, their row lengths into ``lengths``, each at its chunk's offsets (so chunks decode
+    in any order, on any thread). :class:`_NotBulk` for any page but the usual one
+    (:func:`_usual_page`) or rows that disagree with the footer: the cursors read those runs;
+    :class:`_Corrupt` for a page that does not decompress."""
     for chunk in chunks:
         v, r, end = chunk.value_at, chunk.row_at, chunk.row_at + chunk.rows
-        dictionary, open_length = None, -1
+        open_length = -1
         for row in chunk.pages:
-            payload = raw[row[pages.LO]:row[pages.HI]]
-            if row[pages.PAGE_TYPE] == thrift.DATA_PAGE and row[pages.ENCODING] == thrift.PLAIN:
-                n = row[pages.NUM_VALUES]
-                ok, r, open_length = _usual_page(layout, chunk.codec, row, payload, values, v, lengths, r, end,
-                                                 open_length)
-                if not ok:
-                    raise _NotBulk
-                v += n
-                continue
-            header = _page_header(row)
-            if header.page_type == thrift.DICTIONARY_PAGE:
-                dictionary = _read_dictionary(layout, chunk.codec, header, payload)
-                continue
-            n = header.num_values
-            page = _decode_page(layout, chunk.codec, header, payload, dictionary, values[v:v + n])
-            if page.values.size != n:
+            ok, r, open_length = _usual_page(layout, chunk.codec, row, raw[row[pages.LO]:row[pages.HI]], values, v,
+                                             lengths, r, end, open_length)
+            if not ok:
                 raise _NotBulk
-            v += n
-            if page.lead:
-                if open_length < 0:
-                    raise _NotBulk
-                open_length += page.lead
-            k = page.lengths.size
-            if k:
-                if r + (open_length >= 0) + k - 1 > end:
-                    raise _NotBulk
-                if open_length >= 0:
-                    lengths[r] = open_length
-                    r += 1
-                lengths[r:r + k - 1] = page.lengths[:-1]
-                r += k - 1
-                open_length = int(page.lengths[-1])
+            v += row[pages.NUM_VALUES]
         if open_length >= 0:  # the chunk's last row ends with it
             if r == end:
                 raise _NotBulk
@@ -918,7 +885,9 @@ class RowGroupRuns:
             planned, sizes, value_at = [], [], 0
             for j, chunk in enumerate(chunks):
                 rows = rows_of[where[i, j]]
-                levels = sum(row[pages.NUM_VALUES] for row in rows if row[pages.PAGE_TYPE] != thrift.DICTIONARY_PAGE)
+                if any(row[pages.PAGE_TYPE] != thrift.DATA_PAGE or row[pages.ENCODING] != thrift.PLAIN for row in rows):
+                    raise _NotBulk  # dictionary pages, data pages v2: packer writes Bridge's files with neither
+                levels = sum(row[pages.NUM_VALUES] for row in rows)
                 if levels != chunk.num_values:
                     raise _NotBulk
                 planned.append(_Chunk(chunk.compression, rows, value_at, row_at[j], group_rows[j]))
