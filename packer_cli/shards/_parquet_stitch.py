@@ -179,6 +179,22 @@ class ParquetStitcher:
         self._rows += _field(footer, _FILE_ROWS)
         self._position += footer_start - len(MAGIC) + relocate.total_growth
 
+    def add_encoded(self, part) -> None:
+        """Append row groups encoded by :func:`~packer_cli.shards._parquet_encode.
+        encode_list_columns`: their pages as they are, their footer entries with the position
+        where the pages land (nothing to parse)."""
+        if self._first is None:
+            self._first = part.footer
+        elif _schema(part.footer) != _schema(self._first):
+            raise StitchError("Parquet parts have different schemas")
+        shift = self._position
+        self._sink.write(part.pages)
+        for group in part.groups:
+            write_fields(self._groups, group.entry(shift, self._group_count))
+            self._group_count += 1
+        self._rows += part.rows
+        self._position += len(part.pages)
+
     def finish(self) -> int:
         """Write the footer; returns the file's size in bytes."""
         if self._first is None:

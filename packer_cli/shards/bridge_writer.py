@@ -30,8 +30,13 @@ from packer_cli._arrow import list_array
 from packer_cli._kernel_cache import njit
 from packer_cli.errors import ConfigError
 from packer_cli.shards.bridge import BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PARQUET_ENCODING_NAMES
+from packer_cli.shards._parquet_encode import EncodedPart, encode_list_columns
 from packer_cli.shards._parquet_stitch import ParquetStitcher
 from packer_cli.shards._sink import OutputFile
+
+#: Set ``PACKER_PARQUET_ENCODER=arrow`` to encode the split's row groups with pyarrow's writer
+#: instead of :func:`~packer_cli.shards._parquet_encode.encode_list_columns`.
+ENV_ENCODER = "PACKER_PARQUET_ENCODER"
 
 #: Tokens gathered per write step (about 40 bytes per token while a step is built; a few steps
 #: are in flight).
@@ -190,7 +195,7 @@ class BridgeStep:
     """One write step: whole row groups encoded as a Parquet file of their own, and what the
     step adds to the split file's totals."""
 
-    part: pa.Buffer
+    part: EncodedPart | pa.Buffer  # a pa.Buffer: a whole file pyarrow wrote (PACKER_PARQUET_ENCODER=arrow)
     packs: int
     stored_tokens: int
     runtime_tokens: int
@@ -207,15 +212,14 @@ def bridge_step(tokens, mask, last, seq_len, seq_pad, seq_source, seq_offset, ru
     short = long = 0
     if eos is not None and pad_multiple > 1:
         short, long = logical_length_mismatches(tokens, last, seq_len, seq_pad, eos)
-    table = pa.Table.from_arrays([
-        list_array(row_offsets, ids, pa.int32()),
-        list_array(row_offsets, loss, pa.int8()),
-        list_array(run_offsets, seq_start, pa.int32()),
-        list_array(run_offsets, seq_len, pa.int32()),
-        list_array(run_offsets, seq_source, pa.int64()),
-        list_array(run_offsets, seq_offset, pa.int32()),
-    ], schema=BRIDGE_SCHEMA)
-    part = encode_parquet(table, bridge_schema(eos), row_group_size, encoding)
+    columns = [(row_offsets, ids), (row_offsets, loss), (run_offsets, seq_start), (run_offsets, seq_len),
+               (run_offsets, seq_source), (run_offsets, seq_offset)]
+    if os.environ.get(ENV_ENCODER, "").lower() == "arrow":
+        table = pa.Table.from_arrays([list_array(offsets, values, f.type.value_type)
+                                      for (offsets, values), f in zip(columns, BRIDGE_SCHEMA)], schema=BRIDGE_SCHEMA)
+        part = encode_parquet(table, bridge_schema(eos), row_group_size, encoding)
+    else:
+        part = encode_list_columns(columns, bridge_schema(eos), row_group_size, PARQUET_ENCODINGS[encoding], encoding)
     return BridgeStep(part, run_offsets.size - 1, int(ids.size), int(tokens.size), short, long)
 
 
@@ -235,7 +239,10 @@ def write_bridge_file(path: str, *, steps: Iterable[BridgeStep], n_packs: int, e
         stitcher = ParquetStitcher(sink)
         joined = 0
         for step in steps:
-            stitcher.add(step.part)
+            if isinstance(step.part, EncodedPart):
+                stitcher.add_encoded(step.part)
+            else:
+                stitcher.add(step.part)
             joined += 1
             stored_tokens += step.stored_tokens
             runtime_tokens += step.runtime_tokens
