@@ -13,7 +13,10 @@ Tools (``--tools``):
                  output's files), which no amount of packing speed removes from a CLI run;
 * ``cli_bridge`` ``packer pack IN -o OUT --format megatron-bridge``: the same run writing
                  Megatron-Bridge's Parquet layout (one ``training_{C}.idx.parquet``, the default
-                 ``plain-zstd`` encoding) instead of native shards;
+                 ``plain-zstd`` encoding) instead of native shards, its row groups encoded by
+                 packer's own Parquet encoder;
+* ``cli_bridge_arrow`` the same with ``PACKER_PARQUET_ENCODER=arrow``: the row groups encoded
+                 by pyarrow's ``ParquetWriter`` (what packer did before it had its own encoder);
 * ``api``        ``packer_cli.pack()`` in a warm process (same work, no start-up);
 * ``trl``        TRL ``pack_dataset(ds, C, strategy="bfd")`` on the same table held in memory
                  (``datasets`` default: packed in 1,000-row ``map`` batches);
@@ -45,7 +48,7 @@ import time
 
 import numpy as np
 
-from _util import HERE, PACKER, PYTHON, Worker, dir_bytes, emit, median, run_measured, serve
+from _util import HERE, PACKER, PYTHON, Worker, dir_bytes, emit, median, run_measured, serve, user_env
 
 OUT = os.path.join(HERE, "_out")
 
@@ -159,21 +162,21 @@ def serve_read_json(args) -> None:
 
 # --- in-process tools -------------------------------------------------------------------------
 
-def run_cli(args, extra: tuple[str, ...] = (), out: str | None = None) -> dict:
+def run_cli(args, extra: tuple[str, ...] = (), out: str | None = None, env: dict | None = None) -> dict:
     # Each run packs into a fresh directory: deleting the previous run's output (what
     # --overwrite would do, 0.03-0.06 s of page-cache truncation) is not part of packing.
     out = out or args.out
     shutil.rmtree(out, ignore_errors=True)
     cmd = [PACKER, "pack", args.input, "-o", out, "--pack-size", str(args.pack_size), "--json", *extra]
-    r = run_measured(cmd)
+    r = run_measured(cmd, env=None if env is None else {**user_env(), **env})
     phases = json.loads(r["stdout"])["seconds"]  # the summary's own clock: pass two is "write"
     return {"seconds": r["wall_s"], "peak_rss_bytes": r["peak_rss_bytes"], "cpu_s": r["cpu_s"],
             "out_bytes": dir_bytes(out), "write_s": phases["write"], "read_s": phases["read"]}
 
 
-def run_cli_bridge(args) -> dict:
+def run_cli_bridge(args, env: dict | None = None) -> dict:
     out = args.out + "_bridge"
-    row = run_cli(args, ("--format", "megatron-bridge"), out)
+    row = run_cli(args, ("--format", "megatron-bridge"), out, env)
     row["read_group_ms"] = bridge_group_read_ms(os.path.join(out, f"training_{args.pack_size}.idx.parquet"))
     shutil.rmtree(out, ignore_errors=True)
     return row
@@ -295,7 +298,7 @@ def main() -> None:
     ap.add_argument("--pack-size", type=int, default=4096)
     ap.add_argument("--runs", type=int, default=5)
     # `pages` must not follow `disk`, which has just freed 2 GB of memory it would reuse
-    ap.add_argument("--tools", default="cli,cli_floor,cli_bridge,api,trl,trl_whole,trl_process,decode,disk,disk_direct,"
+    ap.add_argument("--tools", default="cli,cli_floor,cli_bridge,cli_bridge_arrow,api,trl,trl_whole,trl_process,decode,disk,disk_direct,"
                                         "decode_packer,pages")
     ap.add_argument("--disk-gb", type=float, default=2.0)
     ap.add_argument("--out", default=os.path.join(OUT, "e2e"))
@@ -329,6 +332,8 @@ def main() -> None:
                     row = run_cli_floor(args)
                 elif tool == "cli_bridge":
                     row = run_cli_bridge(args)
+                elif tool == "cli_bridge_arrow":
+                    row = run_cli_bridge(args, {"PACKER_PARQUET_ENCODER": "arrow"})
                 elif tool == "trl_process":
                     row = run_trl_process(args)
                 elif tool == "disk":

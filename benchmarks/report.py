@@ -142,6 +142,11 @@ def render(res: dict, targets: dict) -> str:
             rows.append(["End to end, Parquet → Megatron-Bridge's Parquet layout: `packer pack --format "
                          "megatron-bridge` CLI vs TRL `pack_dataset(bfd)`", _mt(tps), _mt(trl),
                          _fmt_ratio(_ratio(tps, trl)), "(report)", "–"])
+            if "cli_bridge_arrow" in e2e:
+                arrow = e2e["cli_bridge_arrow"]["tokens_per_s"]
+                rows.append(["The same, packer's Parquet encoder vs pyarrow's writer encoding the same row groups "
+                             "(`PACKER_PARQUET_ENCODER=arrow`)", _mt(tps), _mt(arrow), _fmt_ratio(_ratio(tps, arrow)),
+                             "(report)", "–"])
         if "trl_process" in e2e and "cli" in e2e:
             # Not the filed target (that one is TRL's in-memory pack): both sides as fresh processes.
             r = _ratio(e2e["trl_process"]["median_s"], e2e["cli"]["median_s"])
@@ -280,9 +285,13 @@ def render(res: dict, targets: dict) -> str:
             br = e2e["cli_bridge"]
             text += (f" Writing Megatron-Bridge's Parquet layout instead (`cli_bridge`, the default `plain-zstd` "
                      f"encoding) took {br['median_s']:.2f} s, pass two {br['write_s']:.2f} s of it "
-                     f"({br['out_bytes'] / MB:,.0f} MB): Parquet's levels and Zstandard cost more CPU than native "
-                     "shards' plain Arrow buffers; packer encodes the file's row groups on both cores and joins "
+                     f"({br['out_bytes'] / MB:,.0f} MB): Zstandard costs more CPU than native shards' plain "
+                     "Arrow buffers; packer encodes the file's row groups itself, on both cores, and joins "
                      "them into the one file Bridge reads.")
+            if "cli_bridge_arrow" in e2e:
+                ba = e2e["cli_bridge_arrow"]
+                text += (f" Encoded by pyarrow's writer instead (`cli_bridge_arrow`) the same run took "
+                         f"{ba['median_s']:.2f} s, pass two {ba['write_s']:.2f} s.")
         if "pages" in e2e:
             pg = e2e["pages"]
             text += (" The shards (4⅛ bytes a token: the id and one loss-mask bit) go to the device with `O_DIRECT`; the spill (2¼ bytes a token "
@@ -315,6 +324,8 @@ def render(res: dict, targets: dict) -> str:
         for key, label in (("cli", "packer pack (CLI, fresh process)"),
                            ("cli_floor", "packer pack (CLI) of the first 256 samples: start-up floor"),
                            ("cli_bridge", "packer pack --format megatron-bridge (CLI, fresh process)"),
+                           ("cli_bridge_arrow", "the same, row groups encoded by pyarrow's writer "
+                                                "(`PACKER_PARQUET_ENCODER=arrow`)"),
                            ("api", "packer pack() (warm process)"),
                            ("trl", "TRL pack_dataset bfd (1,000-row map batches, the default)"),
                            ("trl_whole", "TRL pack_dataset bfd, batch_size=None (global)"),

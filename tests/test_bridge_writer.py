@@ -218,9 +218,12 @@ def test_each_encoding_stores_ids_as_named_and_nothing_with_dictionaries(encodin
     assert back.equals(table.replace_schema_metadata(back.schema.metadata))
 
 
-def test_a_split_without_packs_is_still_a_parquet_file(tmp_path):
+@pytest.mark.parametrize("encoder", ["packer", "arrow"])
+def test_a_split_without_packs_is_still_a_parquet_file(tmp_path, monkeypatch, encoder):
     """No steps at all (nothing to pack in this split): the file still has the schema, 0 rows."""
     from packer_cli.progress import Progress
+
+    monkeypatch.setenv("PACKER_PARQUET_ENCODER", encoder)
     from packer_cli.shards.bridge_writer import write_bridge_file
 
     path = tmp_path / "training_512.idx.parquet"
@@ -229,6 +232,7 @@ def test_a_split_without_packs_is_still_a_parquet_file(tmp_path):
                                                progress=progress, direct_io=False)
     meta = pq.ParquetFile(path).metadata
     assert meta.num_rows == 0 and meta.num_row_groups == 0
-    assert pq.read_schema(path).names == BRIDGE_SCHEMA.names
+    assert pq.read_schema(path).names == BRIDGE_SCHEMA.names and pq.read_schema(path).metadata[b"eos_id"] == b""
+    assert meta.created_by.startswith("packer-cli" if encoder == "packer" else "parquet-cpp")
     assert entry["rows"] == 0 and entry["bytes"] == path.stat().st_size and entry["parquet_encoding"] == "plain-zstd"
     assert diagnostics == {"eos_scan_too_short": 0, "eos_scan_too_long": 0}

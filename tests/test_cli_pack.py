@@ -346,7 +346,7 @@ def test_a_full_disk_is_one_line_exit_3_and_nothing_left(synthetic_parquet, tmp_
     elif where == "shard":  # pass two, in a shard-writing thread
         monkeypatch.setattr(writer.ShardFile, "write", _no_space)
     elif where == "bridge":
-        monkeypatch.setattr(bridge_writer.pq.ParquetWriter, "write_table", _no_space)
+        monkeypatch.setattr(bridge_writer, "encode_list_columns", _no_space)  # in an encoding thread
     else:  # the device write itself: in OutputFile's I/O thread, raised through pyarrow's writer
         monkeypatch.setattr(_sink.OutputFile, "_write_staged", _no_space)
         if where != "shard-tail":  # else the file fits one block: the error comes at its close

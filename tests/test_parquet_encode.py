@@ -245,3 +245,13 @@ def test_page_header_is_the_compact_protocol_struct(uncompressed, compressed, va
                         (5, STRUCT, [(1, I32, values), (2, I32, encoding), (3, I32, 3), (4, I32, 3)])])
     assert _parquet_encode._page_header(uncompressed, compressed, values, encoding) == bytes(want)
     assert read_struct(bytes(want))[0][5] == {1: values, 2: encoding, 3: 3, 4: 3}
+
+
+def test_each_schemas_metadata_is_its_own():
+    """Schemas that differ only in their metadata (the EOS id) compare equal in pyarrow; each
+    file still carries its own."""
+    rng = np.random.default_rng(1)
+    columns = bridge_columns(rng, 5)
+    for eos in (1, 2, None, 1):
+        data = ours(columns, bridge_schema(eos), 2, "plain-zstd")
+        assert pq.read_schema(io.BytesIO(data)).metadata[b"eos_id"] == (b"" if eos is None else str(eos).encode())

@@ -141,14 +141,27 @@ class _Leaf:
         self.path = [name.encode(), b"list", b"element"]
 
 
-@lru_cache(maxsize=8)
 def _template(schema: pa.Schema, encoding_name: str) -> tuple[list, tuple[_Leaf, ...]]:
     """pyarrow's footer for ``schema`` with no row groups, and each leaf column's layout."""
+    # cached by the serialized schema: schemas compare equal whatever their metadata (the EOS id)
+    return _template_of(schema.serialize().to_pybytes(), encoding_name)
+
+
+@lru_cache(maxsize=8)
+def _template_of(serialized: bytes, encoding_name: str) -> tuple[list, tuple[_Leaf, ...]]:
+    schema = pa.ipc.read_schema(pa.py_buffer(serialized))
+    from packer_cli import __version__
+    from packer_cli._arrow import list_array
     from packer_cli.shards.bridge_writer import encode_parquet
 
-    from packer_cli import __version__
-
-    _, _, footer = _parse(encode_parquet(schema.empty_table(), schema, 1, encoding_name))
+    for field in schema:
+        if not (pa.types.is_list(field.type) and pa.types.is_integer(field.type.value_type)):
+            raise ValueError(f"column {field.name}: only lists of integers are encoded here")
+    # built from NumPy: schema.empty_table() and pa.array([]) import pandas, which the audit and
+    # the loader keep out (0.13 s)
+    empty = pa.Table.from_arrays([list_array(np.zeros(1, np.int64), np.zeros(0, np.int64), field.type.value_type)
+                                  for field in schema], schema=schema)
+    _, _, footer = _parse(encode_parquet(empty, schema, 1, encoding_name))
     # created_by names the writer of the pages (readers key workarounds for known writer bugs
     # on it); the rest (schema, key-value metadata, column orders) stays pyarrow's
     footer = [(fid, kind, f"packer-cli version {__version__}".encode() if fid == _CREATED_BY else value)
@@ -156,8 +169,6 @@ def _template(schema: pa.Schema, encoding_name: str) -> tuple[list, tuple[_Leaf,
     elements = [dict((fid, value) for fid, _, value in element) for element in _field(footer, 2)[1]]
     leaves, k = [], 1
     for field in schema:
-        if not (pa.types.is_list(field.type) and pa.types.is_integer(field.type.value_type)):
-            raise ValueError(f"column {field.name}: only lists of integers are encoded here")
         outer, group, leaf = elements[k:k + 3]
         if outer.get(4) != field.name.encode() or leaf.get(1) not in (_INT32, _INT64):
             raise ValueError(f"column {field.name}: not the three-level list pyarrow writes")
@@ -205,14 +216,14 @@ class _Chunk:
     def add_page(self, lengths: np.ndarray, values: np.ndarray, compress) -> None:
         levels = np.empty(18 * lengths.size + 8, dtype=np.uint8)
         used = _page_levels(lengths, self.leaf.full_level, self.leaf.empty_level, levels)
-        values = np.ascontiguousarray(values, dtype=self.leaf.dtype)
-        body = np.empty(used + values.nbytes, dtype=np.uint8)
+        width = self.leaf.dtype.itemsize
+        body = np.empty(used + values.size * width, dtype=np.uint8)
         body[:used] = levels[:used]
-        value_bytes = values.view(np.uint8)
         if self.value_encoding == _BYTE_STREAM_SPLIT:  # stream k: byte k of every value
-            body[used:].reshape(values.itemsize, -1)[...] = value_bytes.reshape(-1, values.itemsize).T
-        else:
-            body[used:] = value_bytes
+            values = np.ascontiguousarray(values, dtype=self.leaf.dtype)
+            body[used:].reshape(width, -1)[...] = values.view(np.uint8).reshape(-1, width).T
+        else:  # cast (an int8 mask stored as INT32) while copying, unaligned or not
+            body[used:].view(self.leaf.dtype)[...] = values
         data = compress(body)
         levels = values.size + int(np.count_nonzero(lengths == 0))  # an empty row still has one
         header = _page_header(body.size, len(data), levels, self.value_encoding)

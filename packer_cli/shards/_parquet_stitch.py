@@ -23,6 +23,10 @@ the copies' growth before it as well (:class:`_Relocation`).
 The footer is rewritten through the typed view of :mod:`packer_cli._thrift`: a struct is a
 list of ``(field id, type, value)`` in their order, so fields this module does not know pass
 through unchanged.
+
+Row groups packer encodes itself (:mod:`packer_cli.shards._parquet_encode`) come as pages and
+footer entries not yet written (:meth:`ParquetStitcher.add_encoded`): nothing to parse, each
+entry written once with its final positions.
 """
 from __future__ import annotations
 

@@ -10,11 +10,13 @@ its last label, alignment padding as the end-of-sequence id) in one compiled pas
 are whole multiples of the row-group size, so every group but the last has exactly
 ``row_group_size`` packs.
 
-Parquet encoding (levels, compression) is most of the work, and pyarrow's writer encodes
-one row group after another on one thread. So each step is encoded by the thread that built it,
-as a small Parquet file of its own, and :func:`write_bridge_file` joins the steps' files into
-the split's one file (:mod:`packer_cli.shards._parquet_stitch`): the same bytes one writer would
-produce, with both cores encoding.
+Parquet encoding (compression, above all) is most of the work. Each step's row groups are
+encoded by the thread that built it (:func:`~packer_cli.shards._parquet_encode.
+encode_list_columns`: packer's own encoder, about half the CPU of pyarrow's writer on these
+columns), and :func:`write_bridge_file` appends the steps' pages to the split's one file in
+order and writes one footer (:mod:`packer_cli.shards._parquet_stitch`), so both cores encode.
+With ``PACKER_PARQUET_ENCODER=arrow`` each step is a Parquet file pyarrow wrote, and the files
+are joined into the same bytes one pyarrow writer would produce.
 """
 from __future__ import annotations
 
@@ -190,6 +192,16 @@ def encode_parquet(table: pa.Table, schema: pa.Schema, row_group_size: int,
     return sink.getvalue()
 
 
+def _encode(columns, eos: int | None, row_group_size: int, encoding: str) -> EncodedPart | pa.Buffer:
+    """Bridge's six columns (``(row offsets, values)`` each) as row groups to join into the file:
+    by packer's encoder, or as a file of pyarrow's writer (``PACKER_PARQUET_ENCODER=arrow``)."""
+    if os.environ.get(ENV_ENCODER, "").lower() == "arrow":
+        table = pa.Table.from_arrays([list_array(offsets, values, f.type.value_type)
+                                      for (offsets, values), f in zip(columns, BRIDGE_SCHEMA)], schema=BRIDGE_SCHEMA)
+        return encode_parquet(table, bridge_schema(eos), row_group_size, encoding)
+    return encode_list_columns(columns, bridge_schema(eos), row_group_size, PARQUET_ENCODINGS[encoding], encoding)
+
+
 @dataclass
 class BridgeStep:
     """One write step: whole row groups encoded as a Parquet file of their own, and what the
@@ -214,12 +226,7 @@ def bridge_step(tokens, mask, last, seq_len, seq_pad, seq_source, seq_offset, ru
         short, long = logical_length_mismatches(tokens, last, seq_len, seq_pad, eos)
     columns = [(row_offsets, ids), (row_offsets, loss), (run_offsets, seq_start), (run_offsets, seq_len),
                (run_offsets, seq_source), (run_offsets, seq_offset)]
-    if os.environ.get(ENV_ENCODER, "").lower() == "arrow":
-        table = pa.Table.from_arrays([list_array(offsets, values, f.type.value_type)
-                                      for (offsets, values), f in zip(columns, BRIDGE_SCHEMA)], schema=BRIDGE_SCHEMA)
-        part = encode_parquet(table, bridge_schema(eos), row_group_size, encoding)
-    else:
-        part = encode_list_columns(columns, bridge_schema(eos), row_group_size, PARQUET_ENCODINGS[encoding], encoding)
+    part = _encode(columns, eos, row_group_size, encoding)
     return BridgeStep(part, run_offsets.size - 1, int(ids.size), int(tokens.size), short, long)
 
 
@@ -239,17 +246,15 @@ def write_bridge_file(path: str, *, steps: Iterable[BridgeStep], n_packs: int, e
         stitcher = ParquetStitcher(sink)
         joined = 0
         for step in steps:
-            if isinstance(step.part, EncodedPart):
-                stitcher.add_encoded(step.part)
-            else:
-                stitcher.add(step.part)
+            _join(stitcher, step.part)
             joined += 1
             stored_tokens += step.stored_tokens
             runtime_tokens += step.runtime_tokens
             short, long = short + step.eos_scan_too_short, long + step.eos_scan_too_long
             progress.advance(task, step.packs)
         if not joined:  # no packs: still a file with the schema and no row groups
-            stitcher.add(encode_parquet(BRIDGE_SCHEMA.empty_table(), bridge_schema(eos), row_group_size, encoding))
+            none = (np.zeros(1, np.int64), np.zeros(0, np.int32))
+            _join(stitcher, _encode([none] * len(BRIDGE_SCHEMA), eos, row_group_size, encoding))
         stitcher.finish()
         sink.close()
     finally:
@@ -262,3 +267,10 @@ def write_bridge_file(path: str, *, steps: Iterable[BridgeStep], n_packs: int, e
         "xxh3_64": sink.digest.hexdigest(),
     }
     return entry, {"eos_scan_too_short": short, "eos_scan_too_long": long}
+
+
+def _join(stitcher: ParquetStitcher, part: EncodedPart | pa.Buffer) -> None:
+    if isinstance(part, EncodedPart):
+        stitcher.add_encoded(part)
+    else:
+        stitcher.add(part)
