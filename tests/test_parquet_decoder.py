@@ -324,9 +324,9 @@ def _fallback_tables():
                                                                    validity=~null_rows)), {}
     yield "null_elements", base.set_column(0, "input_ids", list_array(lengths, with_null_elements,
                                                                       pa.int32())), {}
-    for enc in ("DELTA_BINARY_PACKED", "BYTE_STREAM_SPLIT"):
-        # the key must be the leaf's path: pyarrow silently ignores {"input_ids": ...} for a list column
-        yield enc, base, {"use_dictionary": False, "column_encoding": {"input_ids.list.element": enc}}
+    # the key must be the leaf's path: pyarrow silently ignores {"input_ids": ...} for a list column
+    yield "DELTA_BINARY_PACKED", base, {"use_dictionary": False,
+                                        "column_encoding": {"input_ids.list.element": "DELTA_BINARY_PACKED"}}
     yield "scalar_column", base.append_column("answer_start_idx", pa.array(rng.integers(0, 9, 300))), {}
     nested = pa.ListArray.from_arrays(pa.array(np.arange(301, dtype=np.int32)), ids)
     yield "list_of_lists", base.append_column("nested", nested), {}
@@ -349,15 +349,15 @@ def _fallback_tables():
 
 
 FALLBACK_CASES = {name: (table, opts) for name, table, opts in _fallback_tables()}
-# inputs older pyarrow cannot write: BYTE_STREAM_SPLIT for integers, decimals as integers
-WRITTEN_BY = {"BYTE_STREAM_SPLIT": 16, "decimal_as_int": 17}
+# inputs older pyarrow cannot write: decimals as integers
+WRITTEN_BY = {"decimal_as_int": 17}
 PYARROW_MAJOR = int(pa.__version__.split(".")[0])
 
 
 @pytest.mark.parametrize("case", list(FALLBACK_CASES))
 @pytest.mark.parametrize("batch_rows", [7, 2048])
 def test_unsupported_layout_falls_back_with_same_data(tmp_path, case, batch_rows):
-    """Nulls, DELTA_BINARY_PACKED / BYTE_STREAM_SPLIT pages, scalar, nested, float and other
+    """Nulls, DELTA_BINARY_PACKED pages, scalar, nested, float and other
     non-integer columns (also INT32/INT64 physical ones: timestamp, date, time, decimal): pyarrow
     takes over, says why, and the data is exactly pq.read_table's."""
     table, opts = FALLBACK_CASES[case]
@@ -373,6 +373,31 @@ def test_unsupported_layout_falls_back_with_same_data(tmp_path, case, batch_rows
     assert reader.fallback_reason, "an unsupported layout must say why pyarrow took over"
     assert reader.arrow_rows > 0
     assert reader.fast_rows + reader.arrow_rows == table.num_rows
+
+
+@pytest.mark.parametrize("value_type", FAST_TYPES)
+@pytest.mark.parametrize("page_version, codec", [("1.0", "zstd"), ("2.0", "snappy"), ("1.0", "none"), ("2.0", "gzip")])
+def test_byte_stream_split_values_decoded_fast(tmp_path, value_type, page_version, codec):
+    """BYTE_STREAM_SPLIT (byte k of every value in stream k; Arrow writes it for integers from
+    16 on, packer's ``split-zstd`` Bridge files use it): read by packer's decoder, equal to pyarrow."""
+    if PYARROW_MAJOR < 16:
+        pytest.skip(f"pyarrow {pa.__version__} cannot write integers as byte streams (needs 16)")
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(0, 300, 900)
+    info = np.iinfo(value_type.to_pandas_dtype())
+    values = rng.integers(info.min, info.max, int(lengths.sum()), endpoint=True).astype(value_type.to_pandas_dtype())
+    table = pa.table({"input_ids": list_array(lengths, values, value_type),
+                      "loss_mask": list_array(lengths, rng.integers(0, 2, int(lengths.sum())).astype(np.uint8),
+                                              pa.uint8())})
+    path = tmp_path / "bss.parquet"
+    pq.write_table(table, path, row_group_size=300, data_page_size=4096, data_page_version=page_version,
+                   compression=codec, use_dictionary=False,
+                   column_encoding={"input_ids.list.element": "BYTE_STREAM_SPLIT"})
+    assert "BYTE_STREAM_SPLIT" in pq.ParquetFile(path).metadata.row_group(0).column(0).encodings
+    for batch_rows in (7, 2048):
+        reader, batches = read_with_packer(path, ["input_ids", "loss_mask"], batch_rows)
+        assert_same_as_pyarrow(path, ["input_ids", "loss_mask"], batches)
+        assert (reader.fast_rows, reader.arrow_rows, reader.fallback_reason) == (900, 0, None)
 
 
 @pytest.mark.parametrize("case", ["uint64", "fixed_size_list", "large_list_uint64"])
@@ -637,14 +662,17 @@ def _level_edits(table: pa.Table, tmp_path: Path) -> list[tuple[str, bytes]]:
 
 
 def _corrupt_variants(tmp_path: Path) -> list[tuple[str, Path, list[str]]]:
-    """(what was done, the damaged file, the fields to read): ~120 variants from 4 valid files."""
+    """(what was done, the damaged file, the fields to read): ~120 variants from 4 valid files
+    (5 with a file of BYTE_STREAM_SPLIT ids where pyarrow writes it)."""
     table = token_table(300, seed=12, max_len=40, vocab=300)
     variants = []
-    for k, (codec, dictionary) in enumerate([("none", True), ("none", False), ("snappy", True),
-                                             ("snappy", False)]):
-            base = tmp_path / f"base-{codec}-{int(dictionary)}.parquet"
-            pq.write_table(table, base, compression=codec, use_dictionary=dictionary, data_page_size=512,
-                           row_group_size=150)
+    bases = [("none", True), ("none", False), ("snappy", True), ("snappy", False)]
+    bases += [("none", "split")] if PYARROW_MAJOR >= 16 else []
+    for k, (codec, dictionary) in enumerate(bases):
+            base = tmp_path / f"base-{codec}-{int(bool(dictionary))}-{dictionary == 'split'}.parquet"
+            split = {"column_encoding": {"input_ids.list.element": "BYTE_STREAM_SPLIT"}} if dictionary == "split" else {}
+            pq.write_table(table, base, compression=codec, use_dictionary=dictionary is True, data_page_size=512,
+                           row_group_size=150, **split)
             raw = base.read_bytes()
             rng = np.random.default_rng(k)
             edits: list[tuple[str, bytes]] = []
@@ -689,7 +717,7 @@ def _corrupt_variants(tmp_path: Path) -> list[tuple[str, Path, list[str]]]:
                     edits.append((f"{page} header: {field}_page_size {old} -> {new}",
                                   raw[:pos] + _varint(new, length) + raw[pos + length:]))
             for j, (what, data) in enumerate(edits):
-                path = tmp_path / f"bad-{codec}-{int(dictionary)}-{j}.parquet"
+                path = tmp_path / f"bad-{codec}-{dictionary}-{j}.parquet"
                 path.write_bytes(data)
                 variants.append((f"{base.name}: {what}", path, ["input_ids", "loss_mask"]))
     for j, (what, data) in enumerate(_level_edits(table, tmp_path)):

@@ -165,8 +165,8 @@ def page_headers(data: bytes, chunk) -> list[dict]:
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_packers_decoders_read_it(encoding, tmp_path, monkeypatch):
     """``pack`` reads Parquet and the audit reads Bridge's runs with packer's own decoders: both
-    read these files with nothing left to pyarrow, and data pages v1 of plain values take the
-    audit's bulk path."""
+    read these files (plain or byte-stream-split values) with nothing left to pyarrow, the
+    audit's on its bulk path."""
     monkeypatch.delenv("PACKER_PARQUET_DECODER", raising=False)
     rng = np.random.default_rng(8)
     columns = bridge_columns(rng, 90, max_len=5000, huge=2)
@@ -191,24 +191,17 @@ def test_packers_decoders_read_it(encoding, tmp_path, monkeypatch):
     monkeypatch.setattr(RowGroupRuns, "_read_paged", lambda self, *a: (taken.__setitem__("paged", taken["paged"] + 1),
                                                                        paged(self, *a))[1])
     groups = pf.metadata.num_row_groups
-    split = encoding == "split-zstd"  # packer's decoders leave BYTE_STREAM_SPLIT to pyarrow, whoever wrote it
     with RowGroupRuns(str(file), pf) as runs:
         for first, end in ((0, 4), (4, groups)):
             batch = runs.read(first, end, schema.names)
-            if split:
-                assert batch is None
-                continue
             assert batch is not None, "packer's decoder declined the file"
             assert pa.Table.from_batches([batch]).equals(pf.read_row_groups(range(first, end)).cast(batch.schema))
-    assert split or taken == {"bulk": 2, "paged": 0}
+    assert taken == {"bulk": 2, "paged": 0}
 
     reader = ListColumnReader(str(file), schema.names)
     got = pa.Table.from_batches(list(reader))
     assert got.equals(table.cast(got.schema))
-    if split:
-        assert "BYTE_STREAM_SPLIT" in reader.fallback_reason
-    else:
-        assert reader.fallback_reason is None and reader.fast_rows == len(table) and reader.arrow_rows == 0
+    assert reader.fallback_reason is None and reader.fast_rows == len(table) and reader.arrow_rows == 0
 
 
 def test_parts_joined_are_the_one_call_file_byte_for_byte():

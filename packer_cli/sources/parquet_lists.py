@@ -8,15 +8,16 @@ the dictionary lookup or the plain copy, in compiled code without the GIL.
 
 :class:`ListColumnReader` yields record batches equal to what pyarrow reads. It decodes itself
 what it fully understands — ``list``/``large_list`` of integers without nulls, data pages v1 and
-v2, PLAIN and dictionary encodings, uncompressed, Snappy, Zstandard or gzip pages — and hands
+v2, PLAIN, BYTE_STREAM_SPLIT and dictionary encodings, uncompressed, Snappy, Zstandard or gzip
+pages — and hands
 the rest of the file to pyarrow the moment anything else appears (a null, another encoding or
 codec, another type), so the output never depends on which decoder ran. Corrupt pages raise
 :class:`ValueError` naming the row group and column; nothing is read out of bounds.
 
 :class:`RowGroupRuns` reads runs of consecutive row groups whole, for files of many small groups
 (Megatron-Bridge's, which the audit reads): one compiled walk over the run's page headers
-(:mod:`._parquet_pages`), then the pages (data pages v1 of PLAIN values, as packer writes
-Bridge's files) decoded chunk by chunk on two threads straight into one array per column. A run
+(:mod:`._parquet_pages`), then the pages (data pages v1 of PLAIN or BYTE_STREAM_SPLIT values,
+as packer writes Bridge's files) decoded chunk by chunk on two threads straight into one array per column. A run
 with anything else in it (dictionary pages, data pages v2, empty lists) is read by the
 page-at-a-time cursors.
 
@@ -316,18 +317,38 @@ def _row_lengths(layout: _ColumnLayout, rep: np.ndarray, defs: np.ndarray) -> tu
     return lead, lengths, rep.size - empties
 
 
+#: Values stored whole, one after another (PLAIN), or byte k of every value in stream k
+#: (BYTE_STREAM_SPLIT, Parquet 2.8: for integers written by Arrow >= 16, e.g. a Bridge split of
+#: ``--parquet-encoding split-zstd``).
+_PLAIN_VALUES = (thrift.PLAIN, thrift.BYTE_STREAM_SPLIT)
+
+
+def _stored_values(data, at: int, n: int, dtype: np.dtype, encoding: int) -> np.ndarray:
+    """The ``n`` values of ``dtype`` stored from byte ``at`` of ``data`` in one of
+    :data:`_PLAIN_VALUES` (the caller has checked that they fit): a view of PLAIN values; for
+    BYTE_STREAM_SPLIT the streams joined back into values (a copy)."""
+    if encoding == thrift.PLAIN:
+        return np.frombuffer(data, dtype=dtype, count=n, offset=at)
+    width = dtype.itemsize
+    streams = np.frombuffer(data, dtype=np.uint8, count=n * width, offset=at).reshape(width, n)
+    joined = np.empty((n, width), dtype=np.uint8)
+    joined[...] = streams.T
+    return joined.view(dtype).reshape(n)
+
+
 def _decode_values(layout: _ColumnLayout, header: thrift.PageHeader, span, count: int,
                    dictionary: np.ndarray | None, out: np.ndarray) -> np.ndarray:
     """The page's ``count`` values, decoded into ``out[:count]``."""
     data, lo, hi = span
     out = out[:count]
-    if header.encoding == thrift.PLAIN:
+    if header.encoding in _PLAIN_VALUES:
         width = layout.physical_dtype.itemsize
         if lo + count * width > hi:
             raise _Corrupt("page is shorter than its values")
         if lo + count * width < hi:
             _check(UNUSUAL)
-        np.copyto(out, data[lo:lo + count * width].view(layout.physical_dtype), casting="unsafe")  # wraps like pyarrow's cast
+        stored = _stored_values(data, lo, count, layout.physical_dtype, header.encoding)
+        np.copyto(out, stored, casting="unsafe")  # wraps like pyarrow's cast
         return out
     if count:
         if dictionary is None:
@@ -342,7 +363,7 @@ def _decode_page(layout: _ColumnLayout, codec: str, header: thrift.PageHeader, p
                  dictionary: np.ndarray | None, out: np.ndarray) -> _Page:
     """Decode one data page on its own (no state from other pages: pages decode in parallel),
     its values into ``out`` (room for ``header.num_values``)."""
-    if header.encoding not in (thrift.PLAIN, thrift.PLAIN_DICTIONARY, thrift.RLE_DICTIONARY):
+    if header.encoding not in (*_PLAIN_VALUES, thrift.PLAIN_DICTIONARY, thrift.RLE_DICTIONARY):
         raise _Unsupported(f"values encoded as {thrift.ENCODING_NAMES.get(header.encoding, header.encoding)}")
     split = _split_v1 if header.page_type == thrift.DATA_PAGE else _split_v2
     rep_span, def_span, value_span = split(codec, header, payload)
@@ -710,7 +731,7 @@ class _Chunk:
 
 def _decode_chunks(layout: _ColumnLayout, chunks: list[_Chunk], raw: memoryview, values: np.ndarray,
                    lengths: np.ndarray) -> None:
-    """Decode whole chunks of one column (data pages v1 of PLAIN values): their values into
+    """Decode whole chunks of one column (data pages v1 of PLAIN or BYTE_STREAM_SPLIT values): their values into
     ``values``, their row lengths into ``lengths``, each at its chunk's offsets (so chunks decode
     in any order, on any thread). :class:`_NotBulk` for any page but the usual one
     (:func:`_usual_page`) or rows that disagree with the footer: the cursors read those runs;
@@ -735,7 +756,7 @@ def _decode_chunks(layout: _ColumnLayout, chunks: list[_Chunk], raw: memoryview,
 
 def _usual_page(layout: _ColumnLayout, codec: str, row: list[int], payload, values: np.ndarray, v: int,
                 lengths: np.ndarray, r: int, end: int, open_length: int) -> tuple[bool, int, int]:
-    """A data page v1 of PLAIN values, its rows read by one kernel call (:func:`usual_page_rows`):
+    """A data page v1 of PLAIN (or BYTE_STREAM_SPLIT) values, its rows read by one kernel call (:func:`usual_page_rows`):
     (ok, r, open_length) after it; not ok for anything but the usual page, which the cursors judge.
 
     It splits the page and checks its values' length itself rather than through
@@ -759,7 +780,7 @@ def _usual_page(layout: _ColumnLayout, codec: str, row: list[int], payload, valu
     ok, r, open_length = usual_page_rows(levels, 4, def_at, def_at + 4, values_at, n, layout.max_def.bit_length(),
                                          layout.max_def, lengths, r, end, open_length)
     if ok:  # wraps like pyarrow's cast
-        np.copyto(values[v:v + n], np.frombuffer(data, dtype=layout.physical_dtype, count=n, offset=values_at),
+        np.copyto(values[v:v + n], _stored_values(data, values_at, n, layout.physical_dtype, row[pages.ENCODING]),
                   casting="unsafe")
     return ok, r, open_length
 
@@ -890,7 +911,8 @@ class RowGroupRuns:
             planned, sizes, value_at = [], [], 0
             for j, chunk in enumerate(chunks):
                 rows = rows_of[where[i, j]]
-                if any(row[pages.PAGE_TYPE] != thrift.DATA_PAGE or row[pages.ENCODING] != thrift.PLAIN for row in rows):
+                if any(row[pages.PAGE_TYPE] != thrift.DATA_PAGE or row[pages.ENCODING] not in _PLAIN_VALUES
+                       for row in rows):
                     raise _NotBulk  # dictionary pages, data pages v2: packer writes Bridge's files with neither
                 levels = sum(row[pages.NUM_VALUES] for row in rows)
                 if levels != chunk.num_values:
