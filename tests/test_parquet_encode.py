@@ -122,7 +122,7 @@ def as_table(columns, schema=BRIDGE_SCHEMA) -> pa.Table:
 
 
 def ours(columns, schema, rows, encoding) -> bytes:
-    return encode_list_columns(columns, schema, rows, PARQUET_ENCODINGS[encoding], encoding).file_bytes()
+    return encode_list_columns(columns, schema, rows, PARQUET_ENCODINGS[encoding]).file_bytes()
 
 
 @settings(max_examples=80, deadline=None)
@@ -214,7 +214,7 @@ def test_parts_joined_are_the_one_call_file_byte_for_byte():
     out = io.BytesIO()
     stitcher = ParquetStitcher(out)
     for columns in parts:
-        stitcher.add_encoded(encode_list_columns(columns, schema, rows, PARQUET_ENCODINGS["plain-zstd"], "plain-zstd"))
+        stitcher.add_encoded(encode_list_columns(columns, schema, rows, PARQUET_ENCODINGS["plain-zstd"]))
     assert stitcher.finish() == len(out.getvalue())
     assert out.getvalue() == ours(whole, schema, rows, "plain-zstd")
     assert pq.read_table(io.BytesIO(out.getvalue())).equals(as_table(whole, schema).replace_schema_metadata(
@@ -223,10 +223,10 @@ def test_parts_joined_are_the_one_call_file_byte_for_byte():
 
 def test_only_list_of_integer_schemas_are_encoded():
     with pytest.raises(ValueError, match="only lists of integers"):
-        _parquet_encode._template(pa.schema([pa.field("x", pa.list_(pa.float32()))]), "plain-zstd")
+        _parquet_encode._template(pa.schema([pa.field("x", pa.list_(pa.float32()))]))
     with pytest.raises(ValueError, match="2 columns for a schema of 6"):
         encode_list_columns(bridge_columns(np.random.default_rng(0), 3)[:2], BRIDGE_SCHEMA, 2,
-                            PARQUET_ENCODINGS["plain-zstd"], "plain-zstd")
+                            PARQUET_ENCODINGS["plain-zstd"])
 
 
 @pytest.mark.parametrize("uncompressed, compressed, values, encoding", [

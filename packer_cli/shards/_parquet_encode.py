@@ -13,15 +13,16 @@ with the levels as RLE runs made from the row lengths by one compiled pass (repe
 present value's level, merged across rows),
 the values as their plain little-endian bytes (or split into byte streams for
 ``BYTE_STREAM_SPLIT``), and the page compressed in one call. The footer is pyarrow's own for
-the schema (written once for an empty table: the Parquet schema, the Arrow schema in the
-key-value metadata, column orders), with the row groups this module wrote in place of none, so
-readers see the types pyarrow would give them.
+the schema (a pyarrow writer opened and closed without rows, once per schema: the Parquet
+schema, the Arrow schema in the key-value metadata, column orders), with the row groups this
+module wrote in place of none, so readers see the types pyarrow would give them.
 
 Pages hold whole rows (a row longer than a page gets a page of its own), as pyarrow's writer
 keeps them, so readers that read a row group's pages one at a time never stitch rows.
 """
 from __future__ import annotations
 
+import io
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
@@ -30,8 +31,8 @@ import numpy as np
 import pyarrow as pa
 
 from packer_cli._kernel_cache import njit
-from packer_cli._thrift import BINARY, I16, I32, I64, LIST, STRUCT, Written, _put_varint, write_fields
-from packer_cli.shards._parquet_stitch import MAGIC, _field, _parse
+from packer_cli._thrift import BINARY, I16, I32, I64, LIST, STRUCT, _put_varint
+from packer_cli.shards._parquet_stitch import ParquetStitcher, _field, _parse
 
 #: Values per page, in bytes before compression (pyarrow's default data page size).
 PAGE_BYTES = 1 << 20
@@ -86,6 +87,17 @@ def _put_run(out, pos, count, value):
 
 
 @njit(cache=True, nogil=True)
+def _push(out, pos, run_value, run_count, value, count):
+    """Add ``count`` levels of ``value`` to the open run, or write the open run and start
+    another: ``(pos, run_value, run_count)`` after it."""
+    if value == run_value:
+        return pos, run_value, run_count + count
+    if run_count:
+        pos = _put_run(out, pos, run_count, run_value)
+    return pos, value, count
+
+
+@njit(cache=True, nogil=True)
 def _page_levels(lengths, full_level, empty_level, out):
     """A v1 data page's level sections for rows of ``lengths``: the repetition levels' byte
     length (4 bytes, little-endian) and RLE runs, then the definition levels' the same way.
@@ -99,28 +111,15 @@ def _page_levels(lengths, full_level, empty_level, out):
     for section in range(2):
         start = pos
         pos += 4
-        value = -1
-        count = 0
+        value, count = -1, 0
         for k in range(lengths.size):
             n = lengths[k]
             if section == 0:
-                parts = 1 if n <= 1 else 2
+                pos, value, count = _push(out, pos, value, count, 0, 1)
+                if n > 1:
+                    pos, value, count = _push(out, pos, value, count, 1, n - 1)
             else:
-                parts = 1
-            for part in range(parts):
-                if section == 0:
-                    v = 0 if part == 0 else 1
-                    c = 1 if part == 0 else n - 1
-                else:
-                    v = full_level if n > 0 else empty_level
-                    c = n if n > 0 else 1
-                if v == value:
-                    count += c
-                else:
-                    if count:
-                        pos = _put_run(out, pos, count, value)
-                    value = v
-                    count = c
+                pos, value, count = _push(out, pos, value, count, full_level if n > 0 else empty_level, max(n, 1))
         if count:
             pos = _put_run(out, pos, count, value)
         size = pos - start - 4
@@ -142,27 +141,26 @@ class _Leaf:
         self.path = [name.encode(), b"list", b"element"]
 
 
-def _template(schema: pa.Schema, encoding_name: str) -> tuple[list, tuple[_Leaf, ...]]:
+def _template(schema: pa.Schema) -> tuple[list, tuple[_Leaf, ...]]:
     """pyarrow's footer for ``schema`` with no row groups, and each leaf column's layout."""
     # cached by the serialized schema: schemas compare equal whatever their metadata (the EOS id)
-    return _template_of(schema.serialize().to_pybytes(), encoding_name)
+    return _template_of(schema.serialize().to_pybytes())
 
 
 @lru_cache(maxsize=8)
-def _template_of(serialized: bytes, encoding_name: str) -> tuple[list, tuple[_Leaf, ...]]:
-    schema = pa.ipc.read_schema(pa.py_buffer(serialized))
+def _template_of(serialized: bytes) -> tuple[list, tuple[_Leaf, ...]]:
+    import pyarrow.parquet as pq
+
     from packer_cli import __version__
-    from packer_cli._arrow import list_array
-    from packer_cli.shards.bridge_writer import encode_parquet
+
+    schema = pa.ipc.read_schema(pa.py_buffer(serialized))
 
     for field in schema:
         if not (pa.types.is_list(field.type) and pa.types.is_integer(field.type.value_type)):
             raise ValueError(f"column {field.name}: only lists of integers are encoded here")
-    # built from NumPy: schema.empty_table() and pa.array([]) import pandas, which the audit and
-    # the loader keep out (0.13 s)
-    empty = pa.Table.from_arrays([list_array(np.zeros(1, np.int64), np.zeros(0, np.int64), field.type.value_type)
-                                  for field in schema], schema=schema)
-    _, _, footer = _parse(encode_parquet(empty, schema, 1, encoding_name))
+    sink = pa.BufferOutputStream()
+    pq.ParquetWriter(sink, schema).close()  # no row groups: the codec and encodings leave no trace
+    _, _, footer = _parse(sink.getvalue())
     # created_by names the writer of the pages (readers key workarounds for known writer bugs
     # on it); the rest (schema, key-value metadata, column orders) stays pyarrow's
     footer = [(fid, kind, f"packer-cli version {__version__}".encode() if fid == _CREATED_BY else value)
@@ -281,36 +279,19 @@ class EncodedPart:
 
     def file_bytes(self) -> bytes:
         """The part as a complete Parquet file of its own."""
-        return b"".join((MAGIC, self.pages, footer_bytes(self.footer, self.rows, [
-            entry for k, group in enumerate(self.groups) for entry in [_fields_bytes(group.entry(len(MAGIC), k))]
-        ])))
-
-
-def _fields_bytes(fields: list) -> bytes:
-    out = bytearray()
-    write_fields(out, fields)
-    return bytes(out)
-
-
-def footer_bytes(footer: list, rows: int, groups: list[bytes]) -> bytes:
-    """The file's end: ``footer`` with ``rows`` and the row groups (each already in the compact
-    protocol), its length and the magic."""
-    out = bytearray()
-    write_fields(out, [
-        (fid, kind, rows if fid == 3 else (STRUCT, Written(len(groups), b"".join(groups))) if fid == 4 else value)
-        for fid, kind, value in footer
-    ])
-    out += len(out).to_bytes(4, "little") + MAGIC
-    return bytes(out)
+        out = io.BytesIO()
+        stitcher = ParquetStitcher(out)
+        stitcher.add_encoded(self)
+        stitcher.finish()
+        return out.getvalue()
 
 
 def encode_list_columns(columns: list[tuple[np.ndarray, np.ndarray]], schema: pa.Schema, row_group_size: int,
-                        encoding: dict, encoding_name: str) -> EncodedPart:
+                        encoding: dict) -> EncodedPart:
     """``columns`` (each ``(row offsets, flat values)``, the same rows) as Parquet row groups of
-    ``row_group_size`` rows, as :data:`~packer_cli.shards.bridge_writer.PARQUET_ENCODINGS`
-    ``[encoding_name]`` (``encoding``) says: a codec, and which columns' values are split into
-    byte streams."""
-    footer, leaves = _template(schema, encoding_name)
+    ``row_group_size`` rows, as ``encoding`` (one of :data:`~packer_cli.shards.bridge_writer.
+    PARQUET_ENCODINGS`) says: a codec, and which columns' values are split into byte streams."""
+    footer, leaves = _template(schema)
     if len(columns) != len(leaves):
         raise ValueError(f"{len(columns)} columns for a schema of {len(leaves)}")
     codec = _CODECS[encoding.get("compression", "uncompressed")]

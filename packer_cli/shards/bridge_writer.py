@@ -198,7 +198,7 @@ def _encode(columns, eos: int | None, row_group_size: int, encoding: str) -> Enc
         table = pa.Table.from_arrays([list_array(offsets, values, f.type.value_type)
                                       for (offsets, values), f in zip(columns, BRIDGE_SCHEMA)], schema=BRIDGE_SCHEMA)
         return encode_parquet(table, bridge_schema(eos), row_group_size, encoding)
-    return encode_list_columns(columns, bridge_schema(eos), row_group_size, PARQUET_ENCODINGS[encoding], encoding)
+    return encode_list_columns(columns, bridge_schema(eos), row_group_size, PARQUET_ENCODINGS[encoding])
 
 
 @dataclass
