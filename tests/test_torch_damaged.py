@@ -172,6 +172,44 @@ def test_damaged_row_names_shard_and_row(outputs, tmp_path, column, part, index,
     assert "malformed pack" in message
 
 
+def _real_length_lowered_by_m(lengths):
+    """Lower the first sequence longer than m=4 by m: still 1 <= s <= p and p a multiple of m, so
+    only the padding rule (p = ceil(s/m)·m) tells; the batch would train its last real tokens
+    as padding and put its last label on a real position."""
+    k = next(k for k, s in enumerate(lengths) if s > 4)
+    lengths[k] -= 4
+    return k
+
+
+def test_real_length_lowered_by_m_is_refused(outputs, tmp_path):
+    out = copy(outputs, tmp_path)
+    with pa.memory_map(str(out / SHARD)) as mm:
+        lengths = pa.ipc.open_file(mm).get_batch(0).column("seq_lens").values.to_numpy().tolist()
+    k = _real_length_lowered_by_m(lengths)
+    _patch_int32(out / SHARD, "seq_lens", "values", k, lengths[k])
+    message = assert_refused(out, str(out / SHARD), " row ")
+    assert "more padding than pad_seq_to_mult=4 allows" in message, message
+
+
+def test_bridge_real_length_lowered_by_m_is_refused(outputs, tmp_path):
+    import pyarrow.parquet as pq
+
+    out = copy(outputs, tmp_path, "bridge")
+    (data,) = out.glob("*.parquet")
+    table = pq.read_table(data)
+    lengths = table.column("packer_seq_lens").to_pylist()
+    _real_length_lowered_by_m(lengths[0])
+    column = table.schema.get_field_index("packer_seq_lens")
+    table = table.set_column(column, "packer_seq_lens", pa.array(lengths, table.schema.field(column).type))
+    pq.write_table(table, data)
+    manifest_path = next(out.glob("*.manifest.json"))
+    manifest = json.loads(manifest_path.read_text())
+    manifest["shards"][0]["bytes"] = data.stat().st_size
+    manifest_path.write_text(json.dumps(manifest))
+    message = assert_refused(out, str(data))
+    assert "more padding than pad_seq_to_mult=4 allows" in message, message
+
+
 def test_corrupt_bridge_parquet_names_the_file(outputs, tmp_path):
     out = copy(outputs, tmp_path, "bridge")
     (data,) = out.glob("*.parquet")
@@ -246,13 +284,15 @@ def _row(**changes):
 @pytest.mark.parametrize("changes,says", [
     (dict(cu_seqlens=np.array([0, 6, 16], np.int32), seq_lens=np.array([6, 8], np.int32)),
      "sequence 0 spans 6 tokens, not a multiple of pad_seq_to_mult=4"),
+    (dict(seq_lens=np.array([7, 4], np.int32)),
+     "sequence 1 has 4 real tokens in 8, more padding than pad_seq_to_mult=4 allows"),
     (dict(loss_mask=np.array([1] * 15 + [2], np.uint8)), "loss_mask holds 2 at token 15, not 0 or 1"),
     (dict(loss_mask=np.array([1] * 15 + [-1], np.int8).view(np.uint8)), "loss_mask holds 255 at token 15"),
     (dict(source_index=np.array([0, 1, 2])), "3 source_index entries for 2 sequences"),
     (dict(source_index=np.array([0, 10])), "source_index 10 is not one of the 10 input records"),
     (dict(source_index=np.array([-1, 1])), "source_index -1 is not one of the 10 input records"),
     (dict(tokens=np.arange(1, 21, dtype=np.int32), loss_mask=np.ones(20, np.uint8),
-          cu_seqlens=np.array([0, 8, 20], np.int32)), "pack has 20 physical tokens, more than pack_size=16"),
+          cu_seqlens=np.array([0, 8, 20], np.int32), seq_lens=np.array([7, 9], np.int32)), "pack has 20 physical tokens, more than pack_size=16"),
 ])
 def test_build_refuses_rows_that_would_train_wrongly(changes, says):
     """A boundary off the recorded alignment (tokens shifted; CP slicing would also fail), a loss

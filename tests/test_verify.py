@@ -537,6 +537,30 @@ def test_padded_length_not_multiple_of_m(broken):
     assert "[pack.padding]" not in result.output and "[pack.cu_seqlens]" not in result.output
 
 
+def test_padding_of_m_or_more_is_a_finding(broken):
+    """A sequence padded past the next multiple of m (m more pad tokens, or a real length lowered
+    by m): every length is still a multiple of m, but the format pads to ceil(s/m)·m only, and
+    a loader would train on a boundary that is not the sample's."""
+    shard = first_shard(broken)
+    where = {}
+
+    def pad_more(rows):
+        i = next(i for i, r in enumerate(rows) if len(r["tokens"]) + 4 <= C)
+        r = rows[i]
+        r["tokens"] += [0] * 4
+        r["loss_mask"] += [0] * 4
+        r["cu_seqlens"][-1] += 4
+        where.update(row=i, seq=len(r["seq_lens"]) - 1, p=r["cu_seqlens"][-1] - r["cu_seqlens"][-2],
+                     s=r["seq_lens"][-1])
+
+    rewrite(broken, shard, pad_more)
+    result = verify(broken)
+    assert result.exit_code == 1
+    assert (f"{shard} row {where['row']} (pack {where['row']}) seq {where['seq']}: padded length {where['p']} holds "
+            f"{where['s']} real tokens: more padding than m = 4 allows [pack.alignment]") in result.output
+    assert "not a multiple of m" not in result.output and "[pack.padding]" not in result.output
+
+
 def test_loss_on_padding(broken):
     shard = first_shard(broken)
     where = {}

@@ -7,7 +7,7 @@ For every pack (row) of a batch, in this order:
 2. ``pack.cu_seqlens`` — starts at 0, never decreases, ends at the runtime length.
 3. ``pack.capacity``  — Σp ≤ C.
 4. ``pack.lengths``   — 1 ≤ s ≤ p and s ≤ the longest a sequence may be (⌊C/m⌋·m).
-5. ``pack.alignment`` — every padded length p is a multiple of m.
+5. ``pack.alignment`` — every padded length p is ceil(s/m)·m: a multiple of m, less than m above s.
 6. ``pack.source``    — 0 ≤ source index < records read, offset ≥ 0 and a multiple of ⌊C/m⌋·m.
 7. ``pack.padding``   — loss mask 0 and token = pad id on all alignment padding;
    ``pack.loss_mask`` — mask values are 0/1; ``pack.tokens`` — ids ≥ 0 (and < vocab if recorded).
@@ -178,6 +178,8 @@ def check_batch(batch: PackBatch, first_pack: int, lim: Limits, sink: FindingSin
                   seq_msg(lambda j: f"real length {s[j]} exceeds the longest allowed, {lim.cap}"))
     sink.add_many("pack.alignment", np.flatnonzero(p % lim.m != 0),
                   seq_msg(lambda j: f"padded length {p[j]} is not a multiple of m = {lim.m}"))
+    sink.add_many("pack.alignment", np.flatnonzero((s >= 1) & (p - s >= lim.m)), seq_msg(
+        lambda j: f"padded length {p[j]} holds {s[j]} real tokens: more padding than m = {lim.m} allows"))
     sink.add_many("pack.source", np.flatnonzero(index < 0), seq_msg(lambda j: f"source index {index[j]} is negative"))
     if lim.records is not None:
         sink.add_many("pack.source", np.flatnonzero(index >= lim.records), seq_msg(

@@ -58,7 +58,7 @@ def static_shape(meta: dict) -> tuple[int, int, int]:
 
 
 def _check_row(row: Any, tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s: np.ndarray, p: np.ndarray,
-               multiple: int) -> None:
+               multiple: int | None) -> None:
     """What a damaged row would otherwise turn into a batch silently (a flipped offset or
     length, a mask value that would weight the loss): ``ValueError`` naming the first problem."""
     if cu.size < 1 or cu[0] != 0 or cu[-1] != tokens.size or loss.size != tokens.size:
@@ -72,10 +72,16 @@ def _check_row(row: Any, tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s
         values = getattr(row, name, None)
         if values is not None and len(values) != s.size:
             raise ValueError(f"malformed pack: {len(values)} {name} entries for {s.size} sequences")
-    if multiple > 1 and (p % multiple).any():
+    if multiple is not None and (p % multiple).any():
         k = int(np.flatnonzero(p % multiple)[0])
         raise ValueError(f"malformed pack: sequence {k} spans {p[k]} tokens, not a multiple of pad_seq_to_mult="
                          f"{multiple}")
+    if multiple is not None and (p - s >= multiple).any():
+        # Each sequence is padded to the next multiple, never further: a real length lowered
+        # by m or more still passes the checks above but would turn real tokens into padding.
+        k = int(np.flatnonzero(p - s >= multiple)[0])
+        raise ValueError(f"malformed pack: sequence {k} has {s[k]} real tokens in {p[k]}, more padding than "
+                         f"pad_seq_to_mult={multiple} allows")
     if loss.size and loss.dtype != np.bool_ and (int(loss.max()) > 1 or (loss.dtype.kind != "u" and int(loss.min()) < 0)):
         bad = int(np.flatnonzero((loss > 1) | (loss < 0))[0])
         raise ValueError(f"malformed pack: loss_mask holds {loss[bad]} at token {bad}, not 0 or 1")
@@ -114,7 +120,7 @@ def build_thd_batch(row: Any, meta: dict, *, static: bool = False) -> THDBatch:
     s = np.asarray(row.seq_lens, dtype=np.int64)
     p = np.diff(cu_in)
     multiple = spec.get("pad_seq_to_mult")
-    _check_row(row, tokens_in, loss_in, cu_in, s, p, multiple if type(multiple) is int else 1)
+    _check_row(row, tokens_in, loss_in, cu_in, s, p, multiple if type(multiple) is int and multiple >= 1 else None)
     n = s.size
     phys = int(cu_in[-1])
 
