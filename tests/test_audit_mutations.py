@@ -197,3 +197,53 @@ def test_a_bridge_pad_id_beyond_int32_is_a_data_error_when_read(copy, pad_id):
         for name in store.shard_names():
             list(store.read_shard(name))
     assert_refused(out, "pad-id must be a non-negative int32", "training")
+
+
+# --- column names that are not UTF-8 ---------------------------------------------------------
+
+def flip_name_bit(data: Path, column: bytes) -> None:
+    """Flip the high bit of ``column``'s last letter where the schema in the file's footer (Arrow
+    IPC or Parquet) names it first, so the name is no longer UTF-8. pyarrow decodes a name only
+    when asked for it (a Parquet file's, as it opens the file)."""
+    raw = bytearray(data.read_bytes())
+    tail = 8 if raw.endswith(b"PAR1") else 10  # the footer's length, then PAR1 or ARROW1
+    footer = len(raw) - tail - int.from_bytes(raw[-tail:4 - tail], "little")
+    raw[raw.index(column, footer) + len(column) - 1] ^= 0x80
+    data.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("kind,data,column,says", [
+    ("native", "packs-00000.arrow", b"source_offset",
+     "schema differs from the packer-thd version 2 pack schema: column 6's name b'source_offse\\xf4' is not "
+     "valid UTF-8"),
+    ("bridge", f"training_{C}.idx.parquet", b"packer_source_index",
+     "cannot open as Parquet (a column name in its footer, b'packer_source_inde\\xf8', is not valid UTF-8)"),
+])
+def test_a_column_name_that_is_not_utf8_is_a_finding(copy, kind, data, column, says):
+    """The schema check (native) or pyarrow opening the footer (Bridge) decoded the name and
+    raised UnicodeDecodeError: a traceback from inspect, no document from inspect --json, and
+    verify's vague 'could not be checked after row 0'."""
+    out = copy(kind)
+    flip_name_bit(out / data, column)
+    split = "training" if kind == "bridge" else None
+    assert_refused(out, f"{data}: {says}", split)
+    pick = ["--split", split] if split else []
+    assert f"{data}: {says} [shard.unreadable]" in run("verify", out, *pick).output
+    result = run("inspect", out, *pick)
+    assert result.output.strip() == f"error: {data}: {says}", result.output
+    assert json.loads(run("inspect", out, "--json", *pick).stdout)["error"] == f"{data}: {says}"
+
+
+def test_bridge_schema_check_names_a_column_name_that_is_not_utf8():
+    """``schema_problem`` asked the schema for its names first (UnicodeDecodeError), should the
+    Parquet file open with its Arrow schema's names damaged."""
+    import pyarrow as pa
+
+    from packer_cli.shards.bridge_reader import schema_problem
+    from packer_cli.shards.bridge_writer import BRIDGE_SCHEMA
+
+    raw = bytearray(BRIDGE_SCHEMA.serialize().to_pybytes())
+    raw[raw.index(b"seq_start_id") + 11] ^= 0x80
+    damaged = pa.ipc.read_schema(pa.py_buffer(bytes(raw)))
+    assert schema_problem(damaged) == ("schema differs from the megatron-bridge version 1 schema: column 2's name "
+                                       "b'seq_start_i\\xe4' is not valid UTF-8")

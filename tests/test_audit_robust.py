@@ -189,6 +189,34 @@ def test_bridge_array_with_a_stale_or_missing_entry(copy, made):
     assert result.exit_code == 1 and "no entry describes the validation split" in result.output, result.output
 
 
+@pytest.mark.parametrize("edited", [0, 1])
+def test_splits_of_equal_values_each_claim_their_own_entry(made, tmp_path, edited):
+    """Both splits packed from one input have equal entries; each split took the first equal one,
+    so an edited second entry passed as "the other split's" and moved Bridge's max/min unseen.
+    One assignment, in Bridge's split order, now gives each split its own entry: the one left
+    over is the validation split's."""
+    out = tmp_path / "same"
+    for split in ("training", "validation"):
+        result = run("pack", made["train"], "-o", out, "-C", C, "--cp", "2", "--format", "megatron-bridge",
+                     "--split", split)
+        assert result.exit_code == 0, result.output
+    array = load(out / ARRAY)
+    assert array[0] == array[1] and run("verify", out).exit_code == 0
+    true = array[edited]
+    array[edited] = dict(true, min_packed_seqlen=1, dataset_max_seqlen=C)
+    save(out / ARRAY, array)
+    says = (f"{ARRAY}: entry {edited}, the validation split's: dataset_max_seqlen is {C} but the data has "
+            f"{true['dataset_max_seqlen']}; min_packed_seqlen is 1 but the data has {true['min_packed_seqlen']} "
+            f"[bridge.entry]")
+    for pick in ([], ["--split", "validation"]):
+        result = run("verify", out, *pick)
+        assert result.exit_code == 1 and says in result.output, result.output
+        assert result.output.count("[bridge.entry]") == 1, result.output
+    assert run("verify", out, "--split", "training").exit_code == 0  # its own entry is intact
+    result = run("inspect", out)
+    assert result.exit_code == 1 and f"entry {edited}, the validation split's" in result.output, result.output
+
+
 def test_bridge_file_of_another_pack_size_is_unexpected(copy, made):
     out = copy("bridge")
     shutil.copy(out / ARRAY, out / f"{2 * C}_metadata.jsonl")

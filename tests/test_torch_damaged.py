@@ -221,6 +221,21 @@ def test_corrupt_bridge_parquet_names_the_file(outputs, tmp_path):
     assert_refused(out, str(data))
 
 
+@pytest.mark.parametrize("name,column", [("bridge", b"packer_source_index"), ("native", b"source_offset")])
+def test_a_column_name_that_is_not_utf8_names_the_file(outputs, tmp_path, name, column):
+    """pyarrow decodes a Parquet footer's column names as it opens the file: a flipped high bit
+    left one that is not UTF-8, and UnicodeDecodeError came out of the Bridge reader."""
+    out = copy(outputs, tmp_path, name)
+    (data,) = [p for p in out.iterdir() if p.suffix in (".parquet", ".arrow")]
+    raw = bytearray(data.read_bytes())
+    tail = 8 if raw.endswith(b"PAR1") else 10  # the footer's length, then PAR1 or ARROW1
+    footer = len(raw) - tail - int.from_bytes(raw[-tail:4 - tail], "little")
+    raw[raw.index(column, footer) + len(column) - 1] ^= 0x80  # the footer's schema, where it is first
+    data.write_bytes(bytes(raw))
+    # the manifest records the size only, which is unchanged: the layout checks pass
+    assert_refused(out, str(data))
+
+
 # -- good outputs: unchanged batches, checks once a process --------------------------------
 
 @pytest.mark.parametrize("name", ["native", "bridge"])

@@ -9,7 +9,8 @@ all entries. ``packer pack`` appends the split's ``bridge`` record of its metada
   their types, and its ``pack_size`` is the C in the file's name (the one Bridge reads it for);
 * ``bridge.entry`` — one entry equals this split's values (verify: recomputed from the data;
   inspect: as its metadata records them), and there are no more entries than splits, so no
-  stale entry moves Bridge's max/min.
+  stale entry moves Bridge's max/min. Each split claims a distinct entry (two splits of equal
+  values need two), assigned alike in every split's audit.
 """
 from __future__ import annotations
 
@@ -77,39 +78,49 @@ def _entry_problems(entry: dict, C: int):
 def check_bridge_entries(store, array: list, expected: dict, sink: FindingSink, what: str = "the data has") -> None:
     """``bridge.entry``: ``expected`` (this split's six values) is one entry; no stale entries."""
     name = bridge_metadata_name(store.pack_size)
-    others = _other_splits(store)
+    claims = _split_values(store, expected)
     unclaimed = list(range(len(array)))
-    mine = _take(unclaimed, array, expected)
-    claimed_by_others = sum(_take(unclaimed, array, other) is not None for other in others if other is not None)
-    if mine is None and unclaimed:  # the closest entry is taken to be this split's, edited
+    # One assignment, the same in every split's audit: each split in Bridge's order takes the
+    # first unclaimed entry equal to its values, so two splits with the same values need two
+    # such entries (else an edited one would pass as the other split's).
+    taken = {split: _take(unclaimed, array, values) for split, values in claims if values is not None}
+    if taken[store.split] is None and unclaimed:  # the closest entry is taken to be this split's, edited
         k = min(unclaimed, key=lambda i: len(_differences(array[i], expected, what)))
         unclaimed.remove(k)
         sink.add("bridge.entry", f"entry {k}, the {store.split} split's: "
                  f"{'; '.join(_differences(array[k], expected, what))}", shard=name)
-    elif mine is None:
+    elif taken[store.split] is None:
         sink.add("bridge.entry", f"no entry describes the {store.split} split ({what} {expected})", shard=name)
-    splits = len(others) + 1
-    if len(unclaimed) > len(others) - claimed_by_others:
+    unmatched_others = sum(taken.get(split) is None for split, _ in claims if split != store.split)
+    if len(unclaimed) > unmatched_others:  # each other split may hold one entry its own audit judges
+        splits = len(claims)
         sink.add("bridge.entry", f"holds {len(array)} entries for the {splits} split{'s' if splits > 1 else ''} "
                  f"here; Bridge takes the max/min over all of them, so a stale entry changes what it reads",
                  shard=name)
 
 
-def _other_splits(store) -> list[dict | None]:
-    """The recorded Bridge values of every other split with a data file here (None: not known,
-    as for a split Bridge itself wrote, which has no packer metadata)."""
+def _split_values(store, expected: dict) -> list[tuple[str, dict | None]]:
+    """``(split, its six values)`` of every split with a data file here, this one included (with
+    ``expected``), in Bridge's order. Another split's are its recorded ``bridge`` record (None:
+    not known, as for a split Bridge itself wrote, which has no packer metadata)."""
     values = []
     for split in SPLITS:
-        if split == store.split or not os.path.isfile(os.path.join(store.out, data_name(split, store.pack_size))):
-            continue
-        record = None
-        if os.path.isfile(os.path.join(store.out, split_metadata_name(split))):
-            try:
-                record = load_bridge_metadata(store.out, split).get("bridge")
-            except DataError:  # that split's own audit reports it
-                pass
-        values.append(record if isinstance(record, dict) else None)
+        if split == store.split:
+            values.append((split, expected))
+        elif os.path.isfile(os.path.join(store.out, data_name(split, store.pack_size))):
+            values.append((split, _recorded_bridge(store.out, split)))
     return values
+
+
+def _recorded_bridge(out: str, split: str) -> dict | None:
+    """The ``bridge`` record of a split's metadata, None when it has none that is usable."""
+    if not os.path.isfile(os.path.join(out, split_metadata_name(split))):
+        return None
+    try:
+        record = load_bridge_metadata(out, split).get("bridge")
+    except DataError:  # that split's own audit reports it
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _take(unclaimed: list[int], array: list, wanted: dict) -> int | None:

@@ -38,7 +38,7 @@ from packer_cli._arrow import bits_to_numpy, to_numpy
 from packer_cli.shards.format import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA,
                                       READABLE_VERSIONS, READABLE_VERSIONS_TEXT, is_readable_version, pack_schema,
                                       read_json_value, shard_name)
-from packer_cli.shards.reader import PackRow
+from packer_cli.shards.reader import PackRow, column_name_problem
 
 COLUMNS = tuple(PACK_SCHEMA.names)
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -141,6 +141,8 @@ def _schema_difference(found: pa.Schema, expected: pa.Schema) -> str:
         text = str(x).replace("\n", " ")
         return text if len(text) <= 60 else text[:57] + "..."
 
+    if undecodable := column_name_problem(found):
+        return undecodable
     names = list(found.names)
     for i, want in enumerate(expected):
         if i >= len(names):

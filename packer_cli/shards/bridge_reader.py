@@ -32,7 +32,8 @@ from packer_cli.shards.bridge import (
     BRIDGE_COLUMNS, BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PACKER_COLUMNS, SPLITS, split_manifest_name,
     split_metadata_name, splits_in,
 )
-from packer_cli.shards.reader import PackedReader, PackRow, check_layout_for_reading, first_line, read_json
+from packer_cli.shards.reader import (PackedReader, PackRow, check_layout_for_reading, column_name_problem, first_line,
+                                     footer_name_problem, read_json)
 
 #: The split file's columns and the value types of their lists, the writer's first: those of
 #: ``bridge_writer.BRIDGE_SCHEMA`` (a test holds them equal; that module loads the compiler, which
@@ -165,6 +166,8 @@ def schema_problem(schema: pa.Schema, metadata: dict | None = None,
     one ``metadata`` (the split's) records as ``output.eos_id``, where it records one.
     """
     head = f"schema differs from the {BRIDGE_FORMAT} version {BRIDGE_FORMAT_VERSION} schema"
+    if undecodable := column_name_problem(schema):
+        return f"{head}: {undecodable}"
     names = list(schema.names)
     missing = [c for c in COLUMNS if c not in names]
     extra = [n if len(n) <= 40 else n[:37] + "..." for n in names if n not in COLUMN_TYPES]
@@ -420,6 +423,8 @@ class BridgeReader(PackedReader):
                 pf = pq.ParquetFile(path, memory_map=True)
             except (OSError, pa.ArrowException) as exc:
                 raise DataError(f"{path}: cannot open Parquet file ({first_line(exc)})") from None
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}: cannot open Parquet file ({footer_name_problem(exc)})") from None
             problem = schema_problem(pf.schema_arrow, self.metadata, split_metadata_name(self.split))
             if problem:
                 raise DataError(f"{path}: {problem} (not written by packer --format megatron-bridge)")

@@ -32,6 +32,7 @@ from packer_cli.shards.bridge import (BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, SPLI
 from packer_cli.shards.bridge_reader import (BridgeRowError, file_eos, load_bridge_metadata,
                                              native_columns, pad_id_of, read_split_manifest, resolve_split,
                                              schema_problem, stored_columns)
+from packer_cli.shards.reader import footer_name_problem
 
 if TYPE_CHECKING:
     from packer_cli.sources.parquet_lists import RowGroupRuns
@@ -127,6 +128,8 @@ class BridgeStore:
             raise ShardError(name, "missing") from None
         except (OSError, pa.ArrowException) as exc:
             raise ShardError(name, f"cannot open as Parquet ({_first_line(exc)})") from None
+        except UnicodeDecodeError as exc:
+            raise ShardError(name, f"cannot open as Parquet ({footer_name_problem(exc)})") from None
         problem = schema_problem(pf.schema_arrow, self.metadata, self.metadata_name)
         if problem:
             raise ShardError(name, problem)

@@ -45,6 +45,24 @@ def first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def column_name_problem(schema: pa.Schema) -> str | None:
+    """Which column name of ``schema`` is not valid UTF-8 (a flipped bit leaves it so), or None.
+    pyarrow decodes a name only when it is asked for, raising ``UnicodeDecodeError`` then, so a
+    schema check asks for each here first."""
+    for i in range(len(schema)):
+        try:
+            schema.field(i).name
+        except UnicodeDecodeError as exc:
+            return f"column {i}'s name {bytes(exc.object)[:60]!r} is not valid UTF-8"
+    return None
+
+
+def footer_name_problem(exc: UnicodeDecodeError) -> str:
+    """What ``UnicodeDecodeError`` from opening a Parquet file means: pyarrow decodes its footer's
+    column names as it opens it, and one is not valid UTF-8."""
+    return f"a column name in its footer, {bytes(exc.object)[:60]!r}, is not valid UTF-8"
+
+
 def read_json(path: str) -> dict:
     try:
         return read_json_value(path)
