@@ -760,6 +760,73 @@ def test_corrupt_files_raise_and_never_crash_or_lie(tmp_path):
     assert not problems, "\n\n".join(problems)
 
 
+def _footer_flips(tmp_path) -> list[tuple[str, Path]]:
+    """A small file of three row groups (two list columns; Snappy ids, uncompressed mask), then
+    copies with one bit of one footer byte flipped: for every byte, its lowest bit (a varint's
+    lowest bit is a zigzag integer's sign: a row count of 20 becomes -21) and one chosen by the
+    byte's position."""
+    rng = np.random.default_rng(29)
+    lengths = rng.integers(0, 40, 60)
+    ids = list_array(lengths, rng.integers(0, 70_000, int(lengths.sum())).astype(np.int32), pa.int32())
+    mask = list_array(lengths, rng.integers(0, 2, int(lengths.sum())).astype(np.int8), pa.int8())
+    base = tmp_path / "footer-base.parquet"
+    pq.write_table(pa.table({"input_ids": ids, "loss_mask": mask}), base, row_group_size=20,
+                   compression={"input_ids": "snappy", "loss_mask": "none"},
+                   store_schema=False)  # the footer without the Arrow schema: its row groups are most of it
+    raw = base.read_bytes()
+    size = int.from_bytes(raw[-8:-4], "little")
+    variants = []
+    for at in range(len(raw) - 8 - size, len(raw) - 8):
+        for bit in sorted({0, at % 8}):
+            b = bytearray(raw)
+            b[at] ^= 1 << bit
+            path = tmp_path / f"footer-{at}-{bit}.parquet"
+            path.write_bytes(bytes(b))
+            variants.append((f"footer byte {at} ^ {1 << bit}", path))
+    return variants
+
+
+def _names_kept(path, fields) -> bool:
+    """False for a flip that renamed a field (the readers' callers refuse a missing field first)."""
+    try:
+        names = pq.ParquetFile(path).schema_arrow.names
+    except (pa.ArrowException, OSError, ValueError):
+        return True
+    return all(name in names for name in fields)
+
+
+def test_damaged_footers_never_abort_or_yield_what_pyarrow_refuses(tmp_path):
+    """Every footer byte of a small file with one bit flipped, read by ListColumnReader and by
+    RowGroupRuns in child processes. Some of pyarrow's own accessors of a damaged footer end the
+    process (SIGABRT: an unknown codec, a level histogram of the wrong length), and a negative row
+    count once sized a kernel's writes; packer's decoders read the footer themselves and leave a
+    file whose row counts, types, codecs, offsets or histograms they do not trust to pyarrow.
+    So: no crash, no exception outside the contract, and no data where pyarrow raises on one of
+    the fields the decoders read."""
+    fields = ["input_ids", "loss_mask"]
+    variants = [(what, path) for what, path in _footer_flips(tmp_path) if _names_kept(path, fields)]
+    results = run_isolated([(p, fields) for _, p in variants], tmp_path)
+    problems, read_anyway = [], 0
+    for (what, path), r in zip(variants, results):
+        if "died" in r:
+            if r["phase"] in ("packer", "runs"):
+                problems.append(f"{what}: {'ListColumnReader' if r['phase'] == 'packer' else 'RowGroupRuns'} "
+                                f"{r['died']}\n{r['stderr'][-600:]}")
+            continue
+        for reader, equal in (("packer", "equal"), ("runs", "runs_equal")):
+            if r[reader] == "bad":
+                problems.append(f"{what}: {reader} raised outside the contract: {r[reader + '_detail']}")
+            elif r[reader] == "ok" and r["pyarrow"] == "ok" and not r[equal]:
+                problems.append(f"{what}: {reader} yielded data different from pyarrow's")
+        if r["packer"] == "ok" and r["pyarrow"] != "ok":
+            read_anyway += 1
+            detail = r["pyarrow_detail"]
+            if any(word in detail for word in ("type", "codec", "histogram", "num_rows", "offset")):
+                problems.append(f"{what}: packer read it, pyarrow raised {detail}")
+    assert not problems, f"{len(problems)} problems:\n" + "\n\n".join(problems[:20])
+    assert read_anyway < len(variants) // 4  # what pyarrow alone refuses stays a small share
+
+
 def test_dictionary_index_out_of_range_raises(tmp_path):
     """Dictionary indices past the end of the dictionary (0xff over bit-packed index data of an
     uncompressed page): packer raises, as pyarrow does, instead of yielding whatever lies beyond."""

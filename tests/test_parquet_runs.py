@@ -203,7 +203,11 @@ def _chunk_bounds(path, fields=None):
     spans = []
     for g in range(pf.metadata.num_row_groups):
         for leaf in leaves:
-            spans.append(parquet_lists._chunk_span(pf.metadata.row_group(g).column(leaf)))
+            chunk = pf.metadata.row_group(g).column(leaf)  # pyarrow's reading of the footer, as a reference
+            start = chunk.data_page_offset
+            if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < start:
+                start = chunk.dictionary_page_offset
+            spans.append((start, start + chunk.total_compressed_size))
     return spans
 
 

@@ -46,6 +46,7 @@ import pyarrow.parquet as pq
 
 from packer_cli._arrow import from_numpy, memory_pool, numpy_dtype
 from packer_cli.sources import _parquet_pages as pages
+from packer_cli.sources._parquet_footer import ChunkMeta, Footer, footer_problem, read_footer
 from packer_cli.sources import _parquet_thrift as thrift
 from packer_cli.sources._parquet_kernels import (EMPTY_CONTINUES, EMPTY_HAS_VALUES, LEVEL_ABOVE_MAX, MESSAGES, NULLS,
                                                  TRUNCATED, UNUSUAL, dictionary_decode, hybrid_decode,
@@ -181,12 +182,21 @@ def _decompress(codec: str, data: bytes, size: int) -> bytes | pa.Buffer:
     return out
 
 
-def _chunk_span(chunk: pq.ColumnChunkMetaData) -> tuple[int, int]:
+def _chunk_span(chunk: ChunkMeta) -> tuple[int, int]:
     """The file's bytes ``[start, end)`` holding a column chunk's pages (its dictionary first)."""
-    start = chunk.data_page_offset
-    if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < start:
-        start = chunk.dictionary_page_offset
-    return start, start + chunk.total_compressed_size
+    return chunk.start, chunk.end
+
+
+def _footer(fd: int, file_size: int, pf: pq.ParquetFile, layouts: list[_ColumnLayout]) -> Footer:
+    """The file's footer as packer reads it, or :class:`_Unsupported` where the decoder should
+    leave the file to pyarrow (see :mod:`~packer_cli.sources._parquet_footer`)."""
+    footer = read_footer(fd, file_size, pf.metadata.num_row_groups, pf.metadata.num_columns)
+    leaves = {layout.leaf: ("INT32" if layout.physical_dtype.itemsize == 4 else "INT64", 1, layout.max_def)
+              for layout in layouts}
+    problem = footer_problem(footer, leaves)
+    if problem is not None:
+        raise _Unsupported(f"the footer: {problem}")
+    return footer
 
 
 class _ChunkPages:
@@ -200,7 +210,7 @@ class _ChunkPages:
     the process with SIGBUS where a ``pread`` would have come up short.)
     """
 
-    def __init__(self, fd: int, chunk: pq.ColumnChunkMetaData, file_size: int):
+    def __init__(self, fd: int, chunk: ChunkMeta, file_size: int):
         start, end = _chunk_span(chunk)
         self.fd, self.pos, self.end = fd, start, end
         self.file_size = file_size
@@ -415,13 +425,13 @@ class _ColumnCursor:
     slab is freed when the last batch viewing it is.
     """
 
-    def __init__(self, fd: int, file_size: int, layout: _ColumnLayout, chunks: list[pq.ColumnChunkMetaData],
+    def __init__(self, fd: int, file_size: int, layout: _ColumnLayout, chunks: list[ChunkMeta],
                  group_rows: list[int], pool: ThreadPoolExecutor):
         for chunk in chunks:
-            if chunk.compression not in _CODECS:
-                raise _Unsupported(f"column '{layout.name}' is compressed with {chunk.compression}")
+            if chunk.codec not in _CODECS:
+                raise _Unsupported(f"column '{layout.name}' is compressed with {chunk.codec}")
         self.layout, self.pool = layout, pool
-        self.codecs = [chunk.compression for chunk in chunks]
+        self.codecs = [chunk.codec for chunk in chunks]
         self.chunk_pages = [_ChunkPages(fd, chunk, file_size) for chunk in chunks]
         self.chunk_levels = [chunk.num_values for chunk in chunks]  # level entries not yet read, per chunk
         self.group_rows = list(group_rows)
@@ -617,12 +627,19 @@ class ListColumnReader:
         schema = pa.schema([pf.schema_arrow.field(name) for name in self.fields])
         fd = os.open(self.path, os.O_RDONLY)
         file_size = os.fstat(fd).st_size
+        try:
+            footer = _footer(fd, file_size, pf, layouts)
+        except _Unsupported as exc:
+            os.close(fd)
+            self.fallback_reason = str(exc)
+            yield from self._arrow(pf, 0, 0)
+            return
         pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="packer-parquet")
         try:
             for group in range(pf.metadata.num_row_groups):
                 done = 0
                 try:
-                    for batch in self._row_group(fd, file_size, pf, group, layouts, schema, pool):
+                    for batch in self._row_group(fd, file_size, footer, group, layouts, schema, pool):
                         done += batch.num_rows
                         self.fast_rows += batch.num_rows
                         yield batch
@@ -636,14 +653,15 @@ class ListColumnReader:
             pool.shutdown(wait=True, cancel_futures=True)
             os.close(fd)
 
-    def _row_group(self, fd, file_size: int, pf, group: int, layouts, schema, pool) -> Iterator[pa.RecordBatch]:
-        meta = pf.metadata.row_group(group)
-        cursors = [_ColumnCursor(fd, file_size, layout, [meta.column(layout.leaf)], [meta.num_rows], pool)
+    def _row_group(self, fd, file_size: int, footer: Footer, group: int, layouts, schema,
+                   pool) -> Iterator[pa.RecordBatch]:
+        num_rows = int(footer.group_rows[group])
+        cursors = [_ColumnCursor(fd, file_size, layout, [footer.chunk(group, layout.leaf)], [num_rows], pool)
                    for layout in layouts]
         try:
             done = 0
-            while done < meta.num_rows:
-                rows = min(self.batch_rows, meta.num_rows - done)
+            while done < num_rows:
+                rows = min(self.batch_rows, num_rows - done)
                 for cursor in cursors:  # start every column's pages decoding before waiting on any
                     _named(cursor, cursor._read_ahead)
                 arrays = [_list_array(cursor.layout, *_named(cursor, cursor.take, rows)) for cursor in cursors]
@@ -815,6 +833,7 @@ class RowGroupRuns:
         self.file_size = os.fstat(self.fd).st_size
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="packer-parquet")
         self._layouts: dict[tuple, list[_ColumnLayout] | None] = {}
+        self._footers: dict[tuple, Footer] = {}  # the footer, by the fields it was checked for
         self._ahead: ThreadPoolExecutor | None = None  # where the next run is read while this one is used
         self._pending: tuple | None = None  # ((first, end, fields), future of its read)
 
@@ -838,7 +857,9 @@ class RowGroupRuns:
             try:
                 if os.environ.get(ENV_DECODER, "").lower() == "arrow":
                     raise _Unsupported(f"{ENV_DECODER}=arrow")
-                self._layouts[key] = _column_layouts(self.pf, list(fields))
+                layouts = _column_layouts(self.pf, list(fields))
+                self._footers[key] = _footer(self.fd, self.file_size, self.pf, layouts)
+                self._layouts[key] = layouts
             except _Unsupported:
                 self._layouts[key] = None
         return self._layouts[key]
@@ -874,22 +895,22 @@ class RowGroupRuns:
         layouts = self._layouts_of(fields)
         if layouts is None:
             return None
-        meta = self.pf.metadata
-        groups = [meta.row_group(g) for g in range(first, end)]
+        footer = self._footers[tuple(fields)]
+        groups = range(first, end)
         try:
-            arrays = self._read_bulk(layouts, groups)
+            arrays = self._read_bulk(layouts, footer, groups)
         except (_NotBulk, _Unsupported, _Corrupt):  # the cursors read it again, and judge
-            return self._read_paged(first, end, layouts, groups, fields)
+            return self._read_paged(first, end, layouts, footer, fields)
         return pa.RecordBatch.from_arrays(arrays, schema=self._schema(fields))
 
     def _schema(self, fields: list[str]) -> pa.Schema:
         return pa.schema([self.pf.schema_arrow.field(name) for name in fields])
 
-    def _read_bulk(self, layouts: list[_ColumnLayout], groups: list) -> list[pa.Array]:
+    def _read_bulk(self, layouts: list[_ColumnLayout], footer: Footer, groups: range) -> list[pa.Array]:
         """The run's columns, every page header read by one compiled walk and the pages decoded
         chunk by chunk on both threads, straight into one array per column."""
-        columns = [[group.column(layout.leaf) for group in groups] for layout in layouts]
-        if any(chunk.compression not in _CODECS for chunks in columns for chunk in chunks):
+        columns = [[footer.chunk(g, layout.leaf) for g in groups] for layout in layouts]
+        if any(chunk.codec not in _CODECS for chunks in columns for chunk in chunks):
             raise _NotBulk
         spans = sorted((_chunk_span(chunk), i, j) for i, chunks in enumerate(columns) for j, chunk in enumerate(chunks))
         raw, at = _read_spans(self.fd, self.file_size, [span for span, _, _ in spans])
@@ -903,7 +924,7 @@ class RowGroupRuns:
         for row in table:
             rows_of[row[pages.CHUNK]].append(row)
         where = {(i, j): k for k, (_, i, j) in enumerate(spans)}
-        group_rows = [group.num_rows for group in groups]
+        group_rows = footer.group_rows[groups.start:groups.stop].tolist()  # >= 0: footer_problem
         row_at = np.concatenate([[0], np.cumsum(group_rows)]).tolist()
         view = memoryview(raw)
         outputs, work = [], []
@@ -917,13 +938,13 @@ class RowGroupRuns:
                 levels = sum(row[pages.NUM_VALUES] for row in rows)
                 if levels != chunk.num_values:
                     raise _NotBulk
-                planned.append(_Chunk(chunk.compression, rows, value_at, row_at[j], group_rows[j]))
-                sizes.append(chunk.total_compressed_size)
+                planned.append(_Chunk(chunk.codec, rows, value_at, row_at[j], group_rows[j]))
+                sizes.append(chunk.end - chunk.start)
                 value_at += levels
             values = np.empty(value_at, dtype=layout.value_dtype)
             lengths = np.empty(row_at[-1], dtype=np.int64)
             outputs.append((layout, values, lengths))
-            work += [(sum(chunk.total_compressed_size for chunk in chunks), layout, part, values, lengths)
+            work += [(sum(chunk.end - chunk.start for chunk in chunks), layout, part, values, lengths)
                      for part in _halves(planned, sizes)]
         work.sort(key=lambda unit: -unit[0])  # the largest first, so both threads finish together
         futures = [self.pool.submit(_decode_chunks, layout, part, view, values, lengths)
@@ -937,14 +958,15 @@ class RowGroupRuns:
             arrays.append(_list_array(layout, offsets, values))
         return arrays
 
-    def _read_paged(self, first: int, end: int, layouts, groups, fields) -> pa.RecordBatch | None:
+    def _read_paged(self, first: int, end: int, layouts, footer: Footer, fields) -> pa.RecordBatch | None:
         """The run read by one page-at-a-time cursor per column."""
-        group_rows = [group.num_rows for group in groups]
+        group_rows = footer.group_rows[first:end].tolist()
         cursors: list[_ColumnCursor] = []
         try:
             for layout in layouts:
                 cursors.append(_ColumnCursor(self.fd, self.file_size, layout,
-                                             [group.column(layout.leaf) for group in groups], group_rows, self.pool))
+                                             [footer.chunk(g, layout.leaf) for g in range(first, end)], group_rows,
+                                             self.pool))
             for cursor in cursors:  # start every column's pages decoding before waiting on any
                 _named(cursor, cursor._read_ahead)
             arrays = [_list_array(cursor.layout, *_named(cursor, cursor.take, sum(group_rows))) for cursor in cursors]
