@@ -234,6 +234,42 @@ def test_a_column_name_that_is_not_utf8_is_a_finding(copy, kind, data, column, s
     assert json.loads(run("inspect", out, "--json", *pick).stdout)["error"] == f"{data}: {says}"
 
 
+def set_group_rows(data: Path, group: int, rows: int) -> None:
+    """Rewrite a Parquet file's footer with row group ``group`` claiming ``rows`` rows."""
+    from packer_cli._thrift import write_fields
+    from packer_cli.shards._parquet_stitch import MAGIC, _parse
+
+    view, start, footer = _parse(data.read_bytes())
+    kind, groups = next(value for fid, _, value in footer if fid == 4)
+    groups[group] = [(fid, k, rows if fid == 3 else value) for fid, k, value in groups[group]]
+    out = bytearray()
+    write_fields(out, footer)
+    data.write_bytes(bytes(view[:start]) + bytes(out) + len(out).to_bytes(4, "little") + MAGIC)
+
+
+@pytest.mark.parametrize("rows", [-9, 0], ids=["negative", "short"])
+def test_a_bridge_footers_damaged_row_count_is_refused(copy, rows):
+    """A row group claiming -9 rows (or none) in the footer of a Bridge split: packer's decoder
+    sized its arrays by that count (a negative one corrupted the heap), and inspect summarized
+    the packs the counts pointed at (4 of 21) as a healthy output. Now the file is refused where
+    it is opened: verify's finding, inspect's error, the loader's DataError."""
+    from packer_cli.errors import DataError
+    from packer_cli.shards.reader import PackedReader
+
+    out = copy("bridge")
+    data = out / f"training_{C}.idx.parquet"
+    set_group_rows(data, 0, rows)
+    manifest = out / "training.manifest.json"  # its recorded size follows the footer (no shard.size)
+    record = json.loads(manifest.read_text())
+    record["shards"][0]["bytes"] = data.stat().st_size
+    manifest.write_text(json.dumps(record))
+    says = "row groups hold"
+    assert_refused(out, says, "training")
+    assert "(a damaged footer) [shard.unreadable]" in run("verify", out, "--split", "training").output
+    with pytest.raises(DataError, match=f"{data.name}: its footer's row groups hold .* rows, not .* in all"):
+        PackedReader(str(out), split="training")
+
+
 def test_bridge_schema_check_names_a_column_name_that_is_not_utf8():
     """``schema_problem`` asked the schema for its names first (UnicodeDecodeError), should the
     Parquet file open with its Arrow schema's names damaged."""

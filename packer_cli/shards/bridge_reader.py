@@ -157,6 +157,18 @@ def recorded_eos(metadata: dict | None):
     return eos if eos is None or type(eos) is int else UNKNOWN
 
 
+def row_count_problem(pf: pq.ParquetFile) -> str | None:
+    """The footer's row groups' row counts against its total, or None. Packs are found, and
+    numbered, by those counts, so a damaged one would serve (or summarize) other packs than the
+    file holds."""
+    meta = pf.metadata
+    counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    if any(n < 0 for n in counts) or sum(counts) != meta.num_rows:
+        shown = ", ".join(map(str, counts[:8])) + ("..." if len(counts) > 8 else "")
+        return f"its footer's row groups hold {shown} rows, not {meta.num_rows:,} in all (a damaged footer)"
+    return None
+
+
 def schema_problem(schema: pa.Schema, metadata: dict | None = None,
                    metadata_name: str = "the split metadata") -> str | None:
     """Why a split file's Arrow ``schema`` is not one packer writes (one short line), or None.
@@ -428,6 +440,9 @@ class BridgeReader(PackedReader):
             problem = schema_problem(pf.schema_arrow, self.metadata, split_metadata_name(self.split))
             if problem:
                 raise DataError(f"{path}: {problem} (not written by packer --format megatron-bridge)")
+            problem = row_count_problem(pf)
+            if problem:
+                raise DataError(f"{path}: {problem}")
             for g in range(pf.num_row_groups):
                 self._groups.append((pf, g))
                 self._paths.append(path)

@@ -31,7 +31,7 @@ from packer_cli.shards.bridge import (BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, SPLI
                                       split_manifest_name, split_metadata_name)
 from packer_cli.shards.bridge_reader import (BridgeRowError, file_eos, load_bridge_metadata,
                                              native_columns, pad_id_of, read_split_manifest, resolve_split,
-                                             schema_problem, stored_columns)
+                                             row_count_problem, schema_problem, stored_columns)
 from packer_cli.shards.reader import footer_name_problem
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ class BridgeStore:
             raise ShardError(name, f"cannot open as Parquet ({_first_line(exc)})") from None
         except UnicodeDecodeError as exc:
             raise ShardError(name, f"cannot open as Parquet ({footer_name_problem(exc)})") from None
-        problem = schema_problem(pf.schema_arrow, self.metadata, self.metadata_name)
+        problem = schema_problem(pf.schema_arrow, self.metadata, self.metadata_name) or row_count_problem(pf)
         if problem:
             raise ShardError(name, problem)
         return pf
