@@ -296,6 +296,24 @@ def test_supervision_detected_past_a_malformed_first_line(tmp_path):
     assert summary["source"]["supervision"]["kind"] == "mask" and summary["counts"]["bad_records"] == 1
 
 
+def test_a_glob_through_a_link_back_up_is_refused_by_pack_and_verify(tmp_path, monkeypatch):
+    """pack read d/sub/a.jsonl ~40 times through d/sub/up -> d and exited 0; verify --source
+    with the same glob then passed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    write_jsonl(tmp_path / "d" / "sub" / "a.jsonl", [GOOD, GOOD])
+    assert run("pack", "d/sub/a.jsonl", "-o", "packed", "-C", 64).exit_code == 0
+    (tmp_path / "d" / "sub" / "up").symlink_to("..")
+    message = "d/sub/up: a symbolic link back to"
+    result = run("pack", "d/**/*.jsonl", "-o", "out", "-C", 64)
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+    assert_nothing_written(tmp_path)
+    result = run("verify", "packed", "--source", "d/**/*.jsonl")
+    assert result.exit_code == 2 and f"--source: {message}" in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
 def test_corrupted_inputs_never_traceback(tmp_path):
     """Random byte flips and truncations of every input format: a one-line error (or a clean
     pack when the damage happens to leave valid data), never a traceback or a partial OUT."""

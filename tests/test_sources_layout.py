@@ -103,6 +103,20 @@ def test_a_double_star_glob_spans_directories(tmp_path):
     assert read(tmp_path / "data" / "**" / "*.jsonl") == ([100, 200, 300], 3)
 
 
+@pytest.mark.parametrize("pattern", ["d/**/*.jsonl", "d/sub/**/*.jsonl", "d/**/sub/**/*.jsonl", "d/**/a.*"])
+def test_a_double_star_glob_refuses_a_link_back_to_a_directory_above_it(tmp_path, monkeypatch, pattern):
+    """glob followed d/sub/up -> d round and round: a.jsonl was read ~40 times (two such links:
+    without end). A link elsewhere is followed, as by a directory walk."""
+    monkeypatch.chdir(tmp_path)
+    jsonl(tmp_path / "d" / "sub" / "a.jsonl", [sample(100)])
+    jsonl(tmp_path / "other" / "a.jsonl", [sample(200)])
+    os.symlink(tmp_path / "other", tmp_path / "d" / "sub" / "elsewhere")
+    assert read(pattern) == ([100, 200], 2)
+    os.symlink("..", tmp_path / "d" / "sub" / "up")
+    with pytest.raises(DataError, match=r"d/sub/up(/sub)?: a symbolic link back to .*/d(/sub)?, which holds it"):
+        discover_inputs([pattern])
+
+
 @pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
 def test_a_packer_output_inside_an_input_directory_is_refused(tmp_path, fmt):
     """A Bridge layout's Parquet file has the columns of a tokenized input: it was packed
@@ -188,9 +202,35 @@ def test_a_later_columnar_input_with_a_mask_is_an_error_not_ignored(tmp_path):
     pq.write_table(pa.table({"input_ids": [[1, 2, 3]]}), first)
     second = tmp_path / "b.parquet"
     pq.write_table(pa.table({"input_ids": [[4, 5, 6]], "loss_mask": [[0, 0, 1]]}), second)
-    with pytest.raises(DataError, match=r"b\.parquet: column 'loss_mask' is a supervision field, but the first "
-                                        "record of the input has none, so every token would be a target"):
+    with pytest.raises(DataError, match=r"b\.parquet: row 0: column 'loss_mask' is a supervision field, but the "
+                                        "first record of the input has none, so every token would be a target"):
         read(first, second)
+
+
+def _columnar(path, table) -> None:
+    if path.suffix == ".parquet":
+        pq.write_table(table, path, row_group_size=2)
+    elif path.name.endswith(".stream.arrow"):
+        with pa.ipc.new_stream(str(path), table.schema) as writer:
+            writer.write_table(table, max_chunksize=2)
+    else:
+        feather.write_feather(table, str(path), chunksize=2)
+
+
+@pytest.mark.parametrize("name", ["b.parquet", "b.arrow", "b.stream.arrow"])
+def test_a_later_columnar_input_with_a_null_mask_column_is_no_supervision(tmp_path, name):
+    """A column of nulls carries no supervision, as a JSON null does not; it was refused."""
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3]]}), tmp_path / "a.parquet")
+    ids = pa.array([[4, 5, 6], [7, 8, 9], [10, 11, 12]])
+    _columnar(tmp_path / name, pa.table({"input_ids": ids, "loss_mask": pa.nulls(3, pa.list_(pa.int8()))}))
+    stream = SampleStream(discover_inputs([str(tmp_path / "a.parquet"), str(tmp_path / name)]), SourceSpec())
+    targets = np.concatenate([batch.targets for batch in stream])
+    assert stream.records == 4 and targets.size == 12 and targets.all()
+    # one value in the third row (a later batch, or row group) is a mask: refused, naming that row
+    mask = pa.array([None, None, [0, 1, 1]], pa.list_(pa.int8()))
+    _columnar(tmp_path / name, pa.table({"input_ids": ids, "loss_mask": mask}))
+    with pytest.raises(DataError, match=rf"{re.escape(name)}: row 2: column 'loss_mask' is a supervision field"):
+        read(tmp_path / "a.parquet", tmp_path / name)
 
 
 @pytest.mark.parametrize("record", [
@@ -244,6 +284,15 @@ def test_a_subdirectory_with_an_unrelated_state_file_is_walked(tmp_path, marker,
     assert read(tmp_path / "data") == ([100, 200], 2)
 
 
+@pytest.mark.parametrize("marker,content", [("state.json", {"global_step": 100}), ("dataset_dict.json", {"note": 1})])
+def test_a_directory_argument_with_an_unrelated_state_file_is_walked(tmp_path, marker, content):
+    """Named on the command line, the same directory was refused as a broken datasets directory
+    (or a DatasetDict): the two now follow one rule."""
+    jsonl(tmp_path / "logs" / "b.jsonl", [sample(200)])
+    (tmp_path / "logs" / marker).write_text(json.dumps(content))
+    assert read(tmp_path / "logs") == ([200], 1)
+
+
 def test_a_double_star_glob_reads_each_file_once(tmp_path):
     """`k/**` matches k itself, each subdirectory and each file: all were read, some three times."""
     jsonl(tmp_path / "k" / "a.jsonl", [sample(100)])
@@ -256,3 +305,14 @@ def test_a_null_supervision_field_in_a_later_record_is_no_supervision(tmp_path):
     path = jsonl(tmp_path / "d.jsonl", [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5, 6], "labels": None}])
     stream = SampleStream(discover_inputs([path]), SourceSpec())
     assert sum(int(batch.targets.sum()) for batch in stream) == 6 and stream.records == 2  # every token a target
+
+
+@pytest.mark.parametrize("filler,policy", [(b"\n", "error"), (b"  \r\n", "error"), (b"{oops\n", "skip")])
+def test_the_first_record_decides_the_supervision_wherever_it_is(tmp_path, filler, policy):
+    """Only the first 10,000 lines (blank or malformed ones too) were searched for the first
+    record: the mask after them was refused as a supervision field the first record lacked."""
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(filler * 10_000 + orjson.dumps({"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}) + b"\n")
+    stream = SampleStream(discover_inputs([str(path)]), SourceSpec(on_bad_record=policy))
+    targets = np.concatenate([batch.targets for batch in stream])
+    assert stream.supervision.kind == "mask" and targets.tolist() == [0, 1, 1]

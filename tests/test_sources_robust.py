@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 
 import numpy as np
 import orjson
@@ -111,14 +112,31 @@ def test_well_formed_datasets_dir_reads(tmp_path):
     ({"_data_files": ["data-00000-of-00001.arrow"]}, "_data_files"),
     ({"_data_files": {"filename": "data-00000-of-00001.arrow"}}, "_data_files"),
     ({"_data_files": []}, "no data files"),
-    ({}, "_data_files"),
-    ([1, 2], "_data_files"),
+    ({"_data_files": None}, "_data_files"),
+    ([{"_data_files": []}], "_data_files"),
+    ({"_data_files": [{"filename": "sub/data-00000-of-00001.arrow"}]}, "not a plain file name"),
 ])
 def test_malformed_state_json_is_a_data_error(tmp_path, state, reason):
     root = _datasets_dir(tmp_path, state)
     with pytest.raises(DataError, match="state.json") as caught:
         discover_inputs([root])
     assert reason in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_data_file_through_a_linked_subdirectory_is_refused(tmp_path):
+    """state.json named sub/x.arrow, sub a link to a directory outside the dataset: it was read."""
+    root = _datasets_dir(tmp_path, {"_data_files": [{"filename": "sub/data-00000-of-00001.arrow"}]})
+    (tmp_path / "elsewhere").mkdir()
+    os.rename(f"{root}/data-00000-of-00001.arrow", tmp_path / "elsewhere" / "data-00000-of-00001.arrow")
+    os.symlink(tmp_path / "elsewhere", f"{root}/sub")
+    assert_pack_refuses(tmp_path, root, "state.json: _data_files[0].filename 'sub/data-00000-of-00001.arrow' "
+                                        "is not a plain file name")
+
+
+def test_a_state_json_without_data_files_is_no_datasets_directory(tmp_path):
+    """Only a state.json listing _data_files makes a datasets directory, as for a subdirectory."""
+    root = _datasets_dir(tmp_path, {"global_step": 100})
+    assert records(root) == 1  # its Arrow file read as any other
 
 
 def test_malformed_state_json_on_the_command_line(tmp_path):

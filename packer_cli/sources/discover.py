@@ -103,6 +103,9 @@ def _data_file_names(state, state_path: str) -> list[str]:
             raise DataError(f"{state_path}: _data_files[{i}].filename is {name!r}, not a file name")
         if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] in (os.pardir, os.curdir):
             raise DataError(f"{state_path}: _data_files[{i}].filename {name!r} points outside the dataset directory")
+        if os.path.basename(name) != name:  # a subdirectory, perhaps a link, may lead outside it too
+            raise DataError(f"{state_path}: _data_files[{i}].filename {name!r} is not a plain file name "
+                            "(save_to_disk writes its data files next to state.json)")
         names.append(name)
     return names
 
@@ -110,9 +113,9 @@ def _data_file_names(state, state_path: str) -> list[str]:
 def _expand_directory(path: str) -> list[InputFile]:
     """A directory's inputs: a datasets directory as one input, else every supported file
     below it (hidden entries skipped), in sorted order of their paths."""
-    if os.path.isfile(os.path.join(path, "state.json")):
+    if _marks(path, "state.json", "_data_files"):
         return [_hf_dataset(path)]
-    if os.path.isfile(os.path.join(path, "dataset_dict.json")):
+    if _marks(path, "dataset_dict.json", "splits"):
         splits = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
         raise ConfigError(
             f"{path} is a Hugging Face DatasetDict with splits {splits}; pass one split directory, "
@@ -130,20 +133,14 @@ def _walk(directory: str, ancestors: tuple[str, ...]) -> list[InputFile]:
     datasets directory is one input, read through its state.json, never as loose files: its
     cache files are not data, and its splits must not be mixed); a symbolic link to a
     directory is followed, one that leads back to a directory above it is an error."""
-    try:
-        names = os.listdir(directory)
-    except OSError as exc:  # a directory that cannot be listed is not skipped in silence
-        raise DataError(f"{directory}: cannot list the directory ({exc.strerror or exc})") from None
+    names = _listdir(directory)
     found = []
     for name in names:
         full = os.path.join(directory, name)
         if name.startswith("."):
             continue
         if os.path.isdir(full):
-            real = os.path.realpath(full)
-            if real in ancestors:
-                raise DataError(f"{full}: a symbolic link back to {real}, which holds it: the directory "
-                                "would be read without end")
+            real = _not_above(full, ancestors)
             if _holds_datasets(full):
                 found += _expand_directory(full)
             else:
@@ -158,14 +155,34 @@ def _holds_datasets(directory: str) -> bool:
     """Whether ``directory`` is a ``datasets`` directory or DatasetDict: its ``state.json`` has
     ``_data_files`` (a damaged list is then reported), its ``dataset_dict.json`` ``splits``. A
     ``state.json`` of something else (a training log's) leaves the directory an ordinary one."""
-    for marker, key in (("state.json", "_data_files"), ("dataset_dict.json", "splits")):
-        try:
-            with open(os.path.join(directory, marker), "rb") as f:
-                if f'"{key}"'.encode() in f.read(1 << 20):
-                    return True
-        except OSError:
-            continue
-    return False
+    return _marks(directory, "state.json", "_data_files") or _marks(directory, "dataset_dict.json", "splits")
+
+
+def _marks(directory: str, marker: str, key: str) -> bool:
+    """Whether ``directory`` holds the file ``marker`` with ``key`` in it. The same test for a
+    directory argument and a subdirectory: a training log's state.json left the subdirectory
+    an ordinary one but refused the same directory named on the command line."""
+    try:
+        with open(os.path.join(directory, marker), "rb") as f:
+            return f'"{key}"'.encode() in f.read(1 << 20)
+    except OSError:
+        return False
+
+
+def _listdir(directory: str) -> list[str]:
+    try:
+        return os.listdir(directory or os.curdir)
+    except OSError as exc:  # a directory that cannot be listed is not skipped in silence
+        raise DataError(f"{directory}: cannot list the directory ({exc.strerror or exc})") from None
+
+
+def _not_above(directory: str, ancestors: tuple[str, ...]) -> str:
+    """The real path of ``directory``, refused when it is one of its own ``ancestors`` (real paths)."""
+    real = os.path.realpath(directory)
+    if real in ancestors:
+        raise DataError(f"{directory}: a symbolic link back to {real}, which holds it: the directory "
+                        "would be read without end")
+    return real
 
 
 def _refuse_packer_output(directory: str) -> None:
@@ -234,7 +251,7 @@ def discover_inputs(inputs: list[str]) -> list[InputFile]:
                 )
             found.append(_input_file(arg, fmt))
         elif glob.has_magic(arg):
-            matches = sorted(os.path.normpath(m) for m in glob.glob(arg, recursive=True))  # `**` spans directories
+            matches = sorted({os.path.normpath(m) for m in _glob(arg)})  # `**` spans directories
             if not matches:
                 raise DataError(f"{arg}: the pattern matches no files")
             expanded: list[str] = []  # `**` matches a directory and everything in it: read it once
@@ -245,4 +262,44 @@ def discover_inputs(inputs: list[str]) -> list[InputFile]:
                     found.extend(discover_inputs([match]))
         else:
             raise DataError(f"{arg}: no such file or directory")
+    return found
+
+
+def _glob(pattern: str) -> list[str]:
+    """The paths ``pattern`` matches, as ``glob.glob(pattern, recursive=True)`` finds them, but
+    with each ``**`` component walked by :func:`_directories`: glob follows a link back to a
+    directory above it round and round (a file read ~40 times; with two such links it never
+    ends), where a directory argument's walk refuses the link."""
+    parts = pattern.split(os.sep)
+    if "**" not in parts:
+        return glob.glob(pattern)
+    i = parts.index("**")
+    rest = parts[i + 1:]
+    while rest[:1] == ["**"]:  # `**/**` is one `**`, as glob reads it
+        rest = rest[1:]
+    head = os.sep.join(parts[:i]) or (os.sep if pattern.startswith(os.sep) else "")
+    bases = [b for b in (glob.glob(head) if glob.has_magic(head) else [head]) if os.path.isdir(b or os.curdir)]
+    matches: list[str] = []
+    for base in bases:
+        if not rest:  # `base/**` is base and all below it: read as a directory (whose walk checks links)
+            matches += [base] if base else glob.glob("*")
+            continue
+        for directory in _directories(base):
+            matches += _glob(os.path.join(glob.escape(directory), *rest))
+    return matches
+
+
+def _directories(base: str) -> list[str]:
+    """``base`` and every directory below it, as a ``**`` matches them (hidden ones skipped,
+    links to directories followed); a link back to a directory above it is an error."""
+    found: list[str] = []
+
+    def visit(directory: str, ancestors: tuple[str, ...]) -> None:
+        found.append(directory)
+        for name in _listdir(directory):
+            full = os.path.join(directory, name)
+            if not name.startswith(".") and os.path.isdir(full):
+                visit(full, ancestors + (_not_above(full, ancestors),))
+
+    visit(base, (os.path.realpath(base or os.curdir),))
     return found

@@ -149,9 +149,15 @@ def _column(name: str, values: list, scalar: bool, pre_bad: dict[int, str], flag
 
 
 def jsonl_field_names(path: str) -> list[str]:
-    """Keys of the first JSON object record (used to detect the supervision field)."""
+    """Keys of the first JSON object record, wherever it is (used to detect the supervision field).
+
+    Blank lines are no records, and malformed ones are skipped: they are reported (or skipped,
+    under --on-bad-record skip) when the file is read, where a later record's supervision field
+    must not be what stops the run. The search once gave up after 10,000 lines, and decided
+    "every token is a target" for a file whose first record came later.
+    """
     with _open_text(path) as f:
-        for _, raw in zip(range(10_000), f):  # skip malformed lines: they are reported later
+        for raw in f:
             if raw.strip():
                 try:
                     record = orjson.loads(raw)
@@ -500,12 +506,9 @@ def _select(batch: pa.RecordBatch, fields: list[str]) -> pa.RecordBatch:
     return batch.select(names)
 
 
-def _require_fields(path: str, schema: pa.Schema, fields: list[str], absent: tuple[str, ...] = ()) -> None:
-    """A columnar file lacking a wanted column, holding it twice, or holding an ``absent`` one
-    is bad as a whole: say so with its fields."""
-    for name in absent:
-        if name in schema.names:
-            raise unexpected_supervision(f"{path}: column '{name}'")
+def _require_fields(path: str, schema: pa.Schema, fields: list[str]) -> None:
+    """A columnar file lacking a wanted column, or holding it twice, is bad as a whole: say so
+    with its fields."""
     for name in fields:
         if name not in schema.names:
             raise DataError(f"{path}: row 0: missing field '{name}' (fields: {', '.join(schema.names) or 'none'})")
@@ -514,12 +517,39 @@ def _require_fields(path: str, schema: pa.Schema, fields: list[str], absent: tup
                             "ambiguous")
 
 
+def _supervision_columns(path: str, schema: pa.Schema, absent: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``absent`` (supervision) columns a columnar file has, each to be all null (see
+    :func:`_refuse_values`); one there twice is refused at once (which of them holds what is
+    ambiguous)."""
+    for name in absent:
+        if schema.names.count(name) > 1:
+            raise unexpected_supervision(f"{path}: column '{name}'")
+    return tuple(name for name in absent if name in schema.names)
+
+
+def _refuse_values(path: str, name: str, column, row0: int) -> None:
+    """Refuse a supervision column that has a value (``column`` holds rows ``row0..``), where
+    the first record had none: a column of nulls carries no supervision, as a JSON null does
+    not (such a column was refused, while the same records in JSON Lines read)."""
+    column.validate(full=True)  # an IPC column's null count is otherwise taken as written
+    if column.null_count < len(column):
+        row = row0 + int(np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False))[0])
+        raise unexpected_supervision(f"{path}: row {row}: column '{name}'")
+
+
 def read_parquet(path: str, fields: list[str], arrow_only: bool = False,
                  absent: tuple[str, ...] = ()) -> Iterator[RawBatch]:
     """Batches of a Parquet file: packer's compiled decoder for list-of-integer columns,
     pyarrow's for anything else or with ``arrow_only`` (see :mod:`.parquet_lists`). Pages are
     streamed, never whole row groups, so memory stays bounded by the batch size."""
-    _require_fields(path, pq.read_schema(path), fields, absent)
+    schema = pq.read_schema(path)
+    _require_fields(path, schema, fields)
+    for name in _supervision_columns(path, schema, absent):  # read before any row is used
+        with pq.ParquetFile(path) as pf:
+            row0 = 0
+            for batch in pf.iter_batches(batch_size=64 * BATCH_ROWS, columns=[name]):
+                _refuse_values(path, name, batch.column(0), row0)
+                row0 += batch.num_rows
     row0 = 0
     for batch in ListColumnReader(path, fields, BATCH_ROWS, arrow_only=arrow_only):
         yield RawBatch(path, row0, batch)
@@ -528,11 +558,14 @@ def read_parquet(path: str, fields: list[str], arrow_only: bool = False,
 
 def read_ipc(path: str, fields: list[str], absent: tuple[str, ...] = ()) -> Iterator[RawBatch]:
     batches, schema = _open_ipc(path)
-    _require_fields(path, schema, fields, absent)
+    _require_fields(path, schema, fields)
+    absent = _supervision_columns(path, schema, absent)
     row0 = 0
     for batch in batches:
         # IPC buffers are taken as written: check offsets and bounds before trusting them.
         _select(batch, fields).validate(full=True)
+        for name in absent:  # a stream is read once: each batch is checked as it comes
+            _refuse_values(path, name, batch.column(name), row0)
         for start in range(0, batch.num_rows, BATCH_ROWS):
             piece = batch.slice(start, BATCH_ROWS)
             yield RawBatch(path, row0, _select(piece, fields))
