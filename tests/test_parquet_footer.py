@@ -72,21 +72,22 @@ def _damaged(footer, column, value, row=0):
     return type(footer)(footer.num_rows, group_rows, chunks, footer.columns)
 
 
-@pytest.mark.parametrize("column,value,says", [
-    ("group_rows", -9, "row counts are negative"),
-    ("group_rows", 61, "do not add up"),
-    (footer_module.TYPE, 5, "do not all state its schema's type INT64"),
-    (footer_module.CODEC, 22, "unknown codec"),
-    (footer_module.DEF_HISTOGRAM, 3, "histograms of the wrong length"),
-    (footer_module.REP_HISTOGRAM, 9, "histograms of the wrong length"),
-    (footer_module.FILE_PATH, 5, "another file"),
-    (footer_module.COMPRESSED, -1, "negative size or offset"),
-    (footer_module.DATA_OFFSET, -4, "negative size or offset"),
+@pytest.mark.parametrize("column,value,says,damaged", [
+    ("group_rows", -9, "row counts are negative", True),
+    ("group_rows", 61, "do not add up", True),
+    (footer_module.TYPE, 5, "do not all state its schema's type INT64", True),
+    (footer_module.CODEC, 22, "unknown codec", True),
+    (footer_module.DEF_HISTOGRAM, 3, "histograms of the wrong length", True),
+    (footer_module.REP_HISTOGRAM, 9, "histograms of the wrong length", True),
+    (footer_module.COMPRESSED, -1, "negative size or offset", True),
+    (footer_module.DATA_OFFSET, -4, "negative size or offset", True),
+    (footer_module.FILE_PATH, 5, "another file", False),
 ])
-def test_footer_problems_named(tmp_path, column, value, says):
+def test_footer_problems_named(tmp_path, column, value, says, damaged):
     """What the decoder will not read by: each damage alone (the ids column's first chunk, or the
-    first row group's count) is named; the same damage in a column the caller does not read
-    (the names, leaf 0) does not matter, but row counts always do."""
+    first row group's count) is named, and is damage (an error) but for a chunk in another file
+    (left to pyarrow); the same in a column the caller does not read (the names, leaf 0) does
+    not matter, but row counts always do."""
     path = tmp_path / "t.parquet"
     pq.write_table(_table(np.random.default_rng(4), 120), path, row_group_size=60)
     _, footer = _read(path)
@@ -95,7 +96,7 @@ def test_footer_problems_named(tmp_path, column, value, says):
     if column == "group_rows":
         row = 0
     problem = footer_problem(_damaged(footer, column, value, row), leaves)
-    assert problem is not None and says in problem, problem
+    assert problem is not None and says in problem.reason and problem.damaged == damaged, problem
     if column != "group_rows":
         assert footer_problem(_damaged(footer, column, value, 0), leaves) is None
 
@@ -113,4 +114,5 @@ def test_no_footer_is_a_problem_not_an_error(tmp_path):
         assert read_footer(fd, len(raw), 2, 3) is None  # and counts other than pyarrow's
     finally:
         os.close(fd)
-    assert "not one the compiled decoder reads" in footer_problem(None, {})
+    problem = footer_problem(None, {})
+    assert "not one the compiled decoder reads" in problem.reason and not problem.damaged

@@ -8,7 +8,8 @@ count before a compiled kernel would size its arrays by it. So the decoder never
 for a column chunk: :func:`read_footer` walks the footer's row groups and column chunks with
 the compiled compact-protocol reader of :mod:`~packer_cli.sources._parquet_pages` (every read
 bounds-checked) into two tables, and :func:`footer_problem` says what in them the decoder will
-not trust. Such a file is left to pyarrow's reader, which reports the damage as an error.
+not trust: a footer that contradicts itself or the schema is an error (pyarrow's reader does
+not always notice), one the walk does not read is left to pyarrow.
 
 FileMetaData field ids (parquet.thrift): 3 num_rows, 4 row_groups; RowGroup: 1 columns,
 3 num_rows; ColumnChunk: 1 file_path, 3 meta_data; ColumnMetaData: 1 type, 4 codec,
@@ -260,15 +261,33 @@ def read_footer(fd: int, file_size: int, groups: int, columns: int) -> Footer | 
     return Footer(int(totals[0]), group_rows, chunks, columns)
 
 
-def footer_problem(footer: Footer | None, leaves: dict[int, tuple[str, int, int]]) -> str | None:
+@dataclass(frozen=True)
+class FooterProblem:
+    """Why the decoder does not read a file by its footer. ``damaged``: the footer contradicts
+    itself or the schema (an error: pyarrow's reader does not always notice, e.g. pyarrow 14
+    reads a row group's stated row count and stops, so the file would read short); else a
+    footer the decoder leaves to pyarrow."""
+
+    reason: str
+    damaged: bool
+
+
+def footer_problem(footer: Footer | None, leaves: dict[int, tuple[str, int, int]]) -> FooterProblem | None:
     """Why the decoder should not read a file by ``footer``, or None. ``leaves`` maps each column
     it reads to (physical type name, max repetition level, max definition level)."""
     if footer is None:
-        return "its footer is not one the compiled decoder reads"
+        return FooterProblem("its footer is not one the compiled decoder reads", damaged=False)
+    picked = footer.chunks[np.isin(footer.chunks[:, COLUMN], list(leaves))]
+    if (picked[:, FILE_PATH] > 0).any():
+        return FooterProblem("a column chunk lies in another file", damaged=False)
+    reason = _contradiction(footer, picked, leaves)
+    return FooterProblem(reason, damaged=True) if reason else None
+
+
+def _contradiction(footer: Footer, picked: np.ndarray, leaves: dict[int, tuple[str, int, int]]) -> str | None:
     rows = footer.group_rows
     if (rows < 0).any() or int(rows.sum()) != footer.num_rows:
         return "its row groups' row counts are negative or do not add up to the file's"
-    picked = footer.chunks[np.isin(footer.chunks[:, COLUMN], list(leaves))]
     for leaf, (physical, max_rep, max_def) in leaves.items():
         mine = picked[picked[:, COLUMN] == leaf]
         if (mine[:, TYPE] != _type_number(physical)).any():
@@ -278,8 +297,6 @@ def footer_problem(footer: Footer | None, leaves: dict[int, tuple[str, int, int]
                 return f"column {leaf}'s chunks hold level histograms of the wrong length"
     if not np.isin(picked[:, CODEC], list(CODECS)).all():
         return "a column chunk names an unknown codec"
-    if (picked[:, FILE_PATH] > 0).any():
-        return "a column chunk lies in another file"
     # (A chunk without values may state a data page offset of 0: pyarrow writes one.)
     if ((picked[:, NUM_VALUES] < 0) | (picked[:, COMPRESSED] < 0) | (picked[:, DATA_OFFSET] < 0)).any():
         return "a column chunk has a negative size or offset"

@@ -188,14 +188,16 @@ def _chunk_span(chunk: ChunkMeta) -> tuple[int, int]:
 
 
 def _footer(fd: int, file_size: int, pf: pq.ParquetFile, layouts: list[_ColumnLayout]) -> Footer:
-    """The file's footer as packer reads it, or :class:`_Unsupported` where the decoder should
-    leave the file to pyarrow (see :mod:`~packer_cli.sources._parquet_footer`)."""
+    """The file's footer as packer reads it: ValueError for a damaged one, :class:`_Unsupported`
+    where the decoder leaves the file to pyarrow (see :mod:`~packer_cli.sources._parquet_footer`)."""
     footer = read_footer(fd, file_size, pf.metadata.num_row_groups, pf.metadata.num_columns)
     leaves = {layout.leaf: ("INT32" if layout.physical_dtype.itemsize == 4 else "INT64", 1, layout.max_def)
               for layout in layouts}
     problem = footer_problem(footer, leaves)
+    if problem is not None and problem.damaged:
+        raise ValueError(f"the footer is damaged: {problem.reason}")
     if problem is not None:
-        raise _Unsupported(f"the footer: {problem}")
+        raise _Unsupported(f"the footer: {problem.reason}")
     return footer
 
 
@@ -625,15 +627,16 @@ class ListColumnReader:
             yield from self._arrow(pf, 0, 0)
             return
         schema = pa.schema([pf.schema_arrow.field(name) for name in self.fields])
-        fd = os.open(self.path, os.O_RDONLY)
-        file_size = os.fstat(fd).st_size
-        try:
-            footer = _footer(fd, file_size, pf, layouts)
-        except _Unsupported as exc:
-            os.close(fd)
-            self.fallback_reason = str(exc)
+        with open(self.path, "rb") as f:
+            try:
+                footer = _footer(f.fileno(), os.fstat(f.fileno()).st_size, pf, layouts)
+            except _Unsupported as exc:
+                footer, self.fallback_reason = None, str(exc)
+        if footer is None:
             yield from self._arrow(pf, 0, 0)
             return
+        fd = os.open(self.path, os.O_RDONLY)
+        file_size = os.fstat(fd).st_size
         pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="packer-parquet")
         try:
             for group in range(pf.metadata.num_row_groups):
