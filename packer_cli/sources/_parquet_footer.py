@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packer_cli._kernel_cache import njit
-from packer_cli.sources._parquet_pages import _field_head, _int_field, _skip, _varint
+from packer_cli.sources._parquet_pages import _field_head, _int_field, _skip, _varint, int_field_into
 
 _LIST, _STRUCT, _BINARY = 9, 12, 8
 
@@ -94,21 +94,14 @@ def _column_meta(buf, pos, hi, row):
             return -1
         if kind == 0:
             return pos
-        known = False
-        for i in range(_META_FIELDS.size):
-            if fid == _META_FIELDS[i]:
-                value, pos = _int_field(buf, pos, hi, kind)
-                if pos < 0:
-                    return -1
-                row[_META_COLUMNS[i]] = value
-                known = True
-        if not known:
+        known, pos = int_field_into(buf, pos, hi, kind, fid, row, _META_FIELDS, _META_COLUMNS)
+        if not known and pos >= 0:
             if fid == 16 and kind == _STRUCT:
                 pos = _size_statistics(buf, pos, hi, row)
             else:
                 pos = _skip(buf, pos, hi, kind)
-            if pos < 0:
-                return -1
+        if pos < 0:
+            return -1
         last = fid
 
 

@@ -173,6 +173,19 @@ def _field_head(buf, pos, hi, last):
     return (raw >> 1) ^ -(raw & 1), kind, pos
 
 
+@njit(cache=True, nogil=True, inline="always")
+def int_field_into(buf, pos, hi, kind, fid, row, fields, columns):
+    """(known, position after it): when field ``fid`` is ``fields[i]``, its integer value goes to
+    ``row[columns[i]]``; position -1 when it is not an integer or runs past ``hi``."""
+    for i in range(fields.size):
+        if fid == fields[i]:
+            value, pos = _int_field(buf, pos, hi, kind)
+            if pos >= 0:
+                row[columns[i]] = value
+            return True, pos
+    return False, pos
+
+
 @njit(cache=True, nogil=True)
 def _sub_header(buf, pos, hi, row, fields, columns, flag_field, flag_column):
     """Read the struct at ``pos`` (a data or dictionary page's own header) into ``row``: field
@@ -185,14 +198,9 @@ def _sub_header(buf, pos, hi, row, fields, columns, flag_field, flag_column):
             return -1
         if kind == 0:
             return pos
-        known = False
-        for i in range(fields.size):
-            if fid == fields[i]:
-                value, pos = _int_field(buf, pos, hi, kind)
-                if pos < 0:
-                    return -1
-                row[columns[i]] = value
-                known = True
+        known, pos = int_field_into(buf, pos, hi, kind, fid, row, fields, columns)
+        if pos < 0:
+            return -1
         if not known:
             if fid == flag_field:
                 if kind != _TRUE and kind != _FALSE:
