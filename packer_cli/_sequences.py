@@ -43,6 +43,7 @@ class ReadTotals:
     over_targets: int = 0            # Σ runtime targets over those
     over_tail_targets: int = 0       # Σ targets past the cap over those
     over_no_target: int = 0          # over-long samples without a runtime target
+    over_none_kept: int = 0          # over-long samples with no target before the cap (truncate keeps none)
     over_pieces: int = 0             # Σ ceil((n − 1) / cap) over those
     first_over: int = -1             # kept-sample index of the first over-long sample
 
@@ -144,6 +145,7 @@ class SampleLog:
             t.over_targets += int(targets[over].sum())
             t.over_tail_targets += int(tail[over].sum())
             t.over_no_target += int((no_target & over).sum())
+            t.over_none_kept += int((targets[over] == tail[over]).sum())
             t.over_pieces += int((-(-r // cap)).sum())
         t.samples += lengths.size
         t.runtime_tokens += int(runtime.sum())

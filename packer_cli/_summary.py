@@ -106,6 +106,8 @@ def summarize(*, spec: PackSpec, files, stream, read_counts, bad_listed, totals,
     if policy is OverlongPolicy.TRUNCATE:
         runtime_total -= totals.over_excess
         targets_kept -= totals.over_tail_targets
+        # a sample kept without a target is one whose targets all lay past the cap, too
+        no_target += totals.over_none_kept - totals.over_no_target
     elif policy is OverlongPolicy.DROP:
         runtime_total -= totals.over_runtime
         targets_kept -= totals.over_targets

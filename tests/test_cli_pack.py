@@ -268,6 +268,44 @@ def test_no_target_samples_are_kept_and_warned(tmp_path):
     assert json.loads(result.stdout)["counts"]["no_target_samples"] == 1
 
 
+@pytest.mark.parametrize("policy,expected", [("truncate", 2), ("split", 1), ("drop", 1)])
+def test_samples_whose_targets_all_lie_past_the_cap(tmp_path, policy, expected):
+    """A prompt longer than C: truncation keeps the sample without its response, so it trains on
+    nothing (counted and warned, like a sample without targets); split keeps the response in a
+    later piece; drop keeps nothing of it. Pass one counted targets before truncation, so the
+    truncated sample was neither counted nor warned about, and verify skipped the check."""
+    records = [{"input_ids": list(range(1, 11)), "answer_start_idx": 8},  # targets only past C=4
+               {"input_ids": [1, 2, 3], "answer_start_idx": 3},             # no target at all
+               {"input_ids": list(range(1, 11)), "answer_start_idx": 2},    # targets on both sides
+               {"input_ids": [1, 2, 3], "answer_start_idx": 0}]
+    path = write_jsonl(tmp_path / "data.jsonl", records)
+    out = tmp_path / "out"
+    result = run("pack", path, "-o", out, "--pack-size", "4", "--overlong", policy, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["counts"]["no_target_samples"] == expected
+    assert f"{expected} samples have no target tokens" in result.stderr
+    for source in ([], ["--source", path]):
+        checked = run("verify", out, *source)
+        assert checked.exit_code == 0, checked.output
+    # An output written before truncation was counted recorded 1 here (targets before the cap):
+    # still verified; a count that is neither is a finding, with the source and without.
+    for recorded, ok in ([(1, True)] if policy == "truncate" else []) + [(0, False), (expected + 1, False)]:
+        _record_no_target(out, recorded)
+        for source in ([], ["--source", path]):
+            checked = run("verify", out, *source)
+            assert (checked.exit_code == 0) == ok, (recorded, source, checked.output)
+            assert ok or "counts.no_target_samples is" in checked.output, checked.output
+
+
+def _record_no_target(out, value: int) -> None:
+    """Rewrite the output's counts.no_target_samples (metadata re-sealed)."""
+    from packer_cli.shards.format import seal_metadata
+
+    meta = json.loads((out / "metadata.json").read_text())
+    meta["counts"]["no_target_samples"] = value
+    (out / "metadata.json").write_text(json.dumps(seal_metadata({k: v for k, v in meta.items() if k != "checksum"})))
+
+
 @pytest.mark.parametrize("line,message", [
     ('{"input_ids": [1, 2, 3], "labels": [-100, 2]}', "line 3: labels has 2 values but input_ids has 3"),
     ('{"input_ids": [1, 2, 3], "labels": [-100, 2, 9]}', "line 3: labels[2] = 9 is neither -100 nor the token id 3"),

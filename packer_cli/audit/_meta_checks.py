@@ -30,11 +30,14 @@ MAX_LISTED_BAD = 1000
 def check_provenance(arr: dict, cap: int, policy: str, seqs, sink: FindingSink) -> dict:
     """Duplicate and piece checks; returns per-sample facts the metadata check needs."""
     at_cap = int((arr["real"] == cap).sum())
+    # sequences without targets that no truncation made: what earlier outputs recorded at least
+    untruncated = int(((arr["targets"] == 0) & (arr["real"] < cap)).sum())
     if _whole_samples_once(arr):
         # The usual output: nothing split, nothing twice. Every check below would pass, and
         # every sequence is one sample: its facts follow without sorting the table.
         return {"samples_packed": int(arr["index"].size), "extra_pieces": 0, "multi_piece_samples": 0,
-                "zero_target_samples": int((arr["targets"] == 0).sum()), "at_cap_sequences": at_cap}
+                "zero_target_samples": int((arr["targets"] == 0).sum()), "at_cap_sequences": at_cap,
+                "untruncated_zero_target": untruncated}
     order = np.lexsort((arr["offset"], arr["index"]))
     idx, off, real = arr["index"][order], arr["offset"][order], arr["real"][order]
     loc = lambda j: seqs.locate(order[j])  # noqa: E731
@@ -69,7 +72,7 @@ def check_provenance(arr: dict, cap: int, policy: str, seqs, sink: FindingSink) 
     return {
         "samples_packed": int(starts.size), "extra_pieces": int(idx.size - starts.size),
         "multi_piece_samples": int((pieces > 1).sum()), "zero_target_samples": int((per_sample == 0).sum()),
-        "at_cap_sequences": at_cap,
+        "at_cap_sequences": at_cap, "untruncated_zero_target": untruncated,
     }
 
 
@@ -100,6 +103,20 @@ def _same(recorded, expected) -> bool:
     if isinstance(expected, float) and isinstance(recorded, (int, float)) and not isinstance(recorded, bool):
         return recorded == expected or (math.isnan(recorded) and math.isnan(expected))
     return type(recorded) is type(expected) and recorded == expected
+
+
+def _compare_no_target_truncated(sink: FindingSink, meta: dict, facts: dict) -> None:
+    """``counts.no_target_samples`` under truncation: packer counts a sample truncated to no
+    target; outputs written before it did (2026-12-03) counted targets before truncation, a
+    number the output alone cannot give but which lies between the untruncated samples without
+    targets and today's count (``verify --source`` checks either exactly)."""
+    recorded, now = _get(meta, "counts.no_target_samples"), facts["zero_target_samples"]
+    if recorded is MISSING or _same(recorded, now):
+        return compare(sink, "metadata.counts", meta, "counts.no_target_samples", now)
+    low = facts["untruncated_zero_target"]
+    if not (type(recorded) is int and low <= recorded <= now):
+        sink.add("metadata.counts", f"counts.no_target_samples is {recorded!r} but the data has {now!r} "
+                 f"({low} of them not truncated)", shard=METADATA_FILE)
 
 
 def compare(sink: FindingSink, check: str, meta: dict, path: str, expected, what: str = "the data has") -> None:
@@ -174,7 +191,9 @@ def _check_policy_counts(meta: dict, facts: dict, sink: FindingSink) -> None:
     if policy == "truncate" and samples is not None and samples > facts["at_cap_sequences"]:
         sink.add("metadata.counts", f"counts.overlong.samples is {samples} but only {facts['at_cap_sequences']} "
                  f"sequences are at the truncation length", shard=METADATA_FILE)
-    if policy != "truncate" or samples == 0:
+    if policy == "truncate":
+        _compare_no_target_truncated(sink, meta, facts)
+    else:
         compare(sink, "metadata.counts", meta, "counts.no_target_samples", facts["zero_target_samples"])
     parts = [n(counts.get(k)) for k in ("samples_packed", "too_short_dropped", "bad_records")] + [dropped]
     records = n(counts.get("records"))

@@ -35,7 +35,7 @@ import numpy as np
 
 from packer_cli._background import background
 from packer_cli.audit._kernels import fingerprints, segment_sums
-from packer_cli.audit._meta_checks import MAX_LISTED_BAD, compare
+from packer_cli.audit._meta_checks import MAX_LISTED_BAD, _get, compare
 from packer_cli.audit.findings import FindingSink
 from packer_cli.errors import PackerError
 from packer_cli.sources import SampleStream
@@ -83,7 +83,7 @@ class _Replay:
         self.ordinal = order.astype(np.int32) if order.size < 2**31 else order
         self.matched = np.zeros(order.size, dtype=bool)
         self.counts = dict(records=0, too_short=0, bad=0, over=0, tokens_lost=0, targets_lost=0, dropped=0,
-                           no_target=0, packed=0, compared_tokens=0)
+                           no_target=0, no_target_before_cap=0, packed=0, compared_tokens=0)
         self.bad_listed: list[tuple] = []
 
     def where(self, q: int) -> dict:
@@ -109,9 +109,13 @@ class _Replay:
         over = r > cap
         runtime_t = segment_sums(tgt, ss + 1, ss + n)  # targets of labels 1..n-1
         c["over"] += int(over.sum())
+        kept_t = runtime_t  # targets a kept sample trains on: under truncate, those before the cap
         if self.policy == "truncate":
             c["tokens_lost"] += int((r[over] - cap).sum())
-            c["targets_lost"] += int(segment_sums(tgt, (ss + cap + 1)[over], (ss + n)[over]).sum())
+            tail = segment_sums(tgt, (ss + cap + 1)[over], (ss + n)[over])
+            c["targets_lost"] += int(tail.sum())
+            kept_t = runtime_t.copy()
+            kept_t[over] -= tail
         left_out = over if self.policy in ("drop", "error") else np.zeros(n.size, dtype=bool)
         if self.policy == "drop":
             c["dropped"] += int(over.sum())
@@ -121,7 +125,8 @@ class _Replay:
             sink.add_many("source.counts", np.flatnonzero(over), lambda i: (
                 f"{self.stream.locate(int(sidx[i]))}: sample has {r[i]} runtime tokens, more than {cap}, "
                 f"but the policy is error", {}))
-        c["no_target"] += int(((runtime_t == 0) & ~left_out).sum())
+        c["no_target"] += int(((kept_t == 0) & ~left_out).sum())
+        c["no_target_before_cap"] += int(((runtime_t == 0) & ~left_out).sum())  # as earlier outputs counted
         c["packed"] += int((~left_out).sum())
 
         pieces = np.where(left_out, 0, np.where(over & (self.policy == "split"), -(-r // cap), 1))
@@ -235,6 +240,8 @@ def check_source(files, meta: dict, lim, arr: dict, seqs, sink: FindingSink, sto
 def _compare_counts(meta, replay: _Replay, stream, files, sink: FindingSink) -> None:
     c = replay.counts
     src = "the source has"
+    if _get(meta, "counts.no_target_samples") == c["no_target_before_cap"]:
+        c["no_target"] = c["no_target_before_cap"]  # written before packer counted truncation (targets before it)
     for path, value in (("counts.records", c["records"]), ("counts.bad_records", c["bad"]),
                         ("counts.too_short_dropped", c["too_short"]), ("counts.samples_packed", c["packed"]),
                         ("counts.no_target_samples", c["no_target"]), ("counts.overlong.samples", c["over"]),
