@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 from collections import defaultdict
 from pathlib import Path
 
@@ -406,6 +407,79 @@ def test_adds_split_to_a_layout_bridge_wrote(small, tmp_path):
     array = json.loads((out / "512_metadata.jsonl").read_text())
     assert len(array) == 2 and array[0] == foreign
     assert PackedReader(out).split == "validation"
+
+
+# A split Bridge wrote itself: its Parquet file and its entry, no packer metadata.
+BRIDGE_WRITTEN_ENTRY = {"dataset_max_seqlen": 3, "max_samples_per_bin": 2, "packing_factor": 2.0,
+                        "packing_efficiency": 31.25, "pack_size": 16, "min_packed_seqlen": 5}
+
+
+def write_tiny(path: Path, *samples) -> Path:
+    path.write_text("".join(json.dumps({"input_ids": s}) + "\n" for s in samples))
+    return path
+
+
+def bridge_written_training(out: Path) -> None:
+    out.mkdir()
+    pq.write_table(pa.Table.from_pylist([{"input_ids": [5, 6, 7, 2, 8, 9, 2], "loss_mask": [0, 1, 0, 0, 1, 0, 0],
+                                          "seq_start_id": [0, 4]}]), out / "training_16.idx.parquet")
+    (out / "16_metadata.jsonl").write_text(json.dumps([BRIDGE_WRITTEN_ENTRY]))
+
+
+def verify_cli(out: Path):
+    result = CliRunner().invoke(app, ["verify", str(out)])
+    assert result.exit_code == 0, result.output
+
+
+def test_overwriting_a_split_bridge_wrote_drops_its_entry(tmp_path):
+    """With no packer metadata its old values are unknown, but with every other split holding its
+    own entry (here: none, then validation's), the entry left over is certainly the old one."""
+    t = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2], [12, 13, 14, 2])
+    v = write_tiny(tmp_path / "v.jsonl", [20, 21, 2])
+    spec, notes = PackSpec(pack_size=16), []
+    alone = tmp_path / "alone"
+    bridge_written_training(alone)
+    train = bridge_pack([t], alone, spec, overwrite=True, warn=notes.append)
+    assert json.loads((alone / "16_metadata.jsonl").read_text()) == [train.bridge]
+    assert not [n for n in notes if "could not tell" in n]
+    verify_cli(alone)
+
+    both = tmp_path / "both"
+    bridge_written_training(both)
+    valid = bridge_pack([v], both, spec, split="validation")
+    train = bridge_pack([t], both, spec, overwrite=True)
+    assert json.loads((both / "16_metadata.jsonl").read_text()) == [valid.bridge, train.bridge]
+    verify_cli(both)
+
+
+def test_overwrite_keeps_an_entry_it_cannot_place(tmp_path):
+    """Two splits Bridge wrote, two entries: either may be the overwritten one's, so both stay."""
+    t = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2], [12, 13, 14, 2])
+    out, notes = tmp_path / "out", []
+    bridge_written_training(out)
+    shutil.copy(out / "training_16.idx.parquet", out / "validation_16.idx.parquet")
+    other = dict(BRIDGE_WRITTEN_ENTRY, packing_efficiency=12.5)
+    (out / "16_metadata.jsonl").write_text(json.dumps([BRIDGE_WRITTEN_ENTRY, other]))
+    train = bridge_pack([t], out, PackSpec(pack_size=16), overwrite=True, warn=notes.append)
+    assert json.loads((out / "16_metadata.jsonl").read_text()) == [BRIDGE_WRITTEN_ENTRY, other, train.bridge]
+    [note] = [n for n in notes if "could not tell" in n]
+    assert "entries 0, 1" in note and "the validation split may hold one" in note, note
+
+
+def test_crash_recovery_keeps_the_other_splits_equal_entry(tmp_path):
+    """After a crash between moving validation's files and updating the array, its recorded values
+    equal training's, whose entry is the only one: re-running with --overwrite must keep it."""
+    t = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2], [12, 13, 14, 2])
+    v = write_tiny(tmp_path / "v.jsonl", [20, 21, 2])
+    out, spec = tmp_path / "out", PackSpec(pack_size=16)
+    train = bridge_pack([t], out, spec)
+    bridge_pack([t], out, spec, split="validation")
+    array = json.loads((out / "16_metadata.jsonl").read_text())
+    assert array == [train.bridge, train.bridge]
+    (out / "16_metadata.jsonl").write_text(json.dumps(array[:1]))  # the crash's state
+    valid = bridge_pack([v], out, spec, split="validation", overwrite=True)
+    assert json.loads((out / "16_metadata.jsonl").read_text()) == [train.bridge, valid.bridge]
+    verify_cli(out)
 
 
 def test_refuses_foreign_directory(small, tmp_path):

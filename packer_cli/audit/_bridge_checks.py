@@ -10,7 +10,8 @@ all entries. ``packer pack`` appends the split's ``bridge`` record of its metada
 * ``bridge.entry`` — one entry equals this split's values (verify: recomputed from the data;
   inspect: as its metadata records them), and there are no more entries than splits, so no
   stale entry moves Bridge's max/min. Each split claims a distinct entry (two splits of equal
-  values need two), assigned alike in every split's audit.
+  values need two), assigned alike in every split's audit and in ``pack --overwrite``
+  (:func:`~packer_cli.shards.bridge_output.claim_entries`).
 """
 from __future__ import annotations
 
@@ -20,9 +21,8 @@ from packer_cli.audit._meta_checks import _same
 from packer_cli.audit._meta_schema import BRIDGE_KEYS
 from packer_cli.audit.findings import FindingSink
 from packer_cli.errors import DataError
-from packer_cli.shards.bridge import SPLITS, bridge_metadata_name, data_name, split_manifest_name, split_metadata_name
-from packer_cli.shards.bridge_output import read_bridge_array
-from packer_cli.shards.bridge_reader import load_bridge_metadata
+from packer_cli.shards.bridge import SPLITS, bridge_metadata_name, split_manifest_name, split_metadata_name
+from packer_cli.shards.bridge_output import claim_entries, present_split_values, read_bridge_array
 
 RATIO_KEYS = ("packing_factor", "packing_efficiency")
 
@@ -79,11 +79,9 @@ def check_bridge_entries(store, array: list, expected: dict, sink: FindingSink, 
     """``bridge.entry``: ``expected`` (this split's six values) is one entry; no stale entries."""
     name = bridge_metadata_name(store.pack_size)
     claims = _split_values(store, expected)
-    unclaimed = list(range(len(array)))
-    # One assignment, the same in every split's audit: each split in Bridge's order takes the
-    # first unclaimed entry equal to its values, so two splits with the same values need two
-    # such entries (else an edited one would pass as the other split's).
-    taken = {split: _take(unclaimed, array, values) for split, values in claims if values is not None}
+    # One assignment, the same in every split's audit (and pack's): two splits with the same
+    # values need two such entries, else an edited one would pass as the other split's.
+    taken, unclaimed = claim_entries(array, claims)
     if taken[store.split] is None and unclaimed:  # the closest entry is taken to be this split's, edited
         k = min(unclaimed, key=lambda i: len(_differences(array[i], expected, what)))
         unclaimed.remove(k)
@@ -103,33 +101,9 @@ def _split_values(store, expected: dict) -> list[tuple[str, dict | None]]:
     """``(split, its six values)`` of every split with a data file here, this one included (with
     ``expected``), in Bridge's order. Another split's are its recorded ``bridge`` record (None:
     not known, as for a split Bridge itself wrote, which has no packer metadata)."""
-    values = []
-    for split in SPLITS:
-        if split == store.split:
-            values.append((split, expected))
-        elif os.path.isfile(os.path.join(store.out, data_name(split, store.pack_size))):
-            values.append((split, _recorded_bridge(store.out, split)))
-    return values
-
-
-def _recorded_bridge(out: str, split: str) -> dict | None:
-    """The ``bridge`` record of a split's metadata, None when it has none that is usable."""
-    if not os.path.isfile(os.path.join(out, split_metadata_name(split))):
-        return None
-    try:
-        record = load_bridge_metadata(out, split).get("bridge")
-    except DataError:  # that split's own audit reports it
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def _take(unclaimed: list[int], array: list, wanted: dict) -> int | None:
-    """Remove and return the first unclaimed entry equal to ``wanted`` on the six keys."""
-    for i in unclaimed:
-        if not _differences(array[i], wanted, ""):
-            unclaimed.remove(i)
-            return i
-    return None
+    present = dict(present_split_values(store.out, store.pack_size))
+    return [(split, expected if split == store.split else present[split]) for split in SPLITS
+            if split == store.split or split in present]
 
 
 def _differences(entry: dict, expected: dict, what: str) -> list[str]:

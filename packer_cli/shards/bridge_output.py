@@ -11,6 +11,10 @@ OUT may already hold a Bridge layout with the *other* split: then this split's f
 moved into it one by one (each rename is atomic, Bridge's metadata array last), and its dict
 is appended to ``{C}_metadata.jsonl`` as Bridge does. Otherwise the whole temporary directory
 is renamed into place. Either way no file is ever seen half-written.
+
+Which entry of that array is which split's is decided by one rule, :func:`claim_entries`,
+shared with ``packer verify`` (:mod:`packer_cli.audit._bridge_checks`): ``--overwrite`` removes
+the replaced split's old entry only where that rule leaves it certain.
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ from dataclasses import dataclass, field
 
 
 from packer_cli._background import ordered_map
+from packer_cli.audit._meta_checks import _same
+from packer_cli.audit._meta_schema import BRIDGE_KEYS
 from packer_cli.errors import ConfigError, DataError
 from packer_cli.shards._atomic import check_parent, check_replaceable, make_temporary, replace_dir, signals_held
 from packer_cli.shards import _staged
@@ -33,6 +39,7 @@ from packer_cli.shards.bridge import (
     default_row_group_size, is_layout_name, layout_files, layout_pack_sizes, split_manifest_name,
     split_metadata_name, splits_in,
 )
+from packer_cli.shards.bridge_reader import load_bridge_metadata
 
 
 def _read_json(path: str):
@@ -50,6 +57,78 @@ def read_bridge_array(path: str) -> list:
     if not isinstance(array, list) or not all(isinstance(d, dict) for d in array):
         raise DataError(f"{path}: not a JSON array of dicts (Bridge's packing metadata)")
     return array
+
+
+# -- which entry of the array is which split's (shared with packer verify) ---------------------
+def entry_equals(entry: dict, values: dict) -> bool:
+    """Whether ``entry`` holds ``values`` on Bridge's six keys, exactly as verify compares them."""
+    return all(key in entry and _same(entry[key], values.get(key)) for key in BRIDGE_KEYS)
+
+
+def claim_entries(array: list, claims) -> tuple[dict, list[int]]:
+    """Assign the array's entries to splits: each ``(split, values)`` of ``claims``, in Bridge's
+    order, takes the first unclaimed entry equal to its values (values None: unknown, takes none).
+    One rule for pack and every split's verify, so two splits with equal values need two entries.
+    Returns ``{split: entry index or None}`` and the indices left unclaimed."""
+    unclaimed = list(range(len(array)))
+    taken = {}
+    for split, values in claims:
+        found = None if values is None else next((i for i in unclaimed if entry_equals(array[i], values)), None)
+        if found is not None:
+            unclaimed.remove(found)
+        taken[split] = found
+    return taken, unclaimed
+
+
+def present_split_values(out: str, pack_size: int) -> list[tuple[str, dict | None]]:
+    """``(split, its recorded six values)`` of every split with a data file in ``out``, in Bridge's
+    order; None where packer recorded none (a split Bridge wrote has no packer metadata)."""
+    return [(split, recorded_bridge(out, split)) for split in SPLITS
+            if os.path.isfile(os.path.join(out, data_name(split, pack_size)))]
+
+
+def recorded_bridge(out: str, split: str) -> dict | None:
+    """The ``bridge`` record of a split's metadata, None when it has none that is usable."""
+    if not os.path.isfile(os.path.join(out, split_metadata_name(split))):
+        return None
+    try:
+        record = load_bridge_metadata(out, split).get("bridge")
+    except DataError:  # that split's own audit reports it
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def old_entry_index(array: list, split: str, others, old: dict | None) -> tuple[int | None, str | None]:
+    """The entry of ``array`` that the replaced ``split`` held (None: none is certain), and why it
+    is uncertain (None: it is certain, or there is nothing to remove).
+
+    ``others``: the other present splits' ``(split, values)``; ``old``: this split's recorded
+    values (None when unknown). The other splits claim theirs first (:func:`claim_entries`), so
+    an entry equal to the old values is never taken from a split that it describes too."""
+    taken, unclaimed = claim_entries(array, others)
+    unmatched = [(s, v) for s, v in others if taken[s] is None]
+    if len(unclaimed) <= len(unmatched):  # each left may be an unmatched split's: none is surely stale
+        return None, (_why_ambiguous(split, unclaimed, unmatched) if unclaimed else None)
+    if old is not None:
+        found = next((i for i in unclaimed if entry_equals(array[i], old)), None)
+        if found is not None:
+            return found, None
+    if len(unclaimed) == 1:  # every other split holds its entry: the one left over is the old one
+        return unclaimed[0], None
+    return None, _why_ambiguous(split, unclaimed, unmatched, old, own=True)
+
+
+def _why_ambiguous(split: str, unclaimed: list[int], unmatched, old: dict | None = None, *, own=False) -> str:
+    """What is left unsure: the unclaimed entries, and who may hold them (``own``: this split
+    matched none by its values, so its values are named too)."""
+    why = f"no split here claims entr{'y' if len(unclaimed) == 1 else 'ies'} {', '.join(map(str, unclaimed))}"
+    if own:
+        why += f"; the old {split} split's values " + ("are unknown (no packer metadata)" if old is None
+                                                        else "equal none of them")
+    for other, values in unmatched:
+        why += f"; the {other} split may hold one: " + ("its values are unknown (no packer metadata)"
+                                                         if values is None else "none equals its recorded values")
+    return why
 
 
 @dataclass
@@ -70,6 +149,7 @@ class BridgeOutput:
     _replace_whole: bool = True
     _overwrite: bool = False
     _old_entry: dict | None = None
+    _old_index: int | None = None
     _notes: list = field(default_factory=list)
     _result: dict = field(default_factory=dict)
 
@@ -107,7 +187,7 @@ class BridgeOutput:
         """Check OUT against this split and return an empty temporary sibling directory
         (``inputs``: the run's input files, which ``overwrite`` must never replace)."""
         self.validate()
-        self._old_entry, self._notes, self._result = None, [], {}
+        self._old_entry, self._old_index, self._notes, self._result = None, None, [], {}
         self._overwrite = overwrite
         out = self._out = os.path.normpath(out)
         self._pack_size = spec.pack_size
@@ -145,18 +225,25 @@ class BridgeOutput:
                     f"{out} holds the {split} split packed with pad_seq_to_mult={other.get('pad_seq_to_mult')}, "
                     f"this run uses {spec.pad_multiple}; Bridge uses one pad_seq_to_mult for both splits"
                 )
-        read_bridge_array(os.path.join(out, bridge_metadata_name(C)))  # fail early if malformed
+        array = read_bridge_array(os.path.join(out, bridge_metadata_name(C)))  # fail early if malformed
         mine = [n for n in (data_name(self.split, C), split_metadata_name(self.split),
                             split_manifest_name(self.split)) if n in names]
         if mine and not overwrite:
             raise ConfigError(f"{out} already holds the {self.split} split ({mine[0]}); pass --overwrite "
                               "to replace that split")
-        meta_path = os.path.join(out, split_metadata_name(self.split))
-        if os.path.exists(meta_path):
-            self._old_entry = _read_json(meta_path).get("bridge")
-        elif mine:
+        if mine:
+            self._find_old_entry(out, C, array)
+
+    def _find_old_entry(self, out: str, C: int, array: list) -> None:
+        """Which entry the replaced split held, for ``commit`` to remove; a note when unsure."""
+        others = [(s, v) for s, v in present_split_values(out, C) if s != self.split]
+        i, why = old_entry_index(array, self.split, others, recorded_bridge(out, self.split))
+        if i is not None:
+            self._old_index, self._old_entry = i, array[i]
+        elif why:
             self._notes.append(f"could not tell which entry of {bridge_metadata_name(C)} belonged to the old "
-                               f"{self.split} split; appended a new one (Bridge takes max/min over entries)")
+                               f"{self.split} split ({why}); kept them all and appended a new one (Bridge "
+                               "takes max/min over entries)")
 
     # -- write -------------------------------------------------------------------------
     def write(self, tmp, spill_dir, items, sources, plan, pack_order, spec, progress, direct_io: bool = True,
@@ -238,8 +325,9 @@ class BridgeOutput:
         write_json(os.path.join(tmp, split_metadata_name(self.split)), metadata)
         array_name = bridge_metadata_name(C)
         array = [] if self._replace_whole else read_bridge_array(os.path.join(out, array_name))
-        if self._old_entry in array:
-            array.remove(self._old_entry)
+        i = self._old_index
+        if i is not None and i < len(array) and array[i] == self._old_entry:  # the array prepare read
+            del array[i]  # by index: list.remove takes the first == dict, maybe another split's (2 == 2.0)
         array.append(metadata["bridge"])
         with open(os.path.join(tmp, array_name), "w") as f:
             json.dump(array, f)
