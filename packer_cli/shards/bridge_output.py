@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 
 
 from packer_cli._background import ordered_map
-from packer_cli.audit._meta_checks import _same
-from packer_cli.audit._meta_schema import BRIDGE_KEYS
 from packer_cli.errors import ConfigError, DataError
 from packer_cli.shards._atomic import check_parent, check_replaceable, make_temporary, replace_dir, signals_held
 from packer_cli.shards import _staged
@@ -39,7 +37,6 @@ from packer_cli.shards.bridge import (
     default_row_group_size, is_layout_name, layout_files, layout_pack_sizes, split_manifest_name,
     split_metadata_name, splits_in,
 )
-from packer_cli.shards.bridge_reader import load_bridge_metadata
 
 
 def _read_json(path: str):
@@ -62,6 +59,11 @@ def read_bridge_array(path: str) -> list:
 # -- which entry of the array is which split's (shared with packer verify) ---------------------
 def entry_equals(entry: dict, values: dict) -> bool:
     """Whether ``entry`` holds ``values`` on Bridge's six keys, exactly as verify compares them."""
+    # Imported here: only writing into an existing layout or auditing one needs them, and every
+    # `pack` run imports this module at start-up.
+    from packer_cli.audit._meta_checks import _same
+    from packer_cli.audit._meta_schema import BRIDGE_KEYS
+
     return all(key in entry and _same(entry[key], values.get(key)) for key in BRIDGE_KEYS)
 
 
@@ -89,6 +91,8 @@ def present_split_values(out: str, pack_size: int) -> list[tuple[str, dict | Non
 
 def recorded_bridge(out: str, split: str) -> dict | None:
     """The ``bridge`` record of a split's metadata, None when it has none that is usable."""
+    from packer_cli.shards.bridge_reader import load_bridge_metadata  # (as in entry_equals)
+
     if not os.path.isfile(os.path.join(out, split_metadata_name(split))):
         return None
     try:
