@@ -95,9 +95,31 @@ def test_static_shapes():
     # max_samples_per_bin 2 -> 4 entries; max_seqlen = max(8, 12 - 6) = 8
     batches = [THDBatch.from_row(r, meta, static=True) for r in rows]
     assert [b.cu_seqlens_padded.tolist() for b in batches] == [[0, 4, 6, 12], [0, 8, 12, 12]]
-    assert [b.cu_seqlens.tolist() for b in batches] == [[0, 3, 5, 5], [0, 8, 12, 12]]  # 2nd: tail attended
+    # the 2nd pack has no alignment padding, yet carries a real vector too (its tail a
+    # zero-length segment): a CUDA graph captured on one pack replays on every other
+    assert [b.cu_seqlens.tolist() for b in batches] == [[0, 3, 5, 5], [0, 8, 8, 8]]
     assert {b.num_tokens for b in batches} == {12} and {b.max_seqlen for b in batches} == {8}
-    assert batches[1].cu_seqlens is batches[1].cu_seqlens_padded  # unpadded stays one vector
+    assert all(b.has_padding for b in batches)
+    assert [b.padding_mask[0].tolist() for b in batches][1] == [False] * 8 + [True] * 4
+
+
+def test_static_packs_share_one_packed_seq_params_structure():
+    # m = 4 (CP=2): pack 0's sequences need no alignment padding, pack 1's do
+    rows = [make_row([list(range(1, 6)), list(range(1, 10))], multiple=4),
+            make_row([list(range(1, 7)), list(range(1, 5))], multiple=4)]
+    meta = make_meta(rows, pack_size=32, multiple=4, cp=2, pad_to_max_length=True, pad_cu_seqlens=True)
+    params = [THDBatch.from_row(r, meta, static=True).packed_seq_params() for r in rows]
+
+    def structure(p):
+        fields = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
+        return [(f, None if getattr(p, f) is None else tuple(getattr(p, f).shape)) for f in fields] + [
+            ("max_seqlen_q", p.max_seqlen_q), ("max_seqlen_kv", p.max_seqlen_kv)]
+
+    assert structure(params[0]) == structure(params[1])
+    assert params[0].cu_seqlens_q_padded is not None
+    assert params[0].cu_seqlens_q.tolist() == [0, 4, 12, 12] and params[0].cu_seqlens_q_padded.tolist() == [0, 4, 12, 32]
+    # without static shapes a pack without alignment padding keeps one vector (FlashAttention)
+    assert THDBatch.from_row(rows[0], meta).packed_seq_params().cu_seqlens_q_padded is None
 
 
 @pytest.mark.parametrize(

@@ -57,9 +57,11 @@ class THDBatch:
         padding_mask: ``[1, T]`` bool, True on alignment and tail padding.
         cu_seqlens: ``[N+1]`` int32 cumulative real lengths (longer when static). A tail
             segment counts 0 real tokens, except in a pack without alignment padding: there
-            it is kept whole (attended, never trained) so one vector serves both fields.
+            it is kept whole (attended, never trained) so one vector serves both fields. Static
+            batches of an output with ``pad_seq_to_mult > 1`` always carry two vectors, so
+            every pack's ``PackedSeqParams`` has the structure a captured CUDA graph replays.
         cu_seqlens_padded: ``[N+1]`` int32 physical offsets, last == T; the same object as
-            ``cu_seqlens`` when no sequence is padded.
+            ``cu_seqlens`` when no sequence is padded (never in static batches with m > 1).
         max_seqlen: longest physical segment (host int; a dataset-wide constant when static).
         source_index: ``[N]`` int64 sample index of each sequence in the input stream.
         num_seqs, num_real_tokens, seqlen_sq_sum, num_loss_tokens: host ints over the full

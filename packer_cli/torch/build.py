@@ -142,7 +142,10 @@ def build_thd_batch(row: Any, meta: dict, *, static: bool = False) -> THDBatch:
     seg_p = np.append(p, tail) if tail else p
     seg_real = np.append(s, 0) if tail else s
     nseg = seg_p.size
-    padded = bool((p != s).any())
+    # Static batches replay one CUDA graph, so every pack must have the same structure: where
+    # sequences are aligned (m > 1) some packs have padding, so all carry two vectors.
+    aligned = type(multiple) is int and multiple > 1
+    padded = bool((p != s).any()) or (static and aligned)
 
     cu_pad = np.zeros(nseg + 1, dtype=np.int64)
     np.cumsum(seg_p, out=cu_pad[1:])
@@ -150,8 +153,9 @@ def build_thd_batch(row: Any, meta: dict, *, static: bool = False) -> THDBatch:
         cu_real = np.zeros(nseg + 1, dtype=np.int64)
         np.cumsum(seg_real, out=cu_real[1:])
     else:
-        # No alignment padding: the tail is kept as an ordinary (attended, untrained)
-        # segment so one vector serves both fields and TE keeps FlashAttention eligible.
+        # No alignment padding (and not static with m > 1): the tail is kept as an ordinary
+        # (attended, untrained) segment so one vector serves both fields and TE keeps
+        # FlashAttention eligible.
         cu_real = cu_pad
 
     seg = np.repeat(np.arange(nseg, dtype=np.int32), seg_p)  # [T] segment of each token
