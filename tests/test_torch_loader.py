@@ -8,7 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from packer_cli.torch import PackedDataset, THDLoader, TrainingConfigError  # noqa: E402
-from packer_cli.torch.batch import CP_MBS_ERROR  # noqa: E402
+from packer_cli.errors import DataError  # noqa: E402
+from packer_cli.torch.batch import CP_MBS_ERROR, THDBatch  # noqa: E402
 from packer_cli.torch.sampler import MicroBatchSampler  # noqa: E402
 from packer_cli.torch.testing import InMemoryReader, make_meta, make_row  # noqa: E402
 
@@ -205,8 +206,9 @@ def test_cuda_loader_never_syncs(num_workers):
     assert int(acc) == sum(int(c.tokens.sum() + c.cu_seqlens_padded.sum()) for c in cpu)
 
 
-def test_prefetch_order_of_operations(monkeypatch):
-    """The side-stream protocol, checked with stand-ins (runs without a GPU)."""
+@pytest.fixture
+def stand_in_cuda(monkeypatch):
+    """The side-stream protocol's CUDA calls, logged by stand-ins (runs without a GPU)."""
     from packer_cli.torch import prefetch
 
     log = []
@@ -245,7 +247,12 @@ def test_prefetch_order_of_operations(monkeypatch):
     monkeypatch.setattr(prefetch.torch.cuda, "Stream", lambda device=None: copy)
     monkeypatch.setattr(prefetch.torch.cuda, "stream", Ctx)
     monkeypatch.setattr(prefetch.torch.cuda, "current_stream", lambda device=None: compute)
-    for b in prefetch.cuda_prefetch([FakeBatch(0), FakeBatch(1)], torch.device("cuda")):
+    return prefetch.cuda_prefetch, FakeBatch, log
+
+
+def test_prefetch_order_of_operations(stand_in_cuda):
+    cuda_prefetch, FakeBatch, log = stand_in_cuda
+    for b in cuda_prefetch([FakeBatch(0), FakeBatch(1)], torch.device("cuda")):
         assert b.on_gpu
         log.append(f"step {b.k}")
     assert log == [
@@ -256,6 +263,57 @@ def test_prefetch_order_of_operations(monkeypatch):
         "compute waits copy", "record 1 on compute",
         "step 1",
     ]  # fmt: skip
+
+
+def test_prefetch_serves_the_batch_before_the_next_ones_error(stand_in_cuda):
+    # fetching batch k+1 happens before batch k is handed over; its error must wait, or a
+    # loop that skips a damaged pack by its position never trains the good pack before it
+    cuda_prefetch, FakeBatch, log = stand_in_cuda
+
+    def source():
+        yield FakeBatch(0)
+        yield FakeBatch(1)
+        raise DataError("pack 2 is damaged")
+
+    served = []
+    with pytest.raises(DataError, match="pack 2"):
+        for b in cuda_prefetch(source(), torch.device("cuda")):
+            served.append(b.k)
+    assert served == [0, 1]
+
+
+def test_a_damaged_pack_is_raised_at_its_own_position_and_skipped_alone(stand_in_cuda, monkeypatch):
+    # the whole loader on the (stand-in) CUDA path: the error comes after the good packs
+    # before it, like on the CPU, so advancing the position by one skips the damaged pack only
+    rows = [make_row([[10 * k + 1, 10 * k + 2, 10 * k + 3]], multiple=4, source_index=[k]) for k in range(6)]
+    rows[3].loss_mask = rows[3].loss_mask.copy()
+    rows[3].loss_mask[0] = 7
+    ds = PackedDataset(InMemoryReader(rows, make_meta(rows, pack_size=16, multiple=4, cp=2)))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(THDBatch, "to", lambda self, device, non_blocking=None: self)
+    monkeypatch.setattr(THDBatch, "record_stream", lambda self, stream: None)
+
+    def train(device):
+        loader = THDLoader(ds, device=device, num_workers=0, pin_memory=False, shuffle=False)
+        served = []
+        while True:
+            try:
+                for b in loader:
+                    served.append(b.source_index.item())
+                return served
+            except DataError:
+                state = loader.state_dict()
+                assert state["position"] == 3
+                loader.load_state_dict({**state, "position": state["position"] + 1})
+
+    assert train("cpu") == train("cuda") == [0, 1, 2, 4, 5]
+
+
+@pytest.mark.parametrize("device", ["meta", "mps", "xpu"])
+def test_a_device_other_than_cpu_or_cuda_is_refused(device):
+    # the batches would otherwise stay on the CPU without a word
+    with pytest.raises(ValueError, match="served on 'cpu' or 'cuda'"):
+        THDLoader(_dataset(), device=device)
 
 
 def test_a_loader_with_empty_epochs_says_so():

@@ -153,11 +153,15 @@ class THDBatch:
         """Every distinct tensor of the batch (the shared boundary vector once)."""
         return [getattr(self, name) for name in self.tensor_fields()]
 
-    def to(self, device: torch.device | str, non_blocking: bool = True) -> "THDBatch":
-        """Copy every tensor to ``device``; host ints stay host ints (no sync).
+    def to(self, device: torch.device | str, non_blocking: bool | None = None) -> "THDBatch":
+        """Copy every tensor to ``device``; host ints stay host ints.
 
-        ``non_blocking`` is only asynchronous from pinned memory (see :meth:`pin_memory`).
+        ``non_blocking`` defaults to True towards an accelerator (an asynchronous copy from
+        pinned memory, see :meth:`pin_memory`; no host sync) and False towards the CPU: a
+        non-blocking copy from the GPU returns host memory the DMA may not have filled yet.
         """
+        if non_blocking is None:
+            non_blocking = torch.device(device).type != "cpu"
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "THDBatch":

@@ -111,7 +111,11 @@ class THDLoader:
         cp_size, cp_rank = cp
         if batch_packs > 1 and cp_size > 1:
             raise ValueError(CP_MBS_ERROR)
-        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        kind = torch.device(device).type
+        if kind not in ("cpu", "cuda"):  # batches would stay on the CPU without a word
+            raise ValueError(f"THDLoader(device={str(device)!r}): batches are served on 'cpu' or 'cuda'; "
+                             f"for another device pass device='cpu' and move each batch with batch.to(device)")
+        if kind == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"THDLoader(device={str(device)!r}) needs CUDA, which is unavailable; pass device='cpu'")
         spec = dataset.metadata.get("spec", {})
         validate_training_config(

@@ -25,21 +25,32 @@ from packer_cli.torch.batch import THDBatch
 
 
 def cuda_prefetch(batches: Iterable[THDBatch], device: torch.device) -> Iterator[THDBatch]:
-    """Yield ``batches`` moved to ``device``, keeping one copy in flight on a side stream."""
+    """Yield ``batches`` moved to ``device``, keeping one copy in flight on a side stream.
+
+    Fetching batch ``k+1`` runs before batch ``k`` is handed over; an error there (a damaged
+    pack's ``DataError``, a worker's failure, an out-of-memory copy) is raised only after batch
+    ``k`` has been served, as the CPU path raises it, so a loop that skips a bad pack by its
+    position loses no good one.
+    """
     copy_stream = torch.cuda.Stream(device=device)
     source = iter(batches)
 
-    def issue(cpu: THDBatch | None) -> THDBatch | None:
+    def issue() -> THDBatch | None:
+        cpu = next(source, None)
         if cpu is None:
             return None
         with torch.cuda.stream(copy_stream):
             return cpu.to(device, non_blocking=True)
 
-    ahead = issue(next(source, None))
+    ahead = issue()
     while ahead is not None:
         compute = torch.cuda.current_stream(device)
         compute.wait_stream(copy_stream)
         current = ahead
         current.record_stream(compute)
-        ahead = issue(next(source, None))  # overlap the next copy with this step
+        try:
+            ahead = issue()  # overlap the next copy with this step
+        except Exception as error:
+            yield current
+            raise error
         yield current
