@@ -241,3 +241,25 @@ def test_to_cuda_keeps_identity_and_host_ints():
         assert g.tokens.is_cuda and g.cu_seqlens.is_cuda and type(g.max_seqlen) is int
         assert (g.cu_seqlens_padded is g.cu_seqlens) == (b.cu_seqlens_padded is b.cu_seqlens)
         assert torch.equal(g.for_cp_rank(1, 0).tokens.cpu(), b.tokens)
+
+
+def test_to_blocks_towards_the_cpu_only(monkeypatch):
+    # a non-blocking copy from a GPU hands back host memory the DMA may not have filled yet;
+    # towards a device it stays asynchronous (pinned memory, no host sync)
+    b = _batch([[1, 2, 3, 4], [5, 6, 7]], multiple=2)
+    seen = []
+    to = torch.Tensor.to
+
+    def recording(self, *args, **kwargs):
+        seen.append(kwargs.get("non_blocking"))
+        return to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", recording)
+    b.to("cpu")
+    assert seen and set(seen) == {False}
+    seen.clear()
+    moved = b.to("meta")  # a device other than the CPU, available without a GPU
+    assert set(seen) == {True} and moved.tokens.device.type == "meta"
+    seen.clear()
+    b.to("cpu", non_blocking=True)
+    assert set(seen) == {True}
