@@ -408,3 +408,52 @@ def test_jsonl_value_beyond_int64_is_reported_as_in_the_file(tmp_path):
     path.write_text('{"input_ids": [1, 2, %d], "loss_mask": [0, 1, 1]}\n' % BIG)
     with pytest.raises(DataError, match=f"line 1: input_ids\\[2\\] = {BIG} is out of range"):
         records(path)
+
+
+def test_jsonl_answer_start_beyond_int64_is_a_bad_record(tmp_path):
+    # orjson hands such a scalar back as a Python int; building the int64 column overflowed
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"input_ids": [5, 6, 7], "answer_start_idx": 1}\n{"input_ids": [5, 6, 7], "answer_start_idx": %d}\n' % BIG)
+    result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 16)
+    assert_one_line_error(result, 1, f"d.jsonl: line 2: answer_start_idx = {BIG} is out of range")
+    assert_nothing_written(tmp_path)
+    result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 16, "--on-bad-record", "skip", "--json")
+    assert result.exit_code == 0, result.output
+    assert orjson.loads(result.stdout)["counts"]["bad_records"] == 1
+
+
+def _bool_mask_with_a_null(tmp_path, fmt):
+    table = pa.table({"input_ids": [[1, 2, 3], [4, 5, 6]],
+                      "loss_mask": pa.array([[False, True, True], [True, None, True]], type=pa.list_(pa.bool_()))})
+    path = tmp_path / f"d.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(table, path)
+    else:
+        with pa.ipc.new_file(path, table.schema) as writer:
+            writer.write_table(table)
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_a_null_in_a_boolean_mask_is_a_bad_record(tmp_path, fmt):
+    # the null was filled with an integer 0, which a boolean array refuses: a traceback
+    path = _bool_mask_with_a_null(tmp_path, fmt)
+    assert_pack_refuses(tmp_path, path, f"d.{fmt}: row 1: loss_mask[1] is null")
+    result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 16, "--on-bad-record", "skip", "--json")
+    assert result.exit_code == 0, result.output
+    summary = orjson.loads(result.stdout)
+    assert summary["counts"]["bad_records"] == 1 and summary["counts"]["sequences"] == 1
+
+
+@pytest.mark.parametrize("lines, text", [
+    (['{"input_ids": []}', '{"input_ids": null}'], "line 2: field 'input_ids' is null"),
+    (['{"input_ids": []}', '{"input_ids": [1, 2e}'], "line 2: malformed JSON"),
+    (['{"input_ids": [1, 2], "loss_mask": [null, null]}'], "line 1: loss_mask[0] is null"),
+], ids=["empty-then-null", "empty-then-malformed", "mask-all-null"])
+def test_a_jsonl_batch_without_a_single_value_names_its_record(tmp_path, lines, text):
+    # such a batch became a list<null> column, refused as a whole naming a row past the file's end
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    assert_pack_refuses(tmp_path, path, text)
+    result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 16, "--on-bad-record", "skip")
+    assert "no samples left to pack" in result.output and "holds null values" not in result.output

@@ -130,7 +130,11 @@ def _first_per_row(bad: dict, offsets, violating: np.ndarray, message) -> None:
 
 def _int_values(values: pa.Array, name: str, path: str, row0: int, offsets, bad: dict,
                 allow_bool: bool = False) -> np.ndarray:
-    if not (pa.types.is_integer(values.type) or (allow_bool and pa.types.is_boolean(values.type))):
+    if pa.types.is_null(values.type):  # JSON lists that are all empty or all null in this batch
+        values = pa.nulls(len(values), pa.int64())
+    elif allow_bool and pa.types.is_boolean(values.type):
+        values = values.cast(pa.int8())  # before fill_null: a boolean array takes no integer fill
+    if not pa.types.is_integer(values.type):
         raise DataError(
             f"{path}: row {row0 + int(_row_of(offsets, np.array([0]))[0])}: field '{name}' holds "
             f"{values.type} values, expected integers"

@@ -103,7 +103,9 @@ def _value_problem(value, scalar: bool, flags: bool = False) -> str | None:
     if value is None:
         return None
     if scalar:
-        return None if isinstance(value, int) and not isinstance(value, bool) else "is not an integer"
+        if not isinstance(value, int) or isinstance(value, bool):
+            return "is not an integer"
+        return None if -(2**63) <= value < 2**63 else f" = {value} is out of range"
     if not isinstance(value, list):
         return "is not a list"
     for j, item in enumerate(value):
