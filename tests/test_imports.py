@@ -16,6 +16,7 @@ import pytest
 import packer_cli
 import packer_cli.plan
 from packer_cli.plan import algorithms, bounds
+from packer_cli.shards.bridge_output import BridgeOutput
 
 COMPILER_MODULES = ("numba", "llvmlite")
 
@@ -39,12 +40,14 @@ def test_packing_loads_the_compiler():
     assert set(COMPILER_MODULES) <= loaded
 
 
-def test_torch_side_reads_and_slices_shards_without_the_compiler(tmp_path):
+@pytest.mark.parametrize("layout", ["native", "megatron-bridge"])
+def test_torch_side_reads_and_slices_shards_without_the_compiler(tmp_path, layout):
     pytest.importorskip("torch")
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"input_ids": list(range(1, 5 + k % 23))}) + "\n" for k in range(80)))
     out = tmp_path / "out"
-    packer_cli.pack([str(src)], str(out), packer_cli.PackSpec(pack_size=64, cp=2))
+    output = BridgeOutput(eos_id=0) if layout == "megatron-bridge" else None
+    packer_cli.pack([str(src)], str(out), packer_cli.PackSpec(pack_size=64, cp=2), output=output)
     loaded = loaded_after(f"""
         from packer_cli.torch import PackedDataset, THDLoader
         ds = PackedDataset({str(out)!r})

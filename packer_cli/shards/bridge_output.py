@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from packer_cli._background import ordered_map
 from packer_cli.errors import ConfigError, DataError
 from packer_cli.shards._atomic import check_parent, check_replaceable, make_temporary, replace_dir, signals_held
-from packer_cli.shards import _staged
 from packer_cli.spec import is_int
 from packer_cli.shards.format import is_output_file_name, read_json_value, seal_metadata, write_json
 from packer_cli.shards.bridge import (
@@ -266,6 +265,8 @@ class BridgeOutput:
         n_packs = pack_order.size
         step = packs_per_step(rows, spec.pack_size)
         runs = [(a, min(a + step, n_packs)) for a in range(0, n_packs, step)]  # a step's packs each
+        from packer_cli.shards import _staged  # loads the compiler: not for a reader of this module's helpers
+
         reader = _staged.open_spill(spill_read, spill_dir, spill_memory, items, plan.pack_offsets, pack_order, [runs],
                                     spill_record, max(1, _staged.STAGE_TOKENS // (step * spec.pack_size)),
                                     last_tokens=True)
