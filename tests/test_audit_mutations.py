@@ -163,6 +163,30 @@ def test_a_bridge_split_that_lost_its_metadata_is_not_skipped(copy, gone, left, 
     assert result.exit_code == 1 and f"{gone}.metadata.json: missing" in result.output
 
 
+@pytest.mark.parametrize("how", ["deleted", "a directory"])
+def test_the_only_bridge_split_that_lost_its_metadata_is_damage(copy, how):
+    """With no split's metadata left the layout was 'not a packer output' (exit 2), though its
+    manifest says packer wrote it: the same structure.json finding as beside another split."""
+    out = copy("bridge")
+    for name in ("validation.metadata.json", "validation.manifest.json", f"validation_{C}.idx.parquet"):
+        (out / name).unlink()
+    (out / "training.metadata.json").unlink()
+    if how == "a directory":
+        (out / "training.metadata.json").mkdir()
+    what = "missing" if how == "deleted" else "not a regular file"
+    for args in (["verify", out], ["verify", out, "--split", "training"], ["inspect", out]):
+        result = run(*args)
+        assert result.exit_code == 1, result.output
+        assert f"training.metadata.json: {what}, but training.manifest.json is here" in result.output, result.output
+    assert "[structure.json]" in run("verify", out).output
+    pytest.importorskip("torch")
+    from packer_cli.errors import DataError
+    from packer_cli.torch import PackedDataset
+
+    with pytest.raises(DataError, match=f"training.metadata.json: {what}, but training.manifest.json"):
+        PackedDataset(str(out))
+
+
 @pytest.mark.parametrize("kind", ["native", "bridge"])
 @pytest.mark.parametrize("edit", [
     lambda source: source["inputs"][0].update(bytes=None),

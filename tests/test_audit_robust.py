@@ -348,7 +348,7 @@ def test_duplicated_shard_entry(copy, made):
 
 @pytest.mark.parametrize("kind,name,says", [
     ("native", "metadata.json", "not a regular file"), ("native", "manifest.json", "not a regular file"),
-    ("bridge", "training.metadata.json", "no 'training' split here"),  # a split is a regular metadata file
+    ("bridge", "training.metadata.json", "training.metadata.json: not a regular file, but training.manifest.json"),
     ("bridge", "training.manifest.json", "not a regular file"), ("bridge", ARRAY, f"{ARRAY}: missing")])
 def test_a_fifo_in_place_of_a_json_file_is_a_finding_not_a_hang(copy, made, kind, name, says):
     """A FIFO would block the reader forever (no writer ever comes): it is opened without

@@ -130,7 +130,7 @@ def _open_output(out: str, listing: list[str], sink: FindingSink, split: str | N
                 try:
                     store = cls.open(out, split=split)
                 except DataError as exc:
-                    sink.add("structure.manifest", str(exc))
+                    sink.add(getattr(exc, "check", "structure.manifest"), str(exc))
                     return None, None, None
                 return store, store.metadata, store.shard_entries()
         if MANIFEST_FILE not in listing:

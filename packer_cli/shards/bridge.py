@@ -142,9 +142,16 @@ def layout_pack_sizes(names: list[str]) -> set[int]:
 
 
 def is_bridge_dir(out_dir) -> bool:
-    """True when ``out_dir`` holds at least one split written with ``--format megatron-bridge``."""
+    """True when ``out_dir`` holds at least one split written with ``--format megatron-bridge``:
+    its metadata or its manifest (a split that lost its metadata is damage, not another tool's)."""
+    return bool(packer_splits_in(out_dir))
+
+
+def packer_splits_in(out_dir) -> list[str]:
+    """Splits with a file only packer writes (metadata or manifest), in Bridge's order."""
     out_dir = os.fspath(out_dir)
-    return any(os.path.isfile(os.path.join(out_dir, split_metadata_name(s))) for s in SPLITS)
+    return [s for s in SPLITS if any(os.path.isfile(os.path.join(out_dir, name(s)))
+                                     for name in (split_metadata_name, split_manifest_name))]
 
 
 def split_has_files(out_dir: str, split: str) -> bool:

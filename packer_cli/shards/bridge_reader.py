@@ -56,11 +56,21 @@ def resolve_split(out_dir: str, split: str | None) -> str:
     """``split`` if present in ``out_dir``; by default ``training``, else the only split there."""
     present = splits_in(out_dir)
     if split is None:
+        damaged = [s for s in SPLITS if os.path.isfile(os.path.join(out_dir, split_manifest_name(s)))]
+        if not present and damaged:
+            return resolve_split(out_dir, damaged[0])  # raises: the split lost its metadata
         if not present:
             names = ", ".join(map(split_metadata_name, SPLITS))
             raise DataError(f"{out_dir}: no split written by packer ({names} missing)")
         return present[0]
     if split not in present:
+        if os.path.isfile(os.path.join(out_dir, split_manifest_name(split))):
+            path = os.path.join(out_dir, split_metadata_name(split))
+            what = "not a regular file" if os.path.lexists(path) else "missing"
+            error = DataError(f"{path}: {what}, but {split_manifest_name(split)} is here: "
+                              f"the {split} split packer wrote cannot be verified without it")
+            error.check = "structure.json"  # damage to a split, as check_split_metadata_present reports it
+            raise error
         raise DataError(f"{out_dir}: no {split!r} split here (found: {', '.join(present) or 'none'})")
     return split
 
