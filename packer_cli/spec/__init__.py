@@ -35,7 +35,8 @@ class Algorithm(str, Enum):
     FIRST_FIT_SHUFFLE = "first-fit-shuffle"
     """Megatron-Bridge's default: first-fit over a seeded shuffle, Bridge's RNG call order."""
     SEQUENTIAL = "sequential"
-    """Order-preserving next-fit, for curricula: packs follow the input order."""
+    """Order-preserving next-fit, for curricula: packs follow the input order (pack with
+    ``shuffle=False``; the default shuffles the packs after planning, as for every algorithm)."""
 
 
 class OverlongPolicy(str, Enum):
