@@ -248,3 +248,25 @@ def test_each_schemas_metadata_is_its_own():
     for eos in (1, 2, None, 1):
         data = ours(columns, bridge_schema(eos), 2, "plain-zstd")
         assert pq.read_schema(io.BytesIO(data)).metadata[b"eos_id"] == (b"" if eos is None else str(eos).encode())
+
+
+def test_row_groups_carry_no_ordinal_past_its_i16():
+    # a row group's ordinal is a Thrift i16: readers on Thrift's C++ or Java libraries read a
+    # split's row group 32768 as -32768 (and some refuse it); packer's encoder writes none, as
+    # pyarrow's writer does, and joining parts that carry one keeps it only while it fits
+    from packer_cli._thrift import I16, I64, LIST
+    from packer_cli.shards._parquet_stitch import ORDINAL_LIMIT, _field, _moved_group, _parse, _Relocation
+
+    rng = np.random.default_rng(5)
+    schema, rows = bridge_schema(3), 2
+    data = ours(bridge_columns(rng, 12, max_len=50), schema, rows, "plain-zstd")
+    _, _, footer = _parse(data)
+    groups = _field(footer, 4)[1]
+    assert len(groups) == 6 and all(_field(group, 7) is None for group in groups)
+    arrow = io.BytesIO()
+    pq.write_table(as_table(bridge_columns(rng, 4, max_len=50), schema), arrow, row_group_size=2)
+    assert all(_field(group, 7) is None for group in _field(_parse(arrow.getvalue())[2], 4)[1])
+
+    part_group = [(1, LIST, (STRUCT, [])), (5, I64, 4), (7, I16, 0)]
+    assert _field(_moved_group(part_group, _Relocation(0), ORDINAL_LIMIT - 1), 7) == ORDINAL_LIMIT - 1
+    assert _field(_moved_group(part_group, _Relocation(0), ORDINAL_LIMIT), 7) is None

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from packer_cli._kernel_cache import njit
-from packer_cli._thrift import BINARY, I16, I32, I64, LIST, STRUCT, _put_varint
+from packer_cli._thrift import BINARY, I32, I64, LIST, STRUCT, _put_varint
 from packer_cli.shards._parquet_stitch import ParquetStitcher, _field, _parse
 
 #: Values per page, in bytes before compression (pyarrow's default data page size).
@@ -256,13 +256,16 @@ class _Group:
     start: int  # within the part's pages
     chunks: list[_Chunk]
 
-    def entry(self, shift: int, ordinal: int) -> list:
-        """The ``RowGroup`` struct with every position moved by ``shift`` bytes."""
+    def entry(self, shift: int) -> list:
+        """The ``RowGroup`` struct with every position moved by ``shift`` bytes.
+
+        The optional ``ordinal`` is left out, as pyarrow leaves it out: it is an i16, and
+        readers on Thrift's C++ or Java libraries read a split's row group 32768 as -32768.
+        """
         return [
             (1, LIST, (STRUCT, [chunk.entry(shift) for chunk in self.chunks])),
             (2, I64, sum(chunk.uncompressed for chunk in self.chunks)), (3, I64, self.rows),
             (5, I64, self.start + shift), (6, I64, sum(chunk.compressed for chunk in self.chunks)),
-            (7, I16, ordinal),
         ]
 
 

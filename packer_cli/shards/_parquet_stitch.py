@@ -39,6 +39,9 @@ MAGIC = b"PAR1"
 # Field ids (parquet.thrift) of the absolute file positions to move, per struct.
 _FILE_ROWS, _FILE_ROW_GROUPS = 3, 4                       # FileMetaData
 _GROUP_COLUMNS, _GROUP_FILE_OFFSET, _GROUP_ORDINAL = 1, 5, 7  # RowGroup
+#: A row group's ordinal is an i16: readers built on Thrift's C++ or Java libraries read 32768 as
+#: -32768 and some refuse it, so a file with more row groups carries no ordinal past this.
+ORDINAL_LIMIT = 2**15
 _CHUNK_META = 3                                           # ColumnChunk
 _CHUNK_OFFSETS = (2, 4, 6)  # file_offset, offset_index_offset, column_index_offset
 _META_OFFSETS = (9, 10, 11, 14)  # data_page, index_page, dictionary_page, bloom_filter offsets
@@ -98,7 +101,9 @@ def _moved_group(group: list, relocate: _Relocation, ordinal: int) -> list:
     group = _moved(group, (_GROUP_FILE_OFFSET,), relocate)
     columns = _field(group, _GROUP_COLUMNS)
     group = _replace(group, _GROUP_COLUMNS, (columns[0], [_moved_chunk(chunk, relocate) for chunk in columns[1]]))
-    return _replace(group, _GROUP_ORDINAL, ordinal)
+    if ordinal < ORDINAL_LIMIT:
+        return _replace(group, _GROUP_ORDINAL, ordinal)
+    return [entry for entry in group if entry[0] != _GROUP_ORDINAL]  # past Thrift's i16: leave it out
 
 
 def _inline_copies(view: memoryview, footer_start: int, groups: list) -> list[tuple[int, int, list]]:
@@ -194,7 +199,7 @@ class ParquetStitcher:
         shift = self._position
         self._sink.write(part.pages)
         for group in part.groups:
-            write_fields(self._groups, group.entry(shift, self._group_count))
+            write_fields(self._groups, group.entry(shift))
             self._group_count += 1
         self._rows += part.rows
         self._position += len(part.pages)
