@@ -403,10 +403,13 @@ def test_uint64_in_range_still_reads(tmp_path):
     np.testing.assert_array_equal(tokens, [1, 2, 3])
 
 
-def test_jsonl_value_beyond_int64_is_reported_as_in_the_file(tmp_path):
+@pytest.mark.parametrize("value", [BIG, 2**64, -(2**63) - 1, 10**30])
+def test_jsonl_value_beyond_int64_is_reported_as_in_the_file(tmp_path, value):
+    # orjson reads integers past 64 bits as floats: 2**64 was quoted as 1.8446744073709552e+19,
+    # and -2**63 - 1, which rounds to -2**63, was called "not an integer"
     path = tmp_path / "d.jsonl"
-    path.write_text('{"input_ids": [1, 2, %d], "loss_mask": [0, 1, 1]}\n' % BIG)
-    with pytest.raises(DataError, match=f"line 1: input_ids\\[2\\] = {BIG} is out of range"):
+    path.write_text('{"input_ids": [1, 2, %d], "loss_mask": [0, 1, 1]}\n' % value)
+    with pytest.raises(DataError, match=f"line 1: input_ids\\[2\\] = {value} is out of range"):
         records(path)
 
 

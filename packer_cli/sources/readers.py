@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import zlib
 from dataclasses import dataclass, field
 from typing import Collection, Iterator
@@ -172,10 +173,14 @@ def jsonl_field_names(path: str) -> list[str]:
 
 def _orjson_values(raw: bytes, fields: list[str], pre_bad: dict[int, str], row: int) -> list:
     """The wanted fields of one record parsed by orjson (the reference path for every record)."""
-    return _field_values(_orjson_record(raw, pre_bad, row), fields, pre_bad, row)
+    return _field_values(_orjson_record(raw, pre_bad, row, fields), fields, pre_bad, row)
 
 
-def _orjson_record(raw: bytes, pre_bad: dict[int, str], row: int) -> dict:
+def _holds_a_float(value) -> bool:
+    return isinstance(value, float) or (isinstance(value, list) and any(isinstance(v, float) for v in value))
+
+
+def _orjson_record(raw: bytes, pre_bad: dict[int, str], row: int, fields: list[str]) -> dict:
     """One record parsed by orjson; ``{}`` (and the reason in ``pre_bad``) when it is no object."""
     try:
         record = orjson.loads(raw)
@@ -183,7 +188,14 @@ def _orjson_record(raw: bytes, pre_bad: dict[int, str], row: int) -> dict:
             raise ValueError("the record is not a JSON object")
     except (orjson.JSONDecodeError, ValueError) as exc:
         pre_bad[row] = f"malformed JSON: {exc}"
-        record = {}
+        return {}
+    if any(_holds_a_float(record.get(name)) for name in fields):
+        # orjson reads an integer past 64 bits as a float (2**64 as 1.8446744073709552e+19,
+        # -2**63 - 1 as -2**63): the standard parser keeps it exact, so the reason quotes the file
+        try:
+            record = json.loads(raw)
+        except ValueError:  # not expected of a record orjson read; its reading stands
+            pass
     return record
 
 
@@ -391,7 +403,7 @@ class _ScannedBatches:
         values, offsets, scalars = part.values, part.offsets, part.scalars
         for row in range(part.rows):
             if row in part.slow:
-                record = _orjson_record(part.slow[row], pre_bad, row)
+                record = _orjson_record(part.slow[row], pre_bad, row, self.fields)
                 self._refuse_absent(record, int(part.lines[row]))
                 parsed = _field_values(record, self.fields, pre_bad, row)
             else:
