@@ -176,7 +176,7 @@ def test_feather_version_1_is_named(tmp_path):
 
 
 @pytest.mark.parametrize("line,message", [
-    (b'{"input_ids": [1, 99999999999999999999999, 3]}', "input_ids[1] = 1e+23 is out of range"),
+    (b'{"input_ids": [1, 99999999999999999999999, 3]}', "input_ids[1] = 99999999999999999999999 is out of range"),
     (b'{"input_ids": null}', "field 'input_ids' is null"),
     (b'{"tokens": [1, 2]}', "missing field 'input_ids'"),
 ])
