@@ -126,7 +126,34 @@ def test_long_names_get_siblings_of_their_own():
     a, b = "x" * 240 + "a", "x" * 240 + "b"
     pa_, pb = _sibling_prefix(a, ".tmp-"), _sibling_prefix(b, ".tmp-")
     assert pa_ != pb and pa_.endswith(".tmp-") and pa_.startswith("x" * 200)
-    assert len(os.fsencode(pa_ + "4194304")) <= _NAME_MAX
+    assert len(os.fsencode(pa_ + "4194304-0123abcd")) <= _NAME_MAX
     assert _sibling_prefix(a, ".tmp-") == pa_  # the same every time: stale siblings are found again
     multibyte = _sibling_prefix("é" * 125, ".old-")
     multibyte.encode("utf-8")  # no half character left at the cut
+
+
+def test_a_temporary_name_is_never_another_runs(tmp_path):
+    """The name held the process id alone, and was emptied first: two runs with one id (two
+    containers, two nodes on a shared file system) built in one directory, one deleting the
+    other's files, and the survivor renamed a mix into place with exit 0."""
+    from packer_cli.shards._atomic import make_temporary
+
+    out = tmp_path / "out"
+    other = tmp_path / f"out.tmp-{os.getpid()}"  # what another run with our id built under the old name
+    (other / "_spill").mkdir(parents=True)
+    first, second = make_temporary(str(out)), make_temporary(str(out))
+    assert first != second and os.path.isdir(first) and os.path.isdir(second)
+    assert os.path.basename(first).startswith(f"out.tmp-{os.getpid()}-")
+    assert (other / "_spill").is_dir()
+
+
+def test_stale_temporaries_leave_out_live_processes(tmp_path):
+    from packer_cli.shards._atomic import make_temporary, stale_temporaries
+
+    out = str(tmp_path / "out")
+    ours = make_temporary(out)
+    live = tmp_path / f"out.tmp-{os.getppid()}-0123abcd"  # a run still packing (a live process here)
+    dead = [tmp_path / "out.tmp-99999999-0123abcd", tmp_path / "out.tmp-99999999"]  # killed; and an older name
+    for path in [live, *dead, tmp_path / "out.tmp-12-notrandom"]:
+        path.mkdir()
+    assert stale_temporaries(out, ours) == sorted(map(str, dead))

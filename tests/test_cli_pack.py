@@ -422,7 +422,8 @@ def test_an_output_that_cannot_be_created_exits_2(tmp_path, monkeypatch):
     import os
 
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD])
-    monkeypatch.setattr(os, "makedirs", lambda *a, **k: _no_space() if "out" in str(a[0]) else None)
+    mkdir = os.mkdir
+    monkeypatch.setattr(os, "mkdir", lambda path, *a: _no_space() if ".tmp-" in os.path.basename(path) else mkdir(path, *a))
     result = run("pack", path, "-o", tmp_path / "out")
     assert result.exit_code == 2 and "cannot create the output: [Errno 28]" in result.output, result.output
     assert_nothing_written(tmp_path)

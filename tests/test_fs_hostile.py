@@ -228,7 +228,7 @@ def test_a_replaced_out_that_cannot_be_deleted_is_pointed_out(synthetic_parquet,
     monkeypatch.setattr(_atomic.shutil, "rmtree", read_only_old)
     result = _pack_in_process("pack", synthetic_parquet, "-o", out, "--format", fmt, "--overwrite", "--seed", 5)
     assert result.exit_code == 0, result.output
-    old = f"{out}.old-{os.getpid()}"
+    [old] = [str(p) for p in tmp_path.iterdir() if p.name.startswith(f"out.old-{os.getpid()}-")]
     assert [line for line in result.output.splitlines() if line.startswith("warning:")] == [
         f"warning: {old} holds the output this run replaced, which could not be deleted (read-only?); "
         "remove it to free its space"]

@@ -1,6 +1,8 @@
 """Build OUT in a temporary sibling directory, then put it in place in one rename.
 
-The temporary directory is ``OUT.tmp-PID``; the names are made and recognized here only. Where
+The temporary directory is ``OUT.tmp-PID-RANDOM``, created only if no such name exists (two
+runs with one process id, in two containers or on two nodes sharing a file system, each get
+their own); the names are made and recognized here only. Where
 ``OUT``'s own name is too long for that (a file name holds 255 bytes), the sibling's name keeps
 the start of it and a digest of the whole (:func:`_sibling_prefix`).
 ``--overwrite`` replaces an OUT only when :func:`check_replaceable` agrees it is packer's own.
@@ -10,6 +12,8 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
+import secrets
 import shutil
 import signal
 import threading
@@ -54,6 +58,9 @@ _TMP = ".tmp-"
 _OLD = ".old-"
 _NAME_MAX = 255  # bytes in one file name (ext4, xfs, btrfs, tmpfs, NFS, Lustre)
 _PID_DIGITS = 10  # room kept for the process id that ends a sibling's name
+_RANDOM_HEX = 8  # then "-" and this many hex digits: unique where process ids are not
+_SUFFIX_ROOM = _PID_DIGITS + 1 + _RANDOM_HEX
+_SUFFIX = re.compile(r"(\d+)(?:-[0-9a-f]{%d})?" % _RANDOM_HEX)  # also the PID-only names of earlier releases
 
 
 def _sibling_prefix(name: str, marker: str) -> str:
@@ -62,17 +69,18 @@ def _sibling_prefix(name: str, marker: str) -> str:
     of all of it, so two long OUT names that share their start still get siblings of their own.
     A 250-byte OUT (a valid name) failed with "File name too long" on ``OUT.tmp-PID``."""
     encoded = os.fsencode(name)
-    if len(encoded) + len(marker) + _PID_DIGITS <= _NAME_MAX:
+    if len(encoded) + len(marker) + _SUFFIX_ROOM <= _NAME_MAX:
         return name + marker
     digest = hashlib.sha256(encoded).hexdigest()[:16]
-    room = _NAME_MAX - _PID_DIGITS - len(marker) - len(digest) - 1
+    room = _NAME_MAX - _SUFFIX_ROOM - len(marker) - len(digest) - 1
     start = encoded[:room].decode("utf-8", errors="ignore")  # ending on a whole character
     return f"{start}~{digest}{marker}"
 
 
 def _sibling(out: str, marker: str) -> str:
+    """A new name beside ``out``: its prefix, this process's id and a random part."""
     parent, name = os.path.split(os.path.normpath(out))
-    return os.path.join(parent, f"{_sibling_prefix(name, marker)}{os.getpid()}")
+    return os.path.join(parent, f"{_sibling_prefix(name, marker)}{os.getpid()}-{secrets.token_hex(_RANDOM_HEX // 2)}")
 
 
 def output_target(out: str) -> str:
@@ -101,19 +109,30 @@ def check_parent(out: str) -> None:
 
 
 def make_temporary(out: str) -> str:
-    """Create (afresh) and return this process's temporary sibling of ``out``."""
-    tmp = _sibling(out, _TMP)
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        os.makedirs(tmp)
-    except BaseException:  # a Ctrl-C raised as makedirs returns: the directory may exist, unknown to the caller
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return tmp
+    """Create and return a temporary sibling of ``out`` that no other run has.
+
+    The name is new and ``mkdir`` refuses an existing one, so a directory another run is
+    building (one with the same process id, in another container or on another node) is never
+    taken over or deleted, as it was when the name held the process id alone.
+    """
+    while True:
+        tmp = _sibling(out, _TMP)
+        try:
+            os.mkdir(tmp)
+            return tmp
+        except FileExistsError:
+            continue  # drawn before (2**-32): draw again
+        except BaseException:  # a Ctrl-C raised as mkdir returns: the directory may exist, unknown to the caller
+            if os.path.isdir(tmp) and not os.listdir(tmp):
+                os.rmdir(tmp)
+            raise
 
 
 def stale_temporaries(out: str, tmp: str) -> list[str]:
-    """Temporary siblings of ``out`` other than ``tmp``: left by runs that were killed outright."""
+    """Temporary siblings of ``out`` other than ``tmp``: left by runs that were killed outright.
+
+    One whose process id is a live process here is left out: most likely a run still packing
+    (it may be another node's, which no check here can tell)."""
     out = os.path.normpath(out)
     parent, name = os.path.split(os.path.abspath(out))
     prefix = _sibling_prefix(name, _TMP)
@@ -122,8 +141,25 @@ def stale_temporaries(out: str, tmp: str) -> list[str]:
     except OSError:
         return []
     ours = os.path.basename(os.path.normpath(tmp))
-    return sorted(os.path.join(os.path.dirname(out), n) for n in names
-                  if n.startswith(prefix) and n[len(prefix):].isdigit() and n != ours)
+    stale = []
+    for n in names:
+        match = _SUFFIX.fullmatch(n[len(prefix):]) if n.startswith(prefix) and n != ours else None
+        if match and not _alive(int(match.group(1))):
+            stale.append(os.path.join(os.path.dirname(out), n))
+    return sorted(stale)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this id runs here (and may be the run that owns a sibling)."""
+    if pid <= 0:  # os.kill(0, ...) would signal this process group
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:  # another user's process
+        return True
+    except (ProcessLookupError, OverflowError):
+        return False
+    return True
 
 
 def replace_dir(tmp: str, out: str, overwrite: bool = True) -> str | None:
