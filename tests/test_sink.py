@@ -116,6 +116,29 @@ def test_a_failing_write_is_raised_to_the_writer_and_no_thread_is_left(tmp_path,
     assert f.closed and threading.active_count() == threads
 
 
+@pytest.mark.parametrize("tail", [0, 5])
+def test_the_last_blocks_failing_write_is_raised_by_close(tmp_path, monkeypatch, tail):
+    """A file of whole blocks has no tail to write at close: close() discarded the last block's
+    pending write and its error, and the file was short with a hash of all its bytes."""
+    write = os.write
+    calls = []
+
+    def full_at_the_second_block(fd, data):
+        calls.append(len(data))
+        if len(calls) >= 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(fd, data)
+
+    f = OutputFile(str(tmp_path / "out"), block=BLOCK)
+    if not f.direct:
+        pytest.skip("the file system here takes no direct writes")
+    monkeypatch.setattr(os, "write", full_at_the_second_block)
+    f.write(b"x" * (2 * BLOCK + tail))
+    with pytest.raises(OSError) as raised:
+        f.close()
+    assert raised.value.errno == errno.ENOSPC and f.closed
+
+
 def test_discard_abandons_the_staged_bytes_and_joins_the_writer(tmp_path):
     threads = threading.active_count()
     f = OutputFile(str(tmp_path / "out"), block=BLOCK)

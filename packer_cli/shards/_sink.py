@@ -132,6 +132,8 @@ class OutputFile:
         if self.closed:
             return
         try:
+            if self._staging:
+                self._wait()  # the last full block's write: its error is the file's, even with no tail
             if self._staged:
                 self._write_tail()
         finally:
