@@ -482,6 +482,40 @@ def test_crash_recovery_keeps_the_other_splits_equal_entry(tmp_path):
     verify_cli(out)
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_split_written_while_this_run_packed(tmp_path, monkeypatch, overwrite):
+    """Two runs packing the same split into one layout at once: the one committing second took
+    what prepare() had seen, so both exited 0 (one split silently replaced) and the array kept
+    the loser's entry beside the winner's (verify: 3 entries for 2 splits)."""
+    from packer_cli.shards.bridge_output import BridgeOutput
+
+    t = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2], [12, 13, 14, 2])
+    first = write_tiny(tmp_path / "v1.jsonl", [20, 21, 2])
+    second = write_tiny(tmp_path / "v2.jsonl", [30, 31, 32, 33, 34, 2], [40, 41, 2], [50, 2, 51, 2])
+    out, spec = tmp_path / "out", PackSpec(pack_size=16)
+    train = bridge_pack([t], out, spec)
+    commit = BridgeOutput.commit
+    other = {}
+
+    def the_other_run_commits_first(self, *args):
+        if not other:  # this run packed; meanwhile another one wrote the same split
+            other["summary"] = None
+            other["summary"] = bridge_pack([second], out, spec, split="validation", overwrite=overwrite)
+        return commit(self, *args)
+
+    monkeypatch.setattr(BridgeOutput, "commit", the_other_run_commits_first)
+    if not overwrite:
+        with pytest.raises(ConfigError, match="already holds the validation split .*appeared while this run"):
+            bridge_pack([first], out, spec, split="validation")
+        winner = other["summary"]
+    else:
+        winner = bridge_pack([first], out, spec, split="validation", overwrite=True)
+    assert winner.bridge != other["summary"].bridge or not overwrite
+    assert json.loads((out / "16_metadata.jsonl").read_text()) == [train.bridge, winner.bridge]
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+    verify_cli(out)
+
+
 def test_refuses_foreign_directory(small, tmp_path):
     out = tmp_path / "out"
     pack([str(small)], str(out), PackSpec(pack_size=512))  # a native output

@@ -18,11 +18,12 @@ the replaced split's old entry only where that rule leaves it certain.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
-from collections.abc import Sequence
-from contextlib import closing
+from collections.abc import Iterator, Sequence
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 
 
@@ -329,18 +330,55 @@ class BridgeOutput:
         write_json(os.path.join(tmp, split_manifest_name(self.split)), manifest)
         write_json(os.path.join(tmp, split_metadata_name(self.split)), metadata)
         array_name = bridge_metadata_name(C)
-        array = [] if self._replace_whole else read_bridge_array(os.path.join(out, array_name))
-        i = self._old_index
-        if i is not None and i < len(array) and array[i] == self._old_entry:  # the array prepare read
-            del array[i]  # by index: list.remove takes the first == dict, maybe another split's (2 == 2.0)
-        array.append(metadata["bridge"])
-        with open(os.path.join(tmp, array_name), "w") as f:
-            json.dump(array, f)
         if self._replace_whole:
+            with open(os.path.join(tmp, array_name), "w") as f:
+                json.dump([metadata["bridge"]], f)
             return replace_dir(tmp, out, self._overwrite)
-        with signals_held():  # no signal lands between the split's files
-            for name in (data_name(self.split, C), split_manifest_name(self.split),
-                         split_metadata_name(self.split), array_name):
-                os.replace(os.path.join(tmp, name), os.path.join(out, name))
+        # Another run may have written into OUT while this one packed (its other split, or this
+        # same split): what prepare() saw is read again under a lock, so neither run's entry is
+        # lost or left stale, and a split that appeared meanwhile is not silently replaced.
+        with _locked(out):
+            array = read_bridge_array(os.path.join(out, array_name))
+            i = self._entry_to_replace(out, C, array)
+            if i is not None:
+                del array[i]  # by index: list.remove takes the first == dict, maybe another split's (2 == 2.0)
+            array.append(metadata["bridge"])
+            with open(os.path.join(tmp, array_name), "w") as f:
+                json.dump(array, f)
+            with signals_held():  # no signal lands between the split's files
+                for name in (data_name(self.split, C), split_manifest_name(self.split),
+                             split_metadata_name(self.split), array_name):
+                    os.replace(os.path.join(tmp, name), os.path.join(out, name))
         shutil.rmtree(tmp, ignore_errors=True)
         return None
+
+    def _entry_to_replace(self, out: str, C: int, array: list) -> int | None:
+        """The entry of the split being replaced, as OUT holds it now; refuses a split that
+        appeared while this run packed unless ``--overwrite`` was given."""
+        present = [n for n in (data_name(self.split, C), split_metadata_name(self.split), split_manifest_name(self.split))
+                   if os.path.lexists(os.path.join(out, n))]
+        if not present:
+            return None
+        if not self._overwrite:
+            raise ConfigError(f"{out} already holds the {self.split} split ({present[0]}; it appeared while this run "
+                              "was packing: another run?); pass --overwrite to replace that split")
+        i = self._old_index
+        if i is not None and i < len(array) and array[i] == self._old_entry:  # as prepare() read it
+            return i
+        others = [(s, v) for s, v in present_split_values(out, C) if s != self.split]
+        return old_entry_index(array, self.split, others, recorded_bridge(out, self.split))[0]
+
+
+@contextmanager
+def _locked(directory: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``directory`` for the block: runs committing a split into one
+    layout take turns. Where the file system offers no locks, the block runs unlocked."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # no locks here (some network file systems): as before
+            pass
+        yield
+    finally:
+        os.close(fd)  # releases the lock
