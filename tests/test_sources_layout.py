@@ -316,3 +316,31 @@ def test_the_first_record_decides_the_supervision_wherever_it_is(tmp_path, fille
     stream = SampleStream(discover_inputs([str(path)]), SourceSpec(on_bad_record=policy))
     targets = np.concatenate([batch.targets for batch in stream])
     assert stream.supervision.kind == "mask" and targets.tolist() == [0, 1, 1]
+
+
+@pytest.mark.parametrize("spelling", ["d", "d/*", "d/**", "d/**/*"])
+def test_a_glob_matching_a_directory_keeps_sorted_path_order(tmp_path, spelling):
+    # 'd/ab' sorts before 'd/ab-c.jsonl' ('-' < '/' only within a longer path): a glob put the
+    # matched directory's files at the directory's place, and packing 'd' then verifying against
+    # 'd/*' failed on the same data
+    jsonl(tmp_path / "d" / "ab" / "x.jsonl", [sample(300)])
+    jsonl(tmp_path / "d" / "ab-c.jsonl", [sample(100)])
+    jsonl(tmp_path / "d" / "ab.jsonl", [sample(200)])
+    files = discover_inputs([str(tmp_path / spelling)])
+    assert [os.path.relpath(f.path, tmp_path / "d") for f in files] == ["ab-c.jsonl", "ab.jsonl", "ab/x.jsonl"]
+
+
+@pytest.mark.parametrize("policy", ["error", "skip"])
+def test_the_first_record_decides_the_supervision_in_a_later_file(tmp_path, policy):
+    """A first file of malformed lines alone decided 'every token is a target', and the next
+    file's mask was refused, where the same lines in one file were read with their mask."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "00_bad.jsonl").write_bytes(b"{broken\n[1, 2]\n\n")
+    jsonl(tmp_path / "in" / "01_good.jsonl", [sample(10), sample(20)])
+    stream = SampleStream(discover_inputs([str(tmp_path / "in")]), SourceSpec(on_bad_record=policy))
+    if policy == "error":
+        with pytest.raises(DataError, match="00_bad.jsonl: line 1: malformed JSON"):
+            list(stream)
+        return
+    targets = np.concatenate([batch.targets for batch in stream])
+    assert stream.supervision.kind == "mask" and stream.records == 4 and targets.tolist() == [0, 1, 1, 1] * 2

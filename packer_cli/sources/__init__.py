@@ -53,16 +53,22 @@ class SampleStream:
     segments: list[Segment] = field(default_factory=list)
     records: int = 0
 
-    def _field_names(self, file: InputFile) -> list[str]:
+    def _field_names(self, file: InputFile) -> list[str] | None:
         return jsonl_field_names(file.path) if file.format == "jsonl" else arrow_field_names(file)
 
     def _detect(self) -> Supervision:
-        try:
-            names = self._field_names(self.files[0])
-        except Exception as exc:  # the read below reports it with the file name
-            reraise_interrupt(exc)
-            names = []
-        return detect_supervision(names, self.spec)
+        """From the stream's first record: the first file's schema, or the first JSON Lines
+        file holding an object record (a file of malformed lines alone decides nothing)."""
+        names: list[str] | None = None
+        for file in self.files:
+            try:
+                names = self._field_names(file)
+            except Exception as exc:  # the read below reports it with the file name
+                reraise_interrupt(exc)
+                names = []
+            if names is not None:
+                break
+        return detect_supervision(names or [], self.spec)
 
     def __iter__(self) -> Iterator[SampleBatch]:
         self.supervision = sup = self._detect()

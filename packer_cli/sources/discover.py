@@ -255,11 +255,15 @@ def discover_inputs(inputs: list[str]) -> list[InputFile]:
             if not matches:
                 raise DataError(f"{arg}: the pattern matches no files")
             expanded: list[str] = []  # `**` matches a directory and everything in it: read it once
+            files: list[InputFile] = []
             for match in matches:
                 if not any(within(match, d) for d in expanded):
                     if os.path.isdir(match):
                         expanded.append(match)
-                    found.extend(discover_inputs([match]))
+                    files.extend(discover_inputs([match]))
+            # a directory's files in order among the others ('d/ab/x' after 'd/ab.jsonl'), as a
+            # directory's walk orders them: 'd', 'd/*' and 'd/**' give one stream
+            found.extend(sorted(files, key=lambda f: f.path))
         else:
             raise DataError(f"{arg}: no such file or directory")
     return found

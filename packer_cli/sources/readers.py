@@ -151,7 +151,7 @@ def _column(name: str, values: list, scalar: bool, pre_bad: dict[int, str], flag
     return pa.array(values, type=pa.int64() if scalar else pa.list_(pa.int64()))
 
 
-def jsonl_field_names(path: str) -> list[str]:
+def jsonl_field_names(path: str) -> list[str] | None:
     """Keys of the first JSON object record, wherever it is (used to detect the supervision field).
 
     Blank lines are no records, and malformed ones are skipped: they are reported (or skipped,
@@ -168,7 +168,7 @@ def jsonl_field_names(path: str) -> list[str]:
                     continue
                 if isinstance(record, dict):
                     return list(record)
-    return []
+    return None  # no record: the next input decides
 
 
 def _orjson_values(raw: bytes, fields: list[str], pre_bad: dict[int, str], row: int) -> list:
