@@ -46,7 +46,7 @@ from packer_cli.plan.bounds import histogram
 from packer_cli.progress import Progress
 from packer_cli.shards._atomic import (check_parent, check_replaceable, make_temporary, output_target, replace_dir,
                                       signals_held, stale_temporaries, within)
-from packer_cli.shards._gather import ORDER_FILE, SPILL_FILE, SpillMemory, SpillReader, SpillWriter
+from packer_cli.shards._gather import ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader, SpillWriter
 from packer_cli.shards._sink import use_direct_io
 from packer_cli.shards._staged import SPILL_READ_MODES, choose_spill_read, open_spill
 from packer_cli.shards.bridge import is_layout_name
@@ -576,6 +576,9 @@ def pack(
         clock.lap("write")
         summary.seconds = clock.seconds()
         return summary
+    except SpillError as exc:  # the spill's own directory, when --spill-dir put it elsewhere than OUT
+        where = spill_parent or f"{out}: writing the output failed"
+        raise OutputError(f"{where}: {exc}") from exc
     except OSError as exc:  # readers report their own errors as DataError: this is the writing side
         raise OutputError(f"{out}: writing the output failed: {exc}") from exc
     finally:

@@ -220,6 +220,26 @@ def test_a_spill_cut_short_fails_the_staged_copy_cleanly(mixed_inputs, tmp_path,
     assert not any(tmp_path.iterdir())
 
 
+def test_a_failing_stage_write_names_the_spill_directory_and_its_error(mixed_inputs, tmp_path, monkeypatch):
+    """With --spill-dir, a stage file that cannot be written (its disk full: it needs about the
+    spill's size again) was blamed on OUT, as 'disk full?' without the system's error."""
+    opened = os.open
+
+    def stage_file_read_only(path, flags, *args, **kwargs):
+        if os.path.basename(path) == _staged.STAGES_FILE:  # every write to it fails: EBADF
+            flags = (flags & ~(os.O_RDWR | os.O_WRONLY)) | os.O_RDONLY
+        return opened(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(_staged.os, "open", stage_file_read_only)
+    spill = tmp_path / "scratch"
+    spill.mkdir()
+    with pytest.raises(OutputError) as raised:
+        pack(mixed_inputs, str(tmp_path / "out"), PackSpec(pack_size=512), spill_read="staged", spill_dir=str(spill))
+    assert str(raised.value) == (f"{spill}: copying the spill into its stages ({_staged.STAGES_FILE}) failed: "
+                                 "[Errno 9] Bad file descriptor")
+    assert list(spill.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["scratch"]
+
+
 def test_cli_spill_read_option(mixed_inputs, tmp_path):
     import orjson
 

@@ -23,6 +23,7 @@ into the file, and the gather decodes those sequences where they lie.
 """
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import queue
@@ -92,6 +93,33 @@ def _read_exact(fd, address, nbytes, offset):
 def _write_exact(fd, address, nbytes, offset):
     """Write ``nbytes`` from ``address`` at ``offset``; False on an error."""
     return _transfer_exact(fd, address, nbytes, offset, True)
+
+
+class SpillError(OSError):
+    """Reading the spill (or copying it into its stages) failed: the spill directory's trouble,
+    which ``pack`` names as such when ``--spill-dir`` put the spill elsewhere than OUT."""
+
+
+def last_errno() -> int:
+    """This thread's ``errno`` as the C library left it (after a compiled ``pread``/``pwrite``
+    returned -1; nothing between that call and this one makes a system call)."""
+    return ctypes.c_int.from_address(_errno_location()).value if _errno_location else 0
+
+
+def spill_error(what: str, guess: str) -> SpillError:
+    """``what`` failed: with the C library's errno when it holds one, else ``guess`` as a hint."""
+    code = last_errno()
+    if not code:
+        return SpillError(f"{what} failed ({guess})")
+    error = SpillError(f"{what} failed: [Errno {code}] {os.strerror(code)}")
+    error.errno = code
+    return error
+
+
+# resolved once, so no symbol lookup runs between the failure and the read (glibc and musl)
+_errno_location = getattr(ctypes.CDLL(None, use_errno=False), "__errno_location", None)
+if _errno_location is not None:
+    _errno_location.restype = ctypes.c_void_p
 
 
 SPILL_FILE = "samples.bin"
@@ -485,7 +513,7 @@ class SpillReader:
         out_offsets = np.empty(pack_order.size + 1, dtype=np.int64)
         if not _pread_run_items_kernel(self._order_fd, plan_offsets, np.ascontiguousarray(pack_order), out_items,
                                        out_offsets):
-            raise OSError("reading the spill files failed (were they removed or truncated?)")
+            raise SpillError("reading the spill files failed (were they removed or truncated?)")
         return out_items, out_offsets
 
     def recycle(self, buffers) -> None:
@@ -522,7 +550,7 @@ class SpillReader:
         scratch = np.empty(2 * block_bytes(MAX_BITS) + READ_SLACK, dtype=np.uint8)
         if not _pread_last_tokens_kernel(self._fds[0], *self._layout, self._memory.address, self._memory.used,
                                          np.ascontiguousarray(lengths), scratch, out):
-            raise OSError("reading the spill files failed (were they removed or truncated?)")
+            raise SpillError("reading the spill files failed (were they removed or truncated?)")
         return out
 
     def gather(self, seq_src, seq_len, seq_pad, pack_seq_offsets, pad_id, min_buffer: int = 0):
@@ -561,5 +589,5 @@ class SpillReader:
                                   np.ascontiguousarray(pack_seq_offsets, dtype=np.int64), np.int32(pad_id), scratch,
                                   out_tokens, out_mask, out_last, out_cu)
         if not ok:
-            raise OSError("reading the spill files failed (were they removed or truncated?)")
+            raise SpillError("reading the spill files failed (were they removed or truncated?)")
         return out_tokens[:total], out_mask[:total], out_last, out_cu, buffers

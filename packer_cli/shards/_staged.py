@@ -36,7 +36,7 @@ from packer_cli._kernel_cache import njit
 from packer_cli._sequences import BLOCK, Items, sample_start
 from packer_cli.shards._gather import (
     BLOCK_TOKENS, MAX_BITS, ORDER_FILE, READ_SLACK, SPILL_FILE, SpillMemory, SpillReader, _load_token, _read_exact,
-    _span, _write_exact, block_bytes,
+    SpillError, _span, _write_exact, block_bytes, spill_error,
 )
 from packer_cli.spec import SpillRead
 
@@ -440,7 +440,7 @@ class StagedSpillReader(SpillReader):
             nbytes = min(size, file_bytes - start)
             if nbytes and not _read_exact(spill_fd, np.uint64(chunks[index].ctypes.data), np.int64(nbytes),
                                           np.int64(start)):
-                raise OSError("copying the spill into its stages failed (the spill was removed or cut short?)")
+                raise SpillError("copying the spill into its stages failed (the spill was removed or cut short?)")
             return chunks[index], start, start + nbytes
 
         state = np.zeros(3, dtype=np.int64)
@@ -459,11 +459,11 @@ class StagedSpillReader(SpillReader):
                                 pair_stage, *self._layout, self._stage_fd, cursor, buffers, filled, self._grouped,
                                 group_cursor, self._last_tokens)
                 if done == -1:
-                    raise OSError("copying the spill into its stages failed (disk full?)")
+                    raise spill_error(f"copying the spill into its stages ({STAGES_FILE})", "disk full?")
                 if done or end >= file_bytes:
                     break
         if done != 1:
-            raise OSError("copying the spill into its stages failed (the spill was cut short?)")
+            raise SpillError("copying the spill into its stages failed (the spill was cut short?)")
 
     # -- gathering
 
@@ -512,7 +512,7 @@ class StagedSpillReader(SpillReader):
         image.bytes = self._image_buffer()
         if size and not _read_exact(self._stage_fd, np.uint64(image.bytes.ctypes.data), np.int64(size),
                                     np.int64(self._stage_base[stage])):
-            raise OSError("reading the spill's stages failed (was the stage file removed or truncated?)")
+            raise SpillError("reading the spill's stages failed (was the stage file removed or truncated?)")
         image.loaded = True
 
     def _image_buffer(self) -> np.ndarray:
