@@ -325,7 +325,38 @@ class _PhaseClock:
         return {**laps, "total": round(self._last - self._start, 4)}
 
 
-def _reserve_spill_memory(budget: int) -> SpillMemory:
+#: Address space left to the rest of a run when ``--spill-memory`` meets an address-space limit
+#: (``ulimit -v``, a batch scheduler's vmem limit): thread stacks, allocator arenas, the
+#: compiler and the batches in flight reserve far more than they make resident.
+ADDRESS_SPACE_HEADROOM = 2 << 30
+
+
+def _address_space_room() -> int | None:
+    """Bytes of address space this process may still reserve, None without a limit."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        with open("/proc/self/statm") as f:
+            in_use = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        in_use = 0
+    return max(0, soft - in_use)
+
+
+def _reserve_spill_memory(budget: int, warn=None) -> SpillMemory:
+    room = _address_space_room() if budget else None
+    if room is not None and budget > room - ADDRESS_SPACE_HEADROOM:
+        # the whole budget is reserved up front: near the limit, every later allocation failed
+        # (a traceback, or an abort inside the compiler) although the spill needed little of it
+        smaller = max(0, room - ADDRESS_SPACE_HEADROOM)
+        if warn:
+            warn(f"--spill-memory: reserving {smaller:,} of the {budget:,} bytes asked: the address-space limit "
+                 f"(ulimit -v) leaves {room:,} and a run needs about {ADDRESS_SPACE_HEADROOM:,} besides; the rest of "
+                 "the spill goes to its file")
+        budget = smaller
     try:
         return SpillMemory(budget)
     except (OSError, OverflowError) as exc:  # no such address space (a ulimit -v, no overcommit)
@@ -503,7 +534,7 @@ def pack(
                      "remove it to free its space")
         if tmp:
             spill_dir = _make_spill_dir(tmp, spill_parent)
-            memory = _reserve_spill_memory(spill_memory)
+            memory = _reserve_spill_memory(spill_memory, warn)
         with Progress(enabled=progress) as bar:
             stream = SampleStream(files, source)
             log, read_counts, bad_listed = _read_inputs(stream, spill_dir, spec.max_sequence_length, bar,
@@ -576,6 +607,9 @@ def pack(
         clock.lap("write")
         summary.seconds = clock.seconds()
         return summary
+    except MemoryError as exc:  # pyarrow's ArrowMemoryError too: a ulimit -v, the node's memory
+        raise OutputError(f"{out}: out of memory: {exc or type(exc).__name__} (an address-space limit, ulimit -v, "
+                          "or the node's memory)") from exc
     except SpillError as exc:  # the spill's own directory, when --spill-dir put it elsewhere than OUT
         where = spill_parent or f"{out}: writing the output failed"
         raise OutputError(f"{where}: {exc}") from exc

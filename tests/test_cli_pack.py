@@ -606,6 +606,23 @@ def test_failures_with_a_spill_dir_name_it_and_leave_it_empty(synthetic_parquet,
     assert_nothing_written(tmp_path)
 
 
+def test_running_out_of_memory_is_one_line_and_leaves_nothing(synthetic_parquet, tmp_path, monkeypatch):
+    # pyarrow's ArrowMemoryError (a MemoryError) under a ulimit -v printed a traceback
+    import pyarrow as pa
+
+    from packer_cli.shards import writer
+
+    def no_memory(*args, **kwargs):
+        raise pa.ArrowMemoryError("malloc of size 16793600 failed")
+
+    monkeypatch.setattr(writer.ShardFile, "write", no_memory)
+    result = run("pack", synthetic_parquet, "-o", tmp_path / "out")
+    assert result.exit_code == 3, result.output
+    assert result.output.strip() == (f"error: {tmp_path / 'out'}: out of memory: malloc of size 16793600 failed "
+                                     "(an address-space limit, ulimit -v, or the node's memory)")
+    assert_nothing_written(tmp_path)
+
+
 def test_a_killed_run_s_temporary_output_is_pointed_out_not_removed(synthetic_parquet, tmp_path):
     stale = tmp_path / "out.tmp-99999999"
     (stale / "_spill").mkdir(parents=True)

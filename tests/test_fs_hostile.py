@@ -247,3 +247,22 @@ def test_a_read_only_out_replaced_is_pointed_out(synthetic_parquet, tmp_path):
     finally:
         for old in tmp_path.glob("out.old-*"):
             old.chmod(0o755)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_spill_memory_under_an_address_space_limit_is_reduced_not_fatal(synthetic_parquet, tmp_path):
+    """The whole --spill-memory budget is reserved up front: near a ulimit -v (a batch scheduler's
+    vmem limit) every later allocation failed, a traceback (ArrowMemoryError) or an abort inside
+    the compiler (exit 134, OUT.tmp left behind), although the spill needed a few MB of it."""
+    limit = 3_900_000_000
+
+    def address_space_limit():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-c", PACKER, "pack", str(synthetic_parquet), "-o", str(out),
+                             "--spill-memory", "3G"], capture_output=True, text=True, timeout=300,
+                            preexec_fn=address_space_limit)
+    assert result.returncode == 0, result.stderr
+    assert "warning: --spill-memory: reserving" in result.stderr and "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (out / "metadata.json").exists()
