@@ -45,7 +45,7 @@ from packer_cli.plan import plan_packs
 from packer_cli.plan.bounds import histogram
 from packer_cli.progress import Progress
 from packer_cli.shards._atomic import (check_parent, check_replaceable, make_temporary, output_target, replace_dir,
-                                      signals_held, stale_temporaries, within)
+                                      signals_held, spill_dir_prefix, stale_spill_dirs, stale_temporaries, within)
 from packer_cli.shards._gather import ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader, SpillWriter
 from packer_cli.shards._sink import use_direct_io
 from packer_cli.shards._staged import SPILL_READ_MODES, choose_spill_read, open_spill
@@ -381,7 +381,7 @@ def _make_spill_dir(tmp: str, spill_parent: str | None) -> str:
         os.makedirs(spill_dir)
         return spill_dir
     try:
-        return tempfile.mkdtemp(prefix="packer-spill-", dir=spill_parent)
+        return tempfile.mkdtemp(prefix=spill_dir_prefix(), dir=spill_parent)
     except OSError as exc:
         raise ConfigError(f"{spill_parent}: cannot create the spill directory: {exc}") from exc
 
@@ -529,7 +529,7 @@ def pack(
             direct_io = use_direct_io(tmp, direct_io)
         clock = _PhaseClock()
         if tmp and warn:
-            for stale in stale_temporaries(out, tmp):
+            for stale in stale_temporaries(out, tmp) + (stale_spill_dirs(spill_parent) if spill_parent else []):
                 warn(f"{stale} was left by an earlier run that did not finish (killed outright?); "
                      "remove it to free its space")
         if tmp:

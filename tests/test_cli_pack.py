@@ -623,6 +623,22 @@ def test_running_out_of_memory_is_one_line_and_leaves_nothing(synthetic_parquet,
     assert_nothing_written(tmp_path)
 
 
+def test_a_killed_runs_spill_directory_is_pointed_out_not_removed(synthetic_parquet, tmp_path):
+    # only OUT's temporary sibling was named, not the (far larger) spill under --spill-dir
+    import os
+
+    spill = tmp_path / "scratch"
+    dead, live = spill / "packer-spill-99999999-k2j4", spill / f"packer-spill-{os.getppid()}-x7q1"
+    for path in (dead / "x", live, spill / "packer-spill-abc"):
+        path.mkdir(parents=True)
+    result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--spill-dir", spill)
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert warnings == [f"warning: {dead} was left by an earlier run that did not finish (killed outright?); "
+                        "remove it to free its space"]
+    assert sorted(p.name for p in spill.iterdir()) == sorted([dead.name, live.name, "packer-spill-abc"])
+
+
 def test_a_killed_run_s_temporary_output_is_pointed_out_not_removed(synthetic_parquet, tmp_path):
     stale = tmp_path / "out.tmp-99999999"
     (stale / "_spill").mkdir(parents=True)

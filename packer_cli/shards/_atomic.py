@@ -149,6 +149,26 @@ def stale_temporaries(out: str, tmp: str) -> list[str]:
     return sorted(stale)
 
 
+SPILL_PREFIX = "packer-spill-"
+_SPILL_NAME = re.compile(re.escape(SPILL_PREFIX) + r"(\d+)-")
+
+
+def spill_dir_prefix() -> str:
+    """How this run's private spill directory under ``--spill-dir`` starts: with its process id,
+    so that a later run can tell one left by a run killed outright."""
+    return f"{SPILL_PREFIX}{os.getpid()}-"
+
+
+def stale_spill_dirs(spill_parent: str) -> list[str]:
+    """Spill directories in ``spill_parent`` whose run is no live process here (killed outright)."""
+    try:
+        names = os.listdir(spill_parent)
+    except OSError:
+        return []
+    return sorted(os.path.join(spill_parent, n) for n in names
+                  if (match := _SPILL_NAME.match(n)) and not _alive(int(match.group(1))))
+
+
 def _alive(pid: int) -> bool:
     """Whether a process with this id runs here (and may be the run that owns a sibling)."""
     if pid <= 0:  # os.kill(0, ...) would signal this process group
