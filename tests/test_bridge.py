@@ -516,6 +516,42 @@ def test_a_split_written_while_this_run_packed(tmp_path, monkeypatch, overwrite)
     verify_cli(out)
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
+@pytest.mark.parametrize("other_spec", ["same", "other pad_seq_to_mult"])
+def test_two_splits_packed_side_by_side_into_a_new_layout(tmp_path, monkeypatch, overwrite, other_spec):
+    """OUT absent when both runs started: the second to finish renamed its whole layout onto the
+    first's (with --overwrite, deleting the other split: exit 0, verify OK on the one left) or was
+    refused; and checks prepare() made were not made again, so splits of two pad_seq_to_mult values
+    were both written."""
+    from packer_cli.shards.bridge_output import BridgeOutput
+
+    t = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2], [12, 13, 14, 2])
+    v = write_tiny(tmp_path / "v.jsonl", [20, 21, 2], [30, 31, 32, 33, 34, 2])
+    out, spec = tmp_path / "out", PackSpec(pack_size=16)
+    other = PackSpec(pack_size=16) if other_spec == "same" else PackSpec(pack_size=16, pad_seq_to_mult=4)
+    commit = BridgeOutput.commit
+    done = {}
+
+    def validation_finishes_first(self, *args):
+        if not done:
+            done["validation"] = None
+            done["validation"] = bridge_pack([v], out, other, split="validation", overwrite=overwrite)
+        return commit(self, *args)
+
+    monkeypatch.setattr(BridgeOutput, "commit", validation_finishes_first)
+    if other_spec != "same":
+        with pytest.raises(ConfigError, match="pad_seq_to_mult=4, this run uses 1.*changed while this run was packing"):
+            bridge_pack([t], out, spec, overwrite=overwrite)
+        assert sorted(os.listdir(out)) == ["16_metadata.jsonl", "validation.manifest.json",
+                                           "validation.metadata.json", "validation_16.idx.parquet"]
+    else:
+        train = bridge_pack([t], out, spec, overwrite=overwrite)
+        assert json.loads((out / "16_metadata.jsonl").read_text()) == [done["validation"].bridge, train.bridge]
+        assert {"training_16.idx.parquet", "validation_16.idx.parquet"} <= set(os.listdir(out))
+        verify_cli(out)
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
 def test_refuses_foreign_directory(small, tmp_path):
     out = tmp_path / "out"
     pack([str(small)], str(out), PackSpec(pack_size=512))  # a native output

@@ -18,6 +18,7 @@ the replaced split's old entry only where that rule leaves it certain.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -151,6 +152,8 @@ class BridgeOutput:
     _out: str = ""
     _pack_size: int = 0
     _replace_whole: bool = True
+    _out_existed: bool = False
+    _spec: object = None
     _overwrite: bool = False
     _old_entry: dict | None = None
     _old_index: int | None = None
@@ -194,10 +197,11 @@ class BridgeOutput:
         self._old_entry, self._old_index, self._notes, self._result = None, None, [], {}
         self._overwrite = overwrite
         out = self._out = os.path.normpath(out)
-        self._pack_size = spec.pack_size
+        self._pack_size, self._spec = spec.pack_size, spec
         check_parent(out)
         self._replace_whole = True
-        if os.path.exists(out):
+        self._out_existed = os.path.exists(out)
+        if self._out_existed:
             if not os.path.isdir(out):
                 raise ConfigError(f"{out} exists and is not a directory")
             names = layout_files(out)
@@ -333,11 +337,21 @@ class BridgeOutput:
         if self._replace_whole:
             with open(os.path.join(tmp, array_name), "w") as f:
                 json.dump([metadata["bridge"]], f)
-            return replace_dir(tmp, out, self._overwrite)
+            if self._out_existed:  # a foreign or native OUT, replaced as a whole (--overwrite)
+                return replace_dir(tmp, out, self._overwrite)
+            try:
+                os.rename(tmp, out)  # OUT absent: refused onto anything but an empty directory
+                return None
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+                    raise
+            # another run created OUT meanwhile (the other split packed side by side): join it
+            os.remove(os.path.join(tmp, array_name))
         # Another run may have written into OUT while this one packed (its other split, or this
         # same split): what prepare() saw is read again under a lock, so neither run's entry is
         # lost or left stale, and a split that appeared meanwhile is not silently replaced.
         with _locked(out):
+            self._check_layout_again(out)
             array = read_bridge_array(os.path.join(out, array_name))
             i = self._entry_to_replace(out, C, array)
             if i is not None:
@@ -351,6 +365,21 @@ class BridgeOutput:
                     os.replace(os.path.join(tmp, name), os.path.join(out, name))
         shutil.rmtree(tmp, ignore_errors=True)
         return None
+
+    def _check_layout_again(self, out: str) -> None:
+        """prepare()'s checks on OUT as it is now (another run may have written into it since):
+        one pack size and one ``pad_seq_to_mult`` for both splits."""
+        names = layout_files(out)
+        if names is None:
+            raise ConfigError(f"{out} is not a Megatron-Bridge layout (it appeared or changed while this run was "
+                              "packing: another run?); choose another directory")
+        old = self._old_entry, self._old_index
+        try:
+            self._check_layout(out, names, True, self._spec)  # whether this split is present: below
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (the layout changed while this run was packing: another run?)") from None
+        finally:
+            self._old_entry, self._old_index = old
 
     def _entry_to_replace(self, out: str, C: int, array: list) -> int | None:
         """The entry of the split being replaced, as OUT holds it now; refuses a split that
