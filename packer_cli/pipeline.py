@@ -608,7 +608,7 @@ def pack(
         summary.seconds = clock.seconds()
         return summary
     except MemoryError as exc:  # pyarrow's ArrowMemoryError too: a ulimit -v, the node's memory
-        raise OutputError(f"{out}: out of memory: {exc or type(exc).__name__} (an address-space limit, ulimit -v, "
+        raise OutputError(f"{out}: out of memory: {str(exc) or type(exc).__name__} (an address-space limit, ulimit -v, "
                           "or the node's memory)") from exc
     except SpillError as exc:  # the spill's own directory, when --spill-dir put it elsewhere than OUT
         where = spill_parent or f"{out}: writing the output failed"

@@ -606,19 +606,20 @@ def test_failures_with_a_spill_dir_name_it_and_leave_it_empty(synthetic_parquet,
     assert_nothing_written(tmp_path)
 
 
-def test_running_out_of_memory_is_one_line_and_leaves_nothing(synthetic_parquet, tmp_path, monkeypatch):
+@pytest.mark.parametrize("error, reason", [("arrow", "malloc of size 16793600 failed"), ("bare", "MemoryError")])
+def test_running_out_of_memory_is_one_line_and_leaves_nothing(synthetic_parquet, tmp_path, monkeypatch, error, reason):
     # pyarrow's ArrowMemoryError (a MemoryError) under a ulimit -v printed a traceback
     import pyarrow as pa
 
     from packer_cli.shards import writer
 
     def no_memory(*args, **kwargs):
-        raise pa.ArrowMemoryError("malloc of size 16793600 failed")
+        raise pa.ArrowMemoryError("malloc of size 16793600 failed") if error == "arrow" else MemoryError()
 
     monkeypatch.setattr(writer.ShardFile, "write", no_memory)
     result = run("pack", synthetic_parquet, "-o", tmp_path / "out")
     assert result.exit_code == 3, result.output
-    assert result.output.strip() == (f"error: {tmp_path / 'out'}: out of memory: malloc of size 16793600 failed "
+    assert result.output.strip() == (f"error: {tmp_path / 'out'}: out of memory: {reason} "
                                      "(an address-space limit, ulimit -v, or the node's memory)")
     assert_nothing_written(tmp_path)
 
@@ -627,16 +628,20 @@ def test_a_killed_runs_spill_directory_is_pointed_out_not_removed(synthetic_parq
     # only OUT's temporary sibling was named, not the (far larger) spill under --spill-dir
     import os
 
+    from packer_cli.shards._atomic import host_name
+
     spill = tmp_path / "scratch"
-    dead, live = spill / "packer-spill-99999999-k2j4", spill / f"packer-spill-{os.getppid()}-x7q1"
-    for path in (dead / "x", live, spill / "packer-spill-abc"):
+    here = f"packer-spill-{host_name()}"
+    dead, live = spill / f"{here}-99999999-k2j4", spill / f"{here}-{os.getppid()}-x7q1"
+    other_node = spill / "packer-spill-node17-99999999-k2j4"  # another machine's: no telling
+    for path in (dead / "x", live, other_node, spill / "packer-spill-abc"):
         path.mkdir(parents=True)
     result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--spill-dir", spill)
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
     assert warnings == [f"warning: {dead} was left by an earlier run that did not finish (killed outright?); "
                         "remove it to free its space"]
-    assert sorted(p.name for p in spill.iterdir()) == sorted([dead.name, live.name, "packer-spill-abc"])
+    assert sorted(p.name for p in spill.iterdir()) == sorted([dead.name, live.name, other_node.name, "packer-spill-abc"])
 
 
 def test_a_killed_run_s_temporary_output_is_pointed_out_not_removed(synthetic_parquet, tmp_path):

@@ -460,3 +460,15 @@ def test_a_jsonl_batch_without_a_single_value_names_its_record(tmp_path, lines, 
     assert_pack_refuses(tmp_path, path, text)
     result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 16, "--on-bad-record", "skip")
     assert "no samples left to pack" in result.output and "holds null values" not in result.output
+
+
+@pytest.mark.parametrize("record, text", [
+    ('{"input_ids": [1, 2, 1e19]}', "input_ids[2] = 1e+19 is not an integer"),  # a float in the file, however large
+    ('{"input_ids": [1, 2, 1.5], "deep": %s1%s}' % ("[" * 1000, "]" * 1000), "input_ids[2] = 1.5 is not an integer"),
+], ids=["large-float", "nested-1000-deep"])
+def test_a_float_token_is_not_an_integer(tmp_path, record, text):
+    # a record with a float is read again by the standard parser (to quote integers past 64 bits
+    # exactly); one nested deeper than it goes (orjson reads 1024 levels) raised RecursionError
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"input_ids": [1, 2, 3]}\n' + record + "\n")
+    assert_pack_refuses(tmp_path, path, f"d.jsonl: line 2: {text}")

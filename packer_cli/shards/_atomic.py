@@ -16,6 +16,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import threading
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
@@ -150,23 +151,29 @@ def stale_temporaries(out: str, tmp: str) -> list[str]:
 
 
 SPILL_PREFIX = "packer-spill-"
-_SPILL_NAME = re.compile(re.escape(SPILL_PREFIX) + r"(\d+)-")
+
+
+def host_name() -> str:
+    """This machine's name as a file name part (a scratch directory may be shared by nodes)."""
+    return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())[:64] or "host"
 
 
 def spill_dir_prefix() -> str:
-    """How this run's private spill directory under ``--spill-dir`` starts: with its process id,
-    so that a later run can tell one left by a run killed outright."""
-    return f"{SPILL_PREFIX}{os.getpid()}-"
+    """How this run's private spill directory under ``--spill-dir`` starts: with its machine and
+    process id, so that a later run on the same machine can tell one left by a run killed
+    outright (and leaves other machines' alone: a scratch directory may be shared)."""
+    return f"{SPILL_PREFIX}{host_name()}-{os.getpid()}-"
 
 
 def stale_spill_dirs(spill_parent: str) -> list[str]:
-    """Spill directories in ``spill_parent`` whose run is no live process here (killed outright)."""
+    """This machine's spill directories in ``spill_parent`` whose process is gone (killed outright)."""
     try:
         names = os.listdir(spill_parent)
     except OSError:
         return []
+    ours = re.compile(re.escape(f"{SPILL_PREFIX}{host_name()}-") + r"(\d+)-")
     return sorted(os.path.join(spill_parent, n) for n in names
-                  if (match := _SPILL_NAME.match(n)) and not _alive(int(match.group(1))))
+                  if (match := ours.match(n)) and not _alive(int(match.group(1))))
 
 
 def _alive(pid: int) -> bool:

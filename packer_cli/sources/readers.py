@@ -112,8 +112,6 @@ def _value_problem(value, scalar: bool, flags: bool = False) -> str | None:
     for j, item in enumerate(value):
         if flags and isinstance(item, bool):
             continue
-        if isinstance(item, float) and item.is_integer() and not -(2**63) <= item < 2**63:
-            return f"[{j}] = {item!r} is out of range"  # orjson reads integers beyond 64 bits as floats
         if not isinstance(item, int) or isinstance(item, bool):
             return f"[{j}] = {item!r} is not an integer"
         if not -(2**63) <= item < 2**63:
@@ -194,7 +192,7 @@ def _orjson_record(raw: bytes, pre_bad: dict[int, str], row: int, fields: list[s
         # -2**63 - 1 as -2**63): the standard parser keeps it exact, so the reason quotes the file
         try:
             record = json.loads(raw)
-        except ValueError:  # not expected of a record orjson read; its reading stands
+        except (ValueError, RecursionError):  # nested deeper than Python's parser goes: orjson's reading stands
             pass
     return record
 
