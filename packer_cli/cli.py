@@ -333,6 +333,7 @@ def main() -> None:
     see :func:`packer_cli.errors.interrupts_deferred`; then 0 of 400).
     """
     _single_threaded_blas()
+    _std_streams_present()
     gc.disable()
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:  # e.g. SIGINT in a background shell job
@@ -343,10 +344,42 @@ def main() -> None:
         code = _run_command()
     except Interrupted as exc:  # it came before the command's own handling began
         code = _report_signal(exc)
+    if type(sys.stdout).__name__ == "PacifyFlushWrapper":  # click met the closed pipe and exited 1
+        code = _reader_gone()
     stop_raising_interrupts()  # the command is over: nothing would catch a signal in the flush
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:  # the reader left after the command was done: its verdict stands
+            _reader_gone()
     os._exit(code)
+
+
+#: Exit status when stdout's reader went away mid-command (a shell reports a process killed by
+#: SIGPIPE so: 128 + 13); the command's own verdict was never delivered.
+EXIT_READER_GONE = 141
+
+
+def _std_streams_present() -> None:
+    """Run with stdout or stderr closed (``>&-``), Python leaves them None and every print
+    failed with a traceback, or the command exited 1 before it began: write to /dev/null."""
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w")  # takes the lowest free descriptor: 1 itself
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")
+
+
+def _reader_gone() -> int:
+    """stdout's reader closed the pipe (``packer ... | head``): send what is left to /dev/null,
+    so no later write or the final flush raises again, and return :data:`EXIT_READER_GONE`."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
+    return EXIT_READER_GONE
 
 
 def _run_command() -> int:
@@ -362,6 +395,8 @@ def _run_command() -> int:
             print(exc.code, file=sys.stderr)
     except Interrupted as exc:
         code = _report_signal(exc)
+    except BrokenPipeError:  # stdout's reader went away (`packer inspect OUT --json | head -1`)
+        code = _reader_gone()
     except Exception as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare `packer`: the help is already printed
             code = 2

@@ -266,3 +266,40 @@ def test_spill_memory_under_an_address_space_limit_is_reduced_not_fatal(syntheti
     assert result.returncode == 0, result.stderr
     assert "warning: --spill-memory: reserving" in result.stderr and "Traceback" not in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (out / "metadata.json").exists()
+
+
+def _packer_with(args, stdout, preexec_fn=None):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as a user's shell runs it
+    return subprocess.run([sys.executable, "-c", PACKER, *map(str, args)], stdout=stdout, stderr=subprocess.PIPE,
+                          text=True, timeout=120, env=env, preexec_fn=preexec_fn)
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "pack"])
+def test_a_reader_that_went_away_is_no_traceback(synthetic_parquet, tmp_path, command):
+    """`packer ... --json | head -c 10`: a BrokenPipeError traceback and exit 120, or click's
+    silent exit 1 ('problems found') for a longer document."""
+    out = tmp_path / "out"
+    assert _pack_in_process("pack", synthetic_parquet, "-o", out).exit_code == 0
+    args = {"inspect": ["inspect", out, "--json"], "verify": ["verify", out, "--json"],
+            "pack": ["pack", synthetic_parquet, "--dry-run", "--json"]}[command]
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    try:
+        result = _packer_with(args, stdout=write)
+    finally:
+        os.close(write)
+    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr, result.stderr
+    assert result.returncode in (0, 141), result  # the verdict, or 141 when the document was cut
+
+
+@pytest.mark.parametrize("closed", [1, 2])
+def test_a_closed_stdout_or_stderr_is_dev_null(synthetic_parquet, tmp_path, closed):
+    """`packer pack ... >&-` wrote its output and then failed with a traceback (sys.stdout is
+    None); with stderr closed it exited 1 before reading anything, saying nothing."""
+    out = tmp_path / "out"
+    result = _packer_with(["pack", synthetic_parquet, "-o", out, "--json"], stdout=subprocess.PIPE,
+                          preexec_fn=lambda: os.close(closed))
+    assert result.returncode == 0, result
+    assert "Traceback" not in result.stderr and (out / "metadata.json").exists()
+    result = _packer_with(["inspect", out], stdout=subprocess.PIPE, preexec_fn=lambda: os.close(closed))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result
