@@ -1,14 +1,27 @@
 # Sourced by demo.sh and test.sh: create or update .venv with the project and the extras in $1.
-# torch is pinned to 2.13.0: on these machines that is a local CPU build; a plain or newer
-# torch would download several GB of CUDA packages.
+# torch is pinned to 2.13.0 unless .venv already has one: on these machines that is a local CPU
+# build; a plain or newer torch would download several GB of CUDA packages.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-python3}"
+VPY="$ROOT/.venv/bin/python"
+# A .venv copied or moved with the clone still runs the original clone's code (its scripts'
+# interpreter paths and the editable install point there), or fails to import packer_cli: it
+# records the directory it was made for, and is made again elsewhere.
+if [ -x .venv/bin/python ] && [ "$(cat .venv/.packer-root 2>/dev/null || true)" != "$ROOT" ]; then
+  here="$("$VPY" -I -c 'import os, packer_cli; print(os.path.dirname(os.path.dirname(os.path.abspath(packer_cli.__file__))))' 2>/dev/null || true)"
+  if [ "$here" = "$ROOT" ] && [ ! -f .venv/.packer-root ]; then
+    printf '%s' "$ROOT" > .venv/.packer-root  # made here by an earlier version of this script
+  else
+    echo "$ROOT/.venv was made for another directory${here:+ ($here)}: making it again" >&2
+    rm -rf .venv
+  fi
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
+  printf '%s' "$ROOT" > .venv/.packer-root
 fi
-VPY="$ROOT/.venv/bin/python"
 need_install=0
 IFS=',' read -ra extras <<< "$1"
 for extra in "${extras[@]}"; do
@@ -17,6 +30,9 @@ for extra in "${extras[@]}"; do
 done
 if [ "$need_install" = 1 ]; then
   "$VPY" -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
-  "$VPY" -m pip install --quiet -e ".[$1]" "torch==2.13.0"
+  # a torch already in .venv (the CUDA build you train with) is kept; otherwise the CPU pin
+  torch_pin=("torch==2.13.0")
+  if "$VPY" -c 'import torch' >/dev/null 2>&1; then torch_pin=(); fi
+  "$VPY" -m pip install --quiet -e ".[$1]" ${torch_pin[@]+"${torch_pin[@]}"}
   for extra in "${extras[@]}"; do touch ".venv/.packer-extra-$extra"; done
 fi
