@@ -10,11 +10,12 @@ VPY="$ROOT/.venv/bin/python"
 # interpreter paths and the editable install point there), or fails to import packer_cli: it
 # records the directory it was made for, and is made again elsewhere.
 if [ -x .venv/bin/python ] && [ "$(cat .venv/.packer-root 2>/dev/null || true)" != "$ROOT" ]; then
-  here="$("$VPY" -I -c 'import os, packer_cli; print(os.path.dirname(os.path.dirname(os.path.abspath(packer_cli.__file__))))' 2>/dev/null || true)"
-  if [ "$here" = "$ROOT" ] && [ ! -f .venv/.packer-root ]; then
-    printf '%s' "$ROOT" > .venv/.packer-root  # made here by an earlier version of this script
+  # no record: a .venv made here (by hand, say with the CUDA torch, or by an earlier version of
+  # this script) has scripts that run this directory's interpreter; keep that one
+  if [ ! -f .venv/.packer-root ] && head -n 3 .venv/bin/pip 2>/dev/null | grep -qF "$ROOT/.venv/bin/python"; then
+    printf '%s' "$ROOT" > .venv/.packer-root
   else
-    echo "$ROOT/.venv was made for another directory${here:+ ($here)}: making it again" >&2
+    echo "$ROOT/.venv was made for another directory: making it again" >&2
     rm -rf .venv
   fi
 fi
