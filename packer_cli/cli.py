@@ -67,12 +67,12 @@ def pack_command(
     tp: Annotated[int, typer.Option(help="Tensor-parallel size.")] = 1,
     sp: Annotated[bool, typer.Option("--sp/--no-sp", help="Sequence parallelism.")] = False,
     pad_seq_to_mult: Annotated[Optional[int], typer.Option(help="Override the per-sequence alignment (a multiple of the layout's).")] = None,
-    algorithm: Annotated[Algorithm, typer.Option(help="Assignment algorithm.")] = Algorithm.FFD,
+    algorithm: Annotated[Algorithm, typer.Option(metavar="NAME", help="Assignment algorithm: ffd, bfd, first-fit-shuffle or sequential.")] = Algorithm.FFD,
     seed: Annotated[int, typer.Option(help="Seed for the pack shuffle and first-fit-shuffle.")] = 0,
     shuffle: Annotated[bool, typer.Option("--shuffle/--no-shuffle", help="Shuffle packs after planning.")] = True,
     overlong: Annotated[OverlongPolicy, typer.Option(help="Policy for sequences longer than the pack size.")] = OverlongPolicy.TRUNCATE,
-    pad_to_max_length: Annotated[bool, typer.Option(help="Pad every pack's tail to exactly the pack size.")] = False,
-    pad_cu_seqlens: Annotated[bool, typer.Option(help="Record static-shape metadata (needs --pad-to-max-length).")] = False,
+    pad_to_max_length: Annotated[bool, typer.Option("--pad-to-max-length", help="Pad every pack's tail to exactly the pack size.")] = False,
+    pad_cu_seqlens: Annotated[bool, typer.Option("--pad-cu-seqlens", help="Record static-shape metadata (needs --pad-to-max-length).")] = False,
     pad_id: Annotated[int, typer.Option(help="Token id used for alignment padding.")] = 0,
     refine: Annotated[bool, typer.Option("--refine/--no-refine", help="After ffd/bfd, re-fill non-full packs toward the L2 bound.")] = True,
     tokens_field: Annotated[str, typer.Option(help="Field holding the token ids.")] = "input_ids",
@@ -92,7 +92,7 @@ def pack_command(
     split: Annotated[Optional[Split], typer.Option(help="megatron-bridge: which split file to write (default training).")] = None,
     eos_id: Annotated[Optional[int], typer.Option(help="megatron-bridge: end-of-sequence id for alignment padding (inferred when every sample ends with one id).")] = None,
     row_group_size: Annotated[Optional[int], typer.Option(help="megatron-bridge: packs per Parquet row group (default: about 1 MiB of tokens, at most 500).")] = None,
-    parquet_encoding: Annotated[Optional[ParquetEncoding], typer.Option(help="megatron-bridge: plain-zstd (default, any reader), plain-snappy (Bridge's codec, largest) or split-zstd (smallest; readers need Arrow >= 16).")] = None,
+    parquet_encoding: Annotated[Optional[ParquetEncoding], typer.Option(metavar="NAME", help="megatron-bridge: plain-zstd (default, any reader), plain-snappy (Bridge's codec, largest) or split-zstd (smallest; readers need Arrow >= 16).")] = None,
 ) -> None:
     """Pack tokenized samples into fixed-capacity packs (native THD shards)."""
     from packer_cli.pipeline import pack
