@@ -344,7 +344,7 @@ def main() -> None:
         code = _run_command()
     except Interrupted as exc:  # it came before the command's own handling began
         code = _report_signal(exc)
-    if type(sys.stdout).__name__ == "PacifyFlushWrapper":  # click met the closed pipe and exited 1
+    if "PacifyFlushWrapper" in type(sys.stdout).__name__:  # click met the closed pipe and exited 1 (8.2+: _Pacify…)
         code = _reader_gone()
     stop_raising_interrupts()  # the command is over: nothing would catch a signal in the flush
     for stream in (sys.stdout, sys.stderr):
