@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 
 import orjson  # noqa: F401 - before any command installs its signal handlers: see below
 import typer
-from rich.console import Console
+from packer_cli._console import Console, quiet_stream, say
 
 from packer_cli._jit import light_cache_loads
 from packer_cli.errors import (ConfigError, Interrupted, PackerError, PackerWarning, check_interrupted,
@@ -37,8 +37,19 @@ def _group() -> None:
     """packer: pack, inspect and verify THD training data."""
 
 
+def _err_print(text: str, **options) -> None:
+    """A line on stderr through rich; nothing once stderr's reader has gone (rich 13 raises)."""
+    try:
+        err.print(text, **options)
+    except BrokenPipeError:
+        quiet_stream(2)
+
+
 def fail(exc: PackerError) -> None:
-    err.print(f"[bold red]error:[/] {exc}", markup=True) if err.is_terminal else print(f"error: {exc}", file=sys.stderr)
+    if err.is_terminal:
+        _err_print(f"[bold red]error:[/] {exc}", markup=True)
+    else:
+        say(f"error: {exc}")
     raise typer.Exit(exc.exit_code)
 
 
@@ -110,7 +121,7 @@ def pack_command(
         output = _bridge_output(out_format, split, eos_id, row_group_size, parquet_encoding)
         summary = pack(inputs, out, spec, source, overwrite=overwrite, dry_run=dry_run,
                        shard_bytes=parse_size(shard_size, "--shard-size"), progress=not json_out,
-                       warn=lambda msg: err.print(f"warning: {msg}", markup=False), output=output,
+                       warn=lambda msg: _err_print(f"warning: {msg}", markup=False), output=output,
                        spill_dir=spill_dir, spill_memory=parse_size(spill_memory, "--spill-memory"), direct_io=direct_io,
                        spill_read=spill_read.value)
     except PackerError as exc:
@@ -266,7 +277,7 @@ def _usage_line(exc) -> str:
 
 def _report_signal(exc: Interrupted) -> int:
     """Say why the command stopped; 128 + the signal's number, as a shell reports a killed command."""
-    print(f"error: {'interrupted' if exc.signum == signal.SIGINT else 'terminated'}", file=sys.stderr)
+    say(f"error: {'interrupted' if exc.signum == signal.SIGINT else 'terminated'}")
     return 128 + exc.signum
 
 
@@ -291,7 +302,7 @@ def _one_line_warnings(show):
 
     def showwarning(message, category, filename, lineno, file=None, line=None) -> None:
         if issubclass(category, PackerWarning):
-            err.print(f"warning: {message}", markup=False)
+            _err_print(f"warning: {message}", markup=False)
         else:
             show(message, category, filename, lineno, file, line)
 
@@ -347,11 +358,11 @@ def main() -> None:
     if "PacifyFlushWrapper" in type(sys.stdout).__name__:  # click met the closed pipe and exited 1 (8.2+: _Pacify…)
         code = _reader_gone()
     stop_raising_interrupts()  # the command is over: nothing would catch a signal in the flush
-    for stream in (sys.stdout, sys.stderr):
+    for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
         try:
             stream.flush()
         except BrokenPipeError:  # the reader left after the command was done: its verdict stands
-            _reader_gone()
+            quiet_stream(fd)
     os._exit(code)
 
 
@@ -372,13 +383,7 @@ def _std_streams_present() -> None:
 def _reader_gone() -> int:
     """stdout's reader closed the pipe (``packer ... | head``): send what is left to /dev/null,
     so no later write or the final flush raises again, and return :data:`EXIT_READER_GONE`."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
-    finally:
-        os.close(devnull)
+    quiet_stream(1)
     return EXIT_READER_GONE
 
 
@@ -392,7 +397,7 @@ def _run_command() -> int:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if isinstance(exc.code, str):
-            print(exc.code, file=sys.stderr)
+            say(exc.code)
     except Interrupted as exc:
         code = _report_signal(exc)
     except BrokenPipeError:  # stdout's reader went away (`packer inspect OUT --json | head -1`)
@@ -407,7 +412,7 @@ def _run_command() -> int:
 
                 doc = {"out": None, "ok": False, "exit_code": exc.exit_code, "error": line.removeprefix("error: ")}
                 sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
-            print(line, file=sys.stderr)
+            say(line)
             code = exc.exit_code
         elif (signalled := _signal_behind(exc)) is not None:
             code = _report_signal(signalled)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from rich.console import Console
+from packer_cli._console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as _RichProgress
 

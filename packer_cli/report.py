@@ -1,7 +1,7 @@
 """Human-readable summaries (rich tables) of what the API returns."""
 from __future__ import annotations
 
-from rich.console import Console
+from packer_cli._console import Console
 from rich.table import Table
 
 

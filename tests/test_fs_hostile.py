@@ -305,3 +305,33 @@ def test_a_closed_stdout_or_stderr_is_dev_null(synthetic_parquet, tmp_path, clos
     assert "Traceback" not in result.stderr and (out / "metadata.json").exists()
     result = _packer_with(["inspect", out], stdout=subprocess.PIPE, preexec_fn=lambda: os.close(closed))
     assert result.returncode == 0 and "Traceback" not in result.stderr, result
+
+
+def test_a_stderr_reader_that_went_away_does_not_abandon_the_run(synthetic_parquet, tmp_path):
+    """`packer pack ... 2>&1 | head -1`: the first warning written to the dead pipe ended the run
+    with exit 1 (rich's SystemExit, or its BrokenPipeError) and the output was removed."""
+    out = tmp_path / "out"
+    (tmp_path / "out.tmp-99999999-abcd1234").mkdir()  # a killed run's: the run warns about it
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        result = subprocess.run([sys.executable, "-c", PACKER, "pack", str(synthetic_parquet), "-o", str(out)],
+                                stdout=subprocess.PIPE, stderr=write, text=True, timeout=120, env=env)
+    finally:
+        os.close(write)
+    assert result.returncode == 0 and (out / "metadata.json").exists(), result
+
+
+def test_a_stdout_reader_gone_without_json_exits_141(synthetic_parquet, tmp_path):
+    # the summary table (rich) met the closed pipe: rich's SystemExit(1), 'problems found' for verify
+    out = tmp_path / "out"
+    for args in (["pack", synthetic_parquet, "-o", out], ["verify", out]):
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            result = _packer_with(args, stdout=write)
+        finally:
+            os.close(write)
+        assert result.returncode == 141 and "Traceback" not in result.stderr, result
+    assert (out / "metadata.json").exists()
