@@ -552,6 +552,25 @@ def test_two_splits_packed_side_by_side_into_a_new_layout(tmp_path, monkeypatch,
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
 
 
+@pytest.mark.parametrize("appeared", ["a file", "a dangling link"])
+def test_an_out_that_appeared_as_a_file_is_refused_as_for_a_native_output(tmp_path, monkeypatch, appeared):
+    # the Bridge commit took it for a layout to join: exit 3, '[Errno 20] Not a directory'
+    from packer_cli.shards.bridge_output import BridgeOutput
+
+    t = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2])
+    out = tmp_path / "out"
+    commit = BridgeOutput.commit
+
+    def something_appears(self, *args):
+        out.write_text("x") if appeared == "a file" else out.symlink_to(tmp_path / "nowhere")
+        return commit(self, *args)
+
+    monkeypatch.setattr(BridgeOutput, "commit", something_appears)
+    with pytest.raises(ConfigError, match="appeared while this run was packing"):
+        bridge_pack([t], out, PackSpec(pack_size=16))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "t.jsonl"]
+
+
 def test_refuses_foreign_directory(small, tmp_path):
     out = tmp_path / "out"
     pack([str(small)], str(out), PackSpec(pack_size=512))  # a native output

@@ -634,14 +634,16 @@ def test_a_killed_runs_spill_directory_is_pointed_out_not_removed(synthetic_parq
     here = f"packer-spill-{host_name()}"
     dead, live = spill / f"{here}-99999999-k2j4", spill / f"{here}-{os.getppid()}-x7q1"
     other_node = spill / "packer-spill-node17-99999999-k2j4"  # another machine's: no telling
-    for path in (dead / "x", live, other_node, spill / "packer-spill-abc"):
+    other_host_like_ours = spill / f"{here}-99999-4242-k2j4"  # host "<ours>-99999", process 4242
+    for path in (dead / "x", live, other_node, other_host_like_ours, spill / "packer-spill-abc"):
         path.mkdir(parents=True)
     result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--spill-dir", spill)
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
     assert warnings == [f"warning: {dead} was left by an earlier run that did not finish (killed outright?); "
                         "remove it to free its space"]
-    assert sorted(p.name for p in spill.iterdir()) == sorted([dead.name, live.name, other_node.name, "packer-spill-abc"])
+    assert sorted(p.name for p in spill.iterdir()) == sorted([dead.name, live.name, other_node.name,
+                                                              other_host_like_ours.name, "packer-spill-abc"])
 
 
 def test_a_killed_run_s_temporary_output_is_pointed_out_not_removed(synthetic_parquet, tmp_path):

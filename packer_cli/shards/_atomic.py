@@ -171,9 +171,10 @@ def stale_spill_dirs(spill_parent: str) -> list[str]:
         names = os.listdir(spill_parent)
     except OSError:
         return []
-    ours = re.compile(re.escape(f"{SPILL_PREFIX}{host_name()}-") + r"(\d+)-")
+    # the whole name: host "vm" must not read host "vm-99999"'s spill as its own process 99999
+    ours = re.compile(re.escape(f"{SPILL_PREFIX}{host_name()}-") + r"(\d+)-[A-Za-z0-9_]+")
     return sorted(os.path.join(spill_parent, n) for n in names
-                  if (match := ours.match(n)) and not _alive(int(match.group(1))))
+                  if (match := ours.fullmatch(n)) and not _alive(int(match.group(1))))
 
 
 def _alive(pid: int) -> bool:

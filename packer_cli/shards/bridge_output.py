@@ -345,6 +345,8 @@ class BridgeOutput:
             except OSError as exc:
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
                     raise
+            if not os.path.isdir(out):  # a file or a dangling link appeared: as for a native output
+                return replace_dir(tmp, out, self._overwrite)
             # another run created OUT meanwhile (the other split packed side by side): join it
             os.remove(os.path.join(tmp, array_name))
         # Another run may have written into OUT while this one packed (its other split, or this
