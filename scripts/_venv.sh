@@ -2,7 +2,7 @@
 # torch is pinned to 2.13.0 unless .venv already has one: on these machines that is a local CPU
 # build; a plain or newer torch would download several GB of CUDA packages.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"  # physical: venv records that one
 cd "$ROOT"
 PY="${PYTHON:-python3}"
 VPY="$ROOT/.venv/bin/python"
@@ -10,9 +10,12 @@ VPY="$ROOT/.venv/bin/python"
 # interpreter paths and the editable install point there), or fails to import packer_cli: it
 # records the directory it was made for, and is made again elsewhere.
 if [ -x .venv/bin/python ] && [ "$(cat .venv/.packer-root 2>/dev/null || true)" != "$ROOT" ]; then
-  # no record: a .venv made here (by hand, say with the CUDA torch, or by an earlier version of
-  # this script) has scripts that run this directory's interpreter; keep that one
-  if [ ! -f .venv/.packer-root ] && head -n 3 .venv/bin/pip 2>/dev/null | grep -qF "$ROOT/.venv/bin/python"; then
+  # No record: a .venv made here (by hand, say with the CUDA torch, or by an earlier version of
+  # this script) is kept, unless packer_cli installed in it is another directory's.
+  prefix="$("$VPY" -I -c 'import sys; print(sys.prefix)' 2>/dev/null || true)"
+  elsewhere="$("$VPY" -I -c 'import os, packer_cli; print(os.path.dirname(os.path.dirname(os.path.abspath(packer_cli.__file__))))' 2>/dev/null || true)"
+  if [ ! -f .venv/.packer-root ] && [ -n "$prefix" ] && [ "$prefix" -ef "$ROOT/.venv" ] \
+     && { [ -z "$elsewhere" ] || [ "$elsewhere" -ef "$ROOT" ]; }; then
     printf '%s' "$ROOT" > .venv/.packer-root
   else
     echo "$ROOT/.venv was made for another directory: making it again" >&2
