@@ -36,7 +36,12 @@ class Console(_RichConsole):
 
 
 def say(line: str) -> None:
-    """One line on stderr, unless its reader has gone (then nothing, and nothing later)."""
+    """One line on stderr, after what stdout holds (a --json document comes first, as it was
+    written first), unless stderr's reader has gone (then nothing, and nothing later)."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):  # stdout's own reader gone: main() answers that
+        pass
     try:
         print(line, file=sys.stderr, flush=True)
     except BrokenPipeError:
