@@ -33,8 +33,10 @@ def percentile(hist: np.ndarray, q: float) -> float:
     n = int(cum[-1])
     rank = q / 100.0 * (n - 1)
     lo, hi = int(np.floor(rank)), int(np.ceil(rank))
-    v_lo, v_hi = _value_at_rank(cum, lo), _value_at_rank(cum, hi)
-    return float(v_lo + (v_hi - v_lo) * (rank - lo))
+    a, b = float(_value_at_rank(cum, lo)), float(_value_at_rank(cum, hi))
+    t = rank - lo
+    # NumPy's interpolation, both sides (from the upper value past half-way): bit for bit
+    return b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t
 
 
 def summarize(hist: np.ndarray) -> dict:

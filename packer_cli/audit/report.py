@@ -97,9 +97,9 @@ class InspectReport:
         real = np.asarray(real, np.int64)
         padded = np.asarray(padded, np.int64)
         seq_counts = np.asarray(seq_counts, np.int64)
-        starts = np.concatenate([[0], np.cumsum(seq_counts)[:-1]]).astype(np.int64)
-        load = np.add.reduceat(padded, starts) if padded.size else np.zeros(seq_counts.size, np.int64)
-        load = np.where(seq_counts > 0, load, 0)
+        # each pack's Σp from the running sum (a pack of no sequence, even the last, loads 0)
+        ends = np.concatenate([[0], np.cumsum(seq_counts)]).astype(np.int64)
+        load = np.diff(np.concatenate([[0], np.cumsum(padded)])[ends]).astype(np.int64)
         pack_len = np.full(load.size, spec["pack_size"], np.int64) if spec.get("pad_to_max_length") else load
         return cls(
             out=out, spec=spec, recorded=recorded, packs=_i(seq_counts.size), sequences=_i(real.size),
