@@ -21,7 +21,7 @@ from packer_cli.audit._meta_checks import _same
 from packer_cli.audit._meta_schema import BRIDGE_KEYS
 from packer_cli.audit.findings import FindingSink
 from packer_cli.errors import DataError
-from packer_cli.shards.bridge import SPLITS, bridge_metadata_name, split_manifest_name, split_metadata_name
+from packer_cli.shards.bridge import SPLITS, bridge_metadata_name, lost_metadata, split_metadata_name
 from packer_cli.shards.bridge_output import claim_entries, present_split_values, read_bridge_array
 
 RATIO_KEYS = ("packing_factor", "packing_efficiency")
@@ -56,10 +56,8 @@ def check_split_metadata_present(store, sink: FindingSink) -> None:
     found by its metadata alone, so without it the split (a Bridge-written one, as it seems) is
     never verified, whatever its data file holds."""
     for split in SPLITS:
-        meta, manifest = split_metadata_name(split), split_manifest_name(split)
-        if os.path.isfile(os.path.join(store.out, manifest)) and not os.path.isfile(os.path.join(store.out, meta)):
-            sink.add("structure.json", f"missing, but {manifest} is here: the {split} split packer wrote cannot be "
-                     "verified without it", shard=meta)
+        if problem := lost_metadata(store.out, split):
+            sink.add("structure.json", problem, shard=split_metadata_name(split))
 
 
 def _entry_problems(entry: dict, C: int):

@@ -161,6 +161,17 @@ def split_has_files(out_dir: str, split: str) -> bool:
                if (m := p.match(n)))
 
 
+def lost_metadata(out_dir: str, split: str) -> str | None:
+    """What is wrong with ``split`` when packer's manifest of it is in ``out_dir`` but its
+    metadata is not (a split is found by its metadata, so it would go unverified); else None."""
+    path = os.path.join(out_dir, split_metadata_name(split))
+    if os.path.isfile(path) or not os.path.isfile(os.path.join(out_dir, split_manifest_name(split))):
+        return None
+    what = "not a regular file" if os.path.lexists(path) else "missing"
+    return (f"{what}, but {split_manifest_name(split)} is here: the {split} split packer wrote "
+            "cannot be verified without it")
+
+
 def splits_in(out_dir: str) -> list[str]:
     """Splits of a Bridge layout that packer wrote, in Bridge's order (training first)."""
     return [s for s in SPLITS if os.path.isfile(os.path.join(out_dir, split_metadata_name(s)))]

@@ -29,8 +29,8 @@ import pyarrow.parquet as pq
 from packer_cli._arrow import bits_to_numpy, to_numpy
 from packer_cli.errors import DataError
 from packer_cli.shards.bridge import (
-    BRIDGE_COLUMNS, BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PACKER_COLUMNS, SPLITS, split_manifest_name,
-    split_metadata_name, splits_in,
+    BRIDGE_COLUMNS, BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PACKER_COLUMNS, SPLITS, lost_metadata, packer_splits_in,
+    split_manifest_name, split_metadata_name, splits_in,
 )
 from packer_cli.shards.reader import (PackedReader, PackRow, check_layout_for_reading, column_name_problem, first_line,
                                      footer_name_problem, read_json)
@@ -56,20 +56,17 @@ def resolve_split(out_dir: str, split: str | None) -> str:
     """``split`` if present in ``out_dir``; by default ``training``, else the only split there."""
     present = splits_in(out_dir)
     if split is None:
-        damaged = [s for s in SPLITS if os.path.isfile(os.path.join(out_dir, split_manifest_name(s)))]
-        if not present and damaged:
-            return resolve_split(out_dir, damaged[0])  # raises: the split lost its metadata
-        if not present:
+        if present:
+            return present[0]
+        damaged = packer_splits_in(out_dir)  # with a manifest but no metadata
+        if not damaged:
             names = ", ".join(map(split_metadata_name, SPLITS))
             raise DataError(f"{out_dir}: no split written by packer ({names} missing)")
-        return present[0]
+        split = damaged[0]
     if split not in present:
-        if os.path.isfile(os.path.join(out_dir, split_manifest_name(split))):
-            path = os.path.join(out_dir, split_metadata_name(split))
-            what = "not a regular file" if os.path.lexists(path) else "missing"
-            error = DataError(f"{path}: {what}, but {split_manifest_name(split)} is here: "
-                              f"the {split} split packer wrote cannot be verified without it")
-            error.check = "structure.json"  # damage to a split, as check_split_metadata_present reports it
+        if problem := lost_metadata(out_dir, split):
+            error = DataError(f"{os.path.join(out_dir, split_metadata_name(split))}: {problem}")
+            error.check = "structure.json"  # damage to a split, as verify's structure checks report it
             raise error
         raise DataError(f"{out_dir}: no {split!r} split here (found: {', '.join(present) or 'none'})")
     return split
