@@ -35,14 +35,18 @@ class Console(_RichConsole):
         raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
-def say(line: str) -> None:
+def say(line: str, console: _RichConsole | None = None, markup: bool = False) -> None:
     """One line on stderr, after what stdout holds (a --json document comes first, as it was
-    written first), unless stderr's reader has gone (then nothing, and nothing later)."""
+    written first), unless stderr's reader has gone (then nothing, and nothing later). Through
+    ``console`` when given (rich markup; a live progress display stays below the line)."""
     try:
         sys.stdout.flush()
     except (OSError, ValueError):  # stdout's own reader gone: main() answers that
         pass
     try:
-        print(line, file=sys.stderr, flush=True)
-    except BrokenPipeError:
+        if console is None:
+            print(line, file=sys.stderr, flush=True)
+        else:
+            console.print(line, markup=markup)
+    except BrokenPipeError:  # rich 13 raises it; later versions call on_broken_pipe
         quiet_stream(2)

@@ -37,17 +37,9 @@ def _group() -> None:
     """packer: pack, inspect and verify THD training data."""
 
 
-def _err_print(text: str, **options) -> None:
-    """A line on stderr through rich; nothing once stderr's reader has gone (rich 13 raises)."""
-    try:
-        err.print(text, **options)
-    except BrokenPipeError:
-        quiet_stream(2)
-
-
 def fail(exc: PackerError) -> None:
     if err.is_terminal:
-        _err_print(f"[bold red]error:[/] {exc}", markup=True)
+        say(f"[bold red]error:[/] {exc}", err, markup=True)
     else:
         say(f"error: {exc}")
     raise typer.Exit(exc.exit_code)
@@ -121,7 +113,7 @@ def pack_command(
         output = _bridge_output(out_format, split, eos_id, row_group_size, parquet_encoding)
         summary = pack(inputs, out, spec, source, overwrite=overwrite, dry_run=dry_run,
                        shard_bytes=parse_size(shard_size, "--shard-size"), progress=not json_out,
-                       warn=lambda msg: _err_print(f"warning: {msg}", markup=False), output=output,
+                       warn=lambda msg: say(f"warning: {msg}", err), output=output,
                        spill_dir=spill_dir, spill_memory=parse_size(spill_memory, "--spill-memory"), direct_io=direct_io,
                        spill_read=spill_read.value)
     except PackerError as exc:
@@ -302,7 +294,7 @@ def _one_line_warnings(show):
 
     def showwarning(message, category, filename, lineno, file=None, line=None) -> None:
         if issubclass(category, PackerWarning):
-            _err_print(f"warning: {message}", markup=False)
+            say(f"warning: {message}", err)
         else:
             show(message, category, filename, lineno, file, line)
 
