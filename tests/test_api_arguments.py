@@ -152,6 +152,20 @@ def test_bytes_or_numbers_as_paths_are_refused_and_nothing_is_made(data, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["pack", "", "-o", "out"], "inputs: an empty path"),
+    (["pack", "data.jsonl", "-o", ""], "out: an empty path"),
+    (["inspect", ""], "out: an empty path"),
+    (["verify", ""], "out: an empty path"),
+])
+def test_an_empty_path_is_named_as_one(data, tmp_path, monkeypatch, argv, says):
+    """It said "error: : no such file or directory", naming nothing."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2 and f"error: {says} ('')" in result.output, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]
+
+
 def test_numpy_integers_and_bools_are_taken_and_recorded_as_json(data, tmp_path):
     spec = PackSpec(pack_size=np.int64(64), cp=np.int32(2), sp=np.bool_(False), seed=np.uint8(3))
     summary = pack([data], tmp_path / "np", spec, SourceSpec(vocab_size=np.int64(100)), shard_bytes=np.int64(1 << 20),

@@ -210,6 +210,8 @@ def path_argument(value, name: str) -> str:
         path = None
     if not isinstance(path, str):
         raise ConfigError(f"{name} must be a path (str or os.PathLike), got {value!r}")
+    if not path:  # else "error: : no such file", naming nothing
+        raise ConfigError(f"{name}: an empty path ('')")
     if not os.path.isabs(path) and not _cwd_exists():  # else a traceback where it is first resolved
         raise ConfigError(f"{path}: a relative path, but the working directory no longer exists (deleted?)")
     return path
