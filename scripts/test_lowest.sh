@@ -6,12 +6,13 @@
 # If pip cannot install those versions (an index without them), it says so and exits 0: that
 # is this machine's index, not packer. Set PACKER_LOWEST_REQUIRED=1 to make it an error.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 cd "$ROOT"
 PY="${PYTHON:-python3}"
 VENV="$ROOT/.venv-lowest"
-stamp="$VENV/.packer-lowest"
-if [ ! -f "$stamp" ] || [ scripts/lowest.txt -nt "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+stamp="$VENV/.packer-lowest"  # holds the directory it was made for: a copied clone's is another's
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$ROOT" ] || [ scripts/lowest.txt -nt "$stamp" ] \
+   || [ pyproject.toml -nt "$stamp" ]; then
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
   # wheels only for the compiled ones: an interpreter they have no wheel for (numpy 1.24 stops at
@@ -28,7 +29,7 @@ if [ ! -f "$stamp" ] || [ scripts/lowest.txt -nt "$stamp" ] || [ pyproject.toml 
     echo "test_lowest: skipped: pip cannot install the lowest versions from this index" >&2
     exit 0
   fi
-  touch "$stamp"
+  printf '%s' "$ROOT" > "$stamp"
 fi
 # Its own kernel cache: numba keeps one index per kernel, so two numba versions sharing the
 # package's __pycache__ would each throw the other's machine code away and compile again.
