@@ -263,3 +263,33 @@ def test_to_blocks_towards_the_cpu_only(monkeypatch):
     seen.clear()
     b.to("cpu", non_blocking=True)
     assert set(seen) == {True}
+
+
+def test_hf_kwargs_refuse_a_transformers_that_would_shift_the_labels_again(monkeypatch):
+    """transformers 4.46-4.49's ForCausalLMLoss has no shift_labels: the model swallows it in
+    **kwargs and shifts the pre-shifted labels once more, a silently wrong loss."""
+    import sys
+    import types
+
+    from packer_cli.torch import batch as batch_module
+
+    def old_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, **kwargs):
+        raise AssertionError("not called")
+
+    fake = types.ModuleType("transformers")
+    fake.__version__ = "4.46.3"
+    loss_pkg, loss_utils = types.ModuleType("transformers.loss"), types.ModuleType("transformers.loss.loss_utils")
+    loss_utils.ForCausalLMLoss = old_loss
+    for name, module in (("transformers", fake), ("transformers.loss", loss_pkg),
+                         ("transformers.loss.loss_utils", loss_utils)):
+        monkeypatch.setitem(sys.modules, name, module)
+    batch_module._hf_loss_takes_shift_labels.cache_clear()
+    try:
+        b = _batch(SAMPLES_539, multiple=4)
+        with pytest.raises(RuntimeError, match=r"transformers 4\.46\.3 shifts the labels itself"):
+            b.hf_kwargs()
+    finally:
+        batch_module._hf_loss_takes_shift_labels.cache_clear()
+    monkeypatch.undo()
+    pytest.importorskip("transformers.loss.loss_utils")  # the real one takes them
+    assert "shift_labels" in b.hf_kwargs()

@@ -124,6 +124,24 @@ def test_hf_model_on_hf_kwargs_sees_each_sequence_alone(attn, multiple, tail):
     assert abs(float(packed) - float(sum(alone)) / b.num_loss_tokens) < 1e-5
 
 
+def test_readmes_loss_from_logits_is_the_models_own_loss():
+    """README's recipe for a model that would shift the labels again: logits and hf_kwargs()'s
+    labels give the loss transformers computes, per target token."""
+    model = _tiny_llama("sdpa")
+    samples = [[5, 9, 3, 7, 1, 2], [8, 4, 6], [3, 3, 9, 10, 11, 12, 13, 2]]
+    row = make_row(samples, multiple=4, targets=[[0, 0, 0, 1, 1, 1], [0, 0, 1], [0, 0, 0, 0, 1, 1, 1, 1]])
+    b = THDBatch.from_row(row, make_meta([row], pack_size=int(row.cu_seqlens[-1]) + 8, multiple=4,
+                                         pad_to_max_length=True))
+    with torch.no_grad():
+        theirs = model(**b.hf_kwargs()).loss
+        kw = b.hf_kwargs(); labels = kw.pop("labels"); kw.pop("shift_labels")  # noqa: E702 - as README
+        logits = model(**kw).logits
+        loss = torch.nn.functional.cross_entropy(logits[0].float(), labels[0], ignore_index=-100,
+                                                 reduction="sum") / max(b.num_loss_tokens, 1)
+    assert b.num_loss_tokens == 3 + 1 + 4  # prompts untrained
+    assert abs(float(loss) - float(theirs)) < 1e-6
+
+
 @pytest.mark.parametrize("tail", [0, 8])
 def test_hf_kwargs_carry_the_flash_attention_boundaries(tail):
     # Without them transformers' flash-attention path finds the boundaries from position_ids in

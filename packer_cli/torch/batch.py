@@ -28,6 +28,9 @@ and never cross a sequence boundary; padding has label ``-100`` and loss weight 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -244,9 +247,11 @@ class THDBatch:
         ``position_ids`` and attend across them. ``cu_seq_lens_q/k`` and ``max_length_q/k``
         (the boundaries of :meth:`flash_attn_kwargs`) spare its flash-attention path finding
         them from ``position_ids`` in every layer, a few device syncs each; sdpa and eager
-        ignore them.
+        ignore them. A transformers whose loss takes no ``shift_labels`` (before 4.50) would
+        shift the labels again, silently: refused (:func:`_hf_loss_takes_shift_labels`).
         """
         self._check_whole_row("hf_kwargs")
+        _refuse_hf_without_shift_labels()
         labels = torch.where(self.loss_mask > 0, self.labels, torch.full_like(self.labels, -100))
         return {
             "input_ids": self.tokens,
@@ -269,6 +274,33 @@ class THDBatch:
                 f"{consumer}() needs the whole THD row, but this batch is CP rank {self.cp_rank} of "
                 f"{self.cp_size}'s slice: use packed_seq_params() (Transformer Engine handles CP), or cp_size=1"
             )
+
+
+#: the transformers release whose ``ForCausalLMLoss`` first takes ``shift_labels``
+HF_SHIFT_LABELS_SINCE = "4.50"
+
+
+def _refuse_hf_without_shift_labels() -> None:
+    """Older transformers swallow ``shift_labels`` in the model's ``**kwargs`` and shift
+    ``labels`` themselves: every input would be trained on the token two ahead, and a
+    sequence's last input on the next sequence's first target, with no error."""
+    transformers = sys.modules.get("transformers")  # a model to feed means it is imported
+    if transformers is None or _hf_loss_takes_shift_labels():
+        return
+    raise RuntimeError(
+        f"hf_kwargs(): transformers {getattr(transformers, '__version__', '?')} shifts the labels itself and "
+        f"ignores shift_labels (taken since {HF_SHIFT_LABELS_SINCE}): the loss would be trained on the wrong "
+        "tokens. Upgrade transformers, or compute the loss from the model's logits and b.labels (README)"
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def _hf_loss_takes_shift_labels() -> bool:
+    try:
+        from transformers.loss.loss_utils import ForCausalLMLoss
+    except ImportError:  # before 4.46 each model shifted inline
+        return False
+    return "shift_labels" in inspect.signature(ForCausalLMLoss).parameters
 
 
 def _from_fields(cls: type, fields: dict) -> THDBatch:
