@@ -349,6 +349,12 @@ def test_a_pass_that_took_the_whole_epoch_without_ending_continues_with_the_next
         looped.set_epoch(epoch)
         served.append(_ids(looped))
     assert served == [[], epochs[1], epochs[2]]
+    # A set_epoch() before the state is loaded is replaced by it, as a later one would be: it made
+    # the next pass the empty rest of epoch 0 (the same packs in the end, one pass later).
+    early = THDLoader(ds, seed=3, device="cpu", num_workers=0)
+    early.set_epoch(0)
+    early.load_state_dict(state.state_dict())
+    assert _ids(early) == epochs[1]
 
 
 @pytest.mark.parametrize("kwargs", [dict(seed=-1), dict(seed=1.5), dict(seed=None), dict(seed=True), dict(seed="5"),

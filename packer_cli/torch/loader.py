@@ -204,6 +204,7 @@ class THDLoader:
             raise ValueError(f"loader state has position={position}, past the {s.per_epoch} micro-batches of an "
                              "epoch for this rank")
         s.epoch, self._position = epoch, position
+        self._epoch_chosen = False  # the state replaces an earlier set_epoch(); a later one still counts
 
     # -- iteration --------------------------------------------------------------------
     def __len__(self) -> int:
