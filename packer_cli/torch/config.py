@@ -103,7 +103,6 @@ def validate_training_config(
     finetuning: bool = True,
     calculate_per_token_loss: bool | None = None,
     average_in_collective: bool | None = None,
-    mtp_num_layers: int | None = None,
     model_family: str | None = None,
 ) -> int:
     """Raise :class:`TrainingConfigError` (a ``ValueError``) on the first rule broken.
@@ -119,8 +118,10 @@ def validate_training_config(
     4. offline packing requires micro-batch 1; in-batch packing requires micro-batch > 1;
     5. the data's padding multiple (and, for in-batch packing, ``seq_length``) must be a
        multiple of :func:`pad_multiple`;
-    6. MTP fine-tuning with packing, and the model-family opt-outs (Qwen3-Next SFT,
-       GLM-4.5 SFT/PEFT, Qwen3.5-VL in-batch) are rejected.
+    6. the model-family opt-outs (Qwen3-Next SFT, GLM-4.5 SFT/PEFT, Qwen3.5-VL in-batch)
+       are rejected. Multi-token prediction is not: Megatron-core rolls its labels within
+       each packed sequence, and Bridge refuses MTP only with Energon's native packing,
+       which this loader does not do.
 
     Returns:
         The required per-sequence padding multiple.
@@ -160,11 +161,6 @@ def validate_training_config(
         )
 
     path = "offline" if offline_packing else "in_batch" if in_batch_packing else None
-    if path and finetuning and mtp_num_layers:
-        raise TrainingConfigError(
-            f"Multi-token prediction (mtp_num_layers={mtp_num_layers}) is not supported with packed "
-            "sequences for fine-tuning: set mtp_num_layers to 0 or disable packing."
-        )
     if path and model_family:
         reason = _FAMILY_OPT_OUTS.get((_family_key(model_family), path))
         if reason:
