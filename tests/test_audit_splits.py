@@ -54,6 +54,27 @@ def test_inspect_one_split(two_splits):
     assert one["totals"]["sequences"] == 150
 
 
+def test_the_api_names_the_split_it_audits(two_splits, tmp_path):
+    """verify_output("packed/") checked the training split alone and said OK over a truncated
+    validation split (the CLI's exit 1): one report is one split's, so it must be named."""
+    import shutil
+
+    from packer_cli import ConfigError
+    from packer_cli.audit import inspect_output, verify_output
+
+    d, out = two_splits
+    damaged = tmp_path / "bridge"
+    shutil.copytree(out, damaged)
+    data = next(damaged.glob("validation_*.idx.parquet"))
+    data.write_bytes(data.read_bytes()[:-100])
+    for audit in (verify_output, inspect_output):
+        with pytest.raises(ConfigError, match="holds the splits training, validation: name the one"):
+            audit(str(damaged))
+    assert verify_output(str(damaged), split="training").ok
+    assert not verify_output(str(damaged), split="validation").ok
+    assert inspect_output(str(out), split="validation").sequences == 150
+
+
 @pytest.mark.parametrize("command", ["verify", "inspect"])
 def test_a_split_never_written_is_a_usage_error_and_a_damaged_one_a_finding(tmp_path, command):
     """``--split`` naming a split the layout never held is the user's mistake (exit 2, as

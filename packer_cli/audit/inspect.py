@@ -24,7 +24,7 @@ import os
 import numpy as np
 
 from packer_cli.audit._bridge_checks import check_bridge_entries
-from packer_cli.audit._layout_checks import Layout, check_layout, raise_if_inconsistent
+from packer_cli.audit._layout_checks import Layout, check_layout, raise_if_inconsistent, refuse_an_unnamed_split
 from packer_cli.audit.findings import FindingSink
 from packer_cli.audit.report import InspectReport, PackDetail
 from packer_cli.audit.store import PackBatch
@@ -117,8 +117,8 @@ def _spec_of(meta: dict) -> dict:
 def inspect_output(out: str, pack: int | None = None, split: str | None = None) -> InspectReport:
     """Read ``out`` and return its report; ``pack`` adds that pack's detail (global index).
 
-    Raises :class:`ConfigError` when ``out`` is not a packer output or ``pack`` is out of
-    range, :class:`~packer_cli.audit._layout_checks.InconsistentOutput` when verify's layout
+    Raises :class:`ConfigError` when ``out`` is not a packer output, ``pack`` is out of
+    range or ``out`` is a Megatron-Bridge layout of several splits and ``split`` names none, :class:`~packer_cli.audit._layout_checks.InconsistentOutput` when verify's layout
     checks fail, :class:`DataError` when the output cannot be read.
     """
     out = path_argument(out, "out")  # a Path would reach the report's JSON document as is
@@ -128,6 +128,7 @@ def inspect_output(out: str, pack: int | None = None, split: str | None = None) 
         pack = int(pack)
     if not os.path.isdir(out):
         raise ConfigError(f"{out}: not a directory")
+    refuse_an_unnamed_split(out, split, "inspect")
     store = consistent_layout(out, split).store
     spec = _spec_of(store.metadata)
     counts = store.metadata.get("counts") if isinstance(store.metadata.get("counts"), dict) else {}

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from packer_cli.audit._bridge_checks import check_bridge_entries
-from packer_cli.audit._layout_checks import check_layout, recorded_count
+from packer_cli.audit._layout_checks import check_layout, recorded_count, refuse_an_unnamed_split
 from packer_cli.audit._meta_checks import check_metadata, check_provenance, expected_bridge
 from packer_cli.audit._pack_checks import Sequences, check_batch
 from packer_cli.audit.findings import ERROR, WARNING, Finding, FindingSink
@@ -148,7 +148,8 @@ def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20
     """Verify ``out``; with ``sources``, also replay those inputs and match every sample.
 
     Raises :class:`ConfigError` only when the arguments are unusable: ``out`` is not a
-    directory or not a packer output at all, or a source path cannot be found. Every problem
+    directory or not a packer output at all, a source path cannot be found, or ``out`` is a
+    Megatron-Bridge layout of several splits and ``split`` names none (one report is one split's). Every problem
     in the data is a finding in the returned report (at most ``limit`` listed per check).
     """
     start = time.perf_counter()
@@ -158,6 +159,7 @@ def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20
     limit = int(limit)
     if not os.path.isdir(out):
         raise ConfigError(f"{out}: not a directory")
+    refuse_an_unnamed_split(out, split, "verify")
     files = None
     if sources is not None:
         sources = input_paths(sources, "sources")  # a bare string is one path, not one-letter names
