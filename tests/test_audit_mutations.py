@@ -308,3 +308,17 @@ def test_bridge_schema_check_names_a_column_name_that_is_not_utf8():
     damaged = pa.ipc.read_schema(pa.py_buffer(bytes(raw)))
     assert schema_problem(damaged) == ("schema differs from the megatron-bridge version 1 schema: column 2's name "
                                        "b'seq_start_i\\xe4' is not valid UTF-8")
+
+
+@pytest.mark.parametrize("key", ["split", "output.split"])
+def test_a_bridge_split_whose_metadata_names_another_split_is_refused(copy, key):
+    """AUDIT.md: a split's metadata's split name is checked. Only the manifest's was: a metadata
+    file naming the validation split in the training split's place, resealed, passed."""
+    out = copy("bridge")
+
+    def rename(doc):
+        (doc if key == "split" else doc["output"])["split"] = "validation"
+
+    edit_metadata(out, "training.metadata.json", rename)
+    assert_refused(out, f"training.metadata.json: {key} is 'validation', but the file is the training split's",
+                   "training")
