@@ -219,3 +219,26 @@ def test_versions_must_be_known_and_agree(packed, tmp_path):
         assert "'megatron-bridge' version 1 [structure.format]" in result.output, result.output  # not "version ?"
         with pytest.raises(DataError, match="this packer reads versions 1, 2"):
             PackedReader(str(future))
+
+
+@pytest.mark.parametrize("keys, says", [
+    ({"format": "not-packer", "format_version": "2"}, "schema format is 'not-packer', expected packer-thd"),
+    ({"fnrmat": "packer-thd", "format_version": "2"}, "schema format is missing, expected packer-thd"),
+    ({"format": "packer-thd", "format_version": "1"}, "schema format_version is '1', expected 2"),
+])
+def test_a_shards_schema_names_the_format_and_its_version(packed, tmp_path, keys, says):
+    """FORMAT.md: every shard's schema carries both keys; the format's name went unchecked (a
+    shard labelled another format, with the manifest's checksum made to hold, passed)."""
+    _, v2, _ = packed
+    out = Path(shutil.copytree(v2, tmp_path / "relabelled"))
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    entry = manifest["shards"][0]
+    path = out / entry["name"]
+    table = pa.ipc.open_file(str(path)).read_all()
+    table = table.replace_schema_metadata(keys)
+    with pa.ipc.new_file(str(path), table.schema) as writer:
+        writer.write_table(table)
+    entry.update(bytes=path.stat().st_size, xxh3_64=xxhash.xxh3_64(path.read_bytes()).hexdigest())
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
+    result = runner.invoke(app, ["verify", str(out)])
+    assert result.exit_code == 1 and f"{entry['name']}: {says}" in result.output, result.output

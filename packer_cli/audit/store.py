@@ -222,10 +222,12 @@ class NativeStore:
         if not reader.schema.equals(expected, check_metadata=False):
             raise ShardError(name, f"schema differs from the {FORMAT_NAME} version {self.version} pack schema: "
                                    f"{_schema_difference(reader.schema, expected)}")
-        recorded = (reader.schema.metadata or {}).get(b"format_version")
-        if recorded != str(self.version).encode():
-            shown = "missing" if recorded is None else repr(recorded.decode("utf-8", "replace")[:40])
-            raise ShardError(name, f"schema format_version is {shown}, expected {self.version}")
+        schema_keys = reader.schema.metadata or {}
+        for key, expected_value in (("format", FORMAT_NAME), ("format_version", str(self.version))):
+            recorded = schema_keys.get(key.encode())
+            if recorded != expected_value.encode():
+                shown = "missing" if recorded is None else repr(recorded.decode("utf-8", "replace")[:40])
+                raise ShardError(name, f"schema {key} is {shown}, expected {expected_value}")
         row = 0
         for b in range(reader.num_record_batches):
             try:
