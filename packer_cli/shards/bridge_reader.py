@@ -84,7 +84,9 @@ def load_bridge_metadata(out_dir: str, split: str | None = None) -> dict:
         raise DataError(f"{out_dir}: unsupported {BRIDGE_FORMAT} version {meta.get('format_version')!r}; "
                         f"this packer reads version {BRIDGE_FORMAT_VERSION}")
     output = meta.get("output") if isinstance(meta.get("output"), dict) else {}
-    for key, named in (("split", meta.get("split")), ("output.split", output.get("split", split))):
+    named_split = meta.get("split")  # a name that is none at all is metadata.schema's finding
+    for key, named in (("split", named_split if named_split in SPLITS else split),
+                       ("output.split", output.get("split", split))):
         if named != split:  # another split's metadata in this one's place (renamed, copied)
             raise DataError(f"{split_metadata_name(split)}: {key} is {named!r}, but the file is the {split} split's")
     return meta
