@@ -14,11 +14,14 @@
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
+import zlib
 from decimal import Decimal
 from pathlib import Path
 
@@ -32,8 +35,9 @@ from hypothesis import strategies as st
 from conftest import SHARED_DATA, require_shared
 from packer_cli import BadRecordPolicy, DataError, PackSpec, SourceSpec, pack
 from packer_cli._arrow import numpy_dtype
+from packer_cli._thrift import TRUE, read_fields, write_fields
 from packer_cli.demo import demo_table
-from packer_cli.sources.parquet_lists import ListColumnReader
+from packer_cli.sources.parquet_lists import ListColumnReader, RowGroupRuns
 
 ENV = "PACKER_PARQUET_DECODER"
 REPO = Path(__file__).resolve().parents[1]
@@ -1274,3 +1278,267 @@ def test_large_and_small_pages_at_the_default_map_threshold(tmp_path, monkeypatc
     assert_same_as_pyarrow(path, ["input_ids", "loss_mask"], batches)
     assert reader.fallback_reason is None and reader.arrow_rows == 0
     assert mapped and all(length >= 256 << 10 for length in mapped)
+
+
+# --- 7. what pyarrow reads is counted; crafted column chunks ------------------------------------
+
+def test_pyarrow_reading_a_group_short_is_an_error(tmp_path, monkeypatch):
+    """pyarrow's ``iter_batches`` can read fewer rows than a row group holds and say nothing
+    (pyarrow 26 reads the last one-row group of a file of data pages v2 and 64-byte pages as
+    none). Where pyarrow decodes (here for the boolean mask), its rows are counted against the
+    footer's: a group read short is a one-line error naming the file and the group, and pack
+    writes nothing, where it wrote the file a record short."""
+    rng = np.random.default_rng(0)
+    rows = [rng.integers(0, 150_000, int(n)).tolist() for n in rng.integers(50, 1500, 40)]
+    table = pa.table({"input_ids": pa.array(rows, pa.list_(pa.int32())),
+                      "loss_mask": pa.array([[v % 2 == 0 for v in r] for r in rows], pa.list_(pa.bool_()))})
+    fields = ["input_ids", "loss_mask"]
+    tiny = tmp_path / "v2-tiny-pages.parquet"
+    pq.write_table(table, tiny, data_page_version="2.0", data_page_size=64, row_group_size=3)
+    try:
+        read = sum(batch.num_rows for batch in ListColumnReader(str(tiny), fields, 97))
+    except ValueError as exc:
+        assert re.fullmatch(r"row group \d+: pyarrow read \d+ of its \d+ rows", str(exc)), exc
+    else:  # a pyarrow without the bug
+        assert read == 40
+    # whatever this pyarrow does with that file: a group read short, through pack
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=3)
+    real = pq.ParquetFile.iter_batches
+
+    def short(self, *args, row_groups=None, **kwargs):
+        batches = list(real(self, *args, row_groups=row_groups, **kwargs))
+        return iter(batches[:-1] if row_groups == [5] else batches)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", short)
+    with pytest.raises(DataError) as info:
+        pack([str(path)], str(tmp_path / "out"), PackSpec(pack_size=4096))
+    assert str(info.value) == f"{path}: cannot read as Parquet: row group 5: pyarrow read 0 of its 3 rows"
+    assert not (tmp_path / "out").exists()
+
+
+def _footer_of(raw: bytes) -> tuple[list, int]:
+    """A file's footer, typed (:func:`packer_cli._thrift.read_fields`), and where it starts."""
+    size = int.from_bytes(raw[-8:-4], "little")
+    return read_fields(raw[-8 - size:-8])[0], len(raw) - 8 - size
+
+
+def _field(fields: list, field_id: int):
+    return next(value for fid, _, value in fields if fid == field_id)
+
+
+def _set(fields: list, field_id: int, value=None, kind=None) -> None:
+    """Field ``field_id`` of ``fields`` (in place) given ``value`` and/or wire type ``kind``."""
+    fields[:] = [(fid, kind or k, v if value is None else value) if fid == field_id else (fid, k, v)
+                 for fid, k, v in fields]
+
+
+def _with_footer(raw: bytes, footer_at: int, footer: list) -> bytes:
+    out = bytearray()
+    write_fields(out, footer)
+    return raw[:footer_at] + bytes(out) + len(out).to_bytes(4, "little") + b"PAR1"
+
+
+def _first_chunk_meta(footer: list) -> list:
+    return _field(_field(_field(footer, 4)[1][0], 1)[1][0], 3)
+
+
+def _rewrite_pages(path: Path, out: Path, transform, rows: int = 0) -> Path:
+    """``path`` (one row group of one column) with its chunk's pages, as [(header fields,
+    payload)], replaced by ``transform(pages)``: each header's compressed size and the chunk's
+    sizes follow; ``rows`` more rows (and their level entries, counted in the pages'
+    headers) when pages are added from elsewhere."""
+    raw = path.read_bytes()
+    footer, footer_at = _footer_of(raw)
+    meta = _first_chunk_meta(footer)
+    start, data_start, end = _chunk_span(path, 0, 0)
+    pages, pos = [], start
+    while pos < end:
+        header, pos = read_fields(raw, pos)
+        pages.append((header, raw[pos:pos + _field(header, 3)]))
+        pos += _field(header, 3)
+    body, levels = bytearray(), 0
+    for header, payload in transform(pages):
+        _set(header, 3, len(payload))
+        write_fields(body, header)
+        body += payload
+        levels += _level_count(header)
+    _set(meta, 5, levels)
+    _set(meta, 6, len(body))
+    _set(meta, 7, len(body))
+    group = _field(footer, 4)[1][0]
+    _set(group, 3, _field(group, 3) + rows)
+    _set(footer, 3, _field(footer, 3) + rows)
+    head = raw[:start] + bytes(body) + raw[end:footer_at]
+    out.write_bytes(_with_footer(head, len(head), footer))
+    return out
+
+
+def _level_count(header: list) -> int:
+    """A data page's level entries (v1: its header's field 5, v2: 8); 0 for other pages."""
+    sub = {0: 5, 3: 8}.get(_field(header, 1))
+    return 0 if sub is None else _field(_field(header, sub), 1)
+
+
+@pytest.mark.parametrize("how", ["compiled", "bool mask", "arrow_only", ENV])
+def test_footer_row_counts_checked_whichever_decoder_reads(tmp_path, monkeypatch, how):
+    """A footer whose row groups' row counts do not add up to the file's (the first group's one
+    lower) is the same one-line error whichever decoder would read the file: packer's (an int8
+    mask), or pyarrow's (a boolean mask, ``verify --source``'s second opinion, the variable),
+    which reads the stated count and stops, a record short."""
+    rows = [[i, i + 1, i + 2] for i in range(10)]
+    mask = pa.array([[1, 0, 1]] * 10, pa.list_(pa.int8()))
+    if how == "bool mask":
+        mask = mask.cast(pa.list_(pa.bool_()))
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"input_ids": pa.array(rows, pa.list_(pa.int32())), "loss_mask": mask}), path,
+                   row_group_size=5)
+    raw = path.read_bytes()
+    footer, footer_at = _footer_of(raw)
+    group = _field(footer, 4)[1][0]
+    _set(group, 3, _field(group, 3) - 1)
+    path.write_bytes(_with_footer(raw, footer_at, footer))
+    if how == ENV:
+        monkeypatch.setenv(ENV, "arrow")
+    reader = ListColumnReader(str(path), ["input_ids", "loss_mask"], arrow_only=how == "arrow_only")
+    with pytest.raises(ValueError, match="^the footer is damaged: its row groups' row counts are negative or do not"):
+        list(reader)
+
+
+def _dictionary_file(tmp_path) -> tuple[Path, list]:
+    """One chunk: a dictionary page, then several small dictionary-encoded pages (uncompressed)."""
+    rows = [[i % 5, (i + 1) % 5, 7] for i in range(40)]
+    path = tmp_path / "dictionary.parquet"
+    pq.write_table(pa.table({"input_ids": pa.array(rows, pa.list_(pa.int32()))}), path, use_dictionary=True,
+                   data_page_size=40, write_statistics=False, compression="none")
+    return path, rows
+
+
+def test_a_second_dictionary_page_is_an_error(tmp_path):
+    """A column chunk with a second dictionary page after its first data page (its values
+    shifted): pyarrow refuses it ("more than one dictionary"), and so does packer, where it
+    read the pages after it through the second dictionary (other tokens, without an error)."""
+    base, _ = _dictionary_file(tmp_path)
+
+    def second_dictionary(pages):
+        (header, payload), first, *rest = pages
+        assert _field(header, 1) == 2 and rest  # a dictionary page, then two data pages or more
+        shifted = (np.frombuffer(payload, dtype="<i4") + 1000).astype("<i4").tobytes()
+        return [(header, payload), first, (list(header), shifted), *rest]
+
+    path = _rewrite_pages(base, tmp_path / "two-dictionaries.parquet", second_dictionary)
+    with pytest.raises((OSError, pa.ArrowException), match="more than one dictionary"):
+        pq.read_table(path)
+    with pytest.raises(ValueError, match="^row group 0: column 'input_ids': a second dictionary page in the"):
+        list(ListColumnReader(str(path), ["input_ids"]))
+    with RowGroupRuns(str(path)) as runs, pytest.raises(ValueError, match="a second dictionary page"):
+        runs.read(0, 1, ["input_ids"])
+
+
+def test_a_dictionary_page_after_plain_pages_reads_as_pyarrow_reads(tmp_path):
+    """A chunk's one dictionary page after PLAIN data pages (a chunk of PLAIN pages joined to a
+    dictionary-encoded one): not where the format puts it, but pyarrow reads it, so packer does
+    too, the same rows (refusing it would make the outcome depend on the decoder)."""
+    dictionary, later = _dictionary_file(tmp_path)
+    plain = tmp_path / "plain.parquet"
+    first = [[i, i + 1] for i in range(20)]
+    pq.write_table(pa.table({"input_ids": pa.array(first, pa.list_(pa.int32()))}), plain, use_dictionary=False,
+                   data_page_size=40, write_statistics=False, compression="none")
+    raw = dictionary.read_bytes()
+    start, _, end = _chunk_span(dictionary, 0, 0)
+    appended, pos = [], start
+    while pos < end:
+        header, pos = read_fields(raw, pos)
+        appended.append((header, raw[pos:pos + _field(header, 3)]))
+        pos += _field(header, 3)
+    path = _rewrite_pages(plain, tmp_path / "late-dictionary.parquet", lambda pages: pages + appended,
+                          rows=len(later))
+    want = pq.read_table(path)
+    assert want.column(0).to_pylist() == first + later
+    reader, batches = read_with_packer(path, ["input_ids"])
+    assert_same_as_pyarrow(path, ["input_ids"], batches)
+    assert reader.fallback_reason is None
+
+
+def _values_at(header: list) -> int:
+    """Where a page's compressed bytes start: after a v2 page's levels, else at its start."""
+    if _field(header, 1) != 3:
+        return 0
+    v2 = _field(header, 8)
+    return _field(v2, 5) + _field(v2, 6)
+
+
+def _recompress(codec: str, how: str):
+    """A transform for :func:`_rewrite_pages`: every data page's compressed bytes made again,
+    ``how``: as two Zstandard frames, two gzip members, or one gzip stream and 4 zero bytes."""
+    import zstandard
+
+    def again(data: bytes) -> bytes:
+        half = len(data) // 2
+        if how == "two frames":
+            return zstandard.ZstdCompressor().compress(data[:half]) + zstandard.ZstdCompressor().compress(data[half:])
+        if how == "two members":
+            return gzip.compress(data[:half]) + gzip.compress(data[half:])
+        return gzip.compress(data) + bytes(4)
+
+    def transform(pages):
+        out = []
+        for header, payload in pages:
+            at = _values_at(header)
+            size = _field(header, 2) - at
+            data = (zstandard.ZstdDecompressor().decompress(payload[at:], max_output_size=size) if codec == "zstd"
+                    else zlib.decompress(payload[at:], wbits=47))
+            out.append((header, payload[:at] + again(data)))
+        return out
+    return transform
+
+
+@pytest.mark.parametrize("page_version", ["1.0", "2.0"])
+@pytest.mark.parametrize("codec,how", [("zstd", "two frames"), ("gzip", "two members"), ("gzip", "trailing zeros")])
+def test_pages_of_several_frames_or_members_read_as_pyarrow_reads(tmp_path, codec, how, page_version):
+    """Zstandard pages of two frames and gzip pages of two members are valid, and pyarrow reads
+    them: so does packer, the same rows (it said they do not decompress to their size, reading
+    the first frame or member only). A gzip stream followed by other bytes pyarrow refuses, and
+    packer too (it ignored them)."""
+    rows = [[(i * 7 + j) % 1000 for j in range(50)] for i in range(40)]
+    base = tmp_path / "base.parquet"
+    pq.write_table(pa.table({"input_ids": pa.array(rows, pa.list_(pa.int32()))}), base, use_dictionary=False,
+                   compression=codec, write_statistics=False, data_page_version=page_version)
+    path = _rewrite_pages(base, tmp_path / "recompressed.parquet", _recompress(codec, how))
+    if how == "trailing zeros":
+        with pytest.raises((OSError, pa.ArrowException)):
+            pq.read_table(path)
+        with pytest.raises(ValueError, match="^row group 0: column 'input_ids': page does not decompress"):
+            list(ListColumnReader(str(path), ["input_ids"]))
+        return
+    assert pq.read_table(path).column(0).to_pylist() == rows
+    _, batches = read_with_packer(path, ["input_ids"])
+    assert_same_as_pyarrow(path, ["input_ids"], batches)
+
+
+@pytest.mark.parametrize("codec", ["snappy", "zstd", "gzip"])
+def test_empty_compressed_value_sections_read(tmp_path, codec):
+    """A data page v2 of empty lists only has no values: 0 bytes. A writer may mark them
+    compressed all the same (pyarrow marks them not): pyarrow reads them as nothing, and so
+    does packer, on its fast path (it said they do not decompress)."""
+    rows = [[]] * 10 + [[1, 2, 3]] * 5 + [[]] * 10
+    base = tmp_path / "base.parquet"
+    pq.write_table(pa.table({"input_ids": pa.array(rows, pa.list_(pa.int32()))}), base, use_dictionary=False,
+                   compression=codec, write_statistics=False, data_page_version="2.0", data_page_size=1,
+                   write_batch_size=10)
+    marked = []
+
+    def compressed(pages):
+        for header, payload in pages:
+            v2 = _field(header, 8)
+            if _field(header, 2) == _values_at(header):  # no values
+                v2[:] = sorted([entry for entry in v2 if entry[0] != 7] + [(7, TRUE, None)])
+                marked.append(len(payload) == _values_at(header))
+        return pages
+
+    path = _rewrite_pages(base, tmp_path / "empty-values.parquet", compressed)
+    assert marked and all(marked)
+    assert pq.read_table(path).column(0).to_pylist() == rows
+    reader, batches = read_with_packer(path, ["input_ids"])
+    assert_same_as_pyarrow(path, ["input_ids"], batches)
+    assert reader.fallback_reason is None

@@ -12,8 +12,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from packer_cli._thrift import I16, I32, I64
 from packer_cli.sources import _parquet_footer as footer_module
 from packer_cli.sources._parquet_footer import footer_problem, read_footer
+from packer_cli.sources.parquet_lists import ListColumnReader
+from test_parquet_decoder import _field, _footer_of, _set, _with_footer
 
 
 def _table(rng, rows: int) -> pa.Table:
@@ -116,3 +119,79 @@ def test_no_footer_is_a_problem_not_an_error(tmp_path):
         os.close(fd)
     problem = footer_problem(None, {})
     assert "not one the compiled decoder reads" in problem.reason and not problem.damaged
+
+
+def test_encrypted_chunks_are_left_to_pyarrow(tmp_path):
+    """Columns encrypted under a plaintext footer: the walk reads the footer, notes the chunks'
+    crypto metadata, and leaves the file to pyarrow, whose error says it cannot decrypt them
+    (packer read the encrypted bytes as pages: 'page header: missing or invalid page type')."""
+    import base64
+
+    encryption = pytest.importorskip("pyarrow.parquet.encryption")
+
+    class Kms(encryption.KmsClient):
+        def __init__(self, config):
+            super().__init__()
+
+        def wrap_key(self, key, master_key_identifier):
+            return base64.b64encode(key)
+
+        def unwrap_key(self, wrapped_key, master_key_identifier):
+            return base64.b64decode(wrapped_key)
+
+    config = encryption.EncryptionConfiguration(footer_key="f", column_keys={"k": ["input_ids"]},
+                                                plaintext_footer=True, double_wrapping=False)
+    properties = encryption.CryptoFactory(Kms).file_encryption_properties(encryption.KmsConnectionConfig(), config)
+    table = pa.table({"input_ids": pa.array([[1, 2, 3, 4]] * 20, pa.list_(pa.int32())),
+                      "loss_mask": pa.array([[0, 1, 1, 1]] * 20, pa.list_(pa.int8()))})
+    path = tmp_path / "encrypted.parquet"
+    pq.write_table(table, path, encryption_properties=properties)
+    _, footer = _read(path)
+    assert footer is not None and footer.chunks[:, footer_module.ENCRYPTED].tolist() == [1, -1]
+    problem = footer_problem(footer, {0: ("INT32", 1, 3)})
+    assert problem is not None and "encrypted" in problem.reason and not problem.damaged
+    assert footer_problem(footer, {1: ("INT32", 1, 3)}) is None  # the plaintext column alone is read
+    with pytest.raises((OSError, pa.ArrowException)) as theirs:
+        pq.read_table(path)
+    with pytest.raises(ValueError) as ours:
+        list(ListColumnReader(str(path), ["input_ids", "loss_mask"]))
+    assert str(ours.value) == f"row group 0: {str(theirs.value).strip()}" and "decrypt" in str(ours.value)
+
+
+def _retyped_footer(path, out, where, kind):
+    """``path`` with one integer field of its footer given wire type ``kind`` (same varint)."""
+    raw = path.read_bytes()
+    footer, footer_at = _footer_of(raw)
+    group = _field(footer, 4)[1][0]
+    fields, field_id = {"file num_rows": (footer, 3), "group num_rows": (group, 3)}.get(where) or (
+        _field(_field(group, 1)[1][0], 3), int(where.split()[-1]))
+    _set(fields, field_id, kind=kind)
+    out.write_bytes(_with_footer(raw, footer_at, footer))
+    return out
+
+
+@pytest.mark.parametrize("where,kind", [
+    ("file num_rows", I32), ("group num_rows", I32), ("chunk meta 1", I64), ("chunk meta 4", I16),
+    ("chunk meta 5", I32), ("chunk meta 7", I32), ("chunk meta 9", I32), ("chunk meta 11", I32),
+], ids=["file-rows", "group-rows", "type", "codec", "values", "size", "data-offset", "dictionary-offset"])
+def test_footer_integers_of_another_wire_type_are_not_read(tmp_path, where, kind):
+    """An integer footer field of another wire type than parquet.thrift declares (i64 row counts,
+    sizes and offsets; i32 type and codec), the same varint: Apache Thrift, pyarrow's reader,
+    skips such a field. Without a required one pyarrow refuses the file; without the optional
+    dictionary page offset it reads the chunk from its data page, which here fails. The walk
+    read them all as if well typed (a file pyarrow refuses, read); now it does not read such a
+    footer, and the file is pyarrow's to judge."""
+    base = tmp_path / "t.parquet"
+    rows = [[i % 3, 7, i] for i in range(30)]
+    pq.write_table(pa.table({"x": pa.array(rows, pa.list_(pa.int32()))}), base, row_group_size=10,
+                   compression="none")
+    path = _retyped_footer(base, tmp_path / "retyped.parquet", where, kind)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert read_footer(fd, os.fstat(fd).st_size, 3, 1) is None
+    finally:
+        os.close(fd)
+    with pytest.raises((OSError, pa.ArrowException)):
+        pq.read_table(path)
+    with pytest.raises((OSError, pa.ArrowException, ValueError)):
+        list(ListColumnReader(str(path), ["x"]))

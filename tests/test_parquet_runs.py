@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from packer_cli._thrift import I16, I32, I64, read_fields, write_fields
 from packer_cli.sources import _parquet_pages as pages
 from packer_cli.sources import parquet_lists
 from packer_cli.sources._parquet_thrift import ThriftError, parse_page_header
@@ -289,6 +290,94 @@ def test_page_walk_on_damaged_headers_agrees_or_declines(tmp_path):
             assert got == want, f"walk and Python reader differ after damage at {at}"
             agreed += 1
     assert agreed > 100 and declined > 100, (agreed, declined)
+
+
+def _first_pages(tmp_path) -> dict[str, tuple[list, bytes]]:
+    """A data page v1, a data page v2 and a dictionary page as pyarrow writes them: (header
+    fields, typed, and payload), each the first of its chunk."""
+    found = {}
+    for name, options in (("v1", dict(use_dictionary=False)),
+                          ("v2", dict(data_page_version="2.0", use_dictionary=False)),
+                          ("dictionary", dict(use_dictionary=True))):
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(token_table(50, seed=3), path, compression="none", **options)
+        raw = path.read_bytes()
+        start, _ = _chunk_bounds(path, ["input_ids"])[0]
+        header, at = read_fields(raw, start)
+        found[name] = header, raw[at:at + dict((fid, v) for fid, _, v in header)[3]]
+    return found
+
+
+def _page(header: list, payload: bytes) -> bytes:
+    out = bytearray()
+    write_fields(out, header)
+    return bytes(out) + payload
+
+
+def _retyped(header: list, path: tuple[int, ...], kind=None, value=None, drop=False) -> list:
+    """A copy of ``header`` with the field at ``path`` (field ids, through sub-structs) given
+    wire type ``kind`` or ``value``, or dropped."""
+    out = []
+    for fid, k, v in header:
+        if fid != path[0]:
+            out.append((fid, k, v))
+        elif len(path) > 1:
+            out.append((fid, k, _retyped(v, path[1:], kind, value, drop)))
+        elif not drop:
+            out.append((fid, kind or k, v if value is None else value))
+    return out
+
+
+# Every field of a page header the readers read, each a required i32 (parquet.thrift).
+_REQUIRED_I32 = {"v1": [(1,), (2,), (3,), (5, 1), (5, 2), (5, 3), (5, 4)],
+                 "v2": [(1,), (2,), (3,), (8, 1), (8, 2), (8, 3), (8, 4), (8, 5), (8, 6)],
+                 "dictionary": [(1,), (2,), (3,), (7, 1), (7, 2)]}
+# each field of another wire type, dropped, or past 32 bits: what the Python reader says
+_CHANGES = [(dict(kind=I16), "is not an i32"), (dict(kind=I64), "is not an i32"), (dict(drop=True), "missing or"),
+            (dict(value=2**32 + 7), "missing or invalid")]
+
+
+def test_header_fields_of_another_wire_type_are_refused(tmp_path):
+    """Each required i32 field of a page header given wire type i16 or i64 (the same varint
+    follows), dropped, or holding a value past 32 bits: Apache Thrift, pyarrow's reader, skips a
+    field of another type and then refuses the header for the missing field, so the Python
+    reader refuses it too and the compiled walk declines it (they read it as if well typed:
+    pages pyarrow cannot read). The optional is_compressed of another type is skipped, as
+    Thrift does: the page reads as compressed."""
+    firsts = _first_pages(tmp_path)
+    for name, (header, payload) in firsts.items():
+        page = _page(header, payload)
+        assert _walk(page, [(0, len(page))]) == _python_walk(page, [(0, len(page))]) is not None
+        for path in _REQUIRED_I32[name]:
+            for change, says in _CHANGES:
+                bad = _page(_retyped(header, path, **change), payload)
+                with pytest.raises(ThriftError, match=says):
+                    parse_page_header(bad)
+                assert _walk(bad, [(0, len(bad))]) is None, (name, path, change)
+    header, payload = firsts["v2"]
+    flag = _page(_retyped(header, (8, 7), kind=I32, value=0), payload)  # is_compressed: false, as an i32
+    assert parse_page_header(flag).is_compressed and _walk(flag, [(0, len(flag))]) is None
+
+
+def test_a_page_header_pyarrow_refuses_is_refused(tmp_path):
+    """A data page header whose page type is an i16 (the same varint after it): pyarrow refuses
+    the file, and so do both readers now, with a one-line error naming the row groups. (They
+    read it: a Megatron-Bridge split ``packer verify`` passed that Bridge cannot load.)"""
+    path = tmp_path / "t.parquet"
+    pq.write_table(full_table(300, seed=2), path, row_group_size=100, use_dictionary=False, compression="none")
+    raw = bytearray(path.read_bytes())
+    start = pq.ParquetFile(path).metadata.row_group(1).column(0).data_page_offset
+    assert raw[start] == 0x15  # field 1, an i32
+    raw[start] = 0x14  # field 1, an i16
+    path.write_bytes(bytes(raw))
+    with pytest.raises((OSError, pa.ArrowException), match="deserialize thrift"):
+        pq.read_table(path)
+    with pytest.raises(ValueError, match="^row group 1: column 'input_ids': page header: page type is not an i32$"):
+        list(parquet_lists.ListColumnReader(str(path), ["input_ids", "loss_mask"]))
+    with RowGroupRuns(str(path)) as runs:
+        assert runs.read(0, 1, ["input_ids"]) is not None
+        with pytest.raises(ValueError, match="^row groups 0-2: column 'input_ids': page header: page type is not"):
+            runs.read(0, 3, ["input_ids", "loss_mask"])
 
 
 def test_damaged_files_of_usual_pages_raise_or_equal_pyarrow(tmp_path):

@@ -9,12 +9,15 @@ for a column chunk: :func:`read_footer` walks the footer's row groups and column
 the compiled compact-protocol reader of :mod:`~packer_cli.sources._parquet_pages` (every read
 bounds-checked) into two tables, and :func:`footer_problem` says what in them the decoder will
 not trust: a footer that contradicts itself or the schema is an error (pyarrow's reader does
-not always notice), one the walk does not read is left to pyarrow.
+not always notice), one the walk does not read, or whose chunks are encrypted, is left to pyarrow.
 
 FileMetaData field ids (parquet.thrift): 3 num_rows, 4 row_groups; RowGroup: 1 columns,
-3 num_rows; ColumnChunk: 1 file_path, 3 meta_data; ColumnMetaData: 1 type, 4 codec,
-5 num_values, 7 total_compressed_size, 9 data_page_offset, 11 dictionary_page_offset,
-16 size_statistics (SizeStatistics: 2 repetition_level_histogram, 3 definition_level_histogram).
+3 num_rows; ColumnChunk: 1 file_path, 3 meta_data, 8 crypto_metadata, 9 encrypted_column_metadata;
+ColumnMetaData: 1 type, 4 codec, 5 num_values, 7 total_compressed_size, 9 data_page_offset,
+11 dictionary_page_offset, 16 size_statistics (SizeStatistics: 2 repetition_level_histogram,
+3 definition_level_histogram). An integer field of another wire type than parquet.thrift's
+makes the footer one the walk does not read (Apache Thrift, pyarrow's reader, skips such a
+field: pyarrow then refuses the file for a required one, and reads without an optional one).
 """
 from __future__ import annotations
 
@@ -24,16 +27,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from packer_cli._kernel_cache import njit
-from packer_cli.sources._parquet_pages import _field_head, _int_field, _skip, _varint, int_field_into
+from packer_cli.sources._parquet_pages import _I32, _I64, _field_head, _int_field, _skip, _varint, int_field_into
 
 _LIST, _STRUCT, _BINARY = 9, 12, 8
 
 #: One row per column chunk, in footer order (-1 where the footer has no such field).
 CHUNK_FIELDS = ("group", "column", "type", "codec", "num_values", "compressed_size", "data_page_offset",
-                "dictionary_page_offset", "file_path", "rep_histogram", "def_histogram")
-# (file_path holds the path's length in bytes; the histograms their number of entries.)
+                "dictionary_page_offset", "file_path", "rep_histogram", "def_histogram", "encrypted")
+# (file_path holds the path's length in bytes; the histograms their number of entries; encrypted
+# is 1 where the chunk has crypto metadata or encrypted column metadata.)
 (GROUP, COLUMN, TYPE, CODEC, NUM_VALUES, COMPRESSED, DATA_OFFSET, DICT_OFFSET, FILE_PATH, REP_HISTOGRAM,
- DEF_HISTOGRAM) = range(len(CHUNK_FIELDS))
+ DEF_HISTOGRAM, ENCRYPTED) = range(len(CHUNK_FIELDS))
 
 #: Parquet's physical types and codecs by number, as pyarrow names them.
 PHYSICAL_TYPES = {0: "BOOLEAN", 1: "INT32", 2: "INT64", 3: "INT96", 4: "FLOAT", 5: "DOUBLE", 6: "BYTE_ARRAY",
@@ -82,6 +86,7 @@ def _size_statistics(buf, pos, hi, row):
 
 _META_FIELDS = np.array([1, 4, 5, 7, 9, 11], dtype=np.int64)
 _META_COLUMNS = np.array([TYPE, CODEC, NUM_VALUES, COMPRESSED, DATA_OFFSET, DICT_OFFSET], dtype=np.int64)
+_META_KINDS = np.array([_I32, _I32, _I64, _I64, _I64, _I64], dtype=np.int64)  # type and codec are enums: i32
 
 
 @njit(cache=True, nogil=True)
@@ -94,7 +99,7 @@ def _column_meta(buf, pos, hi, row):
             return -1
         if kind == 0:
             return pos
-        known, pos = int_field_into(buf, pos, hi, kind, fid, row, _META_FIELDS, _META_COLUMNS)
+        known, pos = int_field_into(buf, pos, hi, kind, fid, row, _META_FIELDS, _META_KINDS, _META_COLUMNS)
         if not known and pos >= 0:
             if fid == 16 and kind == _STRUCT:
                 pos = _size_statistics(buf, pos, hi, row)
@@ -107,7 +112,8 @@ def _column_meta(buf, pos, hi, row):
 
 @njit(cache=True, nogil=True)
 def _column_chunk(buf, pos, hi, row):
-    """Read a ColumnChunk (its file_path and meta_data) into ``row``; the position after it, or -1."""
+    """Read a ColumnChunk (its file_path and meta_data, whether it is encrypted) into ``row``; the
+    position after it, or -1."""
     last = np.int64(0)
     while True:
         fid, kind, pos = _field_head(buf, pos, hi, last)
@@ -118,6 +124,8 @@ def _column_chunk(buf, pos, hi, row):
         if fid == 1 and kind == _BINARY:
             size, _ = _varint(buf, pos, hi)
             row[FILE_PATH] = size  # some writers store an empty path for "this file"
+        if fid == 8 or fid == 9:  # its pages are encrypted (the footer may be plaintext all the same)
+            row[ENCRYPTED] = 1
         if fid == 3 and kind == _STRUCT:
             pos = _column_meta(buf, pos, hi, row)
         else:
@@ -152,7 +160,7 @@ def _row_group(buf, pos, hi, g, group_rows, chunks, n):
                     return np.int64(-1), n
                 n += 1
         elif fid == 3:
-            value, pos = _int_field(buf, pos, hi, kind)
+            value, pos = _int_field(buf, pos, hi, kind, _I64)
             if pos < 0:
                 return np.int64(-1), n
             group_rows[g] = value
@@ -181,7 +189,7 @@ def footer_tables(buf, group_rows, chunks, totals):
         if kind == 0:
             return n
         if fid == 3:
-            value, pos = _int_field(buf, pos, hi, kind)
+            value, pos = _int_field(buf, pos, hi, kind, _I64)
             if pos < 0:
                 return ODD
             totals[0] = value
@@ -267,26 +275,31 @@ class FooterProblem:
 
 def footer_problem(footer: Footer | None, leaves: dict[int, tuple[str, int, int]]) -> FooterProblem | None:
     """Why the decoder should not read a file by ``footer``, or None. ``leaves`` maps each column
-    it reads to (physical type name, max repetition level, max definition level)."""
+    it reads to (physical type name, max repetition level, max definition level). Row counts
+    that contradict each other are damage whatever the columns (and first: damage is an error
+    even where pyarrow would have read the file)."""
     if footer is None:
         return FooterProblem("its footer is not one the compiled decoder reads", damaged=False)
+    rows = footer.group_rows
+    if (rows < 0).any() or int(rows.sum()) != footer.num_rows:
+        return FooterProblem("its row groups' row counts are negative or do not add up to the file's", damaged=True)
     picked = footer.chunks[np.isin(footer.chunks[:, COLUMN], list(leaves))]
+    if (picked[:, ENCRYPTED] > 0).any():  # pyarrow says what it needs to decrypt them
+        return FooterProblem("a column chunk is encrypted", damaged=False)
     if (picked[:, FILE_PATH] > 0).any():
         return FooterProblem("a column chunk lies in another file", damaged=False)
-    reason = _contradiction(footer, picked, leaves)
+    reason = _contradiction(picked, leaves)
     return FooterProblem(reason, damaged=True) if reason else None
 
 
-def _contradiction(footer: Footer, picked: np.ndarray, leaves: dict[int, tuple[str, int, int]]) -> str | None:
-    rows = footer.group_rows
-    if (rows < 0).any() or int(rows.sum()) != footer.num_rows:
-        return "its row groups' row counts are negative or do not add up to the file's"
+def _contradiction(picked: np.ndarray, leaves: dict[int, tuple[str, int, int]]) -> str | None:
     for leaf, (physical, max_rep, max_def) in leaves.items():
         mine = picked[picked[:, COLUMN] == leaf]
         if (mine[:, TYPE] != _type_number(physical)).any():
             return f"column {leaf}'s chunks do not all state its schema's type {physical}"
         for column, levels in ((REP_HISTOGRAM, max_rep), (DEF_HISTOGRAM, max_def)):
-            if ((mine[:, column] != -1) & (mine[:, column] != levels + 1)).any():
+            lengths = mine[:, column]  # -1: none; pyarrow writes an empty one for a level always 0
+            if ((lengths != -1) & (lengths != levels + 1) & ((lengths != 0) | (levels != 0))).any():
                 return f"column {leaf}'s chunks hold level histograms of the wrong length"
     if not np.isin(picked[:, CODEC], list(CODECS)).all():
         return "a column chunk names an unknown codec"

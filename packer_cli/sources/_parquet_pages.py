@@ -26,9 +26,9 @@ _DATA_PAGE, _DICTIONARY_PAGE, _DATA_PAGE_V2 = 0, 2, 3
 #: The page table's columns: the chunk (its index in the call), the payload's bounds in the
 #: buffer, then the header's fields (-1 where the page type has none).
 FIELDS = ("chunk", "lo", "hi", "page_type", "uncompressed_size", "num_values", "encoding",
-          "def_encoding", "rep_encoding", "def_bytes", "rep_bytes", "is_compressed")
+          "def_encoding", "rep_encoding", "def_bytes", "rep_bytes", "is_compressed", "num_nulls", "num_rows")
 (CHUNK, LO, HI, PAGE_TYPE, UNCOMPRESSED, NUM_VALUES, ENCODING, DEF_ENCODING, REP_ENCODING, DEF_BYTES,
- REP_BYTES, IS_COMPRESSED) = range(len(FIELDS))
+ REP_BYTES, IS_COMPRESSED, NUM_NULLS, NUM_ROWS) = range(len(FIELDS))
 
 ODD = -1  # a header the walk does not read: the page-at-a-time path judges it
 FULL = -2  # the table has no room for another page: call again with a larger one
@@ -43,21 +43,22 @@ def _varint(buf, pos, hi):
 
 
 @njit(cache=True, nogil=True)
-def _int_field(buf, pos, hi, kind):
-    """(value, position after it) of an integer field (a zigzag varint, or one byte for BYTE);
-    (-1, -1) for another type or a value that runs past ``hi``. Negative values are returned
-    as they are (the caller refuses them)."""
-    if kind == _BYTE:
-        if pos >= hi:
-            return np.int64(-1), np.int64(-1)
-        value = np.int64(buf[pos])
-        return (value - 256 if value > 127 else value), pos + 1
-    if kind != _I16 and kind != _I32 and kind != _I64:
+def _int_field(buf, pos, hi, kind, want):
+    """(value, position after it) of an integer field that parquet.thrift declares ``want``
+    (``_I32`` or ``_I64``: a zigzag varint); (-1, -1) for a field of another wire type, an i32
+    out of its range, or a value that runs past ``hi``. Negative values are returned as they
+    are (the caller refuses them). The wire type must be the declared one: Apache Thrift, which
+    pyarrow reads with, skips a field of another type and then refuses the struct for the
+    missing field, so reading it anyway would read a file pyarrow cannot."""
+    if kind != want:
         return np.int64(-1), np.int64(-1)
     raw, pos = _varint(buf, pos, hi)
     if raw < 0:
         return np.int64(-1), np.int64(-1)
-    return (raw >> 1) ^ -(raw & 1), pos
+    value = (raw >> 1) ^ -(raw & 1)
+    if want == _I32 and (value < -2**31 or value >= 2**31):
+        return np.int64(-1), np.int64(-1)
+    return value, pos
 
 
 @njit(cache=True, nogil=True)
@@ -174,12 +175,13 @@ def _field_head(buf, pos, hi, last):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def int_field_into(buf, pos, hi, kind, fid, row, fields, columns):
-    """(known, position after it): when field ``fid`` is ``fields[i]``, its integer value goes to
-    ``row[columns[i]]``; position -1 when it is not an integer or runs past ``hi``."""
+def int_field_into(buf, pos, hi, kind, fid, row, fields, kinds, columns):
+    """(known, position after it): when field ``fid`` is ``fields[i]``, declared of integer
+    type ``kinds[i]``, its value goes to ``row[columns[i]]``; position -1 when it is of another
+    wire type or runs past ``hi``."""
     for i in range(fields.size):
         if fid == fields[i]:
-            value, pos = _int_field(buf, pos, hi, kind)
+            value, pos = _int_field(buf, pos, hi, kind, kinds[i])
             if pos >= 0:
                 row[columns[i]] = value
             return True, pos
@@ -187,10 +189,11 @@ def int_field_into(buf, pos, hi, kind, fid, row, fields, columns):
 
 
 @njit(cache=True, nogil=True)
-def _sub_header(buf, pos, hi, row, fields, columns, flag_field, flag_column):
+def _sub_header(buf, pos, hi, row, fields, kinds, columns, flag_field, flag_column):
     """Read the struct at ``pos`` (a data or dictionary page's own header) into ``row``: field
-    ``fields[i]`` (an integer) into column ``columns[i]``, boolean field ``flag_field`` into
-    ``flag_column`` (1 or 0); other fields are skipped. Returns the position after it, or -1."""
+    ``fields[i]`` (an integer of wire type ``kinds[i]``) into column ``columns[i]``, boolean
+    field ``flag_field`` into ``flag_column`` (1 or 0); other fields are skipped. Returns the
+    position after it, or -1 (also for a flag of another wire type: the Python reader judges)."""
     last = np.int64(0)
     while True:
         fid, kind, pos = _field_head(buf, pos, hi, last)
@@ -198,7 +201,7 @@ def _sub_header(buf, pos, hi, row, fields, columns, flag_field, flag_column):
             return -1
         if kind == 0:
             return pos
-        known, pos = int_field_into(buf, pos, hi, kind, fid, row, fields, columns)
+        known, pos = int_field_into(buf, pos, hi, kind, fid, row, fields, kinds, columns)
         if pos < 0:
             return -1
         if not known:
@@ -213,12 +216,15 @@ def _sub_header(buf, pos, hi, row, fields, columns, flag_field, flag_column):
         last = fid
 
 
+# Every field read of a page header is a required i32 (parquet.thrift). DataPageHeaderV2's null
+# and row counts are not used, but read all the same: without them pyarrow refuses the page.
 _V1_FIELDS = np.array([1, 2, 3, 4], dtype=np.int64)
 _V1_COLUMNS = np.array([NUM_VALUES, ENCODING, DEF_ENCODING, REP_ENCODING], dtype=np.int64)
-_V2_FIELDS = np.array([1, 4, 5, 6], dtype=np.int64)
-_V2_COLUMNS = np.array([NUM_VALUES, ENCODING, DEF_BYTES, REP_BYTES], dtype=np.int64)
+_V2_FIELDS = np.array([1, 2, 3, 4, 5, 6], dtype=np.int64)
+_V2_COLUMNS = np.array([NUM_VALUES, NUM_NULLS, NUM_ROWS, ENCODING, DEF_BYTES, REP_BYTES], dtype=np.int64)
 _DICT_FIELDS = np.array([1, 2], dtype=np.int64)
 _DICT_COLUMNS = np.array([NUM_VALUES, ENCODING], dtype=np.int64)
+_I32_KINDS = np.full(6, _I32, dtype=np.int64)
 _TOP_FIELDS = np.array([1, 2, 3], dtype=np.int64)
 _TOP_COLUMNS = np.array([PAGE_TYPE, UNCOMPRESSED, HI], dtype=np.int64)  # HI holds the compressed size at first
 
@@ -238,17 +244,17 @@ def _page_header(buf, pos, hi, row):
         if kind == 0:
             break
         if fid == 1 or fid == 2 or fid == 3:
-            value, pos = _int_field(buf, pos, hi, kind)
+            value, pos = _int_field(buf, pos, hi, kind, _I32)
             if pos < 0:
                 return -1
             row[_TOP_COLUMNS[fid - 1]] = value
         elif (fid == 5 or fid == 7 or fid == 8) and kind == _STRUCT:
             if fid == 5:
-                pos = _sub_header(buf, pos, hi, row, _V1_FIELDS, _V1_COLUMNS, -1, -1)
+                pos = _sub_header(buf, pos, hi, row, _V1_FIELDS, _I32_KINDS, _V1_COLUMNS, -1, -1)
             elif fid == 8:
-                pos = _sub_header(buf, pos, hi, row, _V2_FIELDS, _V2_COLUMNS, 7, IS_COMPRESSED)
+                pos = _sub_header(buf, pos, hi, row, _V2_FIELDS, _I32_KINDS, _V2_COLUMNS, 7, IS_COMPRESSED)
             else:
-                pos = _sub_header(buf, pos, hi, row, _DICT_FIELDS, _DICT_COLUMNS, -1, -1)
+                pos = _sub_header(buf, pos, hi, row, _DICT_FIELDS, _I32_KINDS, _DICT_COLUMNS, -1, -1)
             if pos < 0 or sub >= 0:  # a second page-type header: not the usual page
                 return -1
             sub = fid
@@ -263,7 +269,8 @@ def _page_header(buf, pos, hi, row):
         return -1
     if page_type == _DATA_PAGE and (row[DEF_ENCODING] < 0 or row[REP_ENCODING] < 0):
         return -1
-    if page_type == _DATA_PAGE_V2 and (row[DEF_BYTES] < 0 or row[REP_BYTES] < 0):
+    if page_type == _DATA_PAGE_V2 and (row[DEF_BYTES] < 0 or row[REP_BYTES] < 0 or row[NUM_NULLS] < 0
+                                       or row[NUM_ROWS] < 0):
         return -1
     return pos
 

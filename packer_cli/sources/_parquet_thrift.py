@@ -5,14 +5,15 @@ with Thrift's compact protocol. The file footer is read by pyarrow; only the pag
 one per page, are read here (a few hundred per file, so plain Python is fast enough).
 
 The reader is strict: a header that runs past its buffer, nests absurdly deep or uses an
-unknown type raises :class:`ThriftError`, which callers turn into a one-line error naming
-the file.
+unknown type, or a required field missing or of another wire type than parquet.thrift declares
+(Apache Thrift, pyarrow's reader, refuses those too), raises :class:`ThriftError`, which
+callers turn into a one-line error naming the file.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from packer_cli._thrift import ThriftError, Truncated, read_struct
+from packer_cli._thrift import FALSE, I32, STRUCT, TRUE, ThriftError, Truncated, read_fields
 
 # PageType
 DATA_PAGE, INDEX_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 1, 2, 3
@@ -41,36 +42,52 @@ class PageHeader:
     is_compressed: bool = True
 
 
-def _int(fields: dict, key: int, what: str) -> int:
-    value = fields.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+def _typed(fields: list) -> dict:
+    """``{field id: (wire type, value)}`` of a struct's fields (a repeated id: the last, as
+    Apache Thrift keeps)."""
+    return {field_id: (kind, value) for field_id, kind, value in fields}
+
+
+def _int(fields: dict, key: int, what: str, *, signed: bool = False) -> int:
+    """Required i32 field ``key``. Of another wire type it is refused as missing, as Apache
+    Thrift (pyarrow's reader) refuses it: a file read here would otherwise be one pyarrow
+    cannot read, a Megatron-Bridge split that ``packer verify`` passes and Bridge cannot load."""
+    kind, value = fields.get(key, (None, None))
+    if kind is not None and kind != I32:
+        raise ThriftError(f"page header: {what} is not an i32")
+    if kind is None or not -2**31 <= value < 2**31 or (value < 0 and not signed):
         raise ThriftError(f"page header: missing or invalid {what}")
     return value
 
 
+def _sub(fields: dict, key: int, what: str) -> dict:
+    kind, value = fields.get(key, (None, None))
+    if kind != STRUCT:  # (Apache Thrift skips a field of another type: the header is missing)
+        raise ThriftError(f"page header: {what} without its header")
+    return _typed(value)
+
+
 def parse_page_header(buf: bytes) -> PageHeader:
     """Decode the page header at the start of ``buf`` (raises ``Truncated`` if ``buf`` is too short)."""
-    fields, size = read_struct(buf, what="page header")
+    top, size = read_fields(buf, what="page header")
+    fields = _typed(top)
     page_type = _int(fields, 1, "page type")
     common = dict(size=size, page_type=page_type, uncompressed_size=_int(fields, 2, "uncompressed size"),
                   compressed_size=_int(fields, 3, "compressed size"))
     if page_type == DATA_PAGE:
-        sub = fields.get(5)
-        if not isinstance(sub, dict):
-            raise ThriftError("page header: data page without its header")
+        sub = _sub(fields, 5, "data page")
         return PageHeader(**common, num_values=_int(sub, 1, "value count"), encoding=_int(sub, 2, "encoding"),
                           def_encoding=_int(sub, 3, "level encoding"), rep_encoding=_int(sub, 4, "level encoding"))
     if page_type == DATA_PAGE_V2:
-        sub = fields.get(8)
-        if not isinstance(sub, dict):
-            raise ThriftError("page header: data page v2 without its header")
+        sub = _sub(fields, 8, "data page v2")
+        _int(sub, 2, "null count", signed=True)  # unused, but required: pyarrow refuses a page without them
+        _int(sub, 3, "row count", signed=True)
+        # is_compressed is optional: of another wire type Apache Thrift skips it (true, the default)
         return PageHeader(**common, num_values=_int(sub, 1, "value count"), encoding=_int(sub, 4, "encoding"),
                           def_bytes=_int(sub, 5, "level length"), rep_bytes=_int(sub, 6, "level length"),
-                          is_compressed=sub.get(7, True) is not False)
+                          is_compressed=sub.get(7, (TRUE, None))[0] != FALSE)
     if page_type == DICTIONARY_PAGE:
-        sub = fields.get(7)
-        if not isinstance(sub, dict):
-            raise ThriftError("page header: dictionary page without its header")
+        sub = _sub(fields, 7, "dictionary page")
         return PageHeader(**common, num_values=_int(sub, 1, "value count"), encoding=_int(sub, 2, "encoding"))
     return PageHeader(**common)  # index pages and unknown types are skipped by size
 

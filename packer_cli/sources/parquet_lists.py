@@ -12,7 +12,9 @@ v2, PLAIN, BYTE_STREAM_SPLIT and dictionary encodings, uncompressed, Snappy, Zst
 pages — and hands
 the rest of the file to pyarrow the moment anything else appears (a null, another encoding or
 codec, another type), so the output never depends on which decoder ran. Corrupt pages raise
-:class:`ValueError` naming the row group and column; nothing is read out of bounds.
+:class:`ValueError` naming the row group and column; nothing is read out of bounds. The footer's
+row counts are checked before either decoder is chosen, and where pyarrow decodes, the rows it
+reads of each row group are counted against them (:meth:`ListColumnReader._arrow_group`).
 
 :class:`RowGroupRuns` reads runs of consecutive row groups whole, for files of many small groups
 (Megatron-Bridge's, which the audit reads): one compiled walk over the run's page headers
@@ -26,8 +28,10 @@ Set ``PACKER_PARQUET_DECODER=arrow`` to use pyarrow throughout.
 Two known differences from pyarrow, both on files pyarrow itself mishandles: pyarrow's writer
 can put an empty data page first in a chunk (one-row row groups with ``data_page_size=1`` and
 dictionary encoding), and pyarrow then reads those rows as absent although the footer counts
-them; this decoder returns them. And where pyarrow takes over on a damaged file, the result is
-what its ``iter_batches`` returns, which on some damaged files differs from ``read_table``.
+them; this decoder returns them (where pyarrow decodes such a file, e.g. with
+``PACKER_PARQUET_DECODER=arrow``, its rows fall short of the footer's: an error). And where
+pyarrow takes over on a damaged file, the result is what its ``iter_batches`` returns, which on
+some damaged files differs from ``read_table``.
 """
 from __future__ import annotations
 
@@ -95,14 +99,24 @@ def _leaf_count(t: pa.DataType) -> int:
     return 1
 
 
-def _column_layouts(pf: pq.ParquetFile, fields: list[str]) -> list[_ColumnLayout]:
-    """The layout of every requested field, or :class:`_Unsupported` saying why one is not ours."""
+def _first_leaves(pf: pq.ParquetFile) -> dict[str, int] | None:
+    """Each field's first leaf column, or None where the schema does not map one-to-one onto the
+    file's columns."""
     arrow = pf.schema_arrow
     first_leaf, leaf = {}, 0
     for f in arrow:
         first_leaf[f.name] = leaf
         leaf += _leaf_count(f.type)
     if leaf != len(pf.schema) or len(set(arrow.names)) != len(arrow.names):
+        return None
+    return first_leaf
+
+
+def _column_layouts(pf: pq.ParquetFile, fields: list[str]) -> list[_ColumnLayout]:
+    """The layout of every requested field, or :class:`_Unsupported` saying why one is not ours."""
+    arrow = pf.schema_arrow
+    first_leaf = _first_leaves(pf)
+    if first_leaf is None:
         raise _Unsupported("the file's schema does not map one-to-one onto its columns")
     layouts = []
     for name in fields:
@@ -156,6 +170,8 @@ def _decompress(codec: str, data: bytes, size: int) -> bytes | pa.Buffer:
     """Decompress one page, checking that it yields exactly ``size`` bytes."""
     if size < 0:
         raise _Corrupt("page sizes are inconsistent")
+    if size == 0 and len(data) == 0:  # an empty section (a v2 page of empty lists has no values): pyarrow reads it
+        return b""
     try:
         if codec == "UNCOMPRESSED":
             if len(data) != size:  # pyarrow trusts the stored bytes over the header: let it judge
@@ -170,9 +186,9 @@ def _decompress(codec: str, data: bytes, size: int) -> bytes | pa.Buffer:
                 _SNAPPY.append(pa.Codec("snappy"))
             out = _SNAPPY[0].decompress(data, decompressed_size=size, memory_pool=memory_pool())
         elif codec == "ZSTD":
-            out = _zstd().decompress(data, max_output_size=size)
+            out = _unzstd(data, size)
         else:  # GZIP: zlib or gzip framing
-            out = zlib.decompress(data, wbits=47)
+            out = _gunzip(data, size)
     except (_Corrupt, _Unsupported):
         raise
     except Exception as exc:  # each codec library raises its own error types
@@ -182,23 +198,71 @@ def _decompress(codec: str, data: bytes, size: int) -> bytes | pa.Buffer:
     return out
 
 
+def _unzstd(data, size: int) -> bytes:
+    """A page of one Zstandard frame with nothing after it, as writers compress pages. pyarrow
+    also reads frames back to back (and skippable ones), which zstandard's one-shot call does
+    not: a page that is not one whole frame, damaged ones included, is pyarrow's to judge."""
+    try:
+        return _zstd().decompress(data, max_output_size=size, allow_extra_data=False)
+    except Exception as exc:  # zstandard.ZstdError
+        raise _Unsupported(f"a Zstandard page that is not one whole frame ({exc})") from None
+
+
+def _gunzip(data, size: int) -> bytes:
+    """A gzip page: gzip or zlib streams back to back, each complete and nothing after the last,
+    as pyarrow reads one (``zlib.decompress`` stops after the first and ignores what follows).
+    At most ``size + 1`` bytes come out, however much the streams hold."""
+    parts, total = [], 0
+    while True:
+        stream = zlib.decompressobj(wbits=47)
+        part = stream.decompress(data, size + 1 - total)
+        parts.append(part)
+        total += len(part)
+        if total > size:
+            raise _Corrupt("page does not decompress to its stated size")
+        if not stream.eof:
+            raise _Corrupt("page does not decompress (gzip: incomplete or truncated stream)")
+        data = stream.unused_data
+        if not data:
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
 def _chunk_span(chunk: ChunkMeta) -> tuple[int, int]:
     """The file's bytes ``[start, end)`` holding a column chunk's pages (its dictionary first)."""
     return chunk.start, chunk.end
 
 
-def _footer(fd: int, file_size: int, pf: pq.ParquetFile, layouts: list[_ColumnLayout]) -> Footer:
-    """The file's footer as packer reads it: ValueError for a damaged one, :class:`_Unsupported`
-    where the decoder leaves the file to pyarrow (see :mod:`~packer_cli.sources._parquet_footer`)."""
+def _leaves(pf: pq.ParquetFile, fields: list[str]) -> dict[int, tuple[str, int, int]]:
+    """Every leaf column of ``fields`` as :func:`footer_problem` takes them: (physical type, max
+    repetition level, max definition level); none where the schema does not map onto the
+    columns (the row counts are checked all the same)."""
+    first_leaf = _first_leaves(pf)
+    if first_leaf is None:
+        return {}
+    leaves = {}
+    for name in fields:
+        if name in first_leaf:
+            start = first_leaf[name]
+            for leaf in range(start, start + _leaf_count(pf.schema_arrow.field(name).type)):
+                column = pf.schema.column(leaf)
+                leaves[leaf] = (column.physical_type, column.max_repetition_level, column.max_definition_level)
+    return leaves
+
+
+def _footer(fd: int, file_size: int, pf: pq.ParquetFile, fields: list[str]) -> tuple[Footer | None, str | None]:
+    """The file's footer as packer reads it, checked before either decoder reads ``fields``: a
+    footer that contradicts itself or the schema is a ValueError whichever decoder would read
+    the file (pyarrow reads short by a row count that is too low). Else (footer, None), or
+    (None, why) where the compiled decoder leaves the file to pyarrow (a footer the walk does
+    not read, encrypted chunks, a chunk in another file: see
+    :mod:`~packer_cli.sources._parquet_footer`)."""
     footer = read_footer(fd, file_size, pf.metadata.num_row_groups, pf.metadata.num_columns)
-    leaves = {layout.leaf: ("INT32" if layout.physical_dtype.itemsize == 4 else "INT64", 1, layout.max_def)
-              for layout in layouts}
-    problem = footer_problem(footer, leaves)
+    problem = footer_problem(footer, _leaves(pf, fields))
     if problem is not None and problem.damaged:
         raise ValueError(f"the footer is damaged: {problem.reason}")
     if problem is not None:
-        raise _Unsupported(f"the footer: {problem.reason}")
-    return footer
+        return None, f"the footer: {problem.reason}"
+    return footer, None
 
 
 class _ChunkPages:
@@ -460,6 +524,8 @@ class _ColumnCursor:
             chunk = self.reading
             header, payload = self.chunk_pages[chunk].next()
             if header.page_type == thrift.DICTIONARY_PAGE:
+                if self.dictionary is not None:  # pyarrow refuses it too: the pages after it would read other tokens
+                    raise _Corrupt("a second dictionary page in the column chunk")
                 self.dictionary = _read_dictionary(self.layout, self.codecs[chunk], header, payload)
             elif header.page_type in (thrift.DATA_PAGE, thrift.DATA_PAGE_V2):
                 if header.num_values > self.chunk_levels[chunk]:
@@ -616,25 +682,21 @@ class ListColumnReader:
         # of MB) and an unbuffered read holds a whole column chunk (gigabytes in a file of
         # million-row groups).
         pf = pq.ParquetFile(self.path, pre_buffer=False, buffer_size=PARQUET_BUFFER)
+        with open(self.path, "rb") as f:  # checked first: its row counts whichever decoder reads
+            footer, unread = _footer(f.fileno(), os.fstat(f.fileno()).st_size, pf, self.fields)
         try:
             if self.arrow_only:
                 raise _Unsupported("pyarrow asked for")
             if os.environ.get(ENV_DECODER, "").lower() == "arrow":
                 raise _Unsupported(f"{ENV_DECODER}=arrow")
             layouts = _column_layouts(pf, self.fields)
+            if footer is None:
+                raise _Unsupported(unread)
         except _Unsupported as exc:
             self.fallback_reason = str(exc)
             yield from self._arrow(pf, 0, 0)
             return
         schema = pa.schema([pf.schema_arrow.field(name) for name in self.fields])
-        with open(self.path, "rb") as f:
-            try:
-                footer = _footer(f.fileno(), os.fstat(f.fileno()).st_size, pf, layouts)
-            except _Unsupported as exc:
-                footer, self.fallback_reason = None, str(exc)
-        if footer is None:
-            yield from self._arrow(pf, 0, 0)
-            return
         fd = os.open(self.path, os.O_RDONLY)
         file_size = os.fstat(fd).st_size
         pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="packer-parquet")
@@ -692,7 +754,15 @@ class ListColumnReader:
         pool.release_unused()
 
     def _arrow_group(self, pf: pq.ParquetFile, group: int, skip: int) -> Iterator[pa.RecordBatch]:
+        """Row group ``group`` less its first ``skip`` rows. pyarrow's ``iter_batches`` can read
+        fewer rows than a group holds and say nothing (pyarrow 26 reads a last one-row group of
+        data pages v2 and tiny pages as none), so its rows are counted against the footer's:
+        a file never reads short."""
+        stated, read = pf.metadata.row_group(group).num_rows, 0
         for batch in pf.iter_batches(batch_size=self.batch_rows, row_groups=[group], columns=self.fields):
+            read += batch.num_rows
+            if read > stated:
+                raise ValueError(f"row group {group}: pyarrow read more than its {stated} rows")
             if skip >= batch.num_rows:
                 skip -= batch.num_rows
                 continue
@@ -700,6 +770,8 @@ class ListColumnReader:
                 batch, skip = batch.slice(skip), 0
             self.arrow_rows += batch.num_rows
             yield batch
+        if read != stated:
+            raise ValueError(f"row group {group}: pyarrow read {read} of its {stated} rows")
 
 
 # --- whole runs of row groups ------------------------------------------------------------------
@@ -861,7 +933,10 @@ class RowGroupRuns:
                 if os.environ.get(ENV_DECODER, "").lower() == "arrow":
                     raise _Unsupported(f"{ENV_DECODER}=arrow")
                 layouts = _column_layouts(self.pf, list(fields))
-                self._footers[key] = _footer(self.fd, self.file_size, self.pf, layouts)
+                footer, unread = _footer(self.fd, self.file_size, self.pf, list(fields))
+                if footer is None:
+                    raise _Unsupported(unread)
+                self._footers[key] = footer
                 self._layouts[key] = layouts
             except _Unsupported:
                 self._layouts[key] = None
