@@ -176,14 +176,21 @@ def test_a_version_1_mask_value_other_than_0_or_1_is_a_finding(packed, tmp_path)
     rows = table.to_pylist()
     k = next(j for j, v in enumerate(rows[0]["loss_mask"]) if v == 1)
     rows[0]["loss_mask"][k] = 2
-    with pa.ipc.new_file(str(path), pack_schema(1)) as writer:
-        writer.write_table(pa.Table.from_pylist(rows, schema=pack_schema(1)))
-    entry.update(bytes=path.stat().st_size, xxh3_64=xxhash.xxh3_64(path.read_bytes()).hexdigest())
-    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
+    _rewrite_shard(out, manifest, pa.Table.from_pylist(rows, schema=pack_schema(1)))
     result = runner.invoke(app, ["verify", str(out)])
     assert result.exit_code == 1
     line = next(x for x in result.output.splitlines() if "[pack.loss_mask]" in x)
     assert f"{entry['name']} row 0 (pack 0)" in line, line
+
+
+def _rewrite_shard(out: Path, manifest: dict, table: pa.Table) -> None:
+    """The first shard rewritten as ``table``, its manifest entry made to hold again."""
+    entry = manifest["shards"][0]
+    path = out / entry["name"]
+    with pa.ipc.new_file(str(path), table.schema) as writer:
+        writer.write_table(table)
+    entry.update(bytes=path.stat().st_size, xxh3_64=xxhash.xxh3_64(path.read_bytes()).hexdigest())
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
 
 
 def _edit_json(path: Path, **changes) -> None:
@@ -235,10 +242,6 @@ def test_a_shards_schema_names_the_format_and_its_version(packed, tmp_path, keys
     entry = manifest["shards"][0]
     path = out / entry["name"]
     table = pa.ipc.open_file(str(path)).read_all()
-    table = table.replace_schema_metadata(keys)
-    with pa.ipc.new_file(str(path), table.schema) as writer:
-        writer.write_table(table)
-    entry.update(bytes=path.stat().st_size, xxh3_64=xxhash.xxh3_64(path.read_bytes()).hexdigest())
-    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
+    _rewrite_shard(out, manifest, table.replace_schema_metadata(keys))
     result = runner.invoke(app, ["verify", str(out)])
     assert result.exit_code == 1 and f"{entry['name']}: {says}" in result.output, result.output

@@ -1343,6 +1343,16 @@ def _first_chunk_meta(footer: list) -> list:
     return _field(_field(_field(footer, 4)[1][0], 1)[1][0], 3)
 
 
+def _chunk_pages(raw: bytes, start: int, end: int) -> list:
+    """The pages of the column chunk at ``raw[start:end]``, as [(header fields, payload)]."""
+    pages, pos = [], start
+    while pos < end:
+        header, pos = read_fields(raw, pos)
+        pages.append((header, raw[pos:pos + _field(header, 3)]))
+        pos += _field(header, 3)
+    return pages
+
+
 def _rewrite_pages(path: Path, out: Path, transform, rows: int = 0) -> Path:
     """``path`` (one row group of one column) with its chunk's pages, as [(header fields,
     payload)], replaced by ``transform(pages)``: each header's compressed size and the chunk's
@@ -1352,11 +1362,7 @@ def _rewrite_pages(path: Path, out: Path, transform, rows: int = 0) -> Path:
     footer, footer_at = _footer_of(raw)
     meta = _first_chunk_meta(footer)
     start, data_start, end = _chunk_span(path, 0, 0)
-    pages, pos = [], start
-    while pos < end:
-        header, pos = read_fields(raw, pos)
-        pages.append((header, raw[pos:pos + _field(header, 3)]))
-        pos += _field(header, 3)
+    pages = _chunk_pages(raw, start, end)
     body, levels = bytearray(), 0
     for header, payload in transform(pages):
         _set(header, 3, len(payload))
@@ -1444,13 +1450,8 @@ def test_a_dictionary_page_after_plain_pages_reads_as_pyarrow_reads(tmp_path):
     first = [[i, i + 1] for i in range(20)]
     pq.write_table(pa.table({"input_ids": pa.array(first, pa.list_(pa.int32()))}), plain, use_dictionary=False,
                    data_page_size=40, write_statistics=False, compression="none")
-    raw = dictionary.read_bytes()
     start, _, end = _chunk_span(dictionary, 0, 0)
-    appended, pos = [], start
-    while pos < end:
-        header, pos = read_fields(raw, pos)
-        appended.append((header, raw[pos:pos + _field(header, 3)]))
-        pos += _field(header, 3)
+    appended = _chunk_pages(dictionary.read_bytes(), start, end)
     path = _rewrite_pages(plain, tmp_path / "late-dictionary.parquet", lambda pages: pages + appended,
                           rows=len(later))
     want = pq.read_table(path)
