@@ -356,6 +356,11 @@ FALLBACK_CASES = {name: (table, opts) for name, table, opts in _fallback_tables(
 # inputs older pyarrow cannot write: decimals as integers
 WRITTEN_BY = {"decimal_as_int": 17}
 PYARROW_MAJOR = int(pa.__version__.split(".")[0])
+#: what the hand-built pages below are compared with: pyarrow 14 (the lowest supported) accepts a
+#: second dictionary page, and reads a page of two gzip members, or an empty compressed section,
+#: otherwise than the format says, where the release these tests were written against does not
+PYARROW_AS_REFERENCE = pytest.mark.skipif(PYARROW_MAJOR < 26, reason=f"pyarrow {pa.__version__} reads these "
+                                          "hand-built pages otherwise than the format says: no reference")
 
 
 @pytest.mark.parametrize("case", list(FALLBACK_CASES))
@@ -1420,6 +1425,7 @@ def _dictionary_file(tmp_path) -> tuple[Path, list]:
     return path, rows
 
 
+@PYARROW_AS_REFERENCE
 def test_a_second_dictionary_page_is_an_error(tmp_path):
     """A column chunk with a second dictionary page after its first data page (its values
     shifted): pyarrow refuses it ("more than one dictionary"), and so does packer, where it
@@ -1494,6 +1500,7 @@ def _recompress(codec: str, how: str):
     return transform
 
 
+@PYARROW_AS_REFERENCE
 @pytest.mark.parametrize("page_version", ["1.0", "2.0"])
 @pytest.mark.parametrize("codec,how", [("zstd", "two frames"), ("gzip", "two members"), ("gzip", "trailing zeros")])
 def test_pages_of_several_frames_or_members_read_as_pyarrow_reads(tmp_path, codec, how, page_version):
@@ -1517,6 +1524,7 @@ def test_pages_of_several_frames_or_members_read_as_pyarrow_reads(tmp_path, code
     assert_same_as_pyarrow(path, ["input_ids"], batches)
 
 
+@PYARROW_AS_REFERENCE
 @pytest.mark.parametrize("codec", ["snappy", "zstd", "gzip"])
 def test_empty_compressed_value_sections_read(tmp_path, codec):
     """A data page v2 of empty lists only has no values: 0 bytes. A writer may mark them
