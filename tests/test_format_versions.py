@@ -168,11 +168,8 @@ def test_version_1_batches_match_in_the_torch_dataset(packed):
 
 def test_a_version_1_mask_value_other_than_0_or_1_is_a_finding(packed, tmp_path):
     _, _, v1 = packed
-    out = Path(shutil.copytree(v1, tmp_path / "v1"))
-    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    out, manifest, table = _copy_with_first_shard(v1, tmp_path / "v1")
     entry = manifest["shards"][0]
-    path = out / entry["name"]
-    table = pa.ipc.open_file(str(path)).read_all()
     rows = table.to_pylist()
     k = next(j for j, v in enumerate(rows[0]["loss_mask"]) if v == 1)
     rows[0]["loss_mask"][k] = 2
@@ -181,6 +178,13 @@ def test_a_version_1_mask_value_other_than_0_or_1_is_a_finding(packed, tmp_path)
     assert result.exit_code == 1
     line = next(x for x in result.output.splitlines() if "[pack.loss_mask]" in x)
     assert f"{entry['name']} row 0 (pack 0)" in line, line
+
+
+def _copy_with_first_shard(src: Path, dst: Path) -> tuple[Path, dict, pa.Table]:
+    """A copy of the output ``src`` at ``dst``, its manifest, and its first shard's table."""
+    out = Path(shutil.copytree(src, dst))
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    return out, manifest, pa.ipc.open_file(str(out / manifest["shards"][0]["name"])).read_all()
 
 
 def _rewrite_shard(out: Path, manifest: dict, table: pa.Table) -> None:
@@ -237,11 +241,8 @@ def test_a_shards_schema_names_the_format_and_its_version(packed, tmp_path, keys
     """FORMAT.md: every shard's schema carries both keys; the format's name went unchecked (a
     shard labelled another format, with the manifest's checksum made to hold, passed)."""
     _, v2, _ = packed
-    out = Path(shutil.copytree(v2, tmp_path / "relabelled"))
-    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    out, manifest, table = _copy_with_first_shard(v2, tmp_path / "relabelled")
     entry = manifest["shards"][0]
-    path = out / entry["name"]
-    table = pa.ipc.open_file(str(path)).read_all()
     _rewrite_shard(out, manifest, table.replace_schema_metadata(keys))
     result = runner.invoke(app, ["verify", str(out)])
     assert result.exit_code == 1 and f"{entry['name']}: {says}" in result.output, result.output
