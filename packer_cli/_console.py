@@ -5,6 +5,11 @@ rich answers a broken pipe with ``SystemExit(1)`` (13.8 and later; earlier it ra
 removed over a warning nobody could read any more. Here a stderr that is gone becomes
 /dev/null and the command goes on (warnings and progress are incidental), and a stdout that is
 gone raises ``BrokenPipeError`` for :func:`packer_cli.cli.main` to end the command quietly.
+
+The same holds for every other write error (a full disk under ``2> log``, ``> /dev/full``, an
+I/O error): :func:`guard_std_streams` makes a stderr that cannot be written /dev/null, and a
+stdout that cannot be written raise :class:`StdoutLost`, which no library on the way
+(click, rich) takes for anything else: it reaches :func:`packer_cli.cli.main` as it happened.
 """
 from __future__ import annotations
 
@@ -35,13 +40,82 @@ class Console(_RichConsole):
         raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
+class StdoutLost(Exception):
+    """Writing stdout failed with ``cause``: its reader went away (``EPIPE``) or the write
+    itself failed (``ENOSPC``, ``EIO``). The command's report was not delivered."""
+
+    def __init__(self, cause: OSError):
+        super().__init__(str(cause))
+        self.cause = cause
+
+    @property
+    def reader_gone(self) -> bool:
+        return self.cause.errno == errno.EPIPE
+
+
+class _GuardedStream:
+    """A text stream whose write errors are answered by ``on_error`` (see the module's doc);
+    everything else is the stream's own."""
+
+    def __init__(self, stream, on_error):
+        self._stream = stream
+        self._on_error = on_error
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            self._on_error(exc)
+            return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            self._on_error(exc)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+_stdout_failures: list[OSError] = []
+
+
+def stdout_failure() -> OSError | None:
+    """The first error writing stdout met since :func:`guard_std_streams`, if any (also one a
+    caller swallowed, so that the command's exit status can still answer it)."""
+    return _stdout_failures[0] if _stdout_failures else None
+
+
+def _stdout_failed(exc: OSError) -> None:
+    _stdout_failures.append(exc)
+    quiet_stream(1)  # what is still buffered, and the final flush, go nowhere
+    raise StdoutLost(exc) from exc
+
+
+def _stderr_failed(exc: OSError) -> None:
+    quiet_stream(2)  # warnings and progress are incidental: the command goes on
+
+
+def guard_std_streams() -> None:
+    """Route write errors of ``sys.stdout`` and ``sys.stderr`` as the module's doc says."""
+    if not isinstance(sys.stdout, _GuardedStream):
+        sys.stdout = _GuardedStream(sys.stdout, _stdout_failed)
+    if not isinstance(sys.stderr, _GuardedStream):
+        sys.stderr = _GuardedStream(sys.stderr, _stderr_failed)
+
+
 def say(line: str, console: _RichConsole | None = None, markup: bool = False) -> None:
     """One line on stderr, after what stdout holds (a --json document comes first, as it was
     written first), unless stderr's reader has gone (then nothing, and nothing later). Through
     ``console`` when given (rich markup; a live progress display stays below the line)."""
     try:
         sys.stdout.flush()
-    except (OSError, ValueError):  # stdout's own reader gone: main() answers that
+    except (OSError, ValueError, StdoutLost):  # stdout gone or failing: main() answers that
         pass
     try:
         if console is None:

@@ -8,6 +8,7 @@ enters through :mod:`packer_cli._entry` (Ctrl-C during start-up).
 """
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import signal
@@ -15,9 +16,9 @@ import sys
 import warnings
 from typing import Annotated, Optional
 
-import orjson  # noqa: F401 - before any command installs its signal handlers: see below
+import orjson  # before any command installs its signal handlers: see main()
 import typer
-from packer_cli._console import Console, quiet_stream, say
+from packer_cli._console import Console, StdoutLost, guard_std_streams, quiet_stream, say, stdout_failure
 
 from packer_cli._jit import light_cache_loads
 from packer_cli.errors import (ConfigError, Interrupted, PackerError, PackerWarning, check_interrupted,
@@ -120,15 +121,26 @@ def pack_command(
         _fail_audit(exc, json_out, out)
     check_interrupted()  # a run the user stopped prints no summary
     if json_out:
-        import orjson
-
-        sys.stdout.write(orjson.dumps(summary.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
+        _print_json(summary.to_dict())
     else:
         print_pack_summary(summary)
         if summary.output:
             from packer_cli.shards.bridge import describe
 
             print(describe(summary.output))
+
+
+def _print_json(doc: dict) -> None:
+    sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def _print_failure_json(doc: dict) -> None:
+    """A failure's document: a stdout that cannot take it changes nothing about the failure
+    (its line still goes to stderr, its status stands; main() says what stdout met)."""
+    try:
+        _print_json(doc)
+    except StdoutLost:
+        pass
 
 
 def _bridge_output(out_format: OutputFormat, split, eos_id, row_group_size, parquet_encoding=None):
@@ -169,11 +181,8 @@ def _print_reports(reports: dict, json_out: bool, console: Console) -> None:
     """One report as itself; several (one per Bridge split) keyed by split name."""
     check_interrupted()  # a run the user stopped prints no verdict
     if json_out:
-        import orjson
-
-        doc = next(iter(reports.values())).to_dict() if len(reports) == 1 else {
-            "splits": {name: r.to_dict() for name, r in reports.items()}}
-        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+        _print_json(next(iter(reports.values())).to_dict() if len(reports) == 1 else {
+            "splits": {name: r.to_dict() for name, r in reports.items()}})
         return
     for name, report in reports.items():
         if len(reports) > 1:
@@ -210,10 +219,7 @@ def _fail_audit(exc: PackerError, json_out: bool, out: str, **extra) -> None:
     """:func:`fail`; with ``--json``, stdout gets ``{out, ok: false, exit_code, error, ...}`` too,
     so a pipeline reading stdout gets a document whatever went wrong, not an empty page."""
     if json_out:
-        import orjson
-
-        doc = {"out": out, "ok": False, "exit_code": exc.exit_code, "error": str(exc), **extra}
-        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+        _print_failure_json({"out": out, "ok": False, "exit_code": exc.exit_code, "error": str(exc), **extra})
     fail(exc)
 
 
@@ -337,6 +343,7 @@ def main() -> None:
     """
     _single_threaded_blas()
     _std_streams_present()
+    guard_std_streams()
     gc.disable()
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:  # e.g. SIGINT in a background shell job
@@ -350,17 +357,32 @@ def main() -> None:
     if "PacifyFlushWrapper" in type(sys.stdout).__name__:  # click met the closed pipe and exited 1 (8.2+: _Pacify…)
         code = _reader_gone()
     stop_raising_interrupts()  # the command is over: nothing would catch a signal in the flush
-    for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
-        try:
-            stream.flush()
-        except BrokenPipeError:  # the reader left after the command was done: its verdict stands
-            quiet_stream(fd)
-    os._exit(code)
+    try:
+        sys.stdout.flush()
+    except (StdoutLost, BrokenPipeError):  # a reader that left after the command was done: its verdict stands
+        quiet_stream(1)
+    sys.stderr.flush()  # guarded: an error there makes it /dev/null
+    os._exit(_answer_stdout_failure(code))
 
 
 #: Exit status when stdout's reader went away mid-command (a shell reports a process killed by
 #: SIGPIPE so: 128 + 13); the command's own verdict was never delivered.
 EXIT_READER_GONE = 141
+
+#: Exit status of a command that succeeded but could not write its report on stdout (a full
+#: disk under ``> report.json``, an I/O error): ``EX_IOERR`` of sysexits.h.
+EXIT_STDOUT_FAILED = 74
+
+
+def _answer_stdout_failure(code: int) -> int:
+    """A write to stdout that failed other than by its reader leaving (that ended the command
+    quietly: :func:`_reader_gone`) is said in one line; it turns a success into
+    :data:`EXIT_STDOUT_FAILED`, and a failure's own status stands."""
+    failure = stdout_failure()
+    if failure is None or failure.errno == errno.EPIPE:
+        return code
+    say(f"error: cannot write to stdout: {failure}")
+    return EXIT_STDOUT_FAILED if code == 0 else code
 
 
 def _std_streams_present() -> None:
@@ -392,18 +414,16 @@ def _run_command() -> int:
             say(exc.code)
     except Interrupted as exc:
         code = _report_signal(exc)
-    except BrokenPipeError:  # stdout's reader went away (`packer inspect OUT --json | head -1`)
-        code = _reader_gone()
+    except (StdoutLost, BrokenPipeError) as exc:  # stdout's reader went away (`packer inspect OUT --json | head -1`)
+        code = _reader_gone() if getattr(exc, "reader_gone", True) else EXIT_STDOUT_FAILED  # said by main()
     except Exception as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare `packer`: the help is already printed
             code = 2
         elif _is_usage_error(exc):
             line = _usage_line(exc)
             if "--json" in sys.argv[1:]:  # a pipeline reading stdout gets a document here too
-                import orjson
-
-                doc = {"out": None, "ok": False, "exit_code": exc.exit_code, "error": line.removeprefix("error: ")}
-                sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+                _print_failure_json({"out": None, "ok": False, "exit_code": exc.exit_code,
+                                     "error": line.removeprefix("error: ")})
             say(line)
             code = exc.exit_code
         elif (signalled := _signal_behind(exc)) is not None:

@@ -335,3 +335,59 @@ def test_a_stdout_reader_gone_without_json_exits_141(synthetic_parquet, tmp_path
             os.close(write)
         assert result.returncode == 141 and "Traceback" not in result.stderr, result
     assert (out / "metadata.json").exists()
+
+
+needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+
+
+@needs_dev_full
+@pytest.mark.parametrize("command", ["pack", "pack --json", "inspect", "inspect --json", "verify", "verify --json",
+                                     "pack --help"])
+def test_a_stdout_that_cannot_be_written_is_one_line_and_exit_74(synthetic_parquet, tmp_path, command):
+    """`packer verify OUT --json > report.json` on a full disk: a traceback (exit 1), or, for a
+    report written through rich, nothing said at all (exit 0) and an empty report.json."""
+    out = tmp_path / "out"
+    name, *flags = command.split()
+    if name != "pack":
+        assert _pack_in_process("pack", synthetic_parquet, "-o", out).exit_code == 0
+    args = [name, synthetic_parquet, "-o", out, *flags] if name == "pack" else [name, out, *flags]
+    with open("/dev/full", "w") as full:
+        result = _packer_with(args if "--help" not in flags else [name, "--help"], stdout=full)
+    assert result.returncode == 74, result
+    assert result.stderr.splitlines()[-1] == "error: cannot write to stdout: [Errno 28] No space left on device"
+    assert "Traceback" not in result.stderr, result.stderr
+    if name == "pack" and "--help" not in flags:  # the report was lost, not the output
+        assert (out / "metadata.json").exists() and _pack_in_process("verify", out).exit_code == 0
+
+
+@needs_dev_full
+def test_a_failure_whose_json_document_cannot_be_written_keeps_its_status(tmp_path):
+    with open("/dev/full", "w") as full:
+        result = _packer_with(["inspect", tmp_path / "missing", "--json"], stdout=full)
+    assert result.returncode == 2, result
+    assert result.stderr.splitlines() == [f"error: {tmp_path / 'missing'}: not a directory",
+                                          "error: cannot write to stdout: [Errno 28] No space left on device"]
+
+
+@needs_dev_full
+def test_a_stderr_that_cannot_be_written_does_not_abandon_the_run(synthetic_parquet, tmp_path):
+    """`packer pack ... 2> log` on a full disk: the first warning failed the run (exit 1, the
+    output removed, nothing said anywhere)."""
+    out = tmp_path / "out"
+    (tmp_path / "out.tmp-99999999-abcd1234").mkdir()  # a killed run's: the run warns about it
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-c", PACKER, "pack", str(synthetic_parquet), "-o", str(out), "--json"],
+                                stdout=subprocess.PIPE, stderr=full, text=True, timeout=120)
+    assert result.returncode == 0, result
+    assert json.loads(result.stdout)["out"] == str(out) and _pack_in_process("verify", out).exit_code == 0
+
+
+def test_help_cut_by_its_reader_exits_141():
+    """`packer pack --help | true`: rich's own broken-pipe answer, exit 1."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        result = _packer_with(["pack", "--help"], stdout=write)
+    finally:
+        os.close(write)
+    assert result.returncode == 141 and result.stderr == "", result
