@@ -42,6 +42,7 @@ from packer_cli._sequences import Items, SampleLog, SourceMap, build_items
 from packer_cli._summary import PackSummary, summarize
 from packer_cli.errors import ConfigError, DataError, OutputError, check_interrupted
 from packer_cli.plan import plan_packs
+from packer_cli.plan.plan import PackPlan
 from packer_cli.plan.bounds import histogram
 from packer_cli.progress import Progress
 from packer_cli.shards._atomic import (check_parent, check_replaceable, make_temporary, output_target, replace_dir,
@@ -495,118 +496,23 @@ def pack(
     spill fails (disk full, I/O error); on any error nothing is left at ``out``.
     """
     check_interrupted()  # a Ctrl-C lost while this module's imports compiled (errors.check_interrupted)
-    _check_arguments(spec, source, shard_bytes, spill_memory, output)
-    shard_bytes, spill_memory = int(shard_bytes), int(spill_memory)  # NumPy integers too
-    if spill_read not in SPILL_READ_MODES:
-        raise ConfigError(f"spill read must be one of {', '.join(SPILL_READ_MODES)}, got {spill_read!r}")
-    for name, flag in (("overwrite", overwrite), ("dry_run", dry_run), ("progress", progress)):
-        if not is_bool(flag):  # overwrite="false" is truthy: it replaced the output
-            raise ConfigError(f"{name} must be True or False, got {flag!r}")
-    if direct_io is not None and not is_bool(direct_io):
-        raise ConfigError(f"direct_io must be True, False or None, got {direct_io!r}")
-    overwrite, dry_run, progress = bool(overwrite), bool(dry_run), bool(progress)
-    direct_io = None if direct_io is None else bool(direct_io)
+    opts = _checked_options(spec, source, output, overwrite=overwrite, dry_run=dry_run, progress=progress,
+                            shard_bytes=shard_bytes, spill_memory=spill_memory, direct_io=direct_io,
+                            spill_read=spill_read)
     paths = input_paths(inputs)
     out = None if out is None else path_argument(out, "out")
-    spill_dir = None if spill_dir is None else path_argument(spill_dir, "spill_dir")
+    spill_parent = None if spill_dir is None else path_argument(spill_dir, "spill_dir")
     files = discover_inputs(paths)
-    if not dry_run and not out:
+    if not opts.dry_run and not out:
         raise ConfigError("an output directory (-o OUT) is required unless --dry-run")
-    out = output_target(out) if out and not dry_run else out
-    if out and not dry_run:
+    if out and not opts.dry_run:
+        out = output_target(out)
         _check_out_outside_input_directories(out, paths)
-    spill_parent = _check_spill_parent(spill_dir)
-    spill_dir = None
-    memory = SpillMemory(0)
-    try:
-        file_paths = [f.path for f in files]
-        tmp = None if dry_run else (output.prepare(out, overwrite, spec, file_paths) if output
-                                    else _prepare_out(out, overwrite, file_paths))
-    except OSError as exc:
-        raise ConfigError(f"{out}: cannot create the output: {exc}") from exc
-    try:  # from the moment tmp exists: a signal anywhere after this still removes it
-        if tmp:
-            direct_io = use_direct_io(tmp, direct_io)
-        clock = _PhaseClock()
-        if tmp and warn:
-            for stale in stale_temporaries(out, tmp) + (stale_spill_dirs(spill_parent) if spill_parent else []):
-                warn(f"{stale} was left by an earlier run that did not finish (killed outright?); "
-                     "remove it to free its space")
-        if tmp:
-            spill_dir = _make_spill_dir(tmp, spill_parent)
-            memory = _reserve_spill_memory(spill_memory, warn)
-        with Progress(enabled=progress) as bar:
-            stream = SampleStream(files, source)
-            log, read_counts, bad_listed = _read_inputs(stream, spill_dir, spec.max_sequence_length, bar,
-                                                        spill_named=spill_parent, memory=memory)
-            clock.lap("read")
-            check_interrupted()
-            if read_counts["records"] == 0:
-                raise DataError(f"{files[0].path}: empty input (no records)")
-            sources, totals = log.sources, log.totals
-            lengths = log.lengths()
-            items, padded, overlong = build_items(
-                lengths, totals, spec, locate=lambda k: stream.locate(int(sources[[k]][0])))
-            padded_hist = histogram(padded, spec.pack_size + 1)
-            if padded_hist[1:].sum() == 0:
-                raise DataError(_nothing_left(files, read_counts, overlong.dropped, bad_listed))
-            # Only the planner's input and output are resident while it runs: the sample
-            # lengths wait in the spill directory.
-            lengths = _park(lengths, spill_dir)
-            _release_memory()
-            plan = _plan(padded, spec, bar, items.extra_sample)
-            del padded
-            pack_order = _pack_order(plan.num_packs, spec)
-            summary = summarize(
-                spec=spec, files=files, stream=stream, read_counts=read_counts, bad_listed=bad_listed,
-                totals=totals, overlong=overlong, padded_hist=padded_hist, plan=plan, out=out, dry_run=dry_run,
-            )
-            clock.lap("plan")
-            check_interrupted()
-            manifest = None
-            if tmp:
-                # Pass two reads each run's slice of the plan's order from the spill directory
-                # too, so what stays resident is the lengths and a few arrays per pack.
-                layout = _park_order(plan, spill_dir)
-                del plan
-                _release_memory()
-                items.attach(_unpark(lengths))
-                spill_file = os.path.getsize(os.path.join(spill_dir, SPILL_FILE))
-                mode, room = choose_spill_read(spill_read, spill_file)
-                summary.spill = {"read": mode, "bytes": memory.used + spill_file}
-                if room is not None:
-                    summary.spill["room"] = room
-                if output:
-                    manifest = output.write(tmp, spill_dir, items, sources, layout, pack_order, spec, bar,
-                                            direct_io=direct_io, spill_memory=memory, spill_read=mode,
-                                            spill_record=summary.spill)
-                else:
-                    entries = _write_shards(tmp, spill_dir, items, sources, layout, pack_order, spec,
-                                            shard_bytes, bar, direct_io, memory, mode, summary.spill)
-                    manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "shards": entries}
-                del lengths
-        if summary.counts["no_target_samples"] and warn:
-            warn(f"{summary.counts['no_target_samples']} samples have no target tokens (kept, they add no loss)")
-        if output:
-            output.annotate(summary, warn)
-        check_interrupted()  # never publish the output of a run the user stopped
-        kept = None  # a replaced OUT that could not be deleted
-        if tmp and output:
-            shutil.rmtree(spill_dir)
-            kept = output.commit(tmp, manifest, summary.metadata(__version__))
-            tmp = None
-        if tmp:
-            shutil.rmtree(spill_dir)
-            write_json(os.path.join(tmp, MANIFEST_FILE), manifest)
-            write_json(os.path.join(tmp, METADATA_FILE), seal_metadata(summary.metadata(__version__)))
-            kept = replace_dir(tmp, out, overwrite)
-            tmp = None
-        if kept and warn:
-            warn(f"{kept} holds the output this run replaced, which could not be deleted (read-only?); "
-                 "remove it to free its space")
-        clock.lap("write")
-        summary.seconds = clock.seconds()
-        return summary
+    spill_parent = _check_spill_parent(spill_parent)
+    run = _Run(spec, opts, files, out, spill_parent, output, warn)
+    try:  # from the moment the temporary output exists: a signal anywhere after this still removes it
+        run.tmp = None if opts.dry_run else _temporary_output(out, opts.overwrite, spec, files, output)
+        return run.execute(source)
     except MemoryError as exc:  # pyarrow's ArrowMemoryError too: a ulimit -v, the node's memory
         raise OutputError(f"{out}: out of memory: {str(exc) or type(exc).__name__} (an address-space limit, ulimit -v, "
                           "or the node's memory)") from exc
@@ -617,8 +523,179 @@ def pack(
         raise OutputError(f"{out}: writing the output failed: {exc}") from exc
     finally:
         with signals_held():  # a second Ctrl-C (or a SIGTERM after one) must not stop the cleanup half-way
-            memory.release()
-            if spill_dir and spill_parent:
-                shutil.rmtree(spill_dir, ignore_errors=True)
-            if tmp:
-                shutil.rmtree(tmp, ignore_errors=True)
+            run.clean_up()
+
+
+@dataclass(frozen=True)
+class _Options:
+    """:func:`pack`'s keyword options, checked and normalized (NumPy integers to ``int``)."""
+
+    overwrite: bool
+    dry_run: bool
+    progress: bool
+    shard_bytes: int
+    spill_memory: int
+    direct_io: bool | None
+    spill_read: str
+
+
+def _checked_options(spec, source, output, *, overwrite, dry_run, progress, shard_bytes, spill_memory, direct_io,
+                     spill_read) -> _Options:
+    """Raise :class:`ConfigError` for unusable arguments of :func:`pack`, before anything is read."""
+    _check_arguments(spec, source, shard_bytes, spill_memory, output)
+    if spill_read not in SPILL_READ_MODES:
+        raise ConfigError(f"spill read must be one of {', '.join(SPILL_READ_MODES)}, got {spill_read!r}")
+    for name, flag in (("overwrite", overwrite), ("dry_run", dry_run), ("progress", progress)):
+        if not is_bool(flag):  # overwrite="false" is truthy: it replaced the output
+            raise ConfigError(f"{name} must be True or False, got {flag!r}")
+    if direct_io is not None and not is_bool(direct_io):
+        raise ConfigError(f"direct_io must be True, False or None, got {direct_io!r}")
+    return _Options(overwrite=bool(overwrite), dry_run=bool(dry_run), progress=bool(progress),
+                    shard_bytes=int(shard_bytes), spill_memory=int(spill_memory),
+                    direct_io=None if direct_io is None else bool(direct_io), spill_read=spill_read)
+
+
+def _temporary_output(out: str, overwrite: bool, spec: PackSpec, files, output: BridgeOutput | None) -> str:
+    """The temporary sibling of ``out`` the run builds in (checked replaceable when ``out`` exists)."""
+    file_paths = [f.path for f in files]
+    try:
+        return output.prepare(out, overwrite, spec, file_paths) if output else _prepare_out(out, overwrite, file_paths)
+    except OSError as exc:
+        raise ConfigError(f"{out}: cannot create the output: {exc}") from exc
+
+
+class _Run:
+    """One :func:`pack` run once its arguments are checked: pass one, the plan, pass two and
+    the rename into place (:meth:`execute`, into the temporary output ``tmp``), and what is
+    removed whatever happens (:meth:`clean_up`). Without ``tmp`` (a dry run) only pass one and
+    the plan run."""
+
+    def __init__(self, spec: PackSpec, opts: _Options, files, out: str | None, spill_parent: str | None,
+                 output: BridgeOutput | None, warn: Callable[[str], None] | None):
+        self.spec, self.opts, self.files, self.out = spec, opts, files, out
+        self.spill_parent, self.output, self.warn = spill_parent, output, warn
+        self.tmp: str | None = None
+        self.spill_dir: str | None = None
+        self.memory = SpillMemory(0)
+
+    def execute(self, source: SourceSpec) -> PackSummary:
+        clock = _PhaseClock()
+        direct_io = None
+        if self.tmp:
+            direct_io = use_direct_io(self.tmp, self.opts.direct_io)
+            self._warn_about_leftovers()
+            self.spill_dir = _make_spill_dir(self.tmp, self.spill_parent)
+            self.memory = _reserve_spill_memory(self.opts.spill_memory, self.warn)
+        with Progress(enabled=self.opts.progress) as bar:
+            stream = SampleStream(self.files, source)
+            log, read_counts, bad_listed = _read_inputs(stream, self.spill_dir, self.spec.max_sequence_length, bar,
+                                                        spill_named=self.spill_parent, memory=self.memory)
+            clock.lap("read")
+            check_interrupted()
+            if read_counts["records"] == 0:
+                raise DataError(f"{self.files[0].path}: empty input (no records)")
+            planned = self._plan(log, stream, read_counts, bad_listed, bar)
+            clock.lap("plan")
+            check_interrupted()
+            manifest = self._write(planned, bar, direct_io) if self.tmp else None
+        summary = planned.summary
+        if summary.counts["no_target_samples"] and self.warn:
+            self.warn(f"{summary.counts['no_target_samples']} samples have no target tokens (kept, they add no loss)")
+        if self.output:
+            self.output.annotate(summary, self.warn)
+        check_interrupted()  # never publish the output of a run the user stopped
+        if self.tmp:
+            self._publish(manifest, summary)
+        clock.lap("write")
+        summary.seconds = clock.seconds()
+        return summary
+
+    def _warn_about_leftovers(self) -> None:
+        """Name the temporary outputs and spills of earlier runs killed outright (left alone)."""
+        if not self.warn:
+            return
+        stale_spills = stale_spill_dirs(self.spill_parent) if self.spill_parent else []
+        for stale in stale_temporaries(self.out, self.tmp) + stale_spills:
+            self.warn(f"{stale} was left by an earlier run that did not finish (killed outright?); "
+                      "remove it to free its space")
+
+    def _plan(self, log: SampleLog, stream: SampleStream, read_counts: dict, bad_listed: list, bar) -> _Planned:
+        """Sequences from pass one's lengths, the plan and the run's summary. Only the planner's
+        input and output are resident while it runs: the sample lengths wait in the spill
+        directory."""
+        spec, files = self.spec, self.files
+        sources, totals = log.sources, log.totals
+        lengths = log.lengths()
+        items, padded, overlong = build_items(
+            lengths, totals, spec, locate=lambda k: stream.locate(int(sources[[k]][0])))
+        padded_hist = histogram(padded, spec.pack_size + 1)
+        if padded_hist[1:].sum() == 0:
+            raise DataError(_nothing_left(files, read_counts, overlong.dropped, bad_listed))
+        parked = _park(lengths, self.spill_dir)
+        del lengths
+        _release_memory()
+        plan = _plan(padded, spec, bar, items.extra_sample)
+        del padded
+        summary = summarize(
+            spec=spec, files=files, stream=stream, read_counts=read_counts, bad_listed=bad_listed, totals=totals,
+            overlong=overlong, padded_hist=padded_hist, plan=plan, out=self.out, dry_run=self.opts.dry_run,
+        )
+        return _Planned(items, sources, parked, plan, _pack_order(plan.num_packs, spec), summary)
+
+    def _write(self, planned: _Planned, bar, direct_io: bool) -> dict | None:
+        """Pass two, into the temporary output: native shards (their manifest returned) or the
+        Bridge split. It reads each run's slice of the plan's order from the spill directory
+        too, so what stays resident is the lengths and a few arrays per pack."""
+        spill_dir, summary, opts = self.spill_dir, planned.summary, self.opts
+        layout = _park_order(planned.plan, spill_dir)
+        planned.plan = None
+        _release_memory()
+        items = planned.items
+        items.attach(_unpark(planned.parked_lengths))
+        spill_file = os.path.getsize(os.path.join(spill_dir, SPILL_FILE))
+        mode, room = choose_spill_read(opts.spill_read, spill_file)
+        summary.spill = {"read": mode, "bytes": self.memory.used + spill_file}
+        if room is not None:
+            summary.spill["room"] = room
+        if self.output:
+            return self.output.write(self.tmp, spill_dir, items, planned.sources, layout, planned.pack_order,
+                                     self.spec, bar, direct_io=direct_io, spill_memory=self.memory, spill_read=mode,
+                                     spill_record=summary.spill)
+        entries = _write_shards(self.tmp, spill_dir, items, planned.sources, layout, planned.pack_order, self.spec,
+                                opts.shard_bytes, bar, direct_io, self.memory, mode, summary.spill)
+        return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "shards": entries}
+
+    def _publish(self, manifest: dict | None, summary: PackSummary) -> None:
+        """Drop the spill and rename the finished output into place (a Bridge split: commit it)."""
+        shutil.rmtree(self.spill_dir)
+        if self.output:
+            kept = self.output.commit(self.tmp, manifest, summary.metadata(__version__))
+        else:
+            write_json(os.path.join(self.tmp, MANIFEST_FILE), manifest)
+            write_json(os.path.join(self.tmp, METADATA_FILE), seal_metadata(summary.metadata(__version__)))
+            kept = replace_dir(self.tmp, self.out, self.opts.overwrite)
+        self.tmp = None  # in place: nothing left to remove
+        if kept and self.warn:  # a replaced OUT that could not be deleted
+            self.warn(f"{kept} holds the output this run replaced, which could not be deleted (read-only?); "
+                      "remove it to free its space")
+
+    def clean_up(self) -> None:
+        """Release the spill's memory and remove what is left: the spill (when elsewhere than
+        the temporary output) and the temporary output of a run that did not finish."""
+        self.memory.release()
+        if self.spill_dir and self.spill_parent:
+            shutil.rmtree(self.spill_dir, ignore_errors=True)
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+@dataclass
+class _Planned:
+    """What pass two needs from the plan stage; ``plan`` is dropped once its order is parked."""
+
+    items: Items
+    sources: SourceMap
+    parked_lengths: tuple | None
+    plan: PackPlan | None
+    pack_order: np.ndarray
+    summary: PackSummary
