@@ -18,7 +18,7 @@ from packer_cli.sources import _parquet_pages as pages
 from packer_cli.sources import parquet_lists
 from packer_cli.sources._parquet_thrift import ThriftError, parse_page_header
 from packer_cli.sources.parquet_lists import RowGroupRuns
-from test_parquet_decoder import _layout_table, _random_layout, list_array, token_table
+from test_parquet_decoder import _field, _footer_of, _layout_table, _random_layout, _set, _with_footer, list_array, token_table
 
 
 @pytest.fixture(autouse=True)
@@ -160,6 +160,24 @@ def test_nulls_and_other_types_are_left_to_pyarrow(tmp_path):
             assert runs.read(0, 1, ["input_ids"]) is None
     finally:
         del os.environ["PACKER_PARQUET_DECODER"]
+
+
+@pytest.mark.parametrize("decoder", ["compiled", "arrow"])
+def test_a_footer_whose_row_counts_disagree_is_damaged_whichever_decoder(tmp_path, monkeypatch, decoder):
+    """A row group's count one lower than its pages hold: ValueError under PACKER_PARQUET_DECODER=arrow
+    too (the footer was checked only when the compiled decoder was to read the file), as
+    ListColumnReader has it."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(token_table(40, seed=3), path, row_group_size=10)
+    raw = path.read_bytes()
+    footer, footer_at = _footer_of(raw)
+    group = _field(footer, 4)[1][0]
+    _set(group, 3, _field(group, 3) - 1)
+    path.write_bytes(_with_footer(raw, footer_at, footer))
+    if decoder == "arrow":
+        monkeypatch.setenv("PACKER_PARQUET_DECODER", "arrow")
+    with RowGroupRuns(str(path)) as runs, pytest.raises(ValueError, match="^the footer is damaged: its row groups'"):
+        runs.read(0, 2, ["input_ids"])
 
 
 def test_read_ahead_gives_the_run_asked_for(tmp_path):

@@ -930,10 +930,11 @@ class RowGroupRuns:
         key = tuple(fields)
         if key not in self._layouts:
             try:
+                # checked first: its row counts whichever decoder reads (pyarrow reads short)
+                footer, unread = _footer(self.fd, self.file_size, self.pf, list(fields))
                 if os.environ.get(ENV_DECODER, "").lower() == "arrow":
                     raise _Unsupported(f"{ENV_DECODER}=arrow")
                 layouts = _column_layouts(self.pf, list(fields))
-                footer, unread = _footer(self.fd, self.file_size, self.pf, list(fields))
                 if footer is None:
                     raise _Unsupported(unread)
                 self._footers[key] = footer
