@@ -285,11 +285,11 @@ def test_ipc_files_joined_together_are_a_data_error(tmp_path, first):
     if "metadata" not in first:  # pyarrow reads the first file's batches as the second's
         assert pa.ipc.open_file(pa.memory_map(str(path))).read_all().num_rows == 30
     # Where the first file's schema message is longer, the second's first batch is not where it
-    # ends (pyarrow fails on its own there, with "Invalid flatbuffers message").
-    detail = (r"message 1 of 4 is at byte [\d,]+, the one before it ends at byte [\d,]+" if "metadata" in first
-              else r"its messages end at byte [\d,]+, the footer starts at byte [\d,]+")
-    with pytest.raises(DataError, match=rf"f\.arrow: the Arrow IPC file's footer does not describe its contents "
-                                        rf"\({detail}\): files joined together"):
+    # ends (pyarrow fails on its own there, with "Invalid flatbuffers message"); the walk then
+    # starts at that batch, as for a schema written unframed, and still ends far from the footer.
+    with pytest.raises(DataError, match=r"f\.arrow: the Arrow IPC file's footer does not describe its contents "
+                                        r"\(its messages end at byte [\d,]+, the footer starts at byte [\d,]+\): "
+                                        r"files joined together"):
         records(path)
     assert_pack_refuses(tmp_path, path, "footer does not describe its contents")
 
@@ -305,6 +305,74 @@ def test_ipc_file_with_a_damaged_head_or_inserted_bytes_is_a_data_error(tmp_path
     path.write_bytes(data[:footer_start] + bytes(8) + data[footer_start:])
     with pytest.raises(DataError, match=r"footer does not describe its contents \(its messages end at byte "):
         records(path)
+
+
+def _unframed_schema(data: bytes) -> bytes:
+    """``data`` (a pyarrow IPC file) with its schema message written as polars writes it: the
+    bare flatbuffer right after the magic, no continuation marker or length before it (padded
+    after, so the footer's block offsets still hold)."""
+    assert data[8:12] == b"\xff\xff\xff\xff"
+    length = int.from_bytes(data[12:16], "little")
+    return data[:8] + data[16:16 + length] + bytes(8) + data[16 + length:]
+
+
+@pytest.mark.parametrize("rows", [1, 30])
+def test_ipc_files_with_an_unframed_schema_message_read(tmp_path, rows):
+    """polars writes the schema message of an IPC file without its framing; pyarrow reads such
+    files (the schema is in the footer too), and so must packer, the joined-files check included."""
+    path = tmp_path / "f.arrow"
+    path.write_bytes(_unframed_schema(_file_bytes(100, rows, compression="zstd")))
+    assert pa.ipc.open_file(str(path)).read_all().num_rows == rows
+    assert records(path) == rows
+
+
+def test_ipc_file_without_batches_and_an_unframed_schema_is_empty_input(tmp_path):
+    path = tmp_path / "f.arrow"
+    path.write_bytes(_unframed_schema(_file_bytes(100, 0)))
+    with pytest.raises(DataError, match="empty input"):
+        records(path)
+
+
+@pytest.mark.parametrize("second_rows", [0, 30])
+def test_ipc_files_with_unframed_schemas_joined_together_are_a_data_error(tmp_path, second_rows):
+    """Without a framed schema the first block anchors the walk; a file without batches has none,
+    and its schema stretch then holds the first file's magic."""
+    path = tmp_path / "f.arrow"
+    path.write_bytes(_unframed_schema(_file_bytes(100)) + _unframed_schema(_file_bytes(500, second_rows)))
+    detail = ("a file's magic ARROW1 lies in its schema message" if not second_rows
+              else r"its messages end at byte [\d,]+, the footer starts")
+    with pytest.raises(DataError, match=rf"f\.arrow: the Arrow IPC file's footer does not describe its contents \({detail}"):
+        records(path)
+
+
+def test_a_truncated_ipc_file_is_reported_as_a_file(tmp_path):
+    """A file cut short has no footer; it was then read as a stream, whose error (a metadata length
+    of 1.3 G bytes, the magic read as a length) said nothing of what happened."""
+    data = _file_bytes(100)
+    path = tmp_path / "f.arrow"
+    path.write_bytes(data[:len(data) // 2])
+    with pytest.raises(DataError, match=r"f\.arrow: starts as an Arrow IPC file but cannot be read as one: "
+                                        r".*\(truncated\?\)$"):
+        records(path)
+
+
+def test_a_compressed_ipc_file_is_decompressed_one_batch_at_a_time(tmp_path):
+    """Every batch of a compressed file was decompressed before the first was read: reading a
+    file held all of it decompressed in memory (as did looking up its field names)."""
+    from packer_cli.sources.readers import read_ipc
+    ids = pa.array([list(range(1000))] * 10_000)  # 40 MB decompressed in 10 batches, a few KB compressed
+    table = pa.table({"input_ids": ids})
+    path = tmp_path / "f.arrow"
+    with pa.ipc.new_file(path, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+        for batch in table.to_batches(max_chunksize=1000):
+            writer.write_batch(batch)
+    del ids, table
+    before = pa.total_allocated_bytes()
+    most = 0
+    for raw in read_ipc(str(path), ["input_ids"]):
+        most = max(most, pa.total_allocated_bytes() - before)
+        del raw
+    assert 4_000_000 <= most < 12_000_000  # one or two 4 MB batches, not 40 MB
 
 
 # --- D11: all records malformed; uint64 ids beyond int64 ------------------------------------

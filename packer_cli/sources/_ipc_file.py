@@ -10,8 +10,12 @@ so the second file's samples would be lost without a word.
 
 :func:`check_file_layout` walks the footer's blocks and requires the messages to lie end to
 end from the schema message to the footer, with at most the end-of-stream marker before it.
-Every Arrow writer lays a file out this way; the check reads the footer (a few bytes per
-batch) and one message prefix, never a batch.
+Every Arrow writer lays its batches out this way. Not every one frames the schema message:
+pyarrow and arrow-rs write it as the stream format does (a continuation marker and a length),
+polars writes the bare flatbuffer, whose end only a flatbuffer parser could find. The schema
+then reaches up to the first block (or to the end-of-stream marker of a file without
+batches), and that stretch must not hold a file's magic, which two joined files always leave
+between them. The check reads the footer (a few bytes per batch) and the schema, never a batch.
 """
 from __future__ import annotations
 
@@ -24,6 +28,9 @@ _CONTINUATION = b"\xff\xff\xff\xff"
 #: What may stand between the last message and the footer: the end-of-stream marker (a
 #: continuation and a zero length; a bare zero length in the pre-1.0 format) or nothing.
 _BEFORE_FOOTER = (b"\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\x00\x00", b"")
+#: The most bytes an unframed schema message may take (a schema is a few kilobytes, with a
+#: ``datasets`` features description perhaps a few hundred).
+_LARGEST_SCHEMA = 16 << 20
 #: Footer table fields (File.fbs): version, schema, dictionaries, recordBatches.
 _DICTIONARIES, _RECORD_BATCHES = 2, 3
 #: struct Block { offset: long; metaDataLength: int; (4 bytes padding) bodyLength: long; }
@@ -43,14 +50,13 @@ def check_file_layout(path: str, source) -> None:
         blocks = sorted(_footer_blocks(source.read_at(footer_length, footer_start)))
     except struct.error:
         raise DataError(f"{path}: the Arrow IPC file's footer is damaged") from None
-    position = _schema_message_end(source)
+    position = _schema_end(path, source, blocks[0][0] if blocks else None, footer_start)
     for number, (offset, metadata_length, body_length) in enumerate(blocks):
         if offset != position:
             raise _misplaced(path, f"message {number + 1} of {len(blocks)} is at byte {offset:,}, "
                                    f"the one before it ends at byte {position:,}")
         position = offset + metadata_length + body_length
-    gap = footer_start - position
-    if not 0 <= gap <= 8 or bytes(source.read_at(gap, position)) not in _BEFORE_FOOTER:
+    if not _ends_messages(source, position, footer_start):
         raise _misplaced(path, f"its messages end at byte {position:,}, the footer starts at byte "
                                f"{footer_start:,}")
 
@@ -60,12 +66,43 @@ def _misplaced(path: str, detail: str) -> DataError:
                      "files joined together, or a damaged file")
 
 
-def _schema_message_end(source) -> int:
-    """Where the schema message that follows the leading magic ends (it has no body)."""
+def _schema_end(path: str, source, first_block: int | None, footer_start: int) -> int:
+    """Where the schema message that follows the leading magic ends (it has no body).
+
+    A framed schema says its length. An unframed one (polars) ends where the first block
+    starts, or, in a file without batches, where the end-of-stream marker before the footer
+    starts; it is accepted when no file magic lies in it (two files joined leave one there).
+    """
+    framed_end = _framed_schema_end(source)
+    if first_block is None:
+        if _ends_messages(source, framed_end, footer_start):
+            return framed_end
+        tail = bytes(source.read_at(min(8, footer_start - 8), footer_start - min(8, footer_start - 8)))
+        end = footer_start - max((len(m) for m in _BEFORE_FOOTER if tail.endswith(m)), default=0)
+    elif first_block == framed_end:
+        return framed_end
+    else:
+        end = first_block
+    if not 16 <= end <= 8 + _LARGEST_SCHEMA:
+        raise _misplaced(path, f"an unframed schema message would take bytes 8 to {end:,}")
+    if _MAGIC in bytes(source.read_at(end - 8, 8)):
+        raise _misplaced(path, f"a file's magic {_MAGIC.decode()} lies in its schema message, bytes 8 to {end:,}")
+    return end
+
+
+def _framed_schema_end(source) -> int:
+    """Where a schema message framed as in a stream ends: after a continuation marker and a
+    length, or (pre-1.0) after the length alone."""
     prefix = source.read_at(8, 8)
     if prefix[:4] == _CONTINUATION:
         return 16 + int.from_bytes(prefix[4:], "little", signed=True)
-    return 12 + int.from_bytes(prefix[:4], "little", signed=True)  # pre-1.0: the length alone
+    return 12 + int.from_bytes(prefix[:4], "little", signed=True)
+
+
+def _ends_messages(source, position: int, footer_start: int) -> bool:
+    """Whether the messages may end at ``position``: at most an end-of-stream marker between it and the footer."""
+    gap = footer_start - position
+    return 0 <= gap <= 8 and bytes(source.read_at(gap, position)) in _BEFORE_FOOTER
 
 
 def _footer_blocks(footer: bytes) -> list[tuple[int, int, int]]:

@@ -481,12 +481,17 @@ def _open_ipc(path: str):
                         "rewrite it with pyarrow.feather.write_feather")
     try:
         reader = pa.ipc.open_file(source)
-    except pa.ArrowInvalid:
+    except pa.ArrowInvalid as exc:
+        if source.read_at(6, 0) == b"ARROW1":  # a file, damaged or cut: its own error, not a stream's
+            raise DataError(f"{path}: starts as an Arrow IPC file but cannot be read as one: {_first_line(exc)} "
+                            "(truncated?)") from None
         source.seek(0)
         reader = pa.ipc.open_stream(source)
         return _complete_stream(path, source, reader), reader.schema
     check_file_layout(path, source)
-    return [reader.get_batch(i) for i in range(reader.num_record_batches)], reader.schema
+    # One batch at a time: a compressed file's batch is decompressed when it is read, and a
+    # list of them all held the whole file decompressed (as did asking for its field names).
+    return (reader.get_batch(i) for i in range(reader.num_record_batches)), reader.schema
 
 
 def _complete_stream(path: str, source, reader) -> Iterator[pa.RecordBatch]:
@@ -608,5 +613,8 @@ def read_file(file: InputFile, fields: list[str], scalar_fields: set[str],
             raise
         except (pa.ArrowException, OSError, EOFError, ValueError, UnicodeDecodeError, zlib.error) as exc:
             kind = {"jsonl": "JSON Lines", "parquet": "Parquet", "arrow": "Arrow IPC", "hf": "Arrow IPC"}
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise DataError(f"{path}: cannot read as {kind[file.format]}: {message}") from None
+            raise DataError(f"{path}: cannot read as {kind[file.format]}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
