@@ -344,3 +344,39 @@ def test_the_first_record_decides_the_supervision_in_a_later_file(tmp_path, poli
         return
     targets = np.concatenate([batch.targets for batch in stream])
     assert stream.supervision.kind == "mask" and stream.records == 4 and targets.tolist() == [0, 1, 1, 1] * 2
+
+
+@pytest.mark.parametrize("pattern", ["d/**/*.arrow", "d/ds/*.arrow", "d/ds/*", "d/ds/data-*"])
+def test_a_glob_into_a_datasets_directory_is_refused(tmp_path, pattern):
+    """A glob's matches inside a datasets directory were read as loose files: its cache files
+    (same suffix, written by datasets' map) were packed as data, and verify --source agreed."""
+    jsonl(tmp_path / "d" / "a.jsonl", [sample(100)])
+    datasets_dir(tmp_path / "d" / "ds", [300])
+    feather.write_feather(pa.Table.from_pylist([sample(900)]), str(tmp_path / "d" / "ds" / "cache-1a2b.arrow"))
+    with pytest.raises(ConfigError, match=r"matches a path inside the Hugging Face datasets directory "
+                                          r".*ds, which is read whole, through its state\.json"):
+        discover_inputs([str(tmp_path / pattern)])
+    assert read(tmp_path / "d") == ([100, 300], 2)  # the directory itself: through state.json, cache unread
+    assert read(tmp_path / "d" / "*") == ([100, 300], 2)
+
+
+@pytest.mark.parametrize("pattern", ["dd/*", "dd/t*", "dd/**/*.arrow"])
+def test_a_glob_into_a_datasetdict_is_refused(tmp_path, pattern):
+    """'dd/*' read a DatasetDict's splits one after the other, mixed into one stream, where the
+    directory 'dd' is refused ('pass one split')."""
+    datasets_dir(tmp_path / "dd" / "test", [100])
+    datasets_dir(tmp_path / "dd" / "train", [200])
+    (tmp_path / "dd" / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
+    with pytest.raises(ConfigError, match=r"inside the Hugging Face (DatasetDict .*dd, whose splits are not mixed"
+                                          r"|datasets directory .*dd/te?s?t?)"):
+        discover_inputs([str(tmp_path / pattern)])
+    assert read(tmp_path / "dd" / "train") == ([200], 1)
+
+
+def test_a_glob_skips_unsupported_files_as_a_directory_walk_does(tmp_path):
+    """'d' and 'd/**' skip a README; 'd/*' stopped on it with 'unknown file type'."""
+    jsonl(tmp_path / "d" / "a.jsonl", [sample(100)])
+    (tmp_path / "d" / "README.txt").write_text("notes")
+    assert read(tmp_path / "d" / "*") == read(tmp_path / "d") == ([100], 1)
+    with pytest.raises(DataError, match=r"\*\.txt: the pattern matches no supported input files"):
+        discover_inputs([str(tmp_path / "d" / "*.txt")])

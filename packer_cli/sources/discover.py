@@ -253,22 +253,58 @@ def discover_inputs(inputs: list[str]) -> list[InputFile]:
                 )
             found.append(_input_file(arg, fmt))
         elif glob.has_magic(arg):
-            matches = sorted({os.path.normpath(m) for m in _glob(arg)})  # `**` spans directories
-            if not matches:
-                raise DataError(f"{arg}: the pattern matches no files")
-            expanded: list[str] = []  # `**` matches a directory and everything in it: read it once
-            files: list[InputFile] = []
-            for match in matches:
-                if not any(within(match, d) for d in expanded):
-                    if os.path.isdir(match):
-                        expanded.append(match)
-                    files.extend(discover_inputs([match]))
-            # a directory's files in order among the others ('d/ab/x' after 'd/ab.jsonl'), as a
-            # directory's walk orders them: 'd', 'd/*' and 'd/**' give one stream
-            found.extend(sorted(files, key=lambda f: f.path))
+            found.extend(_expand_glob(arg))
         else:
             raise DataError(f"{arg}: no such file or directory")
     return found
+
+
+def _expand_glob(pattern: str) -> list[InputFile]:
+    """A glob's inputs: its matches, a directory expanded as a directory argument is, a file of
+    an unsupported type skipped as a directory's walk skips it, and a match inside a
+    ``datasets`` directory refused (its cache files would be read as data, a DatasetDict's
+    splits mixed)."""
+    matches = sorted({os.path.normpath(m) for m in _glob(pattern)})  # `**` spans directories
+    if not matches:
+        raise DataError(f"{pattern}: the pattern matches no files")
+    datasets_dirs: dict[str, bool] = {}
+    expanded: list[str] = []  # `**` matches a directory and everything in it: read it once
+    files: list[InputFile] = []
+    for match in matches:
+        if any(within(match, d) for d in expanded):
+            continue
+        _refuse_inside_datasets(match, pattern, datasets_dirs)
+        if os.path.isdir(match):
+            expanded.append(match)
+            files.extend(_expand_directory(match))
+        elif format_of(match):
+            files.extend(discover_inputs([match]))
+    if not files:
+        raise DataError(f"{pattern}: the pattern matches no supported input files ({', '.join(SUFFIXES)})")
+    # a directory's files in order among the others ('d/ab/x' after 'd/ab.jsonl'), as a
+    # directory's walk orders them: 'd', 'd/*' and 'd/**' give one stream
+    return sorted(files, key=lambda f: f.path)
+
+
+def _refuse_inside_datasets(match: str, pattern: str, seen: dict[str, bool]) -> None:
+    """Refuse a glob's ``match`` that lies inside a ``datasets`` directory or DatasetDict
+    (``seen`` caches the answer for each directory above a match)."""
+    directory = os.path.dirname(match)
+    while True:
+        if directory not in seen:
+            seen[directory] = _holds_datasets(directory or os.curdir)
+        if seen[directory]:
+            shown = directory or os.curdir
+            if _marks(shown, "state.json", "_data_files"):
+                raise ConfigError(f"{match}: '{pattern}' matches a path inside the Hugging Face datasets directory "
+                                  f"{shown}, which is read whole, through its state.json (its cache files are "
+                                  f"not data): name {shown}, or a pattern that matches the directory itself")
+            raise ConfigError(f"{match}: '{pattern}' matches a path inside the Hugging Face DatasetDict {shown}, "
+                              "whose splits are not mixed: name one split directory")
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return
+        directory = parent
 
 
 def _glob(pattern: str) -> list[str]:
