@@ -36,6 +36,15 @@ class OutputError(PackerError):
     exit_code = 3
 
 
+def shown(value, limit: int = 60) -> str:
+    """``repr(value)`` for a message, cut to about ``limit`` characters: a bad record's reason is
+    one line, and is kept in metadata.json, where a 64 MB string quoted whole took 64 MB."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit - 20]}… ({len(text):,} characters)"
+
+
 class BadRecord(DataError):
     """One record is bad; carries where it is so `--on-bad-record skip` can count it."""
 

@@ -61,6 +61,19 @@ def test_bad_jsonl_record_is_one_line_error(tmp_path, line, message):
     assert_nothing_written(tmp_path)
 
 
+def test_a_bad_records_reason_quotes_a_long_value_shortened(tmp_path):
+    """A reason quoted the offending value whole: a 4 MB string in one record made a 4 MB error
+    line, and under skip a 4 MB entry in metadata.json."""
+    long_value = "x" * (4 << 20)
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 4, raw_line3=orjson.dumps({"input_ids": [1, long_value], "loss_mask": [0, 1]}).decode())
+    result = run("pack", path, "-o", tmp_path / "out")
+    assert result.exit_code == 1 and len(result.output) < 300, result.output[:300]
+    assert "line 3: input_ids[1] = 'xxxxxxxx" in result.output and "(4,194,306 characters) is not an integer" in result.output
+    result = run("pack", path, "-o", tmp_path / "out", "--on-bad-record", "skip")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "metadata.json").stat().st_size < 10_000
+
+
 def test_skip_bad_records_counts_and_lists_them(tmp_path):
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 4, raw_line3='{"input_ids": [1, -4]}')
     result = run("pack", path, "-o", tmp_path / "out", "--on-bad-record", "skip", "--json")

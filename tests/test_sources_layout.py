@@ -51,7 +51,7 @@ def read(*paths, spec=SourceSpec()):
     firsts = []
     for batch in stream:
         starts = np.concatenate([[0], np.cumsum(batch.lengths)[:-1]]).astype(np.int64)
-        firsts += batch.tokens[starts].tolist()
+        firsts += batch.tokens[starts].tolist() if batch.lengths.size else []  # all of it skipped
     return firsts, stream.records
 
 
@@ -380,3 +380,29 @@ def test_a_glob_skips_unsupported_files_as_a_directory_walk_does(tmp_path):
     assert read(tmp_path / "d" / "*") == read(tmp_path / "d") == ([100], 1)
     with pytest.raises(DataError, match=r"\*\.txt: the pattern matches no supported input files"):
         discover_inputs([str(tmp_path / "d" / "*.txt")])
+
+
+@pytest.mark.parametrize("name", ["d.jsonl", "b.parquet", "b.arrow", "b.stream.arrow"])
+@pytest.mark.parametrize("policy", ["error", "skip"])
+def test_a_bad_record_before_a_supervision_field_is_reported_first(tmp_path, name, policy):
+    """The first record has no mask, the second is bad, the third has a mask. Stopping at the
+    first problem means the second record's: the third one's was reported instead wherever the
+    two shared a batch (JSON Lines, Arrow) or file (Parquet's mask column was read first)."""
+    path = tmp_path / name
+    if name.endswith(".jsonl"):
+        path.write_bytes(b'{"input_ids": [1, 2, 3]}\n{"input_ids": [4, "x"]}\n'
+                         b'{"input_ids": [4, 5, 6], "loss_mask": [0, 1, 1]}\n')
+        bad, supervised = r"line 2: input_ids\[1\] = 'x' is not an integer", "line 3: field 'loss_mask'"
+    else:
+        pq.write_table(pa.table({"input_ids": [[1, 2, 3]]}), tmp_path / "a.parquet")  # the first record
+        table = pa.table({"input_ids": pa.array([None, [4, 5, 6]]),
+                          "loss_mask": pa.array([None, [0, 1, 1]], pa.list_(pa.int8()))})
+        _columnar(path, table)
+        if name.endswith(".arrow"):  # one batch: the old check looked at a whole batch before any row of it
+            with (pa.ipc.new_stream if "stream" in name else pa.ipc.new_file)(str(path), table.schema) as writer:
+                writer.write_table(table)
+        bad, supervised = r"row 0: field 'input_ids' is null", "row 1: column 'loss_mask'"
+    expected = bad if policy == "error" else rf"{supervised} is a supervision field"
+    inputs = [path] if name.endswith(".jsonl") else [tmp_path / "a.parquet", path]
+    with pytest.raises(DataError, match=rf"{re.escape(name)}: {expected}"):
+        read(*inputs, spec=SourceSpec(on_bad_record=policy))

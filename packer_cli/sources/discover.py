@@ -12,7 +12,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from packer_cli.errors import ConfigError, DataError
+from packer_cli.errors import ConfigError, DataError, shown
 from packer_cli.shards._atomic import within
 from packer_cli.shards.bridge import is_bridge_dir, layout_files
 from packer_cli.shards.format import FORMAT_NAME, MANIFEST_FILE
@@ -100,11 +100,11 @@ def _data_file_names(state, state_path: str) -> list[str]:
     for i, entry in enumerate(entries):
         name = entry.get("filename")
         if not isinstance(name, str) or not name or "\0" in name:
-            raise DataError(f"{state_path}: _data_files[{i}].filename is {name!r}, not a file name")
+            raise DataError(f"{state_path}: _data_files[{i}].filename is {shown(name)}, not a file name")
         if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] in (os.pardir, os.curdir):
-            raise DataError(f"{state_path}: _data_files[{i}].filename {name!r} points outside the dataset directory")
+            raise DataError(f"{state_path}: _data_files[{i}].filename {shown(name)} points outside the dataset directory")
         if os.path.basename(name) != name:  # a subdirectory, perhaps a link, may lead outside it too
-            raise DataError(f"{state_path}: _data_files[{i}].filename {name!r} is not a plain file name "
+            raise DataError(f"{state_path}: _data_files[{i}].filename {shown(name)} is not a plain file name "
                             "(save_to_disk writes its data files next to state.json)")
         names.append(name)
     return names

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer_cli._arrow import from_numpy, memory_pool
-from packer_cli.errors import DataError
+from packer_cli.errors import DataError, shown
 from packer_cli.sources._ipc_file import check_file_layout
 from packer_cli.sources.discover import InputFile
 from packer_cli.sources.parquet_lists import ListColumnReader
@@ -106,16 +106,16 @@ def _value_problem(value, scalar: bool, flags: bool = False) -> str | None:
     if scalar:
         if not isinstance(value, int) or isinstance(value, bool):
             return "is not an integer"
-        return None if -(2**63) <= value < 2**63 else f" = {value} is out of range"
+        return None if -(2**63) <= value < 2**63 else f" = {shown(value)} is out of range"
     if not isinstance(value, list):
         return "is not a list"
     for j, item in enumerate(value):
         if flags and isinstance(item, bool):
             continue
         if not isinstance(item, int) or isinstance(item, bool):
-            return f"[{j}] = {item!r} is not an integer"
+            return f"[{j}] = {shown(item)} is not an integer"
         if not -(2**63) <= item < 2**63:
-            return f"[{j}] = {item} is out of range"
+            return f"[{j}] = {shown(item)} is out of range"
     return None
 
 
@@ -274,6 +274,7 @@ class _ScannedBatches:
         self.lo = self.hi = 0
         self.eof = False
         self.error: BaseException | None = None
+        self.pending: DataError | None = None  # a supervision field the batch before it ends at
 
     def _fill(self) -> None:
         """Keep the unscanned bytes, read the next chunk after them (growing the buffer if needed)."""
@@ -367,7 +368,11 @@ class _ScannedBatches:
                     part = self._scan(lo, end, rows, line0)
                 self.lo = end
                 line0 += lines
-                yield self._batch(row0, part)
+                batch = self._batch(row0, part)
+                if batch.batch.num_rows:
+                    yield batch
+                if self.pending is not None:
+                    raise self.pending
                 row0 += rows
 
     def _batch(self, row0: int, part: "_ScannedPart") -> RawBatch:
@@ -388,28 +393,38 @@ class _ScannedBatches:
         batch = pa.RecordBatch.from_arrays(arrays, names=self.fields)
         return RawBatch(self.path, row0, batch, part.lines[:rows].copy(), {})
 
-    def _refuse_absent(self, record: dict, line: int) -> None:
-        """Raise if the record on ``line`` has an ``absent`` field (the scanner gives up on
-        such a record, and on others it cannot vouch for)."""
+    def _absent_field(self, record: dict, line: int) -> DataError | None:
+        """The error for an ``absent`` field in the record on ``line``, if it has one (the
+        scanner gives up on such a record, and on others it cannot vouch for)."""
         for name in self.absent:
             if record.get(name) is not None:  # null carries no supervision
-                raise unexpected_supervision(f"{self.path}: line {line}: field '{name}'")
+                return unexpected_supervision(f"{self.path}: line {line}: field '{name}'")
+        return None
 
     def _mixed_batch(self, row0: int, part: "_ScannedPart") -> RawBatch:
+        """The batch, records the scanner gave up on read by orjson. One with an ``absent``
+        field ends it: the records before it are the batch, and the error waits in ``pending``,
+        so that a bad record among them is reported first, as the record order has it."""
         columns: dict[str, list] = {name: [] for name in self.fields}
         pre_bad: dict[int, str] = {}
         values, offsets, scalars = part.values, part.offsets, part.scalars
+        rows = part.rows
         for row in range(part.rows):
             if row in part.slow:
-                record = _orjson_record(part.slow[row], pre_bad, row, self.fields)
-                self._refuse_absent(record, int(part.lines[row]))
+                row_bad: dict[int, str] = {}
+                record = _orjson_record(part.slow[row], row_bad, row, self.fields)
+                self.pending = self._absent_field(record, int(part.lines[row]))
+                if self.pending is not None:
+                    rows = row
+                    break
+                pre_bad.update(row_bad)
                 parsed = _field_values(record, self.fields, pre_bad, row)
             else:
                 parsed = [int(scalars[k, row]) if self.scalar[k]
                           else values[k, offsets[k, row]:offsets[k, row + 1]].tolist() for k in range(len(self.fields))]
             for name, value in zip(self.fields, parsed):
                 columns[name].append(value)
-        return _python_batch(self.path, row0, self.fields, self.scalar_fields, columns, part.lines[:part.rows], pre_bad,
+        return _python_batch(self.path, row0, self.fields, self.scalar_fields, columns, part.lines[:rows], pre_bad,
                              self.flag_fields)
 
 
@@ -536,7 +551,7 @@ def _require_fields(path: str, schema: pa.Schema, fields: list[str]) -> None:
 
 def _supervision_columns(path: str, schema: pa.Schema, absent: tuple[str, ...]) -> tuple[str, ...]:
     """The ``absent`` (supervision) columns a columnar file has, each to be all null (see
-    :func:`_refuse_values`); one there twice is refused at once (which of them holds what is
+    :func:`_first_supervised_row`); one there twice is refused at once (which of them holds what is
     ambiguous)."""
     for name in absent:
         if schema.names.count(name) > 1:
@@ -544,33 +559,65 @@ def _supervision_columns(path: str, schema: pa.Schema, absent: tuple[str, ...]) 
     return tuple(name for name in absent if name in schema.names)
 
 
-def _refuse_values(path: str, name: str, column, row0: int) -> None:
-    """Refuse a supervision column that has a value (``column`` holds rows ``row0..``), where
-    the first record had none: a column of nulls carries no supervision, as a JSON null does
-    not (such a column was refused, while the same records in JSON Lines read)."""
-    column.validate(full=True)  # an IPC column's null count is otherwise taken as written
-    if column.null_count < len(column):
-        row = row0 + int(np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False))[0])
-        raise unexpected_supervision(f"{path}: row {row}: column '{name}'")
+def _first_supervised_row(columns) -> int | None:
+    """The first row at which one of ``columns`` (supervision columns, where the first record
+    had none) holds a value, or None: a column of nulls carries no supervision, as a JSON null
+    does not (such a column was refused, while the same records in JSON Lines read)."""
+    first = None
+    for column in columns:
+        column.validate(full=True)  # an IPC column's null count is otherwise taken as written
+        if column.null_count < len(column):
+            row = int(np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False))[0])
+            first = row if first is None else min(first, row)
+    return first
+
+
+def _supervised_column(path: str, names: tuple[str, ...], columns, row: int, row0: int) -> DataError:
+    """The error for the first of ``names`` that holds a value at ``row`` (of rows ``row0..``)."""
+    name = next(n for n, c in zip(names, columns) if c.is_valid()[row].as_py())
+    return unexpected_supervision(f"{path}: row {row0 + row}: column '{name}'")
+
+
+def _parquet_supervised_row(path: str, names: tuple[str, ...]) -> tuple[int, str] | None:
+    """(row, column) of the first value in a supervision column of a Parquet file, read before any
+    row is used (the columns are not among those read), or None."""
+    found = None
+    with pq.ParquetFile(path) as pf:
+        for name in names:
+            row0 = 0
+            for batch in pf.iter_batches(batch_size=64 * BATCH_ROWS, columns=[name]):
+                row = _first_supervised_row([batch.column(0)])
+                if row is not None:
+                    found = min(found, (row0 + row, name)) if found else (row0 + row, name)
+                    break
+                row0 += batch.num_rows
+    return found
 
 
 def read_parquet(path: str, fields: list[str], arrow_only: bool = False,
                  absent: tuple[str, ...] = ()) -> Iterator[RawBatch]:
     """Batches of a Parquet file: packer's compiled decoder for list-of-integer columns,
     pyarrow's for anything else or with ``arrow_only`` (see :mod:`.parquet_lists`). Pages are
-    streamed, never whole row groups, so memory stays bounded by the batch size."""
+    streamed, never whole row groups, so memory stays bounded by the batch size.
+
+    A supervision column that holds a value (see :func:`_first_supervised_row`) ends the file
+    there: the rows before it are read first, so that a bad record among them is reported
+    first, as the record order has it."""
     schema = pq.read_schema(path)
     _require_fields(path, schema, fields)
-    for name in _supervision_columns(path, schema, absent):  # read before any row is used
-        with pq.ParquetFile(path) as pf:
-            row0 = 0
-            for batch in pf.iter_batches(batch_size=64 * BATCH_ROWS, columns=[name]):
-                _refuse_values(path, name, batch.column(0), row0)
-                row0 += batch.num_rows
+    supervised = _parquet_supervised_row(path, _supervision_columns(path, schema, absent))
+    stop = supervised[0] if supervised else None
     row0 = 0
     for batch in ListColumnReader(path, fields, BATCH_ROWS, arrow_only=arrow_only):
-        yield RawBatch(path, row0, batch)
+        if stop is not None and row0 + batch.num_rows > stop:
+            batch = batch.slice(0, stop - row0)
+        if batch.num_rows:
+            yield RawBatch(path, row0, batch)
         row0 += batch.num_rows
+        if stop is not None and row0 >= stop:
+            break
+    if supervised:
+        raise unexpected_supervision(f"{path}: row {supervised[0]}: column '{supervised[1]}'")
 
 
 def read_ipc(path: str, fields: list[str], absent: tuple[str, ...] = ()) -> Iterator[RawBatch]:
@@ -581,12 +628,15 @@ def read_ipc(path: str, fields: list[str], absent: tuple[str, ...] = ()) -> Iter
     for batch in batches:
         # IPC buffers are taken as written: check offsets and bounds before trusting them.
         _select(batch, fields).validate(full=True)
-        for name in absent:  # a stream is read once: each batch is checked as it comes
-            _refuse_values(path, name, batch.column(name), row0)
-        for start in range(0, batch.num_rows, BATCH_ROWS):
-            piece = batch.slice(start, BATCH_ROWS)
+        columns = [batch.column(name) for name in absent]  # a stream is read once: each batch checked as it comes
+        supervised = _first_supervised_row(columns)
+        rows = batch.num_rows if supervised is None else supervised
+        for start in range(0, rows, BATCH_ROWS):
+            piece = batch.slice(start, min(BATCH_ROWS, rows - start))
             yield RawBatch(path, row0, _select(piece, fields))
             row0 += piece.num_rows
+        if supervised is not None:  # the rows before it went first: a bad record among them is reported first
+            raise _supervised_column(path, absent, columns, supervised, row0 - supervised)
 
 
 def read_file(file: InputFile, fields: list[str], scalar_fields: set[str],
