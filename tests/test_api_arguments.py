@@ -60,6 +60,12 @@ BAD = [
     (dict(spec=dict(refine=None)), "refine must be True or False, got None"),
     (dict(source=dict(vocab_size="100")), "vocab-size must be an integer, got '100'"),
     (dict(source=dict(tokens_field="")), "tokens-field must be a field name, got ''"),
+    # past 2**63 the run failed after packing everything, when the metadata's JSON was written
+    (dict(source=dict(vocab_size=2**64)), "vocab-size must be from 1 to 2**63, got 18446744073709551616"),
+    (dict(source=dict(vocab_size=0)), "vocab-size must be from 1 to 2**63, got 0"),
+    # argv bytes that are not UTF-8 (Python decodes them to lone surrogates) were blamed on the input
+    (dict(source=dict(mask_field="m\udcff")), "mask-field 'm\\udcff' is not UTF-8 text (field names in JSON, "
+                                               "Parquet and Arrow files are)"),
     (dict(output=dict(eos_id="5")), "eos-id must be an integer, got '5'"),
     (dict(output=dict(row_group_size=2.5)), "row-group-size must be an integer, got 2.5"),
     (dict(shard_bytes="1MB"), "shard size must be a positive number of bytes, got '1MB'"),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from enum import Enum
 
 from packer_cli.errors import ConfigError
@@ -111,6 +111,14 @@ def _check_types(spec, ints: tuple[str, ...], bools: tuple[str, ...], optional_i
         if not is_bool(value):
             raise ConfigError(f"{name.replace('_', '-')} must be True or False, got {value!r}")
         object.__setattr__(spec, name, bool(value))
+
+
+def _is_utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: how Python decodes argv bytes that are not UTF-8
+        return False
+    return True
 
 
 def pad_multiple_for(cp: int, tp: int, sp: bool) -> int:
@@ -255,7 +263,6 @@ class SourceSpec:
     """When given, ids ≥ vocab_size are bad records."""
     on_bad_record: BadRecordPolicy = BadRecordPolicy.ERROR
     """Stop or skip on malformed records."""
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
         object.__setattr__(self, "on_bad_record", _as_enum(BadRecordPolicy, "on_bad_record", self.on_bad_record))
@@ -266,8 +273,13 @@ class SourceSpec:
             value = getattr(self, name)
             if not (isinstance(value, str) and value) and not (value is None and name != "tokens_field"):
                 raise ConfigError(f"{name.replace('_', '-')} must be a field name, got {value!r}")
+            if value is not None and not _is_utf8(value):  # bytes of another encoding on the command line
+                raise ConfigError(f"{name.replace('_', '-')} {value!r} is not UTF-8 text (field names in JSON, "
+                                  "Parquet and Arrow files are)")
         if self.mask_field and self.labels_field:
             raise ConfigError("--mask-field and --labels-field are mutually exclusive")
-        if self.vocab_size is not None and self.vocab_size < 1:
-            raise ConfigError(f"vocab-size must be positive, got {self.vocab_size}")
+        if self.vocab_size is not None and not 1 <= self.vocab_size <= 2**63:
+            # token ids are 64-bit signed integers: 2**63 already admits every one, and the
+            # metadata's JSON (its checksum too) holds no larger integer
+            raise ConfigError(f"vocab-size must be from 1 to 2**63, got {self.vocab_size}")
         return self
