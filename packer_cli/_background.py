@@ -1,9 +1,10 @@
 """Run a producer on a background thread, handing its items over through a bounded queue.
 
 The pipeline uses it to overlap stages on two cores: reading and validating the next batch
-while the main thread spills the previous one, and gathering the next run of packs while the
-main thread writes the previous one. The heavy work on both sides (Parquet decoding, numba
-kernels, file writes, hashing) releases the GIL.
+while the main thread spills the previous one (pass one of ``pack``, and verify's replay of
+the source). Pass two overlaps its stages otherwise (the shard sink's I/O thread writes one
+buffer while the gather fills the next). The heavy work on both sides (Parquet decoding,
+numba kernels, file writes, hashing) releases the GIL.
 
 >>> list(background(iter(range(3))))
 [0, 1, 2]

@@ -47,7 +47,7 @@ class PackSummary:
     ``total``. In the printed summary and ``--json``, never in ``metadata.json`` (the same inputs
     give the same bytes)."""
     spill: dict | None = None
-    """How pass two read the spill (native shards): ``read`` (``random`` or ``staged``),
+    """How pass two read the spill (native shards and Bridge layouts alike): ``read`` (``random`` or ``staged``),
     ``bytes`` (the spill's size), ``room`` (the page cache ``auto`` judged it against) and, when
     staged, ``stages`` and ``stage_bytes``. Reported like ``seconds``, never in
     ``metadata.json``."""

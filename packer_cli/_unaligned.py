@@ -1,7 +1,8 @@
 """Unaligned integer loads and stores for compiled kernels.
 
-Byte-packed layouts put integers at any byte address: the spill's 3-byte tokens, the digits of
-a JSON line. Each of these compiles to one unaligned load or store (x86-64 and ARM64 allow
+Byte-packed layouts put integers at any byte address: the spill's bit-packed tokens (``b``
+bits each, see :mod:`packer_cli.shards._gather`), a Parquet page's values, the digits of a
+JSON line. Each of these compiles to one unaligned load or store (x86-64 and ARM64 allow
 them), where spelling the integer out byte by byte costs an instruction a byte. Addresses are
 raw (``array.ctypes.data + offset``); the caller keeps them inside the array.
 """
@@ -44,8 +45,3 @@ def store_u32(typingctx, address, value):
     """Write ``value`` (uint32) as the 4 bytes at ``address``."""
     return types.void(types.uint64, types.uint32), _store_codegen(32)
 
-
-@intrinsic
-def store_u64(typingctx, address, value):
-    """Write ``value`` (uint64) as the 8 bytes at ``address``."""
-    return types.void(types.uint64, types.uint64), _store_codegen(64)

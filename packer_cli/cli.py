@@ -1,8 +1,9 @@
 """The ``packer`` command line: a thin typer layer over the Python API.
 
 Exit codes: 0 ok, 1 data error (or problems found by verify), 2 bad options or unusable paths,
-3 the output could not be written (disk full, I/O error), 130/143 interrupted by SIGINT/SIGTERM
-(everything unwound, nothing left behind).
+3 the output could not be written (disk full, I/O error), 74 stdout could not be written (the
+run's own status stands when it failed), 130/143 interrupted by SIGINT/SIGTERM (everything
+unwound, nothing left behind), 141 stdout closed early (``packer ... | head``).
 Every error is one line on stderr, bad options included; no tracebacks. The console script
 enters through :mod:`packer_cli._entry` (Ctrl-C during start-up).
 """

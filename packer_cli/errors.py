@@ -87,7 +87,7 @@ def raise_interrupted(signum: int, frame=None) -> None:
     """The CLI's handler for SIGINT and SIGTERM: remember the signal, then raise it, once.
 
     A second signal (Ctrl-C pressed twice) is only recorded: raised, it would land in the
-    cleanup the first one set off and cut it short, leaving ``OUT.tmp-PID`` behind. Should the
+    cleanup the first one set off and cut it short, leaving ``OUT.tmp-PID-RANDOM`` behind. Should the
     first one's exception have been lost, :func:`check_interrupted` raises it again at the
     next check (pass one checks at every batch, pass two at every shard)."""
     global _signal_received, _raising

@@ -25,8 +25,6 @@ QUALITY_KEYS = ("efficiency", "fill", "lower_bound", "gap_to_lower_bound", "gap_
                 "gap_to_l2", "gap_to_l2_pct")
 BRIDGE_KEYS = ("dataset_max_seqlen", "max_samples_per_bin", "packing_factor", "packing_efficiency", "pack_size",
                "min_packed_seqlen")
-TOP_KEYS = ("format", "format_version", "packer_version", "spec", "source", "counts", "quality", "bridge", "static",
-            "bad_records")
 
 
 def _count(v) -> bool:

@@ -1,8 +1,9 @@
 """``inspect_output``: stream an output's shards once and build its :class:`InspectReport`.
 
-Only three columns are read: ``cu_seqlens`` (padded lengths p), ``seq_lens`` (real lengths s)
-and ``loss_mask`` (target count); token ids are never touched, and memory stays bounded by
-one record batch plus histograms of size about C. Each record batch gives a partial report;
+The statistics read three columns: ``cu_seqlens`` (padded lengths p), ``seq_lens`` (real
+lengths s) and ``loss_mask`` (target count); token ids are never touched. ``--pack`` reads its
+one pack's source indices and offsets too (memory-mapped; verify, not inspect, checks those
+columns). Memory stays bounded by one record batch plus histograms of size about C. Each record batch gives a partial report;
 partials add up to one report per shard and shard reports add up to the whole output.
 
     >>> report = inspect_output("packed/")                      # doctest: +SKIP

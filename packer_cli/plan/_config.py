@@ -28,6 +28,3 @@ NJIT_INLINE_FLAGS: dict = {**NJIT_FLAGS, "inline": "always"}
 #: Largest pack capacity accepted by the planner. The decreasing algorithms and the
 #: improvement pass use tables indexed by length, so their memory grows linearly with it.
 MAX_CAPACITY: int = 1 << 24
-
-#: Dtypes the kernels accept for ``lengths`` (anything else is converted to int64).
-KERNEL_DTYPES = ("int32", "int64")

@@ -207,7 +207,7 @@ def _first_fit(seq_lengths, capacity, tree):
     capacity : int
         Pack capacity.
     tree : int32[2 * size]
-        Work array as in :func:`_ffd`.
+        Work array as in :func:`_ffd_positions`.
 
     Returns
     -------

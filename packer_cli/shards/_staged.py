@@ -364,7 +364,7 @@ class StagedSpillReader(SpillReader):
         self._stage_fd = os.open(os.path.join(spill_dir, STAGES_FILE), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         self._fds.append(self._stage_fd)
         try:
-            sample_stage, pair_sample, pair_stage = self._assign(spill_dir, pack_offsets, pack_order, stages)
+            sample_stage, pair_sample, pair_stage = self._assign(spill_dir, pack_offsets, pack_order)
             self._build(spill_dir, sample_stage, pair_sample, pair_stage, len(stages))
         except BaseException:
             self.close()
@@ -377,7 +377,7 @@ class StagedSpillReader(SpillReader):
 
     # -- building
 
-    def _assign(self, spill_dir, pack_offsets, pack_order, stages):
+    def _assign(self, spill_dir, pack_offsets, pack_order):
         """Which stage needs each sample: read the plan order once, in plan order."""
         items, n = self._items, self._items.num_samples
         position_of_pack = np.empty(pack_order.size, dtype=np.int64)

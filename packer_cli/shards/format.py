@@ -122,5 +122,3 @@ def pack_schema(version: int = FORMAT_VERSION) -> pa.Schema:
 
 
 PACK_SCHEMA = pack_schema()
-PER_TOKEN = ("tokens", "loss_mask")
-PER_SEQUENCE = ("seq_lens", "last_token", "source_index", "source_offset")

@@ -225,7 +225,6 @@ _V2_COLUMNS = np.array([NUM_VALUES, NUM_NULLS, NUM_ROWS, ENCODING, DEF_BYTES, RE
 _DICT_FIELDS = np.array([1, 2], dtype=np.int64)
 _DICT_COLUMNS = np.array([NUM_VALUES, ENCODING], dtype=np.int64)
 _I32_KINDS = np.full(6, _I32, dtype=np.int64)
-_TOP_FIELDS = np.array([1, 2, 3], dtype=np.int64)
 _TOP_COLUMNS = np.array([PAGE_TYPE, UNCOMPRESSED, HI], dtype=np.int64)  # HI holds the compressed size at first
 
 

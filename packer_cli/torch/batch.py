@@ -20,6 +20,9 @@ what Transformer Engine expects (it divides by ``cp_size`` itself).
 When no sequence has alignment padding, ``cu_seqlens_padded is cu_seqlens`` (one
 object): consumers that test identity (TE's ``pad_between_seqs``) then keep the fast
 FlashAttention path. :meth:`to`, :meth:`pin_memory` and :meth:`concat` preserve that.
+Static (CUDA-graph) batches of an output with ``pad_seq_to_mult > 1`` are the exception:
+they always carry a distinct ``cu_seqlens_padded``, padded or not, because a captured graph
+replays one structure (a ``None`` in one step and a tensor in the next is a mismatch).
 
 Labels are pre-shifted within each sequence (``labels[t]`` is the target of input ``t``)
 and never cross a sequence boundary; padding has label ``-100`` and loss weight 0.
@@ -117,7 +120,8 @@ class THDBatch:
     # ------------------------------------------------------------------ properties
     @property
     def has_padding(self) -> bool:
-        """True when some sequence has alignment padding (distinct padded boundaries)."""
+        """True when the padded boundaries are a distinct tensor: some sequence has alignment
+        padding, or the batch is static with ``pad_seq_to_mult > 1`` (which always has one)."""
         return self.cu_seqlens_padded is not self.cu_seqlens
 
     @property
@@ -209,7 +213,8 @@ class THDBatch:
     def packed_seq_params(self, *, with_total_tokens: bool = False) -> Any:
         """Megatron-core ``PackedSeqParams`` (or the field-compatible stand-in), ``qkv_format="thd"``.
 
-        Padded fields are set only when some sequence is padded. ``with_total_tokens``
+        Padded fields are set when ``cu_seqlens_padded`` is a distinct tensor (some sequence
+        is padded, or the batch is static with ``pad_seq_to_mult > 1``). ``with_total_tokens``
         passes the physical length so Megatron builds ``seq_idx`` for Mamba layers.
         """
         return make_packed_seq_params(

@@ -107,18 +107,18 @@ def validate_training_config(
 ) -> int:
     """Raise :class:`TrainingConfigError` (a ``ValueError``) on the first rule broken.
 
-    Rules, in Bridge's order (messages are Bridge's where it has one):
+    Rules, checked in this order (messages are Bridge's where it has one):
 
     1. offline and in-batch packing are mutually exclusive;
     2. ``pad_cu_seqlens`` requires ``pad_to_max_length``; CUDA graphs with offline
        packing require ``pad_to_max_length`` and, when they capture attention,
        ``pad_cu_seqlens``;
-    3. with CP > 1, ``seq_length`` divisible by ``2*CP``; fine-tuning needs per-token loss
+    3. for in-batch packing, ``seq_length`` must be a multiple of :func:`pad_multiple`;
+    4. with CP > 1, ``seq_length`` divisible by ``2*CP``; fine-tuning needs per-token loss
        and no ``average_in_collective`` (else ranks whose tokens are all masked give NaN);
-    4. offline packing requires micro-batch 1; in-batch packing requires micro-batch > 1;
-    5. the data's padding multiple (and, for in-batch packing, ``seq_length``) must be a
-       multiple of :func:`pad_multiple`;
-    6. the model-family opt-outs (Qwen3-Next SFT, GLM-4.5 SFT/PEFT, Qwen3.5-VL in-batch)
+    5. offline packing requires micro-batch 1; in-batch packing requires micro-batch > 1;
+    6. the offline data's padding multiple must be a multiple of :func:`pad_multiple`;
+    7. the model-family opt-outs (Qwen3-Next SFT, GLM-4.5 SFT/PEFT, Qwen3.5-VL in-batch)
        are rejected. Multi-token prediction is not: Megatron-core rolls its labels within
        each packed sequence, and Bridge refuses MTP only with Energon's native packing,
        which this loader does not do.

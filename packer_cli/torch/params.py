@@ -6,14 +6,16 @@ megatron-core is installed, :func:`packed_seq_params_class` returns that class; 
 returns :class:`PackedSeqParams` below, which has the same field names and defaults, so code
 written against one works with the other (``params.cu_seqlens_q``, ``params.max_seqlen_q``...).
 
-Two rules from TE decide how fast attention runs (see ``docs`` in thd_layout):
+Two rules from TE decide how fast attention runs:
 
 * ``max_seqlen_q/kv`` must be Python ints. With ``None`` TE computes them with ``.item()``,
   a device sync per step that CUDA-graph capture forbids.
 * TE decides ``pad_between_seqs`` from the padded fields: ``None`` (or the same object as
   the unpadded field) means "no padding between sequences" and keeps FlashAttention
   eligible; a distinct tensor selects cuDNN/FA3. So the padded fields are set only when
-  some sequence really has alignment padding.
+  the caller passes a distinct padded tensor: when some sequence really has alignment
+  padding, and in static (CUDA-graph) batches with ``pad_seq_to_mult > 1``, which need one
+  structure on every step.
 """
 
 from __future__ import annotations
