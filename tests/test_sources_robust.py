@@ -433,6 +433,40 @@ def test_a_file_of_only_malformed_json_names_the_line(tmp_path, content, policy)
     assert_nothing_written(tmp_path)
 
 
+ORJSON_REFUSES = {  # valid JSON (RFC 8259) that orjson refuses, each in a field packer does not read
+    "lone surrogate": b'"t": "half an emoji \\ud83d"',  # what Python's json.dumps writes for it
+    "number past a double": b'"score": 1e400',
+}  # nesting past 1024 levels too, but Python's parser stops near 1000: README names the limit
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first record", "later record"])
+@pytest.mark.parametrize("field", list(ORJSON_REFUSES.values()), ids=list(ORJSON_REFUSES))
+def test_valid_json_that_orjson_refuses_is_read(tmp_path, field, first):
+    """Such records were bad records ("malformed JSON: no low surrogate in string"), and a first
+    record among them did not decide the supervision field, though datasets reads them."""
+    odd = b'{"input_ids": [7, 8, 9], "loss_mask": [0, 1, 1], ' + field + b"}\n"
+    good = orjson.dumps(GOOD) + b"\n"
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(odd + good if first else good + odd)
+    stream = SampleStream(discover_inputs([str(path)]), SourceSpec())
+    batches = list(stream)
+    assert stream.records == 2 and sum(b.lengths.size for b in batches) == 2 and stream.supervision.kind == "mask"
+    tokens = np.concatenate([b.tokens for b in batches]).tolist()
+    assert tokens[:3] == [7, 8, 9] if first else tokens[-3:] == [7, 8, 9]
+    result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 64)
+    assert result.exit_code == 0, result.output
+    assert run("verify", tmp_path / "out", "--source", path).exit_code == 0
+
+
+@pytest.mark.parametrize("value", [b"NaN", b"Infinity", b"-Infinity"])
+def test_nan_and_infinity_stay_malformed_json(tmp_path, value):
+    """Python's json reads them, JSON has no such values: the standard parser's fallback refuses them."""
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(orjson.dumps(GOOD) + b"\n" + b'{"input_ids": [1, 2], "loss_mask": [0, 1], "x": ' + value + b"}\n")
+    with pytest.raises(DataError, match=r"d\.jsonl: line 2: malformed JSON"):
+        records(path)
+
+
 def test_a_file_of_only_malformed_json_forced_mask(tmp_path):
     path = tmp_path / "data.jsonl"
     path.write_bytes(b"{bad\n")

@@ -162,8 +162,8 @@ def jsonl_field_names(path: str) -> list[str] | None:
             if raw.strip():
                 try:
                     record = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    continue
+                except orjson.JSONDecodeError:  # as the reader parses it: valid JSON orjson refuses counts
+                    record = _standard_record(raw)
                 if isinstance(record, dict):
                     return list(record)
     return None  # no record: the next input decides
@@ -179,14 +179,23 @@ def _holds_a_float(value) -> bool:
 
 
 def _orjson_record(raw: bytes, pre_bad: dict[int, str], row: int, fields: list[str]) -> dict:
-    """One record parsed by orjson; ``{}`` (and the reason in ``pre_bad``) when it is no object."""
+    """One record parsed by orjson; ``{}`` (and the reason in ``pre_bad``) when it is no object.
+
+    orjson refuses some valid JSON: a lone surrogate escape (``"\\ud83d"``, which Python's
+    ``json.dumps`` writes for half an emoji), a number past a double's range. Such a record,
+    anywhere in it, is read by the standard parser instead (NaN and Infinity, which that parser
+    takes and JSON has not, stay malformed). Nesting deeper than 1024 levels both refuse
+    (Python's parser stops at its recursion limit, about 1000).
+    """
     try:
         record = orjson.loads(raw)
         if not isinstance(record, dict):
             raise ValueError("the record is not a JSON object")
     except (orjson.JSONDecodeError, ValueError) as exc:
-        pre_bad[row] = f"malformed JSON: {exc}"
-        return {}
+        record = _standard_record(raw)
+        if record is None:
+            pre_bad[row] = f"malformed JSON: {exc}"
+            return {}
     if any(_holds_a_float(record.get(name)) for name in fields):
         # orjson reads an integer past 64 bits as a float (2**64 as 1.8446744073709552e+19,
         # -2**63 - 1 as -2**63): the standard parser keeps it exact, so the reason quotes the file
@@ -195,6 +204,19 @@ def _orjson_record(raw: bytes, pre_bad: dict[int, str], row: int, fields: list[s
         except (ValueError, RecursionError):  # nested deeper than Python's parser goes: orjson's reading stands
             pass
     return record
+
+
+def _standard_record(raw: bytes) -> dict | None:
+    """``raw`` parsed by Python's ``json`` as strict JSON, when it is an object; else None."""
+    try:
+        record = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
 
 
 def _field_values(record: dict, fields: list[str], pre_bad: dict[int, str], row: int) -> list:
