@@ -322,3 +322,47 @@ def test_a_bridge_split_whose_metadata_names_another_split_is_refused(copy, key)
     edit_metadata(out, "training.metadata.json", rename)
     assert_refused(out, f"training.metadata.json: {key} is 'validation', but the file is the training split's",
                    "training")
+
+
+# --- over-long counts the policy rules out ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def overlong_outputs(made, tmp_path_factory):
+    """Native outputs of the training input (samples up to 700 tokens) at C=512 under split and truncate."""
+    root = tmp_path_factory.mktemp("overlong")
+    outs = {}
+    for policy in ("split", "truncate"):
+        result = run("pack", made["train"], "-o", root / policy, "-C", C, "--overlong", policy)
+        assert result.exit_code == 0, result.output
+        outs[policy] = root / policy
+    return outs
+
+
+LOST_EDITS = [  # (policy, changes to counts.overlong): each contradicts what the policy allows
+    ("split", {"target_tokens_lost": 1}),
+    ("truncate", {"target_tokens_lost": "lost + 1"}),
+    ("truncate", {"samples": 0}),
+    ("truncate", {"tokens_lost": 0, "target_tokens_lost": 0}),
+    ("truncate", {"tokens_lost": "samples - 1", "target_tokens_lost": 0}),
+]
+
+
+@pytest.mark.parametrize("policy,changes", LOST_EDITS)
+def test_overlong_counts_the_policy_rules_out_are_findings(overlong_outputs, tmp_path, policy, changes):
+    """Such counts (the metadata re-sealed) passed verify without --source: split's lost
+    targets, and truncate's lost tokens against its truncated samples, were not compared."""
+    import shutil
+    out = Path(shutil.copytree(overlong_outputs[policy], tmp_path / policy))
+    over = json.loads((out / "metadata.json").read_text())["counts"]["overlong"]
+    assert run("verify", out).exit_code == 0
+    if policy == "truncate":
+        assert over["samples"] > 1 and over["tokens_lost"] > over["samples"]
+    values = {"lost + 1": over["tokens_lost"] + 1, "samples - 1": over["samples"] - 1}
+
+    def edit(doc):
+        for key, value in changes.items():
+            doc["counts"]["overlong"][key] = values.get(value, value)
+
+    edit_metadata(out, "metadata.json", edit)
+    result = run("verify", out)
+    assert result.exit_code == 1 and "[metadata.counts]" in result.output, result.output

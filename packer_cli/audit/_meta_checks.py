@@ -170,6 +170,18 @@ def check_metadata(meta: dict, report: InspectReport, facts: dict, sink: Finding
             else bridge["dataset_max_seqlen"])
 
 
+def _check_tokens_lost(sink: FindingSink, policy, samples, lost, targets_lost) -> None:
+    """Tokens lost against targets lost and over-long samples: a target is a token, and each
+    sample truncated or dropped loses at least one token (it is longer than the pack)."""
+    if lost is not None and targets_lost is not None and targets_lost > lost:
+        sink.add("metadata.counts", f"counts.overlong.target_tokens_lost is {targets_lost} but only {lost} tokens "
+                 "were lost", shard=METADATA_FILE)
+    if policy in ("truncate", "drop") and lost is not None and samples is not None and (
+            samples > lost or (samples == 0) != (lost == 0)):
+        sink.add("metadata.counts", f"counts.overlong.tokens_lost is {lost} for {samples} over-long samples "
+                 f"(policy {policy} loses at least one token of each, and none without one)", shard=METADATA_FILE)
+
+
 def _check_policy_counts(meta: dict, facts: dict, sink: FindingSink) -> None:
     """What the over-long policy implies about its counts, and records = packed + left out."""
     counts = meta.get("counts") if isinstance(meta.get("counts"), dict) else {}
@@ -184,6 +196,8 @@ def _check_policy_counts(meta: dict, facts: dict, sink: FindingSink) -> None:
         compare(sink, "metadata.counts", meta, "counts.overlong.dropped", 0, f"policy {policy} drops")
     if policy in ("split", "error"):
         compare(sink, "metadata.counts", meta, "counts.overlong.tokens_lost", 0, f"policy {policy} loses")
+        compare(sink, "metadata.counts", meta, "counts.overlong.target_tokens_lost", 0, f"policy {policy} loses")
+    _check_tokens_lost(sink, policy, samples, n(over.get("tokens_lost")), n(over.get("target_tokens_lost")))
     if policy == "error":
         compare(sink, "metadata.counts", meta, "counts.overlong.samples", 0, "policy error allows")
     if policy == "drop" and samples is not None:
