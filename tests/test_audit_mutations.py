@@ -366,3 +366,53 @@ def test_overlong_counts_the_policy_rules_out_are_findings(overlong_outputs, tmp
     edit_metadata(out, "metadata.json", edit)
     result = run("verify", out)
     assert result.exit_code == 1 and "[metadata.counts]" in result.output, result.output
+
+
+# --- a Bridge split's recorded file facts ------------------------------------------------------
+
+FILE_FACTS = [  # (file, changes): the manifest's entry, or the metadata's output record (re-sealed)
+    ("manifest", {"row_groups": 99}),
+    ("manifest", {"row_group_size": 3, "row_groups": 99}),
+    ("manifest", {"parquet_encoding": "split-zstd"}),
+    ("manifest", {"parquet_encoding": "plain-snappy"}),
+    ("manifest", {"stored_tokens": {}}),
+    ("manifest", {"stored_tokens": 5}),
+    ("metadata", {"parquet_encoding": "plain-snappy"}),
+    ("metadata", {"row_group_size": []}),
+    ("metadata", {"files": {"data": "other.parquet"}}),
+    ("metadata", {"format": "x"}),
+    ("metadata", {"eos_scan_too_short": -1}),
+    ("metadata", {"eos_id_source": "guessed"}),
+    ("metadata", {"eos_id_source": "inferred", "samples_not_ending_with_eos": 3}),
+]
+
+
+@pytest.mark.parametrize("where,changes", FILE_FACTS, ids=[f"{w}-{'-'.join(c)}" for w, c in FILE_FACTS])
+def test_a_bridge_splits_recorded_file_facts_must_hold(copy, where, changes):
+    """What the manifest entry and the metadata's output record say about the split's file
+    (encoding, row groups, stored tokens, names) was never looked at: any value, of any type,
+    passed verify."""
+    out = copy("bridge")
+    if where == "manifest":
+        path = out / "training.manifest.json"
+        doc = json.loads(path.read_text())
+        doc["shards"][0].update(changes)
+        path.write_text(json.dumps(doc))
+    else:
+        edit_metadata(out, "training.metadata.json", lambda doc: doc["output"].update(changes))
+    result = run("verify", out, "--split", "training")
+    assert result.exit_code == 1 and "[bridge.file]" in result.output, result.output
+
+
+def test_a_bridge_split_recorded_before_its_file_facts_verifies(copy):
+    """A split written before packer recorded its encoding and row groups has none of those keys."""
+    out = copy("bridge")
+    path = out / "training.manifest.json"
+    doc = json.loads(path.read_text())
+    for key in ("parquet_encoding", "row_groups", "row_group_size", "stored_tokens"):
+        del doc["shards"][0][key]
+    path.write_text(json.dumps(doc))
+    edit_metadata(out, "training.metadata.json",
+                  lambda meta: [meta["output"].pop(k) for k in ("parquet_encoding", "row_group_size")])
+    result = run("verify", out, "--split", "training")
+    assert result.exit_code == 0, result.output

@@ -251,7 +251,7 @@ def test_int64_files_of_earlier_versions_still_read(small, tmp_path):
     table = pq.read_table(data)
     wide = table.schema.set(0, pa.field("input_ids", pa.list_(pa.int64()))).set(
         2, pa.field("seq_start_id", pa.list_(pa.int64())))
-    pq.write_table(table.cast(wide), data, row_group_size=default_row_group_size(512))
+    pq.write_table(table.cast(wide), data, row_group_size=default_row_group_size(512), compression="zstd")
     manifest_path = tmp_path / "old" / "training.manifest.json"
     manifest = json.loads(manifest_path.read_text())
     raw = data.read_bytes()

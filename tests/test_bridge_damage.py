@@ -63,7 +63,7 @@ def write(out: Path, table: pa.Table, metadata: dict | None = None) -> None:
     """Rewrite the split file with ``table`` and make the manifest's size and checksum hold."""
     if metadata is not None:
         table = table.replace_schema_metadata(metadata)
-    pq.write_table(table, out / DATA, row_group_size=ROW_GROUP)
+    pq.write_table(table, out / DATA, row_group_size=ROW_GROUP, compression="zstd")  # as the manifest records
     manifest_path = out / "training.manifest.json"
     manifest = json.loads(manifest_path.read_text())
     raw = (out / DATA).read_bytes()

@@ -7,6 +7,9 @@ all entries. ``packer pack`` appends the split's ``bridge`` record of its metada
 
 * ``bridge.array`` — the file exists and is such an array, every entry has the six keys with
   their types, and its ``pack_size`` is the C in the file's name (the one Bridge reads it for);
+* ``bridge.file`` — what the split's manifest entry and its metadata's ``output`` record say
+  about its Parquet file holds: the values' types, the two records alike, and the file's footer
+  (row groups, rows per group, codec, byte-stream split ids, stored token count);
 * ``bridge.entry`` — one entry equals this split's values (verify: recomputed from the data;
   inspect: as its metadata records them), and there are no more entries than splits, so no
   stale entry moves Bridge's max/min. Each split claims a distinct entry (two splits of equal
@@ -20,8 +23,9 @@ import os
 from packer_cli.audit._meta_checks import _same
 from packer_cli.audit._meta_schema import BRIDGE_KEYS
 from packer_cli.audit.findings import FindingSink
-from packer_cli.errors import DataError
-from packer_cli.shards.bridge import SPLITS, bridge_metadata_name, lost_metadata, split_metadata_name
+from packer_cli.errors import DataError, shown
+from packer_cli.shards.bridge import (BRIDGE_FORMAT, PARQUET_ENCODING_NAMES, SPLITS, bridge_metadata_name, data_name,
+                                      lost_metadata, split_manifest_name, split_metadata_name)
 from packer_cli.shards.bridge_output import claim_entries, present_split_values, read_bridge_array
 
 RATIO_KEYS = ("packing_factor", "packing_efficiency")
@@ -107,3 +111,105 @@ def _split_values(store, expected: dict) -> list[tuple[str, dict | None]]:
 def _differences(entry: dict, expected: dict, what: str) -> list[str]:
     return [f"{key} is {entry[key]!r} but {what} {expected.get(key)!r}" if key in entry else f"{key} is missing"
             for key in BRIDGE_KEYS if key not in entry or not _same(entry[key], expected.get(key))]
+
+
+#: The EOS id's origins a split's metadata records (see ``shards.bridge_writer.resolve_eos``).
+EOS_SOURCES = ("given", "inferred", "not needed", "not checked")
+_count = lambda v: type(v) is int and v >= 0  # noqa: E731
+
+
+def check_file_facts(store, sink: FindingSink) -> None:
+    """``bridge.file``: the split's manifest entry and metadata ``output`` record against each
+    other and against its Parquet file's footer (a footer read, no data). A key an earlier
+    packer did not write is not looked for; one that is there must hold."""
+    entries = store.shard_entries()
+    if len(entries) != 1 or not isinstance(entries[0], dict) or store.pack_size is None:
+        return  # structure.* report it
+    entry, C = entries[0], store.pack_size
+    _check_manifest_entry(store, entry, sink)
+    _check_output_record(store, entry, C, sink)
+    if _count(entry.get("row_group_size")) and entry["row_group_size"] > 0:
+        _check_footer(store, entry, sink)
+
+
+def _check_manifest_entry(store, entry: dict, sink: FindingSink) -> None:
+    for key, ok, want in (("row_groups", _count, "a count"), ("stored_tokens", _count, "a count"),
+                          ("row_group_size", lambda v: _count(v) and v > 0, "a positive integer"),
+                          ("parquet_encoding", lambda v: v in PARQUET_ENCODING_NAMES,
+                           f"one of {', '.join(PARQUET_ENCODING_NAMES)}")):
+        if key in entry and not ok(entry[key]):  # absent: written before packer recorded it
+            sink.add("bridge.file", f"{key} is {shown(entry.get(key))}, expected {want}", shard=store.manifest_name)
+    rows, size = entry.get("rows"), entry.get("row_group_size")
+    if _count(rows) and _count(size) and size > 0 and _count(entry.get("row_groups")) \
+            and entry["row_groups"] != -(-rows // size):
+        sink.add("bridge.file", f"row_groups is {entry['row_groups']}, but {rows} rows in groups of {size} make "
+                 f"{-(-rows // size)}", shard=store.manifest_name)
+
+
+def _check_output_record(store, entry: dict, C: int, sink: FindingSink) -> None:
+    output = store.metadata.get("output")
+    if not isinstance(output, dict):
+        return  # metadata.schema reports it
+    files = {"data": data_name(store.split, C), "bridge_metadata": bridge_metadata_name(C),
+             "metadata": split_metadata_name(store.split), "manifest": split_manifest_name(store.split)}
+    expected = {"format": BRIDGE_FORMAT, "split": store.split, "files": files,
+                "parquet_encoding": entry.get("parquet_encoding"), "row_group_size": entry.get("row_group_size")}
+    for key, value in expected.items():
+        if key not in output or key not in entry and key in ("parquet_encoding", "row_group_size"):
+            continue  # written before packer recorded it
+        if output[key] != value or type(output[key]) is not type(value):
+            whose = "the manifest's" if key in ("parquet_encoding", "row_group_size") else "this split's"
+            sink.add("bridge.file", f"output.{key} is {shown(output.get(key), 120)}, {whose} is {shown(value, 120)}",
+                     shard=store.metadata_name)
+    if "eos_id_source" in output and output["eos_id_source"] not in EOS_SOURCES:
+        sink.add("bridge.file", f"output.eos_id_source is {shown(output.get('eos_id_source'))}, expected one of "
+                 f"{', '.join(EOS_SOURCES)}", shard=store.metadata_name)
+    for key in ("eos_scan_too_short", "eos_scan_too_long", "samples_not_ending_with_eos"):
+        if key in output and not (output[key] is None or _count(output[key])):
+            sink.add("bridge.file", f"output.{key} is {shown(output[key])}, expected a count",
+                     shard=store.metadata_name)
+    if output.get("eos_id_source") == "inferred" and output.get("samples_not_ending_with_eos") not in (0, None):
+        sink.add("bridge.file", f"output.samples_not_ending_with_eos is {shown(output['samples_not_ending_with_eos'])}, "
+                 "but an inferred EOS id is the token every sample ends with", shard=store.metadata_name)
+
+
+def _check_footer(store, entry: dict, sink: FindingSink) -> None:
+    import pyarrow.parquet as pq
+
+    name, size = entry.get("name"), entry["row_group_size"]
+    try:
+        footer = pq.ParquetFile(os.path.join(store.out, name)).metadata
+    except Exception:  # noqa: BLE001 - unreadable: shard.* report it with the reason
+        return
+    where = store.manifest_name
+    groups = [footer.row_group(g) for g in range(footer.num_row_groups)]
+    if any(g.num_rows <= 0 for g in groups) or sum(g.num_rows for g in groups) != footer.num_rows:
+        return  # a damaged footer: shard.unreadable reports it where the file is opened
+    if "row_groups" in entry and entry["row_groups"] != len(groups):
+        sink.add("bridge.file", f"row_groups is {shown(entry.get('row_groups'))}, the file has {len(groups)}", shard=where)
+    sizes = [g.num_rows for g in groups]
+    if any(n != size for n in sizes[:-1]) or (sizes and not 0 < sizes[-1] <= size):
+        sink.add("bridge.file", f"row_group_size is {size}, the file's groups hold {_sizes(sizes)} rows", shard=where)
+    encoding = entry.get("parquet_encoding")
+    if encoding in PARQUET_ENCODING_NAMES:
+        codec = "SNAPPY" if encoding.endswith("snappy") else "ZSTD"
+        found = {g.column(c).compression for g in groups for c in range(g.num_columns)}
+        if found - {codec}:
+            sink.add("bridge.file", f"parquet_encoding is {encoding}, the file's columns are compressed with "
+                     f"{', '.join(sorted(found))}", shard=where)
+    ids = [c for c in range(footer.num_columns) if footer.schema.column(c).path == "input_ids.list.element"]
+    if ids and groups:
+        split = any("BYTE_STREAM_SPLIT" in g.column(ids[0]).encodings for g in groups)
+        if encoding in PARQUET_ENCODING_NAMES and split != encoding.startswith("split"):
+            sink.add("bridge.file", f"parquet_encoding is {encoding}, but the file's ids are "
+                     f"{'' if split else 'not '}split into byte streams", shard=where)
+        values = sum(g.column(ids[0]).num_values for g in groups)
+        if _count(entry.get("stored_tokens")) and entry["stored_tokens"] != values:
+            sink.add("bridge.file", f"stored_tokens is {entry['stored_tokens']}, the file's input_ids hold {values} "
+                     "values", shard=where)
+
+
+def _sizes(sizes: list[int]) -> str:
+    if len(sizes) <= 6:
+        return ", ".join(map(str, sizes))
+    return f"{', '.join(map(str, sizes[:3]))}, ..., {', '.join(map(str, sizes[-2:]))}"

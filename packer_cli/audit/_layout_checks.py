@@ -113,9 +113,10 @@ def check_layout(out: str, sink: FindingSink, split: str | None = None) -> Layou
         check_shard_size(out, entry, store.manifest_name, sink)
     if store.format == BRIDGE_FORMAT:
         from packer_cli.audit._bridge_checks import (  # Bridge's modules, only for a Bridge split
-            check_bridge_array, check_split_metadata_present)
+            check_bridge_array, check_file_facts, check_split_metadata_present)
 
         check_split_metadata_present(store, sink)
+        check_file_facts(store, sink)
         layout.bridge_array = check_bridge_array(store, sink)
     return layout
 
