@@ -132,7 +132,13 @@ def pack_command(
 
 
 def _print_json(doc: dict) -> None:
-    sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+    try:
+        text = orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode()
+    except TypeError:  # a string orjson refuses: a path of argv bytes that are not UTF-8 (lone surrogates)
+        import json
+
+        text = json.dumps(doc, indent=2, ensure_ascii=True, default=str)
+    sys.stdout.write(text + "\n")
 
 
 def _print_failure_json(doc: dict) -> None:
@@ -249,8 +255,14 @@ def verify_command(
         reports = {s: verify_output(out, sources=source, limit=limit, split=s) for s in splits}
     except PackerError as exc:
         _fail_audit(exc, json_out, out)
-    _print_reports(reports, json_out, Console(highlight=False, soft_wrap=True))
-    raise typer.Exit(max(r.exit_code for r in reports.values()))
+    verdict = max(r.exit_code for r in reports.values())
+    try:
+        _print_reports(reports, json_out, Console(highlight=False, soft_wrap=True))
+    except StdoutLost as exc:
+        if exc.reader_gone or not verdict:
+            raise
+        # problems found stay exit 1 (main() says what stdout met): only a success becomes 74
+    raise typer.Exit(verdict)
 
 
 def _signal_behind(exc: BaseException) -> Interrupted | None:

@@ -370,6 +370,22 @@ def test_a_failure_whose_json_document_cannot_be_written_keeps_its_status(tmp_pa
 
 
 @needs_dev_full
+@pytest.mark.parametrize("flags", [[], ["--json"]], ids=["table", "json"])
+def test_verify_that_found_problems_keeps_exit_1_when_stdout_cannot_be_written(synthetic_parquet, tmp_path, flags):
+    """A verdict known before the report is printed was lost with it: exit 74, as for a success."""
+    out = tmp_path / "out"
+    assert _pack_in_process("pack", synthetic_parquet, "-o", out).exit_code == 0
+    shard = next(out.glob("packs-*.arrow"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1
+    shard.write_bytes(bytes(data))
+    with open("/dev/full", "w") as full:
+        result = _packer_with(["verify", out, *flags], stdout=full)
+    assert result.returncode == 1, result
+    assert result.stderr.splitlines()[-1] == "error: cannot write to stdout: [Errno 28] No space left on device"
+
+
+@needs_dev_full
 def test_a_stderr_that_cannot_be_written_does_not_abandon_the_run(synthetic_parquet, tmp_path):
     """`packer pack ... 2> log` on a full disk: the first warning failed the run (exit 1, the
     output removed, nothing said anywhere)."""
@@ -391,3 +407,22 @@ def test_help_cut_by_its_reader_exits_141():
     finally:
         os.close(write)
     assert result.returncode == 141 and result.stderr == "", result
+
+
+@pytest.mark.parametrize("command", ["pack", "inspect", "verify"])
+def test_a_path_that_is_not_utf8_is_a_one_line_config_error(tmp_path, command):
+    """argv bytes that are not UTF-8 (Python decodes them to lone surrogates): --json printed a
+    traceback (orjson refuses such strings), and an output packed to such a path could not be
+    opened by inspect (pyarrow), a traceback too."""
+    bad = os.fsencode(str(tmp_path)) + b"/o\xffut"
+    args = {"pack": [b"pack", bad, b"-o", os.fsencode(str(tmp_path / "o"))], "inspect": [b"inspect", bad],
+            "verify": [b"verify", bad]}[command]
+    for flags in ([], [b"--json"]):
+        result = subprocess.run([sys.executable.encode(), b"-c", PACKER.encode(), *args, *flags],
+                                capture_output=True, timeout=120)
+        assert result.returncode == 2, result
+        assert b"Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
+        assert b"is not a UTF-8 path" in result.stderr
+        if flags:
+            assert json.loads(result.stdout)["exit_code"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

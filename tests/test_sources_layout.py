@@ -406,3 +406,19 @@ def test_a_bad_record_before_a_supervision_field_is_reported_first(tmp_path, nam
     inputs = [path] if name.endswith(".jsonl") else [tmp_path / "a.parquet", path]
     with pytest.raises(DataError, match=rf"{re.escape(name)}: {expected}"):
         read(*inputs, spec=SourceSpec(on_bad_record=policy))
+
+
+def test_a_relative_glob_is_judged_by_where_its_matches_lie(tmp_path, monkeypatch):
+    """'../plain/*.jsonl' run inside a datasets directory was refused (its text has no directory
+    part, so '.' was taken for the match's), and '*.arrow' run in a directory below one was read."""
+    jsonl(tmp_path / "plain" / "a.jsonl", [sample(100)])
+    datasets_dir(tmp_path / "ds", [300])
+    (tmp_path / "ds" / "sub").mkdir()
+    feather.write_feather(pa.Table.from_pylist([sample(900)]), str(tmp_path / "ds" / "sub" / "cache-1.arrow"))
+    monkeypatch.chdir(tmp_path / "ds")
+    assert read("../plain/*.jsonl") == ([100], 1)
+    monkeypatch.chdir(tmp_path / "ds" / "sub")
+    assert read("../../plain/*") == ([100], 1)
+    with pytest.raises(ConfigError, match=r"cache-1\.arrow: '\*\.arrow' matches a path inside the Hugging Face "
+                                          r"datasets directory \.\., which is read whole"):
+        discover_inputs(["*.arrow"])

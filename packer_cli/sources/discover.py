@@ -57,6 +57,9 @@ def _input_file(path: str, fmt: str) -> InputFile:
     Parquet and Arrow files are read at offsets: a FIFO gave the reader what the first look left
     (an error, or records silently missing) or blocked for ever, and a device such as
     /dev/zero never ended."""
+    if not _is_utf8(path):  # a name found in a directory or by a glob
+        raise DataError(f"{path!r}: not a UTF-8 file name (rename it: pyarrow and the metadata's JSON take "
+                        "only UTF-8)")
     try:
         mode = os.stat(path).st_mode
     except OSError:  # a dangling link: reported, with its reason, when it is read
@@ -210,11 +213,22 @@ def path_argument(value, name: str) -> str:
         path = None
     if not isinstance(path, str):
         raise ConfigError(f"{name} must be a path (str or os.PathLike), got {value!r}")
+    if not _is_utf8(path):
+        raise ConfigError(f"{path!r}: {name} is not a UTF-8 path (rename it: pyarrow and the metadata's JSON "
+                          "take only UTF-8)")
     if not path:  # else "error: : no such file", naming nothing
         raise ConfigError(f"{name}: an empty path ('')")
     if not os.path.isabs(path) and not _cwd_exists():  # else a traceback where it is first resolved
         raise ConfigError(f"{path}: a relative path, but the working directory no longer exists (deleted?)")
     return path
+
+
+def _is_utf8(path: str) -> bool:
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:  # argv or directory bytes that are not UTF-8, as Python decodes them
+        return False
+    return True
 
 
 def _cwd_exists() -> bool:
@@ -289,12 +303,12 @@ def _expand_glob(pattern: str) -> list[InputFile]:
 def _refuse_inside_datasets(match: str, pattern: str, seen: dict[str, bool]) -> None:
     """Refuse a glob's ``match`` that lies inside a ``datasets`` directory or DatasetDict
     (``seen`` caches the answer for each directory above a match)."""
-    directory = os.path.dirname(match)
+    directory = os.path.dirname(os.path.abspath(match))  # '../x' lies in the parent, not in '.'
     while True:
         if directory not in seen:
-            seen[directory] = _holds_datasets(directory or os.curdir)
+            seen[directory] = _holds_datasets(directory)
         if seen[directory]:
-            shown = directory or os.curdir
+            shown = directory if os.path.isabs(match) else os.path.relpath(directory)
             if _marks(shown, "state.json", "_data_files"):
                 raise ConfigError(f"{match}: '{pattern}' matches a path inside the Hugging Face datasets directory "
                                   f"{shown}, which is read whole, through its state.json (its cache files are "
