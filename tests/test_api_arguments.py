@@ -68,6 +68,8 @@ BAD = [
                                                "Parquet and Arrow files are)"),
     (dict(output=dict(eos_id="5")), "eos-id must be an integer, got '5'"),
     (dict(output=dict(row_group_size=2.5)), "row-group-size must be an integer, got 2.5"),
+    (dict(output=dict(row_group_size=2**70)),  # it failed after the whole run, writing the metadata's JSON
+     "row-group-size must be a number of packs from 1 to 2**31 - 1, got 1180591620717411303424"),
     (dict(shard_bytes="1MB"), "shard size must be a positive number of bytes, got '1MB'"),
     (dict(spec=dict(pad_id=1000), source=dict(vocab_size=1000)), "pad-id 1000 is not below vocab-size 1000"),
     (dict(source=dict(vocab_size=1000), output=dict(eos_id=1000)), "eos-id 1000 is not below vocab-size 1000"),

@@ -339,10 +339,28 @@ def test_ipc_files_with_unframed_schemas_joined_together_are_a_data_error(tmp_pa
     and its schema stretch then holds the first file's magic."""
     path = tmp_path / "f.arrow"
     path.write_bytes(_unframed_schema(_file_bytes(100)) + _unframed_schema(_file_bytes(500, second_rows)))
-    detail = ("a file's magic ARROW1 lies in its schema message" if not second_rows
+    detail = ("one file's end and another's start lie in its schema message" if not second_rows
               else r"its messages end at byte [\d,]+, the footer starts")
     with pytest.raises(DataError, match=rf"f\.arrow: the Arrow IPC file's footer does not describe its contents \({detail}"):
         records(path)
+
+
+@pytest.mark.parametrize("rows", [0, 10])
+def test_an_unframed_schema_may_name_a_field_after_the_magic(tmp_path, rows):
+    """A field named ARROW1 (in an unframed schema) was taken for a second file's magic."""
+    table = pa.table({"input_ids": [[1, 2, 3]] * rows if rows else pa.array([], pa.list_(pa.int64())),
+                      "ARROW1": pa.array(["x"] * rows, pa.string())})
+    sink = io.BytesIO()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        if rows:
+            writer.write_table(table)
+    path = tmp_path / "f.arrow"
+    path.write_bytes(_unframed_schema(sink.getvalue()))
+    if rows:
+        assert records(path) == rows
+    else:
+        with pytest.raises(DataError, match="empty input"):
+            records(path)
 
 
 def test_a_truncated_ipc_file_is_reported_as_a_file(tmp_path):

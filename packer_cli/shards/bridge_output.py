@@ -171,8 +171,9 @@ class BridgeOutput:
                 object.__setattr__(self, name, int(value))  # a NumPy integer is recorded as a JSON number
         if self.eos_id is not None and not 0 <= self.eos_id < 2**31:
             raise ConfigError(f"eos-id must be a non-negative int32, got {self.eos_id}")
-        if self.row_group_size is not None and self.row_group_size < 1:
-            raise ConfigError(f"row-group-size must be a positive number of packs, got {self.row_group_size}")
+        if self.row_group_size is not None and not 1 <= self.row_group_size < 2**31:
+            # past 2**64 the run failed after writing everything, when the metadata's JSON was written
+            raise ConfigError(f"row-group-size must be a number of packs from 1 to 2**31 - 1, got {self.row_group_size}")
         if self.parquet_encoding not in PARQUET_ENCODING_NAMES:
             raise ConfigError(f"parquet-encoding must be one of {', '.join(PARQUET_ENCODING_NAMES)}, "
                               f"got {self.parquet_encoding!r}")

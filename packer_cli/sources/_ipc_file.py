@@ -14,8 +14,8 @@ Every Arrow writer lays its batches out this way. Not every one frames the schem
 pyarrow and arrow-rs write it as the stream format does (a continuation marker and a length),
 polars writes the bare flatbuffer, whose end only a flatbuffer parser could find. The schema
 then reaches up to the first block (or to the end-of-stream marker of a file without
-batches), and that stretch must not hold a file's magic, which two joined files always leave
-between them. The check reads the footer (a few bytes per batch) and the schema, never a batch.
+batches), and that stretch must not hold what two joined files always leave between them:
+one's closing magic right before the other's padded opening one. The check reads the footer (a few bytes per batch) and the schema, never a batch.
 """
 from __future__ import annotations
 
@@ -25,6 +25,9 @@ from packer_cli.errors import DataError
 
 _MAGIC = b"ARROW1"
 _CONTINUATION = b"\xff\xff\xff\xff"
+#: What ``cat`` leaves between two IPC files: one's closing magic, the next one's padded opening
+#: magic (the six bytes alone may be a field's name).
+_JOINED = _MAGIC + _MAGIC + b"\0\0"
 #: What may stand between the last message and the footer: the end-of-stream marker (a
 #: continuation and a zero length; a bare zero length in the pre-1.0 format) or nothing.
 _BEFORE_FOOTER = (b"\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\x00\x00", b"")
@@ -71,7 +74,7 @@ def _schema_end(path: str, source, first_block: int | None, footer_start: int) -
 
     A framed schema says its length. An unframed one (polars) ends where the first block
     starts, or, in a file without batches, where the end-of-stream marker before the footer
-    starts; it is accepted when no file magic lies in it (two files joined leave one there).
+    starts; it is accepted unless two files' magics lie in it end to end (as ``cat`` leaves them).
     """
     framed_end = _framed_schema_end(source)
     if first_block is None:
@@ -85,8 +88,8 @@ def _schema_end(path: str, source, first_block: int | None, footer_start: int) -
         end = first_block
     if not 16 <= end <= 8 + _LARGEST_SCHEMA:
         raise _misplaced(path, f"an unframed schema message would take bytes 8 to {end:,}")
-    if _MAGIC in bytes(source.read_at(end - 8, 8)):
-        raise _misplaced(path, f"a file's magic {_MAGIC.decode()} lies in its schema message, bytes 8 to {end:,}")
+    if _JOINED in bytes(source.read_at(end - 8, 8)):
+        raise _misplaced(path, f"one file's end and another's start lie in its schema message, bytes 8 to {end:,}")
     return end
 
 
