@@ -146,6 +146,9 @@ def test_for_cp_rank_slices_tokens_only_and_partitions():
     for r, s in enumerate(slices):
         idx = cp_partition_indices(b.cu_seqlens_padded, 24, 2, r).long()
         for f in PER_TOKEN_FIELDS:
+            if f == "seq_idx":  # [1, T] whole, as the THD contract has it: a Mamba mixer under CP sees every token
+                assert getattr(s, f) is b.seq_idx and b.seq_idx.shape == (1, 24)
+                continue
             assert torch.equal(getattr(s, f), getattr(b, f)[:, idx])
             assert getattr(s, f).shape == (1, 12)
         assert s.cu_seqlens is b.cu_seqlens and s.cu_seqlens_padded is b.cu_seqlens_padded
@@ -293,3 +296,23 @@ def test_hf_kwargs_refuse_a_transformers_that_would_shift_the_labels_again(monke
     monkeypatch.undo()
     pytest.importorskip("transformers.loss.loss_utils")  # the real one takes them
     assert "shift_labels" in b.hf_kwargs()
+
+
+@pytest.mark.parametrize("multiple", [1, 2])
+def test_a_batch_moved_off_the_cpu_keeps_host_copies_of_its_boundaries(multiple):
+    """Every tensor moved, so host code that needed the boundaries read them back from the GPU
+    (a device sync); the THD contract asks for host copies."""
+    b = _batch([[1, 2, 3, 4], [5, 6, 7]], multiple=multiple)
+    assert b.cu_seqlens_cpu is b.cu_seqlens and b.cu_seqlens_padded_cpu is b.cu_seqlens_padded
+    assert b.host_cu_seqlens is None
+    moved = b.to("meta")  # a device other than the CPU, available without a GPU
+    assert moved.cu_seqlens.device.type == "meta"
+    assert moved.cu_seqlens_cpu is b.cu_seqlens and moved.cu_seqlens_padded_cpu is b.cu_seqlens_padded
+    assert (moved.cu_seqlens_padded_cpu is moved.cu_seqlens_cpu) == (multiple == 1)
+    sliced = moved.for_cp_rank(1, 0)
+    assert sliced.cu_seqlens_cpu is b.cu_seqlens
+    back = b.to("cpu")
+    assert back.host_cu_seqlens is None and back.cu_seqlens_cpu is back.cu_seqlens
+    import pickle
+    again = pickle.loads(pickle.dumps(b))
+    assert again.host_cu_seqlens is None and torch.equal(again.cu_seqlens_cpu, b.cu_seqlens)

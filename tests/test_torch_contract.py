@@ -54,7 +54,7 @@ def reference(samples, targets, m, t, cp, rank, pad_id):
             c = (e - o) // (2 * cp)
             idx += list(range(o + rank * c, o + (rank + 1) * c))
             idx += list(range(o + (2 * cp - 1 - rank) * c, o + (2 * cp - rank) * c))
-    out = {k: [v[i] for i in idx] for k, v in cols.items()}
+    out = {k: [v[i] for i in idx] if k != "seq_idx" else v for k, v in cols.items()}  # seq_idx: [1, T] whole
     out.update(
         cu_seqlens=cu_real if padded else cu_pad, cu_seqlens_padded=cu_pad, max_seqlen=max(seg_p),
         num_seqs=len(s), num_real_tokens=sum(s), seqlen_sq_sum=sum(n * n for n in s),
@@ -86,7 +86,8 @@ def test_random_packs_match_the_reference(seed):
         want, padded = reference(samples, targets, m, t, cp, rank, pad_id)
         for name, dtype in DTYPES.items():
             got = getattr(b, name)
-            assert got.dtype == dtype and got.shape == (1, t // cp) and got.is_contiguous(), name
+            assert got.dtype == dtype and got.shape == (1, t if name == "seq_idx" else t // cp), name
+            assert got.is_contiguous(), name
             assert got[0].tolist() == want[name], (name, lengths, m, t, cp, rank)
         assert b.cu_seqlens.dtype == b.cu_seqlens_padded.dtype == torch.int32
         assert b.cu_seqlens.tolist() == want["cu_seqlens"] and b.cu_seqlens_padded.tolist() == want["cu_seqlens_padded"]

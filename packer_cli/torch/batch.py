@@ -12,10 +12,11 @@ For real lengths ``[5, 3, 9]`` padded to multiples of 4 (CP=2)::
     padding_mask  . . . . . X X X | . . . X | . ...  X X X
     max_seqlen = 12, seqlen_sq_sum = 25 + 9 + 81 = 115
 
-Per-token tensors (``tokens``, ``labels``, ``loss_mask``, ``position_ids``, ``seq_idx``,
-``padding_mask``) are the only ones :meth:`THDBatch.for_cp_rank` slices; the boundary
-vectors, ``max_seqlen`` and the host statistics always describe the whole pack, which is
-what Transformer Engine expects (it divides by ``cp_size`` itself).
+Per-token tensors (``tokens``, ``labels``, ``loss_mask``, ``position_ids``, ``padding_mask``)
+are the only ones :meth:`THDBatch.for_cp_rank` slices; the boundary vectors, ``seq_idx``,
+``max_seqlen`` and the host statistics always describe the whole pack, which is what
+Transformer Engine expects (it divides by ``cp_size`` itself) and what a Mamba mixer under CP
+takes (its all-to-all gives it the whole sequence, so ``seq_idx`` stays ``[1, T]``).
 
 When no sequence has alignment padding, ``cu_seqlens_padded is cu_seqlens`` (one
 object): consumers that test identity (TE's ``pad_between_seqs``) then keep the fast
@@ -48,6 +49,8 @@ from packer_cli.torch.params import make_packed_seq_params
 CP_MBS_ERROR = "Packed THD batches expect micro-batch size 1 for context-parallel slicing (THD layout)"
 
 PER_TOKEN_FIELDS = ("tokens", "labels", "loss_mask", "position_ids", "seq_idx", "padding_mask")
+#: The per-token tensors a CP rank holds its share of (``seq_idx`` stays whole: see above).
+CP_SLICED_FIELDS = tuple(name for name in PER_TOKEN_FIELDS if name != "seq_idx")
 
 
 @dataclass
@@ -55,11 +58,13 @@ class THDBatch:
     """A packed micro-batch. Tensors are CPU until :meth:`to` moves them.
 
     Attributes:
-        tokens: ``[1, T]`` int64 input ids (``T/CP`` after :meth:`for_cp_rank`).
+        tokens: ``[1, T]`` int64 input ids (``T/CP`` after :meth:`for_cp_rank`, as labels,
+            loss_mask, position_ids and padding_mask).
         labels: ``[1, T]`` int64 pre-shifted targets, ``-100`` on padding.
         loss_mask: ``[1, T]`` float32, 1 where the label is trained.
         position_ids: ``[1, T]`` int64, 0 at each segment start, counting through padding.
-        seq_idx: ``[1, T]`` int32 segment index of every token (Mamba ``seq_idx``).
+        seq_idx: ``[1, T]`` int32 segment index of every token (Mamba ``seq_idx``), whole
+            after :meth:`for_cp_rank` too.
         padding_mask: ``[1, T]`` bool, True on alignment and tail padding.
         cu_seqlens: ``[N+1]`` int32 cumulative real lengths (longer when static). A tail
             segment counts 0 real tokens, except in a pack without alignment padding: there
@@ -80,6 +85,10 @@ class THDBatch:
             drops only the trailing static-shape repeats.
         num_packs: how many stored packs were concatenated into this row.
         cp_size, cp_rank: the CP slice this batch holds (1, 0 when unsliced).
+        host_cu_seqlens, host_cu_seqlens_padded: CPU copies of the boundary vectors, kept by
+            :meth:`to` when it moves the batch off the CPU (None on a CPU batch: the vectors
+            themselves are host memory). Read them through :attr:`cu_seqlens_cpu` and
+            :attr:`cu_seqlens_padded_cpu`: host code never reads boundaries back from the GPU.
     """
 
     tokens: torch.Tensor
@@ -101,6 +110,8 @@ class THDBatch:
     num_packs: int = 1
     cp_size: int = 1
     cp_rank: int = 0
+    host_cu_seqlens: torch.Tensor | None = None
+    host_cu_seqlens_padded: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -146,10 +157,28 @@ class THDBatch:
 
     # ------------------------------------------------------------------ tensor plumbing
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "THDBatch":
-        """Apply ``fn`` to every tensor, keeping ``cu_seqlens_padded is cu_seqlens``."""
+        """Apply ``fn`` to every tensor, keeping ``cu_seqlens_padded is cu_seqlens``, and the
+        boundaries' host copies: those of a CPU batch leaving the CPU, None back on it."""
         changes: dict[str, Any] = {name: fn(getattr(self, name)) for name in self.tensor_fields()}
         changes.setdefault("cu_seqlens_padded", changes["cu_seqlens"])
+        if changes["cu_seqlens"].device.type == "cpu":
+            changes.update(host_cu_seqlens=None, host_cu_seqlens_padded=None)
+        elif self.cu_seqlens.device.type == "cpu":
+            changes.update(host_cu_seqlens=self.cu_seqlens, host_cu_seqlens_padded=self.cu_seqlens_padded)
         return dataclasses.replace(self, **changes)
+
+    @property
+    def cu_seqlens_cpu(self) -> torch.Tensor | None:
+        """``cu_seqlens`` in host memory without a device sync: the vector itself on a CPU
+        batch, the copy :meth:`to` kept on a device batch (None for one built on the device)."""
+        return self.cu_seqlens if self.cu_seqlens.device.type == "cpu" else self.host_cu_seqlens
+
+    @property
+    def cu_seqlens_padded_cpu(self) -> torch.Tensor | None:
+        """``cu_seqlens_padded`` in host memory, as :attr:`cu_seqlens_cpu`."""
+        if self.cu_seqlens_padded.device.type == "cpu":
+            return self.cu_seqlens_padded
+        return self.host_cu_seqlens_padded
 
     def tensor_fields(self) -> list[str]:
         """The names of the batch's distinct tensors (the shared boundary vector once)."""
@@ -206,7 +235,7 @@ class THDBatch:
                     f"2*cp_size={2 * cp_size}: pack the data with cp={cp_size} (pad_seq_to_mult)"
                 )
         idx = cp_partition_indices(self.cu_seqlens_padded, self.num_tokens, cp_size, cp_rank)
-        changes = {name: getattr(self, name).index_select(1, idx) for name in PER_TOKEN_FIELDS}
+        changes = {name: getattr(self, name).index_select(1, idx) for name in CP_SLICED_FIELDS}
         return dataclasses.replace(self, cp_size=cp_size, cp_rank=cp_rank, **changes)
 
     # ------------------------------------------------------------------ consumers
