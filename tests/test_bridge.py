@@ -394,6 +394,12 @@ def test_second_split_appends(small, tmp_path):
         bridge_pack([val], out, PackSpec(pack_size=1024, cp=2), split="validation", overwrite=True)
     with pytest.raises(ConfigError, match="pad_seq_to_mult"):
         bridge_pack([val], out, PackSpec(pack_size=512, cp=4), split="validation", overwrite=True)
+    # Bridge applies one pad_to_max_length and pad_cu_seqlens to both splits: a static and a
+    # ragged split were both written, and a graph captured on one did not replay on the other
+    for flags, says in (({"pad_to_max_length": True}, "without --pad-to-max-length, this run with it"),
+                        ({"pad_to_max_length": True, "pad_cu_seqlens": True}, "without --pad-to-max-length")):
+        with pytest.raises(ConfigError, match=f"holds the training split packed {says}.*one pad_to_max_length"):
+            bridge_pack([val], out, PackSpec(pack_size=512, cp=2, **flags), split="validation", overwrite=True)
     again = bridge_pack([small], out, PackSpec(pack_size=512, cp=2, seed=9), overwrite=True)
     assert json.loads((out / "512_metadata.jsonl").read_text()) == [valid.bridge, again.bridge]
 

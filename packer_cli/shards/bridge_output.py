@@ -234,6 +234,14 @@ class BridgeOutput:
                     f"{out} holds the {split} split packed with pad_seq_to_mult={other.get('pad_seq_to_mult')}, "
                     f"this run uses {spec.pad_multiple}; Bridge uses one pad_seq_to_mult for both splits"
                 )
+            for flag in ("pad_to_max_length", "pad_cu_seqlens"):  # one runtime setting: one graph shape for both
+                if bool(other.get(flag)) != getattr(spec, flag):
+                    option = "--" + flag.replace("_", "-")
+                    raise ConfigError(
+                        f"{out} holds the {split} split packed {'with' if other.get(flag) else 'without'} {option}, "
+                        f"this run {'with' if getattr(spec, flag) else 'without'} it; Bridge applies one "
+                        f"{flag} to both splits (a CUDA graph captured on one replays on the other)"
+                    )
         array = read_bridge_array(os.path.join(out, bridge_metadata_name(C)))  # fail early if malformed
         mine = [n for n in (data_name(self.split, C), split_metadata_name(self.split),
                             split_manifest_name(self.split)) if n in names]
@@ -371,7 +379,7 @@ class BridgeOutput:
 
     def _check_layout_again(self, out: str) -> None:
         """prepare()'s checks on OUT as it is now (another run may have written into it since):
-        one pack size and one ``pad_seq_to_mult`` for both splits."""
+        one pack size, one ``pad_seq_to_mult`` and one static-shape setting for both splits."""
         names = layout_files(out)
         if names is None:
             raise ConfigError(f"{out} is not a Megatron-Bridge layout (it appeared or changed while this run was "
