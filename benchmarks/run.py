@@ -54,10 +54,15 @@ def last(rows: list[dict], what: str = "summary") -> dict:
     return found[-1] if found else {}
 
 
+#: The steps ``--only`` may name (``data`` always runs: the others read its files).
+STEPS = ("plan", "quality", "e2e", "jsonl", "memory", "spill", "audit", "loader")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller inputs (about 2-3 minutes)")
-    ap.add_argument("--only", nargs="*", help="run only these steps (plan quality e2e jsonl memory spill audit loader)")
+    ap.add_argument("--only", nargs="*", choices=STEPS, metavar="STEP",
+                    help=f"run only these steps ({' '.join(STEPS)}; memory includes memory_bridge)")
     ap.add_argument("--no-write", action="store_true", help="do not rewrite RESULTS.md")
     args = ap.parse_args()
     cfg = QUICK if args.quick else FULL
@@ -67,7 +72,7 @@ def main() -> None:
                      "versions": versions(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
                      "steps": []}
     log = results["steps"]
-    wanted = set(args.only or ["plan", "quality", "e2e", "jsonl", "memory", "spill", "audit", "loader"])
+    wanted = set(args.only or STEPS)
 
     data = step("data", ["bench_data.py", "--samples", str(cfg["samples"]), "--jsonl-samples",
                          str(cfg["jsonl_samples"])], log)

@@ -16,6 +16,7 @@ from packer_cli.errors import ConfigError, DataError, OutputError, PackerError  
 
 if TYPE_CHECKING:
     from packer_cli.plan import first_fit_decreasing
+    from packer_cli.shards.bridge_output import BridgeOutput
     from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec
 
 
@@ -33,6 +34,7 @@ def pack(*args, **kwargs):
 _LAZY = {
     "first_fit_decreasing": "packer_cli.plan",
     **{name: "packer_cli.spec" for name in ("Algorithm", "BadRecordPolicy", "OverlongPolicy", "PackSpec", "SourceSpec")},
+    "BridgeOutput": "packer_cli.shards.bridge_output",  # pack(..., output=BridgeOutput(...))
 }
 
 
@@ -49,6 +51,6 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "Algorithm", "BadRecordPolicy", "ConfigError", "DataError", "OutputError", "OverlongPolicy", "PackSpec",
+    "Algorithm", "BadRecordPolicy", "BridgeOutput", "ConfigError", "DataError", "OutputError", "OverlongPolicy", "PackSpec",
     "PackerError", "SourceSpec", "first_fit_decreasing", "pack",
 ]

@@ -30,7 +30,8 @@ def loaded_after(code: str) -> set[str]:
 
 
 def test_package_spec_and_cli_module_do_not_load_the_compiler():
-    loaded = loaded_after("import packer_cli, packer_cli.spec, packer_cli.errors, packer_cli.cli")
+    loaded = loaded_after("import packer_cli, packer_cli.spec, packer_cli.errors, packer_cli.cli\n"
+                          "from packer_cli import BridgeOutput")
     assert not loaded & set(COMPILER_MODULES)
     assert "typer" in loaded  # the check sees real imports
 
@@ -62,6 +63,9 @@ def test_torch_side_reads_and_slices_shards_without_the_compiler(tmp_path, layou
 
 def test_lazy_names_resolve_to_the_real_objects():
     assert packer_cli.first_fit_decreasing is algorithms.first_fit_decreasing
+    assert packer_cli.BridgeOutput is BridgeOutput  # README: pack(..., output=BridgeOutput(...))
+    for name in packer_cli.__all__:
+        assert getattr(packer_cli, name) is not None
     assert packer_cli.plan.martello_toth_l2 is bounds.martello_toth_l2
     assert "first_fit_decreasing" in dir(packer_cli) and "plan_packs" in dir(packer_cli.plan)
     for name in packer_cli.plan.__all__:
