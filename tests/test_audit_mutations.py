@@ -404,15 +404,28 @@ def test_a_bridge_splits_recorded_file_facts_must_hold(copy, where, changes):
     assert result.exit_code == 1 and "[bridge.file]" in result.output, result.output
 
 
-def test_a_bridge_split_recorded_before_its_file_facts_verifies(copy):
-    """A split written before packer recorded its encoding and row groups has none of those keys."""
+def test_a_bridge_split_recorded_before_its_encoding_verifies(copy):
+    """A split written before packer recorded its Parquet encoding has no such key."""
     out = copy("bridge")
     path = out / "training.manifest.json"
     doc = json.loads(path.read_text())
-    for key in ("parquet_encoding", "row_groups", "row_group_size", "stored_tokens"):
-        del doc["shards"][0][key]
+    del doc["shards"][0]["parquet_encoding"]
     path.write_text(json.dumps(doc))
-    edit_metadata(out, "training.metadata.json",
-                  lambda meta: [meta["output"].pop(k) for k in ("parquet_encoding", "row_group_size")])
+    edit_metadata(out, "training.metadata.json", lambda meta: meta["output"].pop("parquet_encoding"))
     result = run("verify", out, "--split", "training")
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("key", ["row_group_size", "row_groups", "stored_tokens"])
+def test_a_bridge_manifest_without_a_fact_every_packer_wrote_is_a_finding(copy, key):
+    """Deleting row_group_size switched the footer comparison off, so a wrong stored_tokens beside
+    it passed: every packer that wrote the layout recorded these three."""
+    out = copy("bridge")
+    path = out / "training.manifest.json"
+    doc = json.loads(path.read_text())
+    del doc["shards"][0][key]
+    doc["shards"][0]["stored_tokens" if key != "stored_tokens" else "row_groups"] += 1000
+    path.write_text(json.dumps(doc))
+    result = run("verify", out, "--split", "training")
+    assert result.exit_code == 1 and f"{key} is None" in result.output, result.output
+    assert "the file's input_ids hold" in result.output or "the file has" in result.output, result.output

@@ -422,3 +422,21 @@ def test_a_relative_glob_is_judged_by_where_its_matches_lie(tmp_path, monkeypatc
     with pytest.raises(ConfigError, match=r"cache-1\.arrow: '\*\.arrow' matches a path inside the Hugging Face "
                                           r"datasets directory \.\., which is read whole"):
         discover_inputs(["*.arrow"])
+
+
+def test_a_glob_through_a_symbolic_link_is_judged_by_where_it_leads(tmp_path, monkeypatch):
+    """A link to a directory inside a datasets directory read its files ('link/*'), while the same
+    pattern run from inside the link was refused; a link out of one was refused the other way."""
+    datasets_dir(tmp_path / "ds", [300])
+    jsonl(tmp_path / "ds" / "extra" / "a.jsonl", [sample(100)])
+    jsonl(tmp_path / "plain" / "b.jsonl", [sample(200)])
+    (tmp_path / "into").symlink_to(tmp_path / "ds" / "extra")
+    (tmp_path / "ds" / "out").symlink_to(tmp_path / "plain")
+    monkeypatch.chdir(tmp_path)
+    for pattern, cwd in (("into/*.jsonl", tmp_path), ("*.jsonl", tmp_path / "into")):
+        monkeypatch.chdir(cwd)
+        with pytest.raises(ConfigError, match="inside the Hugging Face datasets directory"):
+            discover_inputs([pattern])
+    for pattern, cwd in (("ds/out/*.jsonl", tmp_path), ("*.jsonl", tmp_path / "ds" / "out")):
+        monkeypatch.chdir(cwd)
+        assert read(pattern) == ([200], 1)

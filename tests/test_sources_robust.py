@@ -345,11 +345,13 @@ def test_ipc_files_with_unframed_schemas_joined_together_are_a_data_error(tmp_pa
         records(path)
 
 
+@pytest.mark.parametrize("name", ["ARROW1", "ARROW1ARROW1", "abARROW1ARROW1"])
 @pytest.mark.parametrize("rows", [0, 10])
-def test_an_unframed_schema_may_name_a_field_after_the_magic(tmp_path, rows):
-    """A field named ARROW1 (in an unframed schema) was taken for a second file's magic."""
+def test_an_unframed_schema_may_name_a_field_after_the_magic(tmp_path, rows, name):
+    """A field named ARROW1 (in an unframed schema) was taken for a second file's magic, and one
+    named ARROW1ARROW1 (stored NUL-padded) for a closing and an opening magic end to end."""
     table = pa.table({"input_ids": [[1, 2, 3]] * rows if rows else pa.array([], pa.list_(pa.int64())),
-                      "ARROW1": pa.array(["x"] * rows, pa.string())})
+                      name: pa.array(["x"] * rows, pa.string())})
     sink = io.BytesIO()
     with pa.ipc.new_file(sink, table.schema) as writer:
         if rows:
@@ -474,6 +476,30 @@ def test_valid_json_that_orjson_refuses_is_read(tmp_path, field, first):
     result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 64)
     assert result.exit_code == 0, result.output
     assert run("verify", tmp_path / "out", "--source", path).exit_code == 0
+
+
+def test_an_integer_too_long_for_python_is_out_of_range_not_malformed(tmp_path):
+    """An integer of 5,000 digits is valid JSON: in a field packer does not read it is nothing,
+    in the tokens it is out of range (Python's parser refused it: "malformed JSON")."""
+    digits = "7" * 5000
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1], "id": ' + digits.encode() + b"}\n")
+    assert records(path) == 1
+    path.write_bytes(b'{"input_ids": [1, 2, ' + digits.encode() + b'], "loss_mask": [0, 1, 1]}\n')
+    with pytest.raises(DataError, match=r"line 1: input_ids\[2\] = 7777.*\(5,000 characters\) is out of range"):
+        records(path)
+
+
+@pytest.mark.parametrize("line,reason", [
+    (b'{"input_ids": [1, 2], "loss_mask": [0, 1], "t": "\\ud83d", "x": NaN}', "NaN is not JSON"),
+    (b'["\\ud83d"]', "the record is not a JSON object"),
+])
+def test_a_record_malformed_past_a_lone_surrogate_names_its_real_fault(tmp_path, line, reason):
+    """orjson's complaint (the lone surrogate, which is read) was given for a record malformed otherwise."""
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(orjson.dumps(GOOD) + b"\n" + line + b"\n")
+    with pytest.raises(DataError, match=rf"line 2: malformed JSON: {reason}"):
+        records(path)
 
 
 @pytest.mark.parametrize("value", [b"NaN", b"Infinity", b"-Infinity"])

@@ -120,16 +120,16 @@ _count = lambda v: type(v) is int and v >= 0  # noqa: E731
 
 def check_file_facts(store, sink: FindingSink) -> None:
     """``bridge.file``: the split's manifest entry and metadata ``output`` record against each
-    other and against its Parquet file's footer (a footer read, no data). A key an earlier
-    packer did not write is not looked for; one that is there must hold."""
+    other and against its Parquet file's footer (a footer read, no data). Every packer that
+    wrote this layout recorded the row groups and stored tokens; ``parquet_encoding`` came
+    later, and is not looked for where it is absent."""
     entries = store.shard_entries()
     if len(entries) != 1 or not isinstance(entries[0], dict) or store.pack_size is None:
         return  # structure.* report it
     entry, C = entries[0], store.pack_size
     _check_manifest_entry(store, entry, sink)
     _check_output_record(store, entry, C, sink)
-    if _count(entry.get("row_group_size")) and entry["row_group_size"] > 0:
-        _check_footer(store, entry, sink)
+    _check_footer(store, entry, sink)
 
 
 def _check_manifest_entry(store, entry: dict, sink: FindingSink) -> None:
@@ -137,7 +137,7 @@ def _check_manifest_entry(store, entry: dict, sink: FindingSink) -> None:
                           ("row_group_size", lambda v: _count(v) and v > 0, "a positive integer"),
                           ("parquet_encoding", lambda v: v in PARQUET_ENCODING_NAMES,
                            f"one of {', '.join(PARQUET_ENCODING_NAMES)}")):
-        if key in entry and not ok(entry[key]):  # absent: written before packer recorded it
+        if (key in entry or key != "parquet_encoding") and not ok(entry.get(key)):
             sink.add("bridge.file", f"{key} is {shown(entry.get(key))}, expected {want}", shard=store.manifest_name)
     rows, size = entry.get("rows"), entry.get("row_group_size")
     if _count(rows) and _count(size) and size > 0 and _count(entry.get("row_groups")) \
@@ -155,7 +155,7 @@ def _check_output_record(store, entry: dict, C: int, sink: FindingSink) -> None:
     expected = {"format": BRIDGE_FORMAT, "split": store.split, "files": files,
                 "parquet_encoding": entry.get("parquet_encoding"), "row_group_size": entry.get("row_group_size")}
     for key, value in expected.items():
-        if key not in output or key not in entry and key in ("parquet_encoding", "row_group_size"):
+        if key == "parquet_encoding" and (key not in output or key not in entry):
             continue  # written before packer recorded it
         if output[key] != value or type(output[key]) is not type(value):
             whose = "the manifest's" if key in ("parquet_encoding", "row_group_size") else "this split's"
@@ -176,7 +176,7 @@ def _check_output_record(store, entry: dict, C: int, sink: FindingSink) -> None:
 def _check_footer(store, entry: dict, sink: FindingSink) -> None:
     import pyarrow.parquet as pq
 
-    name, size = entry.get("name"), entry["row_group_size"]
+    name, size = entry.get("name"), entry.get("row_group_size")
     try:
         footer = pq.ParquetFile(os.path.join(store.out, name)).metadata
     except Exception:  # noqa: BLE001 - unreadable: shard.* report it with the reason
@@ -188,7 +188,7 @@ def _check_footer(store, entry: dict, sink: FindingSink) -> None:
     if "row_groups" in entry and entry["row_groups"] != len(groups):
         sink.add("bridge.file", f"row_groups is {shown(entry.get('row_groups'))}, the file has {len(groups)}", shard=where)
     sizes = [g.num_rows for g in groups]
-    if any(n != size for n in sizes[:-1]) or (sizes and not 0 < sizes[-1] <= size):
+    if _count(size) and size > 0 and (any(n != size for n in sizes[:-1]) or (sizes and not 0 < sizes[-1] <= size)):
         sink.add("bridge.file", f"row_group_size is {size}, the file's groups hold {_sizes(sizes)} rows", shard=where)
     encoding = entry.get("parquet_encoding")
     if encoding in PARQUET_ENCODING_NAMES:

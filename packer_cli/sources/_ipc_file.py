@@ -88,9 +88,43 @@ def _schema_end(path: str, source, first_block: int | None, footer_start: int) -
         end = first_block
     if not 16 <= end <= 8 + _LARGEST_SCHEMA:
         raise _misplaced(path, f"an unframed schema message would take bytes 8 to {end:,}")
-    if _JOINED in bytes(source.read_at(end - 8, 8)):
+    if _holds_a_whole_file(path, source, bytes(source.read_at(end - 8, 8))):
         raise _misplaced(path, f"one file's end and another's start lie in its schema message, bytes 8 to {end:,}")
     return end
+
+
+def _holds_a_whole_file(path: str, source, schema: bytes) -> bool:
+    """Whether the stretch ``schema`` (bytes 8.. of ``source``) holds where one IPC file ends and
+    the next starts: the closing and opening magics end to end, with everything before them a
+    whole file as :func:`check_file_layout` judges one (so a field named ``ARROW1ARROW1``, whose
+    bytes are the same, is not taken for it)."""
+    at = schema.find(_JOINED)
+    while at >= 0:
+        try:
+            check_file_layout(path, _Prefix(source, 8 + at + len(_MAGIC)))
+            return True
+        except (DataError, struct.error, ValueError, IndexError, OSError, ArithmeticError):
+            pass
+        except Exception as exc:  # noqa: BLE001 - pyarrow's own errors on a nonsense offset
+            if type(exc).__module__.split(".")[0] != "pyarrow":
+                raise
+        at = schema.find(_JOINED, at + 1)
+    return False
+
+
+class _Prefix:
+    """The first ``size`` bytes of ``source``, read as a file of their own."""
+
+    def __init__(self, source, size: int):
+        self._source, self._size = source, size
+
+    def size(self) -> int:
+        return self._size
+
+    def read_at(self, nbytes: int, offset: int):
+        if offset < 0 or nbytes < 0 or offset + nbytes > self._size:
+            raise ValueError("outside the prefix")
+        return self._source.read_at(nbytes, offset)
 
 
 def _framed_schema_end(source) -> int:

@@ -303,7 +303,8 @@ def _expand_glob(pattern: str) -> list[InputFile]:
 def _refuse_inside_datasets(match: str, pattern: str, seen: dict[str, bool]) -> None:
     """Refuse a glob's ``match`` that lies inside a ``datasets`` directory or DatasetDict
     (``seen`` caches the answer for each directory above a match)."""
-    directory = os.path.dirname(os.path.abspath(match))  # '../x' lies in the parent, not in '.'
+    # Where the match really lies: '../x' in the parent, not in '.'; 'link/x' where the link leads
+    directory = os.path.dirname(os.path.realpath(match))
     while True:
         if directory not in seen:
             seen[directory] = _holds_datasets(directory)

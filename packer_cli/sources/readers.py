@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 import zlib
 from dataclasses import dataclass, field
 from typing import Collection, Iterator
@@ -103,6 +104,8 @@ def _value_problem(value, scalar: bool, flags: bool = False) -> str | None:
     of integers and booleans); None if it can."""
     if value is None:
         return None
+    if isinstance(value, _LongInteger):
+        return f" = {shown(value)} is out of range"
     if scalar:
         if not isinstance(value, int) or isinstance(value, bool):
             return "is not an integer"
@@ -112,6 +115,8 @@ def _value_problem(value, scalar: bool, flags: bool = False) -> str | None:
     for j, item in enumerate(value):
         if flags and isinstance(item, bool):
             continue
+        if isinstance(item, _LongInteger):
+            return f"[{j}] = {shown(item)} is out of range"
         if not isinstance(item, int) or isinstance(item, bool):
             return f"[{j}] = {shown(item)} is not an integer"
         if not -(2**63) <= item < 2**63:
@@ -163,7 +168,7 @@ def jsonl_field_names(path: str) -> list[str] | None:
                 try:
                     record = orjson.loads(raw)
                 except orjson.JSONDecodeError:  # as the reader parses it: valid JSON orjson refuses counts
-                    record = _standard_record(raw)
+                    record = _standard_record(raw)[0]
                 if isinstance(record, dict):
                     return list(record)
     return None  # no record: the next input decides
@@ -192,9 +197,9 @@ def _orjson_record(raw: bytes, pre_bad: dict[int, str], row: int, fields: list[s
         if not isinstance(record, dict):
             raise ValueError("the record is not a JSON object")
     except (orjson.JSONDecodeError, ValueError) as exc:
-        record = _standard_record(raw)
-        if record is None:
-            pre_bad[row] = f"malformed JSON: {exc}"
+        record, reason = _standard_record(raw)
+        if record is None:  # orjson's reason, unless it is one the standard parser got past
+            pre_bad[row] = f"malformed JSON: {reason if _STANDARD_TAKES.search(str(exc)) else exc}"
             return {}
     if any(_holds_a_float(record.get(name)) for name in fields):
         # orjson reads an integer past 64 bits as a float (2**64 as 1.8446744073709552e+19,
@@ -206,17 +211,33 @@ def _orjson_record(raw: bytes, pre_bad: dict[int, str], row: int, fields: list[s
     return record
 
 
-def _standard_record(raw: bytes) -> dict | None:
-    """``raw`` parsed by Python's ``json`` as strict JSON, when it is an object; else None."""
+#: orjson's refusals of valid JSON, which :func:`_standard_record` reads.
+_STANDARD_TAKES = re.compile(r"surrogate|parsed as double")
+
+
+def _standard_record(raw: bytes) -> tuple[dict | None, str]:
+    """``raw`` parsed by Python's ``json`` as strict JSON: ``(the record, "")`` when it is an
+    object, else ``(None, why not)``."""
     try:
-        record = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except (ValueError, RecursionError):
-        return None
-    return record if isinstance(record, dict) else None
+        record = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant, parse_int=_integer)
+    except (ValueError, RecursionError) as exc:
+        return None, str(exc) or type(exc).__name__
+    return (record, "") if isinstance(record, dict) else (None, "the record is not a JSON object")
 
 
 def _refuse_constant(name: str):
     raise ValueError(f"{name} is not JSON")
+
+
+class _LongInteger(str):
+    """An integer literal longer than Python converts (4,300 digits): far out of any field's
+    range, and valid JSON for a field packer does not read."""
+
+    __repr__ = str.__str__
+
+
+def _integer(digits: str):
+    return int(digits) if len(digits) <= 4000 else _LongInteger(digits)
 
 
 def _field_values(record: dict, fields: list[str], pre_bad: dict[int, str], row: int) -> list:

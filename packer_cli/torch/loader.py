@@ -14,8 +14,9 @@ Data flow::
                                             statistics are Python ints: no device sync
 
 Every CP rank of a DP replica builds the same packs (CP is not part of the sharding)
-and keeps only its own zig-zag slice, so only ``T/CP`` tokens per rank cross PCIe; the
-boundary vectors stay global, as Transformer Engine expects.
+and keeps only its own zig-zag slice, so only ``T/CP`` tokens per rank cross PCIe (and
+``seq_idx``, 4 bytes a token, whole); the boundary vectors stay global, as Transformer
+Engine expects.
 
 Example::
 
