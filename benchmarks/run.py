@@ -1,7 +1,7 @@
 """Run every packer benchmark against its peers and write ``benchmarks/RESULTS.md``.
 
     .venv/bin/python benchmarks/run.py            # full run, about 12 minutes
-    .venv/bin/python benchmarks/run.py --quick    # smaller inputs, about 2–3 minutes
+    .venv/bin/python benchmarks/run.py --quick    # smaller inputs, about 5 minutes on this 2-core machine
 
 Each step is a separate script (runnable on its own, one JSON row per line on stdout);
 this runner generates the data, runs them in turn, keeps every row in
@@ -60,7 +60,7 @@ STEPS = ("plan", "quality", "e2e", "jsonl", "memory", "spill", "audit", "loader"
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller inputs (about 2-3 minutes)")
+    ap.add_argument("--quick", action="store_true", help="smaller inputs (about 5 minutes on 2 cores)")
     ap.add_argument("--only", nargs="*", choices=STEPS, metavar="STEP",
                     help=f"run only these steps ({' '.join(STEPS)}; memory includes memory_bridge)")
     ap.add_argument("--no-write", action="store_true", help="do not rewrite RESULTS.md")
