@@ -61,7 +61,7 @@ STEPS = ("plan", "quality", "e2e", "jsonl", "memory", "spill", "audit", "loader"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller inputs (about 5 minutes on 2 cores)")
-    ap.add_argument("--only", nargs="*", choices=STEPS, metavar="STEP",
+    ap.add_argument("--only", nargs="+", choices=STEPS, metavar="STEP",
                     help=f"run only these steps ({' '.join(STEPS)}; memory includes memory_bridge)")
     ap.add_argument("--no-write", action="store_true", help="do not rewrite RESULTS.md")
     args = ap.parse_args()

@@ -404,6 +404,14 @@ def test_a_bridge_splits_recorded_file_facts_must_hold(copy, where, changes):
     assert result.exit_code == 1 and "[bridge.file]" in result.output, result.output
 
 
+@pytest.mark.parametrize("key", ["format", "split", "files", "row_group_size"])
+def test_a_bridge_output_record_missing_a_key_is_a_finding(copy, key):
+    """A missing key of the output record raised KeyError (a traceback from verify and inspect)."""
+    out = copy("bridge")
+    edit_metadata(out, "training.metadata.json", lambda doc: doc["output"].pop(key))
+    assert_refused(out, f"output.{key} is missing", "training")
+
+
 def test_a_bridge_split_recorded_before_its_encoding_verifies(copy):
     """A split written before packer recorded its Parquet encoding has no such key."""
     out = copy("bridge")

@@ -440,3 +440,19 @@ def test_a_glob_through_a_symbolic_link_is_judged_by_where_it_leads(tmp_path, mo
     for pattern, cwd in (("ds/out/*.jsonl", tmp_path), ("*.jsonl", tmp_path / "ds" / "out")):
         monkeypatch.chdir(cwd)
         assert read(pattern) == ([200], 1)
+
+
+def test_a_glob_may_match_links_into_a_datasetdict_or_to_a_data_file(tmp_path):
+    """A link to one split of a DatasetDict, or to a data file, is read as a directory's walk reads
+    it: the glob was refused once the match itself was resolved to where it leads."""
+    datasets_dir(tmp_path / "dd" / "train", [200])
+    (tmp_path / "dd" / "dataset_dict.json").write_text(json.dumps({"splits": ["train"]}))
+    (tmp_path / "inputs").mkdir()
+    (tmp_path / "inputs" / "train").symlink_to(tmp_path / "dd" / "train")
+    assert read(tmp_path / "inputs" / "*") == read(tmp_path / "inputs") == ([200], 1)
+    jsonl(tmp_path / "ds_files" / "a.jsonl", [sample(100)])
+    (tmp_path / "more").mkdir()
+    (tmp_path / "more" / "a.jsonl").symlink_to(tmp_path / "ds_files" / "a.jsonl")
+    datasets_dir(tmp_path / "ds", [300])
+    (tmp_path / "more" / "b.arrow").symlink_to(tmp_path / "ds" / "data-00000-of-00001.arrow")
+    assert read(tmp_path / "more" / "*") == read(tmp_path / "more") == ([100, 300], 2)

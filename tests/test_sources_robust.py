@@ -350,8 +350,9 @@ def test_ipc_files_with_unframed_schemas_joined_together_are_a_data_error(tmp_pa
 def test_an_unframed_schema_may_name_a_field_after_the_magic(tmp_path, rows, name):
     """A field named ARROW1 (in an unframed schema) was taken for a second file's magic, and one
     named ARROW1ARROW1 (stored NUL-padded) for a closing and an opening magic end to end."""
-    table = pa.table({"input_ids": [[1, 2, 3]] * rows if rows else pa.array([], pa.list_(pa.int64())),
-                      name: pa.array(["x"] * rows, pa.string())})
+    ids = [[1, 2, 3]] * rows if rows else pa.array([], pa.list_(pa.int64()))
+    table = pa.table({name: pa.array(["x"] * rows, pa.string()), "input_ids": ids})  # the name first: its
+    # length prefix then reads as a footer length, and the name's bytes as a footer
     sink = io.BytesIO()
     with pa.ipc.new_file(sink, table.schema) as writer:
         if rows:
@@ -363,6 +364,25 @@ def test_an_unframed_schema_may_name_a_field_after_the_magic(tmp_path, rows, nam
     else:
         with pytest.raises(DataError, match="empty input"):
             records(path)
+
+
+def test_bytes_that_pass_the_layout_walk_are_no_file_unless_pyarrow_opens_them():
+    """polars lays a field named ARROW1ARROW1 out so that the bytes before it pass the layout walk
+    as a file without batches (its length prefix read as a footer length, the bytes before as a
+    footer with no blocks): such a file was refused as two joined. Here, the same by hand: a
+    schema message, an end-of-stream marker and a footer of no fields, then the two magics."""
+    import struct
+
+    from packer_cli.sources._ipc_file import _holds_a_whole_file, check_file_layout
+
+    footer = struct.pack("<IHHi", 8, 4, 4, 4)  # root -> table at 8, whose vtable (at 4) has no fields
+    fake = b"ARROW1\0\0" + b"\xff\xff\xff\xff" + struct.pack("<i", 8) + bytes(8) + b"\xff\xff\xff\xff" + bytes(4)
+    fake += footer + struct.pack("<i", len(footer)) + b"ARROW1"
+    source = pa.BufferReader(fake + b"ARROW1\0\0")
+    check_file_layout("fake", pa.BufferReader(fake))  # the walk alone takes it for a file
+    assert not _holds_a_whole_file("f.arrow", source, fake[8:] + b"ARROW1\0\0")
+    real = _file_bytes(100, 0)  # a real file there is still found
+    assert _holds_a_whole_file("f.arrow", pa.BufferReader(real + b"ARROW1\0\0"), real[8:] + b"ARROW1\0\0")
 
 
 def test_a_truncated_ipc_file_is_reported_as_a_file(tmp_path):

@@ -157,7 +157,9 @@ def _check_output_record(store, entry: dict, C: int, sink: FindingSink) -> None:
     for key, value in expected.items():
         if key == "parquet_encoding" and (key not in output or key not in entry):
             continue  # written before packer recorded it
-        if output[key] != value or type(output[key]) is not type(value):
+        if key not in output:
+            sink.add("bridge.file", f"output.{key} is missing", shard=store.metadata_name)
+        elif output[key] != value or type(output[key]) is not type(value):
             whose = "the manifest's" if key in ("parquet_encoding", "row_group_size") else "this split's"
             sink.add("bridge.file", f"output.{key} is {shown(output.get(key), 120)}, {whose} is {shown(value, 120)}",
                      shard=store.metadata_name)

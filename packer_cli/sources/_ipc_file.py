@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import struct
 
+import pyarrow as pa
+
 from packer_cli.errors import DataError
 
 _MAGIC = b"ARROW1"
@@ -96,12 +98,16 @@ def _schema_end(path: str, source, first_block: int | None, footer_start: int) -
 def _holds_a_whole_file(path: str, source, schema: bytes) -> bool:
     """Whether the stretch ``schema`` (bytes 8.. of ``source``) holds where one IPC file ends and
     the next starts: the closing and opening magics end to end, with everything before them a
-    whole file as :func:`check_file_layout` judges one (so a field named ``ARROW1ARROW1``, whose
-    bytes are the same, is not taken for it)."""
+    whole file, as :func:`check_file_layout` and pyarrow judge one (so a field named
+    ``ARROW1ARROW1``, whose bytes are the same, is not taken for it)."""
     at = schema.find(_JOINED)
     while at >= 0:
         try:
-            check_file_layout(path, _Prefix(source, 8 + at + len(_MAGIC)))
+            prefix = _Prefix(source, 8 + at + len(_MAGIC))
+            check_file_layout(path, prefix)
+            # and pyarrow opens it (its footer a verified flatbuffer): a field name's bytes, read
+            # as a footer, can pass the layout walk as a file without batches
+            pa.ipc.open_file(pa.BufferReader(source.read_at(prefix.size(), 0)))
             return True
         except (DataError, struct.error, ValueError, IndexError, OSError, ArithmeticError):
             pass

@@ -304,7 +304,9 @@ def _refuse_inside_datasets(match: str, pattern: str, seen: dict[str, bool]) -> 
     """Refuse a glob's ``match`` that lies inside a ``datasets`` directory or DatasetDict
     (``seen`` caches the answer for each directory above a match)."""
     # Where the match really lies: '../x' in the parent, not in '.'; 'link/x' where the link leads
-    directory = os.path.dirname(os.path.realpath(match))
+    # (the match itself is not resolved: a link to a split, or to a data file, is read as it
+    # is in a directory's walk)
+    directory = os.path.realpath(os.path.dirname(os.path.abspath(match)))
     while True:
         if directory not in seen:
             seen[directory] = _holds_datasets(directory)
