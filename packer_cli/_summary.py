@@ -76,6 +76,14 @@ class PackSummary:
         return record
 
 
+def _recorded_path(path: str) -> str:
+    """``path`` made absolute as it leads: a '..' after a symbolic link goes to the link target's
+    parent, which ``os.path.abspath`` (collapsing it as text) would not name."""
+    if os.pardir not in path.split(os.sep):
+        return os.path.abspath(path)
+    return os.path.join(os.path.realpath(os.path.dirname(path) or os.curdir), os.path.basename(path))
+
+
 def _input_bytes(file) -> int:
     """An input's size, looked up once it has been read; one removed or moved meanwhile is the
     input's error (it was reported as the output failing to be written, exit 3)."""
@@ -156,7 +164,7 @@ def summarize(*, spec: PackSpec, files, stream, read_counts, bad_listed, totals,
     }
     sup = stream.supervision
     source = {
-        "inputs": [{"path": os.path.abspath(f.path), "format": f.format, "bytes": _input_bytes(f)} for f in files],
+        "inputs": [{"path": _recorded_path(f.path), "format": f.format, "bytes": _input_bytes(f)} for f in files],
         "tokens_field": stream.spec.tokens_field,
         "supervision": {"kind": sup.kind, "field": sup.field},
         "vocab_size": stream.spec.vocab_size,

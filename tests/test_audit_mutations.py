@@ -412,6 +412,21 @@ def test_a_bridge_output_record_missing_a_key_is_a_finding(copy, key):
     assert_refused(out, f"output.{key} is missing", "training")
 
 
+@pytest.mark.parametrize("where", ["manifest", "metadata"])
+def test_a_parquet_encoding_missing_from_one_record_only_is_a_finding(copy, where):
+    """Every packer wrote it in both records or in neither: missing from one is an edit, and passed."""
+    out = copy("bridge")
+    if where == "manifest":
+        path = out / "training.manifest.json"
+        doc = json.loads(path.read_text())
+        del doc["shards"][0]["parquet_encoding"]
+        path.write_text(json.dumps(doc))
+    else:
+        edit_metadata(out, "training.metadata.json", lambda meta: meta["output"].pop("parquet_encoding"))
+    result = run("verify", out, "--split", "training")
+    assert result.exit_code == 1 and "output.parquet_encoding" in result.output, result.output
+
+
 def test_a_bridge_split_recorded_before_its_encoding_verifies(copy):
     """A split written before packer recorded its Parquet encoding has no such key."""
     out = copy("bridge")

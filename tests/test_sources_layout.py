@@ -456,3 +456,35 @@ def test_a_glob_may_match_links_into_a_datasetdict_or_to_a_data_file(tmp_path):
     datasets_dir(tmp_path / "ds", [300])
     (tmp_path / "more" / "b.arrow").symlink_to(tmp_path / "ds" / "data-00000-of-00001.arrow")
     assert read(tmp_path / "more" / "*") == read(tmp_path / "more") == ([100, 300], 2)
+
+
+def test_nothing_inside_a_datasets_directory_is_read_loosely_however_it_is_named(tmp_path, monkeypatch):
+    """'ds/extra' (a directory inside a datasets directory), a link to it, '.' from inside it and
+    '**' were read while 'ds/extra/*' was refused; '**' run inside the datasets directory itself
+    was refused while '.' read it."""
+    datasets_dir(tmp_path / "ds", [300])
+    jsonl(tmp_path / "ds" / "extra" / "a.jsonl", [sample(100)])
+    (tmp_path / "lx").symlink_to(tmp_path / "ds" / "extra")
+    monkeypatch.chdir(tmp_path)
+    for name in ("ds/extra", "ds/extra/*", "ds/extra/**", "lx", "lx/*", "lx/**"):
+        with pytest.raises(ConfigError, match="inside the Hugging Face datasets directory"):
+            discover_inputs([name])
+    monkeypatch.chdir(tmp_path / "ds" / "extra")
+    for name in (".", "*", "**"):
+        with pytest.raises(ConfigError, match=r"inside the Hugging Face datasets directory \.\."):
+            discover_inputs([name])
+    monkeypatch.chdir(tmp_path / "ds")
+    assert read(".") == read("**") == ([300], 1)
+
+
+def test_a_glob_with_dotdot_after_a_link_reads_where_the_link_leads(tmp_path, monkeypatch):
+    """'lp/../*.jsonl' was collapsed as text to './*.jsonl': another file of the same name was
+    read, and a plain 'lp/../p.jsonl' was recorded under that other file's path."""
+    jsonl(tmp_path / "plain" / "p.jsonl", [sample(100)])
+    (tmp_path / "plain" / "sub").mkdir()
+    jsonl(tmp_path / "p.jsonl", [sample(900)])
+    (tmp_path / "lp").symlink_to(tmp_path / "plain" / "sub")
+    monkeypatch.chdir(tmp_path)
+    assert read("lp/../*.jsonl") == read("lp/../p.jsonl") == ([100], 1)
+    summary = pack(["lp/../p.jsonl"], str(tmp_path / "out"), PackSpec(pack_size=64))
+    assert summary.source["inputs"][0]["path"] == str((tmp_path / "plain" / "p.jsonl").resolve())

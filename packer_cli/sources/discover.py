@@ -118,6 +118,8 @@ def _expand_directory(path: str) -> list[InputFile]:
     below it (hidden entries skipped), in sorted order of their paths."""
     if _marks(path, "state.json", "_data_files"):
         return [_hf_dataset(path)]
+    if not _marks(path, "dataset_dict.json", "splits"):  # a directory inside one is not read loosely either
+        _refuse_inside_datasets(path, None, {}, resolve=True)
     if _marks(path, "dataset_dict.json", "splits"):
         splits = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
         raise ConfigError(
@@ -278,7 +280,7 @@ def _expand_glob(pattern: str) -> list[InputFile]:
     an unsupported type skipped as a directory's walk skips it, and a match inside a
     ``datasets`` directory refused (its cache files would be read as data, a DatasetDict's
     splits mixed)."""
-    matches = sorted({os.path.normpath(m) for m in _glob(pattern)})  # `**` spans directories
+    matches = sorted({_tidy(m) for m in _glob(pattern)})  # `**` spans directories
     if not matches:
         raise DataError(f"{pattern}: the pattern matches no files")
     datasets_dirs: dict[str, bool] = {}
@@ -300,24 +302,42 @@ def _expand_glob(pattern: str) -> list[InputFile]:
     return sorted(files, key=lambda f: f.path)
 
 
-def _refuse_inside_datasets(match: str, pattern: str, seen: dict[str, bool]) -> None:
-    """Refuse a glob's ``match`` that lies inside a ``datasets`` directory or DatasetDict
-    (``seen`` caches the answer for each directory above a match)."""
-    # Where the match really lies: '../x' in the parent, not in '.'; 'link/x' where the link leads
-    # (the match itself is not resolved: a link to a split, or to a data file, is read as it
-    # is in a directory's walk)
-    directory = os.path.realpath(os.path.dirname(os.path.abspath(match)))
+def _container(path: str) -> str:
+    """The real directory that holds the entry ``path`` names: its directory part resolved (the
+    entry itself may be a link), or, for a path ending in '.' or '..', the parent of where it leads."""
+    trimmed = path.rstrip(os.sep) or path
+    if os.path.basename(trimmed) in ("", os.curdir, os.pardir):
+        return os.path.dirname(os.path.realpath(trimmed))
+    return os.path.realpath(os.path.dirname(trimmed) or os.curdir)
+
+
+def _tidy(match: str) -> str:
+    """A glob's match spelled plainly ('./a', 'a/' as 'a'), but a '..' kept: after a symbolic
+    link it leads to the link target's parent, which collapsing it as text would not."""
+    return match.rstrip(os.sep) or match if os.pardir in match.split(os.sep) else os.path.normpath(match)
+
+
+def _refuse_inside_datasets(match: str, pattern: str | None, seen: dict[str, bool], resolve: bool = False) -> None:
+    """Refuse ``match`` (a glob's, or a directory to read) when it lies inside a ``datasets``
+    directory or DatasetDict: nothing there is read but through its ``state.json`` (its cache
+    files are not data, a DatasetDict's splits are not mixed). ``seen`` caches the answer per
+    directory. Where the match really lies counts ('../x' in the parent, 'link/x' where the
+    link leads); the match itself is not resolved (a link to a split or a data file is read as
+    it is in a directory's walk), unless ``resolve``: a directory to read is judged by where its
+    files are, wherever a link to it stands."""
+    directory = os.path.dirname(os.path.realpath(match)) if resolve else _container(match)
     while True:
         if directory not in seen:
             seen[directory] = _holds_datasets(directory)
         if seen[directory]:
             shown = directory if os.path.isabs(match) else os.path.relpath(directory)
+            what = f"'{pattern}' matches a path" if pattern else "a directory"
             if _marks(shown, "state.json", "_data_files"):
-                raise ConfigError(f"{match}: '{pattern}' matches a path inside the Hugging Face datasets directory "
-                                  f"{shown}, which is read whole, through its state.json (its cache files are "
-                                  f"not data): name {shown}, or a pattern that matches the directory itself")
-            raise ConfigError(f"{match}: '{pattern}' matches a path inside the Hugging Face DatasetDict {shown}, "
-                              "whose splits are not mixed: name one split directory")
+                raise ConfigError(f"{match}: {what} inside the Hugging Face datasets directory {shown}, which is "
+                                  f"read whole, through its state.json (its cache files are not data): name {shown}"
+                                  + (", or a pattern that matches the directory itself" if pattern else ""))
+            raise ConfigError(f"{match}: {what} inside the Hugging Face DatasetDict {shown}, whose splits are not "
+                              "mixed: name one split directory")
         parent = os.path.dirname(directory)
         if parent == directory:
             return
@@ -341,7 +361,7 @@ def _glob(pattern: str) -> list[str]:
     matches: list[str] = []
     for base in bases:
         if not rest:  # `base/**` is base and all below it: read as a directory (whose walk checks links)
-            matches += [base] if base else glob.glob("*")
+            matches.append(base or os.curdir)  # '**' from here is '.', read as a directory is
             continue
         for directory in _directories(base):
             matches += _glob(os.path.join(glob.escape(directory), *rest))
