@@ -466,7 +466,9 @@ def test_nothing_inside_a_datasets_directory_is_read_loosely_however_it_is_named
     jsonl(tmp_path / "ds" / "extra" / "a.jsonl", [sample(100)])
     (tmp_path / "lx").symlink_to(tmp_path / "ds" / "extra")
     monkeypatch.chdir(tmp_path)
-    for name in ("ds/extra", "ds/extra/*", "ds/extra/**", "lx", "lx/*", "lx/**"):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "lx").symlink_to(tmp_path / "ds" / "extra")  # found in a directory's walk
+    for name in ("ds/extra", "ds/extra/*", "ds/extra/**", "lx", "lx/*", "lx/**", "d", "d/*", "d/**"):
         with pytest.raises(ConfigError, match="inside the Hugging Face datasets directory"):
             discover_inputs([name])
     monkeypatch.chdir(tmp_path / "ds" / "extra")

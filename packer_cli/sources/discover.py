@@ -149,6 +149,8 @@ def _walk(directory: str, ancestors: tuple[str, ...]) -> list[InputFile]:
             if _holds_datasets(full):
                 found += _expand_directory(full)
             else:
+                if os.path.islink(full):  # a link may lead inside a datasets directory
+                    _refuse_inside_datasets(full, None, {}, resolve=True)
                 _refuse_packer_output(full)
                 found += _walk(full, ancestors + (real,))
         elif format_of(name):
