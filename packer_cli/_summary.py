@@ -81,7 +81,8 @@ def _recorded_path(path: str) -> str:
     parent, which ``os.path.abspath`` (collapsing it as text) would not name."""
     if os.pardir not in path.split(os.sep):
         return os.path.abspath(path)
-    return os.path.join(os.path.realpath(os.path.dirname(path) or os.curdir), os.path.basename(path))
+    return os.path.normpath(os.path.join(os.path.realpath(os.path.dirname(path) or os.curdir),
+                                         os.path.basename(path)))  # 'x/..' named plainly
 
 
 def _input_bytes(file) -> int:

@@ -490,3 +490,36 @@ def test_a_glob_with_dotdot_after_a_link_reads_where_the_link_leads(tmp_path, mo
     assert read("lp/../*.jsonl") == read("lp/../p.jsonl") == ([100], 1)
     summary = pack(["lp/../p.jsonl"], str(tmp_path / "out"), PackSpec(pack_size=64))
     assert summary.source["inputs"][0]["path"] == str((tmp_path / "plain" / "p.jsonl").resolve())
+
+
+def test_a_directory_a_pattern_names_whole_reads_as_the_directory_does(tmp_path, monkeypatch):
+    """'dd/train/**' (a DatasetDict's split), 'ds/out/**' (a link out of a datasets directory)
+    and '**' run inside a split were refused where the directory itself was read."""
+    datasets_dir(tmp_path / "dd" / "train", [200])
+    (tmp_path / "dd" / "dataset_dict.json").write_text(json.dumps({"splits": ["train"]}))
+    datasets_dir(tmp_path / "ds", [300])
+    jsonl(tmp_path / "plain" / "b.jsonl", [sample(100)])
+    (tmp_path / "ds" / "out").symlink_to(tmp_path / "plain")
+    monkeypatch.chdir(tmp_path)
+    assert read("dd/train") == read("dd/train/**") == ([200], 1)
+    assert read("ds/out") == read("ds/out/**") == read("ds/o[u]t") == read("ds/out/*") == ([100], 1)
+    monkeypatch.chdir(tmp_path / "dd" / "train")
+    assert read(".") == read("**") == ([200], 1)
+
+
+@pytest.mark.parametrize("pattern", ["e/*/../x.jsonl", "e/**/../x.jsonl"])
+def test_a_glob_reads_each_file_once_whatever_its_spellings(tmp_path, pattern):
+    """With '..' kept in matches, 'e/a/../x.jsonl' and 'e/b/../x.jsonl' were one file read twice."""
+    jsonl(tmp_path / "e" / "x.jsonl", [sample(100)])
+    (tmp_path / "e" / "a").mkdir()
+    (tmp_path / "e" / "b").mkdir()
+    assert read(tmp_path / pattern) == read(tmp_path / "e") == ([100], 1)
+
+
+def test_a_double_star_does_not_walk_inside_a_datasets_directory(tmp_path):
+    """'d/**/*' descended into a datasets directory and met a link loop there, which 'd' never looks at."""
+    jsonl(tmp_path / "d" / "a.jsonl", [sample(100)])
+    datasets_dir(tmp_path / "d" / "ds", [300])
+    (tmp_path / "d" / "ds" / "extra").mkdir()
+    (tmp_path / "d" / "ds" / "extra" / "up").symlink_to(tmp_path / "d" / "ds")
+    assert read(tmp_path / "d" / "**" / "*") == read(tmp_path / "d") == ([100, 300], 2)

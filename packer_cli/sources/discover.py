@@ -282,18 +282,28 @@ def _expand_glob(pattern: str) -> list[InputFile]:
     an unsupported type skipped as a directory's walk skips it, and a match inside a
     ``datasets`` directory refused (its cache files would be read as data, a DatasetDict's
     splits mixed)."""
-    matches = sorted({_tidy(m) for m in _glob(pattern)})  # `**` spans directories
+    whole: set[str] = set()  # `base/**`'s bases: read as directory arguments are
+    found = _glob(pattern, whole)
+    # one spelling per entry ('e/a/../x' and 'e/b/../x' are 'e/x'; `**` matches 'd' and 'd/x')
+    by_entry = {_entry(m): _tidy(m) for m in sorted(found, reverse=True)}
+    matches = sorted(by_entry.values())
     if not matches:
         raise DataError(f"{pattern}: the pattern matches no files")
+    whole = {_entry(m) for m in whole}
     datasets_dirs: dict[str, bool] = {}
     expanded: list[str] = []  # `**` matches a directory and everything in it: read it once
     files: list[InputFile] = []
     for match in matches:
-        if any(within(match, d) for d in expanded):
+        entry = _entry(match)
+        if any(within(entry, d) for d in expanded):
             continue
-        _refuse_inside_datasets(match, pattern, datasets_dirs)
-        if os.path.isdir(match):
-            expanded.append(match)
+        directory = os.path.isdir(match)
+        # a directory the pattern names whole, or a link to one, is judged where its files are,
+        # as a directory argument is (below); any other match where its entry stands
+        if not (directory and (entry in whole or os.path.islink(match.rstrip(os.sep) or match))):
+            _refuse_inside_datasets(match, pattern, datasets_dirs)
+        if directory:
+            expanded.append(os.path.realpath(match))
             files.extend(_expand_directory(match))
         elif format_of(match):
             files.extend(discover_inputs([match]))
@@ -311,6 +321,16 @@ def _container(path: str) -> str:
     if os.path.basename(trimmed) in ("", os.curdir, os.pardir):
         return os.path.dirname(os.path.realpath(trimmed))
     return os.path.realpath(os.path.dirname(trimmed) or os.curdir)
+
+
+def _entry(path: str) -> str:
+    """The entry ``path`` names, spelled one way: its directory part resolved, its last part
+    kept (it may be a link, read as the link), or resolved too when it is '.' or '..'."""
+    trimmed = path.rstrip(os.sep) or path
+    name = os.path.basename(trimmed)
+    if name in ("", os.curdir, os.pardir):
+        return os.path.realpath(trimmed)
+    return os.path.join(os.path.realpath(os.path.dirname(trimmed) or os.curdir), name)
 
 
 def _tidy(match: str) -> str:
@@ -346,7 +366,7 @@ def _refuse_inside_datasets(match: str, pattern: str | None, seen: dict[str, boo
         directory = parent
 
 
-def _glob(pattern: str) -> list[str]:
+def _glob(pattern: str, whole: set[str] | None = None) -> list[str]:
     """The paths ``pattern`` matches, as ``glob.glob(pattern, recursive=True)`` finds them, but
     with each ``**`` component walked by :func:`_directories`: glob follows a link back to a
     directory above it round and round (a file read ~40 times; with two such links it never
@@ -364,9 +384,11 @@ def _glob(pattern: str) -> list[str]:
     for base in bases:
         if not rest:  # `base/**` is base and all below it: read as a directory (whose walk checks links)
             matches.append(base or os.curdir)  # '**' from here is '.', read as a directory is
+            if whole is not None:
+                whole.add(base or os.curdir)
             continue
         for directory in _directories(base):
-            matches += _glob(os.path.join(glob.escape(directory), *rest))
+            matches += _glob(os.path.join(glob.escape(directory), *rest), whole)
     return matches
 
 
@@ -377,6 +399,8 @@ def _directories(base: str) -> list[str]:
 
     def visit(directory: str, ancestors: tuple[str, ...]) -> None:
         found.append(directory)
+        if directory != base and _holds_datasets(directory):
+            return  # matches of its own files are refused; nothing below it is looked at
         for name in _listdir(directory):
             full = os.path.join(directory, name)
             if not name.startswith(".") and os.path.isdir(full):
