@@ -36,6 +36,16 @@ class OutputError(PackerError):
     exit_code = 3
 
 
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8: argv or directory bytes of another encoding come to
+    Python as lone surrogates, which pyarrow, orjson and the metadata's JSON take nowhere."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def shown(value, limit: int = 60) -> str:
     """``repr(value)`` for a message, cut to about ``limit`` characters: a bad record's reason is
     one line, and is kept in metadata.json, where a 64 MB string quoted whole took 64 MB."""

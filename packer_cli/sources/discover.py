@@ -12,7 +12,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from packer_cli.errors import ConfigError, DataError, shown
+from packer_cli.errors import ConfigError, DataError, is_utf8, shown
 from packer_cli.shards._atomic import within
 from packer_cli.shards.bridge import is_bridge_dir, layout_files
 from packer_cli.shards.format import FORMAT_NAME, MANIFEST_FILE
@@ -57,7 +57,7 @@ def _input_file(path: str, fmt: str) -> InputFile:
     Parquet and Arrow files are read at offsets: a FIFO gave the reader what the first look left
     (an error, or records silently missing) or blocked for ever, and a device such as
     /dev/zero never ended."""
-    if not _is_utf8(path):  # a name found in a directory or by a glob
+    if not is_utf8(path):  # a name found in a directory or by a glob
         raise DataError(f"{path!r}: not a UTF-8 file name (rename it: pyarrow and the metadata's JSON take "
                         "only UTF-8)")
     try:
@@ -118,14 +118,13 @@ def _expand_directory(path: str) -> list[InputFile]:
     below it (hidden entries skipped), in sorted order of their paths."""
     if _marks(path, "state.json", "_data_files"):
         return [_hf_dataset(path)]
-    if not _marks(path, "dataset_dict.json", "splits"):  # a directory inside one is not read loosely either
-        _refuse_inside_datasets(path, None, {}, resolve=True)
     if _marks(path, "dataset_dict.json", "splits"):
         splits = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
         raise ConfigError(
             f"{path} is a Hugging Face DatasetDict with splits {splits}; pass one split directory, "
             f"e.g. {os.path.join(path, splits[0]) if splits else path + '/train'}"
         )
+    _refuse_inside_datasets(path, None, {}, resolve=True)  # a directory inside one is not read loosely either
     _refuse_packer_output(path)
     found = sorted(_walk(path, (os.path.realpath(path),)), key=lambda f: f.path)
     if not found:
@@ -217,7 +216,7 @@ def path_argument(value, name: str) -> str:
         path = None
     if not isinstance(path, str):
         raise ConfigError(f"{name} must be a path (str or os.PathLike), got {value!r}")
-    if not _is_utf8(path):
+    if not is_utf8(path):
         raise ConfigError(f"{path!r}: {name} is not a UTF-8 path (rename it: pyarrow and the metadata's JSON "
                           "take only UTF-8)")
     if not path:  # else "error: : no such file", naming nothing
@@ -225,14 +224,6 @@ def path_argument(value, name: str) -> str:
     if not os.path.isabs(path) and not _cwd_exists():  # else a traceback where it is first resolved
         raise ConfigError(f"{path}: a relative path, but the working directory no longer exists (deleted?)")
     return path
-
-
-def _is_utf8(path: str) -> bool:
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:  # argv or directory bytes that are not UTF-8, as Python decodes them
-        return False
-    return True
 
 
 def _cwd_exists() -> bool:
@@ -314,15 +305,6 @@ def _expand_glob(pattern: str) -> list[InputFile]:
     return sorted(files, key=lambda f: f.path)
 
 
-def _container(path: str) -> str:
-    """The real directory that holds the entry ``path`` names: its directory part resolved (the
-    entry itself may be a link), or, for a path ending in '.' or '..', the parent of where it leads."""
-    trimmed = path.rstrip(os.sep) or path
-    if os.path.basename(trimmed) in ("", os.curdir, os.pardir):
-        return os.path.dirname(os.path.realpath(trimmed))
-    return os.path.realpath(os.path.dirname(trimmed) or os.curdir)
-
-
 def _entry(path: str) -> str:
     """The entry ``path`` names, spelled one way: its directory part resolved, its last part
     kept (it may be a link, read as the link), or resolved too when it is '.' or '..'."""
@@ -347,18 +329,18 @@ def _refuse_inside_datasets(match: str, pattern: str | None, seen: dict[str, boo
     link leads); the match itself is not resolved (a link to a split or a data file is read as
     it is in a directory's walk), unless ``resolve``: a directory to read is judged by where its
     files are, wherever a link to it stands."""
-    directory = os.path.dirname(os.path.realpath(match)) if resolve else _container(match)
+    directory = os.path.dirname(os.path.realpath(match) if resolve else _entry(match))
     while True:
         if directory not in seen:
             seen[directory] = _holds_datasets(directory)
         if seen[directory]:
-            shown = directory if os.path.isabs(match) else os.path.relpath(directory)
+            where = directory if os.path.isabs(match) else os.path.relpath(directory)
             what = f"'{pattern}' matches a path" if pattern else "a directory"
-            if _marks(shown, "state.json", "_data_files"):
-                raise ConfigError(f"{match}: {what} inside the Hugging Face datasets directory {shown}, which is "
-                                  f"read whole, through its state.json (its cache files are not data): name {shown}"
+            if _marks(where, "state.json", "_data_files"):
+                raise ConfigError(f"{match}: {what} inside the Hugging Face datasets directory {where}, which is "
+                                  f"read whole, through its state.json (its cache files are not data): name {where}"
                                   + (", or a pattern that matches the directory itself" if pattern else ""))
-            raise ConfigError(f"{match}: {what} inside the Hugging Face DatasetDict {shown}, whose splits are not "
+            raise ConfigError(f"{match}: {what} inside the Hugging Face DatasetDict {where}, whose splits are not "
                               "mixed: name one split directory")
         parent = os.path.dirname(directory)
         if parent == directory:

@@ -21,7 +21,7 @@ import numbers
 from dataclasses import asdict, dataclass
 from enum import Enum
 
-from packer_cli.errors import ConfigError
+from packer_cli.errors import ConfigError, is_utf8
 from packer_cli.plan._config import MAX_CAPACITY
 
 
@@ -111,14 +111,6 @@ def _check_types(spec, ints: tuple[str, ...], bools: tuple[str, ...], optional_i
         if not is_bool(value):
             raise ConfigError(f"{name.replace('_', '-')} must be True or False, got {value!r}")
         object.__setattr__(spec, name, bool(value))
-
-
-def _is_utf8(name: str) -> bool:
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates: how Python decodes argv bytes that are not UTF-8
-        return False
-    return True
 
 
 def pad_multiple_for(cp: int, tp: int, sp: bool) -> int:
@@ -273,7 +265,7 @@ class SourceSpec:
             value = getattr(self, name)
             if not (isinstance(value, str) and value) and not (value is None and name != "tokens_field"):
                 raise ConfigError(f"{name.replace('_', '-')} must be a field name, got {value!r}")
-            if value is not None and not _is_utf8(value):  # bytes of another encoding on the command line
+            if value is not None and not is_utf8(value):  # bytes of another encoding on the command line
                 raise ConfigError(f"{name.replace('_', '-')} {value!r} is not UTF-8 text (field names in JSON, "
                                   "Parquet and Arrow files are)")
         if self.mask_field and self.labels_field:
