@@ -46,6 +46,12 @@ def is_utf8(text: str) -> bool:
     return True
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (pyarrow's run to many), or its type when it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def shown(value, limit: int = 60) -> str:
     """``repr(value)`` for a message, cut to about ``limit`` characters: a bad record's reason is
     one line, and is kept in metadata.json, where a 64 MB string quoted whole took 64 MB."""

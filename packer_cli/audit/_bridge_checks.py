@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 
 from packer_cli.audit._meta_checks import _same
-from packer_cli.audit._meta_schema import BRIDGE_KEYS
+from packer_cli.audit._meta_schema import BRIDGE_KEYS, _count
 from packer_cli.audit.findings import FindingSink
 from packer_cli.errors import DataError, shown
 from packer_cli.shards.bridge import (BRIDGE_FORMAT, PARQUET_ENCODING_NAMES, SPLITS, bridge_metadata_name, data_name,
@@ -115,7 +115,6 @@ def _differences(entry: dict, expected: dict, what: str) -> list[str]:
 
 #: The EOS id's origins a split's metadata records (see ``shards.bridge_writer.resolve_eos``).
 EOS_SOURCES = ("given", "inferred", "not needed", "not checked")
-_count = lambda v: type(v) is int and v >= 0  # noqa: E731
 
 
 def check_file_facts(store, sink: FindingSink) -> None:

@@ -33,7 +33,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from packer_cli.errors import DataError
+from packer_cli.errors import DataError, first_line
 from packer_cli._arrow import bits_to_numpy, to_numpy
 from packer_cli.shards.format import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA,
                                       READABLE_VERSIONS, READABLE_VERSIONS_TEXT, is_readable_version, pack_schema,
@@ -217,7 +217,7 @@ class NativeStore:
         except FileNotFoundError:
             raise ShardError(name, "missing") from None
         except (OSError, pa.ArrowException) as exc:
-            raise ShardError(name, f"cannot open as Arrow IPC ({_first_line(exc)})") from None
+            raise ShardError(name, f"cannot open as Arrow IPC ({first_line(exc)})") from None
         expected = pack_schema(self.version)
         if not reader.schema.equals(expected, check_metadata=False):
             raise ShardError(name, f"schema differs from the {FORMAT_NAME} version {self.version} pack schema: "
@@ -238,7 +238,7 @@ class NativeStore:
                     if arr.null_count or arr.values.null_count:
                         raise pa.ArrowInvalid(f"column {col} holds nulls")
             except (OSError, pa.ArrowException) as exc:
-                raise ShardError(name, f"record batch {b} is corrupted ({_first_line(exc)})", row=row) from None
+                raise ShardError(name, f"record batch {b} is corrupted ({first_line(exc)})", row=row) from None
             yield PackBatch(name, row, batch.num_rows, _loader(batch))
             row += batch.num_rows
 
@@ -256,11 +256,6 @@ def _loader(batch: pa.RecordBatch) -> Callable[[str], tuple[np.ndarray, np.ndarr
         values = bits_to_numpy(arr.values) if pa.types.is_boolean(arr.type.value_type) else to_numpy(arr.values)
         return values, to_numpy(arr.offsets).astype(np.int64)
     return load
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 #: Metadata ``format`` name → store class (a future format registers itself here).

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packer_cli.errors import DataError
+from packer_cli.errors import DataError, first_line
 from packer_cli.shards.bridge import (BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, SPLITS, bridge_metadata_name, data_name,
                                       split_manifest_name, split_metadata_name)
 from packer_cli.shards.bridge_reader import (BridgeRowError, file_eos, load_bridge_metadata,
@@ -120,14 +120,14 @@ class BridgeStore:
 
     def _open(self, name: str):
         """The split's Parquet file, its schema checked (:func:`schema_problem`)."""
-        from packer_cli.audit.store import ShardError, _first_line
+        from packer_cli.audit.store import ShardError
 
         try:
             pf = pq.ParquetFile(os.path.join(self.out, name), memory_map=False)
         except FileNotFoundError:
             raise ShardError(name, "missing") from None
         except (OSError, pa.ArrowException) as exc:
-            raise ShardError(name, f"cannot open as Parquet ({_first_line(exc)})") from None
+            raise ShardError(name, f"cannot open as Parquet ({first_line(exc)})") from None
         except UnicodeDecodeError as exc:
             raise ShardError(name, f"cannot open as Parquet ({footer_name_problem(exc)})") from None
         problem = schema_problem(pf.schema_arrow, self.metadata, self.metadata_name) or row_count_problem(pf)
@@ -165,21 +165,21 @@ class BridgeStore:
     @staticmethod
     def _with_tokens(name: str, pf, first: int, end: int, row: int, convert) -> dict:
         """The native columns of a run read without its ids, read again with them."""
-        from packer_cli.audit.store import ShardError, _first_line
+        from packer_cli.audit.store import ShardError
 
         try:
             return convert(pf.read_row_groups(range(first, end), columns=stored_columns()))
         except BridgeRowError as bad:
             raise ShardError(name, bad.reason, row=row + bad.row) from None
         except _UNREADABLE as exc:
-            raise ShardError(name, f"row groups {first}-{end - 1} are unreadable ({_first_line(exc)})",
+            raise ShardError(name, f"row groups {first}-{end - 1} are unreadable ({first_line(exc)})",
                              row=row) from None
 
     def _one_group_at_a_time(self, name: str, pf, first: int, end: int, row: int, convert, exc: Exception,
                              tokens: bool = True):
         """A run that failed to decode, again group by group: the groups before the damaged one
         as batches, then the ShardError naming it (the error path only: good runs are read whole)."""
-        from packer_cli.audit.store import ShardError, _first_line
+        from packer_cli.audit.store import ShardError
 
         for g in range(first, end):
             try:
@@ -188,10 +188,10 @@ class BridgeStore:
                 yield from self._rows_before(name, pf.read_row_group(g, columns=stored_columns(tokens)), row,
                                              partial(convert, tokens=tokens), bad)
             except _UNREADABLE as alone:
-                raise ShardError(name, f"row group {g} is unreadable ({_first_line(alone)})", row=row) from None
+                raise ShardError(name, f"row group {g} is unreadable ({first_line(alone)})", row=row) from None
             yield batch
             row += batch.num_rows
-        raise ShardError(name, f"row groups {first}-{end - 1} are unreadable together ({_first_line(exc)})", row=row)
+        raise ShardError(name, f"row groups {first}-{end - 1} are unreadable together ({first_line(exc)})", row=row)
 
     @staticmethod
     def _rows_before(name: str, table: pa.Table, row: int, convert, bad: BridgeRowError):

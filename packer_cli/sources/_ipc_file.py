@@ -15,7 +15,8 @@ pyarrow and arrow-rs write it as the stream format does (a continuation marker a
 polars writes the bare flatbuffer, whose end only a flatbuffer parser could find. The schema
 then reaches up to the first block (or to the end-of-stream marker of a file without
 batches), and that stretch must not hold what two joined files always leave between them:
-one's closing magic right before the other's padded opening one. The check reads the footer (a few bytes per batch) and the schema, never a batch.
+one's closing magic right before the other's padded opening one. The check reads the footer
+(a few bytes per batch) and the schema, never a batch.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from packer_cli.errors import DataError
 _MAGIC = b"ARROW1"
 _CONTINUATION = b"\xff\xff\xff\xff"
 #: What ``cat`` leaves between two IPC files: one's closing magic, the next one's padded opening
-#: magic (the six bytes alone may be a field's name).
+#: magic (a field's name may hold these bytes too: see :func:`_holds_a_whole_file`).
 _JOINED = _MAGIC + _MAGIC + b"\0\0"
 #: What may stand between the last message and the footer: the end-of-stream marker (a
 #: continuation and a zero length; a bare zero length in the pre-1.0 format) or nothing.

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer_cli._arrow import from_numpy, memory_pool
-from packer_cli.errors import DataError, shown
+from packer_cli.errors import DataError, first_line, shown
 from packer_cli.sources._ipc_file import check_file_layout
 from packer_cli.sources.discover import InputFile
 from packer_cli.sources.parquet_lists import ListColumnReader
@@ -204,10 +204,8 @@ def _orjson_record(raw: bytes, pre_bad: dict[int, str], row: int, fields: list[s
     if any(_holds_a_float(record.get(name)) for name in fields):
         # orjson reads an integer past 64 bits as a float (2**64 as 1.8446744073709552e+19,
         # -2**63 - 1 as -2**63): the standard parser keeps it exact, so the reason quotes the file
-        try:
-            record = json.loads(raw)
-        except (ValueError, RecursionError):  # nested deeper than Python's parser goes: orjson's reading stands
-            pass
+        # (nested deeper than that parser goes, orjson's reading stands)
+        record = _standard_record(raw)[0] or record
     return record
 
 
@@ -541,7 +539,7 @@ def _open_ipc(path: str):
         reader = pa.ipc.open_file(source)
     except pa.ArrowInvalid as exc:
         if source.read_at(6, 0) == b"ARROW1":  # a file, damaged or cut: its own error, not a stream's
-            raise DataError(f"{path}: starts as an Arrow IPC file but cannot be read as one: {_first_line(exc)} "
+            raise DataError(f"{path}: starts as an Arrow IPC file but cannot be read as one: {first_line(exc)} "
                             "(truncated?)") from None
         source.seek(0)
         reader = pa.ipc.open_stream(source)
@@ -706,8 +704,5 @@ def read_file(file: InputFile, fields: list[str], scalar_fields: set[str],
             raise
         except (pa.ArrowException, OSError, EOFError, ValueError, UnicodeDecodeError, zlib.error) as exc:
             kind = {"jsonl": "JSON Lines", "parquet": "Parquet", "arrow": "Arrow IPC", "hf": "Arrow IPC"}
-            raise DataError(f"{path}: cannot read as {kind[file.format]}: {_first_line(exc)}") from None
+            raise DataError(f"{path}: cannot read as {kind[file.format]}: {first_line(exc)}") from None
 
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
