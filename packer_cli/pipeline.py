@@ -438,7 +438,8 @@ def _nothing_left(files, read_counts: dict, dropped: int, bad_listed: list[dict]
     return text
 
 
-def _prepare_out(out: str, overwrite: bool, inputs: list[str]) -> str:
+def _prepare_out(out: str, overwrite: bool, inputs: list[str], create: bool = True) -> str | None:
+    """Check OUT for a native output and, with ``create``, make its temporary sibling."""
     out = os.path.normpath(out)
     if os.path.exists(out) and not overwrite:
         raise ConfigError(f"{out} already exists; pass --overwrite to replace it")
@@ -447,7 +448,7 @@ def _prepare_out(out: str, overwrite: bool, inputs: list[str]) -> str:
     if os.path.exists(out):  # a native output, or a Bridge layout being replaced by one
         check_replaceable(out, inputs, lambda name: is_output_file_name(name) or is_layout_name(name))
     check_parent(out)
-    return make_temporary(out)
+    return make_temporary(out) if create else None
 
 
 def pack(
@@ -505,13 +506,13 @@ def pack(
     files = discover_inputs(paths)
     if not opts.dry_run and not out:
         raise ConfigError("an output directory (-o OUT) is required unless --dry-run")
-    if out and not opts.dry_run:
+    if out:  # a dry run with OUT checks it as the real run would, and makes nothing
         out = output_target(out)
         _check_out_outside_input_directories(out, paths)
     spill_parent = _check_spill_parent(spill_parent)
     run = _Run(spec, opts, files, out, spill_parent, output, warn)
     try:  # from the moment the temporary output exists: a signal anywhere after this still removes it
-        run.tmp = None if opts.dry_run else _temporary_output(out, opts.overwrite, spec, files, output)
+        run.tmp = _temporary_output(out, opts.overwrite, spec, files, output, create=not opts.dry_run) if out else None
         return run.execute(source)
     except MemoryError as exc:  # pyarrow's ArrowMemoryError too: a ulimit -v, the node's memory
         raise OutputError(f"{out}: out of memory: {str(exc) or type(exc).__name__} (an address-space limit, ulimit -v, "
@@ -555,11 +556,15 @@ def _checked_options(spec, source, output, *, overwrite, dry_run, progress, shar
                     direct_io=None if direct_io is None else bool(direct_io), spill_read=spill_read)
 
 
-def _temporary_output(out: str, overwrite: bool, spec: PackSpec, files, output: BridgeOutput | None) -> str:
-    """The temporary sibling of ``out`` the run builds in (checked replaceable when ``out`` exists)."""
+def _temporary_output(out: str, overwrite: bool, spec: PackSpec, files, output: BridgeOutput | None,
+                      create: bool = True) -> str | None:
+    """The temporary sibling of ``out`` the run builds in (checked replaceable when ``out`` exists);
+    without ``create`` (a dry run) only the checks."""
     file_paths = [f.path for f in files]
     try:
-        return output.prepare(out, overwrite, spec, file_paths) if output else _prepare_out(out, overwrite, file_paths)
+        if output:
+            return output.prepare(out, overwrite, spec, file_paths, create=create)
+        return _prepare_out(out, overwrite, file_paths, create=create)
     except OSError as exc:
         raise ConfigError(f"{out}: cannot create the output: {exc}") from exc
 

@@ -230,6 +230,32 @@ def test_dry_run_writes_nothing(synthetic_parquet, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == []
 
 
+def test_dry_run_checks_out_as_the_real_run_would(synthetic_parquet, tmp_path):
+    """A dry run with OUT says what the real run would refuse (and still writes nothing)."""
+    from packer_cli import BridgeOutput
+    from packer_cli.errors import ConfigError
+
+    spec, inputs = PackSpec(pack_size=2048), [str(synthetic_parquet)]
+    pack(inputs, str(tmp_path / "o"), spec)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(ConfigError, match="already exists; pass --overwrite"):
+        pack(inputs, str(tmp_path / "o"), spec, dry_run=True)
+    with pytest.raises(ConfigError, match="output parent directory does not exist"):
+        pack(inputs, str(tmp_path / "missing" / "o"), spec, dry_run=True)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="todo.txt"):
+        pack(inputs, str(tmp_path / "notes"), spec, overwrite=True, dry_run=True)
+    pack([str(synthetic_parquet)], str(tmp_path / "b"), spec, output=BridgeOutput(split="training"))
+    with pytest.raises(ConfigError, match="already holds the training split"):
+        pack(inputs, str(tmp_path / "b"), spec, dry_run=True, output=BridgeOutput(split="training"))
+    with pytest.raises(ConfigError, match="pack size 2048"):
+        pack(inputs, str(tmp_path / "b"), PackSpec(pack_size=1024), dry_run=True,
+             output=BridgeOutput(split="validation"))
+    assert pack(inputs, str(tmp_path / "o"), spec, overwrite=True, dry_run=True).counts["packs"] > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before + ["notes", "b"])
+
+
 def test_bridge_keys_match_plan(synthetic_parquet, tmp_path):
     summary = pack([str(synthetic_parquet)], str(tmp_path / "o"), PackSpec(pack_size=4096, cp=2))
     got = packed_sequences(tmp_path / "o")

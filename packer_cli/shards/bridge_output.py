@@ -191,9 +191,10 @@ class BridgeOutput:
         return self.row_group_size or default_row_group_size(pack_size)
 
     # -- prepare -----------------------------------------------------------------------
-    def prepare(self, out: str, overwrite: bool, spec, inputs: Sequence[str] = ()) -> str:
+    def prepare(self, out: str, overwrite: bool, spec, inputs: Sequence[str] = (), create: bool = True) -> str | None:
         """Check OUT against this split and return an empty temporary sibling directory
-        (``inputs``: the run's input files, which ``overwrite`` must never replace)."""
+        (``inputs``: the run's input files, which ``overwrite`` must never replace; without
+        ``create``, a dry run's, only the checks)."""
         self.validate()
         self._old_entry, self._old_index, self._notes, self._result = None, None, [], {}
         self._overwrite = overwrite
@@ -215,7 +216,7 @@ class BridgeOutput:
             else:
                 self._check_layout(out, names, overwrite, spec)
                 self._replace_whole = False
-        return make_temporary(out)
+        return make_temporary(out) if create else None
 
     def _check_layout(self, out: str, names: list[str], overwrite: bool, spec) -> None:
         C = spec.pack_size
