@@ -293,6 +293,58 @@ def test_a_directory_argument_with_an_unrelated_state_file_is_walked(tmp_path, m
     assert read(tmp_path / "logs") == ([200], 1)
 
 
+@pytest.mark.parametrize("spelling", ["", "/*", "/**"])
+def test_a_datasets_directory_takes_its_place_by_its_files_paths(tmp_path, spelling):
+    """Its files lie below it, so it comes where an ordinary subdirectory's files would ('d/ab'
+    after 'd/ab.jsonl'): it came first, by the directory's own name."""
+    jsonl(tmp_path / "d" / "ab-c.jsonl", [sample(100)])
+    jsonl(tmp_path / "d" / "ab.jsonl", [sample(200)])
+    datasets_dir(tmp_path / "d" / "ab", [300])
+    jsonl(tmp_path / "d" / "ab0.jsonl", [sample(400)])
+    assert read(str(tmp_path / "d") + spelling) == ([100, 200, 300, 400], 4)
+
+
+def test_a_state_file_that_cannot_be_read_is_an_error_not_a_plain_directory(tmp_path, monkeypatch):
+    """Unreadable, it made a datasets directory an ordinary one: its cache files were read as data."""
+    ds = datasets_dir(tmp_path / "data" / "ds", [200])
+    real_open = open
+
+    def refusing(path, *args, **kwargs):
+        if str(path).endswith(os.path.join("ds", "state.json")):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", refusing)
+    for where in (ds, str(tmp_path / "data")):
+        with pytest.raises(DataError, match=r"ds/state\.json: cannot read it \(Permission denied\)"):
+            discover_inputs([where])
+
+
+def test_a_state_file_is_searched_whole(tmp_path):
+    """'_data_files' past the first MiB (a hand-written state.json, keys unsorted) was not seen."""
+    ds = datasets_dir(tmp_path / "ds", [200])
+    table = pa.Table.from_pylist([sample(900)])
+    with pa.ipc.new_stream(os.path.join(ds, "cache-1234.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    state = {"note": "x" * (1 << 20), "_data_files": [{"filename": "data-00000-of-00001.arrow"}]}
+    (tmp_path / "ds" / "state.json").write_text(json.dumps(state, sort_keys=False))
+    assert read(ds) == ([200], 1)
+
+
+def test_an_indices_mapping_is_refused(tmp_path):
+    """datasets 1.x saved a filtered or shuffled dataset whole with an indices file: reading the
+    data files alone trained on the rows the filter removed."""
+    ds = datasets_dir(tmp_path / "ds", [200, 300])
+    state = {"_data_files": [{"filename": "data-00000-of-00001.arrow"}],
+             "_indices_data_files": [{"filename": "indices.arrow"}]}
+    (tmp_path / "ds" / "state.json").write_text(json.dumps(state))
+    with pytest.raises(DataError, match="ds/state.json: an indices mapping .*save_to_disk"):
+        discover_inputs([ds])
+    state["_indices_data_files"] = None  # what a flattened dataset may record
+    (tmp_path / "ds" / "state.json").write_text(json.dumps(state))
+    assert read(ds) == ([200, 300], 2)
+
+
 def test_a_double_star_glob_reads_each_file_once(tmp_path):
     """`k/**` matches k itself, each subdirectory and each file: all were read, some three times."""
     jsonl(tmp_path / "k" / "a.jsonl", [sample(100)])

@@ -79,6 +79,10 @@ def _hf_dataset(path: str) -> InputFile:
             state = orjson.loads(f.read())
     except (OSError, ValueError) as exc:
         raise DataError(f"{state_path}: not a readable Hugging Face datasets state file ({exc})") from None
+    if isinstance(state, dict) and state.get("_indices_data_files"):
+        raise DataError(f"{state_path}: an indices mapping (_indices_data_files) selects and orders this dataset's "
+                        "rows, which packer does not apply (datasets 1.x saved filtered or shuffled datasets so): "
+                        "load it and save_to_disk it again with a current datasets, which writes the rows selected")
     parts = tuple(os.path.join(path, name) for name in _data_file_names(state, state_path))
     for part in parts:
         if not os.path.isfile(part):
@@ -126,7 +130,7 @@ def _expand_directory(path: str) -> list[InputFile]:
         )
     _refuse_inside_datasets(path, None, {}, resolve=True)  # a directory inside one is not read loosely either
     _refuse_packer_output(path)
-    found = sorted(_walk(path, (os.path.realpath(path),)), key=lambda f: f.path)
+    found = in_path_order(_walk(path, (os.path.realpath(path),)))
     if not found:
         raise DataError(f"{path}: directory holds no supported input files ({', '.join(SUFFIXES)})")
     return found
@@ -167,12 +171,25 @@ def _holds_datasets(directory: str) -> bool:
 def _marks(directory: str, marker: str, key: str) -> bool:
     """Whether ``directory`` holds the file ``marker`` with ``key`` in it. The same test for a
     directory argument and a subdirectory: a training log's state.json left the subdirectory
-    an ordinary one but refused the same directory named on the command line."""
+    an ordinary one but refused the same directory named on the command line. The whole file
+    is searched (``save_to_disk`` sorts the keys, a hand-written file need not), and a marker
+    that is there but cannot be read is an error: taken as absent, a datasets directory was
+    walked as loose files, its cache files read as data."""
+    path = os.path.join(directory, marker)
+    needle = f'"{key}"'.encode()
     try:
-        with open(os.path.join(directory, marker), "rb") as f:
-            return f'"{key}"'.encode() in f.read(1 << 20)
-    except OSError:
+        with open(path, "rb") as f:
+            tail = b""
+            while chunk := f.read(1 << 20):
+                if needle in tail + chunk:
+                    return True
+                tail = chunk[1 - len(needle):]
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return False
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read it ({exc.strerror or exc}); it tells whether {directory} "
+                        "is a Hugging Face datasets directory") from None
+    return False
 
 
 def _listdir(directory: str) -> list[str]:
@@ -302,7 +319,14 @@ def _expand_glob(pattern: str) -> list[InputFile]:
         raise DataError(f"{pattern}: the pattern matches no supported input files ({', '.join(SUFFIXES)})")
     # a directory's files in order among the others ('d/ab/x' after 'd/ab.jsonl'), as a
     # directory's walk orders them: 'd', 'd/*' and 'd/**' give one stream
-    return sorted(files, key=lambda f: f.path)
+    return in_path_order(files)
+
+
+def in_path_order(files: list[InputFile]) -> list[InputFile]:
+    """``files`` sorted by where their data lies: a datasets directory's files are below it, so
+    it sorts as its path with a separator ('d/ab' after 'd/ab.jsonl', with 'd/ab/x.jsonl'), not
+    as the name of a file."""
+    return sorted(files, key=lambda f: f.path.rstrip(os.sep) + os.sep if f.format == "hf" else f.path)
 
 
 def _entry(path: str) -> str:
