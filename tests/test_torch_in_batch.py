@@ -139,3 +139,16 @@ def test_padding_mask_values_count_tokens_and_empty_widths_are_empty():
     empty = torch.zeros(2, 0, dtype=torch.int64)
     out = pack_batch_sequences(empty, None, None, None, empty)
     assert out[0].shape == (1, 0) and out[5].tolist() == [0]
+
+
+def test_a_mask_that_is_not_right_padding_is_refused():
+    """Rows are read from column 0 for the mask's count: a left-padded row, or a mask with a gap,
+    packed the padding as content and dropped the last real tokens, without a word."""
+    tokens = torch.tensor([[0, 0, 11, 12, 13], [21, 22, 23, 24, 25]])
+    positions = torch.arange(5).expand(2, 5)
+    for mask, row, col in (([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], 0, 2), ([[1, 1, 1, 0, 0], [1, 1, 0, 1, 0]], 1, 3)):
+        with pytest.raises(ValueError, match=rf"padding_mask row {row} has a real token at column {col} after "
+                                             r"padding: the batch must be right-padded"):
+            pack_batch_sequences(tokens, None, None, None, positions, padding_mask=torch.tensor(mask))
+    right = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    assert pack_batch_sequences(tokens, None, None, None, positions, padding_mask=right)[5].tolist() == [0, 3, 8]

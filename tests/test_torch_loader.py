@@ -381,3 +381,43 @@ def test_unshuffled_packs_that_are_never_served_are_named():
     ds = _dataset(num_packs=26)
     with pytest.warns(UserWarning, match=r"shuffle=False\): the last 8 of 26 packs make no whole micro-batch"):
         THDLoader(ds, shuffle=False, batch_packs=3, dp_size=3, cp_size=1, device="cpu", num_workers=0)
+
+
+def test_a_state_saved_on_another_output_is_refused(tmp_path):
+    """The same number of packs from another run (another seed) resumed without a word, serving
+    some samples twice and others never; a state without the output's fingerprint still loads."""
+    packer = pytest.importorskip("packer_cli")
+    src = tmp_path / "in.jsonl"
+    g = torch.Generator().manual_seed(1)
+    lines = [torch.randint(1, 999, (int(torch.randint(2, 40, (1,), generator=g)),), generator=g).tolist()
+             for _ in range(200)]
+    src.write_text("".join('{"input_ids": %s}\n' % x for x in lines))
+    packer.pack([str(src)], str(tmp_path / "a"), packer.PackSpec(pack_size=128, seed=1))
+    packer.pack([str(src)], str(tmp_path / "b"), packer.PackSpec(pack_size=128, seed=2))
+    a, b = PackedDataset(tmp_path / "a"), PackedDataset(tmp_path / "b")
+    assert len(a) == len(b)
+    saved = THDLoader(a, device="cpu", num_workers=0)
+    next(iter(saved))
+    state = saved.state_dict()
+    assert type(state["output"]) is str and state["output"] == THDLoader(PackedDataset(tmp_path / "a"),
+                                                                          device="cpu").state_dict()["output"]
+    with pytest.raises(ValueError, match="loader state was saved reading another output"):
+        THDLoader(b, device="cpu", num_workers=0).load_state_dict(state)
+    THDLoader(a, device="cpu", num_workers=0).load_state_dict(state)
+    older = {k: v for k, v in state.items() if k != "output"}
+    THDLoader(b, device="cpu", num_workers=0).load_state_dict(older)
+
+
+@pytest.mark.parametrize("kwargs", [dict(shuffle="false"), dict(shuffle=None), dict(shuffle=1),
+                                    dict(pin_memory="no"), dict(batch_packs="2", cp_size=1)])
+def test_flags_and_counts_of_the_loader_are_checked(kwargs):
+    """shuffle='false' shuffled; batch_packs='2' was a bare TypeError from a comparison."""
+    with pytest.raises(ValueError, match="must be True or False|bad sharding"):
+        THDLoader(_dataset(num_packs=10), device="cpu", num_workers=0, **kwargs)
+
+
+def test_a_numpy_flag_is_stored_as_a_bool():
+    loader = THDLoader(_dataset(num_packs=10), shuffle=np.bool_(False), device="cpu", num_workers=0)
+    assert type(loader.state_dict()["shuffle"]) is bool  # a checkpoint loads with torch.load(weights_only=True)
+    with pytest.raises(ValueError, match="static must be True, False or None, got 'false'"):
+        PackedDataset(_dataset(num_packs=4).reader, static="false")

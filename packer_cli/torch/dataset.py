@@ -23,7 +23,7 @@ from typing import Any, Sequence
 from torch.utils.data import Dataset
 
 from packer_cli.errors import DataError
-from packer_cli.torch._ints import integer
+from packer_cli.torch._ints import flag, integer
 from packer_cli.torch.batch import THDBatch
 from packer_cli.torch.build import build_thd_batch, concat_batches, static_shape
 
@@ -41,6 +41,20 @@ def _identity_of(reader: Any) -> tuple:
     A worker process re-opens the dataset by path and compares, so an output replaced after
     the parent opened it is an error, not other data served under the same indices."""
     return getattr(reader, "metadata", None), getattr(reader, "manifest", None)
+
+
+def _fingerprint(reader: Any) -> str | None:
+    """xxh3_64 of the output's metadata and manifest (which holds every file's own xxh3_64):
+    what a loader's state records, so that it resumes only on the output it was saved on.
+    None for a reader-like object whose metadata is not JSON."""
+    import orjson
+    import xxhash
+
+    try:
+        text = orjson.dumps(list(_identity_of(reader)), option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError:
+        return None
+    return xxhash.xxh3_64_hexdigest(text)
 
 
 #: Bridge's static-shape keys and how its loader combines them across the splits' entries.
@@ -109,7 +123,8 @@ class PackedDataset(Dataset):
             self._checked = True
         meta = self.reader.metadata
         spec = meta.get("spec", {})
-        self.static = bool(spec.get("pad_cu_seqlens", False)) if static is None else bool(static)
+        static = flag(static, "static", none=True)  # static="false" was True
+        self.static = bool(spec.get("pad_cu_seqlens", False)) if static is None else static
         layout_dir = self.out_dir or getattr(self.reader, "out_dir", None)  # an open reader knows its own
         if self.static and isinstance(layout_dir, str):
             meta = _static_keys_across_splits(layout_dir, meta)
@@ -117,6 +132,7 @@ class PackedDataset(Dataset):
         if self.static:
             static_shape(meta)  # raises early with a clear message
         self._len = len(self.reader)
+        self.fingerprint: str | None = _fingerprint(self.reader)
 
     # -- reader lifecycle: open per process, never pickle a memory map ---------------
     @property

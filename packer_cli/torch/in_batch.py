@@ -4,7 +4,8 @@ This is the VLM path, where samples are not packed offline: the collator gives a
 ``[B, S]`` batch and it is packed on the fly. Semantics follow Megatron-Bridge's
 ``pack_batch_sequences``:
 
-* Row length: ``padding_mask[i].sum()`` when a mask is given, else the index of the last
+* Row length: ``padding_mask[i].sum()`` when a mask is given (a mask that is not right
+  padding, a real token after a padded one, is a ValueError), else the index of the last
   token ``!= pad_token_id`` plus one. Empty rows are dropped.
 * Each length is rounded up to ``pad_to_multiple_of`` (``lcm(2*CP, CP*TP with SP)``), and
   ``cu_seqlens`` uses the **padded** lengths so THD RoPE and CP slicing line up.
@@ -39,6 +40,22 @@ def _row_lengths(tokens: torch.Tensor, pad_token_id: int, padding_mask: torch.Te
     # index of the last non-pad token + 1, via argmax over the reversed row; 0 if none
     last_from_end = torch.argmax(nonpad.flip(1).to(torch.int8), dim=1)
     return torch.where(nonpad.any(dim=1), width - last_from_end, torch.zeros_like(last_from_end))
+
+
+def _after_padding(padding_mask: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """``[B, S-1]``: where a real token follows padding (all False for right padding)."""
+    if padding_mask is None or padding_mask.shape[1] < 2:
+        return torch.zeros((), dtype=torch.int64, device=device)
+    real = padding_mask != 0
+    return real[:, 1:] & ~real[:, :-1]
+
+
+def _refuse_left_padding(padding_mask: torch.Tensor) -> None:
+    """A row whose real tokens do not all come first: read from column 0 for the mask's count,
+    its padding would be packed as content and its last real tokens dropped."""
+    row, col = torch.nonzero(_after_padding(padding_mask, padding_mask.device))[0].tolist()
+    raise ValueError(f"padding_mask row {row} has a real token at column {col + 1} after padding: the batch must "
+                     "be right-padded (each row's real tokens first)")
 
 
 def pack_batch_sequences(
@@ -95,8 +112,11 @@ def pack_batch_sequences(
     lengths = _row_lengths(tokens, pad_token_id, padding_mask)
     keep = lengths > 0  # empty rows are dropped
     padded_all = (lengths + pad_to_multiple_of - 1) // pad_to_multiple_of * pad_to_multiple_of  # 0 if empty
-    # The one host read: the output's length and row count depend on the data.
-    total, kept = torch.stack((padded_all.sum(), keep.sum())).tolist()
+    # The one host read: the output's length and row count depend on the data (and whether the
+    # mask is right padding, which a row's count read from column 0 needs).
+    total, kept, gaps = torch.stack((padded_all.sum(), keep.sum(), _after_padding(padding_mask, device).sum())).tolist()
+    if gaps:
+        _refuse_left_padding(padding_mask)
     # The kept rows in order, by a stable sort rather than a boolean mask (each mask is one more sync).
     rows = torch.argsort((~keep).to(torch.int8), stable=True)[:kept]
     lens = lengths[rows]

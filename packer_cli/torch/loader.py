@@ -39,7 +39,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from packer_cli.torch._ints import integer
+from packer_cli.torch._ints import flag, integer
 from packer_cli.torch.batch import CP_MBS_ERROR, THDBatch
 from packer_cli.torch.config import validate_training_config
 from packer_cli.torch.dataset import PackedDataset
@@ -110,6 +110,10 @@ class THDLoader:
         if None in cp or not 0 <= cp[1] < cp[0]:
             raise ValueError(f"need integers 0 <= cp_rank < cp_size, got {cp_rank!r}, {cp_size!r}")
         cp_size, cp_rank = cp
+        packs = integer(batch_packs)
+        if packs is None or packs < 1:  # '2' failed as a bare TypeError of the comparison below
+            raise ValueError(f"bad sharding: batch_packs={batch_packs!r} (an integer >= 1)")
+        batch_packs, pin_memory = packs, flag(pin_memory, "pin_memory")
         if batch_packs > 1 and cp_size > 1:
             raise ValueError(CP_MBS_ERROR)
         kind = torch.device(device).type
@@ -178,9 +182,11 @@ class THDLoader:
         self._epoch_chosen = True
 
     def state_dict(self) -> dict[str, Any]:
-        """Position of this rank: epoch, micro-batches consumed, and what defines the order."""
+        """Position of this rank: epoch, micro-batches consumed, what defines the order, and the
+        output's fingerprint (``PackedDataset.fingerprint``), so it resumes only on that output."""
         s = self.sampler
         return {
+            "output": getattr(self.dataset, "fingerprint", None),
             "epoch": s.epoch,
             "position": self._position,
             "seed": s.seed,
@@ -194,6 +200,12 @@ class THDLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue after the last micro-batch recorded in ``state``."""
         s = self.sampler
+        saved_on, mine = state.get("output"), getattr(self.dataset, "fingerprint", None)
+        if saved_on is not None and mine is not None and saved_on != mine:
+            # another run's packs (another seed, other inputs) at the same positions: some samples
+            # served twice, others never; a state saved before fingerprints were recorded has none
+            raise ValueError(f"loader state was saved reading another output (fingerprint {saved_on!r}, this "
+                             f"dataset's is {mine!r}): the positions it records are of other packs")
         for key in ("seed", "num_packs", "batch_packs", "dp_size", "dp_rank", "shuffle"):
             if key in state and state[key] != getattr(s, key):
                 raise ValueError(f"loader state has {key}={state[key]!r} but this loader has {getattr(s, key)!r}")

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import numpy as np
 
-from packer_cli.torch._ints import integer
+from packer_cli.torch._ints import flag, integer
 
 
 def _rng(seed: int, epoch: int) -> np.random.Generator:
@@ -65,7 +65,7 @@ class MicroBatchSampler:
         self.num_packs = num_packs
         self.batch_packs, self.dp_size, self.dp_rank = counts
         self.seed = seed_value  # a plain int: a checkpoint holding state_dict() loads with weights_only
-        self.shuffle = shuffle
+        self.shuffle = flag(shuffle, "shuffle")
         self.epoch = 0
         self.start = 0  # micro-batches of this epoch already consumed by this rank
 
