@@ -640,6 +640,27 @@ def test_trailing_eos_inputs_are_reported(tmp_path):
     assert any("real-length scan" in w for w in warnings)
 
 
+@pytest.mark.parametrize("spec,warned", [
+    (PackSpec(pack_size=516, cp=3), "pad_seq_length_to_mult 48"),  # m = 6
+    (PackSpec(pack_size=516, tp=3, sp=True), "pad_seq_length_to_mult 48"),  # m = 3
+    (PackSpec(pack_size=512, cp=16), "pad_seq_length_to_mult 32"),  # m = 32
+    (PackSpec(pack_size=516, cp=3, pad_to_max_length=True), None),  # every row is C wide
+    (PackSpec(pack_size=512, cp=4, tp=2, sp=True), None),  # m = 8 divides 16
+])
+def test_an_alignment_bridge_rows_are_not_padded_to_is_warned_about(tmp_path, spec, warned):
+    """Bridge's collate pads a row to a multiple of its pad_seq_length_to_mult (16 unless set)
+    without pad_to_max_length: with m = 6 a row 4096 wide is no multiple of 2·CP and TE's CP
+    partition fails at run time, with m = 3 the sequence-parallel scatter."""
+    data = write_samples(tmp_path / "s.parquet", 60, seed=2)
+    warnings = []
+    bridge_pack([data], tmp_path / "out", spec, warn=warnings.append)
+    said = [w for w in warnings if "pad_seq_length_to_mult" in w]
+    if warned:
+        assert len(said) == 1 and warned in said[0] and "--pad-to-max-length" in said[0]
+    else:
+        assert said == []
+
+
 # -- assignment identity with Bridge ----------------------------------------------------------------
 def bridge_prepad(tokens, masks, m, eos):
     """Bridge main's pre-pad (`_pre_pad_data_point`) of samples already within the cap."""

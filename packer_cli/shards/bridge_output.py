@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import math
 import os
 import shutil
 from collections.abc import Iterator, Sequence
@@ -134,6 +135,20 @@ def _why_ambiguous(split: str, unclaimed: list[int], unmatched, old: dict | None
         why += f"; the {other} split may hold one: " + ("its values are unknown (no packer metadata)"
                                                          if values is None else "none equals its recorded values")
     return why
+
+
+#: GPTSFTDataset's default pad_seq_length_to_mult: its collate pads a row to a multiple of it
+#: (when not padding every row to the pack size).
+BRIDGE_ROW_MULTIPLE = 16
+
+
+def _row_width_multiple(spec: dict) -> int | None:
+    """The pad_seq_length_to_mult Bridge needs for rows of this alignment to stay aligned, when
+    its default does not do (None when it does, or when every row is padded to C)."""
+    m = spec.get("pad_seq_to_mult") or 1
+    if spec.get("pad_to_max_length") or BRIDGE_ROW_MULTIPLE % m == 0:
+        return None
+    return math.lcm(BRIDGE_ROW_MULTIPLE, m)
 
 
 @dataclass
@@ -328,6 +343,14 @@ class BridgeOutput:
         if warn:
             for note in self._notes:
                 warn(note)
+            row_multiple = _row_width_multiple(summary.spec)
+            if row_multiple:
+                m = summary.spec["pad_seq_to_mult"]
+                warn(f"Bridge's collate pads each row to a multiple of its pad_seq_length_to_mult (16 unless set), "
+                     f"which this alignment ({m}) does not divide: a row of that width is no multiple of 2·CP "
+                     f"(or of TP under sequence parallelism) and CP slicing fails at run time. Give Bridge's "
+                     f"dataset_kwargs pad_seq_length_to_mult {row_multiple}, or pack with --pad-to-max-length "
+                     "(docs/MEGATRON_BRIDGE.md)")
             if output.get("eos_scan_too_short"):
                 warn(f"{output['eos_scan_too_short']} sequences end their inputs with the EOS id "
                      f"{output['eos_id']}: with pad_seq_to_mult > 1 Bridge's real-length scan stops before "
