@@ -320,6 +320,18 @@ def test_a_state_file_that_cannot_be_read_is_an_error_not_a_plain_directory(tmp_
             discover_inputs([where])
 
 
+def test_a_state_file_that_is_a_fifo_is_refused_without_waiting(tmp_path):
+    """Opened to be searched, a FIFO named state.json waited for a writer for ever."""
+    jsonl(tmp_path / "data" / "logs" / "b.jsonl", [sample(200)])
+    os.mkfifo(tmp_path / "data" / "logs" / "state.json")
+    (tmp_path / "data" / "sub" / "state.json").mkdir(parents=True)  # a directory of that name is no marker
+    jsonl(tmp_path / "data" / "sub" / "c.jsonl", [sample(300)])
+    with pytest.raises(DataError, match=r"logs/state\.json: not a regular file"):
+        discover_inputs([str(tmp_path / "data")])
+    os.unlink(tmp_path / "data" / "logs" / "state.json")
+    assert read(tmp_path / "data") == ([200, 300], 2)
+
+
 def test_a_state_file_is_searched_whole(tmp_path):
     """'_data_files' past the first MiB (a hand-written state.json, keys unsorted) was not seen."""
     ds = datasets_dir(tmp_path / "ds", [200])

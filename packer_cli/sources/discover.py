@@ -178,6 +178,12 @@ def _marks(directory: str, marker: str, key: str) -> bool:
     path = os.path.join(directory, marker)
     needle = f'"{key}"'.encode()
     try:
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            return False
+        if not stat.S_ISREG(mode):  # opening a FIFO would wait for a writer
+            raise DataError(f"{path}: not a regular file (a FIFO, socket or device); it tells whether {directory} "
+                            "is a Hugging Face datasets directory")
         with open(path, "rb") as f:
             tail = b""
             while chunk := f.read(1 << 20):
