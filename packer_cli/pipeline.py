@@ -45,8 +45,9 @@ from packer_cli.plan import plan_packs
 from packer_cli.plan.plan import PackPlan
 from packer_cli.plan.bounds import histogram
 from packer_cli.progress import Progress
-from packer_cli.shards._atomic import (check_parent, check_replaceable, make_temporary, output_target, replace_dir,
-                                      signals_held, spill_dir_prefix, stale_spill_dirs, stale_temporaries, within)
+from packer_cli.shards._atomic import (check_parent, check_replaceable, check_writable, make_temporary, output_target,
+                                      replace_dir, signals_held, spill_dir_prefix, stale_spill_dirs, stale_temporaries,
+                                      within)
 from packer_cli.shards._gather import ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader, SpillWriter
 from packer_cli.shards._sink import use_direct_io
 from packer_cli.shards._staged import SPILL_READ_MODES, choose_spill_read, open_spill
@@ -448,6 +449,8 @@ def _prepare_out(out: str, overwrite: bool, inputs: list[str], create: bool = Tr
     if os.path.exists(out):  # a native output, or a Bridge layout being replaced by one
         check_replaceable(out, inputs, lambda name: is_output_file_name(name) or is_layout_name(name))
     check_parent(out)
+    if not create:
+        check_writable(os.path.dirname(os.path.abspath(out)), "output parent directory")
     return make_temporary(out) if create else None
 
 
@@ -510,6 +513,8 @@ def pack(
         out = output_target(out)
         _check_out_outside_input_directories(out, paths)
     spill_parent = _check_spill_parent(spill_parent)
+    if output:
+        output.reset()  # a reused BridgeOutput reported its last run's EOS result in a dry run
     run = _Run(spec, opts, files, out, spill_parent, output, warn)
     try:  # from the moment the temporary output exists: a signal anywhere after this still removes it
         run.tmp = _temporary_output(out, opts.overwrite, spec, files, output, create=not opts.dry_run) if out else None

@@ -632,6 +632,18 @@ def test_eos_inference_and_errors(tmp_path):
     check_bridge_contract(tmp_path / "c" / "training_512.idx.parquet", 512, 4, tokens, masks, DEMO_EOS)
 
 
+def test_a_reused_bridge_output_reports_only_its_own_run(tmp_path):
+    """A dry run without OUT reported the previous real run's EOS result (eos_id_source
+    'inferred' for input it never looked at)."""
+    data = write_samples(tmp_path / "s.parquet", 60, seed=2)
+    output = BridgeOutput(split="training")
+    pack([str(data)], str(tmp_path / "out"), PackSpec(pack_size=512), output=output)
+    assert output.annotate(pack([str(data)], str(tmp_path / "o2"), PackSpec(pack_size=512), output=output))
+    fresh = pack([str(data)], None, PackSpec(pack_size=512), dry_run=True, output=BridgeOutput(split="training"))
+    reused = pack([str(data)], None, PackSpec(pack_size=512), dry_run=True, output=output)
+    assert reused.output == fresh.output and fresh.output["eos_id_source"] == "not checked"
+
+
 def test_trailing_eos_inputs_are_reported(tmp_path):
     doubled = write_samples(tmp_path / "eos2.parquet", 100, seed=6, last={5: [DEMO_EOS, DEMO_EOS]})
     warnings = []
@@ -646,6 +658,9 @@ def test_trailing_eos_inputs_are_reported(tmp_path):
     (PackSpec(pack_size=512, cp=16), "pad_seq_length_to_mult 32"),  # m = 32
     (PackSpec(pack_size=516, cp=3, pad_to_max_length=True), None),  # every row is C wide
     (PackSpec(pack_size=512, cp=4, tp=2, sp=True), None),  # m = 8 divides 16
+    (PackSpec(pack_size=516, pad_seq_to_mult=3), None),  # no CP, no SP: nothing is sliced
+    (PackSpec(pack_size=528, cp=2, pad_seq_to_mult=24), None),  # 2·CP = 4 divides 16
+    (PackSpec(pack_size=576, cp=3, pad_seq_to_mult=96), "pad_seq_length_to_mult 48"),  # what CP=3 needs
 ])
 def test_an_alignment_bridge_rows_are_not_padded_to_is_warned_about(tmp_path, spec, warned):
     """Bridge's collate pads a row to a multiple of its pad_seq_length_to_mult (16 unless set)

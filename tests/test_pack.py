@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import numpy as np
 import orjson
@@ -230,7 +231,7 @@ def test_dry_run_writes_nothing(synthetic_parquet, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == []
 
 
-def test_dry_run_checks_out_as_the_real_run_would(synthetic_parquet, tmp_path):
+def test_dry_run_checks_out_as_the_real_run_would(synthetic_parquet, tmp_path, monkeypatch):
     """A dry run with OUT says what the real run would refuse (and still writes nothing)."""
     from packer_cli import BridgeOutput
     from packer_cli.errors import ConfigError
@@ -252,8 +253,21 @@ def test_dry_run_checks_out_as_the_real_run_would(synthetic_parquet, tmp_path):
     with pytest.raises(ConfigError, match="pack size 2048"):
         pack(inputs, str(tmp_path / "b"), PackSpec(pack_size=1024), dry_run=True,
              output=BridgeOutput(split="validation"))
+    (tmp_path / "locked").mkdir()
+    writable = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if str(path).endswith("locked")
+                        else writable(path, mode, **kw))
+    with pytest.raises(ConfigError, match="locked: output parent directory is not writable"):
+        pack(inputs, str(tmp_path / "locked" / "o"), spec, dry_run=True)
+    with pytest.raises(ConfigError, match="locked: output parent directory is not writable"):
+        pack(inputs, str(tmp_path / "locked" / "o"), spec, dry_run=True, output=BridgeOutput(split="training"))
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if str(path).endswith("/b")
+                        else writable(path, mode, **kw))
+    with pytest.raises(ConfigError, match="b: the Megatron-Bridge layout's directory is not writable"):
+        pack(inputs, str(tmp_path / "b"), spec, dry_run=True, output=BridgeOutput(split="validation"))
+    monkeypatch.undo()
     assert pack(inputs, str(tmp_path / "o"), spec, overwrite=True, dry_run=True).counts["packs"] > 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before + ["notes", "b"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before + ["notes", "b", "locked"])
 
 
 def test_bridge_keys_match_plan(synthetic_parquet, tmp_path):

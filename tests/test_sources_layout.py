@@ -332,6 +332,42 @@ def test_a_state_file_that_is_a_fifo_is_refused_without_waiting(tmp_path):
     assert read(tmp_path / "data") == ([200, 300], 2)
 
 
+def test_an_unreadable_state_file_above_the_inputs_is_not_looked_into(tmp_path, monkeypatch):
+    """A training log's state.json in a parent directory nobody named, unreadable to this user,
+    stopped every directory and glob input below it."""
+    jsonl(tmp_path / "project" / "data" / "a.jsonl", [sample(100)])
+    (tmp_path / "project" / "state.json").write_text(json.dumps({"step": 3}))
+    real_open = open
+
+    def refusing(path, *args, **kwargs):
+        if str(path).endswith(os.path.join("project", "state.json")):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", refusing)
+    assert read(tmp_path / "project" / "data") == ([100], 1)
+    assert read(str(tmp_path / "project" / "data" / "*.jsonl")) == ([100], 1)
+
+
+def test_a_marker_file_is_read_once_however_many_directories_lie_below_it(tmp_path, monkeypatch):
+    """Every glob match re-read the markers of every directory above it (a 200 MB state.json
+    of a training log: 0.03 s became 5.5 s for 20 matches)."""
+    for k in range(5):
+        jsonl(tmp_path / "p" / "data" / f"s{k}" / "a.jsonl", [sample(100 * k)])
+    (tmp_path / "p" / "state.json").write_text(json.dumps({"step": 3}))
+    real_open, opened = open, []
+
+    def counting(path, *args, **kwargs):
+        if str(path).endswith(os.path.join("p", "state.json")):
+            opened.append(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", counting)
+    assert read(str(tmp_path / "p" / "data" / "*"))[1] == 5
+    assert read(str(tmp_path / "p" / "data" / "*"))[1] == 5
+    assert len(opened) <= 1
+
+
 def test_a_state_file_is_searched_whole(tmp_path):
     """'_data_files' past the first MiB (a hand-written state.json, keys unsorted) was not seen."""
     ds = datasets_dir(tmp_path / "ds", [200])

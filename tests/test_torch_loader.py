@@ -406,6 +406,12 @@ def test_a_state_saved_on_another_output_is_refused(tmp_path):
     THDLoader(a, device="cpu", num_workers=0).load_state_dict(state)
     older = {k: v for k, v in state.items() if k != "output"}
     THDLoader(b, device="cpu", num_workers=0).load_state_dict(older)
+    # the same input staged elsewhere and packed again: the same files, so the same packs
+    staged = tmp_path / "job" / "in.jsonl"
+    staged.parent.mkdir()
+    staged.write_bytes(src.read_bytes())
+    packer.pack([str(staged)], str(tmp_path / "c"), packer.PackSpec(pack_size=128, seed=1))
+    THDLoader(PackedDataset(tmp_path / "c"), device="cpu", num_workers=0).load_state_dict(state)
 
 
 @pytest.mark.parametrize("kwargs", [dict(shuffle="false"), dict(shuffle=None), dict(shuffle=1),

@@ -109,6 +109,13 @@ def check_parent(out: str) -> None:
         raise ConfigError(f"{parent}: output parent directory {why}")
 
 
+def check_writable(directory: str, what: str) -> None:
+    """For a dry run, which makes nothing: would the real run be let to create entries in
+    ``directory``? (The real run finds out by creating them.)"""
+    if not os.access(directory or os.curdir, os.W_OK | os.X_OK):
+        raise ConfigError(f"{directory}: {what} is not writable")
+
+
 def make_temporary(out: str) -> str:
     """Create and return a temporary sibling of ``out`` that no other run has.
 

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 
 from packer_cli._background import ordered_map
 from packer_cli.errors import ConfigError, DataError
-from packer_cli.shards._atomic import check_parent, check_replaceable, make_temporary, replace_dir, signals_held
-from packer_cli.spec import is_int
+from packer_cli.shards._atomic import (check_parent, check_replaceable, check_writable, make_temporary, replace_dir,
+                                      signals_held)
+from packer_cli.spec import is_int, pad_multiple_for
 from packer_cli.shards.format import is_output_file_name, read_json_value, seal_metadata, write_json
 from packer_cli.shards.bridge import (
     BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PARQUET_ENCODING_NAMES, SPLITS, bridge_metadata_name, data_name,
@@ -142,13 +143,15 @@ def _why_ambiguous(split: str, unclaimed: list[int], unmatched, old: dict | None
 BRIDGE_ROW_MULTIPLE = 16
 
 
-def _row_width_multiple(spec: dict) -> int | None:
-    """The pad_seq_length_to_mult Bridge needs for rows of this alignment to stay aligned, when
-    its default does not do (None when it does, or when every row is padded to C)."""
-    m = spec.get("pad_seq_to_mult") or 1
-    if spec.get("pad_to_max_length") or BRIDGE_ROW_MULTIPLE % m == 0:
-        return None
-    return math.lcm(BRIDGE_ROW_MULTIPLE, m)
+def _row_width_multiple(spec: dict) -> tuple[int, int | None]:
+    """The layout's alignment and the pad_seq_length_to_mult Bridge needs for its rows to stay
+    sliceable, when its default does not do (None when it does, or when every row is padded to C). What a
+    row's width must be a multiple of is the layout's own multiple (2·CP, CP·TP under SP), not
+    a larger --pad-seq-to-mult: the tail segment is then still a multiple of it."""
+    layout = pad_multiple_for(spec.get("cp", 1), spec.get("tp", 1), bool(spec.get("sp")))
+    if spec.get("pad_to_max_length") or BRIDGE_ROW_MULTIPLE % layout == 0:
+        return layout, None
+    return layout, math.lcm(BRIDGE_ROW_MULTIPLE, layout)
 
 
 @dataclass
@@ -206,12 +209,16 @@ class BridgeOutput:
         return self.row_group_size or default_row_group_size(pack_size)
 
     # -- prepare -----------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget an earlier run's state (a reused object must report only its own run)."""
+        self._old_entry, self._old_index, self._notes, self._result = None, None, [], {}
+
     def prepare(self, out: str, overwrite: bool, spec, inputs: Sequence[str] = (), create: bool = True) -> str | None:
         """Check OUT against this split and return an empty temporary sibling directory
         (``inputs``: the run's input files, which ``overwrite`` must never replace; without
         ``create``, a dry run's, only the checks)."""
         self.validate()
-        self._old_entry, self._old_index, self._notes, self._result = None, None, [], {}
+        self.reset()
         self._overwrite = overwrite
         out = self._out = os.path.normpath(out)
         self._pack_size, self._spec = spec.pack_size, spec
@@ -231,6 +238,10 @@ class BridgeOutput:
             else:
                 self._check_layout(out, names, overwrite, spec)
                 self._replace_whole = False
+        if not create:  # a dry run: would the real run's renames be let in?
+            check_writable(os.path.dirname(os.path.abspath(out)), "output parent directory")
+            if not self._replace_whole:
+                check_writable(out, "the Megatron-Bridge layout's directory")
         return make_temporary(out) if create else None
 
     def _check_layout(self, out: str, names: list[str], overwrite: bool, spec) -> None:
@@ -343,11 +354,10 @@ class BridgeOutput:
         if warn:
             for note in self._notes:
                 warn(note)
-            row_multiple = _row_width_multiple(summary.spec)
+            m, row_multiple = _row_width_multiple(summary.spec)
             if row_multiple:
-                m = summary.spec["pad_seq_to_mult"]
                 warn(f"Bridge's collate pads each row to a multiple of its pad_seq_length_to_mult (16 unless set), "
-                     f"which this alignment ({m}) does not divide: a row of that width is no multiple of 2·CP "
+                     f"which this layout's alignment ({m}) does not divide: a row of that width is no multiple of 2·CP "
                      f"(or of TP under sequence parallelism) and CP slicing fails at run time. Give Bridge's "
                      f"dataset_kwargs pad_seq_length_to_mult {row_multiple}, or pack with --pad-to-max-length "
                      "(docs/MEGATRON_BRIDGE.md)")

@@ -7,6 +7,7 @@ samples' *source indices*.
 """
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import stat
@@ -161,40 +162,55 @@ def _walk(directory: str, ancestors: tuple[str, ...]) -> list[InputFile]:
     return found
 
 
-def _holds_datasets(directory: str) -> bool:
+def _holds_datasets(directory: str, strict: bool = True) -> bool:
     """Whether ``directory`` is a ``datasets`` directory or DatasetDict: its ``state.json`` has
     ``_data_files`` (a damaged list is then reported), its ``dataset_dict.json`` ``splits``. A
-    ``state.json`` of something else (a training log's) leaves the directory an ordinary one."""
-    return _marks(directory, "state.json", "_data_files") or _marks(directory, "dataset_dict.json", "splits")
+    ``state.json`` of something else (a training log's) leaves the directory an ordinary one.
+    ``strict``: a marker that cannot be read is an error (else: no marker)."""
+    return (_marks(directory, "state.json", "_data_files", strict)
+            or _marks(directory, "dataset_dict.json", "splits", strict))
 
 
-def _marks(directory: str, marker: str, key: str) -> bool:
+def _marks(directory: str, marker: str, key: str, strict: bool = True) -> bool:
     """Whether ``directory`` holds the file ``marker`` with ``key`` in it. The same test for a
     directory argument and a subdirectory: a training log's state.json left the subdirectory
     an ordinary one but refused the same directory named on the command line. The whole file
-    is searched (``save_to_disk`` sorts the keys, a hand-written file need not), and a marker
-    that is there but cannot be read is an error: taken as absent, a datasets directory was
-    walked as loose files, its cache files read as data."""
+    is searched (``save_to_disk`` sorts the keys, a hand-written file need not), once while it
+    stays the same file (a glob's matches all look at the directories above them). A marker
+    that is there but cannot be read (or is a FIFO, which would wait for a writer) is an error
+    where ``strict``, in a directory that is read: taken as absent, a datasets directory was
+    walked as loose files, its cache files read as data. Above the inputs (not ``strict``) it
+    is no marker: a training log's state.json in a parent nobody named must not stop a run."""
     path = os.path.join(directory, marker)
-    needle = f'"{key}"'.encode()
     try:
-        mode = os.stat(path).st_mode
-        if stat.S_ISDIR(mode):
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
             return False
-        if not stat.S_ISREG(mode):  # opening a FIFO would wait for a writer
+        if not stat.S_ISREG(st.st_mode):
+            if not strict:
+                return False
             raise DataError(f"{path}: not a regular file (a FIFO, socket or device); it tells whether {directory} "
                             "is a Hugging Face datasets directory")
-        with open(path, "rb") as f:
-            tail = b""
-            while chunk := f.read(1 << 20):
-                if needle in tail + chunk:
-                    return True
-                tail = chunk[1 - len(needle):]
+        return _holds_key(path, f'"{key}"'.encode(), (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return False
     except OSError as exc:
+        if not strict:
+            return False
         raise DataError(f"{path}: cannot read it ({exc.strerror or exc}); it tells whether {directory} "
                         "is a Hugging Face datasets directory") from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _holds_key(path: str, needle: bytes, identity: tuple) -> bool:
+    """Whether the file at ``path`` holds ``needle``; ``identity`` (device, inode, size, mtime)
+    keys the cache, so a changed file is searched again."""
+    with open(path, "rb") as f:
+        tail = b""
+        while chunk := f.read(1 << 20):
+            if needle in tail + chunk:
+                return True
+            tail = chunk[1 - len(needle):]
     return False
 
 
@@ -359,10 +375,10 @@ def _refuse_inside_datasets(match: str, pattern: str | None, seen: dict[str, boo
     link leads); the match itself is not resolved (a link to a split or a data file is read as
     it is in a directory's walk), unless ``resolve``: a directory to read is judged by where its
     files are, wherever a link to it stands."""
-    directory = os.path.dirname(os.path.realpath(match) if resolve else _entry(match))
+    directory = first = os.path.dirname(os.path.realpath(match) if resolve else _entry(match))
     while True:
-        if directory not in seen:
-            seen[directory] = _holds_datasets(directory)
+        if directory not in seen:  # a pattern's own directory is read; those above it need not be
+            seen[directory] = _holds_datasets(directory, strict=pattern is not None and directory == first)
         if seen[directory]:
             where = directory if os.path.isabs(match) else os.path.relpath(directory)
             what = f"'{pattern}' matches a path" if pattern else "a directory"

@@ -44,14 +44,18 @@ def _identity_of(reader: Any) -> tuple:
 
 
 def _fingerprint(reader: Any) -> str | None:
-    """xxh3_64 of the output's metadata and manifest (which holds every file's own xxh3_64):
-    what a loader's state records, so that it resumes only on the output it was saved on.
-    None for a reader-like object whose metadata is not JSON."""
+    """xxh3_64 of the output's manifest, which names its files with their sizes, rows and own
+    xxh3_64: what a loader's state records, so that it resumes only on the same packs. Not the
+    metadata, which records where the inputs were read (the same input staged elsewhere and
+    packed again gives the same files). None for a reader-like object without a manifest."""
     import orjson
     import xxhash
 
+    manifest = getattr(reader, "manifest", None)
+    if manifest is None:
+        return None
     try:
-        text = orjson.dumps(list(_identity_of(reader)), option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+        text = orjson.dumps(manifest, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
     except TypeError:
         return None
     return xxhash.xxh3_64_hexdigest(text)
