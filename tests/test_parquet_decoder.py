@@ -1416,6 +1416,57 @@ def test_footer_row_counts_checked_whichever_decoder_reads(tmp_path, monkeypatch
         list(reader)
 
 
+@pytest.mark.parametrize("how", ["compiled", "lz4", "bool mask", ENV])
+@pytest.mark.parametrize("damage", ["fewer rows", "more values", "fewer values"])
+def test_a_footer_that_agrees_with_itself_but_not_the_pages_is_an_error(tmp_path, monkeypatch, how, damage):
+    """The last group's row count and the file's both 3 lower (the footer adds up, the pages
+    hold 3 rows more), or a column chunk's value count off by one: packer's decoder refused
+    it, but wherever pyarrow decoded (LZ4 pages, a boolean mask, the variable) the file was
+    read 3 records short, exit 0, and verify --source passed (or read whole, the count wrong)."""
+    rows = [[i, i + 1, i + 2] for i in range(10)]
+    mask = pa.array([[1, 0, 1]] * 10, pa.list_(pa.int8()))
+    if how == "bool mask":
+        mask = mask.cast(pa.list_(pa.bool_()))
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"input_ids": pa.array(rows, pa.list_(pa.int32())), "loss_mask": mask}), path,
+                   row_group_size=5, compression="lz4" if how == "lz4" else "zstd")
+    raw = path.read_bytes()
+    footer, footer_at = _footer_of(raw)
+    last = _field(footer, 4)[1][-1]
+    if damage == "fewer rows":
+        _set(last, 3, _field(last, 3) - 3)
+        _set(footer, 3, _field(footer, 3) - 3)
+    else:
+        meta = _field(_field(last, 1)[1][0], 3)
+        _set(meta, 5, _field(meta, 5) + (1 if damage == "more values" else -1))
+    path.write_bytes(_with_footer(raw, footer_at, footer))
+    if how == ENV:
+        monkeypatch.setenv(ENV, "arrow")
+    with pytest.raises(DataError, match=r"t\.parquet: cannot read as Parquet: row group 1: .*(value|row)"):
+        pack([str(path)], str(tmp_path / "out"), PackSpec(pack_size=64))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_negative_row_count_in_a_data_page_v2_is_an_error(tmp_path):
+    """pyarrow refuses it ("negative number of rows"); packer's decoder packed the file, which
+    its own verify --source (reading through pyarrow) then failed."""
+    path = tmp_path / "v2.parquet"
+    pq.write_table(pa.table({"input_ids": pa.array([[1, 2, 3], [4, 5]], pa.list_(pa.int32()))}), path,
+                   data_page_version="2.0", compression="none")
+
+    def negative_rows(pages):
+        for header, _ in pages:
+            if _field(header, 1) == 3:  # DATA_PAGE_V2: its num_rows is field 3 of field 8
+                _set(_field(header, 8), 3, -1)
+        return pages
+
+    bad = _rewrite_pages(path, tmp_path / "bad.parquet", negative_rows)
+    with pytest.raises((pa.ArrowException, OSError), match="negative number of rows"):
+        pq.read_table(bad)
+    with pytest.raises(DataError, match=r"bad\.parquet: cannot read as Parquet: row group 0: .*invalid row count"):
+        pack([str(bad)], str(tmp_path / "out"), PackSpec(pack_size=64))
+
+
 def _dictionary_file(tmp_path) -> tuple[Path, list]:
     """One chunk: a dictionary page, then several small dictionary-encoded pages (uncompressed)."""
     rows = [[i % 5, (i + 1) % 5, 7] for i in range(40)]

@@ -81,7 +81,7 @@ def parse_page_header(buf: bytes) -> PageHeader:
     if page_type == DATA_PAGE_V2:
         sub = _sub(fields, 8, "data page v2")
         _int(sub, 2, "null count", signed=True)  # unused, but required: pyarrow refuses a page without them
-        _int(sub, 3, "row count", signed=True)
+        _int(sub, 3, "row count")  # pyarrow refuses a negative one too (a null count it takes)
         # is_compressed is optional: of another wire type Apache Thrift skips it (true, the default)
         return PageHeader(**common, num_values=_int(sub, 1, "value count"), encoding=_int(sub, 4, "encoding"),
                           def_bytes=_int(sub, 5, "level length"), rep_bytes=_int(sub, 6, "level length"),

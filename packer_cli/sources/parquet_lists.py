@@ -46,6 +46,7 @@ from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packer_cli._arrow import from_numpy, memory_pool, numpy_dtype
@@ -94,7 +95,7 @@ def _leaf_count(t: pa.DataType) -> int:
         return sum(_leaf_count(t.field(i).type) for i in range(t.num_fields))
     if pa.types.is_map(t):
         return _leaf_count(t.key_type) + _leaf_count(t.item_type)
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+    if _is_list(t):
         return _leaf_count(t.value_type)
     return 1
 
@@ -249,6 +250,33 @@ def _leaves(pf: pq.ParquetFile, fields: list[str]) -> dict[int, tuple[str, int, 
     return leaves
 
 
+def _single_leaves(pf: pq.ParquetFile, fields: list[str]) -> dict[str, int]:
+    """The leaf column of each of ``fields`` that is a list of scalars or a scalar (whose level
+    entries :func:`_level_entries` counts), where the schema maps onto the columns."""
+    first_leaf = _first_leaves(pf) or {}
+    leaves = {}
+    for name in (f for f in fields if f in first_leaf):
+        t = pf.schema_arrow.field(name).type
+        if _is_list(t):
+            t = t.value_type
+        if not pa.types.is_nested(t):
+            leaves[name] = first_leaf[name]
+    return leaves
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _level_entries(column: pa.Array) -> int:
+    """The level entries a Parquet column chunk holds for ``column`` (a list of scalars, or a
+    scalar): a list's values, or one entry for an empty or null list; one per scalar row."""
+    if not _is_list(column.type):
+        return len(column)
+    lengths = pc.fill_null(pc.list_value_length(column), 0)
+    return int(pc.sum(pc.max_element_wise(lengths, 1)).as_py() or 0)
+
+
 def _footer(fd: int, file_size: int, pf: pq.ParquetFile, fields: list[str]) -> tuple[Footer | None, str | None]:
     """The file's footer as packer reads it, checked before either decoder reads ``fields``: a
     footer that contradicts itself or the schema is a ValueError whichever decoder would read
@@ -284,6 +312,8 @@ class _ChunkPages:
             raise _Corrupt("column chunk has a negative offset or size")
 
     def next(self) -> tuple[thrift.PageHeader, bytes | memoryview]:
+        if self.pos >= self.end:  # asked for more: the chunk's value count says there is more
+            raise _Corrupt("the column chunk's pages end before the value count its footer states")
         probe = _HEADER_PROBE
         while True:
             raw = os.pread(self.fd, min(probe, self.end - self.pos), self.pos)
@@ -694,7 +724,7 @@ class ListColumnReader:
                 raise _Unsupported(unread)
         except _Unsupported as exc:
             self.fallback_reason = str(exc)
-            yield from self._arrow(pf, 0, 0)
+            yield from self._arrow(pf, 0, 0, footer)
             return
         schema = pa.schema([pf.schema_arrow.field(name) for name in self.fields])
         fd = os.open(self.path, os.O_RDONLY)
@@ -710,7 +740,7 @@ class ListColumnReader:
                         yield batch
                 except _Unsupported as exc:
                     self.fallback_reason = str(exc)
-                    yield from self._arrow(pf, group, done)
+                    yield from self._arrow(pf, group, done, footer)
                     return
                 except _Corrupt as exc:
                     raise ValueError(f"row group {group}: {exc}") from None
@@ -738,13 +768,16 @@ class ListColumnReader:
             for cursor in cursors:
                 cursor.cancel()
 
-    def _arrow(self, pf: pq.ParquetFile, group: int, skip: int) -> Iterator[pa.RecordBatch]:
-        """pyarrow's batches from row group ``group`` on, less the first ``skip`` rows (already yielded)."""
+    def _arrow(self, pf: pq.ParquetFile, group: int, skip: int, footer: Footer | None) -> Iterator[pa.RecordBatch]:
+        """pyarrow's batches from row group ``group`` on, less the first ``skip`` rows (already
+        yielded); ``footer``, packer's reading of it, where the walk read it."""
         pool = pa.default_memory_pool()
+        leaves = _single_leaves(pf, self.fields) if footer is not None else {}
         k = 0
         for g in range(group, pf.metadata.num_row_groups):  # one group at a time, to name a damaged one
+            stated = {name: footer.chunk(g, leaf).num_values for name, leaf in leaves.items()}
             try:
-                for batch in self._arrow_group(pf, g, skip if g == group else 0):
+                for batch in self._arrow_group(pf, g, skip if g == group else 0, stated):
                     yield batch
                     k += 1
                     if k % 16 == 0:
@@ -753,14 +786,21 @@ class ListColumnReader:
                 raise ValueError(f"row group {g}: {str(exc).strip() or type(exc).__name__}") from None
         pool.release_unused()
 
-    def _arrow_group(self, pf: pq.ParquetFile, group: int, skip: int) -> Iterator[pa.RecordBatch]:
+    def _arrow_group(self, pf: pq.ParquetFile, group: int, skip: int,
+                     stated_values: dict[str, int]) -> Iterator[pa.RecordBatch]:
         """Row group ``group`` less its first ``skip`` rows. pyarrow's ``iter_batches`` can read
         fewer rows than a group holds and say nothing (pyarrow 26 reads a last one-row group of
         data pages v2 and tiny pages as none), so its rows are counted against the footer's:
-        a file never reads short."""
+        a file never reads short. Its level entries are counted too, against each column
+        chunk's value count (``stated_values``): a footer whose group and file row counts were
+        both lowered adds up, and pyarrow stops at the count, rows short, where packer's decoder
+        finds the pages holding more; a value count off either way is refused by both."""
         stated, read = pf.metadata.row_group(group).num_rows, 0
+        levels = dict.fromkeys(stated_values, 0)
         for batch in pf.iter_batches(batch_size=self.batch_rows, row_groups=[group], columns=self.fields):
             read += batch.num_rows
+            for name in levels:
+                levels[name] += _level_entries(batch.column(name))
             if read > stated:
                 raise ValueError(f"row group {group}: pyarrow read more than its {stated} rows")
             if skip >= batch.num_rows:
@@ -772,6 +812,10 @@ class ListColumnReader:
             yield batch
         if read != stated:
             raise ValueError(f"row group {group}: pyarrow read {read} of its {stated} rows")
+        for name, count in levels.items():
+            if count != stated_values[name]:
+                raise ValueError(f"row group {group}: column {name!r}: pyarrow read {count} values, the column chunk's "
+                                 f"footer entry states {stated_values[name]}")
 
 
 # --- whole runs of row groups ------------------------------------------------------------------
