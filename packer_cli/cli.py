@@ -97,7 +97,7 @@ def pack_command(
     split: Annotated[Optional[Split], typer.Option(help="megatron-bridge: which split file to write (default training).")] = None,
     eos_id: Annotated[Optional[int], typer.Option(help="megatron-bridge: end-of-sequence id for alignment padding (inferred when every sample ends with one id).")] = None,
     row_group_size: Annotated[Optional[int], typer.Option(help="megatron-bridge: packs per Parquet row group (default: about 1 MiB of tokens, at most 500).")] = None,
-    parquet_encoding: Annotated[Optional[ParquetEncoding], typer.Option(metavar="NAME", help="megatron-bridge: plain-zstd (default, any reader), plain-snappy (Bridge's codec, largest) or split-zstd (smallest; readers need Arrow >= 16).")] = None,
+    parquet_encoding: Annotated[Optional[ParquetEncoding], typer.Option(metavar="NAME", help="megatron-bridge: plain-zstd (default, any reader), plain-snappy (Bridge's codec, largest) or split-zstd (smallest for random-looking ids, larger than plain-zstd on real text; readers need Arrow >= 16).")] = None,
 ) -> None:
     """Pack tokenized samples into fixed-capacity packs (native THD shards)."""
     from packer_cli.pipeline import pack

@@ -76,7 +76,8 @@ class ParquetEncoding(str, Enum):
     PLAIN_SNAPPY = "plain-snappy"
     """Token ids stored plainly, Snappy (Bridge's own writer's codec): the largest file."""
     SPLIT_ZSTD = "split-zstd"
-    """Token ids as byte streams, Zstandard: the smallest file; readers need Arrow >= 16."""
+    """Token ids as byte streams, Zstandard: smallest for ids without repeats, larger than plain-zstd
+    on real text (6-13 %: the streams break up its repeated n-grams); readers need Arrow >= 16."""
 
 
 PARQUET_ENCODING_NAMES = tuple(e.value for e in ParquetEncoding)

@@ -165,7 +165,8 @@ PARQUET_ENCODINGS: dict[str, dict] = {
     "plain-zstd": dict(use_dictionary=False, compression="zstd", compression_level=1),
     # Bridge's own writer's codec, the fastest to write and decode, the largest file
     "plain-snappy": dict(use_dictionary=False, compression="snappy"),
-    # ids split into byte streams (their high bytes compress to nothing): the smallest file;
+    # ids split into byte streams (their high bytes compress to nothing): the smallest file for
+    # ids without repeats, 6-13 % larger than plain-zstd on real text (the streams break up its n-grams);
     # readers need Parquet's BYTE_STREAM_SPLIT for integers (Arrow/pyarrow >= 16)
     "split-zstd": dict(use_dictionary=False, compression="zstd", compression_level=1,
                        use_byte_stream_split=["input_ids.list.element"]),  # pyarrow names values by path
