@@ -46,10 +46,9 @@ from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from packer_cli._arrow import from_numpy, memory_pool, numpy_dtype
+from packer_cli._arrow import from_numpy, memory_pool, numpy_dtype, unpack_bits
 from packer_cli.sources import _parquet_pages as pages
 from packer_cli.sources._parquet_footer import ChunkMeta, Footer, footer_problem, read_footer
 from packer_cli.sources import _parquet_thrift as thrift
@@ -270,11 +269,21 @@ def _is_list(t: pa.DataType) -> bool:
 
 def _level_entries(column: pa.Array) -> int:
     """The level entries a Parquet column chunk holds for ``column`` (a list of scalars, or a
-    scalar): a list's values, or one entry for an empty or null list; one per scalar row."""
-    if not _is_list(column.type):
-        return len(column)
-    lengths = pc.fill_null(pc.list_value_length(column), 0)
-    return int(pc.sum(pc.max_element_wise(lengths, 1)).as_py() or 0)
+    scalar): a list's values, or one entry for an empty or null list; one per scalar row.
+    Counted over the buffers: pyarrow's compute functions given a Python scalar import pandas."""
+    n = len(column)
+    if not _is_list(column.type) or n == 0:
+        return n
+    valid = np.ones(n, np.bool_)
+    if column.null_count:
+        valid = unpack_bits(np.frombuffer(column.buffers()[0], np.uint8), column.offset, column.offset + n) == 1
+    if pa.types.is_fixed_size_list(column.type):
+        lengths = np.full(n, column.type.list_size, np.int64)
+    else:
+        dtype = np.int64 if pa.types.is_large_list(column.type) else np.int32
+        offsets = np.frombuffer(column.buffers()[1], dtype, count=n + 1, offset=column.offset * dtype().itemsize)
+        lengths = np.diff(offsets).astype(np.int64)
+    return int(np.where(valid, np.maximum(lengths, 1), 1).sum())
 
 
 def _footer(fd: int, file_size: int, pf: pq.ParquetFile, fields: list[str]) -> tuple[Footer | None, str | None]:
