@@ -1391,19 +1391,25 @@ def _level_count(header: list) -> int:
     return 0 if sub is None else _field(_field(header, sub), 1)
 
 
+def _two_groups(tmp_path, bool_mask: bool, compression: str = "snappy") -> Path:
+    """Ten 3-token rows with an int8 (or boolean: pyarrow decodes it) mask, in two row groups."""
+    rows = [[i, i + 1, i + 2] for i in range(10)]
+    mask = pa.array([[1, 0, 1]] * 10, pa.list_(pa.int8()))
+    if bool_mask:
+        mask = mask.cast(pa.list_(pa.bool_()))
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"input_ids": pa.array(rows, pa.list_(pa.int32())), "loss_mask": mask}), path,
+                   row_group_size=5, compression=compression)
+    return path
+
+
 @pytest.mark.parametrize("how", ["compiled", "bool mask", "arrow_only", ENV])
 def test_footer_row_counts_checked_whichever_decoder_reads(tmp_path, monkeypatch, how):
     """A footer whose row groups' row counts do not add up to the file's (the first group's one
     lower) is the same one-line error whichever decoder would read the file: packer's (an int8
     mask), or pyarrow's (a boolean mask, ``verify --source``'s second opinion, the variable),
     which reads the stated count and stops, a record short."""
-    rows = [[i, i + 1, i + 2] for i in range(10)]
-    mask = pa.array([[1, 0, 1]] * 10, pa.list_(pa.int8()))
-    if how == "bool mask":
-        mask = mask.cast(pa.list_(pa.bool_()))
-    path = tmp_path / "t.parquet"
-    pq.write_table(pa.table({"input_ids": pa.array(rows, pa.list_(pa.int32())), "loss_mask": mask}), path,
-                   row_group_size=5)
+    path = _two_groups(tmp_path, bool_mask=how == "bool mask")
     raw = path.read_bytes()
     footer, footer_at = _footer_of(raw)
     group = _field(footer, 4)[1][0]
@@ -1423,13 +1429,7 @@ def test_a_footer_that_agrees_with_itself_but_not_the_pages_is_an_error(tmp_path
     hold 3 rows more), or a column chunk's value count off by one: packer's decoder refused
     it, but wherever pyarrow decoded (LZ4 pages, a boolean mask, the variable) the file was
     read 3 records short, exit 0, and verify --source passed (or read whole, the count wrong)."""
-    rows = [[i, i + 1, i + 2] for i in range(10)]
-    mask = pa.array([[1, 0, 1]] * 10, pa.list_(pa.int8()))
-    if how == "bool mask":
-        mask = mask.cast(pa.list_(pa.bool_()))
-    path = tmp_path / "t.parquet"
-    pq.write_table(pa.table({"input_ids": pa.array(rows, pa.list_(pa.int32())), "loss_mask": mask}), path,
-                   row_group_size=5, compression="lz4" if how == "lz4" else "zstd")
+    path = _two_groups(tmp_path, bool_mask=how == "bool mask", compression="lz4" if how == "lz4" else "zstd")
     raw = path.read_bytes()
     footer, footer_at = _footer_of(raw)
     last = _field(footer, 4)[1][-1]

@@ -304,17 +304,22 @@ def test_a_datasets_directory_takes_its_place_by_its_files_paths(tmp_path, spell
     assert read(str(tmp_path / "d") + spelling) == ([100, 200, 300, 400], 4)
 
 
-def test_a_state_file_that_cannot_be_read_is_an_error_not_a_plain_directory(tmp_path, monkeypatch):
-    """Unreadable, it made a datasets directory an ordinary one: its cache files were read as data."""
-    ds = datasets_dir(tmp_path / "data" / "ds", [200])
+def refuse_to_open(monkeypatch, suffix: str) -> None:
+    """``open`` of a path ending in ``suffix`` fails as for a file another user owns."""
     real_open = open
 
     def refusing(path, *args, **kwargs):
-        if str(path).endswith(os.path.join("ds", "state.json")):
+        if str(path).endswith(suffix):
             raise PermissionError(13, "Permission denied", str(path))
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr("builtins.open", refusing)
+
+
+def test_a_state_file_that_cannot_be_read_is_an_error_not_a_plain_directory(tmp_path, monkeypatch):
+    """Unreadable, it made a datasets directory an ordinary one: its cache files were read as data."""
+    ds = datasets_dir(tmp_path / "data" / "ds", [200])
+    refuse_to_open(monkeypatch, os.path.join("ds", "state.json"))
     for where in (ds, str(tmp_path / "data")):
         with pytest.raises(DataError, match=r"ds/state\.json: cannot read it \(Permission denied\)"):
             discover_inputs([where])
@@ -337,14 +342,7 @@ def test_an_unreadable_state_file_above_the_inputs_is_not_looked_into(tmp_path, 
     stopped every directory and glob input below it."""
     jsonl(tmp_path / "project" / "data" / "a.jsonl", [sample(100)])
     (tmp_path / "project" / "state.json").write_text(json.dumps({"step": 3}))
-    real_open = open
-
-    def refusing(path, *args, **kwargs):
-        if str(path).endswith(os.path.join("project", "state.json")):
-            raise PermissionError(13, "Permission denied", str(path))
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr("builtins.open", refusing)
+    refuse_to_open(monkeypatch, os.path.join("project", "state.json"))
     assert read(tmp_path / "project" / "data") == ([100], 1)
     assert read(str(tmp_path / "project" / "data" / "*.jsonl")) == ([100], 1)
 
