@@ -655,12 +655,13 @@ def test_trailing_eos_inputs_are_reported(tmp_path):
 @pytest.mark.parametrize("spec,warned", [
     (PackSpec(pack_size=516, cp=3), "pad_seq_length_to_mult 48"),  # m = 6
     (PackSpec(pack_size=516, tp=3, sp=True), "pad_seq_length_to_mult 48"),  # m = 3
-    (PackSpec(pack_size=512, cp=16), "pad_seq_length_to_mult 32"),  # m = 32
+    (PackSpec(pack_size=512, cp=16), None),  # m = 32: every row a multiple of 32 already
     (PackSpec(pack_size=516, cp=3, pad_to_max_length=True), None),  # every row is C wide
     (PackSpec(pack_size=512, cp=4, tp=2, sp=True), None),  # m = 8 divides 16
     (PackSpec(pack_size=516, pad_seq_to_mult=3), None),  # no CP, no SP: nothing is sliced
     (PackSpec(pack_size=528, cp=2, pad_seq_to_mult=24), None),  # 2·CP = 4 divides 16
-    (PackSpec(pack_size=576, cp=3, pad_seq_to_mult=96), "pad_seq_length_to_mult 48"),  # what CP=3 needs
+    (PackSpec(pack_size=576, cp=3, pad_seq_to_mult=96), None),  # rows a multiple of 96: 16 adds nothing
+    (PackSpec(pack_size=960, cp=3, pad_seq_to_mult=24), "pad_seq_length_to_mult 48"),  # what CP=3 needs
 ])
 def test_an_alignment_bridge_rows_are_not_padded_to_is_warned_about(tmp_path, spec, warned):
     """Bridge's collate pads a row to a multiple of its pad_seq_length_to_mult (16 unless set)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import itertools
 import os
 import stat
 from dataclasses import dataclass
@@ -191,7 +192,8 @@ def _marks(directory: str, marker: str, key: str, strict: bool = True) -> bool:
                 return False
             raise DataError(f"{path}: not a regular file (a FIFO, socket or device); it tells whether {directory} "
                             "is a Hugging Face datasets directory")
-        return _holds_key(path, f'"{key}"'.encode(), (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+        return _holds_key(path, f'"{key}"'.encode(), (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                                                          st.st_ctime_ns))
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return False
     except OSError as exc:
@@ -203,8 +205,9 @@ def _marks(directory: str, marker: str, key: str, strict: bool = True) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _holds_key(path: str, needle: bytes, identity: tuple) -> bool:
-    """Whether the file at ``path`` holds ``needle``; ``identity`` (device, inode, size, mtime)
-    keys the cache, so a changed file is searched again."""
+    """Whether the file at ``path`` holds ``needle``; ``identity`` (device, inode, size, mtime,
+    ctime: a rewrite that kept the size and set the mtime back still changes the ctime) keys
+    the cache, so a changed file is searched again."""
     with open(path, "rb") as f:
         tail = b""
         while chunk := f.read(1 << 20):
@@ -320,7 +323,7 @@ def _expand_glob(pattern: str) -> list[InputFile]:
     if not matches:
         raise DataError(f"{pattern}: the pattern matches no files")
     whole = {_entry(m) for m in whole}
-    datasets_dirs: dict[str, bool] = {}
+    datasets_dirs: dict[tuple[str, bool], bool] = {}
     expanded: list[str] = []  # `**` matches a directory and everything in it: read it once
     files: list[InputFile] = []
     for match in matches:
@@ -367,19 +370,23 @@ def _tidy(match: str) -> str:
     return match.rstrip(os.sep) or match if os.pardir in match.split(os.sep) else os.path.normpath(match)
 
 
-def _refuse_inside_datasets(match: str, pattern: str | None, seen: dict[str, bool], resolve: bool = False) -> None:
+def _refuse_inside_datasets(match: str, pattern: str | None, seen: dict[tuple[str, bool], bool],
+                            resolve: bool = False) -> None:
     """Refuse ``match`` (a glob's, or a directory to read) when it lies inside a ``datasets``
     directory or DatasetDict: nothing there is read but through its ``state.json`` (its cache
     files are not data, a DatasetDict's splits are not mixed). ``seen`` caches the answer per
-    directory. Where the match really lies counts ('../x' in the parent, 'link/x' where the
+    directory and strictness (a marker that cannot be read is an error at or below a pattern's
+    literal base, no marker above it or above a directory argument). Where the match really lies counts ('../x' in the parent, 'link/x' where the
     link leads); the match itself is not resolved (a link to a split or a data file is read as
     it is in a directory's walk), unless ``resolve``: a directory to read is judged by where its
     files are, wherever a link to it stands."""
-    directory = first = os.path.dirname(os.path.realpath(match) if resolve else _entry(match))
+    directory = os.path.dirname(os.path.realpath(match) if resolve else _entry(match))
+    base = _literal_base(pattern) if pattern is not None else None
     while True:
-        if directory not in seen:  # a pattern's own directory is read; those above it need not be
-            seen[directory] = _holds_datasets(directory, strict=pattern is not None and directory == first)
-        if seen[directory]:
+        strict = base is not None and within(directory, base)  # what the pattern reads, not above it
+        if (directory, strict) not in seen:
+            seen[directory, strict] = _holds_datasets(directory, strict=strict)
+        if seen[directory, strict]:
             where = directory if os.path.isabs(match) else os.path.relpath(directory)
             what = f"'{pattern}' matches a path" if pattern else "a directory"
             if _marks(where, "state.json", "_data_files"):
@@ -392,6 +399,15 @@ def _refuse_inside_datasets(match: str, pattern: str | None, seen: dict[str, boo
         if parent == directory:
             return
         directory = parent
+
+
+def _literal_base(pattern: str) -> str:
+    """The directory a glob's literal components name (``ds`` of ``ds/**/*.jsonl``), resolved:
+    what the pattern reads lies at or below it, so a marker there that cannot be read is an
+    error, one above it no marker."""
+    parts = pattern.split(os.sep)
+    literal = list(itertools.takewhile(lambda part: not glob.has_magic(part), parts[:-1]))
+    return os.path.realpath(os.sep.join(literal) or (os.sep if pattern.startswith(os.sep) else os.curdir))
 
 
 def _glob(pattern: str, whole: set[str] | None = None) -> list[str]:
