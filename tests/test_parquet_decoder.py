@@ -1423,7 +1423,7 @@ def test_footer_row_counts_checked_whichever_decoder_reads(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("how", ["compiled", "lz4", "bool mask", ENV])
-@pytest.mark.parametrize("damage", ["fewer rows", "more values", "fewer values"])
+@pytest.mark.parametrize("damage", ["fewer rows", "more values", "fewer values", "fewer rows and values"])
 def test_a_footer_that_agrees_with_itself_but_not_the_pages_is_an_error(tmp_path, monkeypatch, how, damage):
     """The last group's row count and the file's both 3 lower (the footer adds up, the pages
     hold 3 rows more), or a column chunk's value count off by one: packer's decoder refused
@@ -1433,10 +1433,14 @@ def test_a_footer_that_agrees_with_itself_but_not_the_pages_is_an_error(tmp_path
     raw = path.read_bytes()
     footer, footer_at = _footer_of(raw)
     last = _field(footer, 4)[1][-1]
-    if damage == "fewer rows":
+    if damage.startswith("fewer rows"):
         _set(last, 3, _field(last, 3) - 3)
         _set(footer, 3, _field(footer, 3) - 3)
-    else:
+    if damage == "fewer rows and values":  # the footer adds up with itself throughout
+        for column in _field(last, 1)[1]:
+            meta = _field(column, 3)
+            _set(meta, 5, _field(meta, 5) - 9)
+    elif damage != "fewer rows":
         meta = _field(_field(last, 1)[1][0], 3)
         _set(meta, 5, _field(meta, 5) + (1 if damage == "more values" else -1))
     path.write_bytes(_with_footer(raw, footer_at, footer))

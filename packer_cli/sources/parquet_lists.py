@@ -323,6 +323,29 @@ class _ChunkPages:
     def next(self) -> tuple[thrift.PageHeader, bytes | memoryview]:
         if self.pos >= self.end:  # asked for more: the chunk's value count says there is more
             raise _Corrupt("the column chunk's pages end before the value count its footer states")
+        header, start, size = self.skip()
+        if size >= _MAP_PAYLOAD:
+            base = start - start % mmap.ALLOCATIONGRANULARITY
+            try:
+                view = memoryview(mmap.mmap(self.fd, start + size - base, prot=mmap.PROT_READ, offset=base))
+                return header, view[start - base:]
+            except OSError:  # a file system that cannot map files: read the page instead
+                pass
+        return header, os.pread(self.fd, size, start)
+
+    def level_entries(self) -> int:
+        """The level entries of the chunk's data pages by their headers alone (payloads unread):
+        what pyarrow should have decoded, which it does not check against a footer whose
+        row and value counts were all lowered together."""
+        levels = 0
+        while self.pos < self.end:
+            header, _, _ = self.skip()
+            if header.page_type in (thrift.DATA_PAGE, thrift.DATA_PAGE_V2):
+                levels += header.num_values
+        return levels
+
+    def skip(self) -> tuple[thrift.PageHeader, int, int]:
+        """The next page's header, and where its payload starts and how long it is (then passed)."""
         probe = _HEADER_PROBE
         while True:
             raw = os.pread(self.fd, min(probe, self.end - self.pos), self.pos)
@@ -340,14 +363,7 @@ class _ChunkPages:
         if start + size > self.file_size:
             raise _Corrupt("file ends inside a page")
         self.pos = start + size
-        if size >= _MAP_PAYLOAD:
-            base = start - start % mmap.ALLOCATIONGRANULARITY
-            try:
-                view = memoryview(mmap.mmap(self.fd, start + size - base, prot=mmap.PROT_READ, offset=base))
-                return header, view[start - base:]
-            except OSError:  # a file system that cannot map files: read the page instead
-                pass
-        return header, os.pread(self.fd, size, start)
+        return header, start, size
 
 
 # --- one page -----------------------------------------------------------------------------------
@@ -784,7 +800,7 @@ class ListColumnReader:
         leaves = _single_leaves(pf, self.fields) if footer is not None else {}
         k = 0
         for g in range(group, pf.metadata.num_row_groups):  # one group at a time, to name a damaged one
-            stated = {name: footer.chunk(g, leaf).num_values for name, leaf in leaves.items()}
+            stated = {name: self._stated_levels(footer, g, leaf, name) for name, leaf in leaves.items()}
             try:
                 for batch in self._arrow_group(pf, g, skip if g == group else 0, stated):
                     yield batch
@@ -794,6 +810,23 @@ class ListColumnReader:
             except (pa.ArrowException, OSError) as exc:
                 raise ValueError(f"row group {g}: {str(exc).strip() or type(exc).__name__}") from None
         pool.release_unused()
+
+    def _stated_levels(self, footer: Footer, group: int, leaf: int, name: str) -> int:
+        """A column chunk's level entries as its footer entry states them, checked against its
+        pages' headers where they can be walked (a footer whose row and value counts were all
+        lowered together adds up, and pyarrow reads the stated rows and stops)."""
+        chunk = footer.chunk(group, leaf)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            paged = _ChunkPages(fd, chunk, os.fstat(fd).st_size).level_entries()
+        except _Corrupt:  # left to pyarrow, which reports what it finds
+            return chunk.num_values
+        finally:
+            os.close(fd)
+        if paged != chunk.num_values:
+            raise ValueError(f"row group {group}: column {name!r}: the footer states {chunk.num_values} values, "
+                             f"the column chunk's page headers {paged}")
+        return paged
 
     def _arrow_group(self, pf: pq.ParquetFile, group: int, skip: int,
                      stated_values: dict[str, int]) -> Iterator[pa.RecordBatch]:
