@@ -376,10 +376,11 @@ def _refuse_inside_datasets(match: str, pattern: str | None, seen: dict[tuple[st
     directory or DatasetDict: nothing there is read but through its ``state.json`` (its cache
     files are not data, a DatasetDict's splits are not mixed). ``seen`` caches the answer per
     directory and strictness (a marker that cannot be read is an error at or below a pattern's
-    literal base, no marker above it or above a directory argument). Where the match really lies counts ('../x' in the parent, 'link/x' where the
-    link leads); the match itself is not resolved (a link to a split or a data file is read as
-    it is in a directory's walk), unless ``resolve``: a directory to read is judged by where its
-    files are, wherever a link to it stands."""
+    literal base, no marker above it or above a directory argument). Where the match really
+    lies counts ('../x' in the parent, 'link/x' where the link leads); the match itself is not
+    resolved (a link to a split or a data file is read as it is in a directory's walk), unless
+    ``resolve``: a directory to read is judged by where its files are, wherever a link to it
+    stands."""
     directory = os.path.dirname(os.path.realpath(match) if resolve else _entry(match))
     base = _literal_base(pattern) if pattern is not None else None
     while True:
