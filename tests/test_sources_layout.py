@@ -347,12 +347,13 @@ def test_an_unreadable_state_file_above_the_inputs_is_not_looked_into(tmp_path, 
     assert read(str(tmp_path / "project" / "data" / "*.jsonl")) == ([100], 1)
 
 
-@pytest.mark.parametrize("pattern", ["ds/*.jsonl", "ds/**/*.jsonl", "ds/*/*.jsonl"])
+@pytest.mark.parametrize("pattern", ["ds/*.jsonl", "ds/**/*.jsonl", "ds/*/*.jsonl", "ds/extra/*/../../*.jsonl"])
 def test_an_unreadable_state_file_in_a_patterns_base_is_an_error(tmp_path, monkeypatch, pattern):
     """Judged leniently as a directory above the inputs, 'ds/**/*.jsonl' read ds/z.jsonl loosely
     where 'ds/*.jsonl' was refused (the lenient answer was cached for both)."""
     jsonl(tmp_path / "ds" / "z.jsonl", [sample(100)])
     jsonl(tmp_path / "ds" / "extra" / "a.jsonl", [sample(200)])
+    (tmp_path / "ds" / "extra" / "sub").mkdir()  # '..' after the magic: the match lies in ds, above the base
     (tmp_path / "ds" / "state.json").write_text(json.dumps({"_data_files": []}))
     refuse_to_open(monkeypatch, os.path.join("ds", "state.json"))
     monkeypatch.chdir(tmp_path)

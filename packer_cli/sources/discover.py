@@ -381,10 +381,12 @@ def _refuse_inside_datasets(match: str, pattern: str | None, seen: dict[tuple[st
     resolved (a link to a split or a data file is read as it is in a directory's walk), unless
     ``resolve``: a directory to read is judged by where its files are, wherever a link to it
     stands."""
-    directory = os.path.dirname(os.path.realpath(match) if resolve else _entry(match))
+    directory = first = os.path.dirname(os.path.realpath(match) if resolve else _entry(match))
     base = _literal_base(pattern) if pattern is not None else None
     while True:
-        strict = base is not None and within(directory, base)  # what the pattern reads, not above it
+        # what a pattern reads, not above it: at or below its literal base, and where a match
+        # lies ('P/ds/*/../../x.jsonl' reads P/x.jsonl, above the base P/ds)
+        strict = base is not None and (directory == first or within(directory, base))
         if (directory, strict) not in seen:
             seen[directory, strict] = _holds_datasets(directory, strict=strict)
         if seen[directory, strict]:

@@ -286,6 +286,36 @@ def _level_entries(column: pa.Array) -> int:
     return int(np.where(valid, np.maximum(lengths, 1), 1).sum())
 
 
+def _paged_levels(path: str, chunk: ChunkMeta) -> int | None:
+    """The level entries of a column chunk's data pages by their headers alone, or None where
+    they cannot be walked (left to pyarrow, which reports what it finds). The compiled walk
+    reads the headers in a memory map of the chunk (only the pages holding them are touched);
+    where the file cannot be mapped, or the walk declines a header, one header at a time."""
+    start, end = _chunk_span(chunk)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if not 0 <= start <= end <= size:
+            return None
+        if start == end:
+            return 0
+        base = start - start % mmap.ALLOCATIONGRANULARITY
+        table = None
+        try:
+            with mmap.mmap(f.fileno(), end - base, prot=mmap.PROT_READ, offset=base) as mapped:
+                raw = np.frombuffer(mapped, dtype=np.uint8)
+                table = pages.walk(raw, np.array([start - base]), np.array([end - base]))
+                del raw  # the map cannot close while an array views it
+        except OSError:  # a file system that cannot map files
+            pass
+        if table is not None:
+            data = (table[:, pages.PAGE_TYPE] == thrift.DATA_PAGE) | (table[:, pages.PAGE_TYPE] == thrift.DATA_PAGE_V2)
+            return int(table[data, pages.NUM_VALUES].sum())
+        try:
+            return _ChunkPages(f.fileno(), chunk, size).level_entries()
+        except _Corrupt:
+            return None
+
+
 def _footer(fd: int, file_size: int, pf: pq.ParquetFile, fields: list[str]) -> tuple[Footer | None, str | None]:
     """The file's footer as packer reads it, checked before either decoder reads ``fields``: a
     footer that contradicts itself or the schema is a ValueError whichever decoder would read
@@ -816,17 +846,11 @@ class ListColumnReader:
         pages' headers where they can be walked (a footer whose row and value counts were all
         lowered together adds up, and pyarrow reads the stated rows and stops)."""
         chunk = footer.chunk(group, leaf)
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            paged = _ChunkPages(fd, chunk, os.fstat(fd).st_size).level_entries()
-        except _Corrupt:  # left to pyarrow, which reports what it finds
-            return chunk.num_values
-        finally:
-            os.close(fd)
-        if paged != chunk.num_values:
+        paged = _paged_levels(self.path, chunk)
+        if paged is not None and paged != chunk.num_values:
             raise ValueError(f"row group {group}: column {name!r}: the footer states {chunk.num_values} values, "
                              f"the column chunk's page headers {paged}")
-        return paged
+        return chunk.num_values
 
     def _arrow_group(self, pf: pq.ParquetFile, group: int, skip: int,
                      stated_values: dict[str, int]) -> Iterator[pa.RecordBatch]:
