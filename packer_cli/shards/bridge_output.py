@@ -145,10 +145,10 @@ BRIDGE_ROW_MULTIPLE = 16
 
 def _row_width_multiple(spec: dict) -> tuple[int, int | None]:
     """The layout's alignment and the pad_seq_length_to_mult Bridge needs for its rows to stay
-    sliceable, when its default does not do (None when it does, or when every row is padded to C). What a
-    row's width must be a multiple of is the layout's own multiple (2·CP, CP·TP under SP), not
-    a larger --pad-seq-to-mult: the tail segment is then still a multiple of it; and with a
-    --pad-seq-to-mult that 16 divides every row is already a multiple of 16."""
+    sliceable, when its default does not do (None when it does, or when every row is padded to
+    C). What a row's width must be a multiple of is the layout's own multiple (2·CP, CP·TP
+    under SP), not a larger --pad-seq-to-mult: the tail segment is then still a multiple of it;
+    and with a --pad-seq-to-mult that 16 divides every row is already a multiple of 16."""
     layout = pad_multiple_for(spec.get("cp", 1), spec.get("tp", 1), bool(spec.get("sp")))
     m = spec.get("pad_seq_to_mult") or layout
     if spec.get("pad_to_max_length") or BRIDGE_ROW_MULTIPLE % layout == 0 or m % BRIDGE_ROW_MULTIPLE == 0:

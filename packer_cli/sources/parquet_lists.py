@@ -48,7 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packer_cli._arrow import from_numpy, memory_pool, numpy_dtype, unpack_bits
+from packer_cli._arrow import from_numpy, memory_pool, numpy_dtype, to_numpy, unpack_bits
 from packer_cli.sources import _parquet_pages as pages
 from packer_cli.sources._parquet_footer import ChunkMeta, Footer, footer_problem, read_footer
 from packer_cli.sources import _parquet_thrift as thrift
@@ -280,9 +280,7 @@ def _level_entries(column: pa.Array) -> int:
     if pa.types.is_fixed_size_list(column.type):
         lengths = np.full(n, column.type.list_size, np.int64)
     else:
-        dtype = np.int64 if pa.types.is_large_list(column.type) else np.int32
-        offsets = np.frombuffer(column.buffers()[1], dtype, count=n + 1, offset=column.offset * dtype().itemsize)
-        lengths = np.diff(offsets).astype(np.int64)
+        lengths = np.diff(to_numpy(column.offsets)).astype(np.int64)
     return int(np.where(valid, np.maximum(lengths, 1), 1).sum())
 
 
