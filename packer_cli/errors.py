@@ -5,6 +5,7 @@ it into a one-line message and an exit code, never a traceback.
 """
 from __future__ import annotations
 
+import os
 import threading
 from contextlib import contextmanager
 
@@ -59,6 +60,19 @@ def shown(value, limit: int = 60) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit - 20]}… ({len(text):,} characters)"
+
+
+def env_choice(name: str, choices: tuple[str, ...]) -> str:
+    """The environment variable ``name`` as one of ``choices`` (any case; unset or empty: the
+    first, the default). Any other value is a :class:`ConfigError`: a misspelt switch such as
+    ``PACKER_PARQUET_DECODER=pyarrow`` silently did nothing."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return choices[0]
+    if value not in choices:
+        raise ConfigError(f"{name}={shown(os.environ[name])}: expected "
+                          + " or ".join(repr(c) for c in choices) + " (or unset)")
+    return value
 
 
 class BadRecord(DataError):

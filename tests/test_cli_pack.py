@@ -124,6 +124,21 @@ def test_bad_options_exit_2(tmp_path, args, message):
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.parametrize("env,value,fmt", [("PACKER_PARQUET_DECODER", "pyarrow", "native"),
+                                           ("PACKER_PARQUET_ENCODER", "arow", "megatron-bridge")])
+def test_a_misspelt_switch_variable_is_an_error(tmp_path, monkeypatch, env, value, fmt):
+    """A value the switch does not know was ignored: the run went ahead with the other coder."""
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.table({"input_ids": [[5, 6, 7]] * 4, "loss_mask": [[0, 1, 1]] * 4}), path)
+    monkeypatch.setenv(env, value)
+    result = run("pack", path, "-o", tmp_path / "out", "--format", fmt, "--pack-size", 16)
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: {env}='{value}': expected 'packer' or 'arrow' (or unset)"
+    assert_nothing_written(tmp_path)
+    monkeypatch.setenv(env, " Arrow ")  # any case, spaces around: still the switch
+    assert run("pack", path, "-o", tmp_path / "out", "--format", fmt, "--pack-size", 16).exit_code == 0
+
+
 @pytest.mark.parametrize("args,message", [
     (["pack", "DATA", "--pack-size", "abc"], "Invalid value for '--pack-size' / '-C'"),
     (["pack", "DATA", "--pack-size", "4.5"], "Invalid value for '--pack-size' / '-C'"),

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from packer_cli._arrow import list_array
 from packer_cli._kernel_cache import njit
-from packer_cli.errors import ConfigError
+from packer_cli.errors import ConfigError, env_choice
 from packer_cli.shards.bridge import BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PARQUET_ENCODING_NAMES
 from packer_cli.shards._parquet_encode import EncodedPart, encode_list_columns
 from packer_cli.shards._parquet_stitch import ParquetStitcher
@@ -39,6 +39,7 @@ from packer_cli.shards._sink import OutputFile
 #: Set ``PACKER_PARQUET_ENCODER=arrow`` to encode the split's row groups with pyarrow's writer
 #: instead of :func:`~packer_cli.shards._parquet_encode.encode_list_columns`.
 ENV_ENCODER = "PACKER_PARQUET_ENCODER"
+ENCODERS = ("packer", "arrow")  # the first is the default
 
 #: Tokens gathered per write step (about 40 bytes per token while a step is built; a few steps
 #: are in flight).
@@ -195,7 +196,7 @@ def encode_parquet(table: pa.Table, schema: pa.Schema, row_group_size: int,
 def _encode(columns, eos: int | None, row_group_size: int, encoding: str) -> EncodedPart | pa.Buffer:
     """Bridge's six columns (``(row offsets, values)`` each) as row groups to join into the file:
     by packer's encoder, or as a file of pyarrow's writer (``PACKER_PARQUET_ENCODER=arrow``)."""
-    if os.environ.get(ENV_ENCODER, "").lower() == "arrow":
+    if env_choice(ENV_ENCODER, ENCODERS) == "arrow":
         table = pa.Table.from_arrays([list_array(offsets, values, f.type.value_type)
                                       for (offsets, values), f in zip(columns, BRIDGE_SCHEMA)], schema=BRIDGE_SCHEMA)
         return encode_parquet(table, bridge_schema(eos), row_group_size, encoding)

@@ -49,6 +49,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer_cli._arrow import from_numpy, memory_pool, numpy_dtype, to_numpy, unpack_bits
+from packer_cli.errors import env_choice
 from packer_cli.sources import _parquet_pages as pages
 from packer_cli.sources._parquet_footer import ChunkMeta, Footer, footer_problem, read_footer
 from packer_cli.sources import _parquet_thrift as thrift
@@ -58,6 +59,7 @@ from packer_cli.sources._parquet_kernels import (EMPTY_CONTINUES, EMPTY_HAS_VALU
                                                  row_lengths, usual_page_rows)
 
 ENV_DECODER = "PACKER_PARQUET_DECODER"
+DECODERS = ("packer", "arrow")  # the first is the default
 PARQUET_BUFFER = 4 << 20  # pyarrow's page-stream read size when it decodes
 _HEADER_PROBE = 1 << 10  # bytes read for a page header; retried with more if it is longer
 _MAX_HEADER = 16 << 20
@@ -770,7 +772,7 @@ class ListColumnReader:
         try:
             if self.arrow_only:
                 raise _Unsupported("pyarrow asked for")
-            if os.environ.get(ENV_DECODER, "").lower() == "arrow":
+            if env_choice(ENV_DECODER, DECODERS) == "arrow":
                 raise _Unsupported(f"{ENV_DECODER}=arrow")
             layouts = _column_layouts(pf, self.fields)
             if footer is None:
@@ -1040,7 +1042,7 @@ class RowGroupRuns:
             try:
                 # checked first: its row counts whichever decoder reads (pyarrow reads short)
                 footer, unread = _footer(self.fd, self.file_size, self.pf, list(fields))
-                if os.environ.get(ENV_DECODER, "").lower() == "arrow":
+                if env_choice(ENV_DECODER, DECODERS) == "arrow":
                     raise _Unsupported(f"{ENV_DECODER}=arrow")
                 layouts = _column_layouts(self.pf, list(fields))
                 if footer is None:
