@@ -14,6 +14,7 @@ stdout that cannot be written raise :class:`StdoutLost`, which no library on the
 from __future__ import annotations
 
 import errno
+import io
 import os
 import sys
 
@@ -101,10 +102,73 @@ def _stderr_failed(exc: OSError) -> None:
     quiet_stream(2)  # warnings and progress are incidental: the command goes on
 
 
+class _WholeWrites(io.RawIOBase):
+    """File descriptor ``fd``, each write written whole or failing.
+
+    CPython's buffered writer returns a short count for a large write that the system call
+    wrote only in part, and the text layer above it drops that count: a 500 kB ``--json``
+    document to ``| head -c 10`` or onto a nearly full disk was cut at the first 64 or 256 kB,
+    silently and with exit 0. Looping here, the next ``write`` says why it stopped (``EPIPE``,
+    ``ENOSPC``), and that reaches :func:`_stdout_failed`."""
+
+    def __init__(self, fd: int):
+        super().__init__()
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.write(self._fd, view[done:])
+        return done
+
+
+_replaced: list = []
+
+
+def _written_whole(stream):
+    """``stream`` (``sys.stdout``) over :class:`_WholeWrites` of its descriptor, with its
+    encoding and line buffering; ``stream`` itself when it has no descriptor.
+
+    A character the encoding lacks (``PYTHONIOENCODING=ascii``, a Latin-1 locale, and a
+    summary's arrow or a path's accent) is written as its escape: it raised
+    ``UnicodeEncodeError``, a traceback after the output was complete."""
+    if type(stream) is not io.TextIOWrapper:  # a test runner's stream, or another wrapper: left as it is
+        return stream
+    try:
+        fd = stream.fileno()
+        stream.flush()
+    except (OSError, ValueError):  # one already failing
+        return stream
+    _replaced.append(stream)  # kept: collected, it would close the descriptor (one /dev/null took for `>&-`)
+    errors = "backslashreplace" if stream.errors == "strict" else stream.errors
+    return io.TextIOWrapper(io.BufferedWriter(_WholeWrites(fd)), encoding=stream.encoding, errors=errors,
+                            line_buffering=stream.line_buffering)
+
+
+def stdout_takes_utf8() -> bool:
+    """Whether stdout encodes UTF-8 (a JSON document is written ASCII-escaped where not)."""
+    import codecs
+
+    try:
+        return codecs.lookup(sys.stdout.encoding or "ascii").name == "utf-8"
+    except (AttributeError, LookupError):
+        return False
+
+
 def guard_std_streams() -> None:
     """Route write errors of ``sys.stdout`` and ``sys.stderr`` as the module's doc says."""
     if not isinstance(sys.stdout, _GuardedStream):
-        sys.stdout = _GuardedStream(sys.stdout, _stdout_failed)
+        sys.stdout = _GuardedStream(_written_whole(sys.stdout), _stdout_failed)
     if not isinstance(sys.stderr, _GuardedStream):
         sys.stderr = _GuardedStream(sys.stderr, _stderr_failed)
 

@@ -41,9 +41,13 @@ import warnings
 from functools import lru_cache
 
 import numpy as np
-from numba import njit as _numba_njit
 
-from packer_cli.errors import KernelCacheWarning, reraise_interrupt
+from packer_cli.errors import ConfigError, KernelCacheWarning, first_line, reraise_interrupt
+
+try:
+    from numba import njit as _numba_njit
+except (ValueError, RuntimeError, KeyError) as _exc:  # numba reads its NUMBA_* variables on import
+    raise ConfigError(f"numba cannot start: {first_line(_exc)} (a NUMBA_* environment variable?)") from _exc
 
 __all__ = ["install", "njit", "reach_digest"]  # kernel modules take ``njit`` from here: see install()
 
@@ -70,6 +74,8 @@ def njit(*args, **options):
         try:
             return decorate(py_func)
         except RuntimeError as exc:
+            if "NUMBA_CACHE_LOCATOR_CLASSES" in str(exc):  # a value that names no locator class
+                raise ConfigError(first_line(exc)) from exc
             if "no locator available" not in str(exc):
                 raise
             _warn_compiling_in_memory()

@@ -19,7 +19,8 @@ from typing import Annotated, Optional
 
 import orjson  # before any command installs its signal handlers: see main()
 import typer
-from packer_cli._console import Console, StdoutLost, guard_std_streams, quiet_stream, say, stdout_failure
+from packer_cli._console import (Console, StdoutLost, guard_std_streams, quiet_stream, say, stdout_failure,
+                                 stdout_takes_utf8)
 
 from packer_cli._jit import light_cache_loads
 from packer_cli.errors import (ConfigError, Interrupted, PackerError, PackerWarning, check_interrupted,
@@ -134,6 +135,8 @@ def pack_command(
 def _print_json(doc: dict) -> None:
     try:
         text = orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode()
+        if not text.isascii() and not stdout_takes_utf8():  # escaped, still JSON (a backslash escape is not)
+            raise TypeError
     except TypeError:  # a string orjson refuses: a path of argv bytes that are not UTF-8 (lone surrogates)
         import json
 
@@ -438,6 +441,11 @@ def _run_command() -> int:
                 _print_failure_json({"out": None, "ok": False, "exit_code": exc.exit_code,
                                      "error": line.removeprefix("error: ")})
             say(line)
+            code = exc.exit_code
+        elif isinstance(exc, PackerError):  # raised before the command's own handling: importing its modules
+            if "--json" in sys.argv[1:]:
+                _print_failure_json({"out": None, "ok": False, "exit_code": exc.exit_code, "error": str(exc)})
+            say(f"error: {exc}")
             code = exc.exit_code
         elif (signalled := _signal_behind(exc)) is not None:
             code = _report_signal(signalled)

@@ -40,7 +40,7 @@ from packer_cli._background import background, ordered_map
 from packer_cli._kernel_cache import njit
 from packer_cli._sequences import Items, SampleLog, SourceMap, build_items
 from packer_cli._summary import PackSummary, summarize
-from packer_cli.errors import ConfigError, DataError, OutputError, check_interrupted
+from packer_cli.errors import ConfigError, DataError, OutputError, check_interrupted, env_choice
 from packer_cli.plan import plan_packs
 from packer_cli.plan.plan import PackPlan
 from packer_cli.plan.bounds import histogram
@@ -53,12 +53,14 @@ from packer_cli.shards._sink import use_direct_io
 from packer_cli.shards._staged import SPILL_READ_MODES, choose_spill_read, open_spill
 from packer_cli.shards.bridge import is_layout_name
 from packer_cli.shards.bridge_output import BridgeOutput
+from packer_cli.shards.bridge_writer import ENCODERS, ENV_ENCODER
 from packer_cli.shards.format import (
     FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, is_output_file_name, seal_metadata, write_json,
 )
 from packer_cli.shards.writer import ShardFile, pack_record_batch
 from packer_cli.sources import SampleStream, discover_inputs
 from packer_cli.sources.discover import input_paths, path_argument
+from packer_cli.sources.parquet_lists import DECODERS, ENV_DECODER
 from packer_cli.spec import PackSpec, SourceSpec, is_bool, is_int
 
 DEFAULT_SHARD_BYTES = 256 << 20
@@ -549,6 +551,8 @@ def _checked_options(spec, source, output, *, overwrite, dry_run, progress, shar
                      spill_read) -> _Options:
     """Raise :class:`ConfigError` for unusable arguments of :func:`pack`, before anything is read."""
     _check_arguments(spec, source, shard_bytes, spill_memory, output)
+    env_choice(ENV_DECODER, DECODERS)  # checked here, whether or not this run decodes Parquet or writes it
+    env_choice(ENV_ENCODER, ENCODERS)
     if spill_read not in SPILL_READ_MODES:
         raise ConfigError(f"spill read must be one of {', '.join(SPILL_READ_MODES)}, got {spill_read!r}")
     for name, flag in (("overwrite", overwrite), ("dry_run", dry_run), ("progress", progress)):
@@ -596,6 +600,8 @@ class _Run:
             self._warn_about_leftovers()
             self.spill_dir = _make_spill_dir(self.tmp, self.spill_parent)
             self.memory = _reserve_spill_memory(self.opts.spill_memory, self.warn)
+        elif self.opts.spill_memory:  # a dry run spills nothing, but says what the real run's reservation would
+            _reserve_spill_memory(self.opts.spill_memory, self.warn).release()
         with Progress(enabled=self.opts.progress) as bar:
             stream = SampleStream(self.files, source)
             log, read_counts, bad_listed = _read_inputs(stream, self.spill_dir, self.spec.max_sequence_length, bar,

@@ -116,6 +116,9 @@ def test_empty_unreadable_and_unknown_inputs(tmp_path):
     (["--pack-size", "0"], "pack-size must be a positive integer"),
     (["--cp", "8", "--pack-size", "10"], "must be divisible by 2*CP = 16 with context parallelism; use --pack-size 16\n"),
     (["--pack-size", "99999999999"], "pack-size 99,999,999,999 is above the largest supported, 16,777,216 tokens"),
+    # no pack size divides by such layouts (a TP of 2**64 failed once the run was done, writing its metadata)
+    (["--tp", str(2**64)], "tp 18,446,744,073,709,551,616 is above the largest supported, 16,777,216"),
+    (["--cp", "9000000", "--pack-size", "16777216"], "cp 9,000,000 is above the largest supported, 8,388,608"),
 ])
 def test_bad_options_exit_2(tmp_path, args, message):
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD])
@@ -134,6 +137,12 @@ def test_a_misspelt_switch_variable_is_an_error(tmp_path, monkeypatch, env, valu
     result = run("pack", path, "-o", tmp_path / "out", "--format", fmt, "--pack-size", 16)
     assert result.exit_code == 2, result.output
     assert result.output.strip() == f"error: {env}='{value}': expected 'packer' or 'arrow' (or unset)"
+    assert_nothing_written(tmp_path)
+    # checked as the run starts, whatever it reads or writes (a JSONL input, a dry run, native shards)
+    jsonl = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 4)
+    for args in (["--dry-run"], ["--format", "native"], ["--format", "megatron-bridge"]):
+        result = run("pack", jsonl, "-o", tmp_path / "out", *args)
+        assert result.exit_code == 2 and f"{env}='{value}'" in result.output, result.output
     assert_nothing_written(tmp_path)
     monkeypatch.setenv(env, " Arrow ")  # any case, spaces around: still the switch
     assert run("pack", path, "-o", tmp_path / "out", "--format", fmt, "--pack-size", 16).exit_code == 0
@@ -265,6 +274,17 @@ def test_an_out_that_is_a_symbolic_link_is_built_where_it_points(tmp_path, fmt):
         result.output.replace("\n", "")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "data.jsonl", "later", "link", "loop1",
                                                            "loop2", "nowhere", "real"]
+
+
+@pytest.mark.parametrize("dry", [[], ["--dry-run"]], ids=["real", "dry-run"])
+def test_an_out_name_longer_than_its_directory_allows_exits_2_first(tmp_path, dry):
+    """The temporary output's name is shortened, so only the final rename failed: exit 3 after the
+    whole run; a dry run said nothing."""
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 10)
+    result = run("pack", path, "-o", tmp_path / ("out" + "x" * 297), *dry)
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().endswith(": a name of 300 bytes, longer than its directory allows (255)")
+    assert_nothing_written(tmp_path)
 
 
 def test_dry_run_and_json(tmp_path):
@@ -577,8 +597,11 @@ def test_spill_memory_holds_the_first_batches_and_changes_no_byte(synthetic_parq
 def test_unusable_spill_memory_exits_2(synthetic_parquet, tmp_path):
     result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--spill-memory", "-1")
     assert result.exit_code == 2 and "spill memory must be 0 or more bytes" in result.output, result.output
-    result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--spill-memory", str(1 << 62))
-    assert result.exit_code == 2 and result.output.startswith("error: spill memory: cannot reserve"), result.output
+    for size in (str(1 << 62), "1e30"):  # a dry run says so too (it exited 0)
+        for dry in ([], ["--dry-run"]):
+            result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--spill-memory", size, *dry)
+            assert result.exit_code == 2, result.output
+            assert result.output.startswith("error: spill memory: cannot reserve"), result.output
     assert_nothing_written(tmp_path)
 
 

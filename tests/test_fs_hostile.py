@@ -294,6 +294,73 @@ def test_a_reader_that_went_away_is_no_traceback(synthetic_parquet, tmp_path, co
     assert result.returncode in (0, 141), result  # the verdict, or 141 when the document was cut
 
 
+@pytest.fixture(scope="module")
+def one_big_pack(synthetic_parquet, tmp_path_factory):
+    """An output whose pack 0 holds all 3,000 sequences: `inspect --pack 0` is a long report."""
+    out = tmp_path_factory.mktemp("big") / "out"
+    assert _pack_in_process("pack", synthetic_parquet, "-o", out, "-C", 2_000_000).exit_code == 0
+    return out
+
+
+@pytest.mark.parametrize("flags", [["--json"], []], ids=["json", "table"])
+def test_a_long_report_cut_by_its_reader_exits_141(one_big_pack, flags):
+    """`packer inspect OUT --json --pack 0 | head -c 10`: the report is larger than a pipe holds,
+    the reader leaves after 10 bytes. Python's buffered stdout took the short write for the
+    whole and dropped the rest: exit 0 as though the report had been delivered."""
+    read, write = os.pipe()
+    child = subprocess.Popen([sys.executable, "-c", PACKER, "inspect", str(one_big_pack), "--pack", "0", *flags],
+                             stdout=write, stderr=subprocess.PIPE, text=True)
+    os.close(write)
+    with os.fdopen(read, "rb") as reader:
+        assert len(reader.read(10)) == 10
+    stderr = child.communicate(timeout=120)[1]
+    assert child.returncode == 141 and "Traceback" not in stderr, stderr
+
+
+def test_a_long_report_onto_a_filling_disk_exits_74(one_big_pack, tmp_path):
+    """`packer inspect OUT --json --pack 0 > report.json` with room for 64 kB of it: the rest
+    was dropped without a word (exit 0, a cut report.json that is not JSON)."""
+    with open(tmp_path / "report.json", "w") as report:
+        result = subprocess.run([sys.executable, "-c", PACKER, "inspect", str(one_big_pack), "--json", "--pack", "0"],
+                                stdout=report, stderr=subprocess.PIPE, text=True, timeout=120,
+                                preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10)))
+    assert result.returncode == 74, result.stderr
+    assert result.stderr.splitlines()[-1] == "error: cannot write to stdout: [Errno 27] File too large"
+    assert (tmp_path / "report.json").stat().st_size == 64 << 10
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_a_stdout_encoding_without_the_reports_characters(synthetic_parquet, tmp_path, encoding):
+    """PYTHONIOENCODING=ascii: the summary's arrow, the histogram's bars and an accented OUT raised
+    UnicodeEncodeError — a traceback and exit 1 after the output was complete."""
+    env = {**os.environ, "PYTHONIOENCODING": encoding}
+    out = tmp_path / "sortie→é"
+    result = packer("pack", synthetic_parquet, "-o", out, "--json", env=env, encoding=encoding)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert json.loads(result.stdout)["out"] == str(out)  # escaped as JSON escapes, not as Python does
+    for args in (["pack", synthetic_parquet, "-o", tmp_path / "other"], ["inspect", out], ["verify", out]):
+        result = packer(*args, env=env, encoding=encoding)
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        assert "\\u2192" in result.stdout or "\\u2588" in result.stdout or args[0] == "verify"
+
+
+@pytest.mark.parametrize("variable,message", [
+    ("NUMBA_NUM_THREADS=0", "error: numba cannot start: Number of threads specified must be > 0. "
+                            "(a NUMBA_* environment variable?)"),
+    ("NUMBA_CACHE_LOCATOR_CLASSES=junk", "error: Unknown cache locator class: 'junk' specified via "
+                                         "NUMBA_CACHE_LOCATOR_CLASSES env variable"),
+])
+def test_a_numba_variable_numba_refuses_is_one_line(synthetic_parquet, tmp_path, variable, message):
+    """numba reads its variables as it is imported or a kernel is decorated: a traceback, exit 1."""
+    name, value = variable.split("=")
+    out = tmp_path / "out"
+    for args in (["pack", synthetic_parquet, "-o", out], ["inspect", tmp_path], ["verify", tmp_path, "--json"]):
+        result = packer(*args, env={**os.environ, name: value})
+        assert result.returncode == 2 and result.stderr.splitlines() == [message], result.stderr
+    assert json.loads(result.stdout)["error"] == message.removeprefix("error: ")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("closed", [1, 2])
 def test_a_closed_stdout_or_stderr_is_dev_null(synthetic_parquet, tmp_path, closed):
     """`packer pack ... >&-` wrote its output and then failed with a traceback (sys.stdout is

@@ -80,6 +80,32 @@ def test_duplicated_shard_entry(outputs, tmp_path):
     assert "shard packs-00000.arrow is listed twice" in message  # verify's own finding, word for word
 
 
+@pytest.mark.parametrize("with_nulls", [False, True], ids=["no-nulls", "a-null-pack"])
+def test_a_shard_rewritten_with_nullable_columns(outputs, tmp_path, with_nulls):
+    """The same columns, values and schema metadata, fields left nullable (pyarrow's default) and
+    the manifest's size and hash updated: verify refused it and the loader served it, nulls too."""
+    import xxhash
+    from packer_cli.audit import verify_output
+
+    out = copy(outputs, tmp_path)
+    shard = pa.ipc.open_file(pa.memory_map(str(outputs / "native" / SHARD)))
+    schema = pa.schema([pa.field(f.name, f.type) for f in shard.schema], metadata=shard.schema.metadata)
+    with pa.ipc.new_file(str(out / SHARD), schema) as writer:
+        for b in range(shard.num_record_batches):
+            columns = shard.get_batch(b).columns
+            if with_nulls and b == 0:
+                columns = [pa.array([None] + column.to_pylist()[1:], column.type) for column in columns]
+            writer.write_batch(pa.record_batch(columns, schema=schema))
+    data = (out / SHARD).read_bytes()
+    edit_json(out / "manifest.json", lambda m: {**m, "shards": [{**m["shards"][0], "bytes": len(data),
+                                                                   "xxh3_64": xxhash.xxh3_64_hexdigest(data)}]})
+    said = "schema differs from the packer-thd version 2 pack schema: column tokens is list<item: int32>, " \
+           "expected list<item: int32> not null"
+    assert said in assert_refused(out, SHARD)
+    report = verify_output(str(out))
+    assert report.exit_code == 1 and said in report.findings[0].message
+
+
 def test_empty_shard_list(outputs, tmp_path):
     out = copy(outputs, tmp_path)
     edit_json(out / "manifest.json", lambda m: {**m, "shards": []})

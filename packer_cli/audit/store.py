@@ -38,7 +38,7 @@ from packer_cli._arrow import bits_to_numpy, to_numpy
 from packer_cli.shards.format import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA,
                                       READABLE_VERSIONS, READABLE_VERSIONS_TEXT, is_readable_version, pack_schema,
                                       read_json_value, shard_name)
-from packer_cli.shards.reader import PackRow, column_name_problem
+from packer_cli.shards.reader import PackRow, schema_difference
 
 COLUMNS = tuple(PACK_SCHEMA.names)
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -135,26 +135,6 @@ def shard_entry_problems(shards, reserved=()) -> list[str]:
     return problems
 
 
-def _schema_difference(found: pa.Schema, expected: pa.Schema) -> str:
-    """The first way ``found`` differs from ``expected``, in a few words (not the whole schema)."""
-    def short(x) -> str:
-        text = str(x).replace("\n", " ")
-        return text if len(text) <= 60 else text[:57] + "..."
-
-    if undecodable := column_name_problem(found):
-        return undecodable
-    names = list(found.names)
-    for i, want in enumerate(expected):
-        if i >= len(names):
-            return f"column {want.name} is missing"
-        if names[i] != want.name:
-            return f"column {i} is {short(names[i])}, expected {want.name}"
-        if not found.field(i).equals(want):
-            kind = lambda f: short(f.type) + ("" if f.nullable else " not null")  # noqa: E731
-            return f"column {want.name} is {kind(found.field(i))}, expected {kind(want)}"
-    return f"unexpected column {short(names[len(expected)])}"
-
-
 class NativeStore:
     """The native format: ``metadata.json``, ``manifest.json`` and Arrow IPC shards.
 
@@ -221,7 +201,7 @@ class NativeStore:
         expected = pack_schema(self.version)
         if not reader.schema.equals(expected, check_metadata=False):
             raise ShardError(name, f"schema differs from the {FORMAT_NAME} version {self.version} pack schema: "
-                                   f"{_schema_difference(reader.schema, expected)}")
+                                   f"{schema_difference(reader.schema, expected)}")
         schema_keys = reader.schema.metadata or {}
         for key, expected_value in (("format", FORMAT_NAME), ("format_version", str(self.version))):
             recorded = schema_keys.get(key.encode())

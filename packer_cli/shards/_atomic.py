@@ -107,6 +107,13 @@ def check_parent(out: str) -> None:
     if not os.path.isdir(parent):
         why = "is not a directory" if os.path.exists(parent) else "does not exist"
         raise ConfigError(f"{parent}: output parent directory {why}")
+    name = os.fsencode(os.path.basename(os.path.abspath(out)))
+    try:
+        longest = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        longest = None
+    if longest and len(name) > longest:  # the temporary output's name is shortened: only the final rename failed
+        raise ConfigError(f"{out}: a name of {len(name):,} bytes, longer than its directory allows ({longest})")
 
 
 def check_writable(directory: str, what: str) -> None:

@@ -194,5 +194,6 @@ def describe(output: dict) -> str:
     files = output.get("files", {})
     where = files.get("data", output.get("split"))
     encoding = f", {output['parquet_encoding']}" if output.get("parquet_encoding") else ""
-    return (f"megatron-bridge: {where} (row groups of {output.get('row_group_size')} packs{encoding}), "
+    size = output.get("row_group_size")
+    return (f"megatron-bridge: {where} (row groups of {size} pack{'' if size == 1 else 's'}{encoding}), "
             f"{files.get('bridge_metadata', '')}; {eos_text}")

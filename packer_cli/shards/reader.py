@@ -17,7 +17,7 @@ import pyarrow as pa
 from packer_cli.errors import DataError
 from packer_cli._arrow import bitmap_of, to_numpy, unpack_bits
 from packer_cli.shards.format import (FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA, READABLE_VERSIONS_TEXT,
-                                      is_readable_version, read_json_value)
+                                      is_readable_version, pack_schema, read_json_value)
 
 COLUMNS = PACK_SCHEMA.names
 
@@ -55,6 +55,26 @@ def column_name_problem(schema: pa.Schema) -> str | None:
         except UnicodeDecodeError as exc:
             return f"column {i}'s name {bytes(exc.object)[:60]!r} is not valid UTF-8"
     return None
+
+
+def schema_difference(found: pa.Schema, expected: pa.Schema) -> str:
+    """The first way ``found`` differs from ``expected``, in a few words (not the whole schema)."""
+    def short(x) -> str:
+        text = str(x).replace("\n", " ")
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    if undecodable := column_name_problem(found):
+        return undecodable
+    names = list(found.names)
+    for i, want in enumerate(expected):
+        if i >= len(names):
+            return f"column {want.name} is missing"
+        if names[i] != want.name:
+            return f"column {i} is {short(names[i])}, expected {want.name}"
+        if not found.field(i).equals(want):
+            kind = lambda f: short(f.type) + ("" if f.nullable else " not null")  # noqa: E731
+            return f"column {want.name} is {kind(found.field(i))}, expected {kind(want)}"
+    return f"unexpected column {short(names[len(expected)])}"
 
 
 def footer_name_problem(exc: UnicodeDecodeError) -> str:
@@ -186,12 +206,17 @@ class PackedReader:
         self._batches: list[_Batch] = []
         self._paths: list[str] = []
         starts = [0]
+        version = self.metadata["format_version"]
+        schema = pack_schema(version)
         for entry in self.manifest["shards"]:
             path = os.path.join(out_dir, entry["name"]) if isinstance(entry, dict) else None
             if not isinstance(path, str):
                 raise DataError(f"{os.path.join(out_dir, MANIFEST_FILE)}: shard entry {entry!r} has no name")
             try:
                 reader = pa.ipc.open_file(pa.memory_map(path))
+                if not reader.schema.equals(schema, check_metadata=False):  # as verify: nullable columns too
+                    raise DataError(f"{path}: schema differs from the {FORMAT_NAME} version {version} pack schema: "
+                                    f"{schema_difference(reader.schema, schema)}")
                 for b in range(reader.num_record_batches):
                     batch = reader.get_batch(b)
                     self._batches.append(_Batch(batch))

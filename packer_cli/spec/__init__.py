@@ -188,6 +188,11 @@ class PackSpec:
         if self.pack_size > MAX_CAPACITY:
             raise ConfigError(f"pack-size {self.pack_size:,} is above the largest supported, {MAX_CAPACITY:,} "
                               "tokens (the planners keep tables with one entry per token of capacity)")
+        # 2*CP and CP*TP must divide a pack: above these no pack size works (and a TP of 2**64
+        # failed only when the finished run's metadata was written)
+        for name, largest in (("cp", MAX_CAPACITY // 2), ("tp", MAX_CAPACITY)):
+            if getattr(self, name) > largest:
+                raise ConfigError(f"{name} {getattr(self, name):,} is above the largest supported, {largest:,}")
         required = self.layout_multiple
         if self.pad_seq_to_mult is not None:
             if self.pad_seq_to_mult < 1 or self.pad_seq_to_mult % required:
