@@ -472,17 +472,25 @@ def test_a_glob_into_a_datasets_directory_is_refused(tmp_path, pattern):
     assert read(tmp_path / "d" / "*") == ([100, 300], 2)
 
 
-@pytest.mark.parametrize("pattern", ["dd/*", "dd/t*", "dd/**/*.arrow"])
-def test_a_glob_into_a_datasetdict_is_refused(tmp_path, pattern):
+@pytest.mark.parametrize("pattern", ["dd/*", "dd/t*", "dd/**/*.arrow", "dd/*/**", "dd/t*/**", "*/train/**"])
+def test_a_glob_into_a_datasetdict_is_refused(tmp_path, pattern, monkeypatch):
     """'dd/*' read a DatasetDict's splits one after the other, mixed into one stream, where the
-    directory 'dd' is refused ('pass one split')."""
+    directory 'dd' is refused ('pass one split'); 'dd/*/**' did so still (each split a directory
+    the pattern read whole)."""
     datasets_dir(tmp_path / "dd" / "test", [100])
     datasets_dir(tmp_path / "dd" / "train", [200])
     (tmp_path / "dd" / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=r"inside the Hugging Face (DatasetDict .*dd, whose splits are not mixed"
                                           r"|datasets directory .*dd/te?s?t?)"):
-        discover_inputs([str(tmp_path / pattern)])
-    assert read(tmp_path / "dd" / "train") == ([200], 1)
+        discover_inputs([pattern])
+    assert read("dd/train") == read("dd/train/**") == read("dd/../dd/train/**") == ([200], 1)
+
+
+def test_datasets_directories_a_glob_reads_whole_outside_a_datasetdict(tmp_path):
+    datasets_dir(tmp_path / "p" / "a", [100])
+    datasets_dir(tmp_path / "p" / "b", [200])
+    assert read(tmp_path / "p" / "*" / "**") == read(tmp_path / "p") == ([100, 200], 2)
 
 
 def test_a_glob_skips_unsupported_files_as_a_directory_walk_does(tmp_path):
