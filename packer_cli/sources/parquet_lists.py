@@ -276,14 +276,47 @@ def _level_entries(column: pa.Array) -> int:
     n = len(column)
     if not _is_list(column.type) or n == 0:
         return n
-    valid = np.ones(n, np.bool_)
-    if column.null_count:
-        valid = unpack_bits(np.frombuffer(column.buffers()[0], np.uint8), column.offset, column.offset + n) == 1
-    if pa.types.is_fixed_size_list(column.type):
+    fixed = pa.types.is_fixed_size_list(column.type)
+    if not column.null_count:  # the usual batch, counted in two array operations (once a batch)
+        if fixed:
+            return n * max(column.type.list_size, 1)
+        offsets = to_numpy(column.offsets)
+        return int(offsets[-1] - offsets[0]) + int(np.count_nonzero(offsets[1:] == offsets[:-1]))
+    valid = unpack_bits(np.frombuffer(column.buffers()[0], np.uint8), column.offset, column.offset + n) == 1
+    if fixed:
         lengths = np.full(n, column.type.list_size, np.int64)
     else:
         lengths = np.diff(to_numpy(column.offsets)).astype(np.int64)
     return int(np.where(valid, np.maximum(lengths, 1), 1).sum())
+
+
+def _paged_levels_of(path: str, chunks: list[ChunkMeta]) -> list[int | None]:
+    """:func:`_paged_levels` of every chunk in ``chunks``, walked in one compiled call over one
+    memory map of the file (a map and a walk a chunk cost ~0.1 ms: 2 s of a 10,000-group file);
+    one chunk at a time where that cannot be (the file cannot be mapped, a header declined)."""
+    spans = [_chunk_span(chunk) for chunk in chunks]
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        usable = [0 <= start < end <= size for start, end in spans]
+        table = None
+        if any(usable):
+            lo = np.array([start for (start, _), ok in zip(spans, usable) if ok], dtype=np.int64)
+            hi = np.array([end for (_, end), ok in zip(spans, usable) if ok], dtype=np.int64)
+            try:
+                with mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mapped:
+                    raw = np.frombuffer(mapped, dtype=np.uint8)
+                    table = pages.walk(raw, lo, hi)
+                    del raw  # the map cannot close while an array views it
+            except (OSError, ValueError):  # a file system that cannot map files
+                pass
+    if table is None:
+        return [_paged_levels(path, chunk) for chunk in chunks]
+    data = (table[:, pages.PAGE_TYPE] == thrift.DATA_PAGE) | (table[:, pages.PAGE_TYPE] == thrift.DATA_PAGE_V2)
+    sums = np.zeros(len(lo), dtype=np.int64)
+    np.add.at(sums, table[data, pages.CHUNK], table[data, pages.NUM_VALUES])
+    walked = iter(sums.tolist())
+    return [next(walked) if ok else (0 if start == end and 0 <= start <= size else None)
+            for (start, end), ok in zip(spans, usable)]
 
 
 def _paged_levels(path: str, chunk: ChunkMeta) -> int | None:
@@ -828,9 +861,13 @@ class ListColumnReader:
         yielded); ``footer``, packer's reading of it, where the walk read it."""
         pool = pa.default_memory_pool()
         leaves = _single_leaves(pf, self.fields) if footer is not None else {}
+        groups = range(group, pf.metadata.num_row_groups)
+        chunks = [footer.chunk(g, leaf) for g in groups for leaf in leaves.values()]
+        paged = iter(_paged_levels_of(self.path, chunks) if chunks else ())
         k = 0
-        for g in range(group, pf.metadata.num_row_groups):  # one group at a time, to name a damaged one
-            stated = {name: self._stated_levels(footer, g, leaf, name) for name, leaf in leaves.items()}
+        for g in groups:  # one group at a time, to name a damaged one
+            stated = {name: self._stated_levels(footer.chunk(g, leaf), next(paged), g, name)
+                      for name, leaf in leaves.items()}
             try:
                 for batch in self._arrow_group(pf, g, skip if g == group else 0, stated):
                     yield batch
@@ -841,12 +878,11 @@ class ListColumnReader:
                 raise ValueError(f"row group {g}: {str(exc).strip() or type(exc).__name__}") from None
         pool.release_unused()
 
-    def _stated_levels(self, footer: Footer, group: int, leaf: int, name: str) -> int:
+    @staticmethod
+    def _stated_levels(chunk: ChunkMeta, paged: int | None, group: int, name: str) -> int:
         """A column chunk's level entries as its footer entry states them, checked against its
-        pages' headers where they can be walked (a footer whose row and value counts were all
-        lowered together adds up, and pyarrow reads the stated rows and stops)."""
-        chunk = footer.chunk(group, leaf)
-        paged = _paged_levels(self.path, chunk)
+        pages' headers where they could be walked (``paged``: a footer whose row and value counts
+        were all lowered together adds up, and pyarrow reads the stated rows and stops)."""
         if paged is not None and paged != chunk.num_values:
             raise ValueError(f"row group {group}: column {name!r}: the footer states {chunk.num_values} values, "
                              f"the column chunk's page headers {paged}")
