@@ -2,7 +2,7 @@
 
 Exit codes: 0 ok, 1 data error (or problems found by verify), 2 bad options or unusable paths,
 3 the output could not be written (disk full, I/O error), 74 stdout could not be written (the
-run's own status stands when it failed), 130/143 interrupted by SIGINT/SIGTERM (everything
+run's own status stands when it failed), 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP (everything
 unwound, nothing left behind), 141 stdout closed early (``packer ... | head``).
 Every error is one line on stderr, bad options included; no tracebacks. The console script
 enters through :mod:`packer_cli._entry` (Ctrl-C during start-up).
@@ -25,6 +25,7 @@ from packer_cli._console import (Console, StdoutLost, guard_std_streams, quiet_s
 from packer_cli._jit import light_cache_loads
 from packer_cli.errors import (ConfigError, Interrupted, PackerError, PackerWarning, check_interrupted,
                                exception_chain, interrupted, raise_interrupted, stop_raising_interrupts)
+from packer_cli.shards._atomic import STOPPING_SIGNALS
 from packer_cli.shards.bridge import OutputFormat, ParquetEncoding, Split
 from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec, SpillRead
 
@@ -289,9 +290,12 @@ def _usage_line(exc) -> str:
     return f"error: {exc.format_message()} (see '{command} --help')"
 
 
+_SIGNAL_WORDS = {signal.SIGINT: "interrupted", getattr(signal, "SIGHUP", -1): "hung up"}
+
+
 def _report_signal(exc: Interrupted) -> int:
     """Say why the command stopped; 128 + the signal's number, as a shell reports a killed command."""
-    say(f"error: {'interrupted' if exc.signum == signal.SIGINT else 'terminated'}")
+    say(f"error: {_SIGNAL_WORDS.get(exc.signum, 'terminated')}")
     return 128 + exc.signum
 
 
@@ -361,8 +365,8 @@ def main() -> None:
     _std_streams_present()
     guard_std_streams()
     gc.disable()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        if signal.getsignal(signum) is not signal.SIG_IGN:  # e.g. SIGINT in a background shell job
+    for signum in STOPPING_SIGNALS:  # SIGHUP too: a closed terminal, a dropped ssh session
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # e.g. SIGINT in a background shell job, nohup
             signal.signal(signum, raise_interrupted)
     sys.unraisablehook = _quiet_about_interrupts(sys.unraisablehook)
     warnings.showwarning = _one_line_warnings(warnings.showwarning)

@@ -45,9 +45,9 @@ from packer_cli.plan import plan_packs
 from packer_cli.plan.plan import PackPlan
 from packer_cli.plan.bounds import histogram
 from packer_cli.progress import Progress
-from packer_cli.shards._atomic import (check_parent, check_replaceable, check_writable, make_temporary, output_target,
-                                      replace_dir, signals_held, spill_dir_prefix, stale_spill_dirs, stale_temporaries,
-                                      within)
+from packer_cli.shards._atomic import (REPLACED, check_parent, check_replaceable, check_writable, make_temporary,
+                                      output_target, replace_dir, signals_held, spill_dir_prefix, stale_spill_dirs,
+                                      stale_temporaries, within)
 from packer_cli.shards._gather import ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader, SpillWriter
 from packer_cli.shards._sink import use_direct_io
 from packer_cli.shards._staged import SPILL_READ_MODES, choose_spill_read, open_spill
@@ -441,6 +441,12 @@ def _nothing_left(files, read_counts: dict, dropped: int, bad_listed: list[dict]
     return text
 
 
+def _native_replaceable(name: str) -> bool:
+    """Whether a native output may replace a directory holding ``name``: a native output or a
+    Bridge layout does (packer's own files), nothing else."""
+    return is_output_file_name(name) or is_layout_name(name)
+
+
 def _prepare_out(out: str, overwrite: bool, inputs: list[str], create: bool = True) -> str | None:
     """Check OUT for a native output and, with ``create``, make its temporary sibling."""
     out = os.path.normpath(out)
@@ -449,7 +455,7 @@ def _prepare_out(out: str, overwrite: bool, inputs: list[str], create: bool = Tr
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(f"{out} exists and is not a directory")
     if os.path.exists(out):  # a native output, or a Bridge layout being replaced by one
-        check_replaceable(out, inputs, lambda name: is_output_file_name(name) or is_layout_name(name))
+        check_replaceable(out, inputs, _native_replaceable)
     check_parent(out)
     if not create:
         check_writable(os.path.dirname(os.path.abspath(out)), "output parent directory")
@@ -634,6 +640,10 @@ class _Run:
         for stale in stale_temporaries(self.out, self.tmp) + stale_spills:
             self.warn(f"{stale} was left by an earlier run that did not finish (killed outright?); "
                       "remove it to free its space")
+        for stale in stale_temporaries(self.out, self.tmp, REPLACED):
+            self.warn(f"{stale} holds an output an earlier run moved aside to replace it and did not delete (killed "
+                      f"meanwhile, or it could not be deleted); if {self.out} is missing, it is what {self.out} was: "
+                      "rename it back, or remove it")
 
     def _plan(self, log: SampleLog, stream: SampleStream, read_counts: dict, bad_listed: list, bar) -> _Planned:
         """Sequences from pass one's lengths, the plan and the run's summary. Only the planner's
@@ -689,7 +699,8 @@ class _Run:
         else:
             write_json(os.path.join(self.tmp, MANIFEST_FILE), manifest)
             write_json(os.path.join(self.tmp, METADATA_FILE), seal_metadata(summary.metadata(__version__)))
-            kept = replace_dir(self.tmp, self.out, self.opts.overwrite)
+            kept = replace_dir(self.tmp, self.out, self.opts.overwrite,
+                               lambda moved: check_replaceable(moved, (), _native_replaceable, shown=self.out))
         self.tmp = None  # in place: nothing left to remove
         if kept and self.warn:  # a replaced OUT that could not be deleted
             self.warn(f"{kept} holds the output this run replaced, which could not be deleted (read-only?); "

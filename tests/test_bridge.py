@@ -558,6 +558,46 @@ def test_two_splits_packed_side_by_side_into_a_new_layout(tmp_path, monkeypatch,
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
 
 
+def test_two_splits_packed_side_by_side_over_a_native_output(tmp_path, monkeypatch):
+    """Both runs found a native output at OUT and were to replace it (--overwrite): the second to
+    finish replaced the layout the first had put there, its split lost, both runs exit 0."""
+    from packer_cli.shards.bridge_output import BridgeOutput
+
+    t = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2], [12, 13, 14, 2])
+    v = write_tiny(tmp_path / "v.jsonl", [20, 21, 2], [30, 31, 32, 33, 34, 2])
+    out, spec = tmp_path / "out", PackSpec(pack_size=16)
+    pack([str(t)], str(out), spec)  # the native output both runs replace
+    commit = BridgeOutput.commit
+    done = {}
+
+    def validation_finishes_first(self, *args):
+        if not done:
+            done["validation"] = None
+            done["validation"] = bridge_pack([v], out, spec, split="validation", overwrite=True)
+        return commit(self, *args)
+
+    monkeypatch.setattr(BridgeOutput, "commit", validation_finishes_first)
+    train = bridge_pack([t], out, spec, overwrite=True)
+    assert json.loads((out / "16_metadata.jsonl").read_text()) == [done["validation"].bridge, train.bridge]
+    assert {"training_16.idx.parquet", "validation_16.idx.parquet"} <= set(os.listdir(out))
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+    verify_cli(out)
+
+
+def test_a_joined_split_moves_its_manifest_in_first(tmp_path, monkeypatch):
+    """Killed outright between the renames, a run that had moved the data file in first left a
+    split without manifest or metadata, which verify passed as no split at all."""
+    t = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2])
+    out = tmp_path / "out"
+    bridge_pack([t], out, PackSpec(pack_size=16))
+    moved = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: (moved.append(os.path.basename(dst)), real_replace(src, dst)))
+    bridge_pack([t], out, PackSpec(pack_size=16), split="validation")
+    assert moved == ["validation.manifest.json", "validation_16.idx.parquet", "validation.metadata.json",
+                     "16_metadata.jsonl"]
+
+
 @pytest.mark.parametrize("appeared", ["a file", "a dangling link"])
 def test_an_out_that_appeared_as_a_file_is_refused_as_for_a_native_output(tmp_path, monkeypatch, appeared):
     # the Bridge commit took it for a layout to join: exit 3, '[Errno 20] Not a directory'

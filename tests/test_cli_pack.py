@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -218,6 +219,69 @@ def test_overwrite_replaces_only_a_packer_output(tmp_path):
     result = run("pack", path, "-o", out, "--overwrite")
     assert result.exit_code == 2 and "holds files packer did not write (extra.txt)" in result.output
     assert (out / "extra.txt").exists() and (out / "metadata.json").exists()
+
+
+@pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
+@pytest.mark.parametrize("at_start", ["absent", "a packer output"])
+def test_overwrite_judges_out_again_as_it_replaces_it(tmp_path, monkeypatch, fmt, at_start):
+    """OUT checked when the run started, a user's file put into it while the run packed: the
+    file was deleted with the old OUT (exit 0)."""
+    from packer_cli.shards import _atomic
+
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
+    out = tmp_path / "out"
+    if at_start != "absent":
+        assert run("pack", path, "-o", out).exit_code == 0
+    real_replace_dir = _atomic.replace_dir
+
+    def meanwhile(tmp, target, *args, **kwargs):  # what another process did while this run packed
+        os.makedirs(target, exist_ok=True)
+        (out / "notes.txt").write_text("precious")
+        return real_replace_dir(tmp, target, *args, **kwargs)
+
+    for module in ("packer_cli.pipeline", "packer_cli.shards.bridge_output"):
+        monkeypatch.setattr(f"{module}.replace_dir", meanwhile)
+    if fmt == "megatron-bridge" and at_start == "absent":  # its commit renames onto an absent OUT itself
+        real_rename = os.rename
+
+        def rename(src, dst, *args, **kwargs):
+            if os.fspath(dst) == str(out) and ".tmp-" in os.fspath(src) and not out.exists():
+                out.mkdir()
+                (out / "notes.txt").write_text("precious")
+            return real_rename(src, dst, *args, **kwargs)
+
+        monkeypatch.setattr(os, "rename", rename)
+    result = run("pack", path, "-o", out, "--overwrite", "--format", fmt)
+    assert result.exit_code == 2, result.output
+    said = ("out is not a Megatron-Bridge layout (it appeared or changed while this run was packing"
+            if fmt == "megatron-bridge" and at_start == "absent" else "out holds files packer did not write (notes.txt)")
+    assert said in result.output, result.output
+    assert (out / "notes.txt").read_text() == "precious"
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name] == []
+
+
+def test_a_mount_point_out_is_refused_before_the_run(tmp_path, monkeypatch):
+    """A volume mounted at OUT: the whole run, then EXDEV or EBUSY renaming into place (exit 3)."""
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
+    out = tmp_path / "out"
+    out.mkdir()
+    real_ismount = os.path.ismount
+    monkeypatch.setattr(os.path, "ismount", lambda p: os.fspath(p) == str(out) or real_ismount(p))
+    for args in (["--overwrite"], ["--format", "megatron-bridge"], ["--overwrite", "--dry-run"]):
+        result = run("pack", path, "-o", out, *args)
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith(f"error: {out} is a mount point: the output is built beside OUT"), result.output
+    assert [p.name for p in tmp_path.iterdir()] == ["data.jsonl", "out"] and not any(out.iterdir())
+
+
+def test_an_old_out_a_killed_run_moved_aside_is_named(tmp_path):
+    """Killed between its two renames, a run leaves the old OUT as OUT.old-PID-RANDOM: later
+    runs said nothing of it (only of OUT.tmp-…)."""
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
+    (tmp_path / "out.old-99999999-abcd1234").mkdir()
+    result = run("pack", path, "-o", tmp_path / "out")
+    assert result.exit_code == 0
+    assert f"{tmp_path / 'out.old-99999999-abcd1234'} holds an output an earlier run moved aside" in result.output
 
 
 @pytest.mark.parametrize("first,second", [("native", "megatron-bridge"), ("megatron-bridge", "native")])

@@ -58,7 +58,8 @@ PHASES = {"pass one": ("out.tmp-*/_spill/samples.bin", ["--spill-memory", "0"]),
 
 @pytest.mark.parametrize("phase", list(PHASES))
 @pytest.mark.parametrize("sig,code,message", [(signal.SIGTERM, 143, "error: terminated"),
-                                              (signal.SIGINT, 130, "error: interrupted")], ids=["TERM", "INT"])
+                                              (signal.SIGINT, 130, "error: interrupted"),
+                                              (signal.SIGHUP, 129, "error: hung up")], ids=["TERM", "INT", "HUP"])
 def test_a_signal_mid_run_removes_everything_and_exits_with_its_code(big_parquet, tmp_path, sig, code, message,
                                                                      phase):
     out = tmp_path / "out"

@@ -23,7 +23,9 @@ from typing import Callable, Iterable, Iterator
 
 from packer_cli.errors import ConfigError
 
-_HELD = (signal.SIGINT, signal.SIGTERM)
+#: The signals the CLI unwinds a command on (a closed terminal or dropped ssh sends SIGHUP).
+STOPPING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+_HELD = STOPPING_SIGNALS
 
 
 @contextmanager
@@ -56,7 +58,7 @@ def signals_held() -> Iterator[None]:
 
 
 _TMP = ".tmp-"
-_OLD = ".old-"
+_OLD = REPLACED = ".old-"
 _NAME_MAX = 255  # bytes in one file name (ext4, xfs, btrfs, tmpfs, NFS, Lustre)
 _PID_DIGITS = 10  # room kept for the process id that ends a sibling's name
 _RANDOM_HEX = 8  # then "-" and this many hex digits: unique where process ids are not
@@ -114,6 +116,10 @@ def check_parent(out: str) -> None:
         longest = None
     if longest and len(name) > longest:  # the temporary output's name is shortened: only the final rename failed
         raise ConfigError(f"{out}: a name of {len(name):,} bytes, longer than its directory allows ({longest})")
+    if os.path.isdir(out) and os.path.ismount(out):  # else the whole run, then EXDEV or EBUSY renaming into it
+        raise ConfigError(f"{out} is a mount point: the output is built beside OUT and renamed into place, "
+                          "which cannot replace a mount point or move files onto another file system; "
+                          "write into a directory inside it")
 
 
 def check_writable(directory: str, what: str) -> None:
@@ -143,14 +149,15 @@ def make_temporary(out: str) -> str:
             raise
 
 
-def stale_temporaries(out: str, tmp: str) -> list[str]:
-    """Temporary siblings of ``out`` other than ``tmp``: left by runs that were killed outright.
+def stale_temporaries(out: str, tmp: str, marker: str = _TMP) -> list[str]:
+    """Temporary siblings of ``out`` other than ``tmp``: left by runs that were killed outright
+    (with ``marker`` ``.old-``: an old OUT that such a run had renamed aside to replace it).
 
     One whose process id is a live process here is left out: most likely a run still packing
     (it may be another node's, which no check here can tell)."""
     out = os.path.normpath(out)
     parent, name = os.path.split(os.path.abspath(out))
-    prefix = _sibling_prefix(name, _TMP)
+    prefix = _sibling_prefix(name, marker)
     try:
         names = os.listdir(parent)
     except OSError:
@@ -204,7 +211,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def replace_dir(tmp: str, out: str, overwrite: bool = True) -> str | None:
+def replace_dir(tmp: str, out: str, overwrite: bool = True,
+                still_replaceable: Callable[[str], None] | None = None) -> str | None:
     """Rename ``tmp`` to ``out``; an existing ``out`` is first renamed aside, then deleted.
 
     Readers see either the old directory or the new one, never a mix: the only window in
@@ -214,6 +222,10 @@ def replace_dir(tmp: str, out: str, overwrite: bool = True) -> str | None:
     Without ``overwrite`` an ``out`` that appeared since the run checked it (another run to the
     same OUT finished first) is a :class:`ConfigError`, not replaced: both runs reported
     success and the first one's output was gone.
+
+    ``still_replaceable(moved)``, given, judges the old OUT once it is renamed aside (as it is
+    then, nobody else's to change by name) and raises to keep it: the run checked OUT when it
+    started, and a directory of other files that appeared at OUT while it packed was deleted.
 
     Returns the old directory when it could not be deleted (a read-only one: its files cannot
     be unlinked), for the caller to point out; else None.
@@ -232,8 +244,11 @@ def replace_dir(tmp: str, out: str, overwrite: bool = True) -> str | None:
     try:
         with signals_held():
             if os.path.exists(out):
-                trash = _sibling(out, _OLD)
-                os.rename(out, trash)
+                moved = _sibling(out, _OLD)
+                os.rename(out, moved)
+                trash = moved  # only now: put back below, a name that was never made hid why the rename failed
+                if still_replaceable is not None:
+                    still_replaceable(moved)
             os.rename(tmp, out)
             moved_in = True
     finally:  # also when a held signal is delivered as the block ends
@@ -250,16 +265,17 @@ def within(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
-def check_replaceable(out: str, inputs: Iterable[str], ours: Callable[[str], bool]) -> None:
+def check_replaceable(out: str, inputs: Iterable[str], ours: Callable[[str], bool], shown: str | None = None) -> None:
     """Refuse to replace an existing directory ``out`` unless everything in it is a file packer
-    writes there (``ours``, by name) and no input lies inside it.
+    writes there (``ours``, by name) and no input lies inside it; ``shown``: the name to give
+    it in the message (OUT, for the old OUT renamed aside).
 
     ``--overwrite`` deletes the old OUT once the new one is in place; a mistyped ``-o`` (the
     data directory, the working directory, a home directory) must not cost the user their files.
     """
     foreign = sorted(name for name in os.listdir(out) if not ours(name))
     if foreign:
-        raise ConfigError(f"{out} holds files packer did not write ({foreign[0]}"
+        raise ConfigError(f"{shown or out} holds files packer did not write ({foreign[0]}"
                           f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}); --overwrite replaces "
                           "only a packer output: remove it yourself or choose another directory")
     real_out = os.path.realpath(out)

@@ -42,6 +42,21 @@ from packer_cli.shards.bridge import (
 )
 
 
+def _replaceable(name: str) -> bool:
+    """Whether ``--overwrite`` may replace a directory holding ``name``: a Bridge layout or a
+    native output does (packer's own files), nothing else."""
+    return is_layout_name(name) or is_output_file_name(name)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of what ``path`` names now, None where nothing does."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _read_json(path: str):
     try:
         return read_json_value(path)
@@ -227,12 +242,13 @@ class BridgeOutput:
         check_parent(out)
         self._replace_whole = True
         self._out_existed = os.path.exists(out)
+        self._out_identity = _identity(out)
         if self._out_existed:
             if not os.path.isdir(out):
                 raise ConfigError(f"{out} exists and is not a directory")
             names = layout_files(out)
             if overwrite:  # a Bridge layout, or a native output being replaced by one; nothing else
-                check_replaceable(out, inputs, lambda name: is_layout_name(name) or is_output_file_name(name))
+                check_replaceable(out, inputs, _replaceable)
             if names is None:
                 if not overwrite:
                     raise ConfigError(f"{out} exists and is not a Megatron-Bridge layout; pass --overwrite "
@@ -382,17 +398,20 @@ class BridgeOutput:
         if self._replace_whole:
             with open(os.path.join(tmp, array_name), "w") as f:
                 json.dump([metadata["bridge"]], f)
-            if self._out_existed:  # a foreign or native OUT, replaced as a whole (--overwrite)
-                return replace_dir(tmp, out, self._overwrite)
-            try:
-                os.rename(tmp, out)  # OUT absent: refused onto anything but an empty directory
-                return None
-            except OSError as exc:
-                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
-                    raise
-            if not os.path.isdir(out):  # a file or a dangling link appeared: as for a native output
-                return replace_dir(tmp, out, self._overwrite)
-            # another run created OUT meanwhile (the other split packed side by side): join it
+            still_ours = lambda moved: check_replaceable(moved, (), _replaceable, shown=out)  # noqa: E731
+            if self._out_existed and not self._replaced_by_a_layout(out):  # a native OUT (--overwrite)
+                return replace_dir(tmp, out, self._overwrite, still_ours)
+            if not self._out_existed:
+                try:
+                    os.rename(tmp, out)  # OUT absent: refused onto anything but an empty directory
+                    return None
+                except OSError as exc:
+                    if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+                        raise
+                if not os.path.isdir(out):  # a file or a dangling link appeared: as for a native output
+                    return replace_dir(tmp, out, self._overwrite, still_ours)
+            # another run created OUT meanwhile, or put a layout where the output this run was to
+            # replace stood (the other split, packed side by side): join it; replacing it lost that split
             os.remove(os.path.join(tmp, array_name))
         # Another run may have written into OUT while this one packed (its other split, or this
         # same split): what prepare() saw is read again under a lock, so neither run's entry is
@@ -407,11 +426,20 @@ class BridgeOutput:
             with open(os.path.join(tmp, array_name), "w") as f:
                 json.dump(array, f)
             with signals_held():  # no signal lands between the split's files
-                for name in (data_name(self.split, C), split_manifest_name(self.split),
+                # the manifest first: a run killed outright between these renames leaves a split
+                # with its manifest but not its metadata, which verify reports; a data file alone
+                # was no split at all to it, and passed
+                for name in (split_manifest_name(self.split), data_name(self.split, C),
                              split_metadata_name(self.split), array_name):
                     os.replace(os.path.join(tmp, name), os.path.join(out, name))
         shutil.rmtree(tmp, ignore_errors=True)
         return None
+
+    def _replaced_by_a_layout(self, out: str) -> bool:
+        """Whether OUT is no longer the directory prepare() found but a Megatron-Bridge layout
+        (another run's split, committed meanwhile into the output both were to replace)."""
+        now = _identity(out)
+        return now is not None and now != self._out_identity and os.path.isdir(out) and layout_files(out) is not None
 
     def _check_layout_again(self, out: str) -> None:
         """prepare()'s checks on OUT as it is now (another run may have written into it since):
