@@ -90,3 +90,26 @@ def test_a_split_never_written_is_a_usage_error_and_a_damaged_one_a_finding(tmp_
     assert doc["exit_code"] == 2 and "holds no 'validation' split (it holds: training)" in doc["error"]
     (out / "validation_2048.idx.parquet").write_bytes((out / "training_2048.idx.parquet").read_bytes())
     assert runner.invoke(app, [command, str(out), "--split", "validation"]).exit_code == 1
+
+
+@pytest.mark.parametrize("command", ["verify", "inspect"])
+def test_a_split_that_lost_both_json_files_is_audited_by_default(two_splits, tmp_path, command):
+    """The training split's metadata and manifest gone, its data file garbage (which Bridge would
+    read): without --split only the validation split was audited, and the output passed."""
+    import shutil
+
+    from packer_cli import ConfigError
+    from packer_cli.audit import inspect_output, verify_output
+
+    out = tmp_path / "bridge"
+    shutil.copytree(two_splits[1], out)
+    (out / "training.metadata.json").unlink()
+    (out / "training.manifest.json").unlink()
+    (out / "training_2048.idx.parquet").write_text("garbage")
+    said = (f"{out / 'training_2048.idx.parquet'}: the training split's data file is here, but neither "
+            "training.metadata.json nor training.manifest.json: it cannot be verified")
+    r = runner.invoke(app, [command, str(out)])
+    assert r.exit_code == 1 and said in r.output, r.output
+    with pytest.raises(ConfigError, match="holds the splits training, validation: name the one"):
+        (verify_output if command == "verify" else inspect_output)(str(out))
+    assert runner.invoke(app, [command, str(out), "--split", "validation"]).exit_code == 0

@@ -180,6 +180,17 @@ def splits_in(out_dir: str) -> list[str]:
     return [s for s in SPLITS if os.path.isfile(os.path.join(out_dir, split_metadata_name(s)))]
 
 
+def splits_to_audit(out_dir: str) -> list[str]:
+    """The splits ``verify`` and ``inspect`` audit without ``--split``: those with metadata (one
+    split's audit reports another's that is missing while its manifest is here), and a split
+    with a data file but neither of packer's files, to say so (Bridge reads that file; it passed
+    unread). A layout none of whose splits has metadata is audited by its manifests, to say so."""
+    with_metadata, packers = splits_in(out_dir), packer_splits_in(out_dir)
+    if not with_metadata:
+        return packers
+    return [s for s in SPLITS if s in with_metadata or (s not in packers and split_has_files(out_dir, s))]
+
+
 def describe(output: dict) -> str:
     """One line for the summary: where the split went and where the EOS id came from."""
     eos = output.get("eos_id")
