@@ -13,9 +13,11 @@ stdout that cannot be written raise :class:`StdoutLost`, which no library on the
 """
 from __future__ import annotations
 
+import codecs
 import errno
 import io
 import os
+import select
 import sys
 
 from rich.console import Console as _RichConsole
@@ -124,15 +126,46 @@ class _WholeWrites(io.RawIOBase):
     def isatty(self) -> bool:
         return os.isatty(self._fd)
 
+    def seekable(self) -> bool:  # a regular file: the text layer writes a UTF-16 BOM only at its start
+        try:
+            os.lseek(self._fd, 0, os.SEEK_CUR)
+        except OSError:
+            return False
+        return True
+
+    def tell(self) -> int:
+        return os.lseek(self._fd, 0, os.SEEK_CUR)
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return os.lseek(self._fd, offset, whence)
+
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
         done = 0
         while done < len(view):
-            done += os.write(self._fd, view[done:])
+            try:
+                done += os.write(self._fd, view[done:])
+            except BlockingIOError:  # a non-blocking descriptor (handed down so), full for now: wait
+                select.select([], [self._fd], [])
         return done
 
 
 _replaced: list = []
+_ESCAPE = "packer-escape"
+
+
+def _escape(exc: UnicodeError):
+    """A character stdout's encoding lacks: the byte a lone surrogate stands for (a path's byte
+    that is not UTF-8, as ``surrogateescape`` writes it), else its backslash escape."""
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    bad = exc.object[exc.start:exc.end]
+    if all("\udc80" <= c <= "\udcff" for c in bad):
+        return bytes(ord(c) - 0xDC00 for c in bad), exc.end
+    return codecs.backslashreplace_errors(exc)
+
+
+codecs.register_error(_ESCAPE, _escape)
 
 
 def _written_whole(stream):
@@ -150,15 +183,13 @@ def _written_whole(stream):
     except (OSError, ValueError):  # one already failing
         return stream
     _replaced.append(stream)  # kept: collected, it would close the descriptor (one /dev/null took for `>&-`)
-    errors = "backslashreplace" if stream.errors == "strict" else stream.errors
+    errors = _ESCAPE if stream.errors in ("strict", "surrogateescape") else stream.errors
     return io.TextIOWrapper(io.BufferedWriter(_WholeWrites(fd)), encoding=stream.encoding, errors=errors,
                             line_buffering=stream.line_buffering)
 
 
 def stdout_takes_utf8() -> bool:
     """Whether stdout encodes UTF-8 (a JSON document is written ASCII-escaped where not)."""
-    import codecs
-
     try:
         return codecs.lookup(sys.stdout.encoding or "ascii").name == "utf-8"
     except (AttributeError, LookupError):

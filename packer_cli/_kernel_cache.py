@@ -42,12 +42,27 @@ from functools import lru_cache
 
 import numpy as np
 
-from packer_cli.errors import ConfigError, KernelCacheWarning, first_line, reraise_interrupt
+from packer_cli.errors import ConfigError, KernelCacheWarning, PackerWarning, first_line, reraise_interrupt
 
-try:
-    from numba import njit as _numba_njit
-except (ValueError, RuntimeError, KeyError) as _exc:  # numba reads its NUMBA_* variables on import
-    raise ConfigError(f"numba cannot start: {first_line(_exc)} (a NUMBA_* environment variable?)") from _exc
+
+def _import_numba():
+    """numba's ``njit``. numba reads its NUMBA_* variables as it is imported: a value it refuses
+    is a :class:`ConfigError`, one it cannot parse (and ignores) a one-line warning, not the
+    RuntimeWarning numba gives, which holds a whole traceback."""
+    with warnings.catch_warnings(record=True) as caught:
+        try:
+            from numba import njit
+        except (ValueError, RuntimeError, KeyError) as exc:
+            raise ConfigError(f"numba cannot start: {first_line(exc)} (a NUMBA_* environment variable?)") from exc
+    for w in caught:
+        if issubclass(w.category, RuntimeWarning) and "NUMBA_" in str(w.message):
+            warnings.warn(f"{first_line(w.message)} (numba uses its default)", PackerWarning, stacklevel=3)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return njit
+
+
+_numba_njit = _import_numba()
 
 __all__ = ["install", "njit", "reach_digest"]  # kernel modules take ``njit`` from here: see install()
 

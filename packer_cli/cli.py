@@ -174,7 +174,7 @@ def _splits_to_audit(out: str, split: Optional[Split]) -> list[Optional[str]]:
     """The split(s) to inspect or verify: the one asked for, else every split of a
     Megatron-Bridge layout, else the output itself (None). Asking for a split that was never
     written to a Bridge layout is a :class:`ConfigError`, as ``--split`` on a native output is."""
-    from packer_cli.shards.bridge import is_bridge_dir, packer_splits_in, split_has_files, splits_to_audit
+    from packer_cli.shards.bridge import is_bridge_dir, packer_splits_in, split_has_files, splits_in
     from packer_cli.shards.format import METADATA_FILE
 
     bridge = os.path.isdir(out) and not os.path.exists(os.path.join(out, METADATA_FILE)) and is_bridge_dir(out)
@@ -183,7 +183,10 @@ def _splits_to_audit(out: str, split: Optional[Split]) -> list[Optional[str]]:
             raise ConfigError(f"{out} holds no {split.value!r} split (it holds: {', '.join(packer_splits_in(out))}); "
                               "pass one of those to --split, or none for all")
         return [split.value]
-    return splits_to_audit(out) if bridge else [None]
+    # splits are found by their metadata (one split's audit reports another's missing one, and
+    # names a data file with neither of packer's files as not verified); a layout none of whose
+    # splits has metadata is audited by its manifests, to say so
+    return (splits_in(out) or packer_splits_in(out)) if bridge else [None]
 
 
 def _print_reports(reports: dict, json_out: bool, console: Console) -> None:

@@ -641,9 +641,13 @@ class _Run:
             self.warn(f"{stale} was left by an earlier run that did not finish (killed outright?); "
                       "remove it to free its space")
         for stale in stale_temporaries(self.out, self.tmp, REPLACED):
-            self.warn(f"{stale} holds an output an earlier run moved aside to replace it and did not delete (killed "
-                      f"meanwhile, or it could not be deleted); if {self.out} is missing, it is what {self.out} was: "
-                      "rename it back, or remove it")
+            if os.path.lexists(self.out):
+                self.warn(f"{stale} holds an output an earlier run moved aside to replace it and did not delete "
+                          "(killed meanwhile, or it could not be deleted); remove it to free its space")
+            else:
+                self.warn(f"{self.out} was missing as this run started and {stale} is most likely what it was (a run "
+                          f"replacing it was killed between two renames); this run writes a new {self.out}: keep "
+                          f"or remove {stale} yourself")
 
     def _plan(self, log: SampleLog, stream: SampleStream, read_counts: dict, bad_listed: list, bar) -> _Planned:
         """Sequences from pass one's lengths, the plan and the run's summary. Only the planner's

@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from packer_cli.shards import _atomic
+from packer_cli.errors import ConfigError
 from packer_cli.shards._atomic import replace_dir, signals_held
 
 
@@ -157,3 +158,23 @@ def test_stale_temporaries_leave_out_live_processes(tmp_path):
     for path in [live, *dead, tmp_path / "out.tmp-12-notrandom"]:
         path.mkdir()
     assert stale_temporaries(out, ours) == sorted(map(str, dead))
+
+
+def test_a_bind_mount_from_the_same_file_system_is_a_mount_point(tmp_path, monkeypatch):
+    """os.path.ismount cannot see a bind mount from the same file system (a container's volume):
+    OUT there was refused only after the whole run (EBUSY, EXDEV). /proc/self/mountinfo can."""
+    import io
+
+    from packer_cli.shards import _atomic
+
+    out = tmp_path / "out dir"
+    out.mkdir()
+    escaped = str(out).replace(" ", "\\040").encode()
+    table = (b"22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw\n"
+             b"99 22 8:1 /srv/data " + escaped + b" rw,relatime - ext4 /dev/sda1 rw\n")
+    real_open = open
+    monkeypatch.setattr(_atomic, "open", lambda path, *a, **k: io.BytesIO(table) if path == "/proc/self/mountinfo"
+                        else real_open(path, *a, **k), raising=False)
+    assert _atomic._is_mount_point(str(out)) and not _atomic._is_mount_point(str(tmp_path))
+    with pytest.raises(ConfigError, match="is a mount point: the output is built beside OUT"):
+        _atomic.check_parent(str(out))

@@ -584,6 +584,33 @@ def test_two_splits_packed_side_by_side_over_a_native_output(tmp_path, monkeypat
     verify_cli(out)
 
 
+def test_a_layout_committed_after_the_check_is_joined_not_replaced(tmp_path, monkeypatch):
+    """The other split's run committed its layout in place of the native output after this run
+    looked (and before it renamed OUT aside): renamed aside as packer's own files, it was
+    deleted, that split lost, both runs exit 0."""
+    from packer_cli.shards.bridge_output import BridgeOutput
+
+    t = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2], [12, 13, 14, 2])
+    v = write_tiny(tmp_path / "v.jsonl", [20, 21, 2], [30, 31, 32, 33, 34, 2])
+    out, spec = tmp_path / "out", PackSpec(pack_size=16)
+    pack([str(t)], str(out), spec)  # the native output both runs replace
+    looked = BridgeOutput._replaced_by_a_layout
+    done = {}
+
+    def then_the_other_run_commits(self, target):
+        answer = looked(self, target)
+        if not done:
+            done["validation"] = None
+            done["validation"] = bridge_pack([v], out, spec, split="validation", overwrite=True)
+        return answer
+
+    monkeypatch.setattr(BridgeOutput, "_replaced_by_a_layout", then_the_other_run_commits)
+    train = bridge_pack([t], out, spec, overwrite=True)
+    assert json.loads((out / "16_metadata.jsonl").read_text()) == [done["validation"].bridge, train.bridge]
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+    verify_cli(out)
+
+
 def test_a_joined_split_moves_its_manifest_in_first(tmp_path, monkeypatch):
     """Killed outright between the renames, a run that had moved the data file in first left a
     split without manifest or metadata, which verify passed as no split at all."""

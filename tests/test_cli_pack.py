@@ -260,6 +260,29 @@ def test_overwrite_judges_out_again_as_it_replaces_it(tmp_path, monkeypatch, fmt
     assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name] == []
 
 
+def test_overwrite_wins_over_an_out_that_appears_as_it_renames(tmp_path, monkeypatch):
+    """Two --overwrite runs to an absent OUT: the other run's output appeared in the moment this
+    one renamed its own into place; it exited 3 ("Directory not empty"). The last one wins."""
+    from packer_cli.shards import _atomic
+
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
+    out = tmp_path / "out"
+    real_rename = os.rename
+    appeared = []
+
+    def rename(src, dst, *args, **kwargs):
+        if os.fspath(dst) == str(out) and ".tmp-" in os.fspath(src) and not appeared:
+            appeared.append(True)
+            assert run("pack", path, "-o", out, "--pack-size", 8).exit_code == 0  # the other run
+        return real_rename(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(_atomic.os, "rename", rename)
+    result = run("pack", path, "-o", out, "--overwrite", "--pack-size", 16, "--json")
+    assert result.exit_code == 0 and appeared, result.output
+    assert json.loads((out / "metadata.json").read_text())["spec"]["pack_size"] == 16
+    assert [p.name for p in tmp_path.iterdir() if p.name != "data.jsonl"] == ["out"]
+
+
 def test_a_mount_point_out_is_refused_before_the_run(tmp_path, monkeypatch):
     """A volume mounted at OUT: the whole run, then EXDEV or EBUSY renaming into place (exit 3)."""
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
@@ -278,10 +301,14 @@ def test_an_old_out_a_killed_run_moved_aside_is_named(tmp_path):
     """Killed between its two renames, a run leaves the old OUT as OUT.old-PID-RANDOM: later
     runs said nothing of it (only of OUT.tmp-…)."""
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
-    (tmp_path / "out.old-99999999-abcd1234").mkdir()
+    old = tmp_path / "out.old-99999999-abcd1234"
+    old.mkdir()
     result = run("pack", path, "-o", tmp_path / "out")
     assert result.exit_code == 0
-    assert f"{tmp_path / 'out.old-99999999-abcd1234'} holds an output an earlier run moved aside" in result.output
+    assert f"{tmp_path / 'out'} was missing as this run started and {old} is most likely what it was" in result.output
+    result = run("pack", path, "-o", tmp_path / "out", "--overwrite")
+    assert result.exit_code == 0
+    assert f"{old} holds an output an earlier run moved aside to replace it and did not delete" in result.output
 
 
 @pytest.mark.parametrize("first,second", [("native", "megatron-bridge"), ("megatron-bridge", "native")])

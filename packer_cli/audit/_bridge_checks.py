@@ -25,7 +25,7 @@ from packer_cli.audit._meta_schema import BRIDGE_KEYS, _count
 from packer_cli.audit.findings import FindingSink
 from packer_cli.errors import DataError, shown
 from packer_cli.shards.bridge import (BRIDGE_FORMAT, PARQUET_ENCODING_NAMES, SPLITS, bridge_metadata_name, data_name,
-                                      lost_metadata, split_manifest_name, split_metadata_name)
+                                      data_only_split, lost_metadata, split_manifest_name, split_metadata_name)
 from packer_cli.shards.bridge_output import claim_entries, present_split_values, read_bridge_array
 
 RATIO_KEYS = ("packing_factor", "packing_efficiency")
@@ -62,6 +62,10 @@ def check_split_metadata_present(store, sink: FindingSink) -> None:
     for split in SPLITS:
         if problem := lost_metadata(store.out, split):
             sink.add("structure.json", problem, shard=split_metadata_name(split))
+        elif data := data_only_split(store.out, split):  # Bridge's own, or one that lost both: said, not failed
+            sink.warn("structure.unverified", f"the {split} split's data file is here without "
+                      f"{split_metadata_name(split)} or {split_manifest_name(split)} (Megatron-Bridge's own split, "
+                      "or one that lost both): it is not verified", shard=data)
 
 
 def _entry_problems(entry: dict, C: int):

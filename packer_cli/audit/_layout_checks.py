@@ -20,7 +20,7 @@ from packer_cli.audit._meta_schema import check_schema
 from packer_cli.audit.findings import ERROR, Finding, FindingSink
 from packer_cli.audit.store import STORES, NativeStore, manifest_problems, read_json_file
 from packer_cli.errors import ConfigError, DataError, PackerError
-from packer_cli.shards.bridge import BRIDGE_FORMAT, splits_to_audit
+from packer_cli.shards.bridge import BRIDGE_FORMAT, splits_in
 from packer_cli.shards.format import FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, metadata_checksum_problem
 from packer_cli.spec import PackSpec
 
@@ -81,7 +81,7 @@ def refuse_an_unnamed_split(out: str, split: str | None, verb: str) -> None:
     be audited by its first alone (the others' damage passed by). ``packer verify`` and
     ``packer inspect`` name each split in turn."""
     if split is None and os.path.isdir(out) and not os.path.exists(os.path.join(out, METADATA_FILE)):
-        present = splits_to_audit(out)
+        present = splits_in(out)
         if len(present) > 1:
             raise ConfigError(f"{out} holds the splits {', '.join(present)}: name the one to {verb} "
                               f"(split=...), or {verb} each in turn as `packer {verb}` does")

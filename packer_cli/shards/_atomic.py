@@ -10,6 +10,7 @@ the start of it and a digest of the whole (:func:`_sibling_prefix`).
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import os
 import re
@@ -116,10 +117,34 @@ def check_parent(out: str) -> None:
         longest = None
     if longest and len(name) > longest:  # the temporary output's name is shortened: only the final rename failed
         raise ConfigError(f"{out}: a name of {len(name):,} bytes, longer than its directory allows ({longest})")
-    if os.path.isdir(out) and os.path.ismount(out):  # else the whole run, then EXDEV or EBUSY renaming into it
+    if os.path.isdir(out) and _is_mount_point(out):  # else the whole run, then EXDEV or EBUSY renaming into it
         raise ConfigError(f"{out} is a mount point: the output is built beside OUT and renamed into place, "
                           "which cannot replace a mount point or move files onto another file system; "
                           "write into a directory inside it")
+
+
+def _is_mount_point(path: str) -> bool:
+    """Whether something is mounted at ``path``: ``os.path.ismount`` (another device, or the
+    same directory as its parent), or a mount point in ``/proc/self/mountinfo`` (a bind mount
+    from the same file system, which ismount cannot tell, as containers and clusters use)."""
+    if os.path.ismount(path):
+        return True
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            table = f.read()
+    except OSError:  # not Linux, or no /proc
+        return False
+    real = os.fsencode(os.path.realpath(path))
+    for line in table.splitlines():
+        fields = line.split(b" ")
+        if len(fields) > 4 and _unescaped(fields[4]) == real:
+            return True
+    return False
+
+
+def _unescaped(field: bytes) -> bytes:
+    """A mountinfo path: space, tab, newline and backslash are written as octal escapes."""
+    return re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), field)
 
 
 def check_writable(directory: str, what: str) -> None:
@@ -240,24 +265,78 @@ def replace_dir(tmp: str, out: str, overwrite: bool = True,
             raise ConfigError(f"{out} already exists (it appeared while this run was packing: another run?); "
                               "pass --overwrite to replace it") from None
         return None
-    trash, moved_in = None, False
-    try:
-        with signals_held():
-            if os.path.exists(out):
-                moved = _sibling(out, _OLD)
-                os.rename(out, moved)
-                trash = moved  # only now: put back below, a name that was never made hid why the rename failed
-                if still_replaceable is not None:
-                    still_replaceable(moved)
-            os.rename(tmp, out)
-            moved_in = True
-    finally:  # also when a held signal is delivered as the block ends
-        with signals_held():  # nor may one stop the old OUT's removal half-way
-            if trash and moved_in:
-                shutil.rmtree(trash, ignore_errors=True)
-            elif trash:
-                os.rename(trash, out)
+    while True:
+        kept = _replace_once(tmp, out, still_replaceable)
+        if kept is not _AGAIN:
+            return kept
+
+
+_AGAIN = object()  # _replace_once: another run's OUT appeared in the moment OUT was absent
+
+
+def _replace_once(tmp: str, out: str, still_replaceable) -> str | None | object:
+    """One try of :func:`replace_dir` with ``--overwrite``, under OUT's lock (a Bridge split
+    joining OUT holds it too); :data:`_AGAIN` where another run's OUT appeared in the moment
+    OUT was absent (the loser exited 3 with the put-back's "Directory not empty", leaving
+    OUT.old-* behind): the replaced OUT is deleted, as it was to be, and the new one replaced."""
+    trash, moved_in, again = None, False, False
+    with locked(out):
+        try:
+            with signals_held():
+                if os.path.exists(out):
+                    moved = _sibling(out, _OLD)
+                    os.rename(out, moved)
+                    trash = moved  # only now: a put-back of a name never made hid why the rename failed
+                    if still_replaceable is not None:
+                        still_replaceable(moved)
+                try:
+                    os.rename(tmp, out)
+                except OSError as exc:
+                    if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not os.path.isdir(out):
+                        raise
+                    again = True
+                moved_in = not again
+        finally:  # also when a held signal is delivered as the block ends
+            with signals_held():  # nor may one stop the old OUT's removal half-way
+                if trash and (moved_in or again):
+                    shutil.rmtree(trash, ignore_errors=True)
+                elif trash:
+                    os.rename(trash, out)
+    if again:
+        return _AGAIN
     return trash if trash and os.path.lexists(trash) else None
+
+
+@contextmanager
+def locked(out: str) -> Iterator[None]:
+    """An exclusive ``flock`` on the directory at ``out`` for the block, as it is once the lock
+    is held (a run that replaced it meanwhile: the new one is locked instead); no lock where
+    ``out`` is no directory or the file system offers none. Runs moving files into one output
+    (Bridge splits joining a layout, ``--overwrite`` replacing it) take turns: a run replacing
+    OUT while a split joined it put the split's files into the new output."""
+    while True:
+        try:
+            fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:  # absent, or not a directory: nothing to take turns on
+            fd = None
+        if fd is None:
+            yield
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:  # no locks here (some network file systems)
+                pass
+            held = os.fstat(fd)
+            try:
+                now = os.stat(out)
+            except OSError:
+                now = None
+            if now is None or (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+                yield
+                return
+        finally:
+            os.close(fd)  # releases the lock
 
 
 def within(path: str, directory: str) -> bool:

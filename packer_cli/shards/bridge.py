@@ -157,6 +157,15 @@ def packer_splits_in(out_dir) -> list[str]:
                                      for name in (split_metadata_name, split_manifest_name))]
 
 
+def data_only_split(out_dir: str, split: str) -> str | None:
+    """The data file of ``split`` when it is here without either of packer's JSON files (a split
+    Megatron-Bridge wrote itself, or one that lost both): nothing can check it. Else None."""
+    if any(os.path.isfile(os.path.join(out_dir, name(split))) for name in (split_metadata_name, split_manifest_name)):
+        return None
+    data = sorted(n for n in os.listdir(out_dir) if (m := _LAYOUT_NAMES[0].match(n)) and m.group(1) == split)
+    return data[0] if data else None
+
+
 def split_has_files(out_dir: str, split: str) -> bool:
     """Whether any file of ``split`` (its data, metadata or manifest) is in ``out_dir``: a split
     with some files but not its metadata is damaged, one with none was never written."""
@@ -178,17 +187,6 @@ def lost_metadata(out_dir: str, split: str) -> str | None:
 def splits_in(out_dir: str) -> list[str]:
     """Splits of a Bridge layout that packer wrote, in Bridge's order (training first)."""
     return [s for s in SPLITS if os.path.isfile(os.path.join(out_dir, split_metadata_name(s)))]
-
-
-def splits_to_audit(out_dir: str) -> list[str]:
-    """The splits ``verify`` and ``inspect`` audit without ``--split``: those with metadata (one
-    split's audit reports another's that is missing while its manifest is here), and a split
-    with a data file but neither of packer's files, to say so (Bridge reads that file; it passed
-    unread). A layout none of whose splits has metadata is audited by its manifests, to say so."""
-    with_metadata, packers = splits_in(out_dir), packer_splits_in(out_dir)
-    if not with_metadata:
-        return packers
-    return [s for s in SPLITS if s in with_metadata or (s not in packers and split_has_files(out_dir, s))]
 
 
 def describe(output: dict) -> str:

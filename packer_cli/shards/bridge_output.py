@@ -19,19 +19,18 @@ the replaced split's old entry only where that rule leaves it certain.
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import math
 import os
 import shutil
-from collections.abc import Iterator, Sequence
-from contextlib import closing, contextmanager
+from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 
 
 from packer_cli._background import ordered_map
 from packer_cli.errors import ConfigError, DataError
-from packer_cli.shards._atomic import (check_parent, check_replaceable, check_writable, make_temporary, replace_dir,
+from packer_cli.shards._atomic import (check_parent, check_replaceable, check_writable, locked, make_temporary, replace_dir,
                                       signals_held)
 from packer_cli.spec import is_int, pad_multiple_for
 from packer_cli.shards.format import is_output_file_name, read_json_value, seal_metadata, write_json
@@ -40,6 +39,11 @@ from packer_cli.shards.bridge import (
     default_row_group_size, is_layout_name, layout_files, layout_pack_sizes, split_manifest_name,
     split_metadata_name, splits_in,
 )
+
+
+class _JoinInstead(Exception):
+    """Raised inside replace_dir: the directory at OUT is a layout another run committed since
+    this run checked OUT, to be joined, not replaced."""
 
 
 def _replaceable(name: str) -> bool:
@@ -398,25 +402,27 @@ class BridgeOutput:
         if self._replace_whole:
             with open(os.path.join(tmp, array_name), "w") as f:
                 json.dump([metadata["bridge"]], f)
-            still_ours = lambda moved: check_replaceable(moved, (), _replaceable, shown=out)  # noqa: E731
-            if self._out_existed and not self._replaced_by_a_layout(out):  # a native OUT (--overwrite)
-                return replace_dir(tmp, out, self._overwrite, still_ours)
-            if not self._out_existed:
-                try:
-                    os.rename(tmp, out)  # OUT absent: refused onto anything but an empty directory
-                    return None
-                except OSError as exc:
-                    if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
-                        raise
-                if not os.path.isdir(out):  # a file or a dangling link appeared: as for a native output
-                    return replace_dir(tmp, out, self._overwrite, still_ours)
+            try:
+                if self._out_existed and not self._replaced_by_a_layout(out):  # a native OUT (--overwrite)
+                    return replace_dir(tmp, out, self._overwrite, self._still_ours)
+                if not self._out_existed:
+                    try:
+                        os.rename(tmp, out)  # OUT absent: refused onto anything but an empty directory
+                        return None
+                    except OSError as exc:
+                        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+                            raise
+                    if not os.path.isdir(out):  # a file or a dangling link appeared: as for a native output
+                        return replace_dir(tmp, out, self._overwrite, self._still_ours)
+            except _JoinInstead:  # found as OUT was renamed aside: put back, and joined below
+                pass
             # another run created OUT meanwhile, or put a layout where the output this run was to
             # replace stood (the other split, packed side by side): join it; replacing it lost that split
             os.remove(os.path.join(tmp, array_name))
         # Another run may have written into OUT while this one packed (its other split, or this
         # same split): what prepare() saw is read again under a lock, so neither run's entry is
         # lost or left stale, and a split that appeared meanwhile is not silently replaced.
-        with _locked(out):
+        with locked(out):
             self._check_layout_again(out)
             array = read_bridge_array(os.path.join(out, array_name))
             i = self._entry_to_replace(out, C, array)
@@ -434,6 +440,13 @@ class BridgeOutput:
                     os.replace(os.path.join(tmp, name), os.path.join(out, name))
         shutil.rmtree(tmp, ignore_errors=True)
         return None
+
+    def _still_ours(self, moved: str) -> None:
+        """OUT as it is once renamed aside (replace_dir): a layout another run put there since
+        prepare() is joined (:class:`_JoinInstead`), anything not packer's is kept."""
+        if _identity(moved) != self._out_identity and os.path.isdir(moved) and layout_files(moved) is not None:
+            raise _JoinInstead
+        check_replaceable(moved, (), _replaceable, shown=self._out)
 
     def _replaced_by_a_layout(self, out: str) -> bool:
         """Whether OUT is no longer the directory prepare() found but a Megatron-Bridge layout
@@ -473,16 +486,3 @@ class BridgeOutput:
         return old_entry_index(array, self.split, others, recorded_bridge(out, self.split))[0]
 
 
-@contextmanager
-def _locked(directory: str) -> Iterator[None]:
-    """An exclusive ``flock`` on ``directory`` for the block: runs committing a split into one
-    layout take turns. Where the file system offers no locks, the block runs unlocked."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:  # no locks here (some network file systems): as before
-            pass
-        yield
-    finally:
-        os.close(fd)  # releases the lock

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from packer_cli._arrow import bits_to_numpy, to_numpy
 from packer_cli.errors import DataError
 from packer_cli.shards.bridge import (
-    BRIDGE_COLUMNS, BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PACKER_COLUMNS, SPLITS, is_layout_name, lost_metadata, packer_splits_in,
+    BRIDGE_COLUMNS, BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PACKER_COLUMNS, SPLITS, data_only_split, lost_metadata, packer_splits_in,
     split_manifest_name, split_metadata_name, splits_in,
 )
 from packer_cli.shards.reader import (PackedReader, PackRow, check_layout_for_reading, column_name_problem, first_line,
@@ -68,12 +68,10 @@ def resolve_split(out_dir: str, split: str | None) -> str:
             error = DataError(f"{os.path.join(out_dir, split_metadata_name(split))}: {problem}")
             error.check = "structure.json"  # damage to a split, as verify's structure checks report it
             raise error
-        data = sorted(n for n in os.listdir(out_dir) if n.startswith(f"{split}_") and is_layout_name(n))
-        if data:  # a split's data file without packer's files: Bridge reads it, nothing here can check it
-            error = DataError(f"{os.path.join(out_dir, data[0])}: the {split} split's data file is here, but neither "
-                              f"{split_metadata_name(split)} nor {split_manifest_name(split)}: it cannot be verified")
-            error.check = "structure.json"
-            raise error
+        if data := data_only_split(out_dir, split):  # Bridge's own split, or one that lost packer's files
+            raise DataError(f"{os.path.join(out_dir, data)}: the {split} split's data file is here without "
+                            f"{split_metadata_name(split)} or {split_manifest_name(split)}: packer cannot read or "
+                            "verify it")
         raise DataError(f"{out_dir}: no {split!r} split here (found: {', '.join(present) or 'none'})")
     return split
 
