@@ -522,6 +522,24 @@ def test_a_split_written_while_this_run_packed(tmp_path, monkeypatch, overwrite)
     verify_cli(out)
 
 
+def _validation_finishes_first(monkeypatch, v, out, spec, overwrite: bool) -> dict:
+    """Make the next commit first pack ``v`` as the validation split into ``out`` (another run,
+    finishing first); its summary lands in the returned dict."""
+    from packer_cli.shards.bridge_output import BridgeOutput
+
+    commit = BridgeOutput.commit
+    done = {}
+
+    def validation_finishes_first(self, *args):
+        if not done:
+            done["validation"] = None
+            done["validation"] = bridge_pack([v], out, spec, split="validation", overwrite=overwrite)
+        return commit(self, *args)
+
+    monkeypatch.setattr(BridgeOutput, "commit", validation_finishes_first)
+    return done
+
+
 @pytest.mark.parametrize("overwrite", [False, True])
 @pytest.mark.parametrize("other_spec", ["same", "other pad_seq_to_mult"])
 def test_two_splits_packed_side_by_side_into_a_new_layout(tmp_path, monkeypatch, overwrite, other_spec):
@@ -529,22 +547,11 @@ def test_two_splits_packed_side_by_side_into_a_new_layout(tmp_path, monkeypatch,
     first's (with --overwrite, deleting the other split: exit 0, verify OK on the one left) or was
     refused; and checks prepare() made were not made again, so splits of two pad_seq_to_mult values
     were both written."""
-    from packer_cli.shards.bridge_output import BridgeOutput
-
     t = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2], [12, 13, 14, 2])
     v = write_tiny(tmp_path / "v.jsonl", [20, 21, 2], [30, 31, 32, 33, 34, 2])
     out, spec = tmp_path / "out", PackSpec(pack_size=16)
     other = PackSpec(pack_size=16) if other_spec == "same" else PackSpec(pack_size=16, pad_seq_to_mult=4)
-    commit = BridgeOutput.commit
-    done = {}
-
-    def validation_finishes_first(self, *args):
-        if not done:
-            done["validation"] = None
-            done["validation"] = bridge_pack([v], out, other, split="validation", overwrite=overwrite)
-        return commit(self, *args)
-
-    monkeypatch.setattr(BridgeOutput, "commit", validation_finishes_first)
+    done = _validation_finishes_first(monkeypatch, v, out, other, overwrite)
     if other_spec != "same":
         with pytest.raises(ConfigError, match="pad_seq_to_mult=4, this run uses 1.*changed while this run was packing"):
             bridge_pack([t], out, spec, overwrite=overwrite)
@@ -561,22 +568,11 @@ def test_two_splits_packed_side_by_side_into_a_new_layout(tmp_path, monkeypatch,
 def test_two_splits_packed_side_by_side_over_a_native_output(tmp_path, monkeypatch):
     """Both runs found a native output at OUT and were to replace it (--overwrite): the second to
     finish replaced the layout the first had put there, its split lost, both runs exit 0."""
-    from packer_cli.shards.bridge_output import BridgeOutput
-
     t = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2], [12, 13, 14, 2])
     v = write_tiny(tmp_path / "v.jsonl", [20, 21, 2], [30, 31, 32, 33, 34, 2])
     out, spec = tmp_path / "out", PackSpec(pack_size=16)
     pack([str(t)], str(out), spec)  # the native output both runs replace
-    commit = BridgeOutput.commit
-    done = {}
-
-    def validation_finishes_first(self, *args):
-        if not done:
-            done["validation"] = None
-            done["validation"] = bridge_pack([v], out, spec, split="validation", overwrite=True)
-        return commit(self, *args)
-
-    monkeypatch.setattr(BridgeOutput, "commit", validation_finishes_first)
+    done = _validation_finishes_first(monkeypatch, v, out, spec, overwrite=True)
     train = bridge_pack([t], out, spec, overwrite=True)
     assert json.loads((out / "16_metadata.jsonl").read_text()) == [done["validation"].bridge, train.bridge]
     assert {"training_16.idx.parquet", "validation_16.idx.parquet"} <= set(os.listdir(out))
