@@ -160,9 +160,18 @@ def _escape(exc: UnicodeError):
     if not isinstance(exc, UnicodeEncodeError):
         raise exc
     bad = exc.object[exc.start:exc.end]
-    if all("\udc80" <= c <= "\udcff" for c in bad):
+    if _bytes_pass_through(exc.encoding) and all("\udc80" <= c <= "\udcff" for c in bad):
         return bytes(ord(c) - 0xDC00 for c in bad), exc.end
     return codecs.backslashreplace_errors(exc)
+
+
+def _bytes_pass_through(encoding: str) -> bool:
+    """Whether ``encoding`` writes ASCII as one byte each, so a raw byte can stand among its
+    output (UTF-16 and UTF-32 refuse a replacement of one byte: a traceback)."""
+    try:
+        return "\n".encode(encoding) == b"\n"
+    except (LookupError, UnicodeError):
+        return False
 
 
 codecs.register_error(_ESCAPE, _escape)

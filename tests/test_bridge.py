@@ -584,25 +584,50 @@ def test_a_layout_committed_after_the_check_is_joined_not_replaced(tmp_path, mon
     """The other split's run committed its layout in place of the native output after this run
     looked (and before it renamed OUT aside): renamed aside as packer's own files, it was
     deleted, that split lost, both runs exit 0."""
-    from packer_cli.shards.bridge_output import BridgeOutput
+    from packer_cli.shards import bridge_output
 
     t = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2], [12, 13, 14, 2])
     v = write_tiny(tmp_path / "v.jsonl", [20, 21, 2], [30, 31, 32, 33, 34, 2])
     out, spec = tmp_path / "out", PackSpec(pack_size=16)
     pack([str(t)], str(out), spec)  # the native output both runs replace
-    looked = BridgeOutput._replaced_by_a_layout
+    real_replace_dir = bridge_output.replace_dir
     done = {}
 
-    def then_the_other_run_commits(self, target):
-        answer = looked(self, target)
+    def the_other_run_commits_first(*args, **kwargs):  # after this run's look at OUT, before its renames
         if not done:
             done["validation"] = None
             done["validation"] = bridge_pack([v], out, spec, split="validation", overwrite=True)
-        return answer
+        return real_replace_dir(*args, **kwargs)
 
-    monkeypatch.setattr(BridgeOutput, "_replaced_by_a_layout", then_the_other_run_commits)
+    monkeypatch.setattr(bridge_output, "replace_dir", the_other_run_commits_first)
     train = bridge_pack([t], out, spec, overwrite=True)
     assert json.loads((out / "16_metadata.jsonl").read_text()) == [done["validation"].bridge, train.bridge]
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+    verify_cli(out)
+
+
+def test_a_split_to_join_replaces_a_native_output_that_took_the_layouts_place(tmp_path, monkeypatch):
+    """With --overwrite, a native output that replaced the layout while this split waited for its
+    lock is replaced, as it would have been had this run found it (exit 2: 'choose another
+    directory')."""
+    from packer_cli.shards import bridge_output
+
+    t = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2], [12, 13, 14, 2])
+    v = write_tiny(tmp_path / "v.jsonl", [20, 21, 2], [30, 31, 32, 33, 34, 2])
+    out, spec = tmp_path / "out", PackSpec(pack_size=16)
+    bridge_pack([t], out, spec)  # the layout this run's split is to join
+    real_locked = bridge_output.locked
+    replaced = []
+
+    def a_native_run_replaces_it_first(path):
+        if not replaced:
+            replaced.append(pack([str(t)], str(out), spec, overwrite=True))
+        return real_locked(path)
+
+    monkeypatch.setattr(bridge_output, "locked", a_native_run_replaces_it_first)
+    bridge_pack([v], out, spec, split="validation", overwrite=True)
+    assert replaced and sorted(os.listdir(out)) == ["16_metadata.jsonl", "validation.manifest.json",
+                                                    "validation.metadata.json", "validation_16.idx.parquet"]
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
     verify_cli(out)
 

@@ -402,6 +402,20 @@ def test_stdout_encodings_pythons_own_stdout_takes(synthetic_parquet, tmp_path, 
         assert "\\u2192" in text.decode("ascii")
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-32", "ascii"])
+def test_a_non_utf8_file_name_on_any_stdout_encoding(synthetic_parquet, tmp_path, encoding):
+    """verify names a stray file whose name is not UTF-8: its byte went out raw, which UTF-16 and
+    UTF-32 refuse (a traceback and an empty report)."""
+    out = tmp_path / "out"
+    assert _pack_in_process("pack", synthetic_parquet, "-o", out).exit_code == 0
+    open(os.path.join(os.fsencode(out), b"x\xff"), "wb").close()
+    result = subprocess.run([sys.executable, "-c", PACKER, "verify", str(out)], capture_output=True, timeout=120,
+                            env={**os.environ, "PYTHONIOENCODING": encoding})
+    assert result.returncode == 1 and b"Traceback" not in result.stderr, result.stderr
+    report = result.stdout.decode(encoding, errors="surrogateescape")
+    assert "x\\udcff: unexpected file" in report or "x\udcff: unexpected file" in report, report
+
+
 def test_a_numba_variable_numba_cannot_parse_is_one_warning_line(synthetic_parquet, tmp_path):
     """numba ignores a value it cannot parse with a RuntimeWarning holding a whole traceback."""
     result = packer("pack", synthetic_parquet, "-o", tmp_path / "out", env={**os.environ, "NUMBA_OPT": "x"})

@@ -52,13 +52,15 @@ def _replaceable(name: str) -> bool:
     return is_layout_name(name) or is_output_file_name(name)
 
 
-def _identity(path: str) -> tuple[int, int] | None:
-    """(device, inode) of what ``path`` names now, None where nothing does."""
+def _is_layout(path: str) -> bool:
+    """Whether ``path`` is a directory of a Bridge layout's files only (or an empty one)."""
     try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
+        return os.path.isdir(path) and layout_files(path) is not None
+    except OSError:  # gone, or not listable
+        return False
+
+
+_JOIN = object()  # BridgeOutput._put_in_place: OUT is a layout to join
 
 
 def _read_json(path: str):
@@ -246,7 +248,6 @@ class BridgeOutput:
         check_parent(out)
         self._replace_whole = True
         self._out_existed = os.path.exists(out)
-        self._out_identity = _identity(out)
         if self._out_existed:
             if not os.path.isdir(out):
                 raise ConfigError(f"{out} exists and is not a directory")
@@ -399,60 +400,71 @@ class BridgeOutput:
         write_json(os.path.join(tmp, split_manifest_name(self.split)), manifest)
         write_json(os.path.join(tmp, split_metadata_name(self.split)), metadata)
         array_name = bridge_metadata_name(C)
-        if self._replace_whole:
-            with open(os.path.join(tmp, array_name), "w") as f:
-                json.dump([metadata["bridge"]], f)
+        replace = self._replace_whole  # prepare() found OUT absent, or no layout (a native output, --overwrite)
+        while True:
+            if replace:
+                with open(os.path.join(tmp, array_name), "w") as f:
+                    json.dump([metadata["bridge"]], f)
+                try:
+                    kept = self._put_in_place(tmp, out)
+                    if kept is not _JOIN:
+                        return kept
+                except _JoinInstead:  # found as OUT was renamed aside: put back, and joined below
+                    pass
+                # another run created OUT meanwhile, or put a layout where the output this run was
+                # to replace stood (the other split, packed side by side): join it; replacing it
+                # lost that split
+                os.remove(os.path.join(tmp, array_name))
+            # Another run may have written into OUT while this one packed (its other split, or
+            # this same split): what prepare() saw is read again under a lock, so neither run's
+            # entry is lost or left stale, and a split that appeared meanwhile is not silently replaced.
+            with locked(out):
+                if self._overwrite and os.path.isdir(out) and not _is_layout(out):
+                    replace = True  # a native output took the layout's place while this run waited: replaced
+                    continue
+                self._check_layout_again(out)
+                array = read_bridge_array(os.path.join(out, array_name))
+                i = self._entry_to_replace(out, C, array)
+                if i is not None:
+                    del array[i]  # by index: list.remove takes the first == dict, maybe another split's (2 == 2.0)
+                array.append(metadata["bridge"])
+                with open(os.path.join(tmp, array_name), "w") as f:
+                    json.dump(array, f)
+                with signals_held():  # no signal lands between the split's files
+                    # the manifest first: a run killed outright between these renames leaves a
+                    # split with its manifest but not its metadata, which verify reports; a data
+                    # file alone was no split at all to it, and passed
+                    for name in (split_manifest_name(self.split), data_name(self.split, C),
+                                 split_metadata_name(self.split), array_name):
+                        os.replace(os.path.join(tmp, name), os.path.join(out, name))
+            shutil.rmtree(tmp, ignore_errors=True)
+            return None
+
+    def _put_in_place(self, tmp: str, out: str):
+        """The whole layout in ``tmp`` made OUT: replacing what is there (``--overwrite``; without
+        it, something that appeared meanwhile is an error), or renamed onto an absent OUT. Returns
+        a replaced OUT that could not be deleted, or None; :data:`_JOIN` where OUT is a layout.
+        Any layout at OUT is another run's (prepare() found none here), whatever its inode (a
+        freed one is reused at once): joined, never replaced."""
+        if os.path.lexists(out) and not _is_layout(out):
+            return replace_dir(tmp, out, self._overwrite, self._still_ours)
+        if not os.path.lexists(out):
             try:
-                if self._out_existed and not self._replaced_by_a_layout(out):  # a native OUT (--overwrite)
-                    return replace_dir(tmp, out, self._overwrite, self._still_ours)
-                if not self._out_existed:
-                    try:
-                        os.rename(tmp, out)  # OUT absent: refused onto anything but an empty directory
-                        return None
-                    except OSError as exc:
-                        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
-                            raise
-                    if not os.path.isdir(out):  # a file or a dangling link appeared: as for a native output
-                        return replace_dir(tmp, out, self._overwrite, self._still_ours)
-            except _JoinInstead:  # found as OUT was renamed aside: put back, and joined below
-                pass
-            # another run created OUT meanwhile, or put a layout where the output this run was to
-            # replace stood (the other split, packed side by side): join it; replacing it lost that split
-            os.remove(os.path.join(tmp, array_name))
-        # Another run may have written into OUT while this one packed (its other split, or this
-        # same split): what prepare() saw is read again under a lock, so neither run's entry is
-        # lost or left stale, and a split that appeared meanwhile is not silently replaced.
-        with locked(out):
-            self._check_layout_again(out)
-            array = read_bridge_array(os.path.join(out, array_name))
-            i = self._entry_to_replace(out, C, array)
-            if i is not None:
-                del array[i]  # by index: list.remove takes the first == dict, maybe another split's (2 == 2.0)
-            array.append(metadata["bridge"])
-            with open(os.path.join(tmp, array_name), "w") as f:
-                json.dump(array, f)
-            with signals_held():  # no signal lands between the split's files
-                # the manifest first: a run killed outright between these renames leaves a split
-                # with its manifest but not its metadata, which verify reports; a data file alone
-                # was no split at all to it, and passed
-                for name in (split_manifest_name(self.split), data_name(self.split, C),
-                             split_metadata_name(self.split), array_name):
-                    os.replace(os.path.join(tmp, name), os.path.join(out, name))
-        shutil.rmtree(tmp, ignore_errors=True)
-        return None
+                os.rename(tmp, out)  # refused onto anything but an empty directory
+                return None
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+                    raise
+            if not _is_layout(out):  # a file, a dangling link, a native output appeared
+                return replace_dir(tmp, out, self._overwrite, self._still_ours)
+        return _JOIN
 
     def _still_ours(self, moved: str) -> None:
         """OUT as it is once renamed aside (replace_dir): a layout another run put there since
         prepare() is joined (:class:`_JoinInstead`), anything not packer's is kept."""
-        if _identity(moved) != self._out_identity and os.path.isdir(moved) and layout_files(moved) is not None:
+        if _is_layout(moved):
             raise _JoinInstead
         check_replaceable(moved, (), _replaceable, shown=self._out)
-
-    def _replaced_by_a_layout(self, out: str) -> bool:
-        """Whether OUT is no longer the directory prepare() found but a Megatron-Bridge layout
-        (another run's split, committed meanwhile into the output both were to replace)."""
-        now = _identity(out)
-        return now is not None and now != self._out_identity and os.path.isdir(out) and layout_files(out) is not None
 
     def _check_layout_again(self, out: str) -> None:
         """prepare()'s checks on OUT as it is now (another run may have written into it since):
