@@ -167,10 +167,9 @@ def test_an_out_that_appears_during_the_run_is_not_replaced_without_overwrite(sy
         monkeypatch.setattr(BridgeOutput, "write", other_run_finishes(BridgeOutput.write))
     result = CliRunner().invoke(app, ["pack", str(synthetic_parquet), "-o", str(out), "--format", fmt, "--json"])
     assert result.exit_code == 2, result.output
-    expected = (f"{out} already exists (it appeared while this run was packing: another run?); pass --overwrite to "
-                "replace it") if fmt == "native" else (  # a Bridge split would join a Bridge layout that appeared
-        f"{out} is not a Megatron-Bridge layout (it appeared or changed while this run was packing: another run?); "
-        "choose another directory")
+    # a Bridge split would join a Bridge layout that appeared; what appeared here is a native output
+    expected = f"{out} already exists (it appeared while this run was packing: another run?); pass --overwrite to " \
+               "replace it"
     assert result.output.strip().splitlines()[-1] == f"error: {expected}"
     assert json.loads(result.stdout.split("\nerror:")[0])["ok"] is False
     assert sorted(p.name for p in out.iterdir()) == ["metadata.json"]
