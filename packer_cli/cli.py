@@ -114,6 +114,7 @@ def pack_command(
                         vocab_size=vocab_size, on_bad_record=on_bad_record)
     light_cache_loads()
     try:
+        _no_empty_paths([("--out", out), ("--spill-dir", spill_dir)] + [("INPUTS", path) for path in inputs])
         output = _bridge_output(out_format, split, eos_id, row_group_size, parquet_encoding)
         summary = pack(inputs, out, spec, source, overwrite=overwrite, dry_run=dry_run,
                        shard_bytes=parse_size(shard_size, "--shard-size"), progress=not json_out,
@@ -219,12 +220,21 @@ def inspect_command(
     check_interrupted()
     light_cache_loads()
     try:
+        _no_empty_paths([("OUT", out)])
         reports = {s: inspect_output(out, pack=pack, split=s) for s in _splits_to_audit(out, split)}
     except InconsistentOutput as exc:
         _fail_audit(exc, json_out, out, findings=[f.to_dict() for f in exc.findings])
     except PackerError as exc:
         _fail_audit(exc, json_out, out)
     _print_reports(reports, json_out, Console())
+
+
+def _no_empty_paths(given: list[tuple[str, Optional[str]]]) -> None:
+    """An empty path given for an option or argument is a ConfigError naming it as typed (the API
+    it reaches names its own parameter: 'spill_dir: an empty path')."""
+    for name, value in given:
+        if value == "":
+            raise ConfigError(f"{name}: an empty path ('')")
 
 
 def _fail_audit(exc: PackerError, json_out: bool, out: str, **extra) -> None:
@@ -249,6 +259,7 @@ def verify_command(
 
     check_interrupted()
     try:
+        _no_empty_paths([("OUT", out)] + [("--source", path) for path in source or ()])
         splits = _splits_to_audit(out, split)
     except PackerError as exc:
         _fail_audit(exc, json_out, out)

@@ -161,13 +161,16 @@ def test_bytes_or_numbers_as_paths_are_refused_and_nothing_is_made(data, tmp_pat
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["pack", "", "-o", "out"], "inputs: an empty path"),
-    (["pack", "data.jsonl", "-o", ""], "out: an empty path"),
-    (["inspect", ""], "out: an empty path"),
-    (["verify", ""], "out: an empty path"),
+    (["pack", "", "-o", "out"], "INPUTS: an empty path"),
+    (["pack", "data.jsonl", "-o", ""], "--out: an empty path"),
+    (["pack", "data.jsonl", "-o", "out", "--spill-dir", ""], "--spill-dir: an empty path"),
+    (["inspect", ""], "OUT: an empty path"),
+    (["verify", ""], "OUT: an empty path"),
+    (["verify", "out", "--source", ""], "--source: an empty path"),
 ])
 def test_an_empty_path_is_named_as_one(data, tmp_path, monkeypatch, argv, says):
-    """It said "error: : no such file or directory", naming nothing."""
+    """It said "error: : no such file or directory", naming nothing (then the API's parameter,
+    'spill_dir: an empty path', where the command line spells it --spill-dir)."""
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 2 and f"error: {says} ('')" in result.output, result.output
