@@ -117,6 +117,42 @@ def test_good_output_passes(synth, policy):
         assert "verify: OK" in result.output
 
 
+@pytest.mark.parametrize("command", ["verify", "inspect"])
+def test_an_output_replaced_while_it_is_read(synth, tmp_path, monkeypatch, command):
+    """`pack --overwrite` renamed another output into place while verify read the first shards:
+    a valid output was reported FAILED (counts, quality and rows mixed from the two), and inspect
+    named a shard 'missing'."""
+    from packer_cli.audit import _layout_checks, inspect_output
+    from packer_cli.errors import DataError
+    from packer_cli.audit import store as store_module
+
+    out = Path(shutil.copytree(synth[1][OverlongPolicy.TRUNCATE], tmp_path / "out"))
+    other = Path(shutil.copytree(synth[1][OverlongPolicy.SPLIT], tmp_path / "other"))
+    real_read_shard = store_module.NativeStore.read_shard
+    swapped = []
+
+    def replaced_after_the_first_shard(self, name, *args, **kwargs):
+        if swapped == [] and name != first_shard(out):
+            os.rename(out, tmp_path / "old")
+            os.rename(other, out)
+            swapped.append(True)
+        return real_read_shard(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(store_module.NativeStore, "read_shard", replaced_after_the_first_shard)
+    said = f"{out} changed {_layout_checks.CHANGED}"
+    if command == "verify":
+        report = verify_output(str(out))
+        assert swapped and report.exit_code == 1
+        assert [f.line() for f in report.findings] == [f"{said}: what was read may be of two outputs; verify it "
+                                                      "again [structure.changed]"]
+    else:
+        with pytest.raises(DataError, match=re.escape(said) + ": inspect it again"):
+            inspect_output(str(out))
+        assert swapped
+    monkeypatch.undo()
+    assert verify_output(str(out)).ok  # the output now there is whole
+
+
 def test_bad_and_short_records_are_accounted_for(tmp_path):
     lines = [json.dumps({"input_ids": list(range(1, n + 1)), "loss_mask": [0] * (n // 2) + [1] * (n - n // 2)})
              for n in (5, 1, 40, 300, 12)]

@@ -76,6 +76,20 @@ def raise_if_inconsistent(out: str, sink: FindingSink, refused: str, ignore: tup
         raise InconsistentOutput(out, findings, errors, refused)
 
 
+def directory_state(out: str) -> tuple[int, int, int] | None:
+    """(device, inode, modification time) of the directory ``out``: another directory renamed
+    into its place (``pack --overwrite``) or files renamed in or out of it (a Bridge split
+    committed into it) change it, and an audit reading meanwhile mixes two outputs."""
+    try:
+        st = os.stat(out)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
+CHANGED = "while it was read (another run writing it: pack --overwrite, a Bridge split committed into it?)"
+
+
 def refuse_an_unnamed_split(out: str, split: str | None, verb: str) -> None:
     """The API's one report is one split's: without ``split``, a Bridge layout of several would
     be audited by its first alone (the others' damage passed by). ``packer verify`` and

@@ -25,7 +25,8 @@ import os
 import numpy as np
 
 from packer_cli.audit._bridge_checks import check_bridge_entries
-from packer_cli.audit._layout_checks import Layout, check_layout, raise_if_inconsistent, refuse_an_unnamed_split
+from packer_cli.audit._layout_checks import (CHANGED, Layout, check_layout, directory_state, raise_if_inconsistent,
+                                           refuse_an_unnamed_split)
 from packer_cli.audit.findings import FindingSink
 from packer_cli.audit.report import InspectReport, PackDetail
 from packer_cli.audit.store import PackBatch
@@ -130,6 +131,20 @@ def inspect_output(out: str, pack: int | None = None, split: str | None = None) 
     if not os.path.isdir(out):
         raise ConfigError(f"{out}: not a directory")
     refuse_an_unnamed_split(out, split, "inspect")
+    state = directory_state(out)
+    try:
+        total = _inspect(out, pack, split)
+    except DataError as exc:  # a shard gone missing mid-read, perhaps: said as what it likely was
+        if directory_state(out) != state:
+            raise DataError(f"{out} changed {CHANGED}: inspect it again ({exc})") from exc
+        raise
+    if directory_state(out) != state:
+        raise DataError(f"{out} changed {CHANGED}: inspect it again")
+    return total
+
+
+def _inspect(out: str, pack: int | None, split: str | None) -> InspectReport:
+    """:func:`inspect_output`'s reading of ``out``."""
     store = consistent_layout(out, split).store
     spec = _spec_of(store.metadata)
     counts = store.metadata.get("counts") if isinstance(store.metadata.get("counts"), dict) else {}

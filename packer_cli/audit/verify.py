@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass, field
 
 from packer_cli.audit._bridge_checks import check_bridge_entries
-from packer_cli.audit._layout_checks import check_layout, recorded_count, refuse_an_unnamed_split
+from packer_cli.audit._layout_checks import (CHANGED, check_layout, directory_state, recorded_count,
+                                           refuse_an_unnamed_split)
 from packer_cli.audit._meta_checks import check_metadata, check_provenance, expected_bridge
 from packer_cli.audit._pack_checks import Sequences, check_batch
 from packer_cli.audit.findings import ERROR, WARNING, Finding, FindingSink
@@ -160,6 +161,7 @@ def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20
     if not os.path.isdir(out):
         raise ConfigError(f"{out}: not a directory")
     refuse_an_unnamed_split(out, split, "verify")
+    state = directory_state(out)
     files = None
     if sources is not None:
         sources = input_paths(sources, "sources")  # a bare string is one path, not one-letter names
@@ -199,6 +201,9 @@ def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20
             report.source = check_source(files, meta, lim, arr, seqs, sink, store)
     elif files is not None:
         sink.add("source.skipped", "the output itself is unusable, so the source was not compared")
+    if directory_state(out) != state:  # what was read may be of two outputs: its findings are of neither
+        sink = FindingSink(limit)
+        sink.add("structure.changed", f"{out} changed {CHANGED}: what was read may be of two outputs; verify it again")
     if stats is not None:
         report.packs, report.sequences = stats.packs, stats.sequences
     report.findings = sink.findings()
