@@ -632,6 +632,29 @@ def test_a_split_to_join_replaces_a_native_output_that_took_the_layouts_place(tm
     verify_cli(out)
 
 
+def test_a_split_whose_layout_was_removed_meanwhile_makes_a_new_one(tmp_path, monkeypatch):
+    """The layout this split was to join removed while it packed: exit 3, 'No such file or
+    directory', the split lost."""
+    from packer_cli.shards import bridge_output
+
+    t = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2], [12, 13, 14, 2])
+    v = write_tiny(tmp_path / "v.jsonl", [20, 21, 2], [30, 31, 32, 33, 34, 2])
+    out, spec = tmp_path / "out", PackSpec(pack_size=16)
+    bridge_pack([t], out, spec)
+    real_locked = bridge_output.locked
+
+    def removed_first(path):
+        shutil.rmtree(out, ignore_errors=True)
+        return real_locked(path)
+
+    monkeypatch.setattr(bridge_output, "locked", removed_first)
+    val = bridge_pack([v], out, spec, split="validation")
+    assert sorted(os.listdir(out)) == ["16_metadata.jsonl", "validation.manifest.json", "validation.metadata.json",
+                                       "validation_16.idx.parquet"]
+    assert json.loads((out / "16_metadata.jsonl").read_text()) == [val.bridge]
+    verify_cli(out)
+
+
 def test_a_joined_split_moves_its_manifest_in_first(tmp_path, monkeypatch):
     """Killed outright between the renames, a run that had moved the data file in first left a
     split without manifest or metadata, which verify passed as no split at all."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -255,6 +256,37 @@ def test_overwrite_judges_out_again_as_it_replaces_it(tmp_path, monkeypatch, fmt
     assert result.exit_code == 2, result.output
     assert "out holds files packer did not write (notes.txt)" in result.output, result.output
     assert (out / "notes.txt").read_text() == "precious"
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name] == []
+
+
+@pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
+def test_overwrite_keeps_a_file_that_took_outs_place(tmp_path, monkeypatch, fmt):
+    """OUT replaced by a user's file while the run packed: exit 3, 'Not a directory', naming the
+    temporary OUT.old-* path (the file was put back)."""
+    from packer_cli.shards import _atomic, bridge_output
+
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
+    out = tmp_path / "out"
+    assert run("pack", path, "-o", out, "--format", fmt).exit_code == 0
+
+    def a_file_in_outs_place():
+        if out.is_dir():
+            shutil.rmtree(out)
+            out.write_text("precious")
+
+    def before(real):
+        def hooked(*args, **kwargs):
+            a_file_in_outs_place()
+            return real(*args, **kwargs)
+        return hooked
+
+    # native: as OUT is replaced; Bridge: as the split takes the lock to join its layout
+    monkeypatch.setattr("packer_cli.pipeline.replace_dir", before(_atomic.replace_dir))
+    monkeypatch.setattr(bridge_output, "locked", before(bridge_output.locked))
+    result = run("pack", path, "-o", out, "--overwrite", "--format", fmt)
+    assert result.exit_code == 2, result.output
+    assert f"{out} exists and is not a directory (it appeared while this run was packing" in result.output
+    assert out.read_text() == "precious"
     assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name] == []
 
 

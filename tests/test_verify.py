@@ -141,14 +141,36 @@ def test_an_output_replaced_while_it_is_read(synth, tmp_path, monkeypatch, comma
     monkeypatch.setattr(store_module.NativeStore, "read_shard", replaced_after_the_first_shard)
     said = f"{out} changed {_layout_checks.CHANGED}"
     if command == "verify":
-        report = verify_output(str(out))
+        report = verify_output(str(out), sources=[synth[0]])
         assert swapped and report.exit_code == 1
         assert [f.line() for f in report.findings] == [f"{said}: what was read may be of two outputs; verify it "
                                                       "again [structure.changed]"]
+        assert (report.packs, report.tokens, report.bytes, report.source) == (0, 0, 0, None)  # of neither output
     else:
         with pytest.raises(DataError, match=re.escape(said) + ": inspect it again"):
             inspect_output(str(out))
         assert swapped
+        # a pack index of the first output past the end of the second: 'out of range' (exit 2)
+        # replaced as inspect begins: a pack index of the first output past the end of the
+        # second was 'out of range' (exit 2), blaming a valid argument
+        from packer_cli.audit import inspect as inspect_module
+
+        by_packs = sorted(synth[1].values(), key=lambda o: sum(e["rows"] for e in manifest(o)["shards"]))
+        for path in (out, tmp_path / "old"):
+            shutil.rmtree(path)
+        shutil.copytree(by_packs[-1], out)  # the most packs, replaced by the fewest
+        shutil.copytree(by_packs[0], other)
+        last = sum(e["rows"] for e in manifest(out)["shards"]) - 1
+        real_layout = inspect_module.consistent_layout
+
+        def replaced_first(*args, **kwargs):
+            os.rename(out, tmp_path / "old")
+            os.rename(other, out)
+            return real_layout(*args, **kwargs)
+
+        monkeypatch.setattr(inspect_module, "consistent_layout", replaced_first)
+        with pytest.raises(DataError, match=re.escape(said) + r": inspect it again \(--pack .* is out of range"):
+            inspect_output(str(out), pack=last)
     monkeypatch.undo()
     assert verify_output(str(out)).ok  # the output now there is whole
 

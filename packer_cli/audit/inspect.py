@@ -30,7 +30,7 @@ from packer_cli.audit._layout_checks import (CHANGED, Layout, check_layout, dire
 from packer_cli.audit.findings import FindingSink
 from packer_cli.audit.report import InspectReport, PackDetail
 from packer_cli.audit.store import PackBatch
-from packer_cli.errors import ConfigError, DataError
+from packer_cli.errors import ConfigError, DataError, PackerError
 from packer_cli.sources.discover import path_argument
 from packer_cli.spec import is_int
 
@@ -134,7 +134,7 @@ def inspect_output(out: str, pack: int | None = None, split: str | None = None) 
     state = directory_state(out)
     try:
         total = _inspect(out, pack, split)
-    except DataError as exc:  # a shard gone missing mid-read, perhaps: said as what it likely was
+    except PackerError as exc:  # a shard gone missing mid-read, a --pack past a shorter output: said as what it was
         if directory_state(out) != state:
             raise DataError(f"{out} changed {CHANGED}: inspect it again ({exc})") from exc
         raise

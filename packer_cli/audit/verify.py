@@ -201,9 +201,10 @@ def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20
             report.source = check_source(files, meta, lim, arr, seqs, sink, store)
     elif files is not None:
         sink.add("source.skipped", "the output itself is unusable, so the source was not compared")
-    if directory_state(out) != state:  # what was read may be of two outputs: its findings are of neither
+    if directory_state(out) != state:  # what was read may be of two outputs: its findings and figures are of neither
         sink = FindingSink(limit)
         sink.add("structure.changed", f"{out} changed {CHANGED}: what was read may be of two outputs; verify it again")
+        stats, report = None, VerifyReport(out=out)
     if stats is not None:
         report.packs, report.sequences = stats.packs, stats.sequences
     report.findings = sink.findings()

@@ -352,6 +352,9 @@ def check_replaceable(out: str, inputs: Iterable[str], ours: Callable[[str], boo
     ``--overwrite`` deletes the old OUT once the new one is in place; a mistyped ``-o`` (the
     data directory, the working directory, a home directory) must not cost the user their files.
     """
+    if not os.path.isdir(out):  # a file or a link appeared where OUT was (judged again as it is renamed aside)
+        raise ConfigError(f"{shown or out} exists and is not a directory (it appeared while this run was packing: "
+                          "another run?); --overwrite replaces only a packer output")
     foreign = sorted(name for name in os.listdir(out) if not ours(name))
     if foreign:
         raise ConfigError(f"{shown or out} holds files packer did not write ({foreign[0]}"

@@ -419,8 +419,10 @@ class BridgeOutput:
             # this same split): what prepare() saw is read again under a lock, so neither run's
             # entry is lost or left stale, and a split that appeared meanwhile is not silently replaced.
             with locked(out):
-                if self._overwrite and os.path.isdir(out) and not _is_layout(out):
-                    replace = True  # a native output took the layout's place while this run waited: replaced
+                if not os.path.isdir(out) or (self._overwrite and not _is_layout(out)):
+                    # the layout was removed (renamed onto, as for an absent OUT), a file took its
+                    # place (refused), or a native output did (replaced, with --overwrite)
+                    replace = True
                     continue
                 self._check_layout_again(out)
                 array = read_bridge_array(os.path.join(out, array_name))
