@@ -51,11 +51,10 @@ from packer_cli.shards._atomic import (REPLACED, check_parent, check_replaceable
 from packer_cli.shards._gather import ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader, SpillWriter
 from packer_cli.shards._sink import use_direct_io
 from packer_cli.shards._staged import SPILL_READ_MODES, choose_spill_read, open_spill
-from packer_cli.shards.bridge import is_layout_name
-from packer_cli.shards.bridge_output import BridgeOutput
+from packer_cli.shards.bridge_output import BridgeOutput, replaceable_name
 from packer_cli.shards.bridge_writer import ENCODERS, ENV_ENCODER
 from packer_cli.shards.format import (
-    FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, is_output_file_name, seal_metadata, write_json,
+    FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, seal_metadata, write_json,
 )
 from packer_cli.shards.writer import ShardFile, pack_record_batch
 from packer_cli.sources import SampleStream, discover_inputs
@@ -441,12 +440,6 @@ def _nothing_left(files, read_counts: dict, dropped: int, bad_listed: list[dict]
     return text
 
 
-def _native_replaceable(name: str) -> bool:
-    """Whether a native output may replace a directory holding ``name``: a native output or a
-    Bridge layout does (packer's own files), nothing else."""
-    return is_output_file_name(name) or is_layout_name(name)
-
-
 def _prepare_out(out: str, overwrite: bool, inputs: list[str], create: bool = True) -> str | None:
     """Check OUT for a native output and, with ``create``, make its temporary sibling."""
     out = os.path.normpath(out)
@@ -455,7 +448,7 @@ def _prepare_out(out: str, overwrite: bool, inputs: list[str], create: bool = Tr
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(f"{out} exists and is not a directory")
     if os.path.exists(out):  # a native output, or a Bridge layout being replaced by one
-        check_replaceable(out, inputs, _native_replaceable)
+        check_replaceable(out, inputs, replaceable_name)
     check_parent(out)
     if not create:
         check_writable(os.path.dirname(os.path.abspath(out)), "output parent directory")
@@ -704,7 +697,7 @@ class _Run:
             write_json(os.path.join(self.tmp, MANIFEST_FILE), manifest)
             write_json(os.path.join(self.tmp, METADATA_FILE), seal_metadata(summary.metadata(__version__)))
             kept = replace_dir(self.tmp, self.out, self.opts.overwrite,
-                               lambda moved: check_replaceable(moved, (), _native_replaceable, shown=self.out))
+                               lambda moved: check_replaceable(moved, (), replaceable_name, shown=self.out))
         self.tmp = None  # in place: nothing left to remove
         if kept and self.warn:  # a replaced OUT that could not be deleted
             self.warn(f"{kept} holds the output this run replaced, which could not be deleted (read-only?); "

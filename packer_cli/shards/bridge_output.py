@@ -46,9 +46,9 @@ class _JoinInstead(Exception):
     this run checked OUT, to be joined, not replaced."""
 
 
-def _replaceable(name: str) -> bool:
-    """Whether ``--overwrite`` may replace a directory holding ``name``: a Bridge layout or a
-    native output does (packer's own files), nothing else."""
+def replaceable_name(name: str) -> bool:
+    """Whether ``--overwrite`` (either format) may replace a directory holding ``name``: a Bridge
+    layout or a native output does (packer's own files), nothing else."""
     return is_layout_name(name) or is_output_file_name(name)
 
 
@@ -253,7 +253,7 @@ class BridgeOutput:
                 raise ConfigError(f"{out} exists and is not a directory")
             names = layout_files(out)
             if overwrite:  # a Bridge layout, or a native output being replaced by one; nothing else
-                check_replaceable(out, inputs, _replaceable)
+                check_replaceable(out, inputs, replaceable_name)
             if names is None:
                 if not overwrite:
                     raise ConfigError(f"{out} exists and is not a Megatron-Bridge layout; pass --overwrite "
@@ -466,7 +466,7 @@ class BridgeOutput:
         prepare() is joined (:class:`_JoinInstead`), anything not packer's is kept."""
         if _is_layout(moved):
             raise _JoinInstead
-        check_replaceable(moved, (), _replaceable, shown=self._out)
+        check_replaceable(moved, (), replaceable_name, shown=self._out)
 
     def _check_layout_again(self, out: str) -> None:
         """prepare()'s checks on OUT as it is now (another run may have written into it since):
