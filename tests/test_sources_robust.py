@@ -456,6 +456,24 @@ def test_a_byte_order_mark_at_the_start_is_skipped(tmp_path, suffix):
     assert_pack_refuses(tmp_path / "twice", tmp_path / "twice" / f"d.{suffix}", "line 1: malformed JSON")
 
 
+@pytest.mark.parametrize("split_at", [1, 2, 3, 4])
+@pytest.mark.parametrize("marked", [True, False])
+def test_a_gzip_member_ending_inside_the_byte_order_mark(tmp_path, split_at, marked):
+    """Members of 1 or 2 bytes at the start: peek returned only the first member's bytes, so the
+    mark was not seen and line 1 was 'malformed JSON: UTF-8 byte order mark'. Without a mark the
+    bytes read to look for one come first still."""
+    import gzip
+
+    body = b"".join(orjson.dumps({"input_ids": [5, 6, i + 7], "loss_mask": [0, 1, 1]}) + b"\n" for i in range(5))
+    data = (b"\xef\xbb\xbf" if marked else b"") + body
+    path = tmp_path / "d.jsonl.gz"
+    path.write_bytes(gzip.compress(data[:split_at]) + gzip.compress(data[split_at:]))
+    result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 64)
+    assert result.exit_code == 0, result.output
+    assert records(path) == 5
+    assert run("verify", tmp_path / "out", "--source", path).exit_code == 0
+
+
 @pytest.mark.parametrize("policy", ["error", "skip"])
 @pytest.mark.parametrize("content", list(MALFORMED.values()), ids=list(MALFORMED))
 def test_a_file_of_only_malformed_json_names_the_line(tmp_path, content, policy):

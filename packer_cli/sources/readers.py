@@ -82,14 +82,42 @@ def _open_text(path: str):
     else:
         f = open(path, "rb", buffering=1 << 20)
     try:
-        # peek fills the buffer; were it ever to return fewer than 3 bytes of a longer file, the
-        # mark would stay, and line 1 be reported as malformed JSON (never read wrongly)
-        if f.peek(len(UTF8_BOM)).startswith(UTF8_BOM):
+        head = f.peek(len(UTF8_BOM))[:len(UTF8_BOM)]
+        if head.startswith(UTF8_BOM):
             f.read(len(UTF8_BOM))
+        elif head and UTF8_BOM.startswith(head):  # peek stopped inside the mark (a gzip member ends there)
+            head = b""
+            while len(head) < len(UTF8_BOM) and (more := f.read(len(UTF8_BOM) - len(head))):
+                head += more
+            if head != UTF8_BOM:  # no mark after all: what was read goes first
+                f = io.BufferedReader(_Prefixed(head, f), buffer_size=1 << 20)
     except BaseException:
         f.close()
         raise
     return f
+
+
+class _Prefixed(io.RawIOBase):
+    """``head`` (bytes already read from ``stream``), then the rest of ``stream``."""
+
+    def __init__(self, head: bytes, stream):
+        super().__init__()
+        self._head, self._stream = memoryview(head), stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self._head:
+            n = min(len(buffer), len(self._head))
+            buffer[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        return self._stream.readinto(buffer)
+
+    def close(self) -> None:
+        self._stream.close()
+        super().close()
 
 
 def unexpected_supervision(where: str) -> DataError:
