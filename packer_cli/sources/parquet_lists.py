@@ -291,62 +291,54 @@ def _level_entries(column: pa.Array) -> int:
 
 
 def _paged_levels_of(path: str, chunks: list[ChunkMeta]) -> list[int | None]:
-    """:func:`_paged_levels` of every chunk in ``chunks``, walked in one compiled call over one
-    memory map of the file (a map and a walk a chunk cost ~0.1 ms: 2 s of a 10,000-group file);
-    one chunk at a time where that cannot be (the file cannot be mapped, a header declined)."""
+    """The level entries of each column chunk's data pages by their headers alone, or None for a
+    chunk whose headers cannot be walked (left to pyarrow, which reports what it finds).
+
+    The compiled walk reads the headers of every chunk in one call over one memory map of the
+    file (only the pages holding headers are touched; a map and a walk a chunk cost ~0.1 ms:
+    2 s of a 10,000-group file). Where it declines a header, each chunk is walked alone over
+    the same map; a chunk still declined, or a file that cannot be mapped, is read one header
+    at a time."""
     spans = [_chunk_span(chunk) for chunk in chunks]
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        usable = [0 <= start < end <= size for start, end in spans]
-        table = None
-        if any(usable):
-            lo = np.array([start for (start, _), ok in zip(spans, usable) if ok], dtype=np.int64)
-            hi = np.array([end for (_, end), ok in zip(spans, usable) if ok], dtype=np.int64)
+        levels: list[int | None] = [None if not 0 <= start <= end <= size else 0 if start == end else -1
+                                    for start, end in spans]
+        todo = [i for i, n in enumerate(levels) if n == -1]
+        if todo:
             try:
                 with mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mapped:
                     raw = np.frombuffer(mapped, dtype=np.uint8)
-                    table = pages.walk(raw, lo, hi)
+                    for group in ([todo] + [[i] for i in todo]):  # all at once; else one at a time
+                        if all(levels[i] != -1 for i in group):
+                            continue
+                        walked = _walked_levels(raw, [spans[i] for i in group])
+                        if walked is not None:
+                            for i, n in zip(group, walked):
+                                levels[i] = n
                     del raw  # the map cannot close while an array views it
             except (OSError, ValueError):  # a file system that cannot map files
                 pass
+        for i in todo:
+            if levels[i] == -1:
+                try:
+                    levels[i] = _ChunkPages(f.fileno(), chunks[i], size).level_entries()
+                except _Corrupt:
+                    levels[i] = None
+    return levels
+
+
+def _walked_levels(raw: np.ndarray, spans: list[tuple[int, int]]) -> list[int] | None:
+    """Each span's data-page level entries by the compiled walk of ``raw``, or None where it
+    declines a header."""
+    lo, hi = (np.array(bounds, dtype=np.int64) for bounds in zip(*spans))
+    table = pages.walk(raw, lo, hi)
     if table is None:
-        return [_paged_levels(path, chunk) for chunk in chunks]
+        return None
     data = (table[:, pages.PAGE_TYPE] == thrift.DATA_PAGE) | (table[:, pages.PAGE_TYPE] == thrift.DATA_PAGE_V2)
-    sums = np.zeros(len(lo), dtype=np.int64)
+    sums = np.zeros(len(spans), dtype=np.int64)
     np.add.at(sums, table[data, pages.CHUNK], table[data, pages.NUM_VALUES])
-    walked = iter(sums.tolist())
-    return [next(walked) if ok else (0 if start == end and 0 <= start <= size else None)
-            for (start, end), ok in zip(spans, usable)]
-
-
-def _paged_levels(path: str, chunk: ChunkMeta) -> int | None:
-    """The level entries of a column chunk's data pages by their headers alone, or None where
-    they cannot be walked (left to pyarrow, which reports what it finds). The compiled walk
-    reads the headers in a memory map of the chunk (only the pages holding them are touched);
-    where the file cannot be mapped, or the walk declines a header, one header at a time."""
-    start, end = _chunk_span(chunk)
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if not 0 <= start <= end <= size:
-            return None
-        if start == end:
-            return 0
-        base = start - start % mmap.ALLOCATIONGRANULARITY
-        table = None
-        try:
-            with mmap.mmap(f.fileno(), end - base, prot=mmap.PROT_READ, offset=base) as mapped:
-                raw = np.frombuffer(mapped, dtype=np.uint8)
-                table = pages.walk(raw, np.array([start - base]), np.array([end - base]))
-                del raw  # the map cannot close while an array views it
-        except OSError:  # a file system that cannot map files
-            pass
-        if table is not None:
-            data = (table[:, pages.PAGE_TYPE] == thrift.DATA_PAGE) | (table[:, pages.PAGE_TYPE] == thrift.DATA_PAGE_V2)
-            return int(table[data, pages.NUM_VALUES].sum())
-        try:
-            return _ChunkPages(f.fileno(), chunk, size).level_entries()
-        except _Corrupt:
-            return None
+    return sums.tolist()
 
 
 def _footer(fd: int, file_size: int, pf: pq.ParquetFile, fields: list[str]) -> tuple[Footer | None, str | None]:
