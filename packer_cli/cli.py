@@ -451,17 +451,12 @@ def _run_command() -> int:
     except Exception as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare `packer`: the help is already printed
             code = 2
-        elif _is_usage_error(exc):
-            line = _usage_line(exc)
+        elif _is_usage_error(exc) or isinstance(exc, PackerError):  # the latter raised before the command's
+            line = _usage_line(exc) if _is_usage_error(exc) else f"error: {exc}"  # own handling: its imports
             if "--json" in sys.argv[1:]:  # a pipeline reading stdout gets a document here too
                 _print_failure_json({"out": None, "ok": False, "exit_code": exc.exit_code,
                                      "error": line.removeprefix("error: ")})
             say(line)
-            code = exc.exit_code
-        elif isinstance(exc, PackerError):  # raised before the command's own handling: importing its modules
-            if "--json" in sys.argv[1:]:
-                _print_failure_json({"out": None, "ok": False, "exit_code": exc.exit_code, "error": str(exc)})
-            say(f"error: {exc}")
             code = exc.exit_code
         elif (signalled := _signal_behind(exc)) is not None:
             code = _report_signal(signalled)

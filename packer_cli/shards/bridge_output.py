@@ -405,12 +405,9 @@ class BridgeOutput:
             if replace:
                 with open(os.path.join(tmp, array_name), "w") as f:
                     json.dump([metadata["bridge"]], f)
-                try:
-                    kept = self._put_in_place(tmp, out)
-                    if kept is not _JOIN:
-                        return kept
-                except _JoinInstead:  # found as OUT was renamed aside: put back, and joined below
-                    pass
+                kept = self._put_in_place(tmp, out)
+                if kept is not _JOIN:
+                    return kept
                 # another run created OUT meanwhile, or put a layout where the output this run was
                 # to replace stood (the other split, packed side by side): join it; replacing it
                 # lost that split
@@ -448,8 +445,6 @@ class BridgeOutput:
         a replaced OUT that could not be deleted, or None; :data:`_JOIN` where OUT is a layout.
         Any layout at OUT is another run's (prepare() found none here), whatever its inode (a
         freed one is reused at once): joined, never replaced."""
-        if os.path.lexists(out) and not _is_layout(out):
-            return replace_dir(tmp, out, self._overwrite, self._still_ours)
         if not os.path.lexists(out):
             try:
                 os.rename(tmp, out)  # refused onto anything but an empty directory
@@ -457,9 +452,12 @@ class BridgeOutput:
             except OSError as exc:
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
                     raise
-            if not _is_layout(out):  # a file, a dangling link, a native output appeared
-                return replace_dir(tmp, out, self._overwrite, self._still_ours)
-        return _JOIN
+        if _is_layout(out):
+            return _JOIN
+        try:  # a native output (--overwrite), or a file, a dangling link, a native output that appeared
+            return replace_dir(tmp, out, self._overwrite, self._still_ours)
+        except _JoinInstead:  # found as OUT was renamed aside (put back): joined
+            return _JOIN
 
     def _still_ours(self, moved: str) -> None:
         """OUT as it is once renamed aside (replace_dir): a layout another run put there since
