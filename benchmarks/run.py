@@ -1,6 +1,6 @@
 """Run every packer benchmark against its peers and write ``benchmarks/RESULTS.md``.
 
-    .venv/bin/python benchmarks/run.py            # full run, about 12 minutes
+    .venv/bin/python benchmarks/run.py            # full run, about 20 minutes
     .venv/bin/python benchmarks/run.py --quick    # smaller inputs, about 5 minutes on this 2-core machine
 
 Each step is a separate script (runnable on its own, one JSON row per line on stdout);
