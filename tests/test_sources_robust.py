@@ -285,11 +285,12 @@ def test_ipc_files_joined_together_are_a_data_error(tmp_path, first):
     if "metadata" not in first:  # pyarrow reads the first file's batches as the second's
         assert pa.ipc.open_file(pa.memory_map(str(path))).read_all().num_rows == 30
     # Where the first file's schema message is longer, the second's first batch is not where it
-    # ends (pyarrow fails on its own there, with "Invalid flatbuffers message"); the walk then
-    # starts at that batch, as for a schema written unframed, and still ends far from the footer.
-    with pytest.raises(DataError, match=r"f\.arrow: the Arrow IPC file's footer does not describe its contents "
-                                        r"\(its messages end at byte [\d,]+, the footer starts at byte [\d,]+\): "
-                                        r"files joined together"):
+    # ends (pyarrow fails on its own there, with "Invalid flatbuffers message"): the framed
+    # schema's end and the first listed block disagree. Otherwise the walk ends far from the footer.
+    detail = (r"the first message it lists is at byte [\d,]+, the schema message ends at byte [\d,]+"
+              if "metadata" in first else r"its messages end at byte [\d,]+, the footer starts at byte [\d,]+")
+    with pytest.raises(DataError, match=rf"f\.arrow: the Arrow IPC file's footer does not describe its contents "
+                                        rf"\({detail}\): files joined together"):
         records(path)
     assert_pack_refuses(tmp_path, path, "footer does not describe its contents")
 
@@ -364,6 +365,99 @@ def test_an_unframed_schema_may_name_a_field_after_the_magic(tmp_path, rows, nam
     else:
         with pytest.raises(DataError, match="empty input"):
             records(path)
+
+
+def _footer_blocks_rewritten(data: bytes, edit) -> bytes:
+    """``data`` (a pyarrow IPC file) with each footer block vector (dictionaries, record batches)
+    replaced, in place, by ``edit(kind, blocks)`` (no longer than before); a block is
+    (offset, metadata length, body length)."""
+    import struct
+
+    block = struct.Struct("<qi4xq")
+    out = bytearray(data)
+    footer_length = int.from_bytes(data[-10:-6], "little")
+    start = len(data) - 10 - footer_length
+    footer = data[start:start + footer_length]
+    table = int.from_bytes(footer[:4], "little")
+    vtable = table - struct.unpack_from("<i", footer, table)[0]
+    for kind, slot in (("dictionaries", 2), ("batches", 3)):
+        field = struct.unpack_from("<H", footer, vtable + 4 + 2 * slot)[0]
+        if not field:
+            continue
+        vector = start + table + field + int.from_bytes(footer[table + field:table + field + 4], "little")
+        count = int.from_bytes(data[vector:vector + 4], "little")
+        blocks = [block.unpack_from(data, vector + 4 + 24 * i) for i in range(count)]
+        new = edit(kind, blocks)
+        assert len(new) <= count
+        struct.pack_into("<I", out, vector, len(new))
+        for i, b in enumerate(new):
+            block.pack_into(out, vector + 4 + 24 * i, *b)
+    return bytes(out)
+
+
+def _without_first_batch(data: bytes) -> bytes:
+    return _footer_blocks_rewritten(data, lambda kind, blocks: blocks[1:] if kind == "batches" else blocks)
+
+
+def _undictionaried_file_bytes(rows: int = 30) -> bytes:
+    """An IPC file of ``rows`` records in batches of 10 and no dictionary: its first record batch
+    is the message right after the schema."""
+    table = pa.table({"input_ids": [[1, 2, 100 + i] for i in range(rows)]})
+    sink = io.BytesIO()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=10):
+            writer.write_batch(batch)
+    return sink.getvalue()
+
+
+def test_a_batch_between_a_framed_schema_and_the_first_listed_block_is_a_data_error(tmp_path):
+    """A file whose footer leaves out its first record batch: pyarrow's file reader skips it (the
+    footer is all it reads), and packer took the stretch for an unframed schema, so 10 of 30
+    records went missing with exit 0 and ``verify --source`` agreed. A framed schema says where
+    it ends; the first listed message must start there."""
+    data = _without_first_batch(_undictionaried_file_bytes())
+    path = tmp_path / "f.arrow"
+    path.write_bytes(data)
+    assert pa.ipc.open_file(pa.memory_map(str(path))).read_all().num_rows == 20  # pyarrow: 10 fewer, no word
+    with pytest.raises(DataError, match=r"f\.arrow: the Arrow IPC file's footer does not describe its contents "
+                                        r"\(the first message it lists is at byte [\d,]+, the schema message ends "
+                                        r"at byte [\d,]+\)"):
+        records(path)
+    assert_pack_refuses(tmp_path, path, "footer does not describe its contents")
+
+
+def test_a_file_without_listed_batches_after_a_framed_schema_must_end_there(tmp_path):
+    data = _footer_blocks_rewritten(_file_bytes(100, 10), lambda kind, blocks: [])
+    path = tmp_path / "f.arrow"
+    path.write_bytes(data)
+    with pytest.raises(DataError, match=r"footer does not describe its contents \(the schema message ends at byte "
+                                        r"[\d,]+, the footer lists no message and starts at byte [\d,]+\)"):
+        records(path)
+
+
+def _aligned_schema(data: bytes, to: int = 64) -> bytes:
+    """``data`` (a pyarrow IPC file) laid out as arrow-rs writes it with 64-byte alignment: zero
+    padding after the magic up to byte ``to``, where the framed schema message starts (every
+    block offset moved as far)."""
+    shift = to - 8
+    moved = _footer_blocks_rewritten(data, lambda kind, blocks: [(o + shift, m, b) for o, m, b in blocks])
+    return moved[:8] + bytes(shift) + moved[8:]
+
+
+@pytest.mark.parametrize("rows", [0, 30])
+def test_ipc_files_with_a_schema_aligned_past_the_magic_read(tmp_path, rows):
+    path = tmp_path / "f.arrow"
+    path.write_bytes(_aligned_schema(_file_bytes(100, rows)))
+    assert pa.ipc.open_file(pa.memory_map(str(path))).read_all().num_rows == rows
+    if rows:
+        assert records(path) == rows
+    else:
+        with pytest.raises(DataError, match="empty input"):
+            records(path)
+    # and a first batch the footer leaves out is found there too
+    path.write_bytes(_aligned_schema(_without_first_batch(_undictionaried_file_bytes())))
+    with pytest.raises(DataError, match=r"the first message it lists is at byte [\d,]+, the schema message ends"):
+        records(path)
 
 
 def test_bytes_that_pass_the_layout_walk_are_no_file_unless_pyarrow_opens_them():
@@ -656,3 +750,71 @@ def test_a_float_token_is_not_an_integer(tmp_path, record, text):
     path = tmp_path / "d.jsonl"
     path.write_text('{"input_ids": [1, 2, 3]}\n' + record + "\n")
     assert_pack_refuses(tmp_path, path, f"d.jsonl: line 2: {text}")
+
+
+# --- a column of a type pyarrow cannot hand to Python ------------------------------------
+
+def _write_month_interval_file(path, name: str, with_tokens: bool) -> None:
+    """An IPC file whose column ``name`` has type month_interval, which pyarrow writes and reads
+    but cannot wrap as a Python array (``batch.column`` raises ``KeyError``). pyarrow cannot
+    make one from Python either: the batch comes in through the Arrow C data interface."""
+    import ctypes
+
+    class Schema(ctypes.Structure):
+        pass
+
+    class Array(ctypes.Structure):
+        pass
+
+    release_schema = ctypes.CFUNCTYPE(None, ctypes.POINTER(Schema))
+    release_array = ctypes.CFUNCTYPE(None, ctypes.POINTER(Array))
+    Schema._fields_ = [("format", ctypes.c_char_p), ("name", ctypes.c_char_p), ("metadata", ctypes.c_char_p),
+                       ("flags", ctypes.c_int64), ("n_children", ctypes.c_int64),
+                       ("children", ctypes.POINTER(ctypes.POINTER(Schema))), ("dictionary", ctypes.c_void_p),
+                       ("release", release_schema), ("private_data", ctypes.c_void_p)]
+    Array._fields_ = [("length", ctypes.c_int64), ("null_count", ctypes.c_int64), ("offset", ctypes.c_int64),
+                      ("n_buffers", ctypes.c_int64), ("n_children", ctypes.c_int64),
+                      ("buffers", ctypes.POINTER(ctypes.c_void_p)), ("children", ctypes.POINTER(ctypes.POINTER(Array))),
+                      ("dictionary", ctypes.c_void_p), ("release", release_array), ("private_data", ctypes.c_void_p)]
+
+    @release_schema
+    def free_schema(schema):
+        schema.contents.release = release_schema()
+
+    @release_array
+    def free_array(array):
+        array.contents.release = release_array()
+
+    months = np.array([1, 2, 3], dtype=np.int32)
+    child_schema = Schema(format=b"tiM", name=name.encode(), release=free_schema)
+    child_schemas = (ctypes.POINTER(Schema) * 1)(ctypes.pointer(child_schema))
+    top_schema = Schema(format=b"+s", name=b"", n_children=1, children=child_schemas, release=free_schema)
+    child_buffers = (ctypes.c_void_p * 2)(None, months.ctypes.data)
+    child = Array(length=3, n_buffers=2, buffers=child_buffers, release=free_array)
+    children = (ctypes.POINTER(Array) * 1)(ctypes.pointer(child))
+    top_buffers = (ctypes.c_void_p * 1)(None)
+    top = Array(length=3, n_buffers=1, n_children=1, buffers=top_buffers, children=children, release=free_array)
+    table = pa.Table.from_batches([pa.RecordBatch._import_from_c(ctypes.addressof(top), ctypes.addressof(top_schema))])
+    if with_tokens:
+        table = table.add_column(0, "input_ids", pa.array([[1, 2, 3], [4, 5, 6], [7, 8, 9]]))
+    with pa.ipc.new_file(str(path), table.schema) as writer:
+        writer.write_table(table)
+    del table  # released while the callbacks and the buffers above are alive
+
+
+@pytest.mark.parametrize("name, with_tokens, before", [("input_ids", False, False), ("loss_mask", True, False),
+                                                       ("loss_mask", True, True)])
+def test_a_column_pyarrow_cannot_wrap_is_a_one_line_error(tmp_path, name, with_tokens, before):
+    """A token or supervision column of type month_interval ended ``packer pack`` with a
+    traceback (``KeyError: 21``): as the tokens, as the mask, and as a supervision column a
+    later input must not have (``before``: a first input without supervision)."""
+    path = tmp_path / "f.arrow"
+    _write_month_interval_file(path, name, with_tokens)
+    inputs = [path]
+    if before:
+        inputs.insert(0, tmp_path / "first.jsonl")
+        inputs[0].write_bytes(b'{"input_ids": [1, 2, 3]}\n')
+    result = run("pack", *inputs, "-o", tmp_path / "out", "--pack-size", 64)
+    assert_one_line_error(result, 1, f"f.arrow: row 0: field '{name}' has type month_interval, which packer "
+                                     "does not read")
+    assert not (tmp_path / "out").exists()

@@ -28,6 +28,9 @@ from packer_cli.errors import DataError
 
 _MAGIC = b"ARROW1"
 _CONTINUATION = b"\xff\xff\xff\xff"
+#: The furthest a schema message's continuation marker lies after zero padding (arrow-rs aligns
+#: the first message to 64 bytes).
+_ALIGNED_SCHEMA_AT = 64
 #: What ``cat`` leaves between two IPC files: one's closing magic, the next one's padded opening
 #: magic (a field's name may hold these bytes too: see :func:`_holds_a_whole_file`).
 _JOINED = _MAGIC + _MAGIC + b"\0\0"
@@ -75,18 +78,27 @@ def _misplaced(path: str, detail: str) -> DataError:
 def _schema_end(path: str, source, first_block: int | None, footer_start: int) -> int:
     """Where the schema message that follows the leading magic ends (it has no body).
 
-    A framed schema says its length. An unframed one (polars) ends where the first block
-    starts, or, in a file without batches, where the end-of-stream marker before the footer
-    starts; it is accepted unless two files' magics lie in it end to end (as ``cat`` leaves them).
+    A framed schema says its length. One behind a continuation marker must end where the first
+    block starts (or the messages end): anything between is a message the footer does not list,
+    which a file reader would skip. An unframed one (polars) ends where the first block starts,
+    or, in a file without batches, where the end-of-stream marker before the footer starts; it
+    is accepted unless two files' magics lie in it end to end (as ``cat`` leaves them). So is a
+    pre-1.0 schema (its length alone, which an unframed schema's first bytes also read as).
     """
-    framed_end = _framed_schema_end(source)
+    framed_end, marked = _framed_schema_end(source)
     if first_block is None:
         if _ends_messages(source, framed_end, footer_start):
             return framed_end
+        if marked:
+            raise _misplaced(path, f"the schema message ends at byte {framed_end:,}, the footer lists no message "
+                                   f"and starts at byte {footer_start:,}")
         tail = bytes(source.read_at(min(8, footer_start - 8), footer_start - min(8, footer_start - 8)))
         end = footer_start - max((len(m) for m in _BEFORE_FOOTER if tail.endswith(m)), default=0)
     elif first_block == framed_end:
         return framed_end
+    elif marked:
+        raise _misplaced(path, f"the first message it lists is at byte {first_block:,}, the schema message "
+                               f"ends at byte {framed_end:,}")
     else:
         end = first_block
     if not 16 <= end <= 8 + _LARGEST_SCHEMA:
@@ -134,13 +146,17 @@ class _Prefix:
         return self._source.read_at(nbytes, offset)
 
 
-def _framed_schema_end(source) -> int:
-    """Where a schema message framed as in a stream ends: after a continuation marker and a
-    length, or (pre-1.0) after the length alone."""
-    prefix = source.read_at(8, 8)
-    if prefix[:4] == _CONTINUATION:
-        return 16 + int.from_bytes(prefix[4:], "little", signed=True)
-    return 12 + int.from_bytes(prefix[:4], "little", signed=True)
+def _framed_schema_end(source) -> tuple[int, bool]:
+    """Where a schema message framed as in a stream ends, and whether a continuation marker
+    frames it: after the marker and a length (the marker may follow zero padding that aligns it,
+    up to byte 64, as arrow-rs writes), or (pre-1.0) after the length alone at byte 8."""
+    head = bytes(source.read_at(min(_ALIGNED_SCHEMA_AT + 8, source.size()), 0))
+    at = 8
+    while at < _ALIGNED_SCHEMA_AT and head[at:at + 8] == bytes(8):
+        at += 8
+    if head[at:at + 4] == _CONTINUATION and len(head) >= at + 8:
+        return at + 8 + int.from_bytes(head[at + 4:at + 8], "little", signed=True), True
+    return 12 + int.from_bytes(head[8:12], "little", signed=True), False
 
 
 def _ends_messages(source, position: int, footer_start: int) -> bool:

@@ -164,7 +164,7 @@ def _targets(batch: pa.RecordBatch, sup: Supervision, tokens, offsets, lengths, 
         return np.ones(tokens.size, dtype=np.uint8)
     if sup.field not in batch.schema.names:
         raise DataError(f"{path}: row {row0}: missing field '{sup.field}' (fields: {', '.join(batch.schema.names)})")
-    col = batch.column(sup.field)
+    col = readable_column(batch, sup.field, path, row0)
     _null_rows(col, sup.field, bad)
     if sup.kind == "answer":
         if pa.types.is_null(col.type):  # no record of the batch has it: each row is already marked bad
@@ -235,7 +235,7 @@ def _fast_batch(batch: pa.RecordBatch, name: str, sup: Supervision, spec: Source
     from packer_cli.sources import _kernels
 
     names = batch.schema.names
-    if name not in names or (sup.field and sup.field not in names):
+    if name not in names or (sup.field and sup.field not in names) or not _fast_types(batch.schema, name, sup):
         return None
     parts = _clean_list(batch.column(name))
     if parts is None:
@@ -283,6 +283,27 @@ def _fast_batch(batch: pa.RecordBatch, name: str, sup: Supervision, spec: Source
     return out
 
 
+def readable_column(batch: pa.RecordBatch, name: str, path: str, row0: int):
+    """The batch's column ``name``; :class:`DataError` for a type pyarrow cannot hand to Python
+    (``month_interval``: its ``column()`` raises ``KeyError``)."""
+    try:
+        return batch.column(name)
+    except (KeyError, NotImplementedError, pa.ArrowNotImplementedError):
+        raise DataError(f"{path}: row {row0}: field '{name}' has type {batch.schema.field(name).type}, "
+                        "which packer does not read") from None
+
+
+def _fast_types(schema: pa.Schema, name: str, sup: Supervision) -> bool:
+    """Whether the fields the fast path reads have the types it takes (checked on the schema:
+    a column of a type pyarrow cannot hand to Python must not be touched there)."""
+    if not (pa.types.is_list(schema.field(name).type) or pa.types.is_large_list(schema.field(name).type)):
+        return False
+    if sup.kind == "all":
+        return True
+    t = schema.field(sup.field).type
+    return pa.types.is_integer(t) if sup.kind == "answer" else pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
 def normalize_batch(
     batch: pa.RecordBatch,
     *,
@@ -309,7 +330,7 @@ def normalize_batch(
     bad: dict[int, str] = dict(pre_bad or {})
     if name not in batch.schema.names:
         raise DataError(f"{path}: row {row0}: missing field '{name}' (fields: {', '.join(batch.schema.names) or 'none'})")
-    col = batch.column(name)
+    col = readable_column(batch, name, path, row0)
     _null_rows(col, name, bad)
     values, offsets = _list_parts(col, name, path, row0)
     tokens = _int_values(values, name, path, row0, offsets, bad)

@@ -23,6 +23,7 @@ from packer_cli._arrow import from_numpy, memory_pool
 from packer_cli.errors import DataError, first_line, shown
 from packer_cli.sources._ipc_file import check_file_layout
 from packer_cli.sources.discover import InputFile
+from packer_cli.sources.normalize import readable_column
 from packer_cli.sources.parquet_lists import ListColumnReader
 
 BATCH_ROWS = 2048  # rows per batch: bounds decode memory in flight (a few batches are)
@@ -697,7 +698,8 @@ def read_ipc(path: str, fields: list[str], absent: tuple[str, ...] = ()) -> Iter
     for batch in batches:
         # IPC buffers are taken as written: check offsets and bounds before trusting them.
         _select(batch, fields).validate(full=True)
-        columns = [batch.column(name) for name in absent]  # a stream is read once: each batch checked as it comes
+        # a stream is read once: each batch checked as it comes
+        columns = [readable_column(batch, name, path, row0) for name in absent]
         supervised = _first_supervised_row(columns)
         rows = batch.num_rows if supervised is None else supervised
         for start in range(0, rows, BATCH_ROWS):
