@@ -249,7 +249,8 @@ def _row_of(offsets: np.ndarray, position) -> int:
 def _list_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
     """A list column's flat values and int64 offsets, both from 0 (a sliced table's too);
     :class:`BridgeRowError` for a null row or value (NumPy would turn the values to floats)."""
-    arr = table.column(name).combine_chunks()
+    column = table.column(name)
+    arr = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()  # one chunk: no copy
     if arr.null_count:
         raise BridgeRowError(_first(arr.is_null()), f"{name} is null")
     offsets = to_numpy(arr.offsets).astype(np.int64)
