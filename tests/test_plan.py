@@ -484,6 +484,64 @@ def test_refine_errors_and_empty():
         refine_plan([1, 2, 3], plan_packs([1, 2], 8))
 
 
+def _hand_plan(order, offsets, load, num_items=6, capacity=10):
+    return PackPlan(order=np.asarray(order, np.int32), pack_offsets=np.asarray(offsets, np.int64),
+                    pack_load=np.asarray(load, np.int32), num_items=num_items, capacity=capacity)
+
+
+# A layout the compiled kernels would have indexed with unchecked: offsets running past order
+# (read past its end: a hang, heap corruption or a segfault by how far), a negative index
+# (wrapped by NumPy in the load check, then listed in the refined plan with an item lost),
+# duplicates (returned as they were), an empty pack, a load above the capacity.
+BAD_PLANS = [
+    (_hand_plan(range(6), [0, 1, 2, 30_000_000], [3, 3, 12]), "pack_offsets are inconsistent"),
+    (_hand_plan(range(6), [0, 4, 2, 6], [12, -6, 12]), "pack_offsets are inconsistent"),
+    (_hand_plan([0, 1, 2, 3, 4, -1], [0, 2, 4, 6], [6, 6, 6]), "order is not a permutation"),
+    (_hand_plan([0, 0, 1, 1, 2, 2], [0, 2, 4, 6], [6, 6, 6]), "order is not a permutation"),
+    (_hand_plan([0, 1, 2, 3, 4, 6], [0, 2, 4, 6], [6, 6, 6]), "order is not a permutation"),
+    (_hand_plan(range(6), [0, 2, 2, 6], [6, 0, 12]), "pack 1 is empty"),
+    (_hand_plan(range(6), [0, 4, 6], [12, 6]), "pack 0 holds 12 tokens, above capacity 10"),
+]
+
+
+@pytest.mark.parametrize("plan, message", BAD_PLANS)
+def test_refine_and_validate_refuse_a_hand_made_plan_they_cannot_trust(plan, message):
+    lengths = [3] * 6
+    with pytest.raises(ValueError, match=message):
+        validate_plan(plan, lengths)
+    with pytest.raises(ValueError, match=message):
+        refine_plan(lengths, plan)
+
+
+def test_pack_of_item_refuses_an_index_outside_the_items():
+    """It wrote ``out[order[k]]`` unchecked: an index of 2 among 2 items wrote past the array."""
+    for order, offsets in (([0, 2], [0, 2]), ([0, 2_000_000_000], [0, 2]), ([0, 1], [0, 5])):
+        plan = _hand_plan(order, offsets, [5], num_items=2)
+        with pytest.raises(ValueError, match="out of range|pack_offsets are inconsistent"):
+            plan.pack_of_item
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 10), min_size=1, max_size=30), st.integers(0, 2**32 - 1), st.data())
+def test_a_damaged_plan_is_refused_or_still_sound(lengths, seed, data):
+    """Any one entry of a good plan's order or offsets changed: refine_plan either refuses it
+    or (the change kept it sound) returns a plan validate_plan accepts."""
+    plan = plan_packs(lengths, 10, "ffd")
+    rng = np.random.default_rng(seed)
+    order, offsets = plan.order.copy(), plan.pack_offsets.copy()
+    target = data.draw(st.sampled_from(["order", "offsets"]))
+    values = order if target == "order" else offsets
+    values[rng.integers(values.size)] = data.draw(st.integers(-3, len(lengths) + 3))
+    damaged = PackPlan(order=order, pack_offsets=offsets, pack_load=plan.pack_load, num_items=plan.num_items,
+                       capacity=10)
+    try:
+        refined = refine_plan(lengths, damaged)
+    except ValueError:
+        return
+    validate_plan(damaged, lengths)
+    validate_plan(refined, lengths)
+
+
 # ---------------------------------------------------------------------------
 # Internal structures
 # ---------------------------------------------------------------------------

@@ -641,12 +641,49 @@ def _group_by_pack(sequence, pack_of_sequence, lengths_of_sequence, num_packs):
 
 @njit(**NJIT_FLAGS)
 def _pack_of_item(order, offsets, num_items):
-    """Inverse of the grouped layout: pack of every item, -1 for items in no pack."""
+    """Inverse of the grouped layout: pack of every item, -1 for items in no pack. A layout that
+    would index outside ``order`` or ``out`` (a plan made by hand) raises instead (the kernels
+    run without bounds checks)."""
     out = np.full(num_items, -1, np.int32)
     for p in range(offsets.shape[0] - 1):
+        if offsets[p] < 0 or offsets[p + 1] > order.shape[0]:
+            raise ValueError("pack_offsets are inconsistent")
         for k in range(offsets[p], offsets[p + 1]):
-            out[order[k]] = p
+            item = order[k]
+            if item < 0 or item >= num_items:
+                raise ValueError("order holds an item index out of range")
+            out[item] = p
     return out
+
+
+#: What :func:`_layout_problem` finds, by its return code.
+LAYOUT_OK, LAYOUT_OFFSETS, LAYOUT_EMPTY_PACK, LAYOUT_NOT_PERMUTATION = 0, 1, 2, 3
+
+
+@njit(**NJIT_FLAGS)
+def _layout_problem(order, offsets, lengths, skip_empty):
+    """The first fault of a grouped layout over ``lengths`` (one O(N) pass, a LAYOUT_* code):
+    offsets that do not run from 0 up to ``order``'s end, an empty pack, or an ``order`` that is
+    not every item once (with ``skip_empty``: every non-empty item once, and no empty one)."""
+    n, m = lengths.shape[0], order.shape[0]
+    if offsets.shape[0] < 1 or offsets[0] != 0 or offsets[offsets.shape[0] - 1] != m:
+        return LAYOUT_OFFSETS
+    for p in range(offsets.shape[0] - 1):
+        if offsets[p + 1] < offsets[p]:
+            return LAYOUT_OFFSETS
+    seen = np.zeros(n, np.bool_)
+    for k in range(m):
+        item = order[k]
+        if item < 0 or item >= n or seen[item]:
+            return LAYOUT_NOT_PERMUTATION
+        seen[item] = True
+    for i in range(n):
+        if seen[i] != (not skip_empty or lengths[i] != 0):
+            return LAYOUT_NOT_PERMUTATION
+    for p in range(offsets.shape[0] - 1):
+        if offsets[p + 1] == offsets[p]:
+            return LAYOUT_EMPTY_PACK
+    return LAYOUT_OK
 
 
 @njit(**NJIT_FLAGS)

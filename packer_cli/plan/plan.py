@@ -176,22 +176,41 @@ def validate_plan(plan: PackPlan, lengths, capacity=None, *, skip_empty: bool = 
     """
     capacity = plan.capacity if capacity is None else capacity
     arr, capacity = check_lengths(lengths, capacity, allow_zero=skip_empty)
-    n = arr.shape[0]
-    packed = np.flatnonzero(arr) if skip_empty else np.arange(n)
-    p = plan.num_packs
-    if plan.num_items != n or plan.order.shape != packed.shape:
+    packed = int(np.count_nonzero(arr)) if skip_empty else arr.shape[0]
+    if plan.num_items != arr.shape[0] or plan.order.shape != (packed,):
         raise ValueError("plan does not cover every item")
-    if plan.pack_offsets.shape != (p + 1,) or plan.pack_offsets[0] != 0 or plan.pack_offsets[-1] != packed.size:
-        raise ValueError("pack_offsets are inconsistent")
-    if packed.size and (np.sort(plan.order) != packed).any():
-        raise ValueError("order is not a permutation of the items")
+    check_layout(plan, arr, skip_empty)
     sizes = np.diff(plan.pack_offsets)
-    if (sizes <= 0).any():
-        raise ValueError(f"pack {int(np.flatnonzero(sizes <= 0)[0])} is empty")
-    pack_of_slot = np.repeat(np.arange(p), sizes)
-    load = np.bincount(pack_of_slot, weights=arr[plan.order], minlength=p).astype(np.int64)
+    load = np.bincount(np.repeat(np.arange(plan.num_packs), sizes), weights=arr[plan.order],
+                       minlength=plan.num_packs).astype(np.int64)
     if (load != plan.pack_load).any():
         raise ValueError("pack_load does not match the item lengths")
-    if p and plan.pack_load.max() > capacity:
+    check_loads_fit(plan, capacity)
+
+
+def check_layout(plan: PackPlan, arr: np.ndarray, skip_empty: bool) -> None:
+    """``ValueError`` unless ``plan``'s grouped layout is sound over the validated lengths
+    ``arr``: offsets from 0 to the end of ``order``, no empty pack, and every item (every
+    non-empty one, with ``skip_empty``) exactly once. One compiled O(N) pass: the compiled
+    consumers of a plan index with what it says, unchecked, so a plan made by hand is checked
+    before any of them sees it."""
+    order, offsets = np.asarray(plan.order), np.asarray(plan.pack_offsets)
+    if order.ndim != 1 or order.dtype.kind not in "iu" or offsets.dtype.kind not in "iu":
+        raise ValueError("order and pack_offsets must be 1-D integer arrays")
+    if offsets.shape != (plan.num_packs + 1,):
+        raise ValueError("pack_offsets are inconsistent")
+    problem = K._layout_problem(order if order.dtype == np.int32 else order.astype(np.int64),
+                                offsets.astype(np.int64, copy=False), arr, bool(skip_empty))
+    if problem == K.LAYOUT_OFFSETS:
+        raise ValueError("pack_offsets are inconsistent")
+    if problem == K.LAYOUT_NOT_PERMUTATION:
+        raise ValueError("order is not a permutation of the items")
+    if problem == K.LAYOUT_EMPTY_PACK:
+        raise ValueError(f"pack {int(np.flatnonzero(np.diff(offsets) == 0)[0])} is empty")
+
+
+def check_loads_fit(plan: PackPlan, capacity: int) -> None:
+    """``ValueError`` for a pack whose load is above ``capacity``."""
+    if plan.num_packs and plan.pack_load.max() > capacity:
         q = int(np.argmax(plan.pack_load))
         raise ValueError(f"pack {q} holds {int(plan.pack_load[q])} tokens, above capacity {capacity}")

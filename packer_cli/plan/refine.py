@@ -27,7 +27,7 @@ import numpy as np
 from ._refine_kernels import _collect, _compose, _rebuild_sorted, _sort_pool
 from ._validate import check_lengths
 from .bounds import _l2_of_lengths
-from .plan import PackPlan, _make_plan
+from .plan import PackPlan, _make_plan, check_layout, check_loads_fit
 
 __all__ = ["refine_plan"]
 
@@ -228,7 +228,9 @@ def refine_plan(lengths, plan: PackPlan, *, max_rounds: int = 4) -> PackPlan:
     arr, _ = check_lengths(lengths, plan.capacity, allow_zero=skipped)
     if arr.shape[0] != plan.num_items:
         raise ValueError(f"plan covers {plan.num_items} items but {arr.shape[0]} lengths were given")
+    check_layout(plan, arr, skipped)  # the kernels below index with it unchecked
     loads = np.add.reduceat(arr[plan.order], plan.pack_offsets[:-1]) if plan.num_packs else np.zeros(0, np.int64)
     if not np.array_equal(loads, plan.pack_load):  # other lengths would be re-packed past the capacity
         raise ValueError("the plan's pack loads are not the sums of these lengths: the plan was made for others")
+    check_loads_fit(plan, plan.capacity)
     return _refine(arr, plan, max_rounds=int(max_rounds))
