@@ -217,6 +217,22 @@ def test_real_length_lowered_by_m_is_refused(outputs, tmp_path):
     assert "more padding than pad_seq_to_mult=4 allows" in message, message
 
 
+def test_real_length_lowered_within_the_padding_is_refused(outputs, tmp_path):
+    """Lowered by 1 where the padding rule still holds (p - s stays below m): the slot it gives
+    up holds a real token, not pad_id, and the batch would train the token before it to predict
+    a pad. A length raised within the padding reads the same as a real token equal to pad_id
+    (README: only verify's checksums see it)."""
+    out = copy(outputs, tmp_path)
+    with pa.memory_map(str(out / SHARD)) as mm:
+        batch = pa.ipc.open_file(mm).get_batch(0)
+        lengths = batch.column("seq_lens")[0].values.to_numpy().tolist()  # row 0's: the column's first values
+        physical = np.diff(batch.column("cu_seqlens")[0].values.to_numpy()).tolist()
+    k = next(k for k, (s, p) in enumerate(zip(lengths, physical)) if s > 1 and p - s <= 2)
+    _patch_int32(out / SHARD, "seq_lens", "values", k, lengths[k] - 1)
+    message = assert_refused(out, str(out / SHARD), " row ")
+    assert "but its padding slot at token" in message and "not pad_id=0 with loss 0" in message, message
+
+
 def test_bridge_real_length_lowered_by_m_is_refused(outputs, tmp_path):
     import pyarrow.parquet as pq
 
@@ -312,10 +328,17 @@ def test_per_sequence_column_of_another_length_is_refused(outputs, tmp_path, col
     assert f"{column} entries for" in message, message
 
 
+def _padded_at(values, *slots):
+    """``values`` with 0 (pad_id, or loss 0) at ``slots``: the stored alignment padding."""
+    values = values.copy()
+    values[list(slots)] = 0
+    return values
+
+
 def _row(**changes):
     from types import SimpleNamespace
 
-    row = dict(tokens=np.arange(1, 17, dtype=np.int32), loss_mask=np.ones(16, np.uint8),
+    row = dict(tokens=_padded_at(np.arange(1, 17, dtype=np.int32), 7), loss_mask=_padded_at(np.ones(16, np.uint8), 7),
                cu_seqlens=np.array([0, 8, 16], np.int32), seq_lens=np.array([7, 8], np.int32),
                last_token=np.array([9, 9], np.int32), source_index=np.array([0, 1]), source_offset=np.array([0, 0]))
     row.update(changes)
@@ -327,13 +350,21 @@ def _row(**changes):
      "sequence 0 spans 6 tokens, not a multiple of pad_seq_to_mult=4"),
     (dict(seq_lens=np.array([7, 4], np.int32)),
      "sequence 1 has 4 real tokens in 8, more padding than pad_seq_to_mult=4 allows"),
-    (dict(loss_mask=np.array([1] * 15 + [2], np.uint8)), "loss_mask holds 2 at token 15, not 0 or 1"),
-    (dict(loss_mask=np.array([1] * 15 + [-1], np.int8).view(np.uint8)), "loss_mask holds 255 at token 15"),
+    (dict(loss_mask=_padded_at(np.array([1] * 15 + [2], np.uint8), 7)), "loss_mask holds 2 at token 15, not 0 or 1"),
+    (dict(loss_mask=_padded_at(np.array([1] * 15 + [-1], np.int8), 7).view(np.uint8)), "loss_mask holds 255 at token 15"),
     (dict(source_index=np.array([0, 1, 2])), "3 source_index entries for 2 sequences"),
     (dict(source_index=np.array([0, 10])), "source_index 10 is not one of the 10 input records"),
     (dict(source_index=np.array([-1, 1])), "source_index -1 is not one of the 10 input records"),
-    (dict(tokens=np.arange(1, 21, dtype=np.int32), loss_mask=np.ones(20, np.uint8),
+    (dict(tokens=_padded_at(np.arange(1, 21, dtype=np.int32), 7, 17, 18, 19),
+          loss_mask=_padded_at(np.ones(20, np.uint8), 7, 17, 18, 19),
           cu_seqlens=np.array([0, 8, 20], np.int32), seq_lens=np.array([7, 9], np.int32)), "pack has 20 physical tokens, more than pack_size=16"),
+    # a real length lowered within the padding (7 -> 6): a real token and its loss in a padding slot
+    (dict(seq_lens=np.array([6, 8], np.int32)),
+     r"sequence 0 has 6 real tokens in 8, but its padding slot at token 6 holds 7 with loss 1, not pad_id=0 with loss 0"),
+    (dict(loss_mask=_padded_at(np.ones(16, np.uint8), 7, 6), seq_lens=np.array([6, 8], np.int32)),
+     "padding slot at token 6 holds 7 with loss 0"),
+    (dict(tokens=_padded_at(np.arange(1, 17, dtype=np.int32), 7, 6), seq_lens=np.array([6, 8], np.int32)),
+     "padding slot at token 6 holds 0 with loss 1"),
 ])
 def test_build_refuses_rows_that_would_train_wrongly(changes, says):
     """A boundary off the recorded alignment (tokens shifted; CP slicing would also fail), a loss
@@ -381,3 +412,37 @@ def test_index_types_and_ranges(outputs):
         with pytest.raises(ValueError, match="cp_size must be an integer >= 1"):
             ds.micro_batch([0], size, rank)
     assert ds.micro_batch([0], np.int64(2), 1).cp_rank == 1
+
+
+def test_a_damaged_record_batch_header_is_a_data_error(outputs, tmp_path):
+    """Bits flipped in a shard's record batch header (the file keeps its size, so the layout
+    checks pass): NumPy's views of buffers the header misdescribed failed with a bare
+    ValueError, even a SystemError, instead of a DataError naming the shard."""
+    out = copy(outputs, tmp_path)
+    path = out / SHARD
+    data = path.read_bytes()
+    # The first record batch's header: where the footer's first block says.
+    import struct
+
+    footer_length = int.from_bytes(data[-10:-6], "little")
+    footer = data[len(data) - 10 - footer_length:len(data) - 10]
+    table = int.from_bytes(footer[:4], "little")
+    vtable = table - struct.unpack_from("<i", footer, table)[0]
+    field = struct.unpack_from("<H", footer, vtable + 4 + 2 * 3)[0]  # recordBatches
+    vector = table + field + int.from_bytes(footer[table + field:table + field + 4], "little")
+    offset, header_length, _ = struct.unpack_from("<qi4xq", footer, vector + 4)
+    outcomes = set()
+    for at in range(offset, offset + header_length):
+        for bit in (2, 7):
+            damaged = bytearray(data)
+            damaged[at] ^= 1 << bit
+            path.write_bytes(bytes(damaged))
+            try:
+                ds = PackedDataset(out)
+                for i in range(len(ds)):
+                    ds[i]
+                outcomes.add("read")
+            except DataError as exc:
+                assert "\n" not in str(exc)
+                outcomes.add("DataError")
+    assert outcomes == {"read", "DataError"}  # some flips change only values, as documented

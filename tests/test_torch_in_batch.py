@@ -126,6 +126,32 @@ def test_inputs_of_other_shapes_are_refused():
         pack_batch_sequences(tokens[0], None, None, None, positions[0])
 
 
+def test_inputs_of_other_types_are_refused():
+    """Each used to fail deep inside (a list of tokens: AttributeError; position_ids=None:
+    'NoneType' object is not subscriptable; pad_token_id=None: 'bool' object has no attribute
+    'flip') or not at all: uint8 labels turned the padding's -100 into 156, a label trained on."""
+    tokens = torch.tensor([[5, 6, 7, 0, 0], [8, 9, 0, 0, 0]])
+    positions = torch.arange(5).expand(2, 5)
+    with pytest.raises(TypeError, match="tokens must be a tensor, got list"):
+        pack_batch_sequences(tokens.tolist(), None, None, None, positions)
+    with pytest.raises(TypeError, match="position_ids must be a tensor, got NoneType"):
+        pack_batch_sequences(tokens, None, None, None, None)
+    with pytest.raises(TypeError, match="labels must be a tensor or None, got list"):
+        pack_batch_sequences(tokens, tokens.tolist(), None, None, positions)
+    for pad in (None, 0.0, True, "0"):
+        with pytest.raises(TypeError, match="pad_token_id must be an integer"):
+            pack_batch_sequences(tokens, None, None, None, positions, pad_token_id=pad)
+    for dtype in (torch.uint8, torch.bool):
+        with pytest.raises(TypeError, match=f"labels of dtype {dtype} cannot hold -100"):
+            pack_batch_sequences(tokens, tokens.to(dtype), None, None, positions, pad_to_multiple_of=4)
+    for dtype in (torch.int8, torch.int32, torch.float32):  # these hold it: the padding is ignored
+        labels = pack_batch_sequences(tokens, tokens.to(dtype), None, None, positions, pad_to_multiple_of=4)[1]
+        assert labels.dtype == dtype and labels[0, 3].item() == -100
+    import numpy as np
+
+    assert pack_batch_sequences(tokens, None, None, None, positions, pad_token_id=np.int64(0))[0].shape == (1, 5)
+
+
 def test_padding_mask_values_count_tokens_and_empty_widths_are_empty():
     """A mask's nonzero entries are real tokens (a 2 is one token, not two); a batch of width 0
     is all padding; a NumPy integer multiple is accepted."""

@@ -219,10 +219,14 @@ class PackedReader:
                                     f"{schema_difference(reader.schema, schema)}")
                 for b in range(reader.num_record_batches):
                     batch = reader.get_batch(b)
+                    # A damaged batch header (lengths, buffer sizes) is refused here: taken as
+                    # written, it made NumPy's views fail (ValueError, even SystemError).
+                    # Shallow: buffer sizes, not every offset (the rows are checked as built).
+                    batch.validate()
                     self._batches.append(_Batch(batch))
                     self._paths.append(path)
                     starts.append(starts[-1] + batch.num_rows)
-            except (OSError, pa.ArrowException, KeyError) as exc:
+            except (OSError, pa.ArrowException, KeyError, ValueError, SystemError) as exc:
                 raise DataError(f"{path}: cannot open shard ({first_line(exc)})") from None
         self._starts = np.asarray(starts, dtype=np.int64)
 

@@ -58,7 +58,7 @@ def static_shape(meta: dict) -> tuple[int, int, int]:
 
 
 def _check_row(row: Any, tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s: np.ndarray, p: np.ndarray,
-               multiple: int | None) -> None:
+               multiple: int | None, pad_id: int) -> None:
     """What a damaged row would otherwise turn into a batch silently (a flipped offset or
     length, a mask value that would weight the loss): ``ValueError`` naming the first problem."""
     if cu.size < 1 or cu[0] != 0 or cu[-1] != tokens.size or loss.size != tokens.size:
@@ -82,9 +82,30 @@ def _check_row(row: Any, tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s
         k = int(np.flatnonzero(p - s >= multiple)[0])
         raise ValueError(f"malformed pack: sequence {k} has {s[k]} real tokens in {p[k]}, more padding than "
                          f"pad_seq_to_mult={multiple} allows")
+    _check_padding(tokens, loss, cu, s, p, pad_id)
     if loss.size and loss.dtype != np.bool_ and (int(loss.max()) > 1 or (loss.dtype.kind != "u" and int(loss.min()) < 0)):
         bad = int(np.flatnonzero((loss > 1) | (loss < 0))[0])
         raise ValueError(f"malformed pack: loss_mask holds {loss[bad]} at token {bad}, not 0 or 1")
+
+
+def _check_padding(tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s: np.ndarray, p: np.ndarray,
+                   pad_id: int) -> None:
+    """Each sequence's alignment padding (its last ``p - s`` slots) holds ``pad_id`` with loss 0,
+    as stored: a real length lowered within the padding would otherwise train its last real
+    token's label as a pad and its real tokens as padding. (One raised within the padding reads
+    as a real token equal to ``pad_id``: only verify's checksums see that.)"""
+    pads = p - s
+    total = int(pads.sum())
+    if not total:
+        return
+    first = np.repeat(cu[:-1] + s - (np.cumsum(pads) - pads), pads)
+    slots = first + np.arange(total)
+    wrong = (tokens[slots] != pad_id) | (loss[slots] != 0)
+    if wrong.any():
+        j = int(slots[np.flatnonzero(wrong)[0]])
+        k = int(np.searchsorted(cu, j, side="right") - 1)
+        raise ValueError(f"malformed pack: sequence {k} has {s[k]} real tokens in {p[k]}, but its padding slot at "
+                         f"token {j} holds {tokens[j]} with loss {int(loss[j])}, not pad_id={pad_id} with loss 0")
 
 
 def _check_sources(row: Any, meta: dict) -> None:
@@ -120,7 +141,8 @@ def build_thd_batch(row: Any, meta: dict, *, static: bool = False) -> THDBatch:
     s = np.asarray(row.seq_lens, dtype=np.int64)
     p = np.diff(cu_in)
     multiple = spec.get("pad_seq_to_mult")
-    _check_row(row, tokens_in, loss_in, cu_in, s, p, multiple if type(multiple) is int and multiple >= 1 else None)
+    _check_row(row, tokens_in, loss_in, cu_in, s, p, multiple if type(multiple) is int and multiple >= 1 else None,
+               pad_id)
     n = s.size
     phys = int(cu_in[-1])
 

@@ -58,6 +58,13 @@ def _refuse_left_padding(padding_mask: torch.Tensor) -> None:
                      "be right-padded (each row's real tokens first)")
 
 
+def _holds_ignored_label(dtype: torch.dtype) -> bool:
+    """Whether labels of ``dtype`` can hold -100."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return True
+    return dtype != torch.bool and torch.iinfo(dtype).min <= -100
+
+
 def pack_batch_sequences(
     tokens: torch.Tensor,
     labels: torch.Tensor | None,
@@ -101,12 +108,24 @@ def pack_batch_sequences(
     if multiple is None or multiple < 1:
         raise ValueError(f"pad_to_multiple_of must be an integer >= 1, got {pad_to_multiple_of!r}")
     pad_to_multiple_of = multiple
+    pad = integer(pad_token_id)
+    if pad is None:
+        raise TypeError(f"pad_token_id must be an integer, got {pad_token_id!r}")
+    pad_token_id = pad
+    for name, t in (("tokens", tokens), ("position_ids", position_ids)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
     if tokens.dim() != 2:
         raise ValueError(f"tokens must be a [B, S] tensor, got shape {list(tokens.shape)}")
     for name, t in (("labels", labels), ("loss_mask", loss_mask), ("position_ids", position_ids),
                     ("padding_mask", padding_mask)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor or None, got {type(t).__name__}")
         if t is not None and t.shape != tokens.shape:
             raise ValueError(f"{name} has shape {list(t.shape)}, but tokens has {list(tokens.shape)}")
+    if labels is not None and not _holds_ignored_label(labels.dtype):
+        # the padding's labels are -100 (ignored by the loss): an unsigned type would wrap it
+        raise TypeError(f"labels of dtype {labels.dtype} cannot hold -100, the ignored label of the padding")
     device = tokens.device
     width = tokens.shape[1]
     lengths = _row_lengths(tokens, pad_token_id, padding_mask)
