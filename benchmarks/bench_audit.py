@@ -39,7 +39,9 @@ def make_input(path: str, tokens: float, seed: int = 0, rows_per_group: int = 65
     written = 0
     with pq.ParquetWriter(path, pa.schema([("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.uint8()))])) as w:
         while written < tokens:
-            n = np.clip(rng.lognormal(np.log(600), 0.8, rows_per_group), 2, 4000).astype(np.int64)
+            # the last group only as large as the tokens still wanted (~830 a sample on average)
+            rows = int(min(rows_per_group, max(1, (tokens - written) // 800 + 1)))
+            n = np.clip(rng.lognormal(np.log(600), 0.8, rows), 2, 4000).astype(np.int64)
             total = int(n.sum())
             offsets = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
             ids = rng.integers(0, 100_000, total, dtype=np.int32)

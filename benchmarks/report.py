@@ -506,8 +506,8 @@ def render(res: dict, targets: dict) -> str:
             if "cli_median_s" in r:
                 rows.append([name, f"{r['cli_median_s']:.3f}", _mt(r["tokens_per_s"]), f"{r['first_s']:.3f}",
                              f"{r['median_s']:.3f}", _mt(r["api_tokens_per_s"]), f"{r['best_s']:.3f}"])
-            else:  # results from before the command was timed
-                rows.append([name, "–", "–", f"{r['first_s']:.3f}", "–", _mt(r["tokens_per_s"]), f"{r['best_s']:.3f}"])
+            else:  # results from before the command was timed (their rate is the best run's)
+                rows.append([name, "–", "–", f"{r['first_s']:.3f}", "–", "–", f"{r['best_s']:.3f}"])
         out.append(_table(["audit", "command median s", "command tokens/s", "library first s", "library median s",
                            "library tokens/s (median)", "library best s"], rows) + "\n")
         out.append("Command: `" + next(s["command"] for s in res["steps"] if s["step"] == "audit") + "`\n")

@@ -521,6 +521,24 @@ def test_pack_of_item_refuses_an_index_outside_the_items():
             plan.pack_of_item
 
 
+def test_a_hand_made_plan_of_lists_or_other_integer_dtypes_works_as_arrays():
+    lengths = [3, 2, 2]
+    want = refine_plan(lengths, _hand_plan([0, 2, 1], [0, 2, 3], [5, 2], num_items=3, capacity=8))
+    for order in ([0, 2, 1], (0, 2, 1), np.array([0, 2, 1], np.uint64), np.array([0, 2, 1], np.int16)):
+        plan = PackPlan(order=order, pack_offsets=[0, 2, 3], pack_load=[5, 2], num_items=3, capacity=8)
+        npt.assert_array_equal(plan.pack_of_item, [0, 1, 0])
+        validate_plan(plan, lengths)
+        got = refine_plan(lengths, plan)
+        npt.assert_array_equal(got.order, want.order)
+        npt.assert_array_equal(got.pack_offsets, want.pack_offsets)
+    for order in ([0.0, 2.0, 1.0], [[0, 2, 1]]):
+        plan = PackPlan(order=order, pack_offsets=[0, 2, 3], pack_load=[5, 2], num_items=3, capacity=8)
+        with pytest.raises(ValueError, match="order and pack_offsets must be 1-D integer arrays"):
+            plan.pack_of_item
+        with pytest.raises(ValueError):
+            refine_plan(lengths, plan)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(1, 10), min_size=1, max_size=30), st.integers(0, 2**32 - 1), st.data())
 def test_a_damaged_plan_is_refused_or_still_sound(lengths, seed, data):

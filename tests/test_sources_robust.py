@@ -435,6 +435,38 @@ def test_a_file_without_listed_batches_after_a_framed_schema_must_end_there(tmp_
         records(path)
 
 
+def test_a_batch_the_footer_leaves_out_after_an_unframed_schema_is_a_data_error(tmp_path):
+    """polars writes the schema unframed, which reaches up to the first listed block: a batch
+    the footer left out there read as part of the schema (10 of 30 records gone, exit 0)."""
+    path = tmp_path / "f.arrow"
+    path.write_bytes(_without_first_batch(_unframed_schema(_undictionaried_file_bytes())))
+    assert pa.ipc.open_file(pa.memory_map(str(path))).read_all().num_rows == 20
+    with pytest.raises(DataError, match=r"footer does not describe its contents \(a message the footer does not list "
+                                        r"is at byte [\d,]+, after an unframed schema message and before byte "):
+        records(path)
+
+
+def _without_schema_message(data: bytes) -> bytes:
+    """``data`` (a pyarrow IPC file) as arrow-js writes one: no schema message after the magic
+    (the footer holds the schema), the first batch at byte 8."""
+    assert data[8:12] == b"\xff\xff\xff\xff"
+    end = 16 + int.from_bytes(data[12:16], "little")
+    moved = _footer_blocks_rewritten(data, lambda kind, blocks: [(o - (end - 8), m, b) for o, m, b in blocks])
+    return moved[:8] + moved[end:]
+
+
+def test_ipc_files_without_a_schema_message_read(tmp_path):
+    """arrow-js writes the schema in the footer only: pyarrow reads such files whole, packer
+    refused them as damaged (the first block at byte 8, where the schema message would be)."""
+    path = tmp_path / "f.arrow"
+    path.write_bytes(_without_schema_message(_undictionaried_file_bytes()))
+    assert pa.ipc.open_file(pa.memory_map(str(path))).read_all().num_rows == 30
+    assert records(path) == 30
+    path.write_bytes(_without_schema_message(_undictionaried_file_bytes()) * 2)  # and joined files still are not
+    with pytest.raises(DataError, match="footer does not describe its contents"):
+        records(path)
+
+
 def _aligned_schema(data: bytes, to: int = 64) -> bytes:
     """``data`` (a pyarrow IPC file) laid out as arrow-rs writes it with 64-byte alignment: zero
     padding after the magic up to byte ``to``, where the framed schema message starts (every
@@ -754,7 +786,7 @@ def test_a_float_token_is_not_an_integer(tmp_path, record, text):
 
 # --- a column of a type pyarrow cannot hand to Python ------------------------------------
 
-def _write_month_interval_file(path, name: str, with_tokens: bool) -> None:
+def _write_month_interval_file(path, name: str, with_tokens: bool, as_list: bool = False) -> None:
     """An IPC file whose column ``name`` has type month_interval, which pyarrow writes and reads
     but cannot wrap as a Python array (``batch.column`` raises ``KeyError``). pyarrow cannot
     make one from Python either: the batch comes in through the Arrow C data interface."""
@@ -785,12 +817,23 @@ def _write_month_interval_file(path, name: str, with_tokens: bool) -> None:
     def free_array(array):
         array.contents.release = release_array()
 
-    months = np.array([1, 2, 3], dtype=np.int32)
-    child_schema = Schema(format=b"tiM", name=name.encode(), release=free_schema)
+    months = np.arange(1, 10, dtype=np.int32)
+    offsets = np.array([0, 3, 6, 9], dtype=np.int32)  # as_list: three rows of three
+    month_schema = Schema(format=b"tiM", name=b"item" if as_list else name.encode(), release=free_schema)
+    month_buffers = (ctypes.c_void_p * 2)(None, months.ctypes.data)
+    month_array = Array(length=9 if as_list else 3, n_buffers=2, buffers=month_buffers, release=free_array)
+    if as_list:
+        item_schemas = (ctypes.POINTER(Schema) * 1)(ctypes.pointer(month_schema))
+        item_arrays = (ctypes.POINTER(Array) * 1)(ctypes.pointer(month_array))
+        child_schema = Schema(format=b"+l", name=name.encode(), n_children=1, children=item_schemas,
+                              release=free_schema)
+        list_buffers = (ctypes.c_void_p * 2)(None, offsets.ctypes.data)
+        child = Array(length=3, n_buffers=2, n_children=1, buffers=list_buffers, children=item_arrays,
+                      release=free_array)
+    else:
+        child_schema, child = month_schema, month_array
     child_schemas = (ctypes.POINTER(Schema) * 1)(ctypes.pointer(child_schema))
     top_schema = Schema(format=b"+s", name=b"", n_children=1, children=child_schemas, release=free_schema)
-    child_buffers = (ctypes.c_void_p * 2)(None, months.ctypes.data)
-    child = Array(length=3, n_buffers=2, buffers=child_buffers, release=free_array)
     children = (ctypes.POINTER(Array) * 1)(ctypes.pointer(child))
     top_buffers = (ctypes.c_void_p * 1)(None)
     top = Array(length=3, n_buffers=1, n_children=1, buffers=top_buffers, children=children, release=free_array)
@@ -802,19 +845,21 @@ def _write_month_interval_file(path, name: str, with_tokens: bool) -> None:
     del table  # released while the callbacks and the buffers above are alive
 
 
-@pytest.mark.parametrize("name, with_tokens, before", [("input_ids", False, False), ("loss_mask", True, False),
-                                                       ("loss_mask", True, True)])
-def test_a_column_pyarrow_cannot_wrap_is_a_one_line_error(tmp_path, name, with_tokens, before):
-    """A token or supervision column of type month_interval ended ``packer pack`` with a
-    traceback (``KeyError: 21``): as the tokens, as the mask, and as a supervision column a
-    later input must not have (``before``: a first input without supervision)."""
+@pytest.mark.parametrize("name, with_tokens, before, as_list", [
+    ("input_ids", False, False, False), ("loss_mask", True, False, False), ("loss_mask", True, True, False),
+    ("input_ids", False, False, True), ("loss_mask", True, False, True), ("labels", True, False, True)])
+def test_a_column_pyarrow_cannot_wrap_is_a_one_line_error(tmp_path, name, with_tokens, before, as_list):
+    """A token or supervision column of type month_interval, or a list of them, ended ``packer
+    pack`` with a traceback (``KeyError: 21``): as the tokens, as the mask or labels, and as a
+    supervision column a later input must not have (``before``: a first input without one)."""
     path = tmp_path / "f.arrow"
-    _write_month_interval_file(path, name, with_tokens)
+    _write_month_interval_file(path, name, with_tokens, as_list)
     inputs = [path]
     if before:
         inputs.insert(0, tmp_path / "first.jsonl")
         inputs[0].write_bytes(b'{"input_ids": [1, 2, 3]}\n')
     result = run("pack", *inputs, "-o", tmp_path / "out", "--pack-size", 64)
-    assert_one_line_error(result, 1, f"f.arrow: row 0: field '{name}' has type month_interval, which packer "
-                                     "does not read")
+    said = ("has type list<item: month_interval" if as_list
+            else "has type month_interval, which packer does not read")
+    assert_one_line_error(result, 1, f"f.arrow: row 0: field '{name}' {said}")
     assert not (tmp_path / "out").exists()

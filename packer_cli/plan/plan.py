@@ -54,6 +54,13 @@ class PackPlan:
     algorithm: str = ""
     refine_seconds: float | None = None
 
+    def __post_init__(self):
+        # A plan made by hand may hold lists: the kernels and checks below take arrays.
+        for name in ("order", "pack_offsets", "pack_load"):
+            value = getattr(self, name)
+            if not isinstance(value, np.ndarray):
+                object.__setattr__(self, name, np.asarray(value))
+
     @property
     def num_packs(self) -> int:
         """Number of packs ``P``."""
@@ -66,7 +73,8 @@ class PackPlan:
         Derived from ``order`` on first use (the planner itself never needs it,
         so a plan of N items costs 4 bytes less per item until someone asks).
         """
-        return _frozen(K._pack_of_item(self.order, self.pack_offsets, self.num_items))
+        order, offsets = _layout_arrays(self)
+        return _frozen(K._pack_of_item(order, offsets, self.num_items))
 
     def pack_items(self, pack: int) -> np.ndarray:
         """Item indices of ``pack`` in placement order."""
@@ -194,19 +202,25 @@ def check_layout(plan: PackPlan, arr: np.ndarray, skip_empty: bool) -> None:
     non-empty one, with ``skip_empty``) exactly once. One compiled O(N) pass: the compiled
     consumers of a plan index with what it says, unchecked, so a plan made by hand is checked
     before any of them sees it."""
-    order, offsets = np.asarray(plan.order), np.asarray(plan.pack_offsets)
-    if order.ndim != 1 or order.dtype.kind not in "iu" or offsets.dtype.kind not in "iu":
-        raise ValueError("order and pack_offsets must be 1-D integer arrays")
+    order, offsets = _layout_arrays(plan)
     if offsets.shape != (plan.num_packs + 1,):
         raise ValueError("pack_offsets are inconsistent")
-    problem = K._layout_problem(order if order.dtype == np.int32 else order.astype(np.int64),
-                                offsets.astype(np.int64, copy=False), arr, bool(skip_empty))
+    problem = K._layout_problem(order, offsets, arr, bool(skip_empty))
     if problem == K.LAYOUT_OFFSETS:
         raise ValueError("pack_offsets are inconsistent")
     if problem == K.LAYOUT_NOT_PERMUTATION:
         raise ValueError("order is not a permutation of the items")
     if problem == K.LAYOUT_EMPTY_PACK:
         raise ValueError(f"pack {int(np.flatnonzero(np.diff(offsets) == 0)[0])} is empty")
+
+
+def _layout_arrays(plan: PackPlan) -> tuple[np.ndarray, np.ndarray]:
+    """``order`` (int32 as the planner makes it, else int64) and int64 ``pack_offsets`` for the
+    compiled passes; ``ValueError`` for anything but 1-D integer arrays."""
+    order, offsets = plan.order, plan.pack_offsets
+    if order.ndim != 1 or offsets.ndim != 1 or order.dtype.kind not in "iu" or offsets.dtype.kind not in "iu":
+        raise ValueError("order and pack_offsets must be 1-D integer arrays")
+    return (order if order.dtype == np.int32 else order.astype(np.int64)), offsets.astype(np.int64, copy=False)
 
 
 def check_loads_fit(plan: PackPlan, capacity: int) -> None:

@@ -10,13 +10,15 @@ so the second file's samples would be lost without a word.
 
 :func:`check_file_layout` walks the footer's blocks and requires the messages to lie end to
 end from the schema message to the footer, with at most the end-of-stream marker before it.
-Every Arrow writer lays its batches out this way. Not every one frames the schema message:
-pyarrow and arrow-rs write it as the stream format does (a continuation marker and a length),
-polars writes the bare flatbuffer, whose end only a flatbuffer parser could find. The schema
-then reaches up to the first block (or to the end-of-stream marker of a file without
-batches), and that stretch must not hold what two joined files always leave between them:
-one's closing magic right before the other's padded opening one. The check reads the footer
-(a few bytes per batch) and the schema, never a batch.
+Every Arrow writer lays its batches out this way, but not every one writes the schema message
+the same way: pyarrow and arrow-rs frame it as the stream format does (a continuation marker
+and a length; arrow-rs after zero padding up to byte 64), arrow-js writes none (the schema is
+in the footer only: the first block starts at byte 8), polars writes the bare flatbuffer, whose
+end only a flatbuffer parser could find. That schema then reaches up to the first block (or to
+the end-of-stream marker of a file without batches), and the stretch must not hold what two
+joined files always leave between them (one's closing magic right before the other's padded
+opening one), nor messages lying end to end up to the first listed block (batches the footer
+leaves out). The check reads the footer (a few bytes per batch) and the schema, never a batch.
 """
 from __future__ import annotations
 
@@ -85,6 +87,8 @@ def _schema_end(path: str, source, first_block: int | None, footer_start: int) -
     is accepted unless two files' magics lie in it end to end (as ``cat`` leaves them). So is a
     pre-1.0 schema (its length alone, which an unframed schema's first bytes also read as).
     """
+    if first_block == 8:  # no schema message at all: arrow-js keeps the schema in the footer only
+        return 8
     framed_end, marked = _framed_schema_end(source)
     if first_block is None:
         if _ends_messages(source, framed_end, footer_start):
@@ -103,9 +107,34 @@ def _schema_end(path: str, source, first_block: int | None, footer_start: int) -
         end = first_block
     if not 16 <= end <= 8 + _LARGEST_SCHEMA:
         raise _misplaced(path, f"an unframed schema message would take bytes 8 to {end:,}")
-    if _holds_a_whole_file(path, source, bytes(source.read_at(end - 8, 8))):
+    stretch = bytes(source.read_at(end - 8, 8))
+    if _holds_a_whole_file(path, source, stretch):
         raise _misplaced(path, f"one file's end and another's start lie in its schema message, bytes 8 to {end:,}")
+    unlisted = _messages_ending_at_end(stretch)
+    if unlisted is not None:
+        raise _misplaced(path, f"a message the footer does not list is at byte {8 + unlisted:,}, after an "
+                               f"unframed schema message and before byte {end:,}")
     return end
+
+
+def _messages_ending_at_end(stretch: bytes) -> int | None:
+    """Where in ``stretch`` (an unframed schema's bytes, up to the first listed block) messages
+    begin that lie end to end up to its end, or None: a record batch the footer leaves out,
+    which a file reader skips. Candidates are continuation markers at 8-byte alignment (where
+    messages start), and each must read as a message (pyarrow verifies its flatbuffer); a
+    schema flatbuffer holds no 0xFFFFFFFF word of its own but in a binary metadata value."""
+    at = stretch.find(_CONTINUATION, 8)
+    while at >= 0:
+        if at % 8 == 0:
+            reader = pa.BufferReader(stretch[at:])
+            try:
+                while reader.tell() < len(stretch) - at:
+                    pa.ipc.read_message(reader)
+                return at
+            except (pa.ArrowException, ValueError, OSError, EOFError):
+                pass
+        at = stretch.find(_CONTINUATION, at + 1)
+    return None
 
 
 def _holds_a_whole_file(path: str, source, schema: bytes) -> bool:

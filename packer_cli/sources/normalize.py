@@ -109,7 +109,10 @@ def _list_parts(arr: pa.Array, name: str, path: str, row0: int):
         else:
             raise DataError(f"{path}: row {row0}: field '{name}' has type {arr.type}, expected a list of integers")
     offsets = np.asarray(arr.offsets, dtype=np.int64)
-    values = arr.values.slice(offsets[0], offsets[-1] - offsets[0])
+    try:
+        values = arr.values.slice(offsets[0], offsets[-1] - offsets[0])
+    except (KeyError, NotImplementedError, pa.ArrowNotImplementedError):  # month_interval values, as readable_column
+        raise DataError(f"{path}: row {row0}: field '{name}' has type {arr.type}, expected a list of integers") from None
     return values, offsets - offsets[0]
 
 
