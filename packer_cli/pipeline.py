@@ -24,6 +24,7 @@ release the GIL; memory stays bounded by a few batches in flight.
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -48,7 +49,8 @@ from packer_cli.progress import Progress
 from packer_cli.shards._atomic import (REPLACED, check_parent, check_replaceable, check_writable, make_temporary,
                                       output_target, replace_dir, signals_held, spill_dir_prefix, stale_spill_dirs,
                                       stale_temporaries, within)
-from packer_cli.shards._gather import ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader, SpillWriter
+from packer_cli.shards._gather import (ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader, SpillWriter,
+                                       load_array, save_array, spill_os_error)
 from packer_cli.shards._sink import use_direct_io
 from packer_cli.shards._staged import SPILL_READ_MODES, choose_spill_read, open_spill
 from packer_cli.shards.bridge_output import BridgeOutput, replaceable_name
@@ -104,6 +106,8 @@ def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress
         finally:
             if spill:
                 spill.close()
+    except SpillError as exc:  # worded already (pack names the spill directory, or OUT)
+        raise
     except OSError as exc:  # the readers report their own errors as DataError
         if spill_named:
             raise OutputError(f"{spill_named}: writing the spill failed: {exc}") from exc
@@ -268,13 +272,13 @@ def _park(lengths: np.ndarray, spill_dir: str | None):
     if not spill_dir:
         return None  # dry run: nothing needs them after the plan
     path = os.path.join(spill_dir, "lengths.bin")
-    lengths.tofile(path)
-    return path, lengths.dtype
+    save_array(path, lengths)
+    return path, lengths.dtype, lengths.size
 
 
 def _unpark(parked) -> np.ndarray:
-    path, dtype = parked
-    return np.fromfile(path, dtype=dtype)
+    path, dtype, count = parked
+    return load_array(path, dtype, count)
 
 
 @dataclass
@@ -286,7 +290,7 @@ class _ParkedPlan:
 
 
 def _park_order(plan, spill_dir: str) -> _ParkedPlan:
-    plan.order.tofile(os.path.join(spill_dir, ORDER_FILE))
+    save_array(os.path.join(spill_dir, ORDER_FILE), plan.order)
     return _ParkedPlan(plan.pack_offsets, plan.pack_load)
 
 
@@ -366,14 +370,25 @@ def _reserve_spill_memory(budget: int, warn=None) -> SpillMemory:
         raise ConfigError(f"spill memory: cannot reserve {budget:,} bytes ({exc})") from exc
 
 
-def _check_spill_parent(spill_parent: str | None) -> str | None:
+def _check_spill_parent(spill_parent: str | None, dry_run: bool) -> str | None:
     if spill_parent is None:
         return None
     spill_parent = os.path.abspath(spill_parent)
     if not os.path.isdir(spill_parent):
         what = "is not a directory" if os.path.exists(spill_parent) else "does not exist"
         raise ConfigError(f"{spill_parent}: spill directory {what}")
+    if dry_run:  # the real run finds out by creating its directory there
+        check_writable(spill_parent, "spill directory")
     return spill_parent
+
+
+#: Errors creating a directory that say the device is full or failing (exit 3, as when writing
+#: fails), not that the path is unusable (exit 2).
+_DEVICE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO)
+
+
+def _creation_error(message: str, exc: OSError) -> ConfigError | OutputError:
+    return (OutputError if exc.errno in _DEVICE_ERRNOS else ConfigError)(message)
 
 
 def _make_spill_dir(tmp: str, spill_parent: str | None) -> str:
@@ -386,7 +401,7 @@ def _make_spill_dir(tmp: str, spill_parent: str | None) -> str:
     try:
         return tempfile.mkdtemp(prefix=spill_dir_prefix(), dir=spill_parent)
     except OSError as exc:
-        raise ConfigError(f"{spill_parent}: cannot create the spill directory: {exc}") from exc
+        raise _creation_error(f"{spill_parent}: cannot create the spill directory: {exc}", exc) from exc
 
 
 def _check_out_outside_input_directories(out: str, inputs: list[str]) -> None:
@@ -513,7 +528,7 @@ def pack(
     if out:  # a dry run with OUT checks it as the real run would, and makes nothing
         out = output_target(out)
         _check_out_outside_input_directories(out, paths)
-    spill_parent = _check_spill_parent(spill_parent)
+    spill_parent = _check_spill_parent(spill_parent, opts.dry_run)
     if output:
         output.reset()  # a reused BridgeOutput reported its last run's EOS result in a dry run
     run = _Run(spec, opts, files, out, spill_parent, output, warn)
@@ -574,7 +589,7 @@ def _temporary_output(out: str, overwrite: bool, spec: PackSpec, files, output: 
             return output.prepare(out, overwrite, spec, file_paths, create=create)
         return _prepare_out(out, overwrite, file_paths, create=create)
     except OSError as exc:
-        raise ConfigError(f"{out}: cannot create the output: {exc}") from exc
+        raise _creation_error(f"{out}: cannot create the output: {exc}", exc) from exc
 
 
 class _Run:
@@ -675,7 +690,10 @@ class _Run:
         _release_memory()
         items = planned.items
         items.attach(_unpark(planned.parked_lengths))
-        spill_file = os.path.getsize(os.path.join(spill_dir, SPILL_FILE))
+        try:
+            spill_file = os.path.getsize(os.path.join(spill_dir, SPILL_FILE))
+        except OSError as exc:  # the spill directory removed meanwhile
+            raise spill_os_error(exc, "reading the spill files") from exc
         mode, room = choose_spill_read(opts.spill_read, spill_file)
         summary.spill = {"read": mode, "bytes": self.memory.used + spill_file}
         if room is not None:
@@ -690,7 +708,10 @@ class _Run:
 
     def _publish(self, manifest: dict | None, summary: PackSummary) -> None:
         """Drop the spill and rename the finished output into place (a Bridge split: commit it)."""
-        shutil.rmtree(self.spill_dir)
+        # A spill inside the temporary output must go (it would be renamed into OUT with it); one
+        # elsewhere (--spill-dir) is the clean-up's to remove, whatever is left of it: a spill
+        # directory removed meanwhile is no reason to lose the finished output.
+        shutil.rmtree(self.spill_dir, ignore_errors=self.spill_parent is not None)
         if self.output:
             kept = self.output.commit(self.tmp, manifest, summary.metadata(__version__))
         else:

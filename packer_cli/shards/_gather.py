@@ -100,6 +100,44 @@ class SpillError(OSError):
     which ``pack`` names as such when ``--spill-dir`` put the spill elsewhere than OUT."""
 
 
+def spill_os_error(exc: OSError, doing: str) -> SpillError:
+    """``exc`` (a failed system call on a spill file while ``doing``) as a :class:`SpillError`
+    worded as :func:`spill_error` words them, errno kept."""
+    if isinstance(exc, SpillError):
+        return exc
+    name = f" ({os.path.basename(exc.filename)})" if isinstance(exc.filename, str) else ""
+    error = SpillError(f"{doing} failed: [Errno {exc.errno}] {exc.strerror}{name}" if exc.errno and exc.strerror
+                       else f"{doing} failed: {exc}")
+    error.errno = exc.errno
+    return error
+
+
+def save_array(path: str, array: np.ndarray) -> None:
+    """Write ``array``'s bytes to ``path``, whole or not at all: NumPy's ``tofile`` drops a
+    failed flush of an array small enough to sit in its buffer (a full disk left an empty file
+    and no error, and pass two then read garbage). :class:`SpillError` on failure."""
+    try:
+        with open(path, "wb") as f:
+            f.write(memoryview(np.ascontiguousarray(array)).cast("B"))
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = path
+        raise spill_os_error(exc, "writing the spill") from exc
+
+
+def load_array(path: str, dtype, count: int | None = None) -> np.ndarray:
+    """The array :func:`save_array` wrote to ``path`` (``count`` items when given):
+    :class:`SpillError` for a file that cannot be read or holds another number of items."""
+    try:
+        array = np.fromfile(path, dtype=dtype)
+    except OSError as exc:
+        raise spill_os_error(exc, "reading the spill files") from exc
+    if count is not None and array.size != count:
+        raise SpillError(f"reading the spill files failed: {os.path.basename(path)} holds {array.size:,} items, {count:,} "
+                         "expected (removed or truncated?)")
+    return array
+
+
 def last_errno() -> int:
     """This thread's ``errno`` as the C library left it (after a compiled ``pread``/``pwrite``
     returned -1; nothing between that call and this one makes a system call)."""
@@ -476,7 +514,7 @@ class SpillWriter:
         self._file.close()
         # a last row of 0 bits marks the end: a read past the last token fails
         table = np.array(self._batches + [(self._tokens, self._bytes, 0)], dtype=np.int64).reshape(-1, 3)
-        table.tofile(os.path.join(self._dir, LAYOUT_FILE))
+        save_array(os.path.join(self._dir, LAYOUT_FILE), table)
 
 
 class SpillReader:
@@ -493,12 +531,19 @@ class SpillReader:
         self._fds = []
         self._memory = memory if memory is not None else SpillMemory(0)
         self._free: queue.SimpleQueue = queue.SimpleQueue()
-        table = np.fromfile(os.path.join(spill_dir, LAYOUT_FILE), dtype=np.int64).reshape(-1, 3)
+        table = load_array(os.path.join(spill_dir, LAYOUT_FILE), np.int64)
+        if table.size < 3 or table.size % 3 or table[-1] != 0:  # its last row is the end mark (0 bits)
+            raise SpillError(f"reading the spill files failed: {LAYOUT_FILE} is damaged (removed or truncated?)")
+        table = table.reshape(-1, 3)
         self._layout = (np.ascontiguousarray(table[:, 0]), np.ascontiguousarray(table[:, 1]),
                         np.ascontiguousarray(table[:, 2]))  # token starts, byte starts, bits per batch
-        self._fds.append(os.open(os.path.join(spill_dir, SPILL_FILE), os.O_RDONLY))
         order = os.path.join(spill_dir, ORDER_FILE)
-        self._order_fd = os.open(order, os.O_RDONLY) if os.path.exists(order) else None
+        try:
+            self._fds.append(os.open(os.path.join(spill_dir, SPILL_FILE), os.O_RDONLY))
+            self._order_fd = os.open(order, os.O_RDONLY) if os.path.exists(order) else None
+        except OSError as exc:  # the spill directory removed meanwhile
+            self.close()
+            raise spill_os_error(exc, "reading the spill files") from exc
         if self._order_fd is not None:
             self._fds.append(self._order_fd)
 

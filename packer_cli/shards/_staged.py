@@ -36,7 +36,7 @@ from packer_cli._kernel_cache import njit
 from packer_cli._sequences import BLOCK, Items, sample_start
 from packer_cli.shards._gather import (
     BLOCK_TOKENS, MAX_BITS, ORDER_FILE, READ_SLACK, SPILL_FILE, SpillMemory, SpillReader, _load_token, _read_exact,
-    SpillError, _span, _write_exact, block_bytes, spill_error,
+    SpillError, _span, _write_exact, block_bytes, spill_error, spill_os_error,
 )
 from packer_cli.spec import SpillRead
 
@@ -361,11 +361,15 @@ class StagedSpillReader(SpillReader):
         # Buffered, not O_DIRECT like the shards: with the spill 6x a cgroup's room, direct 1 MiB
         # writes (synchronous) made the copy 4.1-4.3 s instead of 2.8-3.0 s and direct reads of
         # the stages 2.7-3.1 s instead of 1.4-1.5 s (5x benchmark input, alternating runs).
-        self._stage_fd = os.open(os.path.join(spill_dir, STAGES_FILE), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        self._fds.append(self._stage_fd)
         try:
+            self._stage_fd = os.open(os.path.join(spill_dir, STAGES_FILE), os.O_RDWR | os.O_CREAT | os.O_TRUNC,
+                                     0o600)
+            self._fds.append(self._stage_fd)
             sample_stage, pair_sample, pair_stage = self._assign(spill_dir, pack_offsets, pack_order)
             self._build(spill_dir, sample_stage, pair_sample, pair_stage, len(stages))
+        except OSError as exc:  # all of it is the spill directory's: named as such (not OUT) under --spill-dir
+            self.close()
+            raise spill_os_error(exc, "copying the spill into its stages") from exc
         except BaseException:
             self.close()
             raise
@@ -399,7 +403,8 @@ class StagedSpillReader(SpillReader):
                 count = int(pack_offsets[last_pack] - pack_offsets[first_pack])
                 chunk = np.fromfile(order, dtype=np.int32, count=count)
                 if chunk.size != count:
-                    raise OSError(f"{ORDER_FILE} ends early: {total} items expected")
+                    raise SpillError(f"reading the spill files failed: {ORDER_FILE} ends early: {total} items expected "
+                                     "(removed or truncated?)")
                 n_pairs = _assign_stages(chunk, first_pack, pack_offsets, pack_stage, n, items.extra_sample,
                                          sample_stage, pair_sample, pair_stage, n_pairs)
                 first_pack = last_pack
