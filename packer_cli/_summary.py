@@ -52,6 +52,12 @@ class PackSummary:
     staged, ``stages`` and ``stage_bytes``. Reported like ``seconds``, never in
     ``metadata.json``."""
 
+    disk: dict | None = None
+    """A dry run's estimate of what the real run writes: ``spill_bytes`` (of which
+    ``spill_disk_bytes`` beyond ``--spill-memory``), ``output_bytes`` (native shards; None for a
+    Bridge file, which is compressed) and ``free`` (bytes free where the output and the spill
+    go, when known). Never in ``metadata.json``."""
+
     def to_dict(self) -> dict:
         record = {
             "out": self.out, "dry_run": self.dry_run, "spec": self.spec, "source": self.source,
@@ -64,6 +70,9 @@ class PackSummary:
             record["seconds"] = self.seconds
         if self.spill is not None:
             record["spill"] = self.spill
+        if self.disk is not None:
+            record["disk"] = {k: v if k != "free" else {w: {"path": f["path"], "bytes": f["bytes"]} for w, f in v.items()}
+                              for k, v in self.disk.items()}
         return record
 
     def metadata(self, version: str) -> dict:
@@ -72,6 +81,7 @@ class PackSummary:
         record.pop("dry_run")
         record.pop("seconds", None)
         record.pop("spill", None)
+        record.pop("disk", None)
         record.update(format=FORMAT_NAME, format_version=FORMAT_VERSION, packer_version=version)
         return record
 

@@ -50,7 +50,7 @@ from packer_cli.shards._atomic import (REPLACED, check_parent, check_replaceable
                                       output_target, replace_dir, signals_held, spill_dir_prefix, stale_spill_dirs,
                                       stale_temporaries, within)
 from packer_cli.shards._gather import (ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader, SpillWriter,
-                                       load_array, save_array, spill_os_error)
+                                       batch_bits, batch_spill_bytes, load_array, save_array, spill_os_error)
 from packer_cli.shards._sink import use_direct_io
 from packer_cli.shards._staged import SPILL_READ_MODES, choose_spill_read, open_spill
 from packer_cli.shards.bridge_output import BridgeOutput, replaceable_name
@@ -128,6 +128,9 @@ def _take(batch, counts: dict, bad_listed: list, log: SampleLog, cap: int, spill
         log.add(batch.lengths, batch.source_index, runtime, tail)
         if spill:
             spill.write(batch.tokens, batch.targets, batch.max_token)
+        else:  # a dry run: what the spill would take
+            counts["spill_bytes"] = counts.get("spill_bytes", 0) + batch_spill_bytes(
+                batch.tokens.size, batch_bits(batch.tokens, batch.max_token))
 
 
 def _plan(padded: np.ndarray, spec: PackSpec, progress: Progress, extra_sample: np.ndarray):
@@ -404,6 +407,51 @@ def _make_spill_dir(tmp: str, spill_parent: str | None) -> str:
         raise _creation_error(f"{spill_parent}: cannot create the spill directory: {exc}", exc) from exc
 
 
+def _disk_needs(summary: PackSummary, spill_bytes: int, spill_memory: int, out: str | None,
+                spill_parent: str | None, native: bool) -> dict:
+    """What a dry run expects the real run to write: the spill (on disk: beyond ``--spill-memory``,
+    which holds its first batches) and, for native shards, the output (the shard formula pass
+    two sizes its runs with; a Bridge file is compressed, so none is given); where each goes
+    and the free space there."""
+    c = summary.counts
+    output = None
+    if native:
+        output = ((c["padded_tokens"] * SHARD_BITS_PER_TOKEN + 7) // 8 + c["sequences"] * SHARD_BYTES_PER_SEQUENCE
+                  + c["packs"] * SHARD_BYTES_PER_PACK)
+    needs = {"spill_bytes": int(spill_bytes), "spill_disk_bytes": int(max(0, spill_bytes - spill_memory)),
+             "output_bytes": output}
+    places = {}
+    if out:  # the output is built beside OUT, and the spill in it unless --spill-dir
+        places["output"] = os.path.dirname(os.path.abspath(out))
+    if spill_parent or out:
+        places["spill"] = spill_parent or places["output"]
+    needs["free"] = {}
+    for what, directory in places.items():
+        try:
+            st = os.statvfs(directory)
+            needs["free"][what] = {"path": directory, "bytes": st.f_bavail * st.f_frsize, "device": os.stat(directory).st_dev}
+        except OSError:
+            pass
+    return needs
+
+
+def _short_of_space(needs: dict) -> list[str]:
+    """Warnings for each file system with less room free than the run is expected to need there
+    (the spill and the output summed where they share one)."""
+    free, lines, counted = needs.get("free", {}), [], set()
+    for what in ("spill", "output"):
+        if what not in free or free[what]["device"] in counted:
+            continue
+        device = free[what]["device"]
+        counted.add(device)
+        need = sum(needs[key] or 0 for part, key in (("spill", "spill_disk_bytes"), ("output", "output_bytes"))
+                   if part in free and free[part]["device"] == device)
+        if need > free[what]["bytes"]:
+            lines.append(f"{free[what]['path']}: {free[what]['bytes'] / 1e9:,.2f} GB free, the run needs about "
+                         f"{need / 1e9:,.2f} GB there (spill and shards as estimated); it would fail for space")
+    return lines
+
+
 def _check_out_outside_input_directories(out: str, inputs: list[str]) -> None:
     """An OUT inside a directory given as input would be read as input by every later run over
     that directory (and by ``verify --source``): refuse it before anything is written."""
@@ -629,6 +677,12 @@ class _Run:
             check_interrupted()
             manifest = self._write(planned, bar, direct_io) if self.tmp else None
         summary = planned.summary
+        if self.opts.dry_run:
+            summary.disk = _disk_needs(summary, read_counts.get("spill_bytes", 0), self.opts.spill_memory,
+                                       self.out, self.spill_parent, native=self.output is None)
+            if self.warn:
+                for line in _short_of_space(summary.disk):
+                    self.warn(line)
         if summary.counts["no_target_samples"] and self.warn:
             self.warn(f"{summary.counts['no_target_samples']} samples have no target tokens (kept, they add no loss)")
         if self.output:

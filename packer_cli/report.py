@@ -38,6 +38,10 @@ def pack_summary_table(summary) -> Table:
     ]
     if summary.spill:
         rows.append(("spill read back", _spill_line(summary.spill)))
+    if summary.disk:
+        d = summary.disk
+        shards = "" if d["output_bytes"] is None else f", shards {_size(d['output_bytes'])}"
+        rows.append(("disk needed (estimated)", f"spill {_size(d['spill_disk_bytes'])}{shards}"))
     if summary.seconds:
         t = summary.seconds
         rows.append(("time (read / plan / write)",
@@ -45,6 +49,10 @@ def pack_summary_table(summary) -> Table:
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:,.2f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
 
 
 def _spill_line(spill: dict) -> str:

@@ -941,3 +941,45 @@ def test_a_killed_run_s_temporary_output_is_pointed_out_not_removed(synthetic_pa
     assert warnings == [f"warning: {stale} was left by an earlier run that did not finish (killed outright?); "
                         "remove it to free its space"]
     assert (stale / "_spill").is_dir() and (tmp_path / "out" / "metadata.json").exists()
+
+
+def test_a_dry_run_estimates_the_disk_the_run_needs(synthetic_parquet, tmp_path):
+    """It said nothing of disk needs: a dry run on a file system without room for the spill and
+    the shards passed, and the real run failed for space."""
+    import os
+
+    dry = json.loads(run("pack", synthetic_parquet, "-o", tmp_path / "out", "--dry-run", "--json").stdout)
+    real = json.loads(run("pack", synthetic_parquet, "-o", tmp_path / "out", "--json").stdout)
+    disk = dry["disk"]
+    assert disk["spill_bytes"] == disk["spill_disk_bytes"] == real["spill"]["bytes"]  # exact: the same blocks
+    shards = sum(os.path.getsize(tmp_path / "out" / e["name"]) for e in
+                 json.loads((tmp_path / "out" / "manifest.json").read_text())["shards"])
+    assert abs(disk["output_bytes"] - shards) <= 0.01 * shards, (disk["output_bytes"], shards)
+    assert disk["free"]["output"]["path"] == str(tmp_path) and disk["free"]["output"]["bytes"] > 0
+    assert "disk" not in json.loads((tmp_path / "out" / "metadata.json").read_text())
+    held = json.loads(run("pack", synthetic_parquet, "--dry-run", "--json", "--spill-memory", "1G").stdout)["disk"]
+    assert held["spill_disk_bytes"] == 0 and held["spill_bytes"] == disk["spill_bytes"] and held["free"] == {}
+    bridge = json.loads(run("pack", synthetic_parquet, "--dry-run", "--json", "--format", "megatron-bridge").stdout)
+    assert bridge["disk"]["output_bytes"] is None  # compressed: not estimated
+
+
+def test_a_dry_run_warns_where_the_run_would_not_fit(synthetic_parquet, tmp_path, monkeypatch):
+    import os
+
+    statvfs = os.statvfs
+
+    class Tight:
+        def __init__(self, real, free):
+            self.f_frsize, self.f_bavail = 1, free
+
+    spill = tmp_path / "scratch"
+    spill.mkdir()
+    monkeypatch.setattr(os, "statvfs", lambda path: Tight(statvfs(path), 1000) if str(path) == str(spill)
+                        else statvfs(path))
+    result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--dry-run", "--spill-dir", spill)
+    assert result.exit_code == 0, result.output
+    warning = [line for line in result.output.splitlines() if str(spill) in line and "GB free" in line]
+    assert len(warning) == 1 and "the run needs about" in warning[0] and "it would fail for space" in warning[0], \
+        result.output
+    result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--dry-run")  # room enough: no warning
+    assert "would fail for space" not in result.output

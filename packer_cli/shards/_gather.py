@@ -171,6 +171,16 @@ MAX_BITS = 32  # ids are validated int32 ≥ 0: 31 bits at most; 32 is allowed f
 READ_SLACK = 8
 
 
+def batch_bits(tokens: np.ndarray, max_token: int | None) -> int:
+    """Bits a token of this batch takes in the spill (``max_token``: its largest id, when known)."""
+    return token_bits(int(tokens.max(initial=0)) if max_token is None else max_token)
+
+
+def batch_spill_bytes(n_tokens: int, bits: int) -> int:
+    """Bytes a batch of ``n_tokens`` tokens of ``bits`` bits takes in the spill (whole blocks)."""
+    return -(-n_tokens // BLOCK_TOKENS) * block_bytes(bits)
+
+
 def token_bits(max_id: int) -> int:
     """Bits a spilled token takes when the largest id of its batch is ``max_id`` (at least 1)."""
     return max(1, int(max_id).bit_length())
@@ -490,8 +500,8 @@ class SpillWriter:
     def write(self, tokens: np.ndarray, targets: np.ndarray, max_token: int | None = None) -> None:
         """Spill one batch of validated samples (their tokens, ids ≥ 0, and target flags);
         ``max_token``, when validation found it, is at least the largest id (else it is found here)."""
-        bits = token_bits(int(tokens.max(initial=0)) if max_token is None else max_token)
-        size = -(-tokens.size // BLOCK_TOKENS) * block_bytes(bits)
+        bits = batch_bits(tokens, max_token)
+        size = batch_spill_bytes(tokens.size, bits)
         memory = self._memory
         self._in_memory = self._in_memory and memory.used + size <= memory.budget
         if self._in_memory:
