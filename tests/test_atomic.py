@@ -178,3 +178,45 @@ def test_a_bind_mount_from_the_same_file_system_is_a_mount_point(tmp_path, monke
     assert _atomic._is_mount_point(str(out)) and not _atomic._is_mount_point(str(tmp_path))
     with pytest.raises(ConfigError, match="is a mount point: the output is built beside OUT"):
         _atomic.check_parent(str(out))
+
+
+@pytest.mark.parametrize("fmt, overwrite", [("native", False), ("native", True), ("megatron-bridge", False),
+                                            ("megatron-bridge", "join")])
+def test_an_output_is_durable_before_it_is_renamed_into_place(synthetic_parquet, tmp_path, monkeypatch, fmt,
+                                                                overwrite):
+    """Nothing was synced: after a power loss (or a kernel crash) a renamed OUT could hold
+    shards or JSON files the page cache never wrote back. Every file is synced as it is closed,
+    the temporary directory before the rename and OUT's parent after it (the directory a Bridge
+    split joins, after its files are moved in)."""
+    from typer.testing import CliRunner
+
+    from packer_cli.cli import app
+
+    out = tmp_path / "out"
+    args = ["pack", str(synthetic_parquet), "-o", str(out), "--pack-size", "256"]
+    if fmt != "native":
+        args += ["--format", "megatron-bridge"]
+    if overwrite is True:
+        assert CliRunner().invoke(app, args).exit_code == 0
+        args.append("--overwrite")
+    if overwrite == "join":  # a validation split joins the training split's layout
+        assert CliRunner().invoke(app, args).exit_code == 0
+        args += ["--split", "validation"]
+    events = []
+    fsync, rename, replace = os.fsync, os.rename, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("sync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                  fsync(fd))[1])
+    monkeypatch.setattr(os, "rename", lambda a, b: (events.append(("rename", str(b))), rename(a, b))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("rename", str(b))), replace(a, b))[1])
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    into_out = [k for k, (what, path) in enumerate(events) if what == "rename" and os.path.dirname(path) in
+                (str(out), str(tmp_path)) and os.path.basename(path) in ("out", *os.listdir(out))]
+    assert into_out, events
+    first = into_out[0]
+    synced_before = {os.path.basename(path) for what, path in events[:first] if what == "sync"}
+    written = set(os.listdir(out)) if overwrite != "join" else {n for n in os.listdir(out) if "validation" in n}
+    assert written <= synced_before, (written, events)
+    synced_after = [path for what, path in events[into_out[-1]:] if what == "sync"]
+    parent = str(out) if overwrite == "join" else str(tmp_path)
+    assert parent in synced_after, events

@@ -236,6 +236,31 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def sync_dir(path: str) -> None:
+    """Make ``path``'s entries durable (files created in it, renames into or out of it): its own
+    ``fsync``. A file system that cannot sync a directory (some FUSE and network mounts refuse
+    it) is left as it is; a failing device is the caller's error."""
+    try:
+        fd = os.open(path or os.curdir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EROFS, errno.ENOTSUP, errno.EBADF, errno.EACCES):
+            raise
+    finally:
+        os.close(fd)
+
+
+def write_synced(path: str, data: bytes) -> None:
+    """Write a small file whole and durable (``fsync`` before it is renamed into place)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def replace_dir(tmp: str, out: str, overwrite: bool = True,
                 still_replaceable: Callable[[str], None] | None = None) -> str | None:
     """Rename ``tmp`` to ``out``; an existing ``out`` is first renamed aside, then deleted.
@@ -256,6 +281,9 @@ def replace_dir(tmp: str, out: str, overwrite: bool = True,
     be unlinked), for the caller to point out; else None.
     """
     out = os.path.normpath(out)
+    # Durable before it is visible: the files are synced as they are closed, their entries
+    # here, and the rename in OUT's parent after it (a power loss leaves the old or the new OUT).
+    sync_dir(tmp)
     if not overwrite:
         try:
             os.rename(tmp, out)  # refused onto a file or a non-empty directory
@@ -264,10 +292,12 @@ def replace_dir(tmp: str, out: str, overwrite: bool = True,
                 raise
             raise ConfigError(f"{out} already exists (it appeared while this run was packing: another run?); "
                               "pass --overwrite to replace it") from None
+        sync_dir(os.path.dirname(out))
         return None
     while True:
         kept = _replace_once(tmp, out, still_replaceable)
         if kept is not _AGAIN:
+            sync_dir(os.path.dirname(out))
             return kept
 
 

@@ -136,6 +136,7 @@ class OutputFile:
                 self._wait()  # the last full block's write: its error is the file's, even with no tail
             if self._staged:
                 self._write_tail()
+            os.fsync(self._fd)  # durable before the output is renamed into place (a write-back error shows here)
         finally:
             self.discard()
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from packer_cli._background import ordered_map
 from packer_cli.errors import ConfigError, DataError
 from packer_cli.shards._atomic import (check_parent, check_replaceable, check_writable, locked, make_temporary, replace_dir,
-                                      signals_held)
+                                      signals_held, sync_dir, write_synced)
 from packer_cli.spec import is_int, pad_multiple_for
 from packer_cli.shards.format import is_output_file_name, read_json_value, seal_metadata, write_json
 from packer_cli.shards.bridge import (
@@ -403,8 +403,7 @@ class BridgeOutput:
         replace = self._replace_whole  # prepare() found OUT absent, or no layout (a native output, --overwrite)
         while True:
             if replace:
-                with open(os.path.join(tmp, array_name), "w") as f:
-                    json.dump([metadata["bridge"]], f)
+                write_synced(os.path.join(tmp, array_name), json.dumps([metadata["bridge"]]).encode())
                 kept = self._put_in_place(tmp, out)
                 if kept is not _JOIN:
                     return kept
@@ -427,8 +426,7 @@ class BridgeOutput:
                 if i is not None:
                     del array[i]  # by index: list.remove takes the first == dict, maybe another split's (2 == 2.0)
                 array.append(metadata["bridge"])
-                with open(os.path.join(tmp, array_name), "w") as f:
-                    json.dump(array, f)
+                write_synced(os.path.join(tmp, array_name), json.dumps(array).encode())
                 with signals_held():  # no signal lands between the split's files
                     # the manifest first: a run killed outright between these renames leaves a
                     # split with its manifest but not its metadata, which verify reports; a data
@@ -436,6 +434,7 @@ class BridgeOutput:
                     for name in (split_manifest_name(self.split), data_name(self.split, C),
                                  split_metadata_name(self.split), array_name):
                         os.replace(os.path.join(tmp, name), os.path.join(out, name))
+                sync_dir(out)  # the renames durable (each file was synced as it was written)
             shutil.rmtree(tmp, ignore_errors=True)
             return None
 
@@ -446,8 +445,10 @@ class BridgeOutput:
         Any layout at OUT is another run's (prepare() found none here), whatever its inode (a
         freed one is reused at once): joined, never replaced."""
         if not os.path.lexists(out):
+            sync_dir(tmp)
             try:
                 os.rename(tmp, out)  # refused onto anything but an empty directory
+                sync_dir(os.path.dirname(out))
                 return None
             except OSError as exc:
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):

@@ -69,8 +69,9 @@ def write_json(path: str, obj) -> None:
     so two runs' files diff line by line."""
     import orjson
 
-    with open(path, "wb") as f:
-        f.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+    from packer_cli.shards._atomic import write_synced
+
+    write_synced(path, orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
 
 
 def seal_metadata(meta: dict) -> dict:
