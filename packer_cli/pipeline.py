@@ -84,13 +84,15 @@ def _target_counts(batch, cap: int):
 
 
 def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress: Progress,
-                 spill_named: str | None = None, memory: SpillMemory | None = None):
+                 spill_named: str | None = None, memory: SpillMemory | None = None, dry_memory: int = 0):
     """Pass one: validate, spill tokens/targets, keep lengths and totals.
 
     ``spill_named``: the directory to blame when writing the spill fails (``--spill-dir``);
     by default such a failure is the output's."""
     log = SampleLog(cap)
     counts = {"records": 0, "too_short": 0, "bad_records": 0}
+    if not spill_dir:  # a dry run counts what the spill memory the real run reserves would hold
+        counts["spill_memory_budget"] = dry_memory
     bad_listed: list[dict] = []
     try:
         spill = SpillWriter(spill_dir, memory) if spill_dir else None
@@ -103,9 +105,12 @@ def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress
                     progress.advance(task, batch.records)
                     if k % 32 == 0:
                         _trim_heap()
-        finally:
+        except BaseException:  # a data error, a signal, a full disk: reported as it is, the spill abandoned
             if spill:
-                spill.close()
+                spill.abandon()
+            raise
+        if spill:
+            spill.close()
     except SpillError as exc:  # worded already (pack names the spill directory, or OUT)
         raise
     except OSError as exc:  # the readers report their own errors as DataError
@@ -128,9 +133,15 @@ def _take(batch, counts: dict, bad_listed: list, log: SampleLog, cap: int, spill
         log.add(batch.lengths, batch.source_index, runtime, tail)
         if spill:
             spill.write(batch.tokens, batch.targets, batch.max_token)
-        else:  # a dry run: what the spill would take
-            counts["spill_bytes"] = counts.get("spill_bytes", 0) + batch_spill_bytes(
-                batch.tokens.size, batch_bits(batch.tokens, batch.max_token))
+        else:  # a dry run: what the spill would take, and how much of it the memory part would hold
+            size = batch_spill_bytes(batch.tokens.size, batch_bits(batch.tokens, batch.max_token))
+            counts["spill_bytes"] = counts.get("spill_bytes", 0) + size
+            held = counts.get("spill_memory_used", 0)
+            # SpillWriter's rule: whole batches, until the first that does not fit
+            if counts.get("spill_in_memory", True) and held + size <= counts.get("spill_memory_budget", 0):
+                counts["spill_memory_used"] = held + size
+            else:
+                counts["spill_in_memory"] = False
 
 
 def _plan(padded: np.ndarray, spec: PackSpec, progress: Progress, extra_sample: np.ndarray):
@@ -407,10 +418,11 @@ def _make_spill_dir(tmp: str, spill_parent: str | None) -> str:
         raise _creation_error(f"{spill_parent}: cannot create the spill directory: {exc}", exc) from exc
 
 
-def _disk_needs(summary: PackSummary, spill_bytes: int, spill_memory: int, out: str | None,
+def _disk_needs(summary: PackSummary, spill_bytes: int, in_memory: int, spill_read: str, out: str | None,
                 spill_parent: str | None, native: bool) -> dict:
-    """What a dry run expects the real run to write: the spill (on disk: beyond ``--spill-memory``,
-    which holds its first batches) and, for native shards, the output (the shard formula pass
+    """What a dry run expects the real run to write: the spill (on disk: all but the whole
+    batches ``--spill-memory`` holds, ``in_memory`` bytes of them; read back ``staged``, a copy of
+    all of it besides, ``stage_bytes``) and, for native shards, the output (the shard formula pass
     two sizes its runs with; a Bridge file is compressed, so none is given); where each goes
     and the free space there."""
     c = summary.counts
@@ -418,8 +430,10 @@ def _disk_needs(summary: PackSummary, spill_bytes: int, spill_memory: int, out: 
     if native:
         output = ((c["padded_tokens"] * SHARD_BITS_PER_TOKEN + 7) // 8 + c["sequences"] * SHARD_BYTES_PER_SEQUENCE
                   + c["packs"] * SHARD_BYTES_PER_PACK)
-    needs = {"spill_bytes": int(spill_bytes), "spill_disk_bytes": int(max(0, spill_bytes - spill_memory)),
-             "output_bytes": output}
+    on_disk = int(spill_bytes - in_memory)
+    mode, _ = choose_spill_read(spill_read, on_disk)  # what the real run's auto would choose here, now
+    needs = {"spill_bytes": int(spill_bytes), "spill_disk_bytes": on_disk,
+             "stage_bytes": int(spill_bytes) if mode == "staged" else 0, "output_bytes": output}
     places = {}
     if out:  # the output is built beside OUT, and the spill in it unless --spill-dir
         places["output"] = os.path.dirname(os.path.abspath(out))
@@ -438,17 +452,20 @@ def _disk_needs(summary: PackSummary, spill_bytes: int, spill_memory: int, out: 
 def _short_of_space(needs: dict) -> list[str]:
     """Warnings for each file system with less room free than the run is expected to need there
     (the spill and the output summed where they share one)."""
+    from packer_cli.report import byte_size
+
     free, lines, counted = needs.get("free", {}), [], set()
     for what in ("spill", "output"):
         if what not in free or free[what]["device"] in counted:
             continue
         device = free[what]["device"]
         counted.add(device)
-        need = sum(needs[key] or 0 for part, key in (("spill", "spill_disk_bytes"), ("output", "output_bytes"))
+        need = sum(needs[key] or 0 for part, key in (("spill", "spill_disk_bytes"), ("spill", "stage_bytes"),
+                                                      ("output", "output_bytes"))
                    if part in free and free[part]["device"] == device)
         if need > free[what]["bytes"]:
-            lines.append(f"{free[what]['path']}: {free[what]['bytes'] / 1e9:,.2f} GB free, the run needs about "
-                         f"{need / 1e9:,.2f} GB there (spill and shards as estimated); it would fail for space")
+            lines.append(f"{free[what]['path']}: {byte_size(free[what]['bytes'])} free, the run needs about "
+                         f"{byte_size(need)} there (spill and shards as estimated); it would fail for space")
     return lines
 
 
@@ -662,12 +679,16 @@ class _Run:
             self._warn_about_leftovers()
             self.spill_dir = _make_spill_dir(self.tmp, self.spill_parent)
             self.memory = _reserve_spill_memory(self.opts.spill_memory, self.warn)
-        elif self.opts.spill_memory:  # a dry run spills nothing, but says what the real run's reservation would
-            _reserve_spill_memory(self.opts.spill_memory, self.warn).release()
+        dry_memory = 0
+        if not self.tmp and self.opts.spill_memory:  # a dry run spills nothing, but says what the real run's reservation would
+            reservation = _reserve_spill_memory(self.opts.spill_memory, self.warn)
+            dry_memory = reservation.budget
+            reservation.release()
         with Progress(enabled=self.opts.progress) as bar:
             stream = SampleStream(self.files, source)
             log, read_counts, bad_listed = _read_inputs(stream, self.spill_dir, self.spec.max_sequence_length, bar,
-                                                        spill_named=self.spill_parent, memory=self.memory)
+                                                        spill_named=self.spill_parent, memory=self.memory,
+                                                        dry_memory=dry_memory)
             clock.lap("read")
             check_interrupted()
             if read_counts["records"] == 0:
@@ -678,7 +699,8 @@ class _Run:
             manifest = self._write(planned, bar, direct_io) if self.tmp else None
         summary = planned.summary
         if self.opts.dry_run:
-            summary.disk = _disk_needs(summary, read_counts.get("spill_bytes", 0), self.opts.spill_memory,
+            summary.disk = _disk_needs(summary, read_counts.get("spill_bytes", 0),
+                                       read_counts.get("spill_memory_used", 0), self.opts.spill_read,
                                        self.out, self.spill_parent, native=self.output is None)
             if self.warn:
                 for line in _short_of_space(summary.disk):

@@ -40,8 +40,9 @@ def pack_summary_table(summary) -> Table:
         rows.append(("spill read back", _spill_line(summary.spill)))
     if summary.disk:
         d = summary.disk
-        shards = "" if d["output_bytes"] is None else f", shards {_size(d['output_bytes'])}"
-        rows.append(("disk needed (estimated)", f"spill {_size(d['spill_disk_bytes'])}{shards}"))
+        shards = "" if d["output_bytes"] is None else f", shards {byte_size(d['output_bytes'])}"
+        stages = f" (+ {byte_size(d['stage_bytes'])} staged)" if d.get("stage_bytes") else ""
+        rows.append(("disk needed (estimated)", f"spill {byte_size(d['spill_disk_bytes'])}{stages}{shards}"))
     if summary.seconds:
         t = summary.seconds
         rows.append(("time (read / plan / write)",
@@ -51,7 +52,8 @@ def pack_summary_table(summary) -> Table:
     return table
 
 
-def _size(n: int) -> str:
+def byte_size(n: int) -> str:
+    """``n`` bytes for a reader: GB from 1 GB, else MB."""
     return f"{n / 1e9:,.2f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import os
 import subprocess
@@ -842,6 +843,68 @@ def test_a_full_device_under_the_parked_spill_files_is_named(synthetic_parquet, 
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.parametrize("full", ["layout.bin", "samples.bin"])
+def test_a_full_spill_directory_does_not_hide_the_error_pass_one_stopped_for(tmp_path, monkeypatch, full):
+    """Closing the spill on the way out wrote its layout, and on a full directory that error
+    replaced the one pass one was unwinding from: a bad record (exit 1) or a Ctrl-C (130) became
+    exit 3 naming layout.bin, as did a full disk under samples.bin itself."""
+    _full_device_for(monkeypatch, full)
+    records = [{"input_ids": list(range(5, 5 + 40 + k % 50)), "loss_mask": [1] * (40 + k % 50)} for k in range(5000)]
+    if full == "layout.bin":
+        records[-1] = {"input_ids": [5, 6, 7], "loss_mask": [1, 1]}  # the last record is bad
+    path = write_jsonl(tmp_path / "data.jsonl", records)
+    spill = tmp_path / "scratch"
+    spill.mkdir()
+    result = run("pack", path, "-o", tmp_path / "out", "--spill-dir", spill, "--spill-memory", "64MB" if
+                 full == "layout.bin" else "0")
+    if full == "layout.bin":  # every batch held in memory: the bad record is what stops the run
+        assert result.exit_code == 1 and "line 5000" in result.output, result.output
+    else:
+        assert result.exit_code == 3, result.output
+        assert result.output.strip() == f"error: {spill}: writing the spill failed: [Errno 28] No space left on device"
+    assert "layout.bin" not in result.output
+    assert list(spill.iterdir()) == []
+    assert_nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("memory", ["0", "200KB", "2MB", "1G"])
+def test_a_dry_runs_spill_on_disk_is_what_the_run_writes(synthetic_parquet, tmp_path, monkeypatch, memory):
+    """--spill-memory holds whole batches up to the first that does not fit: the estimate took
+    the budget off the spill, and said less than the run then wrote (no warning; exit 3)."""
+    import os
+
+    from packer_cli.shards import _gather
+
+    dry = json.loads(run("pack", synthetic_parquet, "--dry-run", "--json", "--spill-memory", memory).stdout)["disk"]
+    written = []
+    close = _gather.SpillWriter.close
+    monkeypatch.setattr(_gather.SpillWriter, "close", lambda self: (
+        written.append(os.path.getsize(os.path.join(self._dir, _gather.SPILL_FILE))), close(self))[1])
+    real = json.loads(run("pack", synthetic_parquet, "-o", tmp_path / "out", "--json", "--spill-memory", memory).stdout)
+    assert dry["spill_disk_bytes"] == written[0]
+    assert dry["spill_bytes"] == real["spill"]["bytes"]
+    assert dry["stage_bytes"] == (dry["spill_bytes"] if real["spill"]["read"] == "staged" else 0)
+
+
+def test_a_sync_failing_once_the_output_is_in_place_does_not_fail_the_run(synthetic_parquet, tmp_path, monkeypatch):
+    """OUT was in place (and the old one deleted) when OUT's parent failed to sync: exit 3 said
+    the output was not written. It is there; the run succeeds."""
+    import os
+
+    run("pack", synthetic_parquet, "-o", tmp_path / "out")
+    fsync = os.fsync
+
+    def failing(fd):
+        if os.readlink(f"/proc/self/fd/{fd}") == str(tmp_path):
+            raise OSError(5, "Input/output error")
+        return fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", failing)
+    result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert run("verify", tmp_path / "out").exit_code == 0
+
+
 def test_a_parked_file_cut_short_is_named(tmp_path):
     import numpy as np
 
@@ -978,8 +1041,9 @@ def test_a_dry_run_warns_where_the_run_would_not_fit(synthetic_parquet, tmp_path
                         else statvfs(path))
     result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--dry-run", "--spill-dir", spill)
     assert result.exit_code == 0, result.output
-    warning = [line for line in result.output.splitlines() if str(spill) in line and "GB free" in line]
-    assert len(warning) == 1 and "the run needs about" in warning[0] and "it would fail for space" in warning[0], \
-        result.output
+    warning = [line for line in result.output.splitlines() if str(spill) in line and "free, the run needs" in line]
+    assert len(warning) == 1 and "it would fail for space" in warning[0], result.output
+    # in units that show it (it said "0.00 GB free, the run needs about 0.00 GB")
+    assert re.search(r": 0\.0 MB free, the run needs about (0\.[1-9]|[1-9][\d.]*) MB there", warning[0]), warning[0]
     result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--dry-run")  # room enough: no warning
     assert "would fail for space" not in result.output

@@ -236,10 +236,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def sync_dir(path: str) -> None:
+def sync_dir(path: str, *, in_place: bool = False) -> None:
     """Make ``path``'s entries durable (files created in it, renames into or out of it): its own
     ``fsync``. A file system that cannot sync a directory (some FUSE and network mounts refuse
-    it) is left as it is; a failing device is the caller's error."""
+    it) is left as it is; a failing device is the caller's error, unless ``in_place``: the
+    output is already renamed into place (and any old one deleted), so failing the run then
+    would report an output that is there as not written."""
     try:
         fd = os.open(path or os.curdir, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
@@ -247,7 +249,7 @@ def sync_dir(path: str) -> None:
     try:
         os.fsync(fd)
     except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.EROFS, errno.ENOTSUP, errno.EBADF, errno.EACCES):
+        if not in_place and exc.errno not in (errno.EINVAL, errno.EROFS, errno.ENOTSUP, errno.EBADF, errno.EACCES):
             raise
     finally:
         os.close(fd)
@@ -292,12 +294,12 @@ def replace_dir(tmp: str, out: str, overwrite: bool = True,
                 raise
             raise ConfigError(f"{out} already exists (it appeared while this run was packing: another run?); "
                               "pass --overwrite to replace it") from None
-        sync_dir(os.path.dirname(out))
+        sync_dir(os.path.dirname(out), in_place=True)
         return None
     while True:
         kept = _replace_once(tmp, out, still_replaceable)
         if kept is not _AGAIN:
-            sync_dir(os.path.dirname(out))
+            sync_dir(os.path.dirname(out), in_place=True)
             return kept
 
 

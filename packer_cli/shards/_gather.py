@@ -526,6 +526,14 @@ class SpillWriter:
         table = np.array(self._batches + [(self._tokens, self._bytes, 0)], dtype=np.int64).reshape(-1, 3)
         save_array(os.path.join(self._dir, LAYOUT_FILE), table)
 
+    def abandon(self) -> None:
+        """Close without finishing the spill (pass one is unwinding from an error, which a full
+        disk's error on the way out must not replace): no layout, write errors ignored."""
+        try:
+            self._file.close()
+        except OSError:
+            pass
+
 
 class SpillReader:
     """Gathers runs of packs from the spill (its ``memory`` part where they lie there, else

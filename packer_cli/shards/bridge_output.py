@@ -434,7 +434,7 @@ class BridgeOutput:
                     for name in (split_manifest_name(self.split), data_name(self.split, C),
                                  split_metadata_name(self.split), array_name):
                         os.replace(os.path.join(tmp, name), os.path.join(out, name))
-                sync_dir(out)  # the renames durable (each file was synced as it was written)
+                sync_dir(out, in_place=True)  # the renames durable (each file was synced as it was written)
             shutil.rmtree(tmp, ignore_errors=True)
             return None
 
@@ -448,7 +448,7 @@ class BridgeOutput:
             sync_dir(tmp)
             try:
                 os.rename(tmp, out)  # refused onto anything but an empty directory
-                sync_dir(os.path.dirname(out))
+                sync_dir(os.path.dirname(out), in_place=True)
                 return None
             except OSError as exc:
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
