@@ -49,8 +49,8 @@ from packer_cli.progress import Progress
 from packer_cli.shards._atomic import (REPLACED, check_parent, check_replaceable, check_writable, make_temporary,
                                       output_target, replace_dir, signals_held, spill_dir_prefix, stale_spill_dirs,
                                       stale_temporaries, within)
-from packer_cli.shards._gather import (ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader, SpillWriter,
-                                       batch_bits, batch_spill_bytes, load_array, save_array, spill_os_error)
+from packer_cli.shards._gather import (ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader, SpillTally,
+                                       SpillWriter, load_array, save_array, spill_os_error)
 from packer_cli.shards._sink import use_direct_io
 from packer_cli.shards._staged import SPILL_READ_MODES, choose_spill_read, open_spill
 from packer_cli.shards.bridge_output import BridgeOutput, replaceable_name
@@ -91,11 +91,10 @@ def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress
     by default such a failure is the output's."""
     log = SampleLog(cap)
     counts = {"records": 0, "too_short": 0, "bad_records": 0}
-    if not spill_dir:  # a dry run counts what the spill memory the real run reserves would hold
-        counts["spill_memory_budget"] = dry_memory
     bad_listed: list[dict] = []
     try:
-        spill = SpillWriter(spill_dir, memory) if spill_dir else None
+        # a dry run counts what the spill would take, and what the memory the real run reserves would hold
+        spill = SpillWriter(spill_dir, memory) if spill_dir else SpillTally(dry_memory)
         try:
             task = progress.task("reading", total=None, unit="samples")
             with closing(background(iter(stream), depth=2)) as validated:  # read + validate on a second core
@@ -106,11 +105,10 @@ def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress
                     if k % 32 == 0:
                         _trim_heap()
         except BaseException:  # a data error, a signal, a full disk: reported as it is, the spill abandoned
-            if spill:
-                spill.abandon()
+            spill.abandon()
             raise
-        if spill:
-            spill.close()
+        spill.close()
+        counts.update(spill_bytes=spill.total_bytes, spill_memory_used=spill.in_memory_bytes)
     except SpillError as exc:  # worded already (pack names the spill directory, or OUT)
         raise
     except OSError as exc:  # the readers report their own errors as DataError
@@ -121,7 +119,7 @@ def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress
     return log, counts, bad_listed
 
 
-def _take(batch, counts: dict, bad_listed: list, log: SampleLog, cap: int, spill: SpillWriter | None) -> None:
+def _take(batch, counts: dict, bad_listed: list, log: SampleLog, cap: int, spill: SpillWriter | SpillTally) -> None:
     """Count one validated batch, keep its lengths and totals and spill its samples."""
     counts["records"] += batch.records
     counts["too_short"] += batch.too_short
@@ -131,17 +129,7 @@ def _take(batch, counts: dict, bad_listed: list, log: SampleLog, cap: int, spill
     if batch.lengths.size:
         runtime, tail = _target_counts(batch, cap)
         log.add(batch.lengths, batch.source_index, runtime, tail)
-        if spill:
-            spill.write(batch.tokens, batch.targets, batch.max_token)
-        else:  # a dry run: what the spill would take, and how much of it the memory part would hold
-            size = batch_spill_bytes(batch.tokens.size, batch_bits(batch.tokens, batch.max_token))
-            counts["spill_bytes"] = counts.get("spill_bytes", 0) + size
-            held = counts.get("spill_memory_used", 0)
-            # SpillWriter's rule: whole batches, until the first that does not fit
-            if counts.get("spill_in_memory", True) and held + size <= counts.get("spill_memory_budget", 0):
-                counts["spill_memory_used"] = held + size
-            else:
-                counts["spill_in_memory"] = False
+        spill.write(batch.tokens, batch.targets, batch.max_token)
 
 
 def _plan(padded: np.ndarray, spec: PackSpec, progress: Progress, extra_sample: np.ndarray):
@@ -699,8 +687,8 @@ class _Run:
             manifest = self._write(planned, bar, direct_io) if self.tmp else None
         summary = planned.summary
         if self.opts.dry_run:
-            summary.disk = _disk_needs(summary, read_counts.get("spill_bytes", 0),
-                                       read_counts.get("spill_memory_used", 0), self.opts.spill_read,
+            summary.disk = _disk_needs(summary, read_counts["spill_bytes"], read_counts["spill_memory_used"],
+                                       self.opts.spill_read,
                                        self.out, self.spill_parent, native=self.output is None)
             if self.warn:
                 for line in _short_of_space(summary.disk):

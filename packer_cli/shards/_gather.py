@@ -181,6 +181,13 @@ def batch_spill_bytes(n_tokens: int, bits: int) -> int:
     return -(-n_tokens // BLOCK_TOKENS) * block_bytes(bits)
 
 
+def stays_in_memory(so_far: bool, used: int, size: int, budget: int) -> bool:
+    """Whether a batch of ``size`` spill bytes goes to the memory part (``used`` of ``budget``
+    bytes taken): whole batches, from the first, until one does not fit (the rest to the file,
+    so the memory part is the spill's start)."""
+    return so_far and used + size <= budget
+
+
 def token_bits(max_id: int) -> int:
     """Bits a spilled token takes when the largest id of its batch is ``max_id`` (at least 1)."""
     return max(1, int(max_id).bit_length())
@@ -503,7 +510,7 @@ class SpillWriter:
         bits = batch_bits(tokens, max_token)
         size = batch_spill_bytes(tokens.size, bits)
         memory = self._memory
-        self._in_memory = self._in_memory and memory.used + size <= memory.budget
+        self._in_memory = stays_in_memory(self._in_memory, memory.used, size, memory.budget)
         if self._in_memory:
             out = memory.array[memory.used:memory.used + size]
         else:
@@ -520,6 +527,14 @@ class SpillWriter:
         self._tokens += tokens.size
         self._bytes += size
 
+    @property
+    def total_bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def in_memory_bytes(self) -> int:
+        return self._memory.used
+
     def close(self) -> None:
         self._file.close()
         # a last row of 0 bits marks the end: a read past the last token fails
@@ -533,6 +548,29 @@ class SpillWriter:
             self._file.close()
         except OSError:
             pass
+
+
+class SpillTally:
+    """A dry run's :class:`SpillWriter`: what the spill of these batches would take, counted and
+    not written (``total_bytes``, of which ``in_memory_bytes`` a memory part of ``budget`` bytes
+    would hold)."""
+
+    def __init__(self, budget: int = 0):
+        self.budget, self.total_bytes, self.in_memory_bytes = budget, 0, 0
+        self._in_memory = True
+
+    def write(self, tokens: np.ndarray, targets: np.ndarray, max_token: int | None = None) -> None:
+        size = batch_spill_bytes(tokens.size, batch_bits(tokens, max_token))
+        self._in_memory = stays_in_memory(self._in_memory, self.in_memory_bytes, size, self.budget)
+        self.total_bytes += size
+        if self._in_memory:
+            self.in_memory_bytes += size
+
+    def close(self) -> None:
+        pass
+
+    def abandon(self) -> None:
+        pass
 
 
 class SpillReader:
