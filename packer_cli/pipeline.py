@@ -49,8 +49,8 @@ from packer_cli.progress import Progress
 from packer_cli.shards._atomic import (REPLACED, check_parent, check_replaceable, check_writable, make_temporary,
                                       output_target, replace_dir, signals_held, spill_dir_prefix, stale_spill_dirs,
                                       stale_temporaries, within)
-from packer_cli.shards._gather import (ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader, SpillTally,
-                                       SpillWriter, load_array, save_array, spill_os_error)
+from packer_cli.shards._gather import (BLOCK_TOKENS, ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader,
+                                       SpillTally, SpillWriter, block_bytes, load_array, save_array, spill_os_error)
 from packer_cli.shards._sink import use_direct_io
 from packer_cli.shards._staged import SPILL_READ_MODES, choose_spill_read, open_spill
 from packer_cli.shards.bridge_output import BridgeOutput, replaceable_name
@@ -108,7 +108,8 @@ def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress
             spill.abandon()
             raise
         spill.close()
-        counts.update(spill_bytes=spill.total_bytes, spill_memory_used=spill.in_memory_bytes)
+        counts.update(spill_bytes=spill.total_bytes, spill_memory_used=spill.in_memory_bytes,
+                      spill_bits=getattr(spill, "max_bits", 0))
     except SpillError as exc:  # worded already (pack names the spill directory, or OUT)
         raise
     except OSError as exc:  # the readers report their own errors as DataError
@@ -406,11 +407,13 @@ def _make_spill_dir(tmp: str, spill_parent: str | None) -> str:
         raise _creation_error(f"{spill_parent}: cannot create the spill directory: {exc}", exc) from exc
 
 
-def _disk_needs(summary: PackSummary, spill_bytes: int, in_memory: int, spill_read: str, out: str | None,
-                spill_parent: str | None, native: bool) -> dict:
+def _disk_needs(summary: PackSummary, spill_bytes: int, in_memory: int, max_bits: int, spill_read: str,
+                out: str | None, spill_parent: str | None, native: bool) -> dict:
     """What a dry run expects the real run to write: the spill (on disk: all but the whole
     batches ``--spill-memory`` holds, ``in_memory`` bytes of them; read back ``staged``, a copy of
-    all of it besides, ``stage_bytes``) and, for native shards, the output (the shard formula pass
+    all of it besides, ``stage_bytes``, each sample rounded to whole blocks of ``max_bits`` ids
+    and a split one once more for each extra piece, at most a pack's worth: an estimate from
+    above) and, for native shards, the output (the shard formula pass
     two sizes its runs with; a Bridge file is compressed, so none is given); where each goes
     and the free space there."""
     c = summary.counts
@@ -420,8 +423,12 @@ def _disk_needs(summary: PackSummary, spill_bytes: int, in_memory: int, spill_re
                   + c["packs"] * SHARD_BYTES_PER_PACK)
     on_disk = int(spill_bytes - in_memory)
     mode, _ = choose_spill_read(spill_read, on_disk)  # what the real run's auto would choose here, now
-    needs = {"spill_bytes": int(spill_bytes), "spill_disk_bytes": on_disk,
-             "stage_bytes": int(spill_bytes) if mode == "staged" else 0, "output_bytes": output}
+    stage = 0
+    if mode == "staged":  # each sample (a split one in each stage holding a piece) in whole blocks of its own
+        pieces = c["samples_packed"] + c["overlong"]["extra_pieces"]
+        stage = int(spill_bytes) + pieces * block_bytes(max_bits) + c["overlong"]["extra_pieces"] * (
+            -(-summary.spec["pack_size"] // BLOCK_TOKENS) * block_bytes(max_bits))
+    needs = {"spill_bytes": int(spill_bytes), "spill_disk_bytes": on_disk, "stage_bytes": stage, "output_bytes": output}
     places = {}
     if out:  # the output is built beside OUT, and the spill in it unless --spill-dir
         places["output"] = os.path.dirname(os.path.abspath(out))
@@ -448,9 +455,12 @@ def _short_of_space(needs: dict) -> list[str]:
             continue
         device = free[what]["device"]
         counted.add(device)
-        need = sum(needs[key] or 0 for part, key in (("spill", "spill_disk_bytes"), ("spill", "stage_bytes"),
-                                                      ("output", "output_bytes"))
-                   if part in free and free[part]["device"] == device)
+        here = {part for part in ("spill", "output") if part in free and free[part]["device"] == device}
+        spill = needs["spill_disk_bytes"] if "spill" in here else 0
+        stage = needs["stage_bytes"] if "spill" in here else 0
+        output = (needs["output_bytes"] or 0) if "output" in here else 0
+        # the peak: the spill file is deleted once the stages are built, before any shard is written
+        need = max(spill + stage, stage + output) if needs["stage_bytes"] else spill + output
         if need > free[what]["bytes"]:
             lines.append(f"{free[what]['path']}: {byte_size(free[what]['bytes'])} free, the run needs about "
                          f"{byte_size(need)} there (spill and shards as estimated); it would fail for space")
@@ -688,7 +698,7 @@ class _Run:
         summary = planned.summary
         if self.opts.dry_run:
             summary.disk = _disk_needs(summary, read_counts["spill_bytes"], read_counts["spill_memory_used"],
-                                       self.opts.spill_read,
+                                       read_counts["spill_bits"], self.opts.spill_read,
                                        self.out, self.spill_parent, native=self.output is None)
             if self.warn:
                 for line in _short_of_space(summary.disk):

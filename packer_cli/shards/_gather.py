@@ -553,14 +553,16 @@ class SpillWriter:
 class SpillTally:
     """A dry run's :class:`SpillWriter`: what the spill of these batches would take, counted and
     not written (``total_bytes``, of which ``in_memory_bytes`` a memory part of ``budget`` bytes
-    would hold)."""
+    would hold; ``max_bits``, the widest ids of any batch)."""
 
     def __init__(self, budget: int = 0):
-        self.budget, self.total_bytes, self.in_memory_bytes = budget, 0, 0
+        self.budget, self.total_bytes, self.in_memory_bytes, self.max_bits = budget, 0, 0, 1
         self._in_memory = True
 
     def write(self, tokens: np.ndarray, targets: np.ndarray, max_token: int | None = None) -> None:
-        size = batch_spill_bytes(tokens.size, batch_bits(tokens, max_token))
+        bits = batch_bits(tokens, max_token)
+        self.max_bits = max(self.max_bits, bits)
+        size = batch_spill_bytes(tokens.size, bits)
         self._in_memory = stays_in_memory(self._in_memory, self.in_memory_bytes, size, self.budget)
         self.total_bytes += size
         if self._in_memory:
