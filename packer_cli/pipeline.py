@@ -109,7 +109,7 @@ def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress
             raise
         spill.close()
         counts.update(spill_bytes=spill.total_bytes, spill_memory_used=spill.in_memory_bytes,
-                      spill_bits=getattr(spill, "max_bits", 0))
+                      spill_bits=spill.max_bits)
     except SpillError as exc:  # worded already (pack names the spill directory, or OUT)
         raise
     except OSError as exc:  # the readers report their own errors as DataError

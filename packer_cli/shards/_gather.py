@@ -149,9 +149,7 @@ def spill_error(what: str, guess: str) -> SpillError:
     code = last_errno()
     if not code:
         return SpillError(f"{what} failed ({guess})")
-    error = SpillError(f"{what} failed: [Errno {code}] {os.strerror(code)}")
-    error.errno = code
-    return error
+    return spill_os_error(OSError(code, os.strerror(code)), what)
 
 
 # resolved once, so no symbol lookup runs between the failure and the read (glibc and musl)
@@ -534,6 +532,10 @@ class SpillWriter:
     @property
     def in_memory_bytes(self) -> int:
         return self._memory.used
+
+    @property
+    def max_bits(self) -> int:
+        return max((bits for _, _, bits in self._batches), default=1)
 
     def close(self) -> None:
         self._file.close()

@@ -92,6 +92,16 @@ class SampleBatch:
     max_token: int | None = None  # the largest id when validation found it (an upper bound once rows are dropped)
 
 
+#: What pyarrow raises handing an array of a type it cannot wrap for Python to it
+#: (``month_interval``: ``KeyError``), as a column or as a list's values.
+_UNWRAPPABLE = (KeyError, NotImplementedError, pa.ArrowNotImplementedError)
+
+
+def _is_list(t: pa.DataType) -> bool:
+    """A variable-size list (``list`` or ``large_list``)."""
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
 def _list_parts(arr: pa.Array, name: str, path: str, row0: int):
     """Flat values and rebased int64 offsets of a list column; rejects non-list types.
 
@@ -101,7 +111,7 @@ def _list_parts(arr: pa.Array, name: str, path: str, row0: int):
     """
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
-    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
+    if not _is_list(arr.type):
         if pa.types.is_fixed_size_list(arr.type):
             arr = arr.cast(pa.list_(arr.type.value_type))
         elif pa.types.is_null(arr.type):
@@ -111,7 +121,7 @@ def _list_parts(arr: pa.Array, name: str, path: str, row0: int):
     offsets = np.asarray(arr.offsets, dtype=np.int64)
     try:
         values = arr.values.slice(offsets[0], offsets[-1] - offsets[0])
-    except (KeyError, NotImplementedError, pa.ArrowNotImplementedError):  # month_interval values, as readable_column
+    except _UNWRAPPABLE:  # month_interval values
         raise DataError(f"{path}: row {row0}: field '{name}' has type {arr.type}, expected a list of integers") from None
     return values, offsets - offsets[0]
 
@@ -216,7 +226,7 @@ def _clean_list(arr):
     """(values as NumPy, rebased offsets) of a null-free list column of fast-path integers, else None."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
-    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or arr.null_count:
+    if not _is_list(arr.type) or arr.null_count:
         return None
     if arr.type.value_type not in _FAST_INTS:
         return None
@@ -291,7 +301,7 @@ def readable_column(batch: pa.RecordBatch, name: str, path: str, row0: int):
     (``month_interval``: its ``column()`` raises ``KeyError``)."""
     try:
         return batch.column(name)
-    except (KeyError, NotImplementedError, pa.ArrowNotImplementedError):
+    except _UNWRAPPABLE:
         raise DataError(f"{path}: row {row0}: field '{name}' has type {batch.schema.field(name).type}, "
                         "which packer does not read") from None
 
@@ -299,12 +309,12 @@ def readable_column(batch: pa.RecordBatch, name: str, path: str, row0: int):
 def _fast_types(schema: pa.Schema, name: str, sup: Supervision) -> bool:
     """Whether the fields the fast path reads have the types it takes (checked on the schema:
     a column of a type pyarrow cannot hand to Python must not be touched there)."""
-    if not (pa.types.is_list(schema.field(name).type) or pa.types.is_large_list(schema.field(name).type)):
+    if not _is_list(schema.field(name).type):
         return False
     if sup.kind == "all":
         return True
     t = schema.field(sup.field).type
-    return pa.types.is_integer(t) if sup.kind == "answer" else pa.types.is_list(t) or pa.types.is_large_list(t)
+    return pa.types.is_integer(t) if sup.kind == "answer" else _is_list(t)
 
 
 def normalize_batch(
