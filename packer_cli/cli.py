@@ -22,6 +22,7 @@ import typer
 from packer_cli._console import (Console, StdoutLost, guard_std_streams, quiet_stream, say, stdout_failure,
                                  stdout_takes_utf8)
 
+from packer_cli._allocator import keep_freed_memory
 from packer_cli._jit import light_cache_loads
 from packer_cli.errors import (ConfigError, Interrupted, PackerError, PackerWarning, check_interrupted,
                                exception_chain, interrupted, raise_interrupted, stop_raising_interrupts)
@@ -362,6 +363,9 @@ def main() -> None:
     per ``pack`` run (perf stat, 4 alternating runs each) taken from the decode and gather
     threads. A value the user set is kept.
 
+    glibc's allocator keeps freed memory for reuse (:mod:`packer_cli._allocator`): by its
+    defaults every large array freed is unmapped and the next one faulted in and zeroed anew.
+
     Each command loads packer's cached kernels without numba's compiler set-up
     (:mod:`packer_cli._jit`): ~0.09 s of every start.
 
@@ -373,6 +377,7 @@ def main() -> None:
     versions packer accepts, in orjson's import where traced; then 1 of 700, in a kernel load:
     see :func:`packer_cli.errors.interrupts_deferred`; then 0 of 400).
     """
+    keep_freed_memory()
     _single_threaded_blas()
     _std_streams_present()
     guard_std_streams()
