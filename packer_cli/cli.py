@@ -90,7 +90,7 @@ def pack_command(
     on_bad_record: Annotated[BadRecordPolicy, typer.Option(help="Stop on a bad record, or skip and count it.")] = BadRecordPolicy.ERROR,
     shard_size: Annotated[str, typer.Option(help="Approximate shard size.")] = "256MB",
     spill_dir: Annotated[Optional[str], typer.Option(help="Existing directory for the temporary spill (about 2¼ bytes a token, read back at random; default: beside the output). Use local disk when OUT is on a network file system.")] = None,
-    spill_memory: Annotated[str, typer.Option(help="Bytes of the spill to hold in memory instead of on disk (its first batches; resident only as far as used), e.g. when the only scratch is a network file system.")] = "0",
+    spill_memory: Annotated[Optional[str], typer.Option(help="Bytes of the spill to hold in memory instead of on disk (its first batches, up to this size; resident only as far as used); 0: all of it in the file. Default: 256MB, less where the address space or memory maps allow less.", show_default=False)] = None,
     spill_read: Annotated[SpillRead, typer.Option(help="How pass two reads the spill: random (a read per sequence; the page cache serves it), staged (copied into stages in one sequential pass first, each stage then read whole: for a spill larger than the page cache can hold, e.g. under a container memory limit), auto (staged when the spill exceeds the page cache available to it). Same output either way.")] = SpillRead.AUTO,
     direct_io: Annotated[Optional[bool], typer.Option("--direct-io/--buffered-io", help="Write the output with O_DIRECT, bypassing the page cache, or through it (same bytes either way). Default: O_DIRECT on local and parallel file systems (ext4, xfs, btrfs, Lustre, GPFS...), buffered elsewhere (NFS, SMB, FUSE, tmpfs).", show_default=False)] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing OUT.")] = False,
@@ -120,7 +120,7 @@ def pack_command(
         summary = pack(inputs, out, spec, source, overwrite=overwrite, dry_run=dry_run,
                        shard_bytes=parse_size(shard_size, "--shard-size"), progress=not json_out,
                        warn=lambda msg: say(f"warning: {msg}", err), output=output,
-                       spill_dir=spill_dir, spill_memory=parse_size(spill_memory, "--spill-memory"), direct_io=direct_io,
+                       spill_dir=spill_dir, spill_memory=None if spill_memory is None else parse_size(spill_memory, "--spill-memory"), direct_io=direct_io,
                        spill_read=spill_read.value)
     except PackerError as exc:
         _fail_audit(exc, json_out, out)

@@ -58,10 +58,13 @@ def byte_size(n: int) -> str:
 
 
 def _spill_line(spill: dict) -> str:
-    """How pass two read the spill, and (for ``auto``) against what room."""
-    size = f"{spill['bytes'] / 1e9:.2f} GB"
+    """How pass two read the spill, how much of it lay in memory, and (for ``auto``) against what room."""
+    size = byte_size(spill["bytes"])
+    if spill.get("memory_bytes"):
+        size += ", all in memory" if spill["memory_bytes"] == spill["bytes"] else \
+            f", {byte_size(spill['memory_bytes'])} of it in memory"
     how = f"staged, {spill['stages']:,} stages" if spill["read"] == "staged" else "at random"
-    room = f", page cache room {spill['room'] / 1e9:.2f} GB" if "room" in spill else ""
+    room = f", page cache room {byte_size(spill['room'])}" if "room" in spill else ""
     return f"{how} ({size}{room})"
 
 

@@ -11,6 +11,21 @@ import pytest
 
 from packer_cli.demo import demo_table
 
+from packer_cli import pipeline
+
+#: The spill memory ``pack`` holds by default (256 MiB), before the fixture below sets it to 0.
+DEFAULT_SPILL_MEMORY = pipeline.DEFAULT_SPILL_MEMORY
+
+
+@pytest.fixture(autouse=True)
+def spill_to_the_file(monkeypatch):
+    """Every test's input is far smaller than the default spill memory, which would hold all of
+    it: in-process runs spill to the file by default here, the path most of a large input's
+    spill takes. Tests of the memory part ask for it, and tests of the default restore
+    ``DEFAULT_SPILL_MEMORY`` (runs in a fresh process keep the real default)."""
+    monkeypatch.setattr(pipeline, "DEFAULT_SPILL_MEMORY", 0)
+
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SHARED_FILES = sorted(SHARED_DATA.glob("*.parquet")) if SHARED_DATA.is_dir() else []
 

@@ -718,11 +718,14 @@ def test_direct_and_buffered_io_write_the_same_files(synthetic_parquet, tmp_path
 
 @pytest.mark.parametrize("extra", [[], ["--format", "megatron-bridge"]], ids=["native", "bridge"])
 def test_spill_memory_holds_the_first_batches_and_changes_no_byte(synthetic_parquet, tmp_path, monkeypatch, extra):
-    """All of the spill in memory, all in the file (the default), and split between the two (a
-    budget smaller than the spill): the same output files, and the file holds exactly what did
-    not fit."""
+    """All of the spill in memory, all in the file, split between the two (a budget smaller than
+    the spill), and the default (256 MiB: all of this small spill): the same output files, the
+    file holds exactly what did not fit, and the summary says how much lay in memory."""
     import os
 
+    from conftest import DEFAULT_SPILL_MEMORY
+
+    from packer_cli import pipeline
     from packer_cli.shards import _gather
 
     seen = []
@@ -734,14 +737,23 @@ def test_spill_memory_holds_the_first_batches_and_changes_no_byte(synthetic_parq
                      self._bytes))
 
     monkeypatch.setattr(_gather.SpillWriter, "close", spying_close)
-    for name, budget in (("memory", ["--spill-memory", "1GB"]), ("file", []), ("split", ["--spill-memory", "2MB"])):
-        result = run("pack", synthetic_parquet, "-o", tmp_path / name, *extra, *budget)
+    summaries = []
+    for name, budget in (("memory", ["--spill-memory", "1GB"]), ("file", ["--spill-memory", "0"]),
+                         ("split", ["--spill-memory", "2MB"]), ("default", [])):
+        if name == "default":
+            monkeypatch.setattr(pipeline, "DEFAULT_SPILL_MEMORY", DEFAULT_SPILL_MEMORY)
+        result = run("pack", synthetic_parquet, "-o", tmp_path / name, "--json", *extra, *budget)
         assert result.exit_code == 0, result.output
-    (mem_used, mem_file, total), (file_used, file_file, _), (split_used, split_file, _) = seen
+        summaries.append(json.loads(result.stdout)["spill"])
+    (mem_used, mem_file, total), (file_used, file_file, _), (split_used, split_file, _), default = seen
     assert total > 2 << 20  # the split budget really splits it
     assert (mem_used, mem_file) == (total, 0) and (file_used, file_file) == (0, total)
     assert 0 < split_used <= 2 << 20 and split_used + split_file == total and split_file > 0
-    assert _files(tmp_path / "memory") == _files(tmp_path / "file") == _files(tmp_path / "split")
+    assert DEFAULT_SPILL_MEMORY == 256 << 20 and default[:2] == (total, 0)
+    assert [(s["bytes"], s["memory_bytes"]) for s in summaries] == [(total, total), (total, 0), (total, split_used),
+                                                                   (total, total)]
+    assert (_files(tmp_path / "memory") == _files(tmp_path / "file") == _files(tmp_path / "split")
+            == _files(tmp_path / "default"))
 
 
 def test_unusable_spill_memory_exits_2(synthetic_parquet, tmp_path):

@@ -270,6 +270,51 @@ def test_spill_memory_under_an_address_space_limit_is_reduced_not_fatal(syntheti
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (out / "metadata.json").exists()
 
 
+def test_the_default_spill_memory_gives_way_quietly(synthetic_parquet, tmp_path, monkeypatch):
+    """The 256 MiB held by default (not asked for) is cut without a warning near an address-space
+    limit, and is none where no anonymous memory can be mapped; the same budget asked for
+    explicitly warns, or is an error."""
+    from conftest import DEFAULT_SPILL_MEMORY
+
+    from packer_cli import PackSpec, pack, pipeline
+    from packer_cli.errors import ConfigError
+
+    monkeypatch.setattr(pipeline, "DEFAULT_SPILL_MEMORY", DEFAULT_SPILL_MEMORY)
+    spec, said = PackSpec(pack_size=4096), []
+    whole = pack([str(synthetic_parquet)], str(tmp_path / "whole"), spec, warn=said.append).spill
+    assert whole["memory_bytes"] == whole["bytes"] > 0 and said == []  # this small spill: all of it
+
+    monkeypatch.setattr(pipeline, "_address_space_room", lambda: pipeline.ADDRESS_SPACE_HEADROOM + (1 << 20))
+    near = pack([str(synthetic_parquet)], str(tmp_path / "near"), spec, warn=said.append).spill
+    assert near["memory_bytes"] <= 1 << 20 and near["bytes"] == whole["bytes"] and said == []
+    pack([str(synthetic_parquet)], str(tmp_path / "asked"), spec, warn=said.append, spill_memory=256 << 20)
+    assert len(said) == 1 and said[0].startswith("--spill-memory: reserving 1,048,576 of the 268,435,456 bytes")
+    monkeypatch.undo()
+    monkeypatch.setattr(pipeline, "DEFAULT_SPILL_MEMORY", DEFAULT_SPILL_MEMORY)
+
+    unmappable = pipeline.SpillMemory
+
+    def no_anonymous_memory(budget):
+        if budget:
+            raise OSError(12, "Cannot allocate memory")
+        return unmappable(budget)
+
+    monkeypatch.setattr(pipeline, "SpillMemory", no_anonymous_memory)
+    none = pack([str(synthetic_parquet)], str(tmp_path / "none"), spec, warn=said.append).spill
+    assert none["memory_bytes"] == 0 and none["bytes"] == whole["bytes"] and len(said) == 1
+    with pytest.raises(ConfigError, match="spill memory: cannot reserve 268,435,456 bytes"):
+        pack([str(synthetic_parquet)], str(tmp_path / "refused"), spec, spill_memory=256 << 20)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["asked", "near", "none", "whole"]
+
+
+def test_a_fresh_process_holds_a_small_spill_in_memory(synthetic_parquet, tmp_path):
+    result = subprocess.run([sys.executable, "-c", PACKER, "pack", str(synthetic_parquet), "-o", str(tmp_path / "out"),
+                             "--json"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    spill = json.loads(result.stdout)["spill"]
+    assert spill["memory_bytes"] == spill["bytes"] > 0
+
+
 def _packer_with(args, stdout, preexec_fn=None):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as a user's shell runs it
     return subprocess.run([sys.executable, "-c", PACKER, *map(str, args)], stdout=stdout, stderr=subprocess.PIPE,
