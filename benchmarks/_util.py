@@ -30,9 +30,9 @@ def median(values) -> float:
 
 
 #: Fields of /proc/PID/status polled by :func:`run_measured`: the resident high-water mark, and
-#: the two parts of the resident set now (anonymous memory; pages of mapped files, shared
-#: libraries included).
-_RSS_FIELDS = {"VmHWM": "hwm", "RssAnon": "anon", "RssFile": "file"}
+#: the three parts of the resident set now (anonymous memory; pages of mapped files, shared
+#: libraries included; shared memory, which is where ``pack`` holds the spill's first 256 MiB).
+_RSS_FIELDS = {"VmHWM": "hwm", "RssAnon": "anon", "RssFile": "file", "RssShmem": "shmem"}
 
 
 def _rss(pid: int) -> dict[str, int] | None:
@@ -94,6 +94,7 @@ def run_measured(cmd: list[str], env: dict | None = None, cwd: str | None = None
         "peak_rss_bytes": peaks["hwm"],
         "peak_rss_anon_bytes": peaks["anon"],
         "peak_rss_file_bytes": peaks["file"],
+        "peak_rss_shmem_bytes": peaks["shmem"],
         "wait4_maxrss_bytes": usage.ru_maxrss * 1024,
         "cpu_s": usage.ru_utime + usage.ru_stime,
         "stdout": stdout,

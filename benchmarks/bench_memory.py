@@ -14,8 +14,9 @@ The peak's two parts are reported too, each the largest seen while polling: ``Rs
 (packer's own memory: what grows with the samples) and ``RssFile`` (pages of mapped files,
 mostly shared libraries; how much of a mapped library counts depends on how the page cache
 holds it, which moves the whole peak by tens of MB from one state of the machine to another,
-see benchmarks/README.md). The growth of the anonymous part is reported beside the growth of
-the peak.
+see benchmarks/README.md), and ``RssShmem`` (shared memory: the spill's first 256 MiB, which
+``pack`` holds in memory by default, a fixed amount). The growth of the anonymous part is
+reported beside the growth of the peak.
 
     python benchmarks/bench_memory.py --input benchmarks/_data/sft4k_200000.parquet --times 10 --repeats 5
 
@@ -54,6 +55,7 @@ def measure(inputs: list[str], pack_size: int, fmt: str = "native", verify: bool
     summary = json.loads(r["stdout"])
     row = {"copies": len(inputs), "seconds": r["wall_s"], "peak_rss_bytes": r["peak_rss_bytes"],
            "peak_rss_anon_bytes": r["peak_rss_anon_bytes"], "peak_rss_file_bytes": r["peak_rss_file_bytes"],
+           "peak_rss_shmem_bytes": r["peak_rss_shmem_bytes"],
            "samples": summary["counts"]["samples_packed"], "records": summary["counts"]["records"],
            "tokens": summary["counts"]["runtime_tokens"] + summary["counts"]["samples_packed"],
            "out_bytes": dir_bytes(OUT)}
@@ -71,7 +73,7 @@ def _median_row(rows: list[dict]) -> dict:
     row = dict(ordered[len(ordered) // 2])
     row["peaks"] = [r["peak_rss_bytes"] for r in rows]
     row["all_seconds"] = [r["seconds"] for r in rows]
-    for part in ("anon", "file"):  # each part's own median (its median run need not be the peak's)
+    for part in ("anon", "file", "shmem"):  # each part's own median (its median run need not be the peak's)
         values = sorted(r[f"peak_rss_{part}_bytes"] for r in rows)
         row[f"median_{part}_bytes"] = values[len(values) // 2]
     return row
