@@ -447,16 +447,16 @@ class SpillMemory:
 
     What fits never goes to the file, and pass two decodes those sequences where they lie,
     without a ``pread`` each. The budget is reserved up front (huge pages where the kernel
-    allows, against TLB misses in the random gather, and one page fault per 2 MiB written) but
-    only the pages written become resident, so a small input costs only its own size. ``used``
-    is how many bytes the writer put here; batches go here until one does not fit, then every
-    later one goes to the file.
+    allows them for shared memory, against TLB misses in the random gather) but only the pages
+    written become resident, so a small input costs only its own size. ``used`` is how many
+    bytes the writer put here; batches go here until one does not fit, then every later one
+    goes to the file.
 
-    ``pack`` holds up to 256 MiB here by default. New page-cache pages cost a fault each 4 KiB,
-    and on a virtual machine whose free memory goes back to the host (balloon free-page
-    reporting, as on the benchmark machine) each of those is a fault to the host: a standalone
-    write of 266 MB took 0.07-1.75 s into a new file (fast only right after another file's pages
-    were freed) and 0.23-0.35 s into this memory. The benchmark's ``pack`` (a 266 MB spill):
+    ``pack`` holds up to 256 MiB here by default. On the benchmark VM, whose free memory goes
+    back to the host (balloon free-page reporting), a standalone write of 266 MB took 0.07-1.75 s
+    into a new file (fast only right after another file's pages were freed) and 0.23-0.35 s into
+    this memory (a shared anonymous mapping, which its kernel gives 4 KiB pages; a private one
+    with huge pages took 1.3-2.6 s there). The benchmark's ``pack`` (a 266 MB spill):
     median 1.47 s against 1.84 s with all of it in the file (CLI, 8 runs each, ABBA, 2 s apart),
     pass one 0.61 against 0.98 s. Earlier sessions measured no difference on the same machine
     (1.90 against 1.94 s), when the page cache's writes were cheap.
