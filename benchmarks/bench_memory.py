@@ -10,7 +10,7 @@ page cache, other jobs), which is as much as the whole per-sample term of 1.8 M 
 at 16 B. So both sizes run ``--repeats`` times, interleaved, and the growth is taken between
 the median peaks (every peak is reported).
 
-The peak's two parts are reported too, each the largest seen while polling: ``RssAnon``
+The peak's parts are reported too, each the largest seen while polling: ``RssAnon``
 (packer's own memory: what grows with the samples) and ``RssFile`` (pages of mapped files,
 mostly shared libraries; how much of a mapped library counts depends on how the page cache
 holds it, which moves the whole peak by tens of MB from one state of the machine to another,

@@ -50,9 +50,12 @@ def _shared_part(mem: dict) -> str:
     else:
         sizes = tuple(r["peak_rss_bytes"] - r["median_anon_bytes"] - r["median_file_bytes"] for r in (small, large))
         how = "the rest of the peak (shared memory, not polled in this run)"
-    return (f"At 1× and 10× {how} is {sizes[0] / MB:,.0f} and {sizes[1] / MB:,.0f} MB, most of it the spill's first "
-            "256 MiB (268 MB), which `pack` holds in memory by default (`--spill-memory`): a fixed amount whatever "
-            "the input's size.")
+    return (f"At 1× and 10× {how} is {sizes[0] / MB:,.0f} and {sizes[1] / MB:,.0f} MB, most of it the spill's "
+            "memory part: `pack` holds the spill in shared memory up to 256 MiB (268 MB) by default "
+            "(`--spill-memory`), whatever the input's size, so this part stops growing once the spill reaches "
+            "that; the 1× input's spill (266 MB) is held whole and the 10× input's first 256 MiB. Between two "
+            "inputs whose spills are both smaller, the peak also grows by their difference (README, *Scratch "
+            "disk*); 1.5 GB + 16 B/sample bounds every size.")
 
 
 def _table(header: list[str], rows: list[list]) -> str:

@@ -11,7 +11,7 @@ first batches in memory instead with ``spill_memory``); only one token count per
 bytes) stays in memory (targets are summed as batches pass; see :mod:`packer_cli._sequences`). The plan needs only the padded lengths, while the counts wait in
 the spill directory; in pass two the plan's order waits there instead. No stage holds more than
 about 16 bytes per sample (planning: the padded lengths and the planner's arrays) plus 16 per
-pack. Pass two gathers each pack's tokens from the spill with a compiled kernel (``pread``, so
+pack, besides the spill's memory part (256 MiB at most by default: a fixed amount). Pass two gathers each pack's tokens from the spill with a compiled kernel (``pread``, so
 no page of the spill's file is ever resident) and writes (``O_DIRECT`` where the file system
 takes it) and hashes the shards, or hands the same runs to a
 :class:`~packer_cli.shards.bridge_output.BridgeOutput`. Everything is written into a temporary
@@ -52,7 +52,7 @@ from packer_cli.shards._atomic import (REPLACED, check_parent, check_replaceable
 from packer_cli.shards._gather import (BLOCK_TOKENS, ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader,
                                        SpillTally, SpillWriter, block_bytes, load_array, save_array, spill_os_error)
 from packer_cli.shards._sink import use_direct_io
-from packer_cli.shards._staged import SPILL_READ_MODES, choose_spill_read, open_spill
+from packer_cli.shards._staged import SPILL_READ_MODES, choose_spill_read, open_spill, page_cache_room
 from packer_cli.shards.bridge_output import BridgeOutput, replaceable_name
 from packer_cli.shards.bridge_writer import ENCODERS, ENV_ENCODER
 from packer_cli.shards.format import (
@@ -65,9 +65,9 @@ from packer_cli.sources.parquet_lists import DECODERS, ENV_DECODER
 from packer_cli.spec import PackSpec, SourceSpec, is_bool, is_int
 
 DEFAULT_SHARD_BYTES = 256 << 20
-# The spill's first bytes held in memory (see SpillMemory): at most 256 MiB more resident, a fixed
-# amount (peak RSS still grows only by the per-sample term with the input), and on the benchmark VM
-# writing them measured several times faster than writing them into new page-cache pages.
+# The spill's first bytes held in memory (see SpillMemory): at most 256 MiB more resident whatever
+# the input's size (a smaller spill is held whole), and on the benchmark VM writing them measured
+# several times faster than writing them into new page-cache pages.
 DEFAULT_SPILL_MEMORY = 256 << 20
 BATCH_TOKENS = 4 << 20  # tokens per record batch (about 20 MB): at most 4 in flight (see _write_shards)
 MAX_LISTED_BAD = 1000
@@ -356,9 +356,21 @@ def _address_space_room() -> int | None:
     return max(0, soft - in_use)
 
 
+#: The default spill memory takes at most this share of the memory the run can count on (what
+#: a container's limit leaves, or the node's available memory).
+DEFAULT_SPILL_SHARE = 4
+
+
 def _reserve_spill_memory(budget: int, warn=None, asked: bool = True) -> SpillMemory:
     """The spill's memory; a budget the caller did not ask for (the default) is cut to what can
-    be had without a word, and is none where no anonymous memory can be reserved."""
+    be had without a word: at most a quarter of the memory the run can count on (under a
+    container's limit the whole 256 MiB on top of the run's own needs was killed for memory,
+    where a spill in the file fit), within the address space, and none where no shared memory
+    can be mapped."""
+    if budget and not asked:
+        room = page_cache_room()
+        if room is not None:
+            budget = min(budget, room // DEFAULT_SPILL_SHARE)
     room = _address_space_room() if budget else None
     if room is not None and budget > room - ADDRESS_SPACE_HEADROOM:
         # the whole budget is reserved up front: near the limit, every later allocation failed
@@ -426,7 +438,9 @@ def _disk_needs(summary: PackSummary, spill_bytes: int, in_memory: int, max_bits
         output = ((c["padded_tokens"] * SHARD_BITS_PER_TOKEN + 7) // 8 + c["sequences"] * SHARD_BYTES_PER_SEQUENCE
                   + c["packs"] * SHARD_BYTES_PER_PACK)
     on_disk = int(spill_bytes - in_memory)
-    mode, _ = choose_spill_read(spill_read, on_disk)  # what the real run's auto would choose here, now
+    room = page_cache_room()  # the real run's memory part will hold shared memory this dry run does not
+    room = None if room is None else max(0, room - int(in_memory))
+    mode, _ = choose_spill_read(spill_read, on_disk, room)  # what the real run's auto would choose here, now
     stage = 0
     if mode == "staged":  # each sample (a split one in each stage holding a piece) in whole blocks of its own
         pieces = c["samples_packed"] + c["overlong"]["extra_pieces"]

@@ -901,6 +901,24 @@ def test_a_dry_runs_spill_on_disk_is_what_the_run_writes(synthetic_parquet, tmp_
         assert dry["stage_bytes"] == 0
 
 
+def test_a_dry_run_judges_auto_with_the_room_the_memory_part_will_take(synthetic_parquet, monkeypatch):
+    """The real run's memory part is shared memory the page cache cannot have; the dry run,
+    which holds none, judged auto against all of the room (random where the run would stage)."""
+    from packer_cli import pipeline
+    from packer_cli.shards._staged import PASS_TWO_RESERVE
+
+    def dry(room):
+        monkeypatch.setattr(pipeline, "page_cache_room", lambda: room)
+        return json.loads(run("pack", synthetic_parquet, "--dry-run", "--json", "--spill-memory", "2MB").stdout)["disk"]
+
+    held = dry(None)
+    in_memory = held["spill_bytes"] - held["spill_disk_bytes"]
+    assert 0 < in_memory and held["stage_bytes"] == 0  # room unknown: read at random
+    just_enough = held["spill_disk_bytes"] + PASS_TWO_RESERVE + in_memory
+    assert dry(just_enough)["stage_bytes"] == 0
+    assert dry(just_enough - 1)["stage_bytes"] > 0
+
+
 def test_a_staged_copy_is_estimated_from_above(synthetic_parquet, tmp_path):
     """It was taken as the spill's size, 1-5 % under the stage file the run then wrote (no
     warning on a disk it did not fit)."""

@@ -271,9 +271,10 @@ def test_spill_memory_under_an_address_space_limit_is_reduced_not_fatal(syntheti
 
 
 def test_the_default_spill_memory_gives_way_quietly(synthetic_parquet, tmp_path, monkeypatch):
-    """The 256 MiB held by default (not asked for) is cut without a warning near an address-space
-    limit, and is none where no anonymous memory can be mapped; the same budget asked for
-    explicitly warns, or is an error."""
+    """The 256 MiB held by default (not asked for) is cut without a warning to a quarter of what
+    a container's memory limit leaves and near an address-space limit, and is none where no
+    shared memory can be mapped; the same budget asked for explicitly is held, warns, or is an
+    error."""
     from conftest import DEFAULT_SPILL_MEMORY
 
     from packer_cli import PackSpec, pack, pipeline
@@ -283,6 +284,14 @@ def test_the_default_spill_memory_gives_way_quietly(synthetic_parquet, tmp_path,
     spec, said = PackSpec(pack_size=4096), []
     whole = pack([str(synthetic_parquet)], str(tmp_path / "whole"), spec, warn=said.append).spill
     assert whole["memory_bytes"] == whole["bytes"] > 0 and said == []  # this small spill: all of it
+
+    # a container whose limit leaves 4 MiB: a quarter of it (it took all 256 MiB and was killed)
+    monkeypatch.setattr(pipeline, "page_cache_room", lambda: 4 << 20)
+    tight = pack([str(synthetic_parquet)], str(tmp_path / "tight"), spec, warn=said.append).spill
+    assert tight["memory_bytes"] <= 1 << 20 and tight["bytes"] == whole["bytes"] and said == []
+    asked = pack([str(synthetic_parquet)], str(tmp_path / "asked-in-container"), spec, spill_memory=256 << 20).spill
+    assert asked["memory_bytes"] == whole["bytes"]  # asked for: as asked
+    monkeypatch.setattr(pipeline, "page_cache_room", lambda: None)
 
     monkeypatch.setattr(pipeline, "_address_space_room", lambda: pipeline.ADDRESS_SPACE_HEADROOM + (1 << 20))
     near = pack([str(synthetic_parquet)], str(tmp_path / "near"), spec, warn=said.append).spill
@@ -304,7 +313,8 @@ def test_the_default_spill_memory_gives_way_quietly(synthetic_parquet, tmp_path,
     assert none["memory_bytes"] == 0 and none["bytes"] == whole["bytes"] and len(said) == 1
     with pytest.raises(ConfigError, match="spill memory: cannot reserve 268,435,456 bytes"):
         pack([str(synthetic_parquet)], str(tmp_path / "refused"), spec, spill_memory=256 << 20)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["asked", "near", "none", "whole"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["asked", "asked-in-container", "near", "none", "tight",
+                                                          "whole"]
 
 
 def test_a_fresh_process_holds_a_small_spill_in_memory(synthetic_parquet, tmp_path):

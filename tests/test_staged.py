@@ -112,6 +112,26 @@ def test_staged_build_matches_a_plain_copy(mixed_inputs, tmp_path, small_runs, m
     assert np.array_equal(placed, np.arange(lengths.size))  # truncate: every sample, once
 
 
+def test_the_memory_part_is_given_back_once_copied_into_the_stages(mixed_inputs, tmp_path, small_runs, monkeypatch):
+    """Nothing reads the spill's memory part after the copy: it stayed resident (shared memory,
+    charged to a container's limit) through the whole of pass two."""
+    held = []
+    init = _staged.StagedSpillReader.__init__
+
+    def spying_init(self, spill_dir, memory, *rest):
+        before = memory.used
+        init(self, spill_dir, memory, *rest)
+        held.append((before, memory.used, memory.budget))
+
+    monkeypatch.setattr(_staged.StagedSpillReader, "__init__", spying_init)
+    staged = pack(mixed_inputs, str(tmp_path / "staged"), PackSpec(pack_size=512), spill_read="staged",
+                  spill_memory=1 << 30)
+    random = pack(mixed_inputs, str(tmp_path / "random"), PackSpec(pack_size=512), spill_read="random",
+                  spill_memory=1 << 30)
+    assert len(held) == 1 and held[0][0] == staged.spill["memory_bytes"] > 0 and held[0][1:] == (0, 0)
+    assert _files(tmp_path / "staged") == _files(tmp_path / "random")
+
+
 def test_auto_stages_only_a_spill_larger_than_the_room_pass_two_leaves():
     room, reserve = 10 << 30, _staged.PASS_TWO_RESERVE
     assert _staged.choose_spill_read("auto", room - reserve + 1, room=room) == ("staged", room)
@@ -137,10 +157,13 @@ def _write(path: Path, text: str) -> None:
 
 
 def test_cgroup_rooms_v1_and_v2(tmp_path):
-    """Limit less anonymous memory for every limited group on the path; unlimited ones skipped."""
+    """Limit less anonymous and shared memory for every limited group on the path (shared memory,
+    where the spill's memory part lies, was counted as room for the page cache: auto read a
+    spill at random that it should have staged); unlimited ones skipped."""
     root = tmp_path / "cg"
-    _write(root / "memory" / "jobs" / "memory.limit_in_bytes", str(4 << 30))
-    _write(root / "memory" / "jobs" / "memory.stat", f"cache 123\nrss 1\ntotal_rss {1 << 30}\n")
+    _write(root / "memory" / "jobs" / "memory.limit_in_bytes", str(5 << 30))
+    _write(root / "memory" / "jobs" / "memory.stat",
+           f"cache 123\nrss 1\nshmem 5\ntotal_rss {1 << 30}\ntotal_shmem {1 << 30}\n")
     _write(root / "memory" / "jobs" / "one" / "memory.limit_in_bytes", "9223372036854771712")
     _write(root / "memory" / "memory.limit_in_bytes", "9223372036854771712")
     proc = tmp_path / "cgroup"
@@ -148,10 +171,10 @@ def test_cgroup_rooms_v1_and_v2(tmp_path):
     assert _staged._cgroup_rooms(str(proc), str(root)) == [3 << 30]
     _write(root / "cgroup.controllers", "memory cpu\n")
     _write(root / "pod" / "memory.max", str(2 << 30))
-    _write(root / "pod" / "memory.stat", f"anon {512 << 20}\nfile 7\n")
+    _write(root / "pod" / "memory.stat", f"anon {512 << 20}\nfile {300 << 20}\nshmem {256 << 20}\n")
     _write(root / "pod" / "c" / "memory.max", "max\n")
     proc.write_text("0::/pod/c\n")
-    assert _staged._cgroup_rooms(str(proc), str(root)) == [(2 << 30) - (512 << 20)]
+    assert _staged._cgroup_rooms(str(proc), str(root)) == [(2 << 30) - (768 << 20)]
     assert _staged._cgroup_rooms(str(tmp_path / "missing"), str(root)) == []
 
 

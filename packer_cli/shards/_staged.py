@@ -78,7 +78,8 @@ def page_cache_room() -> int | None:
     """Bytes of page cache this process can count on: the kernel's estimate of memory available
     without swapping (``MemAvailable``, which counts reclaimable cache), less where a cgroup
     memory limit (v1 or v2, this process's group or one above it) leaves less: its limit less
-    its anonymous memory, since the page cache a group uses is charged to it. None when unknown."""
+    what of it cannot be reclaimed, its anonymous and its shared memory (the spill's memory part
+    is shared memory), since the page cache a group uses is charged to it. None when unknown."""
     rooms = [_mem_available()] + _cgroup_rooms()
     rooms = [r for r in rooms if r is not None]
     return max(0, min(rooms)) if rooms else None
@@ -117,8 +118,10 @@ def _stat_value(path: str, key: str) -> int | None:
 
 
 def _cgroup_rooms(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> list[int]:
-    """Limit less anonymous memory of every memory-limited cgroup this process is in (its own
-    and each above it), for cgroup v2 (``0::/path``) and v1's memory controller."""
+    """Limit less anonymous and shared memory of every memory-limited cgroup this process is in
+    (its own and each above it), for cgroup v2 (``0::/path``) and v1's memory controller. Shared
+    memory counts as page cache in both (v1's ``cache``, v2's ``file``) but without swap it
+    cannot be reclaimed like the rest of it."""
     try:
         with open(proc_cgroup) as f:
             lines = f.read().splitlines()
@@ -128,11 +131,12 @@ def _cgroup_rooms(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/c
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if controllers == "":  # v2
-            base, limit_file, stat_key = root, "memory.max", "anon"
+            base, limit_file, stat_keys = root, "memory.max", ("anon", "shmem")
             if not os.path.exists(os.path.join(root, "cgroup.controllers")):
                 base = os.path.join(root, "unified")
         elif "memory" in controllers.split(","):
-            base, limit_file, stat_key = os.path.join(root, "memory"), "memory.limit_in_bytes", "total_rss"
+            base, limit_file = os.path.join(root, "memory"), "memory.limit_in_bytes"
+            stat_keys = ("total_rss", "total_shmem")
         else:
             continue
         parts = [p for p in path.split("/") if p]
@@ -141,8 +145,8 @@ def _cgroup_rooms(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/c
             limit = _read_int(os.path.join(group, limit_file))
             if limit is None or limit >= 1 << 60:  # no limit ("max", or v1's huge number)
                 continue
-            anon = _stat_value(os.path.join(group, "memory.stat"), stat_key)
-            rooms.append(limit - (anon or 0))
+            held = sum(_stat_value(os.path.join(group, "memory.stat"), key) or 0 for key in stat_keys)
+            rooms.append(limit - held)
     return rooms
 
 
@@ -367,6 +371,7 @@ class StagedSpillReader(SpillReader):
             self._fds.append(self._stage_fd)
             sample_stage, pair_sample, pair_stage = self._assign(spill_dir, pack_offsets, pack_order)
             self._build(spill_dir, sample_stage, pair_sample, pair_stage, len(stages))
+            self._memory.release()  # its bytes are in the stages now, which is all pass two reads
         except OSError as exc:  # all of it is the spill directory's: named as such (not OUT) under --spill-dir
             self.close()
             raise spill_os_error(exc, "copying the spill into its stages") from exc
