@@ -440,18 +440,19 @@ def _disk_needs(summary: PackSummary, spill_bytes: int, in_memory: int, max_bits
     on_disk = int(spill_bytes - in_memory)
     room = page_cache_room()  # the real run's memory part will hold shared memory this dry run does not
     room = None if room is None else max(0, room - int(in_memory))
-    mode, _ = choose_spill_read(spill_read, on_disk, room)  # what the real run's auto would choose here, now
+    places = {}
+    if out:  # the output is built beside OUT, and the spill in it unless --spill-dir
+        places["output"] = os.path.dirname(os.path.abspath(out))
+    if spill_parent or out:
+        places["spill"] = spill_parent or places["output"]
+    # what the real run's auto would choose here, now
+    mode, _ = choose_spill_read(spill_read, on_disk, room, places.get("spill"))
     stage = 0
     if mode == "staged":  # each sample (a split one in each stage holding a piece) in whole blocks of its own
         pieces = c["samples_packed"] + c["overlong"]["extra_pieces"]
         stage = int(spill_bytes) + pieces * block_bytes(max_bits) + c["overlong"]["extra_pieces"] * (
             -(-summary.spec["pack_size"] // BLOCK_TOKENS) * block_bytes(max_bits))
     needs = {"spill_bytes": int(spill_bytes), "spill_disk_bytes": on_disk, "stage_bytes": stage, "output_bytes": output}
-    places = {}
-    if out:  # the output is built beside OUT, and the spill in it unless --spill-dir
-        places["output"] = os.path.dirname(os.path.abspath(out))
-    if spill_parent or out:
-        places["spill"] = spill_parent or places["output"]
     needs["free"] = {}
     for what, directory in places.items():
         try:
@@ -579,9 +580,11 @@ def pack(
     the end.
 
     ``spill_memory``: bytes of the spill held in memory rather than in the file (the first
-    batches, up to this budget; 0: all in the file). Resident only as far as used. None: 256 MiB
-    (``DEFAULT_SPILL_MEMORY``), cut without a warning to what the address space allows, and none
-    where anonymous memory cannot be reserved (an explicit budget then fails).
+    batches, up to this budget, in shared memory; 0: all in the file). Resident only as far as
+    used. None: 256 MiB (``DEFAULT_SPILL_MEMORY``), cut without a warning to a quarter of the
+    memory the run can count on (``MemAvailable``, or a container's room) and to what the address
+    space allows, and none where shared memory cannot be mapped (an explicit budget is held as
+    asked, warns near the address-space limit, and fails where it cannot be mapped).
 
     ``direct_io``: write the output files with ``O_DIRECT`` (bypassing the page cache; True),
     through the page cache (False), or (None) with ``O_DIRECT`` where OUT's file system is a
@@ -791,7 +794,7 @@ class _Run:
             spill_file = os.path.getsize(os.path.join(spill_dir, SPILL_FILE))
         except OSError as exc:  # the spill directory removed meanwhile
             raise spill_os_error(exc, "reading the spill files") from exc
-        mode, room = choose_spill_read(opts.spill_read, spill_file)
+        mode, room = choose_spill_read(opts.spill_read, spill_file, spill_dir=spill_dir)
         summary.spill = {"read": mode, "bytes": self.memory.used + spill_file, "memory_bytes": self.memory.used}
         if room is not None:
             summary.spill["room"] = room

@@ -141,6 +141,32 @@ def test_auto_stages_only_a_spill_larger_than_the_room_pass_two_leaves():
     assert _staged.choose_spill_read("staged", 0) == ("staged", None)
 
 
+def test_auto_reads_a_spill_held_in_memory_at_random(tmp_path, mixed_inputs, monkeypatch):
+    """A spill on tmpfs is shared memory, which the room now counts as held: auto staged it, a
+    second copy in memory, and a container's limit killed the run where reading it at random fit."""
+    for module in (_staged, pipeline):  # a tight container
+        monkeypatch.setattr(module, "page_cache_room", lambda: 1 << 20)
+    scratch = tmp_path / "shm"
+    scratch.mkdir()
+    assert _staged.choose_spill_read("auto", 1 << 30, spill_dir=str(scratch))[0] == "staged"
+    monkeypatch.setattr(_staged, "file_system_type", lambda path: "tmpfs" if str(path).startswith(str(scratch))
+                        else None)
+    assert _staged.choose_spill_read("auto", 1 << 30, spill_dir=str(scratch / "x")) == ("random", None)
+    assert _staged.choose_spill_read("staged", 1 << 30, spill_dir=str(scratch))[0] == "staged"  # as asked
+    summary = pack(mixed_inputs, str(tmp_path / "out"), PackSpec(pack_size=512), spill_dir=str(scratch))
+    assert summary.spill["read"] == "random"
+    import json
+
+    from typer.testing import CliRunner as Runner
+
+    dry = Runner().invoke(app, ["pack", *mixed_inputs, "-o", str(tmp_path / "dry"), "--pack-size", "512",
+                                "--dry-run", "--json", "--spill-dir", str(scratch)])
+    assert dry.exit_code == 0 and json.loads(dry.stdout)["disk"]["stage_bytes"] == 0, dry.output
+    dry = Runner().invoke(app, ["pack", *mixed_inputs, "-o", str(tmp_path / "dry"), "--pack-size", "512",
+                                "--dry-run", "--json"])  # the spill beside OUT, not on "tmpfs": staged
+    assert dry.exit_code == 0 and json.loads(dry.stdout)["disk"]["stage_bytes"] > 0, dry.output
+
+
 def test_auto_reads_a_small_spill_at_random_here(tmp_path, mixed_inputs, monkeypatch):
     monkeypatch.setattr(_staged, "page_cache_room", lambda: 1 << 40)
     summary = pack(mixed_inputs, str(tmp_path / "a"), PackSpec(pack_size=512))
@@ -232,10 +258,10 @@ def test_a_spill_cut_short_fails_the_staged_copy_cleanly(mixed_inputs, tmp_path,
     output, and nothing is left behind."""
     choose = _staged.choose_spill_read
 
-    def truncate_then_choose(mode, spill_bytes, room=None):
+    def truncate_then_choose(mode, spill_bytes, room=None, spill_dir=None):
         for spill in tmp_path.rglob(_gather.SPILL_FILE):
             os.truncate(spill, spill_bytes // 2)
-        return choose(mode, spill_bytes, room)
+        return choose(mode, spill_bytes, room, spill_dir)
 
     monkeypatch.setattr(pipeline, "choose_spill_read", truncate_then_choose)
     with pytest.raises(OutputError, match="copying the spill into its stages failed"):

@@ -38,6 +38,7 @@ from packer_cli.shards._gather import (
     BLOCK_TOKENS, MAX_BITS, ORDER_FILE, READ_SLACK, SPILL_FILE, SpillMemory, SpillReader, _load_token, _read_exact,
     SpillError, _span, _write_exact, block_bytes, spill_error, spill_os_error,
 )
+from packer_cli.shards._sink import file_system_type
 from packer_cli.spec import SpillRead
 
 STAGES_FILE = "stages.bin"
@@ -58,11 +59,21 @@ UNPLACED, SPLIT = -1, -2  # sample_stage markers: in no pack; pieces in several 
 SPILL_READ_MODES = tuple(mode.value for mode in SpillRead)
 
 
-def choose_spill_read(mode: str, spill_bytes: int, room: int | None = None) -> tuple[str, int | None]:
+#: File systems whose files are memory: a spill there is read at random without a page cache to
+#: miss, and staging it would put a second copy of it in memory.
+MEMORY_FILE_SYSTEMS = ("tmpfs", "ramfs")
+
+
+def choose_spill_read(mode: str, spill_bytes: int, room: int | None = None,
+                      spill_dir: str | None = None) -> tuple[str, int | None]:
     """(``random`` or ``staged``, the room it was judged against) for ``mode`` (one of
     ``SPILL_READ_MODES``): ``auto`` stages a spill larger than the page cache it can count on
     (``room``, by default :func:`page_cache_room`; None when not asked or unknown) less what
-    pass two itself will hold (``PASS_TWO_RESERVE``).
+    pass two itself will hold (``PASS_TWO_RESERVE``), unless ``spill_dir`` (the spill's
+    directory, or the one it will be made in) is on a file system held in memory
+    (``MEMORY_FILE_SYSTEMS``): that spill is itself shared memory, which counts against the
+    room, and staging it there was killed for memory in containers where reading it at random
+    fit.
 
     Where the line lies, measured (5× the benchmark input, a 1.33 GB spill, under memory cgroups
     of 1.2-1.8 GB): reading at random, pass two took 2.3-2.7 s with 1.53 GB of room, then fell
@@ -70,6 +81,8 @@ def choose_spill_read(mode: str, spill_bytes: int, room: int | None = None) -> t
     took 4.3-6.2 s throughout."""
     if mode != "auto":
         return mode, None
+    if spill_dir is not None and file_system_type(spill_dir) in MEMORY_FILE_SYSTEMS:
+        return "random", None
     room = page_cache_room() if room is None else room
     return ("staged" if room is not None and spill_bytes > room - PASS_TWO_RESERVE else "random"), room
 
