@@ -11,8 +11,9 @@ first batches in memory instead with ``spill_memory``); only one token count per
 bytes) stays in memory (targets are summed as batches pass; see :mod:`packer_cli._sequences`). The plan needs only the padded lengths, while the counts wait in
 the spill directory; in pass two the plan's order waits there instead. No stage holds more than
 about 16 bytes per sample (planning: the padded lengths and the planner's arrays) plus 16 per
-pack, besides the spill's memory part (256 MiB at most by default: a fixed amount). Pass two gathers each pack's tokens from the spill with a compiled kernel (``pread``, so
-no page of the spill's file is ever resident) and writes (``O_DIRECT`` where the file system
+pack, besides the spill's memory part (256 MiB at most by default: a fixed amount). Pass two
+gathers each pack's tokens from the spill with a compiled kernel (``pread``, so no page of the
+spill's file is ever resident) and writes (``O_DIRECT`` where the file system
 takes it) and hashes the shards, or hands the same runs to a
 :class:`~packer_cli.shards.bridge_output.BridgeOutput`. Everything is written into a temporary
 sibling directory that is renamed into place at the end, so OUT either is complete or absent.
@@ -110,7 +111,7 @@ def _read_inputs(stream: SampleStream, spill_dir: str | None, cap: int, progress
         spill.close()
         counts.update(spill_bytes=spill.total_bytes, spill_memory_used=spill.in_memory_bytes,
                       spill_bits=spill.max_bits)
-    except SpillError as exc:  # worded already (pack names the spill directory, or OUT)
+    except SpillError:  # worded already (pack names the spill directory, or OUT)
         raise
     except OSError as exc:  # the readers report their own errors as DataError
         if spill_named:
@@ -356,9 +357,9 @@ def _address_space_room() -> int | None:
     return max(0, soft - in_use)
 
 
-#: The default spill memory takes at most this share of the memory the run can count on (what
-#: a container's limit leaves, or the node's available memory).
-DEFAULT_SPILL_SHARE = 4
+#: The default spill memory takes at most the memory the run can count on (what a container's
+#: limit leaves, or the node's available memory) divided by this: a quarter.
+DEFAULT_SPILL_DIVISOR = 4
 
 
 def _reserve_spill_memory(budget: int, warn=None, asked: bool = True) -> SpillMemory:
@@ -370,7 +371,7 @@ def _reserve_spill_memory(budget: int, warn=None, asked: bool = True) -> SpillMe
     if budget and not asked:
         room = page_cache_room()
         if room is not None:
-            budget = min(budget, room // DEFAULT_SPILL_SHARE)
+            budget = min(budget, room // DEFAULT_SPILL_DIVISOR)
     room = _address_space_room() if budget else None
     if room is not None and budget > room - ADDRESS_SPACE_HEADROOM:
         # the whole budget is reserved up front: near the limit, every later allocation failed

@@ -126,8 +126,7 @@ def test_the_memory_part_is_given_back_once_copied_into_the_stages(mixed_inputs,
     monkeypatch.setattr(_staged.StagedSpillReader, "__init__", spying_init)
     staged = pack(mixed_inputs, str(tmp_path / "staged"), PackSpec(pack_size=512), spill_read="staged",
                   spill_memory=1 << 30)
-    random = pack(mixed_inputs, str(tmp_path / "random"), PackSpec(pack_size=512), spill_read="random",
-                  spill_memory=1 << 30)
+    pack(mixed_inputs, str(tmp_path / "random"), PackSpec(pack_size=512), spill_read="random", spill_memory=1 << 30)
     assert len(held) == 1 and held[0][0] == staged.spill["memory_bytes"] > 0 and held[0][1:] == (0, 0)
     assert _files(tmp_path / "staged") == _files(tmp_path / "random")
 

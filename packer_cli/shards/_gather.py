@@ -18,8 +18,8 @@ sequence, and release the GIL so reading, gathering and writing can overlap on s
 the process, so resident memory stays bounded by the output buffers however large the spill
 is (touched pages of a memory map count toward RSS, and a run of packs touches pages all over
 the file). The spill's first batches live in memory instead (:class:`SpillMemory`, ``pack
---spill-memory``, 256 MiB by default), up to a fixed budget: byte positions then run on from that memory
-into the file, and the gather decodes those sequences where they lie.
+--spill-memory``, 256 MiB by default), up to a fixed budget: byte positions then run on from
+that memory into the file, and the gather decodes those sequences where they lie.
 """
 from __future__ import annotations
 
