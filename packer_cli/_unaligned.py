@@ -45,3 +45,8 @@ def store_u32(typingctx, address, value):
     """Write ``value`` (uint32) as the 4 bytes at ``address``."""
     return types.void(types.uint64, types.uint32), _store_codegen(32)
 
+
+@intrinsic
+def store_u64(typingctx, address, value):
+    """Write ``value`` (uint64) as the 8 bytes at ``address``."""
+    return types.void(types.uint64, types.uint64), _store_codegen(64)

@@ -37,7 +37,7 @@ from numba.extending import intrinsic
 
 from packer_cli._arrow import memory_pool
 from packer_cli._kernel_cache import njit
-from packer_cli._unaligned import load_u32, load_u64, store_u32
+from packer_cli._unaligned import load_u32, load_u64, store_u32, store_u64
 
 
 def _libc_io(name: str):
@@ -291,19 +291,6 @@ def _bit_spreads() -> np.ndarray:
 _SPREAD = _bit_spreads()
 
 
-@njit(cache=True, nogil=True)
-def _decode_blocks(base, blocks, bits, tokens, flags):
-    """Decode ``blocks`` blocks at address ``base`` into ``tokens`` (int32) and ``flags``
-    (uint8, viewed as uint64: one word a block). ``READ_SLACK`` bytes past the last block must
-    be readable."""
-    stride = np.uint64(bits + 1)
-    for b in range(blocks):
-        q = base + np.uint64(b) * stride
-        for k in range(8):
-            tokens[8 * b + k] = _token_at(q, k, bits)
-        flags[b] = _SPREAD[load_u32(q + np.uint64(bits)) & np.uint32(0xFF)]
-
-
 @njit(cache=True, nogil=True, inline="always")
 def _token_at(block, k, bits):
     """Token ``k`` of the block at address ``block``: an 8-byte load at the byte it starts in,
@@ -366,6 +353,53 @@ def _span(position, count, token_starts, byte_starts, widths):
     return token_starts[b] + BLOCK_TOKENS * first, byte_starts[b] + first * (w + 1), blocks, w
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _copy_edge_block(q, b, d, s, bits, out_tokens, out_mask, pos):
+    """Block ``b`` (at address ``q``) of a sequence whose tokens are ``d .. d+s`` of its
+    blocks, token by token: those in ``[d, d+s)`` to ``out_tokens``, the flags of those in
+    ``(d, d+s]`` to ``out_mask``; returns token ``d + s`` when this block holds it, else -1."""
+    flags = load_u32(q + np.uint64(bits)) & np.uint32(0xFF)
+    last = np.int32(-1)
+    for k in range(8):
+        u = 8 * b + k
+        if d <= u < d + s:
+            out_tokens[pos + u - d] = _token_at(q, k, bits)
+        if d < u <= d + s:
+            out_mask[pos + u - d - 1] = np.uint8((flags >> np.uint32(k)) & np.uint32(1))
+        if u == d + s:
+            last = _token_at(q, k, bits)
+    return last
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _copy_sequence(at, d, s, bits, out_tokens, out_mask, pos):
+    """Decode one sequence where its blocks lie (address ``at``, ``READ_SLACK`` readable bytes
+    past them): tokens ``d .. d+s−1`` of the blocks to ``out_tokens[pos:pos+s]``, the flags of
+    tokens ``d+1 .. d+s`` (the label-aligned mask) to ``out_mask[pos:pos+s]``; returns token
+    ``d + s``, the last label.
+
+    Every block between the first and the one holding token ``d + s`` lies wholly inside both
+    output ranges (``d`` < 8), so its 8 tokens are stored straight and its 8 flags with one
+    8-byte store; only the two edge blocks go token by token. Inlined where ``bits`` is a
+    constant, each token is one load, a shift and a mask. 22M tokens of 17 bits gathered in
+    random order from memory: 1.25 ns a token, about what copying their tokens and mask bytes
+    costs (0.8-1.2 ns), against 1.8 ns decoding into a scratch buffer first with ``bits``
+    known only at run time."""
+    stride = np.uint64(bits + 1)
+    last_block = (d + s) // 8
+    last = _copy_edge_block(at, 0, d, s, bits, out_tokens, out_mask, pos)
+    if last_block == 0:
+        return last
+    mask_at = np.uint64(out_mask.ctypes.data)
+    for b in range(1, last_block):
+        q = at + np.uint64(b) * stride
+        o = pos - d + 8 * b
+        for k in range(8):
+            out_tokens[o + k] = _token_at(q, k, bits)
+        store_u64(mask_at + np.uint64(o - 1), _SPREAD[load_u32(q + np.uint64(bits)) & np.uint32(0xFF)])
+    return _copy_edge_block(at + np.uint64(last_block) * stride, last_block, d, s, bits, out_tokens, out_mask, pos)
+
+
 @njit(cache=True, nogil=True)
 def _pread_gather_kernel(fd, token_starts, byte_starts, widths, memory, memory_bytes, seq_src, seq_len, seq_pad,
                          pack_seq_offsets, pad_id, scratch, out_tokens, out_mask, out_last, out_cu):
@@ -376,14 +410,10 @@ def _pread_gather_kernel(fd, token_starts, byte_starts, widths, memory, memory_b
     flags of tokens 1..s; the last label is token s; ``out_cu`` gets each pack's physical
     offsets (N_k + 1 entries). A sequence's blocks (those holding its s + 1 tokens) are
     decoded where they lie in the memory part, or after one ``pread`` into ``scratch``
-    (``READ_SLACK`` bytes longer than the blocks of the longest sequence), a block at a time,
-    and copied out.
+    (``READ_SLACK`` bytes longer than the blocks of the longest sequence), straight into the
+    output (:func:`_copy_sequence`, with the widths of common vocabularies as constants).
     Returns False when a read fails.
     """
-    blocks = scratch.size // (MAX_BITS + 1)
-    tokens = np.empty(8 * blocks, dtype=np.int32)  # what one sequence's blocks decode to
-    flags64 = np.empty(blocks, dtype=np.uint64)
-    flags = flags64.view(np.uint8)
     pos = 0
     cu_pos = 0
     for k in range(pack_seq_offsets.size - 1):
@@ -391,16 +421,22 @@ def _pread_gather_kernel(fd, token_starts, byte_starts, widths, memory, memory_b
         out_cu[cu_pos] = 0
         cu_pos += 1
         for i in range(pack_seq_offsets[k], pack_seq_offsets[k + 1]):
-            s = seq_len[i]
+            s = np.int64(seq_len[i])
             p = seq_pad[i]
             w, d, at = _read_blocks(fd, token_starts, byte_starts, widths, memory, memory_bytes, seq_src[i], s + 1,
                                     scratch)
-            if w == 0:
+            if w == 17:
+                out_last[i] = _copy_sequence(at, d, s, 17, out_tokens, out_mask, pos)
+            elif w == 16:
+                out_last[i] = _copy_sequence(at, d, s, 16, out_tokens, out_mask, pos)
+            elif w == 18:
+                out_last[i] = _copy_sequence(at, d, s, 18, out_tokens, out_mask, pos)
+            elif w == 15:
+                out_last[i] = _copy_sequence(at, d, s, 15, out_tokens, out_mask, pos)
+            elif w != 0:
+                out_last[i] = _copy_sequence(at, d, s, w, out_tokens, out_mask, pos)
+            else:
                 return False
-            _decode_blocks(at, (d + s) // 8 + 1, w, tokens, flags64)
-            out_tokens[pos:pos + s] = tokens[d:d + s]
-            out_mask[pos:pos + s] = flags[d + 1:d + s + 1]
-            out_last[i] = tokens[d + s]
             for j in range(s, p):
                 out_tokens[pos + j] = pad_id
                 out_mask[pos + j] = 0
