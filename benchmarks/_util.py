@@ -31,7 +31,8 @@ def median(values) -> float:
 
 #: Fields of /proc/PID/status polled by :func:`run_measured`: the resident high-water mark, and
 #: the three parts of the resident set now (anonymous memory; pages of mapped files, shared
-#: libraries included; shared memory, which is where ``pack`` holds the spill's first 256 MiB).
+#: libraries included; shared memory, where ``pack`` held the spill's first 256 MiB before they
+#: became anonymous memory).
 _RSS_FIELDS = {"VmHWM": "hwm", "RssAnon": "anon", "RssFile": "file", "RssShmem": "shmem"}
 
 

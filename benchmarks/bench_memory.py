@@ -14,9 +14,11 @@ The peak's parts are reported too, each the largest seen while polling: ``RssAno
 (packer's own memory: what grows with the samples) and ``RssFile`` (pages of mapped files,
 mostly shared libraries; how much of a mapped library counts depends on how the page cache
 holds it, which moves the whole peak by tens of MB from one state of the machine to another,
-see benchmarks/README.md), and ``RssShmem`` (shared memory: the spill's first 256 MiB, which
-``pack`` holds in memory by default, a fixed amount). The growth of the anonymous part is
-reported beside the growth of the peak.
+see benchmarks/README.md), and ``RssShmem`` (shared memory). The spill's first 256 MiB, which
+``pack`` holds in memory by default (a fixed amount once the spill is that large), are
+anonymous memory, private to the process (shared memory before); each run's summary says how
+much it held (``spill.memory_bytes``). The growth of the anonymous part is reported beside the
+growth of the peak.
 
     python benchmarks/bench_memory.py --input benchmarks/_data/sft4k_200000.parquet --times 10 --repeats 5
 
@@ -56,6 +58,7 @@ def measure(inputs: list[str], pack_size: int, fmt: str = "native", verify: bool
     row = {"copies": len(inputs), "seconds": r["wall_s"], "peak_rss_bytes": r["peak_rss_bytes"],
            "peak_rss_anon_bytes": r["peak_rss_anon_bytes"], "peak_rss_file_bytes": r["peak_rss_file_bytes"],
            "peak_rss_shmem_bytes": r["peak_rss_shmem_bytes"],
+           "spill_memory_bytes": summary["spill"]["memory_bytes"],
            "samples": summary["counts"]["samples_packed"], "records": summary["counts"]["records"],
            "tokens": summary["counts"]["runtime_tokens"] + summary["counts"]["samples_packed"],
            "out_bytes": dir_bytes(OUT)}

@@ -40,22 +40,32 @@ def _all(rows, what: str) -> list[dict]:
     return [r for r in rows or [] if r.get("what") == what]
 
 
-def _shared_part(mem: dict) -> str:
-    """What the memory step's peak holds besides the anonymous and file-backed parts: shared
-    memory, where ``pack`` keeps the spill's first 256 MiB (measured as ``RssShmem`` since that
-    field was polled; the peak less the other two parts before)."""
+def _spill_memory_part(mem: dict) -> str:
+    """Where the memory step's peak holds the spill's memory part (the first 256 MiB of the
+    spill, by default): in the anonymous part since each run's summary reported its size
+    (``spill_memory_bytes``); in shared memory before (``RssShmem`` when polled, else the peak
+    less the other two parts)."""
     small, large = mem["small"], mem["large"]
+    growth = ("Between two inputs whose spills are both smaller, the peak also grows by their difference "
+              "(README, *Scratch disk*); 1.5 GB + 16 B/sample bounds every size.")
+    if "spill_memory_bytes" in small:
+        held = (small["spill_memory_bytes"], large["spill_memory_bytes"])
+        own = [r["median_anon_bytes"] - h for r, h in zip((small, large), held)]
+        return (f"The anonymous part holds the spill's memory part: `pack` keeps the spill's first 256 MiB "
+                f"(268 MB) in private memory by default (`--spill-memory`), {held[0] / MB:,.0f} MB at 1× and "
+                f"{held[1] / MB:,.0f} MB at {large['copies']}× here (the 1× input's spill is held whole, the larger "
+                f"input's first 256 MiB), so this share stops growing once the spill reaches that; the rest of "
+                f"the anonymous part, packer's own arrays, was {own[0] / MB:,.0f} and {own[1] / MB:,.0f} MB. "
+                + growth)
     if "median_shmem_bytes" in small:
         sizes, how = (small["median_shmem_bytes"], large["median_shmem_bytes"]), "its shared-memory part (`RssShmem`)"
     else:
         sizes = tuple(r["peak_rss_bytes"] - r["median_anon_bytes"] - r["median_file_bytes"] for r in (small, large))
         how = "the rest of the peak (shared memory, not polled in this run)"
     return (f"At 1× and 10× {how} is {sizes[0] / MB:,.0f} and {sizes[1] / MB:,.0f} MB, most of it the spill's "
-            "memory part: `pack` holds the spill in shared memory up to 256 MiB (268 MB) by default "
+            "memory part: `pack` held the spill in shared memory up to 256 MiB (268 MB) by default "
             "(`--spill-memory`), whatever the input's size, so this part stops growing once the spill reaches "
-            "that; the 1× input's spill (266 MB) is held whole and the 10× input's first 256 MiB. Between two "
-            "inputs whose spills are both smaller, the peak also grows by their difference (README, *Scratch "
-            "disk*); 1.5 GB + 16 B/sample bounds every size.")
+            "that; the 1× input's spill (266 MB) is held whole and the 10× input's first 256 MiB. " + growth)
 
 
 def _table(header: list[str], rows: list[list]) -> str:
@@ -425,7 +435,7 @@ def render(res: dict, targets: dict) -> str:
                        f"extra sample. The file-backed part is pages of mapped files, mostly shared libraries "
                        f"(libllvmlite.so alone 69–107 MB): it does not grow with the input, but how much of a mapped "
                        f"library counts depends on how the page cache holds the file (benchmarks/README.md, "
-                       f"*Peak RSS and the page cache*). {_shared_part(mem)}\n")
+                       f"*Peak RSS and the page cache*). {_spill_memory_part(mem)}\n")
         if "verify_source" in mem["small"]:
             vs, vl = mem["small"]["verify_source"], mem["large"]["verify_source"]
             per_seq = (vl["peak_rss_bytes"] - vs["peak_rss_bytes"]) / max(1, vl["sequences"] - vs["sequences"])

@@ -366,8 +366,8 @@ def _reserve_spill_memory(budget: int, warn=None, asked: bool = True) -> SpillMe
     """The spill's memory; a budget the caller did not ask for (the default) is cut to what can
     be had without a word: at most a quarter of the memory the run can count on (under a
     container's limit the whole 256 MiB on top of the run's own needs was killed for memory,
-    where a spill in the file fit), within the address space, and none where no shared memory
-    can be mapped."""
+    where a spill in the file fit), within the address space, and none where no anonymous
+    memory can be mapped."""
     if budget and not asked:
         room = page_cache_room()
         if room is not None:
@@ -439,7 +439,7 @@ def _disk_needs(summary: PackSummary, spill_bytes: int, in_memory: int, max_bits
         output = ((c["padded_tokens"] * SHARD_BITS_PER_TOKEN + 7) // 8 + c["sequences"] * SHARD_BYTES_PER_SEQUENCE
                   + c["packs"] * SHARD_BYTES_PER_PACK)
     on_disk = int(spill_bytes - in_memory)
-    room = page_cache_room()  # the real run's memory part will hold shared memory this dry run does not
+    room = page_cache_room()  # the real run's memory part will hold memory this dry run does not
     room = None if room is None else max(0, room - int(in_memory))
     places = {}
     if out:  # the output is built beside OUT, and the spill in it unless --spill-dir
@@ -581,10 +581,10 @@ def pack(
     the end.
 
     ``spill_memory``: bytes of the spill held in memory rather than in the file (the first
-    batches, up to this budget, in shared memory; 0: all in the file). Resident only as far as
-    used. None: 256 MiB (``DEFAULT_SPILL_MEMORY``), cut without a warning to a quarter of the
+    batches, up to this budget, in the process's own anonymous memory; 0: all in the file).
+    Resident only as far as used. None: 256 MiB (``DEFAULT_SPILL_MEMORY``), cut without a warning to a quarter of the
     memory the run can count on (``MemAvailable``, or a container's room) and to what the address
-    space allows, and none where shared memory cannot be mapped (an explicit budget is held as
+    space allows, and none where that memory cannot be mapped (an explicit budget is held as
     asked, warns near the address-space limit, and fails where it cannot be mapped).
 
     ``direct_io``: write the output files with ``O_DIRECT`` (bypassing the page cache; True),

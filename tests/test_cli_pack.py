@@ -902,7 +902,7 @@ def test_a_dry_runs_spill_on_disk_is_what_the_run_writes(synthetic_parquet, tmp_
 
 
 def test_a_dry_run_judges_auto_with_the_room_the_memory_part_will_take(synthetic_parquet, monkeypatch):
-    """The real run's memory part is shared memory the page cache cannot have; the dry run,
+    """The real run's memory part is anonymous memory the page cache cannot have; the dry run,
     which holds none, judged auto against all of the room (random where the run would stage)."""
     from packer_cli import pipeline
     from packer_cli.shards._staged import PASS_TWO_RESERVE

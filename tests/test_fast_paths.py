@@ -6,6 +6,9 @@
 """
 from __future__ import annotations
 
+import mmap
+import os
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -290,3 +293,39 @@ def test_target_counts_match_python():
     for k, (a, n) in enumerate(zip(starts, lengths)):
         row = targets[a:a + n].astype(int)
         assert runtime[k] == row[1:].sum() and tail[k] == row[21:].sum()
+
+
+def _smaps_entry(address: int) -> dict:
+    """This process's ``/proc/self/smaps`` entry of the mapping holding ``address``: its
+    permissions (``perms``), flags (``VmFlags``) and sizes in kB."""
+    entry = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+                start, end = (int(x, 16) for x in head[0].split("-"))
+                entry = {"perms": head[1]} if start <= address < end else None
+            elif entry is not None:
+                key, _, value = line.partition(":")
+                entry[key] = value.split() if key == "VmFlags" else int(value.split()[0])
+                if key == "VmFlags":
+                    return entry
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_the_memory_part_is_private_memory_in_small_pages():
+    """The pages written become the process's own anonymous memory (faulting shared memory's
+    pages costs more) and never huge pages (which cost seconds to fault in where free memory
+    goes back to a hypervisor); only what is written is resident."""
+    memory = SpillMemory(64 << 20)
+    try:
+        memory.array[: 16 << 20] = 1
+        entry = _smaps_entry(int(memory.address))
+        assert entry["perms"].endswith("p")  # private, not shared
+        assert 16 << 10 <= entry["Anonymous"] == entry["Rss"] < 32 << 10  # kB: what was written, no more
+        assert entry["Shared_Dirty"] == 0 and entry["AnonHugePages"] == 0
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):
+            assert "nh" in entry["VmFlags"]
+    finally:
+        memory.release()

@@ -113,8 +113,8 @@ def test_staged_build_matches_a_plain_copy(mixed_inputs, tmp_path, small_runs, m
 
 
 def test_the_memory_part_is_given_back_once_copied_into_the_stages(mixed_inputs, tmp_path, small_runs, monkeypatch):
-    """Nothing reads the spill's memory part after the copy: it stayed resident (shared memory,
-    charged to a container's limit) through the whole of pass two."""
+    """Nothing reads the spill's memory part after the copy: it stayed resident (anonymous
+    memory, charged to a container's limit) through the whole of pass two."""
     held = []
     init = _staged.StagedSpillReader.__init__
 

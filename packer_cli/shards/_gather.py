@@ -482,20 +482,24 @@ class SpillMemory:
     """The spill's first ``budget`` bytes, held in anonymous memory instead of the file.
 
     What fits never goes to the file, and pass two decodes those sequences where they lie,
-    without a ``pread`` each. The budget is reserved up front (huge pages where the kernel
-    allows them for shared memory, against TLB misses in the random gather) but only the pages
-    written become resident, so a small input costs only its own size. ``used`` is how many
-    bytes the writer put here; batches go here until one does not fit, then every later one
-    goes to the file.
+    without a ``pread`` each. The budget is reserved up front but only the pages written
+    become resident, so a small input costs only its own size. ``used`` is how many bytes the
+    writer put here; batches go here until one does not fit, then every later one goes to
+    the file.
 
     ``pack`` holds up to 256 MiB here by default. On the benchmark VM, whose free memory goes
     back to the host (balloon free-page reporting), a standalone write of 266 MB took 0.07-1.75 s
-    into a new file (fast only right after another file's pages were freed) and 0.23-0.35 s into
-    this memory (a shared anonymous mapping, which its kernel gives 4 KiB pages; a private one
-    with huge pages took 1.3-2.6 s there). The benchmark's ``pack`` (a 266 MB spill):
-    median 1.47 s against 1.84 s with all of it in the file (CLI, 8 runs each, ABBA, 2 s apart),
-    pass one 0.61 against 0.98 s. Earlier sessions measured no difference on the same machine
-    (1.90 against 1.94 s), when the page cache's writes were cheap.
+    into a new file (fast only right after another file's pages were freed), 0.20-0.28 s into
+    a shared anonymous mapping (what this memory used to be; shared memory gets 4 KiB pages
+    from most kernels) and 0.15-0.17 s into a private one with 4 KiB pages, which this is:
+    faulting a page of shared memory goes through the kernel's page cache for it. The same
+    private mapping with transparent huge pages took 2.2-2.6 s there (each 2 MiB page found and
+    zeroed), so huge pages are refused for it (``MADV_NOHUGEPAGE``; a kernel whose THP setting
+    is ``always`` would otherwise use them). The benchmark's ``pack`` (a 266 MB spill): median
+    1.47 s against 1.84 s with all of it in the file (CLI, 8 runs each, ABBA, 2 s apart), pass
+    one 0.61 against 0.98 s; private against shared memory, 1.75 against 1.83 s (8 runs each,
+    alternating, on a slower day). Earlier sessions measured no difference between the file and
+    memory on the same machine (1.90 against 1.94 s), when the page cache's writes were cheap.
     """
 
     SLACK = 64  # readable bytes past the last block (at least READ_SLACK)
@@ -503,11 +507,11 @@ class SpillMemory:
     def __init__(self, budget: int):
         self.budget = max(0, int(budget))
         self.used = 0
-        self._map = mmap.mmap(-1, self.budget + self.SLACK) if self.budget else None
-        if self._map is not None and hasattr(mmap, "MADV_HUGEPAGE"):
+        self._map = mmap.mmap(-1, self.budget + self.SLACK, flags=mmap.MAP_PRIVATE) if self.budget else None
+        if self._map is not None and hasattr(mmap, "MADV_NOHUGEPAGE"):
             try:
-                self._map.madvise(mmap.MADV_HUGEPAGE)
-            except OSError:
+                self._map.madvise(mmap.MADV_NOHUGEPAGE)
+            except OSError:  # a kernel without transparent huge pages
                 pass
         self.array = np.frombuffer(self._map, dtype=np.uint8) if self._map else np.zeros(self.SLACK, np.uint8)
 

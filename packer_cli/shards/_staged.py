@@ -91,8 +91,8 @@ def page_cache_room() -> int | None:
     """Bytes of page cache this process can count on: the kernel's estimate of memory available
     without swapping (``MemAvailable``, which counts reclaimable cache), less where a cgroup
     memory limit (v1 or v2, this process's group or one above it) leaves less: its limit less
-    what of it cannot be reclaimed, its anonymous and its shared memory (the spill's memory part
-    is shared memory), since the page cache a group uses is charged to it. None when unknown."""
+    what of it cannot be reclaimed, its anonymous memory (the spill's memory part among it) and
+    its shared memory, since the page cache a group uses is charged to it. None when unknown."""
     rooms = [_mem_available()] + _cgroup_rooms()
     rooms = [r for r in rooms if r is not None]
     return max(0, min(rooms)) if rooms else None
