@@ -273,7 +273,7 @@ def test_spill_memory_under_an_address_space_limit_is_reduced_not_fatal(syntheti
 def test_the_default_spill_memory_gives_way_quietly(synthetic_parquet, tmp_path, monkeypatch):
     """The 256 MiB held by default (not asked for) is cut without a warning to a quarter of what
     a container's memory limit leaves and near an address-space limit, and is none where no
-    shared memory can be mapped; the same budget asked for explicitly is held, warns, or is an
+    anonymous memory can be mapped; the same budget asked for explicitly is held, warns, or is an
     error."""
     from conftest import DEFAULT_SPILL_MEMORY
 
