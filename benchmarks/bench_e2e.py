@@ -314,6 +314,8 @@ def main() -> None:
         {"packer": serve_packer, "trl": serve_trl, "trl_once": trl_once, "read_json": serve_read_json}[args.serve](args)
         return
     os.makedirs(OUT, exist_ok=True)
+    # the helper processes run in benchmarks/: a path given relative to here must still name the file
+    args.input, args.out = os.path.abspath(args.input), os.path.abspath(args.out)
     tools = args.tools.split(",")
     samples, tokens = _count_tokens(args.input)
     base = ["bench_e2e.py", "--input", args.input, "--pack-size", str(args.pack_size)]
