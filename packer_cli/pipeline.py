@@ -582,10 +582,11 @@ def pack(
 
     ``spill_memory``: bytes of the spill held in memory rather than in the file (the first
     batches, up to this budget, in the process's own anonymous memory; 0: all in the file).
-    Resident only as far as used. None: 256 MiB (``DEFAULT_SPILL_MEMORY``), cut without a warning to a quarter of the
-    memory the run can count on (``MemAvailable``, or a container's room) and to what the address
-    space allows, and none where that memory cannot be mapped (an explicit budget is held as
-    asked, warns near the address-space limit, and fails where it cannot be mapped).
+    Resident only as far as used. None: 256 MiB (``DEFAULT_SPILL_MEMORY``), cut without a
+    warning to a quarter of the memory the run can count on (``MemAvailable``, or a container's
+    room) and to what the address space allows, and none where that memory cannot be mapped
+    (an explicit budget is held as asked, warns near the address-space limit, and fails where
+    it cannot be mapped).
 
     ``direct_io``: write the output files with ``O_DIRECT`` (bypassing the page cache; True),
     through the page cache (False), or (None) with ``O_DIRECT`` where OUT's file system is a
