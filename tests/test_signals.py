@@ -47,9 +47,11 @@ def _has_data(parent: Path, pattern: str) -> bool:
 # what shows a phase under way, and the options that make it show: in pass one the spill's file
 # (so all of the spill goes there); in pass two a shard, while the gatherers read the spill from
 # memory (this input's spill, ~96 MB, fits the budget), which is released only once they stopped
-# ``packer ARGS`` with Python's own SIGINT handler: a child inherits an ignored SIGINT (tests run
-# in the background of a shell, or under nohup), which packer rightly keeps ignored
+# ``packer ARGS`` with Python's own SIGINT handler and the default SIGHUP: a child inherits an
+# ignored SIGINT (tests run in the background of a shell) or SIGHUP (tests run under nohup),
+# which packer rightly keeps ignored
 WITH_DEFAULT_SIGINT = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                       "signal.signal(signal.SIGHUP, signal.SIG_DFL); "
                        "sys.argv[0] = 'packer'; from packer_cli.cli import main; main()")
 
 PHASES = {"pass one": ("out.tmp-*/_spill/samples.bin", ["--spill-memory", "0"]),
