@@ -382,9 +382,9 @@ def _copy_sequence(at, d, s, bits, out_tokens, out_mask, pos):
     output ranges (``d`` < 8), so its 8 tokens are stored straight and its 8 flags with one
     8-byte store; only the two edge blocks go token by token. Inlined where ``bits`` is a
     constant, each token is one load, a shift and a mask. 22M tokens of 17 bits gathered in
-    random order from memory: 1.25 ns a token, about what copying their tokens and mask bytes
-    costs (0.8-1.2 ns), against 1.8 ns decoding into a scratch buffer first with ``bits``
-    known only at run time."""
+    random order from memory (``benchmarks/bench_gather.py``): 1.13-1.27 ns a token, 1.2-1.6×
+    NumPy copying their tokens and mask bytes, against 2.0-2.2 ns decoding into a scratch
+    buffer first with ``bits`` known only at run time."""
     stride = np.uint64(bits + 1)
     last_block = (d + s) // 8
     last = _copy_edge_block(at, 0, d, s, bits, out_tokens, out_mask, pos)
@@ -489,10 +489,11 @@ class SpillMemory:
 
     ``pack`` holds up to 256 MiB here by default. On the benchmark VM, whose free memory goes
     back to the host (balloon free-page reporting), a standalone write of 266 MB took 0.07-1.75 s
-    into a new file (fast only right after another file's pages were freed), 0.20-0.28 s into
+    into a new file (fast only right after another file's pages were freed), 0.20-0.35 s into
     a shared anonymous mapping (what this memory used to be; shared memory gets 4 KiB pages
-    from most kernels) and 0.15-0.17 s into a private one with 4 KiB pages, which this is:
-    faulting a page of shared memory goes through the kernel's page cache for it. The same
+    from most kernels; 0.20-0.28 s when alternated with the next) and 0.15-0.17 s into a
+    private one with 4 KiB pages, which this is: faulting a page of shared memory goes through
+    the kernel's page cache for it. The same
     private mapping with transparent huge pages took 2.2-2.6 s there (each 2 MiB page found and
     zeroed), so huge pages are refused for it (``MADV_NOHUGEPAGE``; a kernel whose THP setting
     is ``always`` would otherwise use them). The benchmark's ``pack`` (a 266 MB spill): median
