@@ -109,14 +109,24 @@ def _warn_compiling_in_memory() -> None:
     _warned_in_memory = True
     warnings.warn(
         "no writable directory for packer's compiled kernels (the package's __pycache__, "
-        f"NUMBA_CACHE_DIR, the user's cache directory, a private {_private_temp_path()}): they compile in memory "
+        f"NUMBA_CACHE_DIR, the user's cache directory, a private {_private_temp_path() or _TEMP_PATH_PATTERN}): "
+        "they compile in memory "
         "in every run, several seconds each; set NUMBA_CACHE_DIR to a writable directory",
         KernelCacheWarning, stacklevel=3)
 
 
-def _private_temp_path() -> str:
+_TEMP_PATH_PATTERN = "$TMPDIR/packer-kernels-<uid>"
+
+
+def _private_temp_path() -> str | None:
+    """Where this user's private kernel cache goes; None where Python finds no usable temporary
+    directory at all (a read-only container: ``tempfile`` raises, and every command died with
+    a traceback)."""
     uid = os.getuid() if hasattr(os, "getuid") else "<uid>"
-    return os.path.join(tempfile.gettempdir(), f"packer-kernels-{uid}")
+    try:
+        return os.path.join(tempfile.gettempdir(), f"packer-kernels-{uid}")
+    except OSError:
+        return None
 
 
 def private_temp_root() -> str | None:
@@ -124,7 +134,8 @@ def private_temp_root() -> str | None:
     missing; None where it cannot be made or is not private (see the module docstring)."""
     if not hasattr(os, "getuid"):  # no user ids to check ownership against
         return None
-    return _private_root(_private_temp_path())
+    path = _private_temp_path()
+    return _private_root(path) if path is not None else None
 
 
 @lru_cache(maxsize=None)  # asked once per kernel; keyed on the path, so a new TMPDIR is looked at

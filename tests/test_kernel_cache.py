@@ -239,6 +239,30 @@ def test_a_temporary_directory_that_is_not_private_is_not_used(tmp_path, kind):
         assert os.listdir(tmp_path / "elsewhere") == []
 
 
+NO_TEMP_DIR = NOWHERE.replace("tempfile.tempdir = sys.argv[2]\n", (
+    "def no_temporary_directory():  # as tempfile says it where every candidate is read-only\n"
+    "    raise FileNotFoundError(2, 'No usable temporary directory found in [...]')\n"
+    "tempfile.tempdir = None\n"
+    "tempfile.gettempdir = no_temporary_directory\n"))
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="the private directory is keyed on a POSIX user id")
+def test_no_usable_temporary_directory_compiles_in_memory_with_one_warning(tmp_path):
+    """A read-only container: install, home, TMPDIR, /tmp and /var/tmp all read-only, so
+    Python's tempfile raises where packer asks it for its private directory."""
+    assert NO_TEMP_DIR != NOWHERE
+    env = _read_only_install(tmp_path)
+    out = subprocess.run([sys.executable, "-c", NO_TEMP_DIR, str(tmp_path), str(tmp_path / "tmp")], capture_output=True,
+                         text=True, env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (result["value"], result["cache"], result["hits"]) == (6, "NullCache", 0)  # compiled in memory
+    assert len(result["warnings"]) == 1 and result["warnings"][0].startswith(
+        "KernelCacheWarning: no writable directory for packer's compiled kernels")
+    assert "a private $TMPDIR/packer-kernels-<uid>)" in result["warnings"][0]
+    assert os.listdir(tmp_path / "tmp") == []
+
+
 WARN_IN_CLI = textwrap.dedent("""
     import sys, warnings
     from packer_cli import cli
