@@ -38,7 +38,9 @@ def assert_nothing_written(parent):
 
 
 BAD_LINES = [
-    ('{"input_ids": [1, 2,', "line 3: malformed JSON"),
+    # the parser's own place is within the record (it said "line 2 column 1" of a record on line 3)
+    ('{"input_ids": [1, 2,', "line 3: malformed JSON: unexpected end of data at character 21 of the record"),
+    ('{"input_ids": [1 2]}', "line 3: malformed JSON: unexpected character, expected ',' or ']' at character 17 of the record"),
     ('[1, 2, 3]', "line 3: malformed JSON: the record is not a JSON object"),
     ('{"loss_mask": [0, 1]}', "line 3: missing field 'input_ids'"),
     ('{"input_ids": [1, 2.5, 3], "loss_mask": [0, 1, 1]}', "line 3: input_ids[1] = 2.5 is not an integer"),

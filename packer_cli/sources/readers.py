@@ -228,7 +228,8 @@ def _orjson_record(raw: bytes, pre_bad: dict[int, str], row: int, fields: list[s
     except (orjson.JSONDecodeError, ValueError) as exc:
         record, reason = _standard_record(raw)
         if record is None:  # orjson's reason, unless it is one the standard parser got past
-            pre_bad[row] = f"malformed JSON: {reason if _STANDARD_TAKES.search(str(exc)) else exc}"
+            why = reason if _STANDARD_TAKES.search(str(exc)) else str(exc)
+            pre_bad[row] = f"malformed JSON: {_RECORD_POSITION.sub(_at_char, why)}"
             return {}
     if any(_holds_a_float(record.get(name)) for name in fields):
         # orjson reads an integer past 64 bits as a float (2**64 as 1.8446744073709552e+19,
@@ -240,6 +241,13 @@ def _orjson_record(raw: bytes, pre_bad: dict[int, str], row: int, fields: list[s
 
 #: orjson's refusals of valid JSON, which :func:`_standard_record` reads.
 _STANDARD_TAKES = re.compile(r"surrogate|parsed as double")
+# Both parsers place an error as "line L column C (char N)" of what they were given: one record,
+# so their line is not the file's (a record cut short at file line 51 said "line 2 column 1").
+_RECORD_POSITION = re.compile(r": line \d+ column \d+ \(char (\d+)\)$")
+
+
+def _at_char(match: re.Match) -> str:
+    return f" at character {match.group(1)} of the record"
 
 
 def _standard_record(raw: bytes) -> tuple[dict | None, str]:
