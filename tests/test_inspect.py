@@ -325,3 +325,18 @@ def test_a_partial_report_takes_empty_packs_anywhere():
                                        seq_counts=counts, target_tokens=0)
         assert report.packs == len(counts) and report.pack_len_total == 4 * n
         assert report.load_hist[0] == counts.count(0) and report.load_hist.sum() == len(counts)
+
+
+def test_the_summarys_recorded_counts_have_thousands_separators(tmp_path):
+    """The over-long row printed its counts bare ("55025 tokens lost") where every other count
+    in the table, and pack's own summary line, has separators."""
+    src = tmp_path / "long.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": list(range(1, 400))}) + "\n" for _ in range(180)))
+    from packer_cli import pack
+    pack([str(src)], str(tmp_path / "out"), PackSpec(pack_size=64))
+    report = inspect_output(str(tmp_path / "out"))
+    lost = report.to_dict()["recorded"]["overlong"]["tokens_lost"]
+    assert lost >= 10_000
+    buf = io.StringIO()
+    Console(file=buf, width=140).print(report)
+    assert f"180 samples, {lost:,} tokens lost" in buf.getvalue()

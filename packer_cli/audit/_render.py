@@ -35,6 +35,13 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{x:.2f}%"
 
 
+def _count(value) -> str:
+    """A recorded count with thousands separators, as every other count here; ``n/a`` when absent."""
+    if value is None:
+        return "n/a"
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
 def _stat(summary: dict, key: str) -> str:
     value = summary[key]
     return "n/a" if value is None else (f"{value:,}" if isinstance(value, int) else f"{value:,.1f}")
@@ -64,10 +71,10 @@ def summary_table(report, d: dict) -> Table:
         ("Martello–Toth L2 / gap", gap(q["l2_bound"], q["gap_to_l2"], q["gap_to_l2_pct"])),
         ("sequences per pack min / median / max", " / ".join(_stat(spp, k) for k in ("min", "median", "max"))),
         (f"over-long ({over.get('policy', s.get('overlong'))})",
-         f"{over.get('samples', 'n/a')} samples, {over.get('tokens_lost', 'n/a')} tokens lost, "
-         f"{over.get('extra_pieces', 'n/a')} extra pieces"),
-        ("dropped: too short / over-long", f"{r.get('too_short_dropped', 'n/a')} / {over.get('dropped', 'n/a')}"),
-        ("bad records skipped", f"{r.get('bad_records', 'n/a')}"),
+         f"{_count(over.get('samples'))} samples, {_count(over.get('tokens_lost'))} tokens lost, "
+         f"{_count(over.get('extra_pieces'))} extra pieces"),
+        ("dropped: too short / over-long", f"{_count(r.get('too_short_dropped'))} / {_count(over.get('dropped'))}"),
+        ("bad records skipped", _count(r.get('bad_records'))),
     ]
     for row in rows:
         table.add_row(*row)
