@@ -549,7 +549,7 @@ def test_a_failure_whose_json_document_cannot_be_written_keeps_its_status(tmp_pa
     with open("/dev/full", "w") as full:
         result = _packer_with(["inspect", tmp_path / "missing", "--json"], stdout=full)
     assert result.returncode == 2, result
-    assert result.stderr.splitlines() == [f"error: {tmp_path / 'missing'}: not a directory",
+    assert result.stderr.splitlines() == [f"error: {tmp_path / 'missing'}: no such file or directory",
                                           "error: cannot write to stdout: [Errno 28] No space left on device"]
 
 

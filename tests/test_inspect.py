@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -340,3 +341,26 @@ def test_the_summarys_recorded_counts_have_thousands_separators(tmp_path):
     buf = io.StringIO()
     Console(file=buf, width=140).print(report)
     assert f"180 samples, {lost:,} tokens lost" in buf.getvalue()
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_a_missing_output_is_named_as_missing_not_as_no_directory(tmp_path, command):
+    """pack says "no such file or directory" of a missing input; inspect and verify called a
+    missing OUT "not a directory", which a file is."""
+    missing = runner.invoke(app, [command, str(tmp_path / "nope")])
+    assert missing.exit_code == 2 and missing.output.strip() == f"error: {tmp_path / 'nope'}: no such file or directory"
+    (tmp_path / "file").write_text("")
+    a_file = runner.invoke(app, [command, str(tmp_path / "file")])
+    assert a_file.exit_code == 2 and a_file.output.strip() == f"error: {tmp_path / 'file'}: not a directory"
+
+
+def test_verifys_verdict_gives_a_small_outputs_rate_in_thousands(tmp_path):
+    """A few thousand tokens checked in a second read "(0M tokens/s)"."""
+    src = tmp_path / "small.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": list(range(1, 60))}) + "\n" for _ in range(40)))
+    result = runner.invoke(app, ["pack", str(src), "-o", str(tmp_path / "out"), "-C", "256"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["verify", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    rate = re.search(r"\(([\d,]+)(k?) tokens/s\)\)$", result.output.strip())
+    assert rate and int(rate.group(1).replace(",", "")) > 0, result.output  # a few thousand tokens: well below a million a second

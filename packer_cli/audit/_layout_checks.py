@@ -76,6 +76,13 @@ def raise_if_inconsistent(out: str, sink: FindingSink, refused: str, ignore: tup
         raise InconsistentOutput(out, findings, errors, refused)
 
 
+def require_directory(out: str) -> None:
+    """:class:`ConfigError` unless ``out`` is a directory, worded as ``pack`` words a missing
+    input: a path that does not exist is not called "not a directory"."""
+    if not os.path.isdir(out):
+        raise ConfigError(f"{out}: {'not a directory' if os.path.lexists(out) else 'no such file or directory'}")
+
+
 def directory_state(out: str) -> tuple[int, int, int] | None:
     """(device, inode, modification time) of the directory ``out``: another directory renamed
     into its place (``pack --overwrite``) or files renamed in or out of it (a Bridge split

@@ -20,13 +20,11 @@ arithmetic needs (lengths are consistent and non-negative); anything else is a
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from packer_cli.audit._bridge_checks import check_bridge_entries
 from packer_cli.audit._layout_checks import (CHANGED, Layout, check_layout, directory_state, raise_if_inconsistent,
-                                           refuse_an_unnamed_split)
+                                           refuse_an_unnamed_split, require_directory)
 from packer_cli.audit.findings import FindingSink
 from packer_cli.audit.report import InspectReport, PackDetail
 from packer_cli.audit.store import PackBatch
@@ -128,8 +126,7 @@ def inspect_output(out: str, pack: int | None = None, split: str | None = None) 
         if not is_int(pack):  # 3.0, "3" and True failed deep inside NumPy, or read pack 1
             raise ConfigError(f"pack must be an integer pack index, got {pack!r}")
         pack = int(pack)
-    if not os.path.isdir(out):
-        raise ConfigError(f"{out}: not a directory")
+    require_directory(out)
     refuse_an_unnamed_split(out, split, "inspect")
     state = directory_state(out)
     try:

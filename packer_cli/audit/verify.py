@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from packer_cli.audit._bridge_checks import check_bridge_entries
 from packer_cli.audit._layout_checks import (CHANGED, check_layout, directory_state, recorded_count,
-                                           refuse_an_unnamed_split)
+                                           refuse_an_unnamed_split, require_directory)
 from packer_cli.audit._meta_checks import check_metadata, check_provenance, expected_bridge
 from packer_cli.audit._pack_checks import Sequences, check_batch
 from packer_cli.audit.findings import ERROR, WARNING, Finding, FindingSink
@@ -37,6 +37,14 @@ from packer_cli.errors import ConfigError, PackerError
 from packer_cli.sources.discover import input_paths, path_argument
 from packer_cli.spec import is_int
 from packer_cli.shards.writer import file_checksum
+
+
+def _rate(tokens_per_s: float) -> str:
+    """Tokens a second in the unit that keeps its digits: a small output's "0M tokens/s" said nothing."""
+    for scale, unit in ((1e6, "M "), (1e3, "k ")):
+        if tokens_per_s >= scale:
+            return f"{tokens_per_s / scale:,.0f}{unit}tokens/s"
+    return f"{tokens_per_s:,.0f} tokens/s"
 
 
 @dataclass
@@ -70,7 +78,7 @@ class VerifyReport:
 
     def verdict(self) -> str:
         scope = f"{self.packs:,} packs, {self.tokens:,} tokens" + (" and the source" if self.source else "")
-        speed = f"in {self.seconds:.2f} s ({self.tokens_per_s / 1e6:,.0f}M tokens/s)"
+        speed = f"in {self.seconds:.2f} s ({_rate(self.tokens_per_s)})"
         if self.ok:
             return f"verify: OK: {self.out} ({scope} checked {speed})"
         n = sum(self.errors.values())
@@ -158,8 +166,7 @@ def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20
     if not is_int(limit) or limit < 0:
         raise ConfigError(f"limit must be an integer >= 0 (problems listed per check), got {limit!r}")
     limit = int(limit)
-    if not os.path.isdir(out):
-        raise ConfigError(f"{out}: not a directory")
+    require_directory(out)
     refuse_an_unnamed_split(out, split, "verify")
     state = directory_state(out)
     files = None
