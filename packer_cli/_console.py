@@ -35,6 +35,14 @@ def quiet_stream(fd: int) -> None:
 
 
 class Console(_RichConsole):
+    """rich's Console, without markup unless a caller asks for it: what packer prints holds
+    paths and messages from the user's files, and ``run[v2]`` or ``od[/b]`` are names, not
+    styles (rich would drop the first and raise on the second)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("markup", False)
+        super().__init__(*args, **kwargs)
+
     def on_broken_pipe(self) -> None:
         if self.stderr:
             quiet_stream(2)

@@ -12,6 +12,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from packer_cli.cli import app
@@ -1117,3 +1118,34 @@ def test_a_dry_run_warns_where_the_run_would_not_fit(synthetic_parquet, tmp_path
     assert re.search(r": 0\.0 MB free, the run needs about (0\.[1-9]|[1-9][\d.]*) MB there", warning[0]), warning[0]
     result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--dry-run")  # room enough: no warning
     assert "would fail for space" not in result.output
+
+
+@pytest.mark.parametrize("name", ["run[v2]", "od[/b]"])
+def test_bracketed_names_are_printed_as_names_not_styles(tmp_path, monkeypatch, name):
+    """rich reads "[v2]" as a style (dropped from the title) and "[/b]" as a closing tag
+    with nothing to close (a traceback after the output was written, exit 1)."""
+    monkeypatch.chdir(tmp_path)
+    data = write_jsonl(tmp_path / "in[v2].jsonl", [GOOD] * 3)
+    (tmp_path / "od[").mkdir()
+    out = name
+    r = run("pack", data, "-o", out, "--pack-size", "8")
+    assert r.exit_code == 0, r.output
+    assert f"packer pack → {out}" in r.output
+    r = run("inspect", out)
+    assert r.exit_code == 0, r.output
+    assert f"packer inspect → {out}" in r.output
+
+
+def test_an_error_on_a_terminal_names_a_bracketed_path_whole(tmp_path, monkeypatch):
+    import io
+
+    from packer_cli import cli
+    from packer_cli._console import Console
+    from packer_cli.errors import ConfigError
+
+    screen = io.StringIO()
+    monkeypatch.setattr(cli, "err", Console(file=screen, force_terminal=True, highlight=False, soft_wrap=True))
+    with pytest.raises(typer.Exit):
+        cli.fail(ConfigError("train[v2].jsonl and nope[/x]: no such file or directory"))
+    assert re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue()) == (
+        "error: train[v2].jsonl and nope[/x]: no such file or directory\n")
