@@ -170,12 +170,17 @@ def test_a_misspelt_switch_variable_is_an_error(tmp_path, monkeypatch, env, valu
     (["pack"], "Missing argument 'inputs"),  # typer 0.28 spells it 'INPUTS...'
     (["inspect"], "Missing argument 'out'"),
     (["bogus"], "No such command 'bogus'"),
-], ids=["int", "float", "choice", "shard-size", "spill-memory", "no-input", "no-out", "command"])
+    # click raises these two without a context: still the subcommand's help
+    (["verify", "OUT", "--limit"], "Option '--limit' requires an argument"),
+    (["inspect", "OUT", "--json=1"], "Option '--json' does not take a value"),
+], ids=["int", "float", "choice", "shard-size", "spill-memory", "no-input", "no-out", "command", "no-value",
+        "flag-value"])
 def test_bad_command_lines_are_one_line_errors(tmp_path, args, message):
     """The console script reports what typer rejects as one line (typer's own boxed panel is
     for the screen, not for a pipeline's log), exit 2."""
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD])
-    argv = [str(path) if a == "DATA" else a for a in args] + ["-o", str(tmp_path / "out")] * (args[0] == "pack")
+    argv = [str(path) if a == "DATA" else str(tmp_path) if a == "OUT" else a for a in args]
+    argv += ["-o", str(tmp_path / "out")] * (args[0] == "pack")
     script = "import sys; sys.argv[0] = 'packer'; from packer_cli._entry import main; main()"
     child = subprocess.run([sys.executable, "-c", script, *argv],
                            capture_output=True, text=True, timeout=60)
