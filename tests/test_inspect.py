@@ -352,6 +352,10 @@ def test_a_missing_output_is_named_as_missing_not_as_no_directory(tmp_path, comm
     (tmp_path / "file").write_text("")
     a_file = runner.invoke(app, [command, str(tmp_path / "file")])
     assert a_file.exit_code == 2 and a_file.output.strip() == f"error: {tmp_path / 'file'}: not a directory"
+    # a "latest" link whose target was cleaned up: missing too, as pack says of it
+    (tmp_path / "latest").symlink_to(tmp_path / "gone")
+    dangling = runner.invoke(app, [command, str(tmp_path / "latest")])
+    assert dangling.exit_code == 2 and dangling.output.strip() == f"error: {tmp_path / 'latest'}: no such file or directory"
 
 
 def test_verifys_verdict_gives_a_small_outputs_rate_in_thousands(tmp_path):

@@ -80,7 +80,7 @@ def require_directory(out: str) -> None:
     """:class:`ConfigError` unless ``out`` is a directory, worded as ``pack`` words a missing
     input: a path that does not exist is not called "not a directory"."""
     if not os.path.isdir(out):
-        raise ConfigError(f"{out}: {'not a directory' if os.path.lexists(out) else 'no such file or directory'}")
+        raise ConfigError(f"{out}: {'not a directory' if os.path.exists(out) else 'no such file or directory'}")
 
 
 def directory_state(out: str) -> tuple[int, int, int] | None:

@@ -134,10 +134,19 @@ def inspect_output(out: str, pack: int | None = None, split: str | None = None) 
     except PackerError as exc:  # a shard gone missing mid-read, a --pack past a shorter output: said as what it was
         if directory_state(out) != state:
             raise DataError(f"{out} changed {CHANGED}: inspect it again ({exc})") from exc
+        if isinstance(exc, DataError) and not str(exc).startswith(out):
+            raise _in_output(out, exc) from exc
         raise
     if directory_state(out) != state:
         raise DataError(f"{out} changed {CHANGED}: inspect it again")
     return total
+
+
+def _in_output(out: str, exc: DataError) -> DataError:
+    """``exc`` naming the output it is in: a shard's name alone (``packs-00000.arrow``) is
+    every output's, and a job inspecting several could not tell which one failed."""
+    hint = "" if "packer verify" in str(exc) else "; run `packer verify` for a full report"
+    return DataError(f"{out}: {exc}{hint}")
 
 
 def _inspect(out: str, pack: int | None, split: str | None) -> InspectReport:
