@@ -86,7 +86,7 @@ class PackSummary:
         return record
 
 
-def _recorded_path(path: str) -> str:
+def recorded_path(path: str) -> str:
     """``path`` made absolute as it leads: a '..' after a symbolic link goes to the link target's
     parent, which ``os.path.abspath`` (collapsing it as text) would not name."""
     if os.pardir not in path.split(os.sep):
@@ -175,7 +175,7 @@ def summarize(*, spec: PackSpec, files, stream, read_counts, bad_listed, totals,
     }
     sup = stream.supervision
     source = {
-        "inputs": [{"path": _recorded_path(f.path), "format": f.format, "bytes": _input_bytes(f)} for f in files],
+        "inputs": [{"path": recorded_path(f.path), "format": f.format, "bytes": _input_bytes(f)} for f in files],
         "tokens_field": stream.spec.tokens_field,
         "supervision": {"kind": sup.kind, "field": sup.field},
         "vocab_size": stream.spec.vocab_size,

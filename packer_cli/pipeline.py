@@ -41,7 +41,7 @@ from packer_cli import __version__
 from packer_cli._background import background, ordered_map
 from packer_cli._kernel_cache import njit
 from packer_cli._sequences import Items, SampleLog, SourceMap, build_items
-from packer_cli._summary import PackSummary, summarize
+from packer_cli._summary import PackSummary, recorded_path, summarize
 from packer_cli.errors import ConfigError, DataError, OutputError, check_interrupted, env_choice
 from packer_cli.plan import plan_packs
 from packer_cli.plan.plan import PackPlan
@@ -127,7 +127,8 @@ def _take(batch, counts: dict, bad_listed: list, log: SampleLog, cap: int, spill
     counts["too_short"] += batch.too_short
     counts["bad_records"] += len(batch.bad)
     for bad in batch.bad[: max(0, MAX_LISTED_BAD - len(bad_listed))]:
-        bad_listed.append({"path": bad.path, "row": bad.row, "line": bad.line, "reason": bad.reason})
+        # named as source.inputs names the file: the same inputs record the same, wherever packed from
+        bad_listed.append({"path": recorded_path(bad.path), "row": bad.row, "line": bad.line, "reason": bad.reason})
     if batch.lengths.size:
         runtime, tail = _target_counts(batch, cap)
         log.add(batch.lengths, batch.source_index, runtime, tail)

@@ -97,6 +97,23 @@ def test_skip_bad_records_counts_and_lists_them(tmp_path):
     assert meta["bad_records"][0]["line"] == 3 and meta["bad_records"][0]["row"] == 2
 
 
+def test_bad_records_name_their_file_as_the_inputs_do(tmp_path, monkeypatch):
+    """They were named as typed: 'data/a.jsonl' beside source.inputs' absolute path, and the
+    same input packed from data/ recorded 'a.jsonl' (other metadata bytes for the same data)."""
+    (tmp_path / "data").mkdir()
+    write_jsonl(tmp_path / "data" / "a.jsonl", [GOOD] * 4, raw_line3='{"input_ids": [1, -4]}')
+    recorded = []
+    for where, arg in ((tmp_path, "data/a.jsonl"), (tmp_path / "data", "a.jsonl")):
+        monkeypatch.chdir(where)
+        out = tmp_path / f"out{len(recorded)}"
+        assert run("pack", arg, "-o", out, "--on-bad-record", "skip").exit_code == 0
+        meta = json.loads((out / "metadata.json").read_text())
+        assert [b["path"] for b in meta["bad_records"]] == [i["path"] for i in meta["source"]["inputs"]]
+        recorded.append(meta["bad_records"])
+    assert recorded[0] == recorded[1] == [{"path": str(tmp_path / "data" / "a.jsonl"), "row": 2, "line": 3,
+                                           "reason": "missing field 'loss_mask'"}]
+
+
 def test_bad_parquet_rows_name_the_row(tmp_path):
     table = pa.table({"input_ids": [[1, 2, 3]] * 5 + [[1, -2, 3]], "loss_mask": [[0, 1, 1]] * 6})
     pq.write_table(table, tmp_path / "d.parquet")
