@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -412,7 +413,26 @@ def test_a_source_that_breaks_half_way_is_a_finding(tmp_path, monkeypatch):
     report = verify_output(str(out), [str(src)])
     assert [f.check for f in report.findings] == ["source.read"], [f.line() for f in report.findings]
     assert "line 150" in report.findings[0].message, report.findings[0].line()
-    assert report.source == {"inputs": 1, "records": 147, "complete": False}
+    assert report.source == {"inputs": 1, "records": 147, "samples_packed": None, "tokens_compared": None,
+                             "complete": False}
+
+
+def test_an_unusable_recorded_source_spec_is_a_finding_with_the_summarys_keys(tmp_path):
+    """--json's ``source`` was ``null`` here (documented as "no --source given"), and lacked
+    ``samples_packed``/``tokens_compared`` after a source that broke half way: a pipeline
+    reading it met a missing key instead of ``complete: false``."""
+    src = tmp_path / "train.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": [1, 2, 3, k + 4]}) + "\n" for k in range(20)))
+    out = pack_to([src], tmp_path / "out", PackSpec(pack_size=64))
+    meta = json.loads((out / "metadata.json").read_text())
+    meta["source"]["tokens_field"] = 5
+    del meta["checksum"]  # signed again: the spec alone is wrong
+    meta["checksum"] = {"xxh3_64": xxhash.xxh3_64_hexdigest(orjson.dumps(meta, option=orjson.OPT_SORT_KEYS))}
+    (out / "metadata.json").write_text(json.dumps(meta))
+    doc = json.loads(runner.invoke(app, ["verify", str(out), "--source", str(src), "--json"]).stdout)
+    assert doc["exit_code"] == 1 and doc["errors"].get("source.spec") == 1, doc["errors"]
+    assert doc["source"] == {"inputs": 1, "records": 0, "samples_packed": None, "tokens_compared": None,
+                             "complete": False}
 
 
 def test_a_shard_that_changed_before_it_is_read_again_is_a_finding(synth, tmp_path, monkeypatch):
