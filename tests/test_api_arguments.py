@@ -216,7 +216,7 @@ def test_verify_limit_zero_lists_no_problem_and_counts_them_all(data, tmp_path):
         (out / name).write_text("stray")
     result = CliRunner().invoke(app, ["verify", str(out), "--limit", "0", "--json"])
     doc = json.loads(result.stdout)
-    assert [f["message"] for f in doc["findings"]] == ["3 more structure.files problems not shown"]
+    assert [(f["message"], f["omitted"]) for f in doc["findings"]] == [("3 more structure.files problems not shown", 3)]
 
 
 @pytest.mark.parametrize("argv,code", [

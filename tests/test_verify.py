@@ -677,8 +677,11 @@ def test_json_report_and_limit(broken):
     assert doc["errors"]["pack.cu_seqlens"] == rows
     first = doc["findings"][0]
     assert first == {"check": "pack.cu_seqlens", "message": "cu_seqlens starts at 1, not 0", "shard": shard,
-                     "row": 0, "pack": 0, "seq": None, "severity": "error"}
-    assert any(f["message"] == f"{rows - 3} more pack.cu_seqlens problems not shown" for f in doc["findings"])
+                     "row": 0, "pack": 0, "seq": None, "severity": "error", "omitted": None}
+    # the line standing for the rest says how many it stands for, where a reader need not parse it
+    assert [f for f in doc["findings"] if f["omitted"] is not None and f["check"] == "pack.cu_seqlens"] == [
+        {"check": "pack.cu_seqlens", "message": f"{rows - 3} more pack.cu_seqlens problems not shown", "shard": None,
+         "row": None, "pack": None, "seq": None, "severity": "error", "omitted": rows - 3}]
     assert VerifyReport.from_dict(doc).to_dict() == doc
 
 

@@ -41,6 +41,9 @@ class Finding:
     seq: int | None = None
     """Sequence within the pack."""
     severity: str = ERROR
+    omitted: int | None = None
+    """Set on the line that stands for problems ``--limit`` left out (``"N more … not shown"``):
+    their number. ``None`` on every real finding, so a reader of the JSON can tell them apart."""
 
     def where(self) -> str:
         parts = []
@@ -117,7 +120,7 @@ class FindingSink:
             if n > self.limit:
                 more = n - self.limit
                 out.append(Finding(check, f"{more} more {check} problem{'s' if more > 1 else ''} not shown",
-                                   severity=self._severity[check]))
+                                   severity=self._severity[check], omitted=more))
         return out
 
     def counts(self, severity: str = ERROR) -> dict[str, int]:
