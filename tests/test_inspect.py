@@ -8,6 +8,7 @@ here; /work/shared/data is used when it exists.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import re
 import shutil
@@ -22,6 +23,7 @@ from typer.testing import CliRunner
 
 from packer_cli import pipeline
 from packer_cli.audit import InspectReport, inspect_output
+from packer_cli.audit._histogram import buckets
 from packer_cli.audit.store import PackBatch
 from packer_cli.cli import app
 from packer_cli.plan import martello_toth_l2
@@ -205,6 +207,27 @@ def test_rich_rendering(synth):
     for label in ("packs", "tail padding", "Martello–Toth L2", "overstates attention by", "sequence length",
                   "pack fill", "sequences per pack", "█", "pack 0 ("):
         assert label in text, label
+
+
+@pytest.mark.parametrize("width", [40, 60, 100])
+def test_histograms_keep_their_ranges_and_counts_on_a_narrow_terminal(synth, width):
+    """The bar was 40 cells whatever the width: at 40 columns rich squeezed the range and
+    count columns to nothing and only bars were left."""
+    report = inspect_output(str(synth[1]))
+    buf = io.StringIO()
+    Console(file=buf, width=width).print(report)
+    text = buf.getvalue()
+    for title, hist in (("sequence length (real runtime tokens)", report.real_hist),
+                        ("sequences per pack", report.seqs_hist)):
+        after = text.split(title)[-1].splitlines()[1:]  # the histogram's title: the summary names it too
+        # the rows are indented (cell padding); the next title or table is not
+        rows = [line.split() for line in itertools.takewhile(lambda line: line.startswith(" "), after)]
+        expected = buckets(hist, 16)
+        assert [int(r[-1].replace(",", "")) for r in rows] == [c for _, _, c in expected], text
+        assert [r[0] for r in rows] == [f"{lo:,}–{hi:,}" if hi > lo else f"{lo:,}" for lo, hi, _ in expected]
+        bars = [len(r[1]) for r in rows if len(r) == 3]
+        assert max(bars) == min(40, width - max(len(r[0]) for r in rows) - max(len(r[-1]) for r in rows) - 6)
+        assert all(len(line) <= width for line in text.splitlines())
 
 
 def _fill_rows(report) -> list[tuple[str, int]]:

@@ -18,17 +18,31 @@ def bar(count: int, largest: int, width: int = 40) -> str:
     return "█" * (eighths // 8) + (BLOCKS[eighths % 8] if eighths % 8 else "")
 
 
-def histogram_table(title: str, hist, label=lambda lo, hi: f"{lo:,}–{hi:,}" if hi > lo else f"{lo:,}",
-                    n: int = 16) -> Table:
-    rows = buckets(hist, n)
-    largest = max((c for _, _, c in rows), default=0)
-    table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 1))
-    table.add_column("range", justify="right", style="bold")
-    table.add_column("bar", style="cyan", no_wrap=True)
-    table.add_column("count", justify="right")
-    for lo, hi, count in rows:
-        table.add_row(label(lo, hi), bar(count, largest), f"{count:,}")
-    return table
+class Histogram:
+    """A histogram as a table of ``range │ bar │ count`` rows, sized when it is drawn: the bar
+    takes what the labels leave of the width (at most ``BAR_CELLS``), so a narrow terminal
+    shortens the bars and keeps every range and count (a fixed bar left them no room)."""
+
+    BAR_CELLS = 40
+
+    def __init__(self, title: str, hist, label=lambda lo, hi: f"{lo:,}–{hi:,}" if hi > lo else f"{lo:,}",
+                 n: int = 16):
+        self.title = title
+        self.rows = [(label(lo, hi), count) for lo, hi, count in buckets(hist, n)]
+
+    def __rich_console__(self, console, options):
+        largest = max((c for _, c in self.rows), default=0)
+        label_cells = max((len(text) for text, _ in self.rows), default=0)
+        count_cells = max((len(f"{c:,}") for _, c in self.rows), default=0)
+        # three columns, one cell of padding each side of each
+        width = max(1, min(self.BAR_CELLS, options.max_width - label_cells - count_cells - 6))
+        table = Table(title=self.title, title_justify="left", show_header=False, box=None, padding=(0, 1))
+        table.add_column("range", justify="right", style="bold", no_wrap=True)
+        table.add_column("bar", style="cyan", no_wrap=True)
+        table.add_column("count", justify="right", no_wrap=True)
+        for text, count in self.rows:
+            table.add_row(text, bar(count, largest, width), f"{count:,}")
+        yield table
 
 
 def _pct(x) -> str:
@@ -113,9 +127,9 @@ def render_inspect(report) -> Group:
     fill = lambda lo, hi: f"{100 * lo / C:.1f}–{100 * hi / C:.1f}%" if hi > lo else f"{100 * lo / C:.1f}%"  # noqa: E731
     parts = [
         summary_table(report, d), attention_table(d),
-        histogram_table("sequence length (real runtime tokens)", report.real_hist),
-        histogram_table("pack fill (Σp / C)", report.load_hist, label=fill),
-        histogram_table("sequences per pack", report.seqs_hist),
+        Histogram("sequence length (real runtime tokens)", report.real_hist),
+        Histogram("pack fill (Σp / C)", report.load_hist, label=fill),
+        Histogram("sequences per pack", report.seqs_hist),
     ]
     if report.detail is not None:
         parts.append(detail_table(report.detail))
