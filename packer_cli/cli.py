@@ -103,7 +103,7 @@ def pack_command(
     row_group_size: Annotated[Optional[int], typer.Option(help="megatron-bridge: packs per Parquet row group (default: about 1 MiB of tokens, at most 500).")] = None,
     parquet_encoding: Annotated[Optional[ParquetEncoding], typer.Option(metavar="NAME", help="megatron-bridge: plain-zstd (default, any reader), plain-snappy (Bridge's codec, largest) or split-zstd (smallest for random-looking ids, larger than plain-zstd on real text; readers need Arrow >= 16).")] = None,
 ) -> None:
-    """Pack tokenized samples into fixed-capacity packs (native THD shards)."""
+    """Pack tokenized samples into fixed-capacity packs (native THD shards, or Megatron-Bridge's Parquet layout)."""
     from packer_cli.pipeline import pack
     from packer_cli.report import print_pack_summary
 

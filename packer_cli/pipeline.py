@@ -733,7 +733,8 @@ class _Run:
                 for line in _short_of_space(summary.disk):
                     self.warn(line)
         if summary.counts["no_target_samples"] and self.warn:
-            self.warn(f"{summary.counts['no_target_samples']} samples have no target tokens (kept, they add no loss)")
+            n = summary.counts["no_target_samples"]
+            self.warn(f"{n:,} {'sample has' if n == 1 else 'samples have'} no target tokens (kept, they add no loss)")
         if self.output:
             self.output.annotate(summary, self.warn)
         check_interrupted()  # never publish the output of a run the user stopped

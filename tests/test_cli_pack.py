@@ -466,7 +466,7 @@ def test_no_target_samples_are_kept_and_warned(tmp_path):
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD, {"input_ids": [1, 2, 3], "loss_mask": [1, 0, 0]}])
     result = run("pack", path, "-o", tmp_path / "out", "--json")
     assert result.exit_code == 0
-    assert "1 samples have no target tokens" in result.stderr
+    assert "1 sample has no target tokens" in result.stderr
     assert json.loads(result.stdout)["counts"]["no_target_samples"] == 1
 
 
@@ -485,7 +485,7 @@ def test_samples_whose_targets_all_lie_past_the_cap(tmp_path, policy, expected):
     result = run("pack", path, "-o", out, "--pack-size", "4", "--overlong", policy, "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["counts"]["no_target_samples"] == expected
-    assert f"{expected} samples have no target tokens" in result.stderr
+    assert (f"{expected} samples have no target tokens" if expected > 1 else "1 sample has no target tokens") in result.stderr
     for source in ([], ["--source", path]):
         checked = run("verify", out, *source)
         assert checked.exit_code == 0, checked.output

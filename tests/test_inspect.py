@@ -391,3 +391,13 @@ def test_verifys_verdict_gives_a_small_outputs_rate_in_thousands(tmp_path):
     assert result.exit_code == 0, result.output
     rate = re.search(r"\(([\d,]+)(k?) tokens/s\)\)$", result.output.strip())
     assert rate and int(rate.group(1).replace(",", "")) > 0, result.output  # a few thousand tokens: well below a million a second
+
+
+def test_verifys_verdict_counts_one_pack_in_the_singular(tmp_path):
+    """It said "(1 packs, 60 tokens)"."""
+    src = tmp_path / "one.jsonl"
+    src.write_text(json.dumps({"input_ids": list(range(1, 61))}) + "\n")
+    assert runner.invoke(app, ["pack", str(src), "-o", str(tmp_path / "out"), "-C", "64"]).exit_code == 0
+    result = runner.invoke(app, ["verify", str(tmp_path / "out")])
+    assert result.exit_code == 0 and "verify: OK: " in result.output, result.output
+    assert re.search(r"\(1 pack, \d+ tokens checked in ", result.output), result.output

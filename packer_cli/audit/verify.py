@@ -77,7 +77,8 @@ class VerifyReport:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
     def verdict(self) -> str:
-        scope = f"{self.packs:,} packs, {self.tokens:,} tokens" + (" and the source" if self.source else "")
+        scope = (f"{self.packs:,} pack{'s' if self.packs != 1 else ''}, {self.tokens:,} token{'s' if self.tokens != 1 else ''}"
+                 + (" and the source" if self.source else ""))
         speed = f"in {self.seconds:.2f} s ({_rate(self.tokens_per_s)})"
         if self.ok:
             return f"verify: OK: {self.out} ({scope} checked {speed})"
