@@ -178,3 +178,12 @@ def test_static_shapes_of_a_bridge_split_opened_as_a_reader_are_the_layouts(tmp_
     by_reader = PackedDataset(PackedReader(str(tmp_path / "bridge"), "training"))[0]
     assert by_reader.max_seqlen == by_path.max_seqlen == 32
     assert by_reader.cu_seqlens_padded.numel() == by_path.cu_seqlens_padded.numel()
+
+
+def test_a_split_asked_of_a_native_output_says_it_has_none(packed_dir):
+    """It said "no 'training' split here (found: none)", as if the directory were empty."""
+    from packer_cli.errors import ConfigError
+
+    assert len(PackedDataset(packed_dir)) > 0
+    with pytest.raises(ConfigError, match="this is a native output, which has no splits: leave split out"):
+        PackedDataset(packed_dir, split="training")[0]

@@ -97,6 +97,26 @@ def test_loader_validates_data_against_cp():
         THDLoader(_dataset(multiple=12, cp=3, pack_size=60), cp_size=4, device="cpu")
 
 
+def test_loader_validates_data_against_tp_with_sequence_parallelism():
+    """Only CP was checked: data packed for CP 2 alone (multiples of 4) reached a TP 4 run with
+    sequence parallelism, whose split of a row over the TP ranks needs multiples of 8."""
+    ds = _dataset(multiple=4, cp=2, pack_size=64)
+    THDLoader(ds, cp_size=2, tp_size=4, device="cpu", num_workers=0)  # without SP, TP leaves the rows whole
+    with pytest.raises(TrainingConfigError, match="CP=2, TP=4, SP=True needs multiples of 8"):
+        THDLoader(ds, cp_size=2, tp_size=4, sequence_parallel=True, device="cpu", num_workers=0)
+    THDLoader(_dataset(multiple=8, cp=2, pack_size=64), cp_size=2, tp_size=4, sequence_parallel=True,
+              device="cpu", num_workers=0)
+
+
+@pytest.mark.parametrize("dataset", ["packed/", "SUBSET"])
+def test_a_loader_over_something_else_than_a_packed_dataset_is_a_type_error(dataset):
+    """A path or a Subset failed as a bare AttributeError ('str' object has no attribute 'metadata')."""
+    if dataset == "SUBSET":
+        dataset = torch.utils.data.Subset(_dataset(num_packs=4), [0, 1])
+    with pytest.raises(TypeError, match="THDLoader needs a PackedDataset, got (str|Subset)"):
+        THDLoader(dataset, device="cpu")
+
+
 def test_epochs_and_exact_resume():
     ds = _dataset(num_packs=10)
     ref = THDLoader(ds, seed=9, device="cpu", num_workers=0)
@@ -415,11 +435,15 @@ def test_a_state_saved_on_another_output_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs", [dict(shuffle="false"), dict(shuffle=None), dict(shuffle=1),
-                                    dict(pin_memory="no"), dict(batch_packs="2", cp_size=1)])
+                                    dict(pin_memory="no"), dict(batch_packs="2", cp_size=1),
+                                    dict(sequence_parallel="yes"), dict(tp_size=0), dict(tp_size=2.0),
+                                    dict(num_workers=-1), dict(num_workers=2, prefetch_factor=0),
+                                    dict(num_workers=2, prefetch_factor=1.5)])
 def test_flags_and_counts_of_the_loader_are_checked(kwargs):
-    """shuffle='false' shuffled; batch_packs='2' was a bare TypeError from a comparison."""
-    with pytest.raises(ValueError, match="must be True or False|bad sharding"):
-        THDLoader(_dataset(num_packs=10), device="cpu", num_workers=0, **kwargs)
+    """shuffle='false' shuffled; batch_packs='2' was a bare TypeError from a comparison;
+    prefetch_factor=0 was taken, and torch refused it at the first batch, from its iterator."""
+    with pytest.raises(ValueError, match="must be True or False|bad sharding|must be an integer >= [01]"):
+        THDLoader(_dataset(num_packs=10), device="cpu", **{"num_workers": 0, **kwargs})
 
 
 def test_a_numpy_flag_is_stored_as_a_bool():

@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from packer_cli.errors import DataError
+from packer_cli.errors import ConfigError, DataError
 from packer_cli._arrow import bitmap_of, to_numpy, unpack_bits
 from packer_cli.shards.format import (FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA, READABLE_VERSIONS_TEXT,
                                       is_readable_version, pack_schema, read_json_value)
@@ -174,6 +174,9 @@ def _wants_bridge(out_dir, split) -> bool:
     from packer_cli.shards.bridge import is_bridge_dir
 
     native = os.path.isfile(os.path.join(os.fspath(out_dir), METADATA_FILE))
+    if native and split is not None:  # said as "no 'training' split here (found: none)", as if empty
+        raise ConfigError(f"{os.fspath(out_dir)}: split={split!r} applies to a Megatron-Bridge layout; "
+                          "this is a native output, which has no splits: leave split out")
     return split is not None or (not native and is_bridge_dir(out_dir))
 
 

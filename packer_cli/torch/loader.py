@@ -80,6 +80,10 @@ class THDLoader:
         batch_packs: packs concatenated into each micro-batch row (``> 1`` needs CP=1:
             Bridge's CP slicing expects one physical pack per micro-batch).
         cp_size, cp_rank: context parallelism; each rank gets its zig-zag slice.
+        tp_size, sequence_parallel: the run's tensor parallelism and whether sequence
+            parallelism is on: with both, Megatron splits each row's tokens over the TP ranks,
+            so the data must have been packed for them (``--tp``/``--sp``); checked here with
+            :func:`validate_training_config`, like CP.
         dp_size, dp_rank: data parallelism (excluding CP); ranks get disjoint packs.
         seed: shuffle seed; epoch ``e`` is a permutation seeded by ``(seed, e)``.
         shuffle: False keeps the stored order.
@@ -87,7 +91,8 @@ class THDLoader:
             ``"cpu"`` yields the worker batches directly.
         num_workers: DataLoader worker processes building batches (0 = in-process).
         pin_memory: pin host batches (only meaningful for a CUDA device).
-        prefetch_factor: batches each worker keeps ready.
+        prefetch_factor: batches each worker keeps ready (an integer >= 1, or None for torch's
+            default; unused without workers).
     """
 
     def __init__(
@@ -97,6 +102,8 @@ class THDLoader:
         batch_packs: int = 1,
         cp_size: int = 1,
         cp_rank: int = 0,
+        tp_size: int = 1,
+        sequence_parallel: bool = False,
         dp_size: int = 1,
         dp_rank: int = 0,
         seed: int = 0,
@@ -106,10 +113,16 @@ class THDLoader:
         pin_memory: bool = True,
         prefetch_factor: int = 2,
     ) -> None:
+        if not isinstance(dataset, PackedDataset):  # a path or a Subset failed as a bare AttributeError
+            raise TypeError(f"THDLoader needs a PackedDataset, got {type(dataset).__name__}: "
+                            f"THDLoader(PackedDataset(path), ...)")
         cp = [integer(v) for v in (cp_size, cp_rank)]  # a float or a bool failed in a worker's first batch
         if None in cp or not 0 <= cp[1] < cp[0]:
             raise ValueError(f"need integers 0 <= cp_rank < cp_size, got {cp_rank!r}, {cp_size!r}")
         cp_size, cp_rank = cp
+        tp = integer(tp_size)
+        if tp is None or tp < 1:
+            raise ValueError(f"tp_size must be an integer >= 1, got {tp_size!r}")
         packs = integer(batch_packs)
         if packs is None or packs < 1:  # '2' failed as a bare TypeError of the comparison below
             raise ValueError(f"bad sharding: batch_packs={batch_packs!r} (an integer >= 1)")
@@ -120,6 +133,13 @@ class THDLoader:
         if kind not in ("cpu", "cuda"):  # batches would stay on the CPU without a word
             raise ValueError(f"THDLoader(device={str(device)!r}): batches are served on 'cpu' or 'cuda'; "
                              f"for another device pass device='cpu' and move each batch with batch.to(device)")
+        workers, prefetch = integer(num_workers), integer(prefetch_factor)
+        if workers is None or workers < 0:
+            raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+        # torch refuses a bad one only at the first batch, from inside its iterator
+        if workers > 0 and prefetch_factor is not None and (prefetch is None or prefetch < 1):
+            raise ValueError(f"prefetch_factor must be an integer >= 1 with worker processes, got {prefetch_factor!r}")
+        num_workers = workers
         if kind == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"THDLoader(device={str(device)!r}) needs CUDA, which is unavailable; pass device='cpu'")
         spec = dataset.metadata.get("spec", {})
@@ -127,6 +147,8 @@ class THDLoader:
             seq_length=spec.get("pack_size"),
             micro_batch_size=1,  # batch_packs packs form ONE physical THD row
             context_parallel_size=cp_size,
+            tensor_model_parallel_size=tp,
+            sequence_parallel=flag(sequence_parallel, "sequence_parallel"),
             offline_packing=True,
             pack_size=spec.get("pack_size"),
             pad_to_max_length=bool(spec.get("pad_to_max_length", False)),
@@ -161,7 +183,7 @@ class THDLoader:
             num_workers=num_workers,
             pin_memory=pin_memory and cuda,
             persistent_workers=num_workers > 0,
-            prefetch_factor=prefetch_factor if num_workers > 0 else None,
+            prefetch_factor=prefetch if num_workers > 0 else None,
         )
 
     # -- epochs and resume ------------------------------------------------------------
