@@ -21,6 +21,7 @@ import select
 import sys
 
 from rich.console import Console as _RichConsole
+from rich.text import Text
 
 
 def quiet_stream(fd: int) -> None:
@@ -35,12 +36,14 @@ def quiet_stream(fd: int) -> None:
 
 
 class Console(_RichConsole):
-    """rich's Console, without markup unless a caller asks for it: what packer prints holds
-    paths and messages from the user's files, and ``run[v2]`` or ``od[/b]`` are names, not
-    styles (rich would drop the first and raise on the second)."""
+    """rich's Console, without markup or emoji codes unless a caller asks for them: what packer
+    prints holds paths and messages from the user's files, and ``run[v2]``, ``od[/b]`` or
+    ``run:100:`` are names, not styles or emoji (rich would drop the first, raise on the second
+    and print the third as ``run💯``)."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("markup", False)
+        kwargs.setdefault("emoji", False)
         super().__init__(*args, **kwargs)
 
     def on_broken_pipe(self) -> None:
@@ -221,7 +224,7 @@ def guard_std_streams() -> None:
         sys.stderr = _GuardedStream(sys.stderr, _stderr_failed)
 
 
-def say(line: str, console: _RichConsole | None = None, markup: bool = False) -> None:
+def say(line: "str | Text", console: _RichConsole | None = None, markup: bool = False) -> None:
     """One line on stderr, after what stdout holds (a --json document comes first, as it was
     written first), unless stderr's reader has gone (then nothing, and nothing later). Through
     ``console`` when given (rich markup; a live progress display stays below the line)."""

@@ -86,13 +86,19 @@ class PackSummary:
         return record
 
 
-def recorded_path(path: str) -> str:
+def _recorded_path(path: str) -> str:
     """``path`` made absolute as it leads: a '..' after a symbolic link goes to the link target's
     parent, which ``os.path.abspath`` (collapsing it as text) would not name."""
     if os.pardir not in path.split(os.sep):
         return os.path.abspath(path)
     return os.path.normpath(os.path.join(os.path.realpath(os.path.dirname(path) or os.curdir),
                                          os.path.basename(path)))  # 'x/..' named plainly
+
+
+def _recorded_bad(bad_listed: list[dict]) -> list[dict]:
+    """The bad records as recorded: each file named as ``source.inputs`` names it (absolute), not
+    as typed, so that the same inputs record the same bytes wherever they were packed from."""
+    return [{**bad, "path": _recorded_path(bad["path"])} for bad in bad_listed]
 
 
 def _input_bytes(file) -> int:
@@ -175,11 +181,11 @@ def summarize(*, spec: PackSpec, files, stream, read_counts, bad_listed, totals,
     }
     sup = stream.supervision
     source = {
-        "inputs": [{"path": recorded_path(f.path), "format": f.format, "bytes": _input_bytes(f)} for f in files],
+        "inputs": [{"path": _recorded_path(f.path), "format": f.format, "bytes": _input_bytes(f)} for f in files],
         "tokens_field": stream.spec.tokens_field,
         "supervision": {"kind": sup.kind, "field": sup.field},
         "vocab_size": stream.spec.vocab_size,
         "on_bad_record": stream.spec.on_bad_record.value,
     }
     return PackSummary(spec=spec.as_dict(), source=source, counts=counts, quality=quality, bridge=bridge,
-                       static=static, bad_records=bad_listed, out=out, dry_run=dry_run)
+                       static=static, bad_records=_recorded_bad(bad_listed), out=out, dry_run=dry_run)

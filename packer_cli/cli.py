@@ -19,7 +19,7 @@ from typing import Annotated, Optional
 
 import orjson  # before any command installs its signal handlers: see main()
 import typer
-from rich.markup import escape
+from rich.text import Text
 from packer_cli._console import (Console, StdoutLost, guard_std_streams, quiet_stream, say, stdout_failure,
                                  stdout_takes_utf8)
 
@@ -45,7 +45,7 @@ def _group() -> None:
 
 def fail(exc: PackerError) -> None:
     if err.is_terminal:
-        say(f"[bold red]error:[/] {escape(str(exc))}", err, markup=True)  # the message holds paths
+        say(Text.assemble(("error:", "bold red"), f" {exc}"), err)  # the message as text: it holds paths
     else:
         say(f"error: {exc}")
     raise typer.Exit(exc.exit_code)

@@ -37,6 +37,12 @@ class OutputError(PackerError):
     exit_code = 3
 
 
+def not_a_directory(path) -> str:
+    """Why ``path`` (no directory) cannot be read as one, worded as ``pack`` words a missing
+    input: a path that does not exist (a link to nothing included) is not "not a directory"."""
+    return f"{os.fspath(path)}: {'not a directory' if os.path.exists(path) else 'no such file or directory'}"
+
+
 def is_utf8(text: str) -> bool:
     """Whether ``text`` encodes as UTF-8: argv or directory bytes of another encoding come to
     Python as lone surrogates, which pyarrow, orjson and the metadata's JSON take nowhere."""

@@ -41,7 +41,7 @@ from packer_cli import __version__
 from packer_cli._background import background, ordered_map
 from packer_cli._kernel_cache import njit
 from packer_cli._sequences import Items, SampleLog, SourceMap, build_items
-from packer_cli._summary import PackSummary, recorded_path, summarize
+from packer_cli._summary import PackSummary, summarize
 from packer_cli.errors import ConfigError, DataError, OutputError, check_interrupted, env_choice
 from packer_cli.plan import plan_packs
 from packer_cli.plan.plan import PackPlan
@@ -127,8 +127,7 @@ def _take(batch, counts: dict, bad_listed: list, log: SampleLog, cap: int, spill
     counts["too_short"] += batch.too_short
     counts["bad_records"] += len(batch.bad)
     for bad in batch.bad[: max(0, MAX_LISTED_BAD - len(bad_listed))]:
-        # named as source.inputs names the file: the same inputs record the same, wherever packed from
-        bad_listed.append({"path": recorded_path(bad.path), "row": bad.row, "line": bad.line, "reason": bad.reason})
+        bad_listed.append({"path": bad.path, "row": bad.row, "line": bad.line, "reason": bad.reason})
     if batch.lengths.size:
         runtime, tail = _target_counts(batch, cap)
         log.add(batch.lengths, batch.source_index, runtime, tail)
@@ -531,7 +530,8 @@ def _nothing_left(files, read_counts: dict, dropped: int, bad_listed: list[dict]
     why = [f"{n:,} {what}" for n, what in ((read_counts["bad_records"], "bad (skipped)"),
                                            (read_counts["too_short"], "shorter than 2 tokens"),
                                            (dropped, "over-long (dropped)")) if n]
-    text = f"{where}: no samples left to pack: of {read_counts['records']:,} records, {', '.join(why)}"
+    records = read_counts["records"]
+    text = f"{where}: no samples left to pack: of {records:,} record{'s' if records != 1 else ''}, {', '.join(why)}"
     if bad_listed:
         first = bad_listed[0]
         place = f"line {first['line']}" if first.get("line") is not None else f"row {first['row']}"
@@ -573,8 +573,14 @@ def pack(
 ) -> PackSummary:
     """Pack tokenized samples from ``inputs`` into ``out`` (nothing is written with ``dry_run``).
 
+    ``inputs``: one path or an ordered list of them (files, directories, globs); their order
+    numbers the samples, so a set is refused.
+
     ``output``: a :class:`~packer_cli.shards.bridge_output.BridgeOutput` writes Megatron-Bridge's
-    Parquet layout (one split per call) instead of native shards, from the same plan.
+    Parquet layout (one split per call) instead of native shards, from the same plan. The run
+    works on its own copy: one object may serve several runs, at once too.
+
+    ``warn``: called with each warning's line (None: warnings are not reported).
 
     ``spill_dir``: an existing directory to hold pass one's spill (about 2¼ bytes a token, read
     back at random in pass two) instead of the temporary output directory, e.g. local disk when
@@ -608,6 +614,8 @@ def pack(
     opts = _checked_options(spec, source, output, overwrite=overwrite, dry_run=dry_run, progress=progress,
                             shard_bytes=shard_bytes, spill_memory=spill_memory, direct_io=direct_io,
                             spill_read=spill_read)
+    if warn is not None and not callable(warn):  # it failed after the whole run, at the first warning
+        raise ConfigError(f"warn must be a callable taking one line of text, or None, got {warn!r}")
     paths = input_paths(inputs)
     out = None if out is None else path_argument(out, "out")
     spill_parent = None if spill_dir is None else path_argument(spill_dir, "spill_dir")
@@ -619,7 +627,11 @@ def pack(
         _check_out_outside_input_directories(out, paths)
     spill_parent = _check_spill_parent(spill_parent, opts.dry_run)
     if output:
-        output.reset()  # a reused BridgeOutput reported its last run's EOS result in a dry run
+        # The run's own copy: the object holds a run's state (its OUT, spec, EOS result), and one
+        # passed to two pack() calls at once sent one run's layout into the other's OUT. A
+        # reused one reported its last run's EOS result in a dry run.
+        output = replace(output)
+        output.reset()
     run = _Run(spec, opts, files, out, spill_parent, output, warn)
     try:  # from the moment the temporary output exists: a signal anywhere after this still removes it
         run.tmp = _temporary_output(out, opts.overwrite, spec, files, output, create=not opts.dry_run) if out else None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from packer_cli._console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 def _pct(x: float) -> str:
@@ -12,7 +13,7 @@ def _pct(x: float) -> str:
 def pack_summary_table(summary) -> Table:
     c, q, s = summary.counts, summary.quality, summary.spec
     title = "packer pack — dry run (nothing written)" if summary.dry_run else f"packer pack → {summary.out}"
-    table = Table(title=title, show_header=False, title_justify="left")
+    table = Table(title=Text(title, style="table.title"), show_header=False, title_justify="left")  # OUT as text
     table.add_column("what", style="bold")
     table.add_column("value", justify="right")
     rows = [

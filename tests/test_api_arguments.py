@@ -260,3 +260,64 @@ def test_refine_plan_refuses_a_plan_made_for_other_lengths():
         refine_plan([1, 2], None)
     with pytest.raises(ValueError, match="max_rounds must be an integer >= 0"):
         refine_plan([5] * 6, plan, max_rounds=None)
+
+
+def test_one_bridge_output_serves_two_runs_at_once(data, tmp_path):
+    """The object held the run's state (OUT, spec): two threads sharing it sent one run's
+    layout into the other's OUT and reported success for an output that was not there."""
+    import threading
+
+    shared = BridgeOutput()
+    specs = {"a": PackSpec(pack_size=64), "b": PackSpec(pack_size=128)}
+    results, start = {}, threading.Barrier(2)
+
+    def run(name):
+        start.wait()
+        try:
+            results[name] = pack([data], tmp_path / name, specs[name], output=shared)
+        except Exception as exc:  # noqa: BLE001 - the assertion below names it
+            results[name] = exc
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in specs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    from packer_cli.audit import verify_output
+
+    for name, spec in specs.items():
+        assert not isinstance(results[name], Exception), results[name]
+        assert (tmp_path / name / f"training_{spec.pack_size}.idx.parquet").is_file()
+        assert verify_output(tmp_path / name).ok
+    assert shared._out == "" and shared._spec is None  # each run worked on its own copy
+
+
+def test_a_warn_that_cannot_be_called_is_refused_before_the_run(data, tmp_path):
+    """warn=5 read, planned and wrote everything, then failed at the first warning with a
+    bare TypeError, and the finished output was thrown away."""
+    with pytest.raises(ConfigError, match="warn must be a callable taking one line of text, or None, got 5"):
+        pack([data], tmp_path / "out", PackSpec(pack_size=64), warn=5)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", [set, frozenset, dict.fromkeys])
+def test_inputs_in_no_fixed_order_are_refused(data, tmp_path, kind):
+    """A set's order changes with the interpreter's hash seed: the same call gave other
+    source indices and other bytes from one process to the next."""
+    with pytest.raises(ConfigError, match="inputs must be one path or an ordered list of them"):
+        pack(kind([data, tmp_path / "other.jsonl"]), tmp_path / "out", PackSpec(pack_size=64))
+
+
+def test_an_api_audit_of_a_split_the_layout_never_held_is_a_config_error(data, tmp_path):
+    """The CLI refused --split validation of a training-only layout (exit 2); verify_output
+    reported it as damage (a missing manifest, exit 1) and inspect_output as InconsistentOutput."""
+    from packer_cli.audit import inspect_output, verify_output
+
+    pack([data], tmp_path / "out", PackSpec(pack_size=64), output=BridgeOutput())
+    for audit in (verify_output, inspect_output):
+        with pytest.raises(ConfigError, match=r"holds no 'validation' split \(it holds: training\)"):
+            audit(tmp_path / "out", split="validation")
+        for bad in ("test", 1):
+            with pytest.raises(ConfigError, match="split must be one of training, validation"):
+                audit(tmp_path / "out", split=bad)
+    assert verify_output(tmp_path / "out", split="training").ok

@@ -214,14 +214,16 @@ def test_bad_command_lines_are_one_line_errors(tmp_path, args, message):
      "no samples left to pack: of 2 records, 1 bad (skipped), 1 shorter than 2 tokens; "
      "the first bad one: DATA: line 1: malformed JSON"),
     (['{"input_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9]}'], ["--pack-size", "4", "--overlong", "drop"],
-     "no samples left to pack: of 1 records, 1 over-long (dropped)"),
+     "no samples left to pack: of 1 record, 1 over-long (dropped)"),
 ], ids=["all-bad-or-short", "all-dropped"])
-def test_nothing_left_to_pack_says_why(tmp_path, lines, args, message):
-    path = tmp_path / "data.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    result = run("pack", path, "-o", tmp_path / "out", *args)
+def test_nothing_left_to_pack_says_why(tmp_path, monkeypatch, lines, args, message):
+    """The input named as typed, the first bad record's file too (not once as typed and once
+    as the absolute path the metadata records)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n")
+    result = run("pack", "data.jsonl", "-o", "out", *args)
     assert result.exit_code == 1, result.output
-    assert f"error: {path}: " + message.replace("DATA", str(path)) in result.output, result.output
+    assert "error: data.jsonl: " + message.replace("DATA", "data.jsonl") in result.output, result.output
     assert_nothing_written(tmp_path)
 
 
@@ -1158,6 +1160,14 @@ def test_bracketed_names_are_printed_as_names_not_styles(tmp_path, monkeypatch, 
     assert f"packer inspect → {out}" in r.output
 
 
+def test_emoji_codes_in_names_are_printed_as_written(tmp_path, monkeypatch):
+    """rich printed "run:100:" as "run💯" (in the summary, and in an error on a terminal)."""
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "in.jsonl", [GOOD] * 3)
+    r = run("pack", "in.jsonl", "-o", "run:100:", "--pack-size", "8")
+    assert r.exit_code == 0 and "packer pack → run:100:" in r.output, r.output
+
+
 def test_an_error_on_a_terminal_names_a_bracketed_path_whole(tmp_path, monkeypatch):
     import io
 
@@ -1168,6 +1178,6 @@ def test_an_error_on_a_terminal_names_a_bracketed_path_whole(tmp_path, monkeypat
     screen = io.StringIO()
     monkeypatch.setattr(cli, "err", Console(file=screen, force_terminal=True, highlight=False, soft_wrap=True))
     with pytest.raises(typer.Exit):
-        cli.fail(ConfigError("train[v2].jsonl and nope[/x]: no such file or directory"))
+        cli.fail(ConfigError("train[v2].jsonl, nope[/x] and ckpt:fire:: no such file or directory"))
     assert re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue()) == (
-        "error: train[v2].jsonl and nope[/x]: no such file or directory\n")
+        "error: train[v2].jsonl, nope[/x] and ckpt:fire:: no such file or directory\n")

@@ -401,3 +401,61 @@ def test_verifys_verdict_counts_one_pack_in_the_singular(tmp_path):
     result = runner.invoke(app, ["verify", str(tmp_path / "out")])
     assert result.exit_code == 0 and "verify: OK: " in result.output, result.output
     assert re.search(r"\(1 pack, \d+ tokens checked in ", result.output), result.output
+
+
+@pytest.mark.parametrize("name", ["run[v2]", "od[/b]", "run:100:"])
+def test_a_report_printed_by_any_console_names_its_output_as_it_is(synth, tmp_path, name):
+    """The titles were rich markup and emoji codes: printed by a plain rich Console (the
+    library's users print reports so), "run[v2]" lost "[v2]", "od[/b]" raised a MarkupError
+    and "run:100:" became "run💯"."""
+    from rich.console import Console as RichConsole
+
+    (tmp_path / "od[").mkdir()
+    out = tmp_path / name
+    shutil.copytree(synth[1], out)
+    buf = io.StringIO()
+    RichConsole(file=buf, width=400).print(inspect_output(str(out), pack=0))
+    assert f"packer inspect → {out}" in buf.getvalue() and "pack 0 (packs-00000.arrow row 0" in buf.getvalue()
+
+
+def test_equal_reports_compare_equal(synth):
+    """The generated == met the histograms' arrays: "truth value of an array is ambiguous"."""
+    report = inspect_output(str(synth[1]))
+    assert report == InspectReport.from_dict(report.to_dict())
+    assert report != InspectReport(out=report.out, spec=report.spec, recorded=report.recorded)
+    assert report != report.to_dict()
+
+
+def test_a_damaged_shard_of_an_output_named_like_its_shards_is_named_within_it(synth, tmp_path, monkeypatch):
+    """An OUT whose name began the shard's (``packs``) was taken as already named."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(synth[1], tmp_path / "packs")
+    shard = tmp_path / "packs" / "packs-00000.arrow"
+    raw = bytearray(shard.read_bytes())
+    raw[-200:-10] = b"\xff" * 190  # the footer: the same size, so only reading it fails
+    shard.write_bytes(bytes(raw))
+    result = runner.invoke(app, ["inspect", "packs"])
+    assert result.exit_code == 1 and result.output.startswith("error: packs: packs-00000.arrow: "), result.output
+    assert result.output.strip().endswith("run `packer verify` for a full report")
+
+
+def test_a_pack_past_an_output_of_one_pack_counts_it_in_the_singular(tmp_path):
+    src = tmp_path / "one.jsonl"
+    src.write_text(json.dumps({"input_ids": list(range(1, 61))}) + "\n")
+    assert runner.invoke(app, ["pack", str(src), "-o", str(tmp_path / "out"), "-C", "64"]).exit_code == 0
+    result = runner.invoke(app, ["inspect", str(tmp_path / "out"), "--pack", "3"])
+    assert result.exit_code == 2 and result.output.strip() == (
+        f"error: --pack 3 is out of range: {tmp_path / 'out'} has 1 pack (0..0)")
+
+
+def test_the_readers_name_a_missing_output_as_missing(tmp_path):
+    """PackedReader called a missing path, or a link to nothing, "not a directory"."""
+    from packer_cli.errors import DataError
+    from packer_cli.shards.reader import PackedReader
+
+    (tmp_path / "latest").symlink_to(tmp_path / "gone")
+    (tmp_path / "file").write_text("")
+    for name, says in (("missing", "no such file or directory"), ("latest", "no such file or directory"),
+                       ("file", "not a directory")):
+        with pytest.raises(DataError, match=f"^{re.escape(str(tmp_path / name))}: {says}$"):
+            PackedReader(str(tmp_path / name))

@@ -670,3 +670,19 @@ def test_pool_sorted_by_size_either_way(capacity):
     lengths = np.random.default_rng(capacity).integers(1, 61, 400).astype(np.int64)
     pool = np.sort(np.random.default_rng(1).choice(400, 100, replace=False)).astype(np.int32)
     _assert_sorted_pool(lengths, pool, capacity)
+
+
+def test_plan_arguments_of_the_wrong_kind_are_refused_not_taken_for_something_else():
+    """refine="no" is truthy and refined; pack_items(-1) read offsets[-1]..offsets[0], an empty
+    pack, silently; validate_plan(dict) failed as an AttributeError where refine_plan names it."""
+    lengths = np.array([5, 3, 3, 2, 7])
+    for flag in ("no", 1, None):
+        with pytest.raises(ValueError, match="refine must be True or False"):
+            plan_packs(lengths, 8, refine=flag)
+    plan = plan_packs(lengths, 8, refine=np.bool_(True))
+    assert [sorted(plan.pack_items(q).tolist()) for q in range(plan.num_packs)] == [[4], [0, 1], [2, 3]]
+    for pack in (-1, plan.num_packs):
+        with pytest.raises(IndexError, match=f"pack {pack} out of range for 3 packs"):
+            plan.pack_items(pack)
+    with pytest.raises(TypeError, match="plan must be a PackPlan, got dict"):
+        validate_plan({"order": plan.order}, lengths)

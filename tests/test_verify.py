@@ -146,7 +146,9 @@ def test_an_output_replaced_while_it_is_read(synth, tmp_path, monkeypatch, comma
         assert swapped and report.exit_code == 1
         assert [f.line() for f in report.findings] == [f"{said}: what was read may be of two outputs; verify it "
                                                       "again [structure.changed]"]
-        assert (report.packs, report.tokens, report.bytes, report.source) == (0, 0, 0, None)  # of neither output
+        assert (report.packs, report.tokens, report.bytes) == (0, 0, 0)  # of neither output
+        assert report.source == {"inputs": 1, "records": 0, "samples_packed": None, "tokens_compared": None,
+                                 "complete": False}  # not compared with either
     else:
         with pytest.raises(DataError, match=re.escape(said) + ": inspect it again"):
             inspect_output(str(out))
@@ -415,6 +417,22 @@ def test_a_source_that_breaks_half_way_is_a_finding(tmp_path, monkeypatch):
     assert "line 150" in report.findings[0].message, report.findings[0].line()
     assert report.source == {"inputs": 1, "records": 147, "samples_packed": None, "tokens_compared": None,
                              "complete": False}
+
+
+def test_a_source_not_compared_because_the_output_is_unusable_has_the_summarys_keys(tmp_path):
+    """``source`` was ``null`` (documented as "no --source given") when the output's own
+    metadata was unusable and the source was skipped."""
+    src = tmp_path / "train.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": [1, 2, 3, k + 4]}) + "\n" for k in range(20)))
+    out = pack_to([src], tmp_path / "out", PackSpec(pack_size=64))
+    (out / "metadata.json").write_text((out / "metadata.json").read_text()[:-40])  # cut short
+    doc = json.loads(runner.invoke(app, ["verify", str(out), "--source", str(src), "--json"]).stdout)
+    assert doc["errors"].get("source.skipped") == 1, doc["errors"]
+    assert doc["source"] == {"inputs": 1, "records": 0, "samples_packed": None, "tokens_compared": None,
+                             "complete": False}
+    assert json.loads(runner.invoke(app, ["verify", str(out), "--json"]).stdout)["source"] is None
+    verdict = runner.invoke(app, ["verify", str(out), "--source", str(src)]).output.strip().splitlines()[-1]
+    assert verdict.startswith("verify: FAILED") and "and the source" not in verdict, verdict
 
 
 def test_an_unusable_recorded_source_spec_is_a_finding_with_the_summarys_keys(tmp_path):

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from packer_cli.audit._meta_schema import check_schema
 from packer_cli.audit.findings import ERROR, Finding, FindingSink
 from packer_cli.audit.store import STORES, NativeStore, manifest_problems, read_json_file
-from packer_cli.errors import ConfigError, DataError, PackerError
-from packer_cli.shards.bridge import BRIDGE_FORMAT, splits_in
+from packer_cli.errors import ConfigError, DataError, PackerError, not_a_directory
+from packer_cli.shards.bridge import (BRIDGE_FORMAT, SPLITS, is_bridge_dir, packer_splits_in, split_has_files,
+                                       splits_in)
 from packer_cli.shards.format import FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, metadata_checksum_problem
 from packer_cli.spec import PackSpec
 
@@ -80,7 +81,7 @@ def require_directory(out: str) -> None:
     """:class:`ConfigError` unless ``out`` is a directory, worded as ``pack`` words a missing
     input: a path that does not exist is not called "not a directory"."""
     if not os.path.isdir(out):
-        raise ConfigError(f"{out}: {'not a directory' if os.path.exists(out) else 'no such file or directory'}")
+        raise ConfigError(not_a_directory(out))
 
 
 def directory_state(out: str) -> tuple[int, int, int] | None:
@@ -97,11 +98,21 @@ def directory_state(out: str) -> tuple[int, int, int] | None:
 CHANGED = "while it was read (another run writing it: pack --overwrite, a Bridge split committed into it?)"
 
 
-def refuse_an_unnamed_split(out: str, split: str | None, verb: str) -> None:
-    """The API's one report is one split's: without ``split``, a Bridge layout of several would
-    be audited by its first alone (the others' damage passed by). ``packer verify`` and
-    ``packer inspect`` name each split in turn."""
-    if split is None and os.path.isdir(out) and not os.path.exists(os.path.join(out, METADATA_FILE)):
+def check_split_argument(out: str, split, verb: str) -> None:
+    """:class:`ConfigError` for a ``split`` that cannot be audited: not a split's name, or one
+    this Bridge layout never held (reported as damage, a missing manifest, exit 1); or none
+    named where the layout holds several: the API's one report is one split's, and the first
+    alone would be audited (the others' damage passed by). ``packer verify`` and ``packer
+    inspect`` name each split in turn. A native output given a split is refused where it is
+    opened."""
+    bridge = os.path.isdir(out) and not os.path.exists(os.path.join(out, METADATA_FILE))
+    if split is not None:
+        if split not in SPLITS:
+            raise ConfigError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+        if bridge and is_bridge_dir(out) and not split_has_files(out, split):
+            raise ConfigError(f"{out} holds no {split!r} split (it holds: {', '.join(packer_splits_in(out))}); "
+                              "pass one of those as split=")
+    elif bridge:
         present = splits_in(out)
         if len(present) > 1:
             raise ConfigError(f"{out} holds the splits {', '.join(present)}: name the one to {verb} "

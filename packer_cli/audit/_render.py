@@ -64,7 +64,9 @@ def _stat(summary: dict, key: str) -> str:
 def summary_table(report, d: dict) -> Table:
     s, t, q, r = d["spec"], d["totals"], d["quality"], d["recorded"]
     spp = d["sequences_per_pack"]
-    table = Table(title=f"packer inspect → {report.out}", show_header=False, title_justify="left")
+    # names from the user and values from the metadata as plain text: "run[v2]" is no style
+    table = Table(title=Text(f"packer inspect → {report.out}", style="table.title"), show_header=False,
+                  title_justify="left")
     table.add_column("what", style="bold")
     table.add_column("value", justify="right")
     over = r.get("overlong") if isinstance(r.get("overlong"), dict) else {}
@@ -90,8 +92,8 @@ def summary_table(report, d: dict) -> Table:
         ("dropped: too short / over-long", f"{_count(r.get('too_short_dropped'))} / {_count(over.get('dropped'))}"),
         ("bad records skipped", _count(r.get('bad_records'))),
     ]
-    for row in rows:
-        table.add_row(*row)
+    for what, value in rows:
+        table.add_row(what, Text(value) if what == "spec" else value)
     return table
 
 
@@ -110,7 +112,8 @@ def attention_table(d: dict) -> Table:
 
 
 def detail_table(detail) -> Table:
-    table = Table(title=f"pack {detail.pack} ({detail.shard} row {detail.row}, T={detail.pack_len:,})",
+    table = Table(title=Text(f"pack {detail.pack} ({detail.shard} row {detail.row}, T={detail.pack_len:,})",
+                             style="table.title"),
                   title_justify="left")
     for name in ("seq", "source index", "offset", "start", "real", "padded", "targets"):
         table.add_column(name, justify="right")

@@ -207,7 +207,7 @@ def check_source(files, meta: dict, lim, arr: dict, seqs, sink: FindingSink, sto
         spec = recorded_source_spec(meta)
     except (PackerError, KeyError, TypeError, ValueError) as exc:
         sink.add("source.spec", f"metadata.json does not record a usable source spec ({exc})", shard="metadata.json")
-        return _incomplete(files, 0)
+        return incomplete_source(files, 0)
     stream = SampleStream(files, spec, arrow_parquet=True)  # not the decoder pack read the inputs with
     replay = _Replay(meta, lim, arr, seqs, sink, stream, store)
     window, tokens, lo, records = [], 0, 0, 0
@@ -226,7 +226,7 @@ def check_source(files, meta: dict, lim, arr: dict, seqs, sink: FindingSink, sto
         replay.window(window, lo, records) if window else None
     except PackerError as exc:
         sink.add("source.read", f"the source could not be read to the end: {exc}")
-        return _incomplete(files, records)
+        return incomplete_source(files, records)
     key = replay.key
     sink.add_many("source.unexpected", np.flatnonzero(~replay.matched), lambda q: (
         f"source index {key[q] >> 31} offset {key[q] & (2**31 - 1)} is not a piece of any kept source sample "
@@ -237,7 +237,7 @@ def check_source(files, meta: dict, lim, arr: dict, seqs, sink: FindingSink, sto
             "tokens_compared": c["compared_tokens"], "complete": True}
 
 
-def _incomplete(files, records: int) -> dict:
+def incomplete_source(files, records: int) -> dict:
     """The summary of a comparison that did not finish: the same keys as a finished one's (a
     pipeline reads them whatever happened), what it did not get to count ``None``."""
     return {"inputs": len(files), "records": records, "samples_packed": None, "tokens_compared": None,

@@ -24,7 +24,7 @@ import numpy as np
 
 from packer_cli.audit._bridge_checks import check_bridge_entries
 from packer_cli.audit._layout_checks import (CHANGED, Layout, check_layout, directory_state, raise_if_inconsistent,
-                                           refuse_an_unnamed_split, require_directory)
+                                           check_split_argument, require_directory)
 from packer_cli.audit.findings import FindingSink
 from packer_cli.audit.report import InspectReport, PackDetail
 from packer_cli.audit.store import PackBatch
@@ -127,14 +127,14 @@ def inspect_output(out: str, pack: int | None = None, split: str | None = None) 
             raise ConfigError(f"pack must be an integer pack index, got {pack!r}")
         pack = int(pack)
     require_directory(out)
-    refuse_an_unnamed_split(out, split, "inspect")
+    check_split_argument(out, split, "inspect")
     state = directory_state(out)
     try:
         total = _inspect(out, pack, split)
     except PackerError as exc:  # a shard gone missing mid-read, a --pack past a shorter output: said as what it was
         if directory_state(out) != state:
             raise DataError(f"{out} changed {CHANGED}: inspect it again ({exc})") from exc
-        if isinstance(exc, DataError) and not str(exc).startswith(out):
+        if isinstance(exc, DataError) and not str(exc).startswith(f"{out}: "):  # an OUT named "packs" too
             raise _in_output(out, exc) from exc
         raise
     if directory_state(out) != state:
@@ -174,5 +174,6 @@ def _inspect(out: str, pack: int | None, split: str | None) -> InspectReport:
     if pack is not None and total.detail is None:
         split_name = getattr(store, "split", None)  # a Bridge layout's splits each count from 0
         where = f"{out} split {split_name}" if split_name else out
-        raise ConfigError(f"--pack {pack} is out of range: {where} has {seen} packs (0..{seen - 1})")
+        raise ConfigError(f"--pack {pack} is out of range: {where} has {seen} pack{'s' if seen != 1 else ''} "
+                          f"(0..{seen - 1})")
     return total

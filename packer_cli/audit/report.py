@@ -187,6 +187,13 @@ class InspectReport:
             "pack": self.detail.to_dict() if self.detail else None,
         }
 
+    def __eq__(self, other) -> bool:
+        """Reports are equal when their documents are (the generated comparison met the
+        histograms' NumPy arrays and raised "the truth value of an array ... is ambiguous")."""
+        if not isinstance(other, InspectReport):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
     @classmethod
     def from_dict(cls, record: dict) -> "InspectReport":
         """Inverse of :meth:`to_dict` (derived numbers are recomputed, not read)."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from packer_cli.audit._bridge_checks import check_bridge_entries
 from packer_cli.audit._layout_checks import (CHANGED, check_layout, directory_state, recorded_count,
-                                           refuse_an_unnamed_split, require_directory)
+                                           check_split_argument, require_directory)
 from packer_cli.audit._meta_checks import check_metadata, check_provenance, expected_bridge
 from packer_cli.audit._pack_checks import Sequences, check_batch
 from packer_cli.audit.findings import ERROR, WARNING, Finding, FindingSink
@@ -77,8 +77,10 @@ class VerifyReport:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
     def verdict(self) -> str:
-        scope = (f"{self.packs:,} pack{'s' if self.packs != 1 else ''}, {self.tokens:,} token{'s' if self.tokens != 1 else ''}"
-                 + (" and the source" if self.source else ""))
+        packs, tokens = (f"{n:,} {word}{'s' if n != 1 else ''}"
+                         for n, word in ((self.packs, "pack"), (self.tokens, "token")))
+        # a source skipped (the output unusable) or read only in part is not said to be checked
+        scope = f"{packs}, {tokens}" + (" and the source" if self.source and self.source["complete"] else "")
         speed = f"in {self.seconds:.2f} s ({_rate(self.tokens_per_s)})"
         if self.ok:
             return f"verify: OK: {self.out} ({scope} checked {speed})"
@@ -153,6 +155,15 @@ def _check_bridge_values(store, array: list, stats: InspectReport | None, sink: 
         check_bridge_entries(store, array, store.metadata["bridge"], sink, f"{store.metadata_name} records")
 
 
+def _not_compared(files) -> dict | None:
+    """``source`` of a report whose inputs were not compared (``None`` without ``--source``)."""
+    if files is None:
+        return None
+    from packer_cli.audit._source_check import incomplete_source
+
+    return incomplete_source(files, 0)
+
+
 def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20,
                   split: str | None = None) -> VerifyReport:
     """Verify ``out``; with ``sources``, also replay those inputs and match every sample.
@@ -168,7 +179,7 @@ def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20
         raise ConfigError(f"limit must be an integer >= 0 (problems listed per check), got {limit!r}")
     limit = int(limit)
     require_directory(out)
-    refuse_an_unnamed_split(out, split, "verify")
+    check_split_argument(out, split, "verify")
     state = directory_state(out)
     files = None
     if sources is not None:
@@ -209,10 +220,11 @@ def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20
             report.source = check_source(files, meta, lim, arr, seqs, sink, store)
     elif files is not None:
         sink.add("source.skipped", "the output itself is unusable, so the source was not compared")
+        report.source = _not_compared(files)
     if directory_state(out) != state:  # what was read may be of two outputs: its findings and figures are of neither
         sink = FindingSink(limit)
         sink.add("structure.changed", f"{out} changed {CHANGED}: what was read may be of two outputs; verify it again")
-        stats, report = None, VerifyReport(out=out)
+        stats, report = None, VerifyReport(out=out, source=_not_compared(files))
     if stats is not None:
         report.packs, report.sequences = stats.packs, stats.sequences
     report.findings = sink.findings()

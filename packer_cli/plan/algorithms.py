@@ -127,6 +127,8 @@ def first_fit_decreasing(lengths, capacity) -> np.ndarray:
     ------
     ValueError
         A length is below 1 or above ``capacity``, or ``capacity < 1``.
+    TypeError
+        Lengths or a capacity that are not integers (floats, strings, objects).
     """
     arr, capacity = check_lengths(lengths, capacity)
     if arr.shape[0] == 0:

@@ -77,8 +77,15 @@ class PackPlan:
         return _frozen(K._pack_of_item(order, offsets, self.num_items))
 
     def pack_items(self, pack: int) -> np.ndarray:
-        """Item indices of ``pack`` in placement order."""
+        """Item indices of ``pack`` (``0 <= pack < num_packs``) in placement order."""
+        if not 0 <= pack < self.num_packs:  # -1 read offsets[-1]..offsets[0]: an empty pack, silently
+            raise IndexError(f"pack {pack} out of range for {self.num_packs} packs")
         return self.order[self.pack_offsets[pack] : self.pack_offsets[pack + 1]]
+
+
+def _is_bool(value) -> bool:
+    """True or False, Python's or NumPy's (never a string such as ``"no"``, which is truthy)."""
+    return isinstance(value, (bool, np.bool_))
 
 
 def _make_plan(order, offsets, load, num_items, capacity, algorithm, refine_seconds=None):
@@ -162,6 +169,9 @@ def plan_packs(lengths, capacity, algorithm: str = "ffd", seed=0, *, refine: boo
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
+    for name, flag in (("refine", refine), ("skip_empty", skip_empty)):
+        if not _is_bool(flag):  # refine="no" is truthy: it refined
+            raise ValueError(f"{name} must be True or False, got {flag!r}")
     arr, capacity = check_lengths(lengths, capacity, allow_zero=skip_empty)
     if arr.shape[0] == 0:
         plan = _empty_plan(0, capacity, algorithm)
@@ -182,6 +192,8 @@ def validate_plan(plan: PackPlan, lengths, capacity=None, *, skip_empty: bool = 
     Every (non-empty, with ``skip_empty``) item is in exactly one pack, loads
     are the sums of lengths, no pack is empty and no load exceeds the capacity.
     """
+    if not isinstance(plan, PackPlan):  # a dict failed as an AttributeError, as refine_plan does not
+        raise TypeError(f"plan must be a PackPlan, got {type(plan).__name__}")
     capacity = plan.capacity if capacity is None else capacity
     arr, capacity = check_lengths(lengths, capacity, allow_zero=skip_empty)
     packed = int(np.count_nonzero(arr)) if skip_empty else arr.shape[0]

@@ -179,7 +179,9 @@ def _row_width_multiple(spec: dict) -> tuple[int, int | None]:
 
 @dataclass
 class BridgeOutput:
-    """Options of the Megatron-Bridge output, and the state of one ``pack()`` run."""
+    """Options of the Megatron-Bridge output, and the state of one ``pack()`` run: ``pack()``
+    works on its own copy of the object it is given, so one object may serve several runs,
+    one after another or at once (the run's result is in its summary's ``output``)."""
 
     split: str = "training"
     """``training`` or ``validation``: picks ``{split}_{C}.idx.parquet``."""
@@ -385,7 +387,8 @@ class BridgeOutput:
                      f"dataset_kwargs pad_seq_length_to_mult {row_multiple}, or pack with --pad-to-max-length "
                      "(docs/MEGATRON_BRIDGE.md)")
             if output.get("eos_scan_too_short"):
-                warn(f"{output['eos_scan_too_short']} sequences end their inputs with the EOS id "
+                n = output["eos_scan_too_short"]
+                warn(f"{n:,} {'sequence ends its' if n == 1 else 'sequences end their'} inputs with the EOS id "
                      f"{output['eos_id']}: with pad_seq_to_mult > 1 Bridge's real-length scan stops before "
                      "those trailing EOS inputs and treats them as padding (docs/MEGATRON_BRIDGE.md)")
         return output

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer_cli._arrow import bits_to_numpy, to_numpy
-from packer_cli.errors import DataError
+from packer_cli.errors import DataError, not_a_directory
 from packer_cli.shards.bridge import (
     BRIDGE_COLUMNS, BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PACKER_COLUMNS, SPLITS, data_only_split, lost_metadata, packer_splits_in,
     split_manifest_name, split_metadata_name, splits_in,
@@ -79,7 +79,7 @@ def resolve_split(out_dir: str, split: str | None) -> str:
 def load_bridge_metadata(out_dir: str, split: str | None = None) -> dict:
     """The split's metadata (``{split}.metadata.json``), rejecting unknown versions by name."""
     if not os.path.isdir(out_dir):
-        raise DataError(f"{out_dir}: not a directory")
+        raise DataError(not_a_directory(out_dir))
     split = resolve_split(out_dir, split)
     meta = read_json(os.path.join(out_dir, split_metadata_name(split)))
     if not isinstance(meta, dict) or meta.get("format") != BRIDGE_FORMAT:

@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from packer_cli.errors import ConfigError, DataError
+from packer_cli.errors import ConfigError, DataError, not_a_directory
 from packer_cli._arrow import bitmap_of, to_numpy, unpack_bits
 from packer_cli.shards.format import (FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA, READABLE_VERSIONS_TEXT,
                                       is_readable_version, pack_schema, read_json_value)
@@ -101,7 +101,7 @@ def load_metadata(out_dir: str, split: str | None = None) -> dict:
     :mod:`packer_cli.shards.bridge`).
     """
     if not os.path.isdir(out_dir):
-        raise DataError(f"{out_dir}: not a directory")
+        raise DataError(not_a_directory(out_dir))
     if _wants_bridge(out_dir, split):
         from packer_cli.shards.bridge_reader import load_bridge_metadata
 

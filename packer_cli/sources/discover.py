@@ -12,6 +12,7 @@ import glob
 import itertools
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from packer_cli.errors import ConfigError, DataError, is_utf8, shown
@@ -281,6 +282,9 @@ def input_paths(inputs, name: str = "inputs") -> list[str]:
     (a bare string is one path, not a sequence of one-letter names)."""
     if isinstance(inputs, (str, bytes, os.PathLike)):
         inputs = [inputs]
+    if isinstance(inputs, (set, frozenset, Mapping)):  # an order that changes from one interpreter to the next
+        raise ConfigError(f"{name} must be one path or an ordered list of them (their order numbers the "
+                          f"samples), got a {type(inputs).__name__}")
     try:
         items = list(inputs)
     except TypeError:
