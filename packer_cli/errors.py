@@ -59,6 +59,11 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def counted(n: int, word: str, plural: str | None = None) -> str:
+    """``n`` with its noun, in the singular for one: "1 pack", "2,048 packs"."""
+    return f"{n:,} {word if n == 1 else plural or word + 's'}"
+
+
 def shown(value, limit: int = 60) -> str:
     """``repr(value)`` for a message, cut to about ``limit`` characters: a bad record's reason is
     one line, and is kept in metadata.json, where a 64 MB string quoted whole took 64 MB."""

@@ -42,7 +42,7 @@ from packer_cli._background import background, ordered_map
 from packer_cli._kernel_cache import njit
 from packer_cli._sequences import Items, SampleLog, SourceMap, build_items
 from packer_cli._summary import PackSummary, summarize
-from packer_cli.errors import ConfigError, DataError, OutputError, check_interrupted, env_choice
+from packer_cli.errors import ConfigError, DataError, OutputError, check_interrupted, counted, env_choice
 from packer_cli.plan import plan_packs
 from packer_cli.plan.plan import PackPlan
 from packer_cli.plan.bounds import histogram
@@ -511,6 +511,7 @@ def _check_arguments(spec, source, shard_bytes, spill_memory, output) -> None:
         if not isinstance(output, BridgeOutput):
             raise ConfigError(f"output must be a BridgeOutput or None, got {output!r}")
         output.validate()
+        output.check_spec(spec)
     if not is_int(shard_bytes) or shard_bytes < 1:
         raise ConfigError(f"shard size must be a positive number of bytes, got {shard_bytes!r}")
     if spill_memory is not None and (not is_int(spill_memory) or spill_memory < 0):
@@ -526,12 +527,11 @@ def _check_arguments(spec, source, shard_bytes, spill_memory, output) -> None:
 
 def _nothing_left(files, read_counts: dict, dropped: int, bad_listed: list[dict]) -> str:
     """Why a run that read records has none to pack, naming the input and the first bad record."""
-    where = files[0].path if len(files) == 1 else f"{files[0].path} and {len(files) - 1} more inputs"
+    where = files[0].path if len(files) == 1 else f"{files[0].path} and {counted(len(files) - 1, 'more input')}"
     why = [f"{n:,} {what}" for n, what in ((read_counts["bad_records"], "bad (skipped)"),
                                            (read_counts["too_short"], "shorter than 2 tokens"),
                                            (dropped, "over-long (dropped)")) if n]
-    records = read_counts["records"]
-    text = f"{where}: no samples left to pack: of {records:,} record{'s' if records != 1 else ''}, {', '.join(why)}"
+    text = f"{where}: no samples left to pack: of {counted(read_counts['records'], 'record')}, {', '.join(why)}"
     if bad_listed:
         first = bad_listed[0]
         place = f"line {first['line']}" if first.get("line") is not None else f"row {first['row']}"

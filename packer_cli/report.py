@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from packer_cli._console import Console
+from packer_cli.errors import counted
 from rich.table import Table
 from rich.text import Text
 
@@ -31,8 +32,8 @@ def pack_summary_table(summary) -> Table:
         ("alignment padding", f"{c['alignment_padding']:,} ({_pct(c['alignment_padding'] / max(1, c['packs'] * s['pack_size']))})"),
         ("tail padding", f"{c['tail_padding']:,} ({_pct(c['tail_padding'] / max(1, c['packs'] * s['pack_size']))})"),
         (f"over-long ({c['overlong']['policy']})",
-         f"{c['overlong']['samples']:,} samples, {c['overlong']['tokens_lost']:,} tokens / "
-         f"{c['overlong']['target_tokens_lost']:,} targets lost"),
+         f"{counted(c['overlong']['samples'], 'sample')}, {counted(c['overlong']['tokens_lost'], 'token')} / "
+         f"{counted(c['overlong']['target_tokens_lost'], 'target')} lost"),
         ("dropped (too short / over-long)", f"{c['too_short_dropped']:,} / {c['overlong']['dropped']:,}"),
         ("bad records skipped", f"{c['bad_records']:,}"),
         ("samples without targets", f"{c['no_target_samples']:,}"),

@@ -946,3 +946,24 @@ def test_split_zstd_on_a_pyarrow_that_cannot_write_it_is_a_usage_error(small, tm
         BridgeOutput(parquet_encoding="split-zstd").validate()
     monkeypatch.setattr(pa, "__version__", "16.0.0")
     BridgeOutput(parquet_encoding="split-zstd").validate()
+
+
+@pytest.mark.parametrize("args,step,sizes", [
+    (["-C", "2046", "--tp", "4", "--sp"], 4, "2044 or 2048"),
+    (["-C", "2048", "--tp", "3", "--sp"], 3, "2046 or 2049"),
+    (["-C", "2048", "--cp", "2", "--tp", "3", "--sp"], 12, "2040 or 2052"),
+])
+def test_a_pack_size_the_sequence_parallel_split_cannot_divide_is_refused(tmp_path, args, step, sizes):
+    """Bridge's collate pads a full row to the pack size: -C 2046 --tp 4 --sp packed without a
+    word, and every full row reached TP's sequence split 2046 wide (and -C 2048 --tp 3 --sp got
+    a warning whose pad_seq_length_to_mult advice could not help, the row being capped at C)."""
+    runner = CliRunner()
+    data = write_samples(tmp_path / "s.parquet", 40, seed=1)
+    for dry in ([], ["--dry-run"]):
+        result = runner.invoke(app, ["pack", str(data), "-o", str(tmp_path / "out"), "--format", "megatron-bridge",
+                                     *args, *dry])
+        assert result.exit_code == 2, result.output
+        assert f"must be a multiple of {step}" in result.output and f"use --pack-size {sizes}" in result.output
+        assert not (tmp_path / "out").exists()
+    native = runner.invoke(app, ["pack", str(data), "-o", str(tmp_path / "native"), *args])
+    assert native.exit_code == 0, native.output  # a native pack is Σp wide, a multiple of the alignment

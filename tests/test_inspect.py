@@ -459,3 +459,38 @@ def test_the_readers_name_a_missing_output_as_missing(tmp_path):
                        ("file", "not a directory")):
         with pytest.raises(DataError, match=f"^{re.escape(str(tmp_path / name))}: {says}$"):
             PackedReader(str(tmp_path / name))
+
+
+def test_counts_of_one_are_in_the_singular_in_both_summaries_and_errors(tmp_path, monkeypatch):
+    """'1 samples, 1 tokens lost' (inspect, and pack's summary), 'and 1 more inputs',
+    'out of range for 1 packs'."""
+    from packer_cli.plan import plan_packs
+    from packer_cli.shards.reader import PackedReader
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.jsonl").write_text(json.dumps({"input_ids": list(range(1, 67))}) + "\n")  # 1 token past C
+    packed = runner.invoke(app, ["pack", "a.jsonl", "-o", "out", "-C", "64"])
+    assert packed.exit_code == 0 and "1 sample, 1 token / 1 target lost" in packed.output, packed.output
+    buf = io.StringIO()
+    Console(file=buf, width=140).print(inspect_output("out"))
+    assert "1 sample, 1 token lost, 0 extra pieces" in buf.getvalue(), buf.getvalue()
+    for name in ("b.jsonl", "c.jsonl"):
+        (tmp_path / name).write_text(json.dumps({"input_ids": [1]}) + "\n")
+    nothing = runner.invoke(app, ["pack", "b.jsonl", "c.jsonl", "-o", "none"])
+    assert "error: b.jsonl and 1 more input: no samples left to pack: of 2 records" in nothing.output, nothing.output
+    with pytest.raises(IndexError, match="^pack 1 out of range for 1 pack$"):
+        plan_packs([5], 8).pack_items(1)
+    with pytest.raises(IndexError, match="^pack 1 out of range for 1 pack$"):
+        PackedReader("out").row(1)
+
+
+def test_a_recorded_policy_is_printed_as_text_by_any_console(synth, tmp_path):
+    """The over-long row's label carries the metadata's policy, which a plain rich Console read
+    as markup ('od[/b]' raised a MarkupError)."""
+    from rich.console import Console as RichConsole
+
+    report = inspect_output(str(synth[1]))
+    report.recorded = {**report.recorded, "overlong": {**(report.recorded.get("overlong") or {}), "policy": "od[/b]"}}
+    buf = io.StringIO()
+    RichConsole(file=buf, width=200).print(report)
+    assert "over-long (od[/b])" in buf.getvalue()

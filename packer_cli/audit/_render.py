@@ -6,6 +6,7 @@ from rich.table import Table
 from rich.text import Text
 
 from packer_cli.audit._histogram import buckets
+from packer_cli.errors import counted
 
 BLOCKS = " ▏▎▍▌▋▊▉█"
 
@@ -49,11 +50,14 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{x:.2f}%"
 
 
-def _count(value) -> str:
-    """A recorded count with thousands separators, as every other count here; ``n/a`` when absent."""
+def _count(value, word: str | None = None) -> str:
+    """A recorded count with thousands separators, as every other count here, and its noun in
+    the singular for one; ``n/a`` when absent."""
     if value is None:
-        return "n/a"
-    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+        return "n/a" if word is None else f"n/a {word}s"
+    if not isinstance(value, int) or isinstance(value, bool):
+        return str(value) if word is None else f"{value} {word}s"
+    return f"{value:,}" if word is None else counted(value, word)
 
 
 def _stat(summary: dict, key: str) -> str:
@@ -86,9 +90,9 @@ def summary_table(report, d: dict) -> Table:
         ("lower bound ⌈Σp/C⌉ / gap", gap(q["lower_bound"], q["gap_to_lower_bound"], q["gap_to_lower_bound_pct"])),
         ("Martello–Toth L2 / gap", gap(q["l2_bound"], q["gap_to_l2"], q["gap_to_l2_pct"])),
         ("sequences per pack min / median / max", " / ".join(_stat(spp, k) for k in ("min", "median", "max"))),
-        (f"over-long ({over.get('policy', s.get('overlong'))})",
-         f"{_count(over.get('samples'))} samples, {_count(over.get('tokens_lost'))} tokens lost, "
-         f"{_count(over.get('extra_pieces'))} extra pieces"),
+        (Text(f"over-long ({over.get('policy', s.get('overlong'))})"),  # the policy as the metadata has it
+         f"{_count(over.get('samples'), 'sample')}, {_count(over.get('tokens_lost'), 'token')} lost, "
+         f"{_count(over.get('extra_pieces'), 'extra piece')}"),
         ("dropped: too short / over-long", f"{_count(r.get('too_short_dropped'))} / {_count(over.get('dropped'))}"),
         ("bad records skipped", _count(r.get('bad_records'))),
     ]

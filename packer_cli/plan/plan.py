@@ -79,7 +79,7 @@ class PackPlan:
     def pack_items(self, pack: int) -> np.ndarray:
         """Item indices of ``pack`` (``0 <= pack < num_packs``) in placement order."""
         if not 0 <= pack < self.num_packs:  # -1 read offsets[-1]..offsets[0]: an empty pack, silently
-            raise IndexError(f"pack {pack} out of range for {self.num_packs} packs")
+            raise IndexError(f"pack {pack} out of range for {self.num_packs} pack{'s' if self.num_packs != 1 else ''}")
         return self.order[self.pack_offsets[pack] : self.pack_offsets[pack + 1]]
 
 

@@ -230,6 +230,21 @@ class BridgeOutput:
                                   f"streams (this is pyarrow {pa.__version__}); use plain-zstd")
         return self
 
+    @staticmethod
+    def check_spec(spec) -> None:
+        """:class:`ConfigError` for a pack size Bridge's rows cannot be sliced at: its collate
+        pads a full row to the pack size, so under sequence parallelism the pack size must be a
+        multiple of CP·TP as well (a multiple of 2·CP the spec requires of every output), or
+        that row reaches TP's sequence split unsplittable, at whatever step it comes up."""
+        step = spec.layout_multiple
+        if spec.pack_size % step:
+            lower, upper = spec.pack_size // step * step, (spec.pack_size // step + 1) * step
+            raise ConfigError(
+                f"pack-size {spec.pack_size} must be a multiple of {step} (the alignment CP={spec.cp}, "
+                f"TP={spec.tp}, SP=on requires) for Megatron-Bridge's layout: Bridge pads a full row to the "
+                f"pack size, which the sequence-parallel split cannot divide; use --pack-size "
+                f"{f'{lower} or {upper}' if lower else upper}")
+
     def rows_per_group(self, pack_size: int) -> int:
         return self.row_group_size or default_row_group_size(pack_size)
 
@@ -382,8 +397,8 @@ class BridgeOutput:
             m, row_multiple = _row_width_multiple(summary.spec)
             if row_multiple:
                 warn(f"Bridge's collate pads each row to a multiple of its pad_seq_length_to_mult (16 unless set), "
-                     f"which this layout's alignment ({m}) does not divide: a row of that width is no multiple of 2·CP "
-                     f"(or of TP under sequence parallelism) and CP slicing fails at run time. Give Bridge's "
+                     f"which this layout's alignment ({m}) does not divide: a row of that width is no multiple of "
+                     f"{m}, and CP slicing or the sequence-parallel split fails at run time. Give Bridge's "
                      f"dataset_kwargs pad_seq_length_to_mult {row_multiple}, or pack with --pad-to-max-length "
                      "(docs/MEGATRON_BRIDGE.md)")
             if output.get("eos_scan_too_short"):

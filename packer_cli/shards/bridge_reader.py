@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer_cli._arrow import bits_to_numpy, to_numpy
-from packer_cli.errors import DataError, not_a_directory
+from packer_cli.errors import DataError, counted, not_a_directory
 from packer_cli.shards.bridge import (
     BRIDGE_COLUMNS, BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PACKER_COLUMNS, SPLITS, data_only_split, lost_metadata, packer_splits_in,
     split_manifest_name, split_metadata_name, splits_in,
@@ -489,7 +489,7 @@ class BridgeReader(PackedReader):
 
     def row(self, i: int) -> PackRow:
         if not -len(self) <= i < len(self):
-            raise IndexError(f"pack {i} out of range for {len(self)} packs")
+            raise IndexError(f"pack {i} out of range for {counted(len(self), 'pack')}")
         i %= len(self)
         g = int(np.searchsorted(self._starts, i, side="right") - 1)
         return self._group(g).row(i - int(self._starts[g]))

@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from packer_cli.errors import ConfigError, DataError, not_a_directory
+from packer_cli.errors import ConfigError, DataError, counted, not_a_directory
 from packer_cli._arrow import bitmap_of, to_numpy, unpack_bits
 from packer_cli.shards.format import (FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA, READABLE_VERSIONS_TEXT,
                                       is_readable_version, pack_schema, read_json_value)
@@ -238,7 +238,7 @@ class PackedReader:
 
     def row(self, i: int) -> PackRow:
         if not -len(self) <= i < len(self):
-            raise IndexError(f"pack {i} out of range for {len(self)} packs")
+            raise IndexError(f"pack {i} out of range for {counted(len(self), 'pack')}")
         i %= len(self)
         b = int(np.searchsorted(self._starts, i, side="right") - 1)
         return self._batches[b].row(i - int(self._starts[b]))

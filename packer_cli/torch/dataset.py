@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from torch.utils.data import Dataset
 
-from packer_cli.errors import DataError
+from packer_cli.errors import DataError, counted
 from packer_cli.torch._ints import flag, integer
 from packer_cli.torch.batch import THDBatch
 from packer_cli.torch.build import build_thd_batch, concat_batches, static_shape
@@ -167,7 +167,7 @@ class PackedDataset(Dataset):
         if index < 0:
             index += self._len
         if not 0 <= index < self._len:
-            raise IndexError(f"pack index {asked} out of range for {self._len} packs")
+            raise IndexError(f"pack index {asked} out of range for {counted(self._len, 'pack')}")
         reader = self.reader
         row = reader.row(index)
         try:
