@@ -48,8 +48,8 @@ from packer_cli.plan.plan import PackPlan
 from packer_cli.plan.bounds import histogram
 from packer_cli.progress import Progress
 from packer_cli.shards._atomic import (REPLACED, check_parent, check_replaceable, check_writable, make_temporary,
-                                      output_target, replace_dir, signals_held, spill_dir_prefix, stale_spill_dirs,
-                                      stale_temporaries, within)
+                                      output_target, overwrite_advice, replace_dir, signals_held, spill_dir_prefix,
+                                      stale_spill_dirs, stale_temporaries, within)
 from packer_cli.shards._gather import (BLOCK_TOKENS, ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader,
                                        SpillTally, SpillWriter, block_bytes, load_array, save_array, spill_os_error)
 from packer_cli.shards._sink import use_direct_io
@@ -543,7 +543,7 @@ def _prepare_out(out: str, overwrite: bool, inputs: list[str], create: bool = Tr
     """Check OUT for a native output and, with ``create``, make its temporary sibling."""
     out = os.path.normpath(out)
     if os.path.exists(out) and not overwrite:
-        raise ConfigError(f"{out} already exists; pass --overwrite to replace it")
+        raise ConfigError(f"{out} already exists; {overwrite_advice(out, replaceable_name)}")
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(f"{out} exists and is not a directory")
     if os.path.exists(out):  # a native output, or a Bridge layout being replaced by one

@@ -967,3 +967,50 @@ def test_a_pack_size_the_sequence_parallel_split_cannot_divide_is_refused(tmp_pa
         assert not (tmp_path / "out").exists()
     native = runner.invoke(app, ["pack", str(data), "-o", str(tmp_path / "native"), *args])
     assert native.exit_code == 0, native.output  # a native pack is Σp wide, a multiple of the alignment
+
+
+def test_a_layout_of_two_pack_sizes_is_named_whole(tmp_path):
+    """With training_2048 and training_4096 in one directory, -C 2048 was told to use 4096 and
+    -C 4096 to use 2048."""
+    data = write_samples(tmp_path / "s.parquet", 40, seed=1)
+    for C in (2048, 4096):
+        bridge_pack([data], tmp_path / f"o{C}", PackSpec(pack_size=C))
+    (tmp_path / "both").mkdir()
+    for C in (2048, 4096):
+        shutil.copy(tmp_path / f"o{C}" / f"training_{C}.idx.parquet", tmp_path / "both")
+    for C in (2048, 4096, 1024):
+        with pytest.raises(ConfigError, match="holds Bridge files for the pack sizes 2048, 4096; .* pack into another "
+                                              "directory"):
+            bridge_pack([data], tmp_path / "both", PackSpec(pack_size=C), split="validation")
+
+
+@pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
+def test_a_directory_of_other_files_is_not_said_to_want_overwrite(tmp_path, fmt):
+    """"pass --overwrite to replace it", and --overwrite then refused it (files packer did not write)."""
+    data = write_samples(tmp_path / "s.parquet", 40, seed=1)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    result = CliRunner().invoke(app, ["pack", str(data), "-o", str(tmp_path / "out"), "--format", fmt])
+    assert result.exit_code == 2 and "holds files packer did not write (notes.txt): choose another directory" \
+        in result.output and "--overwrite" not in result.output, result.output
+    (tmp_path / "out" / "notes.txt").unlink()  # an empty directory: a native output still wants --overwrite
+    assert CliRunner().invoke(app, ["pack", str(data), "-o", str(tmp_path / "out"), "--format", fmt,
+                                    *(["--overwrite"] if fmt == "native" else [])]).exit_code == 0
+    again = CliRunner().invoke(app, ["pack", str(data), "-o", str(tmp_path / "out"), "--format", fmt])
+    assert again.exit_code == 2 and "--overwrite" in again.output, again.output  # an output of packer's: it may
+
+
+def test_joining_a_split_whose_data_has_no_entry_says_so(tmp_path):
+    """Bridge's own training file without 2048_metadata.jsonl: the validation run wrote an array
+    of its own entry alone, without a word, and Bridge's static shapes then missed training's."""
+    data = write_samples(tmp_path / "s.parquet", 40, seed=1)
+    bridge_pack([data], tmp_path / "src", PackSpec(pack_size=2048))
+    (tmp_path / "out").mkdir()
+    shutil.copy(tmp_path / "src" / "training_2048.idx.parquet", tmp_path / "out")
+    said = []
+    bridge_pack([data], tmp_path / "out", PackSpec(pack_size=2048), warn=said.append, split="validation")
+    assert any(line.startswith("training_2048.idx.parquet has no entry in 2048_metadata.jsonl (there is no such "
+                               "file)") for line in said), said
+    said.clear()
+    bridge_pack([data], tmp_path / "src", PackSpec(pack_size=2048), warn=said.append, split="validation")
+    assert not any("has no entry" in line for line in said), said  # training's entry is there

@@ -376,6 +376,26 @@ def within(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
+def _foreign(out: str, ours: Callable[[str], bool]) -> str:
+    """The files in directory ``out`` packer does not write there, as a message names them
+    ("notes.txt and 2 more"); empty when there are none."""
+    foreign = sorted(name for name in os.listdir(out) if not ours(name))
+    return f"{foreign[0]}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}" if foreign else ""
+
+
+def overwrite_advice(out: str, ours: Callable[[str], bool]) -> str:
+    """What to say of an existing ``out`` a run without ``--overwrite`` will not replace: to
+    pass ``--overwrite`` only where it would be let in (it refuses a directory holding files
+    packer did not write, and the user went round in a circle)."""
+    try:
+        foreign = _foreign(out, ours) if os.path.isdir(out) else ""
+    except OSError:
+        foreign = ""
+    if foreign:
+        return f"it holds files packer did not write ({foreign}): choose another directory"
+    return "pass --overwrite to replace it"
+
+
 def check_replaceable(out: str, inputs: Iterable[str], ours: Callable[[str], bool], shown: str | None = None) -> None:
     """Refuse to replace an existing directory ``out`` unless everything in it is a file packer
     writes there (``ours``, by name) and no input lies inside it; ``shown``: the name to give
@@ -387,10 +407,8 @@ def check_replaceable(out: str, inputs: Iterable[str], ours: Callable[[str], boo
     if not os.path.isdir(out):  # a file or a link appeared where OUT was (judged again as it is renamed aside)
         raise ConfigError(f"{shown or out} exists and is not a directory (it appeared while this run was packing: "
                           "another run?); --overwrite replaces only a packer output")
-    foreign = sorted(name for name in os.listdir(out) if not ours(name))
-    if foreign:
-        raise ConfigError(f"{shown or out} holds files packer did not write ({foreign[0]}"
-                          f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}); --overwrite replaces "
+    if foreign := _foreign(out, ours):
+        raise ConfigError(f"{shown or out} holds files packer did not write ({foreign}); --overwrite replaces "
                           "only a packer output: remove it yourself or choose another directory")
     real_out = os.path.realpath(out)
     for path in inputs:

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 from packer_cli._background import ordered_map
 from packer_cli.errors import ConfigError, DataError
-from packer_cli.shards._atomic import (check_parent, check_replaceable, check_writable, locked, make_temporary, replace_dir,
-                                      signals_held, sync_dir, write_synced)
+from packer_cli.shards._atomic import (check_parent, check_replaceable, check_writable, locked, make_temporary,
+                                      overwrite_advice, replace_dir, signals_held, sync_dir, write_synced)
 from packer_cli.spec import is_int, pad_multiple_for
 from packer_cli.shards.format import is_output_file_name, read_json_value, seal_metadata, write_json
 from packer_cli.shards.bridge import (
@@ -273,8 +273,9 @@ class BridgeOutput:
                 check_replaceable(out, inputs, replaceable_name)
             if names is None:
                 if not overwrite:
-                    raise ConfigError(f"{out} exists and is not a Megatron-Bridge layout; pass --overwrite "
-                                      "to replace it, or choose another directory")
+                    advice = overwrite_advice(out, replaceable_name)
+                    raise ConfigError(f"{out} exists and is not a Megatron-Bridge layout; {advice}"
+                                      + (", or choose another directory" if advice.startswith("pass") else ""))
             else:
                 self._check_layout(out, names, overwrite, spec)
                 self._replace_whole = False
@@ -286,7 +287,13 @@ class BridgeOutput:
 
     def _check_layout(self, out: str, names: list[str], overwrite: bool, spec) -> None:
         C = spec.pack_size
-        others = sorted(layout_pack_sizes(names) - {C})
+        sizes = sorted(layout_pack_sizes(names))
+        others = [size for size in sizes if size != C]
+        if len(sizes) > 1:  # naming one of them sent the user to the other, and back
+            raise ConfigError(
+                f"{out} holds Bridge files for the pack sizes {', '.join(map(str, sizes))}; Bridge reads both "
+                f"splits with one packed_sequence_size, so pack into another directory"
+            )
         if others:
             raise ConfigError(
                 f"{out} holds Bridge files for pack size {others[0]}; Bridge reads both splits with one "
@@ -310,6 +317,12 @@ class BridgeOutput:
                         f"{flag} to both splits (a CUDA graph captured on one replays on the other)"
                     )
         array = read_bridge_array(os.path.join(out, bridge_metadata_name(C)))  # fail early if malformed
+        unlisted = [s for s in SPLITS if s != self.split and data_name(s, C) in names] if not array else []
+        empty = "it is empty" if os.path.exists(os.path.join(out, bridge_metadata_name(C))) else "there is no such file"
+        for other in unlisted:  # Bridge's own split, its metadata gone: the array this run writes lacks it
+            self._notes.append(f"{data_name(other, C)} has no entry in {bridge_metadata_name(C)} ({empty}): the array this run writes holds the {self.split} split's alone, and Bridge's "
+                               f"static shapes, taken across its entries, may not fit the {other} split; pack "
+                               f"that split with packer too")
         mine = [n for n in (data_name(self.split, C), split_metadata_name(self.split),
                             split_manifest_name(self.split)) if n in names]
         if mine and not overwrite:
