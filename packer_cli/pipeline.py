@@ -505,13 +505,12 @@ def _check_arguments(spec, source, shard_bytes, spill_memory, output) -> None:
         raise ConfigError(f"spec must be a PackSpec, got {type(spec).__name__}")
     if not isinstance(source, SourceSpec):
         raise ConfigError(f"source must be a SourceSpec, got {type(source).__name__}")
-    spec.validate()
+    if output is not None and not isinstance(output, BridgeOutput):
+        raise ConfigError(f"output must be a BridgeOutput or None, got {output!r}")
+    spec.validate(for_bridge=output is not None)
     source.validate()
     if output is not None:
-        if not isinstance(output, BridgeOutput):
-            raise ConfigError(f"output must be a BridgeOutput or None, got {output!r}")
         output.validate()
-        output.check_spec(spec)
     if not is_int(shard_bytes) or shard_bytes < 1:
         raise ConfigError(f"shard size must be a positive number of bytes, got {shard_bytes!r}")
     if spill_memory is not None and (not is_int(spill_memory) or spill_memory < 0):
@@ -542,10 +541,10 @@ def _nothing_left(files, read_counts: dict, dropped: int, bad_listed: list[dict]
 def _prepare_out(out: str, overwrite: bool, inputs: list[str], create: bool = True) -> str | None:
     """Check OUT for a native output and, with ``create``, make its temporary sibling."""
     out = os.path.normpath(out)
-    if os.path.exists(out) and not overwrite:
-        raise ConfigError(f"{out} already exists; {overwrite_advice(out, replaceable_name)}")
-    if os.path.exists(out) and not os.path.isdir(out):
+    if os.path.exists(out) and not os.path.isdir(out):  # first: --overwrite would not replace it either
         raise ConfigError(f"{out} exists and is not a directory")
+    if os.path.exists(out) and not overwrite:
+        raise ConfigError(f"{out} already exists; {overwrite_advice(out, replaceable_name, inputs)}")
     if os.path.exists(out):  # a native output, or a Bridge layout being replaced by one
         check_replaceable(out, inputs, replaceable_name)
     check_parent(out)

@@ -952,6 +952,9 @@ def test_split_zstd_on_a_pyarrow_that_cannot_write_it_is_a_usage_error(small, tm
     (["-C", "2046", "--tp", "4", "--sp"], 4, "2044 or 2048"),
     (["-C", "2048", "--tp", "3", "--sp"], 3, "2046 or 2049"),
     (["-C", "2048", "--cp", "2", "--tp", "3", "--sp"], 12, "2040 or 2052"),
+    # the 2*CP rule named 2048, which this one then refused; and no size past the largest
+    (["-C", "2050", "--cp", "2", "--tp", "3", "--sp"], 12, "2040 or 2052"),
+    (["-C", "16777216", "--tp", "3", "--sp"], 3, "16777215"),
 ])
 def test_a_pack_size_the_sequence_parallel_split_cannot_divide_is_refused(tmp_path, args, step, sizes):
     """Bridge's collate pads a full row to the pack size: -C 2046 --tp 4 --sp packed without a
@@ -963,10 +966,12 @@ def test_a_pack_size_the_sequence_parallel_split_cannot_divide_is_refused(tmp_pa
         result = runner.invoke(app, ["pack", str(data), "-o", str(tmp_path / "out"), "--format", "megatron-bridge",
                                      *args, *dry])
         assert result.exit_code == 2, result.output
-        assert f"must be a multiple of {step}" in result.output and f"use --pack-size {sizes}" in result.output
+        assert f"must be a multiple of {step}" in result.output and result.output.strip().endswith(
+            f"use --pack-size {sizes}"), result.output
         assert not (tmp_path / "out").exists()
     native = runner.invoke(app, ["pack", str(data), "-o", str(tmp_path / "native"), *args])
-    assert native.exit_code == 0, native.output  # a native pack is Σp wide, a multiple of the alignment
+    # a native pack is Σp wide, a multiple of the alignment: only 2*CP must divide its pack size
+    assert native.exit_code == (2 if "2050" in args else 0), native.output
 
 
 def test_a_layout_of_two_pack_sizes_is_named_whole(tmp_path):
@@ -1014,3 +1019,44 @@ def test_joining_a_split_whose_data_has_no_entry_says_so(tmp_path):
     said.clear()
     bridge_pack([data], tmp_path / "src", PackSpec(pack_size=2048), warn=said.append, split="validation")
     assert not any("has no entry" in line for line in said), said  # training's entry is there
+
+
+def test_verify_reports_a_bridge_layout_whose_pack_size_sequence_parallelism_cannot_split(tmp_path, monkeypatch):
+    """Written before pack refused it (-C 2046 --tp 4 --sp): verify said OK."""
+    from packer_cli import spec as spec_module
+    from packer_cli.audit import verify_output
+
+    data = write_samples(tmp_path / "s.parquet", 40, seed=1)
+    monkeypatch.setattr(spec_module, "bridge_pack_size_problem", lambda spec: None)  # as pack was
+    bridge_pack([data], tmp_path / "old", PackSpec(pack_size=2046, tp=4, sp=True))
+    monkeypatch.undo()
+    report = verify_output(tmp_path / "old")
+    assert report.errors == {"metadata.spec": 1}, [f.line() for f in report.findings]
+    assert "pack-size 2046 must be a multiple of 4" in report.findings[0].message
+    native = pack([str(data)], str(tmp_path / "native"), PackSpec(pack_size=2046, tp=4, sp=True))
+    assert native.counts["packs"] and verify_output(tmp_path / "native").ok  # a native pack is Σp wide
+
+
+def test_overwrite_is_advised_only_where_it_would_be_let_in(tmp_path, monkeypatch):
+    """A file OUT, or an OUT holding an input: "pass --overwrite", then --overwrite refused."""
+    monkeypatch.chdir(tmp_path)
+    data = write_samples(tmp_path / "s.parquet", 40, seed=1)
+    (tmp_path / "f.txt").write_text("x")
+    runner = CliRunner()
+    result = runner.invoke(app, ["pack", str(data), "-o", "f.txt"])
+    assert result.exit_code == 2 and result.output.strip() == "error: f.txt exists and is not a directory"
+    assert runner.invoke(app, ["pack", str(data), "-o", "br", "-C", "512", "--format", "megatron-bridge"]).exit_code == 0
+    result = runner.invoke(app, ["pack", "br/training_512.idx.parquet", "-o", "br"])
+    assert result.exit_code == 2 and result.output.strip() == (
+        "error: br already exists; the input br/training_512.idx.parquet lies inside it: write the output elsewhere")
+
+
+def test_the_missing_entry_warning_of_a_split_packer_wrote_says_how_to_restore_it(tmp_path):
+    data = write_samples(tmp_path / "s.parquet", 40, seed=1)
+    bridge_pack([data], tmp_path / "out", PackSpec(pack_size=2048))
+    (tmp_path / "out" / "2048_metadata.jsonl").unlink()
+    said = []
+    bridge_pack([data], tmp_path / "out", PackSpec(pack_size=2048), warn=said.append, split="validation")
+    assert any(line.startswith("training_2048.idx.parquet has no entry in 2048_metadata.jsonl") and
+               line.endswith("pack the training split again with --overwrite to put its entry back")
+               for line in said), said

@@ -23,7 +23,7 @@ from packer_cli.errors import ConfigError, DataError, PackerError, not_a_directo
 from packer_cli.shards.bridge import (BRIDGE_FORMAT, SPLITS, is_bridge_dir, packer_splits_in, split_has_files,
                                        splits_in)
 from packer_cli.shards.format import FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, metadata_checksum_problem
-from packer_cli.spec import PackSpec
+from packer_cli.spec import PackSpec, bridge_pack_size_problem
 
 
 @dataclass(frozen=True)
@@ -225,6 +225,8 @@ def _limits(meta: dict | None, sink: FindingSink) -> Limits | None:
     if record.get("pad_seq_to_mult") != spec.pad_multiple:
         sink.add("metadata.spec", f"spec.pad_seq_to_mult is {record.get('pad_seq_to_mult')!r} but CP={spec.cp}, "
                  f"TP={spec.tp}, SP={spec.sp} give {spec.pad_multiple}", shard=METADATA_FILE)
+    if fmt == BRIDGE_FORMAT and (problem := bridge_pack_size_problem(spec)):  # written before pack refused it
+        sink.add("metadata.spec", problem, shard=METADATA_FILE)
     source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
     vocab = source.get("vocab_size") if type(source.get("vocab_size")) is int else None
     _check_padding_ids(meta, spec, vocab, sink)

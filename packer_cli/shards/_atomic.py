@@ -383,16 +383,20 @@ def _foreign(out: str, ours: Callable[[str], bool]) -> str:
     return f"{foreign[0]}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}" if foreign else ""
 
 
-def overwrite_advice(out: str, ours: Callable[[str], bool]) -> str:
-    """What to say of an existing ``out`` a run without ``--overwrite`` will not replace: to
-    pass ``--overwrite`` only where it would be let in (it refuses a directory holding files
-    packer did not write, and the user went round in a circle)."""
+def overwrite_advice(out: str, ours: Callable[[str], bool], inputs: Iterable[str] = ()) -> str:
+    """What to say of an existing directory ``out`` a run without ``--overwrite`` will not
+    replace: to pass ``--overwrite`` only where :func:`check_replaceable` would let it in (it
+    refuses a directory holding files packer did not write, or one of the ``inputs``, and the
+    user went round in a circle)."""
     try:
-        foreign = _foreign(out, ours) if os.path.isdir(out) else ""
+        foreign = _foreign(out, ours)
     except OSError:
         foreign = ""
     if foreign:
         return f"it holds files packer did not write ({foreign}): choose another directory"
+    real_out = os.path.realpath(out)
+    if inside := next((path for path in inputs if within(os.path.realpath(path), real_out)), None):
+        return f"the input {inside} lies inside it: write the output elsewhere"
     return "pass --overwrite to replace it"
 
 

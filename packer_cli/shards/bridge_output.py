@@ -230,21 +230,6 @@ class BridgeOutput:
                                   f"streams (this is pyarrow {pa.__version__}); use plain-zstd")
         return self
 
-    @staticmethod
-    def check_spec(spec) -> None:
-        """:class:`ConfigError` for a pack size Bridge's rows cannot be sliced at: its collate
-        pads a full row to the pack size, so under sequence parallelism the pack size must be a
-        multiple of CP·TP as well (a multiple of 2·CP the spec requires of every output), or
-        that row reaches TP's sequence split unsplittable, at whatever step it comes up."""
-        step = spec.layout_multiple
-        if spec.pack_size % step:
-            lower, upper = spec.pack_size // step * step, (spec.pack_size // step + 1) * step
-            raise ConfigError(
-                f"pack-size {spec.pack_size} must be a multiple of {step} (the alignment CP={spec.cp}, "
-                f"TP={spec.tp}, SP=on requires) for Megatron-Bridge's layout: Bridge pads a full row to the "
-                f"pack size, which the sequence-parallel split cannot divide; use --pack-size "
-                f"{f'{lower} or {upper}' if lower else upper}")
-
     def rows_per_group(self, pack_size: int) -> int:
         return self.row_group_size or default_row_group_size(pack_size)
 
@@ -273,7 +258,7 @@ class BridgeOutput:
                 check_replaceable(out, inputs, replaceable_name)
             if names is None:
                 if not overwrite:
-                    advice = overwrite_advice(out, replaceable_name)
+                    advice = overwrite_advice(out, replaceable_name, inputs)
                     raise ConfigError(f"{out} exists and is not a Megatron-Bridge layout; {advice}"
                                       + (", or choose another directory" if advice.startswith("pass") else ""))
             else:
@@ -319,10 +304,12 @@ class BridgeOutput:
         array = read_bridge_array(os.path.join(out, bridge_metadata_name(C)))  # fail early if malformed
         unlisted = [s for s in SPLITS if s != self.split and data_name(s, C) in names] if not array else []
         empty = "it is empty" if os.path.exists(os.path.join(out, bridge_metadata_name(C))) else "there is no such file"
-        for other in unlisted:  # Bridge's own split, its metadata gone: the array this run writes lacks it
-            self._notes.append(f"{data_name(other, C)} has no entry in {bridge_metadata_name(C)} ({empty}): the array this run writes holds the {self.split} split's alone, and Bridge's "
-                               f"static shapes, taken across its entries, may not fit the {other} split; pack "
-                               f"that split with packer too")
+        for other in unlisted:  # the array this run writes lacks the other split's entry
+            fix = (f"pack the {other} split again with --overwrite to put its entry back" if recorded_bridge(out, other)
+                   else "pack that split with packer too")  # packer's split lost the array; Bridge's own had none
+            self._notes.append(f"{data_name(other, C)} has no entry in {bridge_metadata_name(C)} ({empty}): the "
+                               f"array this run writes holds the {self.split} split's alone, and Bridge's static "
+                               f"shapes, taken across its entries, may not fit the {other} split; {fix}")
         mine = [n for n in (data_name(self.split, C), split_metadata_name(self.split),
                             split_manifest_name(self.split)) if n in names]
         if mine and not overwrite:

@@ -113,6 +113,28 @@ def _check_types(spec, ints: tuple[str, ...], bools: tuple[str, ...], optional_i
         object.__setattr__(spec, name, bool(value))
 
 
+def bridge_pack_size_problem(spec: "PackSpec") -> str | None:
+    """Why Megatron-Bridge's layout cannot take ``spec``'s pack size, or None. Bridge pads a row
+    to the pack size (every row with ``pad_to_max_length``, which it forces with PP > 1 or EP > 1;
+    otherwise its collate caps a row at the pack size), so under sequence parallelism the pack
+    size must be a multiple of CP·TP too, not only of the 2·CP every output needs: else such a
+    row reaches TP's sequence split unsplittable, at whatever step it comes up."""
+    step = spec.layout_multiple
+    if spec.pack_size % step == 0 or step == (2 * spec.cp if spec.cp > 1 else 1):
+        return None  # the 2*CP rule says it, for every output
+    return (f"pack-size {spec.pack_size} must be a multiple of {step} (the alignment CP={spec.cp}, TP={spec.tp}, "
+            f"SP=on requires) for Megatron-Bridge's layout: Bridge pads rows to the pack size (with "
+            f"pad_to_max_length, which it forces with PP > 1 or EP > 1, and caps them at it otherwise), which the "
+            f"sequence-parallel split cannot divide")
+
+
+def _nearest_multiples(size: int, step: int) -> str:
+    """The multiples of ``step`` either side of ``size`` that are pack sizes ("2044 or 2048")."""
+    below, above = size // step * step, (size // step + 1) * step
+    sizes = [n for n in (below, above) if 0 < n <= MAX_CAPACITY]
+    return " or ".join(map(str, sizes))
+
+
 def pad_multiple_for(cp: int, tp: int, sp: bool) -> int:
     """The smallest per-sequence alignment for this parallel layout (Bridge's rule)."""
     cp_multiple = 2 * cp if cp > 1 else 1
@@ -176,8 +198,10 @@ class PackSpec:
         """Largest runtime length a single sequence may keep: the largest multiple of m ≤ C."""
         return (self.pack_size // self.pad_multiple) * self.pad_multiple
 
-    def validate(self) -> "PackSpec":
-        """Raise :class:`ConfigError` naming the fix when the spec cannot work."""
+    def validate(self, *, for_bridge: bool = False) -> "PackSpec":
+        """Raise :class:`ConfigError` naming the fix when the spec cannot work (``for_bridge``:
+        for Megatron-Bridge's layout, whose rows need more of the pack size: see
+        :func:`bridge_pack_size_problem`)."""
         _check_types(self, ints=("pack_size", "cp", "tp", "seed", "pad_id"),
                      bools=("sp", "shuffle", "pad_to_max_length", "pad_cu_seqlens", "refine"),
                      optional_ints=("pad_seq_to_mult",))
@@ -200,12 +224,13 @@ class PackSpec:
                     f"pad-seq-to-mult {self.pad_seq_to_mult} must be a positive multiple of {required}, "
                     f"the alignment required by CP={self.cp}, TP={self.tp}, SP={'on' if self.sp else 'off'}"
                 )
+        if for_bridge and (problem := bridge_pack_size_problem(self)):  # its step is a multiple of 2*CP
+            raise ConfigError(f"{problem}; use --pack-size {_nearest_multiples(self.pack_size, self.layout_multiple)}")
         if self.cp > 1 and self.pack_size % (2 * self.cp):
             step = 2 * self.cp
-            lower, upper = self.pack_size // step * step, (self.pack_size // step + 1) * step
             raise ConfigError(
                 f"pack-size {self.pack_size} must be divisible by 2*CP = {step} with context "
-                f"parallelism; use --pack-size {f'{lower} or {upper}' if lower else upper}"
+                f"parallelism; use --pack-size {_nearest_multiples(self.pack_size, step)}"
             )
         if self.max_sequence_length < 1:
             raise ConfigError(
