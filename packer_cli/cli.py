@@ -126,8 +126,8 @@ def pack_command(
     except PackerError as exc:
         _fail_audit(exc, json_out, out)
     check_interrupted()  # a run the user stopped prints no summary
-    if json_out:
-        _print_json(summary.to_dict())
+    if json_out:  # ok and exit_code as a failure's document has them: a job tests one key either way
+        _print_json({"ok": True, "exit_code": 0, **summary.to_dict()})
     else:
         print_pack_summary(summary)
         if summary.output:

@@ -53,7 +53,8 @@ from packer_cli.shards._atomic import (REPLACED, check_parent, check_replaceable
 from packer_cli.shards._gather import (BLOCK_TOKENS, ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader,
                                        SpillTally, SpillWriter, block_bytes, load_array, save_array, spill_os_error)
 from packer_cli.shards._sink import use_direct_io
-from packer_cli.shards._staged import SPILL_READ_MODES, choose_spill_read, open_spill, page_cache_room
+from packer_cli.shards._staged import (SPILL_READ_MODES, choose_spill_read, open_spill, page_cache_room,
+                                       staged_memory)
 from packer_cli.shards.bridge_output import BridgeOutput, replaceable_name
 from packer_cli.shards.bridge_writer import ENCODERS, ENV_ENCODER
 from packer_cli.shards.format import (
@@ -447,7 +448,8 @@ def _disk_needs(summary: PackSummary, spill_bytes: int, in_memory: int, max_bits
     if spill_parent or out:
         places["spill"] = spill_parent or places["output"]
     # what the real run's auto would choose here, now
-    mode, _ = choose_spill_read(spill_read, on_disk, room, places.get("spill"))
+    mode, _ = choose_spill_read(spill_read, on_disk, room, places.get("spill"),
+                                staged_memory(spill_bytes, c["padded_tokens"]))
     stage = 0
     if mode == "staged":  # each sample (a split one in each stage holding a piece) in whole blocks of its own
         pieces = c["samples_packed"] + c["overlong"]["extra_pieces"]
@@ -543,11 +545,11 @@ def _prepare_out(out: str, overwrite: bool, inputs: list[str], create: bool = Tr
     out = os.path.normpath(out)
     if os.path.exists(out) and not os.path.isdir(out):  # first: --overwrite would not replace it either
         raise ConfigError(f"{out} exists and is not a directory")
+    check_parent(out)  # a mount point too, before any advice to pass --overwrite
     if os.path.exists(out) and not overwrite:
         raise ConfigError(f"{out} already exists; {overwrite_advice(out, replaceable_name, inputs)}")
     if os.path.exists(out):  # a native output, or a Bridge layout being replaced by one
         check_replaceable(out, inputs, replaceable_name)
-    check_parent(out)
     if not create:
         check_writable(os.path.dirname(os.path.abspath(out)), "output parent directory")
     return make_temporary(out) if create else None
@@ -638,6 +640,11 @@ def pack(
     except MemoryError as exc:  # pyarrow's ArrowMemoryError too: a ulimit -v, the node's memory
         raise OutputError(f"{out}: out of memory: {str(exc) or type(exc).__name__} (an address-space limit, ulimit -v, "
                           "or the node's memory)") from exc
+    except RuntimeError as exc:
+        if "can't start new thread" not in str(exc):  # a thread's stack could not be mapped: memory too
+            raise
+        raise OutputError(f"{out}: out of memory: {exc} (an address-space limit, ulimit -v, or the node's memory)"
+                          ) from exc
     except SpillError as exc:  # the spill's own directory, when --spill-dir put it elsewhere than OUT
         where = spill_parent or f"{out}: writing the output failed"
         raise OutputError(f"{where}: {exc}") from exc
@@ -809,7 +816,9 @@ class _Run:
             spill_file = os.path.getsize(os.path.join(spill_dir, SPILL_FILE))
         except OSError as exc:  # the spill directory removed meanwhile
             raise spill_os_error(exc, "reading the spill files") from exc
-        mode, room = choose_spill_read(opts.spill_read, spill_file, spill_dir=spill_dir)
+        mode, room = choose_spill_read(opts.spill_read, spill_file, spill_dir=spill_dir,
+                                       staged_needs=staged_memory(self.memory.used + spill_file,
+                                                                  summary.counts["padded_tokens"]))
         summary.spill = {"read": mode, "bytes": self.memory.used + spill_file, "memory_bytes": self.memory.used}
         if room is not None:
             summary.spill["room"] = room

@@ -45,13 +45,15 @@ BAD_LINES = [
     ('[1, 2, 3]', "line 3: malformed JSON: the record is not a JSON object"),
     ('{"loss_mask": [0, 1]}', "line 3: missing field 'input_ids'"),
     ('{"input_ids": [1, 2.5, 3], "loss_mask": [0, 1, 1]}', "line 3: input_ids[1] = 2.5 is not an integer"),
-    ('{"input_ids": [1, "a"], "loss_mask": [0, 1]}', "line 3: input_ids[1] = 'a' is not an integer"),
+    ('{"input_ids": [1, "a"], "loss_mask": [0, 1]}', 'line 3: input_ids[1] = "a" is not an integer'),
     ('{"input_ids": [1, -4, 3], "loss_mask": [0, 1, 1]}', "line 3: input_ids[1] = -4 is negative"),
     ('{"input_ids": 7, "loss_mask": [0, 1, 1]}', "line 3: field 'input_ids' is not a list"),
     ('{"input_ids": [1, 2, 3], "loss_mask": [0, 1]}', "line 3: loss_mask has 2 values but input_ids has 3"),
     ('{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 2]}', "line 3: loss_mask[2] = 2 is not 0 or 1"),
-    ('{"input_ids": [1, 2, 3], "loss_mask": [false, true, "yes"]}', "line 3: loss_mask[2] = 'yes' is not an integer"),
-    ('{"input_ids": [1, true, 3], "loss_mask": [0, 1, 1]}', "line 3: input_ids[1] = True is not an integer"),
+    ('{"input_ids": [1, 2, 3], "loss_mask": [false, true, "yes"]}', 'line 3: loss_mask[2] = "yes" is not an integer'),
+    ('{"input_ids": [1, true, 3], "loss_mask": [0, 1, 1]}', "line 3: input_ids[1] = true is not an integer"),
+    # null as the columnar path says it, whether or not another bad record shares its batch
+    ('{"input_ids": [1, null, 3], "loss_mask": [0, 1, 1]}', "line 3: input_ids[1] is null"),
     ('{"input_ids": [1, 2, 3]}', "line 3: missing field 'loss_mask'"),
     ('{"input_ids": [1, 2, 40000], "loss_mask": [0, 1, 1]}', "line 3: input_ids[2] = 40000 is >= vocab size 32000"),
 ]
@@ -81,7 +83,7 @@ def test_a_bad_records_reason_quotes_a_long_value_shortened(tmp_path):
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 4, raw_line3=orjson.dumps({"input_ids": [1, long_value], "loss_mask": [0, 1]}).decode())
     result = run("pack", path, "-o", tmp_path / "out")
     assert result.exit_code == 1 and len(result.output) < 300, result.output[:300]
-    assert "line 3: input_ids[1] = 'xxxxxxxx" in result.output and "(4,194,306 characters) is not an integer" in result.output
+    assert 'line 3: input_ids[1] = "xxxxxxxx' in result.output and "(4,194,306 characters) is not an integer" in result.output
     result = run("pack", path, "-o", tmp_path / "out", "--on-bad-record", "skip")
     assert result.exit_code == 0, result.output
     assert (tmp_path / "out" / "metadata.json").stat().st_size < 10_000
@@ -941,6 +943,8 @@ def test_a_dry_run_judges_auto_with_the_room_the_memory_part_will_take(synthetic
     from packer_cli import pipeline
     from packer_cli.shards._staged import PASS_TWO_RESERVE
 
+    monkeypatch.setattr(pipeline, "staged_memory", lambda *sizes: 0)  # a room that holds staging itself
+
     def dry(room):
         monkeypatch.setattr(pipeline, "page_cache_room", lambda: room)
         return json.loads(run("pack", synthetic_parquet, "--dry-run", "--json", "--spill-memory", "2MB").stdout)["disk"]
@@ -1181,3 +1185,41 @@ def test_an_error_on_a_terminal_names_a_bracketed_path_whole(tmp_path, monkeypat
         cli.fail(ConfigError("train[v2].jsonl, nope[/x] and ckpt:fire:: no such file or directory"))
     assert re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue()) == (
         "error: train[v2].jsonl, nope[/x] and ckpt:fire:: no such file or directory\n")
+
+
+def test_a_thread_that_cannot_start_is_out_of_memory_not_a_traceback(tmp_path, monkeypatch):
+    """Under ulimit -v a decoder thread's stack could not be mapped: "RuntimeError: can't start
+    new thread" went to the traceback branch, exit 1, where other allocations failing are exit 3."""
+    from packer_cli import pipeline
+
+    def no_thread(self, source):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(pipeline._Run, "execute", no_thread)
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
+    result = run("pack", path, "-o", tmp_path / "out", "--json")
+    assert result.exit_code == 3, result.output
+    assert json.loads(result.stdout)["error"] == (f"{tmp_path / 'out'}: out of memory: can't start new thread (an "
+                                                  "address-space limit, ulimit -v, or the node's memory)")
+    assert_nothing_written(tmp_path)
+
+
+def test_a_successful_pack_json_says_ok_as_a_failure_says_not(tmp_path):
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
+    doc = json.loads(run("pack", path, "-o", tmp_path / "out", "--json").stdout)
+    assert doc["ok"] is True and doc["exit_code"] == 0 and doc["out"] == str(tmp_path / "out")
+    failed = json.loads(run("pack", path, "-o", tmp_path / "out", "--json").stdout)  # exists: exit 2
+    assert failed["ok"] is False and failed["exit_code"] == 2
+
+
+def test_an_existing_mount_point_is_named_before_any_overwrite_advice(tmp_path, monkeypatch):
+    """"pass --overwrite to replace it", and --overwrite then refused the mount point."""
+    from packer_cli.shards import _atomic
+
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
+    (tmp_path / "mnt").mkdir()
+    monkeypatch.setattr(_atomic, "_is_mount_point", lambda p: os.path.basename(p) == "mnt")
+    for extra in ([], ["--overwrite"]):
+        result = run("pack", path, "-o", tmp_path / "mnt", *extra)
+        assert result.exit_code == 2 and "is a mount point" in result.output and "pass --overwrite" not in \
+            result.output, result.output

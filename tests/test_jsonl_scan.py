@@ -250,7 +250,8 @@ def test_reader_reads_boolean_masks_and_names_what_it_cannot(tmp_path):
     for read in (read_jsonl, read_jsonl_orjson):
         (batch,) = read(str(path), FIELDS, SCALAR, flag_fields=FLAGS)
         assert batch.batch.column("loss_mask").to_pylist() == [[1, 0], [1, 1], None, [1, 0], [1, 0]]
-        assert batch.pre_bad == {2: "loss_mask[1] = '1' is not an integer",
-                                 4: "input_ids[1] = True is not an integer"}
+        # spelled as the record spells them: JSON's "1" and true, not Python's '1' and True
+        assert batch.pre_bad == {2: 'loss_mask[1] = "1" is not an integer',
+                                 4: "input_ids[1] = true is not an integer"}
     (batch,) = read_jsonl(str(path), FIELDS, SCALAR)  # not a flag field: booleans are not integers
-    assert batch.pre_bad[0] == "loss_mask[0] = True is not an integer"
+    assert batch.pre_bad[0] == "loss_mask[0] = true is not an integer"

@@ -135,16 +135,32 @@ def test_auto_stages_only_a_spill_larger_than_the_room_pass_two_leaves():
     room, reserve = 10 << 30, _staged.PASS_TWO_RESERVE
     assert _staged.choose_spill_read("auto", room - reserve + 1, room=room) == ("staged", room)
     assert _staged.choose_spill_read("auto", room - reserve, room=room) == ("random", room)
-    assert _staged.choose_spill_read("auto", 10, room=0) == ("staged", 0)
     assert _staged.choose_spill_read("random", 1 << 40) == ("random", None)
     assert _staged.choose_spill_read("staged", 0) == ("staged", None)
+
+
+def test_auto_stages_only_where_the_room_holds_staging_itself():
+    """Under a memory cgroup too tight for staging's own buffers and stage images (a 233 MB
+    spill, 158-257 MB of room) auto staged and the run was killed for memory, where reading at
+    random finished."""
+    reserve = _staged.PASS_TWO_RESERVE
+    needs = _staged.staged_memory(233_002_170, 103_000_000)  # 4 stages of about 58 MB
+    assert needs == max(_staged.WRITE_BUFFERS + 2 * _staged.SCATTER_CHUNK, 3 * -(-233_002_170 // 4))
+    for room in (158 << 20, 257 << 20, reserve + needs - 1):
+        assert _staged.choose_spill_read("auto", 130_000_000, room=room, staged_needs=needs) == ("random", room)
+    room = reserve + needs
+    assert _staged.choose_spill_read("auto", 130_000_000, room=room, staged_needs=needs) == ("random", room)  # fits
+    assert _staged.choose_spill_read("auto", needs + 1, room=room, staged_needs=needs) == ("staged", room)
+    assert _staged.choose_spill_read("auto", 10, room=0) == ("random", 0)  # no room at all: staging would not fit
+    assert _staged.choose_spill_read("staged", 1 << 40, room=0, staged_needs=needs) == ("staged", None)  # as asked
 
 
 def test_auto_reads_a_spill_held_in_memory_at_random(tmp_path, mixed_inputs, monkeypatch):
     """A spill on tmpfs is shared memory, which the room now counts as held: auto staged it, a
     second copy in memory, and a container's limit killed the run where reading it at random fit."""
-    for module in (_staged, pipeline):  # a tight container
-        monkeypatch.setattr(module, "page_cache_room", lambda: 1 << 20)
+    for module in (_staged, pipeline):  # a tight container, which still holds staging itself
+        monkeypatch.setattr(module, "page_cache_room", lambda: _staged.PASS_TWO_RESERVE)
+    monkeypatch.setattr(pipeline, "staged_memory", lambda *sizes: 0)
     scratch = tmp_path / "shm"
     scratch.mkdir()
     assert _staged.choose_spill_read("auto", 1 << 30, spill_dir=str(scratch))[0] == "staged"
@@ -170,9 +186,11 @@ def test_auto_reads_a_small_spill_at_random_here(tmp_path, mixed_inputs, monkeyp
     monkeypatch.setattr(_staged, "page_cache_room", lambda: 1 << 40)
     summary = pack(mixed_inputs, str(tmp_path / "a"), PackSpec(pack_size=512))
     assert summary.spill["read"] == "random" and summary.spill["room"] == 1 << 40
-    monkeypatch.setattr(_staged, "page_cache_room", lambda: 1 << 20)  # a tight container
+    monkeypatch.setattr(_staged, "page_cache_room", lambda: _staged.PASS_TWO_RESERVE)  # a tight container,
+    monkeypatch.setattr(pipeline, "staged_memory", lambda *sizes: 0)  # which still holds staging itself
     summary = pack(mixed_inputs, str(tmp_path / "b"), PackSpec(pack_size=512))
-    assert summary.spill["read"] == "staged" and summary.spill["stages"] >= 1 and summary.spill["room"] == 1 << 20
+    assert summary.spill["read"] == "staged" and summary.spill["stages"] >= 1
+    assert summary.spill["room"] == _staged.PASS_TWO_RESERVE
     assert _files(tmp_path / "a") == _files(tmp_path / "b")
 
 
@@ -257,10 +275,10 @@ def test_a_spill_cut_short_fails_the_staged_copy_cleanly(mixed_inputs, tmp_path,
     output, and nothing is left behind."""
     choose = _staged.choose_spill_read
 
-    def truncate_then_choose(mode, spill_bytes, room=None, spill_dir=None):
+    def truncate_then_choose(mode, spill_bytes, room=None, spill_dir=None, staged_needs=0):
         for spill in tmp_path.rglob(_gather.SPILL_FILE):
             os.truncate(spill, spill_bytes // 2)
-        return choose(mode, spill_bytes, room, spill_dir)
+        return choose(mode, spill_bytes, room, spill_dir, staged_needs)
 
     monkeypatch.setattr(pipeline, "choose_spill_read", truncate_then_choose)
     with pytest.raises(OutputError, match="copying the spill into its stages failed"):

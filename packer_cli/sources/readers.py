@@ -128,6 +128,16 @@ def unexpected_supervision(where: str) -> DataError:
                      "field with --mask-field or --labels-field")
 
 
+def _as_json(value) -> str:
+    """A JSON value for a message, spelled as the record spells it (``true``, ``"a"``, not
+    Python's ``True``, ``'a'``), cut as :func:`shown` cuts."""
+    try:
+        text = orjson.dumps(value).decode()
+    except (TypeError, orjson.JSONEncodeError):
+        return shown(value)
+    return text if len(text) <= 60 else f"{text[:40]}… ({len(text):,} characters)"
+
+
 def _value_problem(value, scalar: bool, flags: bool = False) -> str | None:
     """Why one JSON value cannot be a token list (or an integer scalar; or, for ``flags``, a list
     of integers and booleans); None if it can."""
@@ -144,10 +154,12 @@ def _value_problem(value, scalar: bool, flags: bool = False) -> str | None:
     for j, item in enumerate(value):
         if flags and isinstance(item, bool):
             continue
+        if item is None:  # as the columnar path says it, whatever else is in the batch
+            return f"[{j}] is null"
         if isinstance(item, _LongInteger):
             return f"[{j}] = {shown(item)} is out of range"
         if not isinstance(item, int) or isinstance(item, bool):
-            return f"[{j}] = {shown(item)} is not an integer"
+            return f"[{j}] = {_as_json(item)} is not an integer"
         if not -(2**63) <= item < 2**63:
             return f"[{j}] = {shown(item)} is out of range"
     return None
