@@ -426,7 +426,7 @@ def _make_spill_dir(tmp: str, spill_parent: str | None) -> str:
 
 
 def _disk_needs(summary: PackSummary, spill_bytes: int, in_memory: int, max_bits: int, spill_read: str,
-                out: str | None, spill_parent: str | None, native: bool) -> dict:
+                out: str | None, spill_parent: str | None, native: bool, lengths_bytes: int = 0) -> dict:
     """What a dry run expects the real run to write: the spill (on disk: all but the whole
     batches ``--spill-memory`` holds, ``in_memory`` bytes of them; read back ``staged``, a copy of
     all of it besides, ``stage_bytes``, each sample rounded to whole blocks of ``max_bits`` ids
@@ -455,7 +455,10 @@ def _disk_needs(summary: PackSummary, spill_bytes: int, in_memory: int, max_bits
         pieces = c["samples_packed"] + c["overlong"]["extra_pieces"]
         stage = int(spill_bytes) + pieces * block_bytes(max_bits) + c["overlong"]["extra_pieces"] * (
             -(-summary.spec["pack_size"] // BLOCK_TOKENS) * block_bytes(max_bits))
-    needs = {"spill_bytes": int(spill_bytes), "spill_disk_bytes": on_disk, "stage_bytes": stage, "output_bytes": output}
+    # beside the spill, whatever of it lies in memory: the sample lengths and the plan's order (int32 an item)
+    index = int(lengths_bytes) + 4 * c["sequences"]
+    needs = {"spill_bytes": int(spill_bytes), "spill_disk_bytes": on_disk, "spill_index_bytes": index,
+             "stage_bytes": stage, "output_bytes": output}
     needs["free"] = {}
     for what, directory in places.items():
         try:
@@ -478,7 +481,7 @@ def _short_of_space(needs: dict) -> list[str]:
         device = free[what]["device"]
         counted.add(device)
         here = {part for part in ("spill", "output") if part in free and free[part]["device"] == device}
-        spill = needs["spill_disk_bytes"] if "spill" in here else 0
+        spill = needs["spill_disk_bytes"] + needs.get("spill_index_bytes", 0) if "spill" in here else 0
         stage = needs["stage_bytes"] if "spill" in here else 0
         output = (needs["output_bytes"] or 0) if "output" in here else 0
         # the peak: the spill file is deleted once the stages are built, before any shard is written
@@ -746,7 +749,8 @@ class _Run:
         if self.opts.dry_run:
             summary.disk = _disk_needs(summary, read_counts["spill_bytes"], read_counts["spill_memory_used"],
                                        read_counts["spill_bits"], self.opts.spill_read,
-                                       self.out, self.spill_parent, native=self.output is None)
+                                       self.out, self.spill_parent, native=self.output is None,
+                                       lengths_bytes=read_counts["lengths_bytes"])
             if self.warn:
                 for line in _short_of_space(summary.disk):
                     self.warn(line)
@@ -791,6 +795,7 @@ class _Run:
         padded_hist = histogram(padded, spec.pack_size + 1)
         if padded_hist[1:].sum() == 0:
             raise DataError(_nothing_left(files, read_counts, overlong.dropped, bad_listed))
+        read_counts["lengths_bytes"] = int(lengths.nbytes)  # lengths.bin's size, for a dry run's estimate
         parked = _park(lengths, self.spill_dir)
         del lengths
         _release_memory()

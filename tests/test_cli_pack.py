@@ -983,6 +983,8 @@ def test_the_space_warning_counts_the_peak_not_the_sum():
     assert _short_of_space(needs(15_000_000, staged=False)) == []  # spill and shards side by side: 15 MB
     assert len(_short_of_space(needs(14_900_000, staged=False))) == 1
     assert _short_of_space(needs(22_000_000, staged=True, same_device=False)) == []
+    indexed = {**needs(15_000_000, staged=False), "spill_index_bytes": 1}  # lengths.bin and order.bin too
+    assert len(_short_of_space(indexed)) == 1
 
 
 def test_a_sync_failing_once_the_output_is_in_place_does_not_fail_the_run(synthetic_parquet, tmp_path, monkeypatch):
@@ -1223,3 +1225,22 @@ def test_an_existing_mount_point_is_named_before_any_overwrite_advice(tmp_path, 
         result = run("pack", path, "-o", tmp_path / "mnt", *extra)
         assert result.exit_code == 2 and "is a mount point" in result.output and "pass --overwrite" not in \
             result.output, result.output
+
+
+def test_a_dry_run_counts_the_spills_index_files(synthetic_parquet, tmp_path, monkeypatch):
+    """lengths.bin and order.bin lie beside the spill even when all of it is held in memory, and
+    were left out: a spill directory with the estimate's room free ran out of space (order.bin)."""
+    from packer_cli import pipeline
+
+    dry = json.loads(run("pack", synthetic_parquet, "--dry-run", "--json", "-o", tmp_path / "out").stdout)["disk"]
+    written = {}
+    save = pipeline.save_array
+
+    def measured(path, array):
+        written[os.path.basename(path)] = array.nbytes
+        return save(path, array)
+
+    monkeypatch.setattr(pipeline, "save_array", measured)
+    assert run("pack", synthetic_parquet, "-o", tmp_path / "out").exit_code == 0
+    assert set(written) == {"lengths.bin", "order.bin"}
+    assert dry["spill_index_bytes"] == sum(written.values()) > 0
