@@ -413,6 +413,21 @@ def test_a_double_star_glob_reads_each_file_once(tmp_path):
     assert read(tmp_path / "k" / "**") == ([100, 200, 300], 3)
 
 
+@pytest.mark.parametrize("link", ["alias", "zalias"])  # sorting before its target, and after it
+def test_a_link_to_a_sibling_directory_reads_its_files_once_in_every_spelling(tmp_path, monkeypatch, link):
+    """d and d/** read alias/b.jsonl and real/b.jsonl both, d/* and d/**/*.jsonl one of them or
+    both depending on the link's name: other records and source indices for one tree."""
+    monkeypatch.chdir(tmp_path)
+    jsonl(tmp_path / "d" / "a.jsonl", [sample(100)])
+    jsonl(tmp_path / "d" / "real" / "b.jsonl", [sample(200)])
+    (tmp_path / "d" / link).symlink_to("real")
+    first = f"{link}/b.jsonl" if link < "real" else "real/b.jsonl"  # the first place in path order
+    for spelling in ("d", "d/*", "d/**", "d/**/*.jsonl"):
+        files = discover_inputs([spelling])
+        assert [os.path.relpath(f.path, "d") for f in files] == ["a.jsonl", first], spelling
+    assert len(discover_inputs(["d/a.jsonl", "d/a.jsonl"])) == 2  # named twice: read twice, as asked
+
+
 def test_a_null_supervision_field_in_a_later_record_is_no_supervision(tmp_path):
     path = jsonl(tmp_path / "d.jsonl", [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5, 6], "labels": None}])
     stream = SampleStream(discover_inputs([path]), SourceSpec())
@@ -512,7 +527,7 @@ def test_a_bad_record_before_a_supervision_field_is_reported_first(tmp_path, nam
     if name.endswith(".jsonl"):
         path.write_bytes(b'{"input_ids": [1, 2, 3]}\n{"input_ids": [4, "x"]}\n'
                          b'{"input_ids": [4, 5, 6], "loss_mask": [0, 1, 1]}\n')
-        bad, supervised = r"line 2: input_ids\[1\] = 'x' is not an integer", "line 3: field 'loss_mask'"
+        bad, supervised = r'line 2: input_ids\[1\] = "x" is not an integer', "line 3: field 'loss_mask'"
     else:
         pq.write_table(pa.table({"input_ids": [[1, 2, 3]]}), tmp_path / "a.parquet")  # the first record
         table = pa.table({"input_ids": pa.array([None, [4, 5, 6]]),

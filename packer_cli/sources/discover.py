@@ -299,7 +299,7 @@ def discover_inputs(inputs: list[str]) -> list[InputFile]:
     found: list[InputFile] = []
     for arg in inputs:
         if os.path.isdir(arg):
-            found.extend(_expand_directory(arg))
+            found.extend(_once(_expand_directory(arg)))
         elif os.path.exists(arg):
             fmt = format_of(arg)
             if fmt is None:
@@ -308,7 +308,7 @@ def discover_inputs(inputs: list[str]) -> list[InputFile]:
                 )
             found.append(_input_file(arg, fmt))
         elif glob.has_magic(arg):
-            found.extend(_expand_glob(arg))
+            found.extend(_once(_expand_glob(arg)))
         else:
             raise DataError(f"{arg}: no such file or directory")
     return found
@@ -352,6 +352,24 @@ def _expand_glob(pattern: str) -> list[InputFile]:
     # a directory's files in order among the others ('d/ab/x' after 'd/ab.jsonl'), as a
     # directory's walk orders them: 'd', 'd/*' and 'd/**' give one stream
     return in_path_order(files)
+
+
+def _once(files: list[InputFile]) -> list[InputFile]:
+    """``files`` (one argument's, in path order) with each file read once, at its first place:
+    a directory's walk follows links to directories, so a link to a sibling (``data/latest ->
+    v2``) reached the same files twice, and ``d``, ``d/*`` and ``d/**/*.jsonl`` read different
+    sets of them depending on the link's name. Files named twice as arguments are read twice."""
+    seen, kept = set(), []
+    for file in files:
+        try:
+            st = os.stat(file.path)
+            key = (st.st_dev, st.st_ino)
+        except OSError:  # reported where the file is read
+            key = ("path", os.path.realpath(file.path))
+        if key not in seen:
+            seen.add(key)
+            kept.append(file)
+    return kept
 
 
 def in_path_order(files: list[InputFile]) -> list[InputFile]:
