@@ -26,6 +26,7 @@ release the GIL; memory stays bounded by a few batches in flight.
 from __future__ import annotations
 
 import errno
+import glob
 import os
 import shutil
 import tempfile
@@ -62,7 +63,7 @@ from packer_cli.shards.format import (
 )
 from packer_cli.shards.writer import ShardFile, pack_record_batch
 from packer_cli.sources import SampleStream, discover_inputs
-from packer_cli.sources.discover import input_paths, path_argument
+from packer_cli.sources.discover import glob_reaches, input_paths, path_argument
 from packer_cli.sources.parquet_lists import DECODERS, ENV_DECODER
 from packer_cli.spec import PackSpec, SourceSpec, is_bool, is_int
 
@@ -497,6 +498,9 @@ def _check_out_outside_input_directories(out: str, inputs: list[str]) -> None:
     that directory (and by ``verify --source``): refuse it before anything is written."""
     real_out = os.path.realpath(out)
     for path in inputs:
+        if not os.path.exists(path) and glob.has_magic(path) and glob_reaches(path, out):  # d/**, d/*
+            raise ConfigError(f"{out} is where the input pattern {path} reads, so a later run over it would read "
+                              "the output as input: write the output elsewhere")
         if os.path.isdir(path):
             real = os.path.realpath(path)
             if within(real_out, real):

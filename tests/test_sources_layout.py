@@ -144,6 +144,22 @@ def test_an_output_inside_an_input_directory_is_refused_before_anything_is_writt
     assert pack([str(data / "a.jsonl")], str(data / "packed"), PackSpec(pack_size=16)).counts["records"] == 1  # a file is fine
 
 
+@pytest.mark.parametrize("pattern,refused", [("data/**", True), ("data/*", True), ("data/*.jsonl", False),
+                                             ("data/**/*.jsonl", False)])
+def test_an_output_where_an_input_pattern_reads_is_refused(tmp_path, monkeypatch, pattern, refused):
+    """'data/**' reads as 'data' does, and 'data/*' reaches data/packed too: such an OUT was let
+    in, and the next run over the pattern failed on it ("a packer output, not input")."""
+    monkeypatch.chdir(tmp_path)
+    jsonl(tmp_path / "data" / "a.jsonl", [sample(100, 8)])
+    if refused:
+        with pytest.raises(ConfigError, match=f"data/packed is where the input pattern {re.escape(pattern)} reads"):
+            pack([pattern], "data/packed", PackSpec(pack_size=16))
+        assert sorted(os.listdir("data")) == ["a.jsonl"]
+    else:
+        assert pack([pattern], "data/packed", PackSpec(pack_size=16)).counts["records"] == 1
+        assert pack([pattern], "again", PackSpec(pack_size=16)).counts["records"] == 1  # the pattern misses it
+
+
 # --- files --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["UP.JSONL.GZ", "mixed.jsonl.Gz"])

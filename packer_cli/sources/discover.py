@@ -7,6 +7,7 @@ samples' *source indices*.
 """
 from __future__ import annotations
 
+import fnmatch
 import functools
 import glob
 import itertools
@@ -437,6 +438,33 @@ def _literal_base(pattern: str) -> str:
     parts = pattern.split(os.sep)
     literal = list(itertools.takewhile(lambda part: not glob.has_magic(part), parts[:-1]))
     return os.path.realpath(os.sep.join(literal) or (os.sep if pattern.startswith(os.sep) else os.curdir))
+
+
+def glob_reaches(pattern: str, path: str) -> bool:
+    """Whether the glob ``pattern`` matches ``path`` or a directory above it (below its literal
+    base), so that a run over the pattern reads what lies at ``path``: ``d/**`` and ``d/*``
+    reach ``d/out``, ``d/*.jsonl`` does not. ``path`` need not exist yet."""
+    parts = pattern.split(os.sep)
+    literal = len(list(itertools.takewhile(lambda part: not glob.has_magic(part), parts[:-1])))
+    base, real = _literal_base(pattern), os.path.realpath(path)
+    if not within(real, base) or real == base:
+        return False
+    return _parts_reach([p for p in parts[literal:] if p], os.path.relpath(real, base).split(os.sep))
+
+
+def _parts_reach(pattern: list[str], path: list[str]) -> bool:
+    """Whether the pattern's components match a leading run of ``path``'s, wholly (``**``: any
+    number of components; a hidden name only to a part that starts with a dot, as glob does)."""
+    if not pattern:
+        return True
+    if not path:
+        return False
+    head, name = pattern[0], path[0]
+    if head == "**":
+        return _parts_reach(pattern[1:], path) or (not name.startswith(".") and _parts_reach(pattern, path[1:]))
+    if name.startswith(".") and not head.startswith("."):
+        return False
+    return fnmatch.fnmatchcase(name, head) and _parts_reach(pattern[1:], path[1:])
 
 
 def _glob(pattern: str, whole: set[str] | None = None) -> list[str]:
