@@ -298,7 +298,7 @@ def _is_usage_error(exc: BaseException) -> bool:
     return any(cls.__name__ == "ClickException" for cls in type(exc).__mro__)
 
 
-def _usage_line(exc, argv: list[str] | None = None) -> str:
+def _usage_line(exc) -> str:
     """A bad option or argument as one line, with where to look: the subcommand's help, also
     for the errors click raises without a context (an option missing its value, a flag given
     one), where the subcommand is the first argument naming one."""
@@ -306,7 +306,7 @@ def _usage_line(exc, argv: list[str] | None = None) -> str:
         command = exc.ctx.command_path
     else:
         names = {c.name for c in app.registered_commands}
-        given = next((a for a in (sys.argv[1:] if argv is None else argv) if a in names), None)
+        given = next((a for a in sys.argv[1:] if a in names), None)
         command = f"packer {given}" if given else "packer"
     return f"error: {exc.format_message()} (see '{command} --help')"
 

@@ -59,9 +59,9 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def counted(n: int, word: str, plural: str | None = None) -> str:
+def counted(n: int, word: str) -> str:
     """``n`` with its noun, in the singular for one: "1 pack", "2,048 packs"."""
-    return f"{n:,} {word if n == 1 else plural or word + 's'}"
+    return f"{n:,} {word if n == 1 else word + 's'}"
 
 
 def shown(value, limit: int = 60) -> str:

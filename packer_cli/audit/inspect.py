@@ -28,7 +28,7 @@ from packer_cli.audit._layout_checks import (CHANGED, Layout, check_layout, dire
 from packer_cli.audit.findings import FindingSink
 from packer_cli.audit.report import InspectReport, PackDetail
 from packer_cli.audit.store import PackBatch
-from packer_cli.errors import ConfigError, DataError, PackerError
+from packer_cli.errors import ConfigError, DataError, PackerError, counted
 from packer_cli.sources.discover import path_argument
 from packer_cli.spec import is_int
 
@@ -174,6 +174,5 @@ def _inspect(out: str, pack: int | None, split: str | None) -> InspectReport:
     if pack is not None and total.detail is None:
         split_name = getattr(store, "split", None)  # a Bridge layout's splits each count from 0
         where = f"{out} split {split_name}" if split_name else out
-        raise ConfigError(f"--pack {pack} is out of range: {where} has {seen} pack{'s' if seen != 1 else ''} "
-                          f"(0..{seen - 1})")
+        raise ConfigError(f"--pack {pack} is out of range: {where} has {counted(seen, 'pack')} (0..{seen - 1})")
     return total

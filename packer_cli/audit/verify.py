@@ -33,7 +33,7 @@ from packer_cli.audit._pack_checks import Sequences, check_batch
 from packer_cli.audit.findings import ERROR, WARNING, Finding, FindingSink
 from packer_cli.audit.report import InspectReport
 from packer_cli.audit.store import ShardError
-from packer_cli.errors import ConfigError, PackerError
+from packer_cli.errors import ConfigError, PackerError, counted
 from packer_cli.sources.discover import input_paths, path_argument
 from packer_cli.spec import is_int
 from packer_cli.shards.writer import file_checksum
@@ -77,10 +77,9 @@ class VerifyReport:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
     def verdict(self) -> str:
-        packs, tokens = (f"{n:,} {word}{'s' if n != 1 else ''}"
-                         for n, word in ((self.packs, "pack"), (self.tokens, "token")))
         # a source skipped (the output unusable) or read only in part is not said to be checked
-        scope = f"{packs}, {tokens}" + (" and the source" if self.source and self.source["complete"] else "")
+        scope = (f"{counted(self.packs, 'pack')}, {counted(self.tokens, 'token')}"
+                 + (" and the source" if self.source and self.source["complete"] else ""))
         speed = f"in {self.seconds:.2f} s ({_rate(self.tokens_per_s)})"
         if self.ok:
             return f"verify: OK: {self.out} ({scope} checked {speed})"

@@ -7,6 +7,8 @@ from functools import cached_property
 
 import numpy as np
 
+from packer_cli.errors import counted
+
 from . import _kernels as K
 from ._validate import check_lengths
 from .algorithms import _decreasing_positions, _run_bridge, _run_next_fit
@@ -79,7 +81,7 @@ class PackPlan:
     def pack_items(self, pack: int) -> np.ndarray:
         """Item indices of ``pack`` (``0 <= pack < num_packs``) in placement order."""
         if not 0 <= pack < self.num_packs:  # -1 read offsets[-1]..offsets[0]: an empty pack, silently
-            raise IndexError(f"pack {pack} out of range for {self.num_packs} pack{'s' if self.num_packs != 1 else ''}")
+            raise IndexError(f"pack {pack} out of range for {counted(self.num_packs, 'pack')}")
         return self.order[self.pack_offsets[pack] : self.pack_offsets[pack + 1]]
 
 
