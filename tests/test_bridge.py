@@ -955,6 +955,7 @@ def test_split_zstd_on_a_pyarrow_that_cannot_write_it_is_a_usage_error(small, tm
     # the 2*CP rule named 2048, which this one then refused; and no size past the largest
     (["-C", "2050", "--cp", "2", "--tp", "3", "--sp"], 12, "2040 or 2052"),
     (["-C", "16777216", "--tp", "3", "--sp"], 3, "16777215"),
+    (["-C", "4096", "--cp", "2", "--tp", "8388609", "--sp"], 33554436, None),  # no pack size is a multiple
 ])
 def test_a_pack_size_the_sequence_parallel_split_cannot_divide_is_refused(tmp_path, args, step, sizes):
     """Bridge's collate pads a full row to the pack size: -C 2046 --tp 4 --sp packed without a
@@ -967,8 +968,11 @@ def test_a_pack_size_the_sequence_parallel_split_cannot_divide_is_refused(tmp_pa
                                      *args, *dry])
         assert result.exit_code == 2, result.output
         assert f"must be a multiple of {step}" in result.output and result.output.strip().endswith(
-            f"use --pack-size {sizes}"), result.output
+            f"use --pack-size {sizes}" if sizes else f"no pack size up to 16,777,216 is a multiple of {step:,}: "
+            "use a smaller CP or TP"), result.output
         assert not (tmp_path / "out").exists()
+    if sizes is None:
+        return
     native = runner.invoke(app, ["pack", str(data), "-o", str(tmp_path / "native"), *args])
     # a native pack is Σp wide, a multiple of the alignment: only 2*CP must divide its pack size
     assert native.exit_code == (2 if "2050" in args else 0), native.output
@@ -1049,6 +1053,16 @@ def test_overwrite_is_advised_only_where_it_would_be_let_in(tmp_path, monkeypatc
     result = runner.invoke(app, ["pack", "br/training_512.idx.parquet", "-o", "br"])
     assert result.exit_code == 2 and result.output.strip() == (
         "error: br already exists; the input br/training_512.idx.parquet lies inside it: write the output elsewhere")
+
+
+def test_a_split_whose_input_lies_inside_the_layout_is_not_told_to_overwrite(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = write_samples(tmp_path / "s.parquet", 40, seed=1)
+    bridge_pack([data], tmp_path / "bl", PackSpec(pack_size=1024))
+    result = CliRunner().invoke(app, ["pack", "bl/training_1024.idx.parquet", "-o", "bl", "-C", "1024", "--format",
+                                      "megatron-bridge"])
+    assert result.exit_code == 2 and result.output.strip().endswith(
+        "the input bl/training_1024.idx.parquet lies inside it: write the output elsewhere"), result.output
 
 
 def test_the_missing_entry_warning_of_a_split_packer_wrote_says_how_to_restore_it(tmp_path):

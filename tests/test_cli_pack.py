@@ -54,6 +54,7 @@ BAD_LINES = [
     ('{"input_ids": [1, true, 3], "loss_mask": [0, 1, 1]}', "line 3: input_ids[1] = true is not an integer"),
     # null as the columnar path says it, whether or not another bad record shares its batch
     ('{"input_ids": [1, null, 3], "loss_mask": [0, 1, 1]}', "line 3: input_ids[1] is null"),
+    ('{"input_ids": [1, 1e400, 3], "loss_mask": [0, 1, 1]}', "line 3: input_ids[1] = inf is not an integer"),
     ('{"input_ids": [1, 2, 3]}', "line 3: missing field 'loss_mask'"),
     ('{"input_ids": [1, 2, 40000], "loss_mask": [0, 1, 1]}', "line 3: input_ids[2] = 40000 is >= vocab size 32000"),
 ]
@@ -1244,3 +1245,16 @@ def test_a_dry_run_counts_the_spills_index_files(synthetic_parquet, tmp_path, mo
     assert run("pack", synthetic_parquet, "-o", tmp_path / "out").exit_code == 0
     assert set(written) == {"lengths.bin", "order.bin"}
     assert dry["spill_index_bytes"] == sum(written.values()) > 0
+
+
+def test_a_null_beside_another_bad_record_is_said_as_alone(tmp_path):
+    """With another bad record in its batch the record went the Python way: "= None is not an
+    integer" (then "= null ..."), where alone it is "is null"."""
+    path = tmp_path / "data.jsonl"
+    good = orjson.dumps(GOOD).decode()
+    path.write_text("\n".join([good, '{"input_ids": [1, null, 3], "loss_mask": [0, 1, 1]}',
+                               '{"input_ids": [1, "a", 3], "loss_mask": [0, 1, 1]}', good]) + "\n")
+    result = run("pack", path, "-o", tmp_path / "out", "--on-bad-record", "skip")
+    assert result.exit_code == 0, result.output
+    bad = json.loads((tmp_path / "out" / "metadata.json").read_text())["bad_records"]
+    assert [b["reason"] for b in bad] == ["input_ids[1] is null", 'input_ids[1] = "a" is not an integer']

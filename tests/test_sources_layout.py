@@ -444,6 +444,14 @@ def test_a_link_to_a_sibling_directory_reads_its_files_once_in_every_spelling(tm
     assert len(discover_inputs(["d/a.jsonl", "d/a.jsonl"])) == 2  # named twice: read twice, as asked
 
 
+def test_a_hard_linked_copy_is_read_as_a_copy_is(tmp_path, monkeypatch):
+    """Keyed by inode, a hard-linked copy (cp -al snapshots) was dropped where a plain copy was read."""
+    monkeypatch.chdir(tmp_path)
+    jsonl(tmp_path / "d" / "a.jsonl", [sample(100)])
+    os.link(tmp_path / "d" / "a.jsonl", tmp_path / "d" / "b.jsonl")
+    assert [os.path.basename(f.path) for f in discover_inputs(["d"])] == ["a.jsonl", "b.jsonl"]
+
+
 def test_a_null_supervision_field_in_a_later_record_is_no_supervision(tmp_path):
     path = jsonl(tmp_path / "d.jsonl", [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5, 6], "labels": None}])
     stream = SampleStream(discover_inputs([path]), SourceSpec())

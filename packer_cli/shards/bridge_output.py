@@ -262,7 +262,7 @@ class BridgeOutput:
                     raise ConfigError(f"{out} exists and is not a Megatron-Bridge layout; {advice}"
                                       + (", or choose another directory" if advice.startswith("pass") else ""))
             else:
-                self._check_layout(out, names, overwrite, spec)
+                self._check_layout(out, names, overwrite, spec, inputs)
                 self._replace_whole = False
         if not create:  # a dry run: would the real run's renames be let in?
             check_writable(os.path.dirname(os.path.abspath(out)), "output parent directory")
@@ -270,7 +270,7 @@ class BridgeOutput:
                 check_writable(out, "the Megatron-Bridge layout's directory")
         return make_temporary(out) if create else None
 
-    def _check_layout(self, out: str, names: list[str], overwrite: bool, spec) -> None:
+    def _check_layout(self, out: str, names: list[str], overwrite: bool, spec, inputs: Sequence[str] = ()) -> None:
         C = spec.pack_size
         sizes = sorted(layout_pack_sizes(names))
         others = [size for size in sizes if size != C]
@@ -313,8 +313,9 @@ class BridgeOutput:
         mine = [n for n in (data_name(self.split, C), split_metadata_name(self.split),
                             split_manifest_name(self.split)) if n in names]
         if mine and not overwrite:
-            raise ConfigError(f"{out} already holds the {self.split} split ({mine[0]}); pass --overwrite "
-                              "to replace that split")
+            advice = overwrite_advice(out, replaceable_name, inputs)  # not --overwrite where it would be refused
+            raise ConfigError(f"{out} already holds the {self.split} split ({mine[0]}); "
+                              + ("pass --overwrite to replace that split" if advice.startswith("pass") else advice))
         if mine:
             self._find_old_entry(out, C, array)
 

@@ -359,14 +359,11 @@ def _once(files: list[InputFile]) -> list[InputFile]:
     """``files`` (one argument's, in path order) with each file read once, at its first place:
     a directory's walk follows links to directories, so a link to a sibling (``data/latest ->
     v2``) reached the same files twice, and ``d``, ``d/*`` and ``d/**/*.jsonl`` read different
-    sets of them depending on the link's name. Files named twice as arguments are read twice."""
+    sets of them depending on the link's name. A file is where its path leads (a hard-linked
+    copy is a file of its own, as a copied one is). Files named twice as arguments are read twice."""
     seen, kept = set(), []
     for file in files:
-        try:
-            st = os.stat(file.path)
-            key = (st.st_dev, st.st_ino)
-        except OSError:  # reported where the file is read
-            key = ("path", os.path.realpath(file.path))
+        key = os.path.realpath(file.path)
         if key not in seen:
             seen.add(key)
             kept.append(file)

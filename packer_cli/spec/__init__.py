@@ -128,11 +128,14 @@ def bridge_pack_size_problem(spec: "PackSpec") -> str | None:
             f"sequence-parallel split cannot divide")
 
 
-def _nearest_multiples(size: int, step: int) -> str:
-    """The multiples of ``step`` either side of ``size`` that are pack sizes ("2044 or 2048")."""
+def _size_advice(size: int, step: int) -> str:
+    """What to use instead of pack size ``size``: the multiples of ``step`` either side of it
+    that are pack sizes ("use --pack-size 2044 or 2048"), or that there is none."""
     below, above = size // step * step, (size // step + 1) * step
     sizes = [n for n in (below, above) if 0 < n <= MAX_CAPACITY]
-    return " or ".join(map(str, sizes))
+    if not sizes:
+        return f"no pack size up to {MAX_CAPACITY:,} is a multiple of {step:,}: use a smaller CP or TP"
+    return f"use --pack-size {' or '.join(map(str, sizes))}"
 
 
 def pad_multiple_for(cp: int, tp: int, sp: bool) -> int:
@@ -225,12 +228,12 @@ class PackSpec:
                     f"the alignment required by CP={self.cp}, TP={self.tp}, SP={'on' if self.sp else 'off'}"
                 )
         if for_bridge and (problem := bridge_pack_size_problem(self)):  # its step is a multiple of 2*CP
-            raise ConfigError(f"{problem}; use --pack-size {_nearest_multiples(self.pack_size, self.layout_multiple)}")
+            raise ConfigError(f"{problem}; {_size_advice(self.pack_size, self.layout_multiple)}")
         if self.cp > 1 and self.pack_size % (2 * self.cp):
             step = 2 * self.cp
             raise ConfigError(
                 f"pack-size {self.pack_size} must be divisible by 2*CP = {step} with context "
-                f"parallelism; use --pack-size {_nearest_multiples(self.pack_size, step)}"
+                f"parallelism; {_size_advice(self.pack_size, step)}"
             )
         if self.max_sequence_length < 1:
             raise ConfigError(
