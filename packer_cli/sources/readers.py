@@ -9,7 +9,6 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import math
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -132,8 +131,8 @@ def unexpected_supervision(where: str) -> DataError:
 def _as_json(value) -> str:
     """A JSON value for a message, spelled as the record spells it (``true``, ``"a"``, not
     Python's ``True``, ``'a'``), cut as :func:`shown` cuts."""
-    if isinstance(value, float) and not math.isfinite(value):  # 1e400: orjson would write null
-        return shown(value)
+    if isinstance(value, float):  # as Python writes it (valid JSON when finite): orjson's own spelling of
+        return shown(value)        # 1e19 changed between releases, and it writes 1e400 as null
     try:
         text = orjson.dumps(value).decode()
     except (TypeError, orjson.JSONEncodeError):
