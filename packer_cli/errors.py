@@ -64,10 +64,11 @@ def counted(n: int, word: str) -> str:
     return f"{n:,} {word if n == 1 else word + 's'}"
 
 
-def shown(value, limit: int = 60) -> str:
-    """``repr(value)`` for a message, cut to about ``limit`` characters: a bad record's reason is
-    one line, and is kept in metadata.json, where a 64 MB string quoted whole took 64 MB."""
-    text = repr(value)
+def shown(value, limit: int = 60, text: str | None = None) -> str:
+    """``repr(value)`` (or the given ``text``, another spelling of it) for a message, cut to
+    about ``limit`` characters: a bad record's reason is one line, and is kept in metadata.json,
+    where a 64 MB string quoted whole took 64 MB."""
+    text = repr(value) if text is None else text
     if len(text) <= limit:
         return text
     return f"{text[:limit - 20]}… ({len(text):,} characters)"

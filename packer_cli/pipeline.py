@@ -49,7 +49,7 @@ from packer_cli.plan.plan import PackPlan
 from packer_cli.plan.bounds import histogram
 from packer_cli.progress import Progress
 from packer_cli.shards._atomic import (REPLACED, check_parent, check_replaceable, check_writable, make_temporary,
-                                      output_target, overwrite_advice, replace_dir, signals_held, spill_dir_prefix,
+                                      output_target, overwrite_refusal, replace_dir, signals_held, spill_dir_prefix,
                                       stale_spill_dirs, stale_temporaries, within)
 from packer_cli.shards._gather import (BLOCK_TOKENS, ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader,
                                        SpillTally, SpillWriter, block_bytes, load_array, save_array, spill_os_error)
@@ -554,7 +554,8 @@ def _prepare_out(out: str, overwrite: bool, inputs: list[str], create: bool = Tr
         raise ConfigError(f"{out} exists and is not a directory")
     check_parent(out)  # a mount point too, before any advice to pass --overwrite
     if os.path.exists(out) and not overwrite:
-        raise ConfigError(f"{out} already exists; {overwrite_advice(out, replaceable_name, inputs)}")
+        refusal = overwrite_refusal(out, replaceable_name, inputs)
+        raise ConfigError(f"{out} already exists; {refusal or 'pass --overwrite to replace it'}")
     if os.path.exists(out):  # a native output, or a Bridge layout being replaced by one
         check_replaceable(out, inputs, replaceable_name)
     if not create:

@@ -383,21 +383,26 @@ def _foreign(out: str, ours: Callable[[str], bool]) -> str:
     return f"{foreign[0]}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}" if foreign else ""
 
 
-def overwrite_advice(out: str, ours: Callable[[str], bool], inputs: Iterable[str] = ()) -> str:
-    """What to say of an existing directory ``out`` a run without ``--overwrite`` will not
-    replace: to pass ``--overwrite`` only where :func:`check_replaceable` would let it in (it
-    refuses a directory holding files packer did not write, or one of the ``inputs``, and the
-    user went round in a circle)."""
+def _input_inside(out: str, inputs: Iterable[str]) -> str | None:
+    """The first of ``inputs`` that really lies inside ``out``, or None."""
+    real_out = os.path.realpath(out)
+    return next((path for path in inputs if within(os.path.realpath(path), real_out)), None)
+
+
+def overwrite_refusal(out: str, ours: Callable[[str], bool], inputs: Iterable[str] = ()) -> str | None:
+    """Why ``--overwrite`` would not replace the existing directory ``out`` either (what
+    :func:`check_replaceable` refuses: files packer did not write, an input inside it), said to
+    a run without it instead of advising ``--overwrite`` (the user went round in a circle); None
+    when it would."""
     try:
         foreign = _foreign(out, ours)
     except OSError:
         foreign = ""
     if foreign:
         return f"it holds files packer did not write ({foreign}): choose another directory"
-    real_out = os.path.realpath(out)
-    if inside := next((path for path in inputs if within(os.path.realpath(path), real_out)), None):
+    if inside := _input_inside(out, inputs):
         return f"the input {inside} lies inside it: write the output elsewhere"
-    return "pass --overwrite to replace it"
+    return None
 
 
 def check_replaceable(out: str, inputs: Iterable[str], ours: Callable[[str], bool], shown: str | None = None) -> None:
@@ -414,9 +419,6 @@ def check_replaceable(out: str, inputs: Iterable[str], ours: Callable[[str], boo
     if foreign := _foreign(out, ours):
         raise ConfigError(f"{shown or out} holds files packer did not write ({foreign}); --overwrite replaces "
                           "only a packer output: remove it yourself or choose another directory")
-    real_out = os.path.realpath(out)
-    for path in inputs:
-        real = os.path.realpath(path)
-        if within(real, real_out):
-            raise ConfigError(f"{path}: this input lies inside {out}, which --overwrite would replace; "
-                              "write the output elsewhere")
+    if inside := _input_inside(out, inputs):
+        raise ConfigError(f"{inside}: this input lies inside {out}, which --overwrite would replace; "
+                          "write the output elsewhere")

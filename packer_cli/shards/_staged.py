@@ -64,8 +64,6 @@ SPILL_READ_MODES = tuple(mode.value for mode in SpillRead)
 MEMORY_FILE_SYSTEMS = ("tmpfs", "ramfs")
 
 
-
-
 def staged_memory(spill_total: int, output_tokens: int) -> int:
     """Memory staging holds itself (about): the stages' write buffers and the chunks of spill
     read while copying it into them, then the stage images it reads (the current one and

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from packer_cli._background import ordered_map
 from packer_cli.errors import ConfigError, DataError
 from packer_cli.shards._atomic import (check_parent, check_replaceable, check_writable, locked, make_temporary,
-                                      overwrite_advice, replace_dir, signals_held, sync_dir, write_synced)
+                                      overwrite_refusal, replace_dir, signals_held, sync_dir, write_synced)
 from packer_cli.spec import is_int, pad_multiple_for
 from packer_cli.shards.format import is_output_file_name, read_json_value, seal_metadata, write_json
 from packer_cli.shards.bridge import (
@@ -258,9 +258,9 @@ class BridgeOutput:
                 check_replaceable(out, inputs, replaceable_name)
             if names is None:
                 if not overwrite:
-                    advice = overwrite_advice(out, replaceable_name, inputs)
-                    raise ConfigError(f"{out} exists and is not a Megatron-Bridge layout; {advice}"
-                                      + (", or choose another directory" if advice.startswith("pass") else ""))
+                    refusal = overwrite_refusal(out, replaceable_name, inputs)
+                    raise ConfigError(f"{out} exists and is not a Megatron-Bridge layout; "
+                                      f"{refusal or 'pass --overwrite to replace it, or choose another directory'}")
             else:
                 self._check_layout(out, names, overwrite, spec, inputs)
                 self._replace_whole = False
@@ -273,16 +273,15 @@ class BridgeOutput:
     def _check_layout(self, out: str, names: list[str], overwrite: bool, spec, inputs: Sequence[str] = ()) -> None:
         C = spec.pack_size
         sizes = sorted(layout_pack_sizes(names))
-        others = [size for size in sizes if size != C]
         if len(sizes) > 1:  # naming one of them sent the user to the other, and back
             raise ConfigError(
                 f"{out} holds Bridge files for the pack sizes {', '.join(map(str, sizes))}; Bridge reads both "
                 f"splits with one packed_sequence_size, so pack into another directory"
             )
-        if others:
+        if sizes and sizes[0] != C:
             raise ConfigError(
-                f"{out} holds Bridge files for pack size {others[0]}; Bridge reads both splits with one "
-                f"packed_sequence_size, so pack with --pack-size {others[0]} or into another directory"
+                f"{out} holds Bridge files for pack size {sizes[0]}; Bridge reads both splits with one "
+                f"packed_sequence_size, so pack with --pack-size {sizes[0]} or into another directory"
             )
         for split in splits_in(out):
             if split == self.split:
@@ -313,9 +312,9 @@ class BridgeOutput:
         mine = [n for n in (data_name(self.split, C), split_metadata_name(self.split),
                             split_manifest_name(self.split)) if n in names]
         if mine and not overwrite:
-            advice = overwrite_advice(out, replaceable_name, inputs)  # not --overwrite where it would be refused
+            refusal = overwrite_refusal(out, replaceable_name, inputs)  # not --overwrite where it would be refused
             raise ConfigError(f"{out} already holds the {self.split} split ({mine[0]}); "
-                              + ("pass --overwrite to replace that split" if advice.startswith("pass") else advice))
+                              f"{refusal or 'pass --overwrite to replace that split'}")
         if mine:
             self._find_old_entry(out, C, array)
 

@@ -432,9 +432,14 @@ def _literal_base(pattern: str) -> str:
     """The directory a glob's literal components name (``ds`` of ``ds/**/*.jsonl``), resolved:
     what the pattern reads lies at or below it, so a marker there that cannot be read is an
     error, one above it no marker."""
-    parts = pattern.split(os.sep)
-    literal = list(itertools.takewhile(lambda part: not glob.has_magic(part), parts[:-1]))
+    literal = _literal_parts(pattern.split(os.sep))
     return os.path.realpath(os.sep.join(literal) or (os.sep if pattern.startswith(os.sep) else os.curdir))
+
+
+def _literal_parts(parts: list[str]) -> list[str]:
+    """A glob's leading components without magic (its last one never counts: it names what is
+    matched)."""
+    return list(itertools.takewhile(lambda part: not glob.has_magic(part), parts[:-1]))
 
 
 def glob_reaches(pattern: str, path: str) -> bool:
@@ -442,7 +447,7 @@ def glob_reaches(pattern: str, path: str) -> bool:
     base), so that a run over the pattern reads what lies at ``path``: ``d/**`` and ``d/*``
     reach ``d/out``, ``d/*.jsonl`` does not. ``path`` need not exist yet."""
     parts = pattern.split(os.sep)
-    literal = len(list(itertools.takewhile(lambda part: not glob.has_magic(part), parts[:-1])))
+    literal = len(_literal_parts(parts))
     base, real = _literal_base(pattern), os.path.realpath(path)
     if not within(real, base) or real == base:
         return False

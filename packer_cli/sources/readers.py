@@ -134,10 +134,9 @@ def _as_json(value) -> str:
     if isinstance(value, float):  # as Python writes it (valid JSON when finite): orjson's own spelling of
         return shown(value)        # 1e19 changed between releases, and it writes 1e400 as null
     try:
-        text = orjson.dumps(value).decode()
+        return shown(value, text=orjson.dumps(value).decode())
     except (TypeError, orjson.JSONEncodeError):
         return shown(value)
-    return text if len(text) <= 60 else f"{text[:40]}… ({len(text):,} characters)"
 
 
 def _value_problem(value, scalar: bool, flags: bool = False) -> str | None:
