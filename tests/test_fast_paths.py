@@ -329,3 +329,55 @@ def test_the_memory_part_is_private_memory_in_small_pages():
             assert "nh" in entry["VmFlags"]
     finally:
         memory.release()
+
+
+def _bridge_rows(rng, rows: int, id_type, pad_fill: int) -> pa.Table:
+    """Random Bridge rows in packer's columns: sequences of runtime length p (n = p + 1 stored
+    slots), real length s (some outside 0..p, which the reader keeps and clips)."""
+    ids, mask, starts, lens = [], [], [], []
+    for _ in range(rows):
+        p = rng.integers(0, 9, rng.integers(1, 5))
+        s = np.where(rng.random(p.size) < 0.1, rng.integers(-2, 12, p.size), rng.integers(0, p + 1))
+        row_ids, row_mask = [], []
+        for pk, sk in zip(p, s):
+            real = int(np.clip(sk, 0, pk))
+            row_ids += rng.integers(1, 1 << 20, real).tolist() + [pad_fill] * (int(pk) - real + 1)
+            row_mask += rng.integers(0, 2, int(pk) + 1).tolist()
+        ids.append(row_ids)
+        mask.append(row_mask)
+        starts.append(np.concatenate([[0], np.cumsum(p + 1)[:-1]]).tolist())
+        lens.append(s.tolist())
+    k = [len(x) for x in starts]
+    return pa.table({"input_ids": pa.array(ids, pa.list_(id_type)), "loss_mask": pa.array(mask, pa.list_(pa.int8())),
+                     "seq_start_id": pa.array(starts, pa.list_(pa.int32())),
+                     "packer_seq_lens": pa.array(lens, pa.list_(pa.int32())),
+                     "packer_source_index": pa.array([list(range(n)) for n in k], pa.list_(pa.int64())),
+                     "packer_source_offset": pa.array([[0] * n for n in k], pa.list_(pa.int32()))})
+
+
+@pytest.mark.parametrize("id_type", [pa.int32(), pa.int64()])
+def test_bridge_runtime_kernel_matches_numpy_and_a_slow_reference(id_type):
+    """The audit's compiled Bridge conversion gives the columns NumPy's compress does, and both
+    are the stored ids without each sequence's last slot, pad_id on its padding."""
+    from packer_cli.shards.bridge_reader import native_columns
+
+    rng = np.random.default_rng(7)
+    for trial in range(40):
+        table = _bridge_rows(rng, int(rng.integers(1, 12)), id_type, pad_fill=2)
+        if trial % 5 == 0:
+            table = table.slice(1)  # offsets that do not start at 0
+        fast = native_columns(table, pad_id=99, compiled=True)
+        slow = native_columns(table, pad_id=99)
+        assert fast.keys() == slow.keys()
+        for name in fast:
+            for got, want in zip(fast[name], slow[name]):
+                assert got.dtype == want.dtype and np.array_equal(got, want), name
+        tokens, masks = [], []
+        for row in table.to_pylist():
+            bounds = row["seq_start_id"] + [len(row["input_ids"])]
+            for k, real in enumerate(row["packer_seq_lens"]):
+                a, b = bounds[k], bounds[k + 1]
+                real = min(max(real, 0), b - a - 1)
+                tokens += row["input_ids"][a:a + real] + [99] * (b - a - 1 - real)
+                masks += row["loss_mask"][a:b - 1]
+        assert fast["tokens"][0].tolist() == tokens and fast["loss_mask"][0].tolist() == masks

@@ -45,6 +45,26 @@ def test_pad_multiple(cp, tp, sp, eval_cp, expected):
     ) == expected
 
 
+CONFIG_NAMES = dict(cp="context_parallel_size", tp="tensor_model_parallel_size", eval_cp="eval_context_parallel_size")
+
+
+@pytest.mark.parametrize("kwargs, problem", [
+    (dict(cp=0), "cp must be an integer >= 1, got 0"),
+    (dict(cp=-2), "cp must be an integer >= 1, got -2"),
+    (dict(cp=2.0), "cp must be an integer >= 1, got 2.0"),
+    (dict(tp=0, sequence_parallel=True), "tp must be an integer >= 1, got 0"),
+    (dict(eval_cp=0), "eval_cp must be an integer >= 1 or None, got 0"),
+    (dict(cp=2, tp=4, sequence_parallel="false"), "sequence_parallel must be True or False, got 'false'"),
+])
+def test_bad_topology_values_are_refused(kwargs, problem):
+    """They gave multiples of 0 or 1, or SP's multiple for SP="false", without a word."""
+    with pytest.raises(TrainingConfigError, match=f"^{problem}$"):
+        pad_multiple(**kwargs)
+    name = problem.split()[0]
+    with pytest.raises(TrainingConfigError, match=f"^{CONFIG_NAMES.get(name, name)}{problem.removeprefix(name)}$"):
+        validate_training_config(**{CONFIG_NAMES.get(k, k): v for k, v in kwargs.items()})
+
+
 @pytest.mark.parametrize("seq_length, cp, ok", [(512, 2, True), (510, 2, False), (256, 3, False), (258, 1, True)])
 def test_context_parallel_seq_length_divisibility(seq_length, cp, ok):
     if ok:

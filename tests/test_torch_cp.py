@@ -74,6 +74,11 @@ def test_int64_input_and_device_of_output():
         ([0, 8], 8, 0, 0, "cp_rank"),
         ([0, 6], 6, 2, 0, "divisible"),
         ([8], 8, 2, 0, "at least 2"),
+        ([0, 2, 8], 8, 2, 0, r"cu_seqlens_padded\[1\] = 2 is not divisible by 2\*cp_size=4: .*--cp 2"),
+        ([0, 4, 8], 12, 2, 0, "ends at 8, but total_tokens is 12"),
+        ([0, 8], 8, 2.0, 0, "cp_size must be an integer"),
+        ([0, 8], 8, 2, True, "cp_rank one of"),
+        ([0, 8], 8.0, 2, 0, "total_tokens must be an integer"),
     ],
 )
 def test_bad_arguments(cu, total, cp, rank, match):
@@ -95,3 +100,10 @@ def test_cuda_same_result_no_sync():
         torch.cuda.set_sync_debug_mode("default")
     for a, b in zip(cpu, dev):
         assert b.is_cuda and torch.equal(a, b.cpu())
+
+
+def test_without_context_parallelism_the_rank_holds_the_whole_row():
+    """cp_size 1 is no split at all: odd segments included (they failed as a bare torch error)."""
+    for cu, total in (([0, 3, 6], 6), ([0, 2, 7], 7), ([0, 0], 0)):
+        idx = cp_partition_indices(torch.tensor(cu, dtype=torch.int32), total, 1, 0)
+        assert idx.dtype == torch.int32 and idx.tolist() == list(range(total))

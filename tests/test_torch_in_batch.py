@@ -150,6 +150,10 @@ def test_inputs_of_other_types_are_refused():
     import numpy as np
 
     assert pack_batch_sequences(tokens, None, None, None, positions, pad_token_id=np.int64(0))[0].shape == (1, 5)
+    # the padding is filled with the pad id: one the tokens cannot hold failed inside torch
+    for dtype, pad in ((torch.int32, 2**31), (torch.int16, 40000), (torch.uint8, -1)):
+        with pytest.raises(ValueError, match=f"pad_token_id {pad} does not fit the tokens' dtype {dtype}"):
+            pack_batch_sequences(tokens.to(dtype), None, None, None, positions, pad_token_id=pad)
 
 
 def test_padding_mask_values_count_tokens_and_empty_widths_are_empty():

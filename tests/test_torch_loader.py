@@ -382,7 +382,7 @@ def test_a_pass_that_took_the_whole_epoch_without_ending_continues_with_the_next
                                     dict(cp_size=2.0, cp_rank=0)])
 def test_seed_and_cp_arguments_are_checked_when_the_loader_is_built(kwargs):
     """They failed at the first batch, inside a worker, or not at all (True, '5')."""
-    with pytest.raises(ValueError, match="seed must be an integer >= 0|need integers 0 <= cp_rank < cp_size"):
+    with pytest.raises(ValueError, match="seed must be an integer >= 0|cp_size must be an integer >= 1 and cp_rank one of 0..cp_size-1"):
         THDLoader(_dataset(num_packs=10), device="cpu", num_workers=0, **kwargs)
 
 

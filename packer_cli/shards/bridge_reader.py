@@ -348,7 +348,8 @@ def stored_columns(tokens: bool = True) -> list[str]:
 
 
 def native_columns(table: pa.Table, pad_id: int, *, check_padding: bool = False,
-                   eos: int | None = None, tokens: bool = True) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+                   eos: int | None = None, tokens: bool = True,
+                   compiled: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """The native columns (``values``, int64 ``offsets``) of all packs in ``table``, vectorized.
 
     ``table`` holds Bridge rows with packer's columns (one decoded row group, say), of the types
@@ -362,6 +363,11 @@ def native_columns(table: pa.Table, pad_id: int, *, check_padding: bool = False,
     rows' lengths come from ``loss_mask``), for readers that never look at them (``inspect``);
     the result has no ``tokens`` or ``last_token`` and the padding is not checked. Decoding the
     ids is most of the work of reading a Bridge file.
+
+    ``compiled=True`` builds the token and loss-mask streams with a numba kernel that releases
+    the GIL (:mod:`packer_cli.shards._bridge_kernels`): the audit's readers, which decode the
+    next row groups on other threads and have numba loaded already. Without it (the torch
+    dataset, whose workers never import numba) NumPy does the same copy.
     """
     cols = {name: _list_column(table, name) for name in stored_columns(tokens)}
     _check_lengths(cols)
@@ -386,25 +392,33 @@ def native_columns(table: pa.Table, pad_id: int, *, check_padding: bool = False,
     if check_padding and tokens:
         _check_stored_padding(ids, cols["loss_mask"][0], a, b, s, within & (real >= 1), eos, seq_off, row_of_seq)
     P = np.concatenate([[0], np.cumsum(p)])
-    # The runtime stream is the stored one without each sequence's last slot (its last label):
-    # a boolean compress, not a gather (no per-token index arrays).
-    keep = np.ones(int(row_off[-1]), dtype=bool)
-    keep[b - 1] = False
     cu_off = first + np.arange(n_rows + 1)[:-1]
     cu_len = counts + 1
     cu_idx = np.arange(int(cu_len.sum())) - np.repeat(cu_off, cu_len) + np.repeat(first, cu_len)
     cu = (P[cu_idx] - np.repeat(P[first], cu_len)).astype(np.int32)
     per_seq = lambda name, dtype: (cols[name][0].astype(dtype), seq_off)  # noqa: E731
     token_offsets = P[seq_off]
+    stored_mask = cols["loss_mask"][0]
+    if tokens and compiled:
+        from packer_cli.shards._bridge_kernels import runtime_streams
+
+        runtime_ids, runtime_mask = runtime_streams(ids, stored_mask, a, p, s, pad_id)
+    else:
+        # The runtime stream is the stored one without each sequence's last slot (its last
+        # label): a boolean compress, not a gather (no per-token index arrays).
+        keep = np.ones(int(row_off[-1]), dtype=bool)
+        keep[b - 1] = False
+        runtime_mask = stored_mask[keep].view(np.uint8)
+        runtime_ids = _runtime_tokens(ids, keep, P, p, s, pad_id) if tokens else None
     columns = {
-        "loss_mask": (cols["loss_mask"][0][keep].view(np.uint8), token_offsets),
+        "loss_mask": (runtime_mask, token_offsets),
         "cu_seqlens": (cu, seq_off + np.arange(n_rows + 1)),
         "seq_lens": (real.astype(np.int32), seq_off),
         "source_index": per_seq("packer_source_index", np.int64),
         "source_offset": per_seq("packer_source_offset", np.int32),
     }
     if tokens:
-        columns["tokens"] = (_runtime_tokens(ids, keep, P, p, s, pad_id), token_offsets)
+        columns["tokens"] = (runtime_ids, token_offsets)
         columns["last_token"] = (ids[a + s].astype(np.int32), seq_off)
     return columns
 

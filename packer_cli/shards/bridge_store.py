@@ -216,7 +216,7 @@ class BridgeStore:
 
     def _converter(self, name: str, pf, check_padding: bool):
         return partial(native_columns, pad_id=self._pad_id(name), check_padding=check_padding,
-                       eos=file_eos(pf.schema_arrow))
+                       eos=file_eos(pf.schema_arrow), compiled=True)
 
     def read_shard(self, name: str, columns=None) -> Iterator:
         """Runs of row groups of the split's Parquet file as native :class:`PackBatch` runs.

@@ -40,9 +40,8 @@ from typing import Any, Callable
 
 import torch
 
-from packer_cli.torch._ints import integer
 from packer_cli.torch._wire import from_wire, to_wire
-from packer_cli.torch.cp import cp_partition_indices
+from packer_cli.torch.cp import cp_partition_indices, cp_rank_arguments
 from packer_cli.torch.params import make_packed_seq_params
 
 #: Bridge's error for a CP slice of more than one physical row (gpt_step.py).
@@ -216,24 +215,14 @@ class THDBatch:
         Runs on the batch's device without a sync. On CPU tensors it also checks that every
         physical boundary is divisible by ``2 * cp_size`` (a device check would sync).
         """
-        size, rank = integer(cp_size), integer(cp_rank)
-        if size is None or rank is None or size < 1 or not 0 <= rank < size:
-            raise ValueError(f"cp_size must be an integer >= 1 and cp_rank one of 0..cp_size-1, got cp_size="
-                             f"{cp_size!r}, cp_rank={cp_rank!r}")
-        cp_size, cp_rank = size, rank
+        cp_size, cp_rank = cp_rank_arguments(cp_size, cp_rank)
         if cp_size == 1:
             return self
         if self.num_packs > 1:
             raise ValueError(CP_MBS_ERROR)
         if self.cp_size != 1:
             raise ValueError(f"batch is already sliced for CP rank {self.cp_rank} of {self.cp_size}")
-        if self.cu_seqlens_padded.device.type == "cpu":
-            bad = torch.remainder(self.cu_seqlens_padded, 2 * cp_size).any()
-            if bool(bad):
-                raise ValueError(
-                    f"cu_seqlens_padded {self.cu_seqlens_padded.tolist()} has entries not divisible by "
-                    f"2*cp_size={2 * cp_size}: pack the data with cp={cp_size} (pad_seq_to_mult)"
-                )
+        # on CPU tensors this checks the boundaries' divisibility (a device check would sync)
         idx = cp_partition_indices(self.cu_seqlens_padded, self.num_tokens, cp_size, cp_rank)
         changes = {name: getattr(self, name).index_select(1, idx) for name in CP_SLICED_FIELDS}
         return dataclasses.replace(self, cp_size=cp_size, cp_rank=cp_rank, **changes)

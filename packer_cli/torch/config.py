@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 
+from packer_cli.torch._ints import flag, integer
+
 MUTUALLY_EXCLUSIVE = "enable_offline_packing and enable_in_batch_packing are mutually exclusive."
 PAD_CU_NEEDS_MAX_LENGTH = "offline_packing_specs.pad_cu_seqlens=True requires dataset pad_to_max_length=True."
 GRAPHS_NEED_MAX_LENGTH = "Offline packing with CUDA graphs requires dataset pad_to_max_length=True."
@@ -51,8 +53,32 @@ class TrainingConfigError(ValueError):
     """A training configuration that packed THD data cannot run with."""
 
 
+def _parallel_size(value, name: str, none: bool = False) -> int | None:
+    """A parallel size as an int >= 1 (None passes where ``none``); TrainingConfigError otherwise.
+    A 0 or a float gave a padding multiple of 0 or 1 without a word, and a string SP flag a
+    multiple for SP on."""
+    if none and value is None:
+        return None
+    size = integer(value)
+    if size is None or size < 1:
+        raise TrainingConfigError(f"{name} must be an integer >= 1{' or None' if none else ''}, got {value!r}")
+    return size
+
+
+def _sp_flag(value) -> bool:
+    try:
+        return flag(value, "sequence_parallel")
+    except ValueError as exc:
+        raise TrainingConfigError(str(exc)) from None
+
+
 def pad_multiple(cp: int = 1, tp: int = 1, sequence_parallel: bool = False, eval_cp: int | None = None) -> int:
-    """Per-sequence padding multiple ``lcm(2*CP, CP*TP with SP)`` over train and eval CP."""
+    """Per-sequence padding multiple ``lcm(2*CP, CP*TP with SP)`` over train and eval CP.
+
+    ``cp``, ``tp`` and ``eval_cp`` (None: the training CP) are integers >= 1 and
+    ``sequence_parallel`` a bool; anything else is a :class:`TrainingConfigError`."""
+    cp, tp, eval_cp = _parallel_size(cp, "cp"), _parallel_size(tp, "tp"), _parallel_size(eval_cp, "eval_cp", True)
+    sequence_parallel = _sp_flag(sequence_parallel)
     cps = {cp} | ({eval_cp} if eval_cp else set())
     parts = [2 * c if c > 1 else 1 for c in cps]
     parts += [c * tp if sequence_parallel and tp > 1 else 1 for c in cps]
@@ -126,7 +152,10 @@ def validate_training_config(
     Returns:
         The required per-sequence padding multiple.
     """
-    cp = context_parallel_size
+    cp = _parallel_size(context_parallel_size, "context_parallel_size")
+    tp = _parallel_size(tensor_model_parallel_size, "tensor_model_parallel_size")
+    eval_cp = _parallel_size(eval_context_parallel_size, "eval_context_parallel_size", True)
+    sequence_parallel = _sp_flag(sequence_parallel)
     if offline_packing and in_batch_packing:
         raise TrainingConfigError(MUTUALLY_EXCLUSIVE)
     if offline_packing and pad_cu_seqlens and pad_to_max_length is False:
@@ -137,7 +166,7 @@ def validate_training_config(
         if cuda_graph_captures_attention and not pad_cu_seqlens:
             raise TrainingConfigError(GRAPHS_NEED_PAD_CU)
 
-    multiple = pad_multiple(cp, tensor_model_parallel_size, sequence_parallel, eval_context_parallel_size)
+    multiple = pad_multiple(cp, tp, sequence_parallel, eval_cp)
     if in_batch_packing and seq_length is not None and seq_length % multiple:
         raise TrainingConfigError(
             f"seq_length must be divisible by the CP/SP collate padding multiple ({multiple})."
@@ -156,7 +185,7 @@ def validate_training_config(
     if offline_packing and data_pad_multiple is not None and data_pad_multiple % multiple:
         raise TrainingConfigError(
             f"the packed data pads sequences to multiples of {data_pad_multiple}, but CP={cp}, "
-            f"TP={tensor_model_parallel_size}, SP={sequence_parallel} needs multiples of {multiple}: "
+            f"TP={tp}, SP={sequence_parallel} needs multiples of {multiple}: "
             "repack with this topology (the alignment changes pack membership)"
         )
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from packer_cli.torch._ints import integer
+
 
 def cp_partition_indices(
     cu_seqlens_padded: torch.Tensor, total_tokens: int, cp_size: int, cp_rank: int
@@ -44,18 +46,30 @@ def cp_partition_indices(
         ``int32`` tensor of shape ``[total_tokens // cp_size]`` on the device of
         ``cu_seqlens_padded``: use it with ``index_select(1, idx)`` on ``[1, T]`` tensors.
 
+    With ``cp_size == 1`` (no context parallelism) the rank holds the whole row:
+    ``arange(total_tokens)``, whatever the segments' lengths.
+
     Raises:
-        ValueError: on bad sizes or ranks (checked with host ints only; the per-entry
-            divisibility is the caller's contract, as in TE, because checking it on a
-            device tensor would force a sync).
+        ValueError: on bad sizes or ranks. On a CPU ``cu_seqlens_padded`` also on an entry
+            that is not divisible by ``2 * cp_size`` or a last entry that is not
+            ``total_tokens``; on a device tensor those are the caller's contract, as in TE,
+            because checking them would force a sync.
     """
-    if cp_size < 1 or not 0 <= cp_rank < cp_size:
-        raise ValueError(f"need 0 <= cp_rank < cp_size, got cp_rank={cp_rank}, cp_size={cp_size}")
-    if cu_seqlens_padded.dim() != 1 or cu_seqlens_padded.numel() < 2:
-        raise ValueError("cu_seqlens_padded must be 1-D with at least 2 entries")
+    cp_size, cp_rank = cp_rank_arguments(cp_size, cp_rank)
+    total = integer(total_tokens)
+    if total is None or total < 0:
+        raise ValueError(f"total_tokens must be an integer >= 0, got {total_tokens!r}")
+    total_tokens = total
+    if not isinstance(cu_seqlens_padded, torch.Tensor) or cu_seqlens_padded.dim() != 1 \
+            or cu_seqlens_padded.numel() < 2:
+        raise ValueError("cu_seqlens_padded must be a 1-D tensor with at least 2 entries")
+    if cp_size == 1:
+        return torch.arange(total_tokens, dtype=torch.int32, device=cu_seqlens_padded.device)
     two_cp = 2 * cp_size
     if total_tokens % two_cp:
         raise ValueError(f"total_tokens={total_tokens} is not divisible by 2*cp_size={two_cp}")
+    if cu_seqlens_padded.device.type == "cpu":
+        _check_boundaries(cu_seqlens_padded, total_tokens, two_cp)
 
     cu = cu_seqlens_padded.to(torch.int64)
     chunk = (cu[1:] - cu[:-1]) // two_cp  # c_i: chunk size of segment i
@@ -69,6 +83,27 @@ def cp_partition_indices(
     # output_size is a host int, so repeat_interleave needs no device sync to size its output
     shift = torch.repeat_interleave(run_start - run_offset, run_len, output_size=local)
     return (shift + torch.arange(local, device=cu.device)).to(torch.int32)
+
+
+def cp_rank_arguments(cp_size, cp_rank) -> tuple[int, int]:
+    """``(cp_size, cp_rank)`` as ints; ValueError unless ``cp_size >= 1`` and ``0 <= cp_rank < cp_size``."""
+    size, rank = integer(cp_size), integer(cp_rank)
+    if size is None or rank is None or size < 1 or not 0 <= rank < size:
+        raise ValueError(f"cp_size must be an integer >= 1 and cp_rank one of 0..cp_size-1, got cp_size="
+                         f"{cp_size!r}, cp_rank={cp_rank!r}")
+    return size, rank
+
+
+def _check_boundaries(cu: torch.Tensor, total_tokens: int, two_cp: int) -> None:
+    """Host-side check of a CPU ``cu_seqlens_padded`` (a device one would sync)."""
+    bad = torch.nonzero(torch.remainder(cu, two_cp)).flatten()
+    if bad.numel():
+        i = int(bad[0])
+        raise ValueError(f"cu_seqlens_padded[{i}] = {int(cu[i])} is not divisible by 2*cp_size={two_cp}: every "
+                         f"sequence must be padded to a multiple of {two_cp} (pack the data with --cp "
+                         f"{two_cp // 2}; in-batch, pad_to_multiple_of=pad_multiple(cp={two_cp // 2}))")
+    if int(cu[-1]) != total_tokens:
+        raise ValueError(f"cu_seqlens_padded ends at {int(cu[-1])}, but total_tokens is {total_tokens}")
 
 
 def cp_partition_reference(cu_seqlens_padded: list[int], cp_size: int, cp_rank: int) -> list[int]:

@@ -4,7 +4,7 @@ This is the VLM path, where samples are not packed offline: the collator gives a
 ``[B, S]`` batch and it is packed on the fly. Semantics follow Megatron-Bridge's
 ``pack_batch_sequences``:
 
-* Row length: ``padding_mask[i].sum()`` when a mask is given (a mask that is not right
+* Row length: the number of non-zero entries of ``padding_mask[i]`` when a mask is given (a mask that is not right
   padding, a real token after a padded one, is a ValueError), else the index of the last
   token ``!= pad_token_id`` plus one. Empty rows are dropped.
 * Each length is rounded up to ``pad_to_multiple_of`` (``lcm(2*CP, CP*TP with SP)``), and
@@ -94,7 +94,7 @@ def pack_batch_sequences(
         pad_token_id: padding token id, used to find lengths without a mask.
         pad_to_multiple_of: each row's length is rounded up to this multiple.
         padding_mask: optional ``[B, S]`` mask, True/1 on real tokens (the collator's
-            attention mask); its row sums are the lengths.
+            attention mask); the count of its non-zero entries in a row is that row's length.
 
     Returns:
         ``(tokens, labels, loss_mask, None, position_ids, cu_seqlens, max_seqlen)`` with
@@ -117,6 +117,11 @@ def pack_batch_sequences(
             raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
     if tokens.dim() != 2:
         raise ValueError(f"tokens must be a [B, S] tensor, got shape {list(tokens.shape)}")
+    if not tokens.dtype.is_floating_point and not tokens.dtype.is_complex and tokens.dtype != torch.bool:
+        info = torch.iinfo(tokens.dtype)
+        if not info.min <= pad_token_id <= info.max:  # the padding is filled with it
+            raise ValueError(f"pad_token_id {pad_token_id} does not fit the tokens' dtype {tokens.dtype} "
+                             f"({info.min}..{info.max})")
     for name, t in (("labels", labels), ("loss_mask", loss_mask), ("position_ids", position_ids),
                     ("padding_mask", padding_mask)):
         if t is not None and not isinstance(t, torch.Tensor):

@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader, Dataset
 from packer_cli.torch._ints import flag, integer
 from packer_cli.torch.batch import CP_MBS_ERROR, THDBatch
 from packer_cli.torch.config import validate_training_config
+from packer_cli.torch.cp import cp_rank_arguments
 from packer_cli.torch.dataset import PackedDataset
 from packer_cli.torch.prefetch import cuda_prefetch
 from packer_cli.torch.sampler import MicroBatchSampler
@@ -116,10 +117,8 @@ class THDLoader:
         if not isinstance(dataset, PackedDataset):  # a path or a Subset failed as a bare AttributeError
             raise TypeError(f"THDLoader needs a PackedDataset, got {type(dataset).__name__}: "
                             f"THDLoader(PackedDataset(path), ...)")
-        cp = [integer(v) for v in (cp_size, cp_rank)]  # a float or a bool failed in a worker's first batch
-        if None in cp or not 0 <= cp[1] < cp[0]:
-            raise ValueError(f"need integers 0 <= cp_rank < cp_size, got {cp_rank!r}, {cp_size!r}")
-        cp_size, cp_rank = cp
+        # a float or a bool failed in a worker's first batch
+        cp_size, cp_rank = cp_rank_arguments(cp_size, cp_rank)
         tp = integer(tp_size)
         if tp is None or tp < 1:
             raise ValueError(f"tp_size must be an integer >= 1, got {tp_size!r}")
