@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from packer_cli.torch import cp_partition_indices  # noqa: E402
+from packer_cli.torch import check_cp_boundaries, cp_partition_indices  # noqa: E402
 from packer_cli.torch.cp import cp_partition_reference  # noqa: E402
 
 
@@ -74,8 +74,8 @@ def test_int64_input_and_device_of_output():
         ([0, 8], 8, 0, 0, "cp_rank"),
         ([0, 6], 6, 2, 0, "divisible"),
         ([8], 8, 2, 0, "at least 2"),
-        ([0, 2, 8], 8, 2, 0, r"cu_seqlens_padded\[1\] = 2 is not divisible by 2\*cp_size=4: .*--cp 2"),
-        ([0, 4, 8], 12, 2, 0, "ends at 8, but total_tokens is 12"),
+        ([0, 2, 8], 8, 2, 0, "segments do not split into 4 equal chunks"),
+        ([0, 4, 8], 12, 2, 0, "segments do not split into 4 equal chunks"),
         ([0, 8], 8, 2.0, 0, "cp_size must be an integer"),
         ([0, 8], 8, 2, True, "cp_rank one of"),
         ([0, 8], 8.0, 2, 0, "total_tokens must be an integer"),
@@ -107,3 +107,14 @@ def test_without_context_parallelism_the_rank_holds_the_whole_row():
     for cu, total in (([0, 3, 6], 6), ([0, 2, 7], 7), ([0, 0], 0)):
         idx = cp_partition_indices(torch.tensor(cu, dtype=torch.int32), total, 1, 0)
         assert idx.dtype == torch.int32 and idx.tolist() == list(range(total))
+
+
+@pytest.mark.parametrize("cu, total, match", [
+    ([0, 2, 8], 8, r"^cu_seqlens_padded\[1\] = 2 is not divisible by 2\*cp_size=4: .*--cp 2; in-batch, "
+                   r"pad_to_multiple_of=pad_multiple\(cp=2\)\)$"),
+    ([0, 4, 8], 12, "^cu_seqlens_padded ends at 8, but total_tokens is 12$"),
+])
+def test_check_cp_boundaries_names_the_entry(cu, total, match):
+    check_cp_boundaries(torch.tensor([0, 4, 12]), 12, 2)
+    with pytest.raises(ValueError, match=match):
+        check_cp_boundaries(torch.tensor(cu), total, 2)

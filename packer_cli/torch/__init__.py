@@ -37,7 +37,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from packer_cli.torch.batch import THDBatch
 from packer_cli.torch.build import StaticShapeError
 from packer_cli.torch.config import TrainingConfigError, pad_multiple, validate_training_config
-from packer_cli.torch.cp import cp_partition_indices
+from packer_cli.torch.cp import check_cp_boundaries, cp_partition_indices
 from packer_cli.torch.dataset import PackedDataset
 from packer_cli.torch.flops import PackFlops, attention_flops, pack_flops, training_flops
 from packer_cli.torch.in_batch import pack_batch_sequences
@@ -53,6 +53,7 @@ __all__ = [
     "THDLoader",
     "TrainingConfigError",
     "attention_flops",
+    "check_cp_boundaries",
     "cp_partition_indices",
     "pack_batch_sequences",
     "pack_flops",

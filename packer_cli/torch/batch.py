@@ -41,7 +41,7 @@ from typing import Any, Callable
 import torch
 
 from packer_cli.torch._wire import from_wire, to_wire
-from packer_cli.torch.cp import cp_partition_indices, cp_rank_arguments
+from packer_cli.torch.cp import check_cp_boundaries, cp_partition_indices, cp_rank_arguments
 from packer_cli.torch.params import make_packed_seq_params
 
 #: Bridge's error for a CP slice of more than one physical row (gpt_step.py).
@@ -222,7 +222,8 @@ class THDBatch:
             raise ValueError(CP_MBS_ERROR)
         if self.cp_size != 1:
             raise ValueError(f"batch is already sliced for CP rank {self.cp_rank} of {self.cp_size}")
-        # on CPU tensors this checks the boundaries' divisibility (a device check would sync)
+        if self.cu_seqlens_padded.device.type == "cpu":  # a device check would sync
+            check_cp_boundaries(self.cu_seqlens_padded, self.num_tokens, cp_size)
         idx = cp_partition_indices(self.cu_seqlens_padded, self.num_tokens, cp_size, cp_rank)
         changes = {name: getattr(self, name).index_select(1, idx) for name in CP_SLICED_FIELDS}
         return dataclasses.replace(self, cp_size=cp_size, cp_rank=cp_rank, **changes)

@@ -50,10 +50,11 @@ def cp_partition_indices(
     ``arange(total_tokens)``, whatever the segments' lengths.
 
     Raises:
-        ValueError: on bad sizes or ranks. On a CPU ``cu_seqlens_padded`` also on an entry
-            that is not divisible by ``2 * cp_size`` or a last entry that is not
-            ``total_tokens``; on a device tensor those are the caller's contract, as in TE,
-            because checking them would force a sync.
+        ValueError: on bad sizes or ranks (checked with host ints only), and on CPU where
+            the segments' chunks do not add up to ``total_tokens / cp_size`` (torch finds
+            it while sizing the output). The per-entry divisibility is the caller's
+            contract, as in TE, because checking it would read the tensor back (a device
+            sync); :func:`check_cp_boundaries` checks it, for a caller that may read.
     """
     cp_size, cp_rank = cp_rank_arguments(cp_size, cp_rank)
     total = integer(total_tokens)
@@ -68,8 +69,6 @@ def cp_partition_indices(
     two_cp = 2 * cp_size
     if total_tokens % two_cp:
         raise ValueError(f"total_tokens={total_tokens} is not divisible by 2*cp_size={two_cp}")
-    if cu_seqlens_padded.device.type == "cpu":
-        _check_boundaries(cu_seqlens_padded, total_tokens, two_cp)
 
     cu = cu_seqlens_padded.to(torch.int64)
     chunk = (cu[1:] - cu[:-1]) // two_cp  # c_i: chunk size of segment i
@@ -81,7 +80,12 @@ def cp_partition_indices(
     run_offset = torch.cumsum(run_len, 0) - run_len  # where each run lands in the output
     local = total_tokens // cp_size
     # output_size is a host int, so repeat_interleave needs no device sync to size its output
-    shift = torch.repeat_interleave(run_start - run_offset, run_len, output_size=local)
+    try:
+        shift = torch.repeat_interleave(run_start - run_offset, run_len, output_size=local)
+    except RuntimeError as exc:  # the runs do not fill the output: a segment is not a multiple of 2*CP
+        raise ValueError(f"cu_seqlens_padded's segments do not split into {two_cp} equal chunks each covering "
+                         f"total_tokens={total_tokens} ({exc}): every boundary must be divisible by "
+                         f"2*cp_size={two_cp} and the last one be total_tokens") from None
     return (shift + torch.arange(local, device=cu.device)).to(torch.int32)
 
 
@@ -94,14 +98,16 @@ def cp_rank_arguments(cp_size, cp_rank) -> tuple[int, int]:
     return size, rank
 
 
-def _check_boundaries(cu: torch.Tensor, total_tokens: int, two_cp: int) -> None:
-    """Host-side check of a CPU ``cu_seqlens_padded`` (a device one would sync)."""
+def check_cp_boundaries(cu: torch.Tensor, total_tokens: int, cp_size: int) -> None:
+    """ValueError naming the first boundary of ``cu`` not divisible by ``2 * cp_size``, or a
+    last one that is not ``total_tokens``. It reads ``cu`` back: a sync on a device tensor."""
+    two_cp = 2 * cp_size
     bad = torch.nonzero(torch.remainder(cu, two_cp)).flatten()
     if bad.numel():
         i = int(bad[0])
         raise ValueError(f"cu_seqlens_padded[{i}] = {int(cu[i])} is not divisible by 2*cp_size={two_cp}: every "
                          f"sequence must be padded to a multiple of {two_cp} (pack the data with --cp "
-                         f"{two_cp // 2}; in-batch, pad_to_multiple_of=pad_multiple(cp={two_cp // 2}))")
+                         f"{cp_size}; in-batch, pad_to_multiple_of=pad_multiple(cp={cp_size}))")
     if int(cu[-1]) != total_tokens:
         raise ValueError(f"cu_seqlens_padded ends at {int(cu[-1])}, but total_tokens is {total_tokens}")
 
