@@ -118,7 +118,10 @@ class Worker:
             self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"worker {self.proc.args[1:3]} died")
+            args = self.proc.args
+            role = args[args.index("--serve") + 1] if "--serve" in args[:-1] else " ".join(args[1:2])
+            raise RuntimeError(f"the {role} worker ({args[1]} --serve {role}) exited with {self.proc.wait()}; "
+                               "its error is printed above")
         return json.loads(line)
 
     def close(self) -> None:
@@ -144,6 +147,21 @@ def versions() -> dict:
         except metadata.PackageNotFoundError:
             out[name] = None
     return out
+
+
+def code_state() -> dict:
+    """The commit the benchmarked code is at, and whether packer's files differ from it (None
+    outside a git checkout)."""
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, timeout=30,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--", "../packer_cli", "../pyproject.toml") if commit else None
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
 def machine() -> dict:

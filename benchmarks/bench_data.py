@@ -140,10 +140,13 @@ def table_stats(path: str) -> dict:
 
 
 def main() -> None:
+    global DATA  # --data replaces the default every function here uses
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=DATA, help="where the datasets are written (default: benchmarks/_data)")
     ap.add_argument("--samples", type=int, default=200_000)
     ap.add_argument("--jsonl-samples", type=int, default=50_000)
     args = ap.parse_args()
+    DATA = os.path.abspath(args.data)
     emit({"what": "parquet", **table_stats(sft_parquet(args.samples))})
     path = sft_jsonl(args.jsonl_samples)
     emit({"what": "jsonl", "path": os.path.relpath(path, REPO), "samples": args.jsonl_samples,

@@ -53,6 +53,15 @@ from _util import HERE, PACKER, PYTHON, Worker, dir_bytes, emit, median, run_mea
 OUT = os.path.join(HERE, "_out")
 
 
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # the parent package is missing
+        return False
+
+
 def _count_tokens(path: str) -> tuple[int, int]:
     """(samples, tokens) of the input (tokens = Σ len(input_ids))."""
     if path.endswith(".parquet"):
@@ -205,10 +214,11 @@ def bridge_group_read_ms(path: str, reads: int = 300) -> float:
 FLOOR_SAMPLES = 256
 
 
-def floor_input(path: str) -> str:
-    """The first ``FLOOR_SAMPLES`` samples of ``path``, in the same format (written once)."""
+def floor_input(path: str, directory: str) -> str:
+    """The first ``FLOOR_SAMPLES`` samples of ``path``, in the same format, written once in
+    ``directory`` (beside ``--out``: on the disk being measured)."""
     ext = ".parquet" if path.endswith(".parquet") else ".jsonl"
-    small = os.path.join(OUT, f"floor_input{ext}")
+    small = os.path.join(directory, f"floor_input{ext}")
     if ext == ".parquet":
         import pyarrow.parquet as pq
 
@@ -241,7 +251,7 @@ def run_trl_process(args) -> dict:
 
 def run_disk(args) -> dict:
     """Sequential write bandwidth: ``np.tofile`` of 64 MiB blocks, then ``fsync``, timed together."""
-    path = os.path.join(OUT, "disk_probe.bin")
+    path = os.path.join(os.path.dirname(args.out), "disk_probe.bin")  # the disk packer writes to
     block = np.random.default_rng(0).integers(0, 255, 64 << 20, dtype=np.uint8)
     n_blocks = max(1, int(args.disk_gb * (1 << 30)) // block.size)
     t0 = time.perf_counter()
@@ -261,7 +271,7 @@ def run_disk_direct(args) -> dict:
     cache is involved, so this is the disk, not the cost of the kernel's page allocation."""
     import mmap
 
-    path = os.path.join(OUT, "disk_direct_probe.bin")
+    path = os.path.join(os.path.dirname(args.out), "disk_direct_probe.bin")  # the disk packer writes to
     block = mmap.mmap(-1, 16 << 20)
     np.frombuffer(block, dtype=np.uint8)[:] = np.random.default_rng(2).integers(0, 255, 16 << 20, dtype=np.uint8)
     n_blocks = max(1, int(args.disk_gb * (1 << 30)) // len(block))
@@ -313,10 +323,15 @@ def main() -> None:
     if args.serve:
         {"packer": serve_packer, "trl": serve_trl, "trl_once": trl_once, "read_json": serve_read_json}[args.serve](args)
         return
-    os.makedirs(OUT, exist_ok=True)
     # the helper processes run in benchmarks/: a path given relative to here must still name the file
     args.input, args.out = os.path.abspath(args.input), os.path.abspath(args.out)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
     tools = args.tools.split(",")
+    missing = {tool: peer for tool, peer in (("trl", "trl"), ("trl_whole", "trl"), ("trl_process", "trl"),
+                                             ("read_json", "pyarrow.json")) if tool in tools and not _importable(peer)}
+    for tool, peer in missing.items():  # a peer is an optional benchmark dependency: skip it, keep packer's rows
+        emit({"what": "skipped", "tool": tool, "reason": f"{peer} is not importable (pip install {peer.split('.')[0]})"})
+    tools = [tool for tool in tools if tool not in missing]
     samples, tokens = _count_tokens(args.input)
     base = ["bench_e2e.py", "--input", args.input, "--pack-size", str(args.pack_size)]
     workers: dict[str, Worker] = {}
@@ -330,7 +345,7 @@ def main() -> None:
         if "cli" in tools:
             run_cli(args)  # warm-up (page cache, numba cache files)
         if "cli_floor" in tools:
-            args.floor_input = floor_input(args.input)
+            args.floor_input = floor_input(args.input, os.path.dirname(args.out))
         rows: dict[str, list[dict]] = {t: [] for t in tools}
         for r in range(args.runs):
             for tool in tools:

@@ -110,7 +110,9 @@ def mean_pack_flops(ds, model: dict, sample: int = 2000) -> float:
 
 
 def main() -> None:
+    global OUT  # --out replaces the default every function here uses
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=OUT, help="the output directory (default: benchmarks/_out/loader)")
     ap.add_argument("--input", required=True)
     ap.add_argument("--pack-size", type=int, default=4096)
     ap.add_argument("--micro-batch", type=int, default=1, help="packs per micro-batch (THD + CP needs 1)")
@@ -121,6 +123,7 @@ def main() -> None:
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="a GPU's dense BF16 peak (H100/H200 SXM)")
     ap.add_argument("--mfu", type=float, default=0.6, help="share of the peak training reaches (assumed)")
     args = ap.parse_args()
+    OUT = os.path.abspath(args.out)
     try:
         import torch.multiprocessing as mp
 

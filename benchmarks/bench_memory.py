@@ -3,7 +3,9 @@
 The k× run passes the same file k times (one stream of k·N samples and k·T tokens), so the
 two runs differ only in size. Peak RSS is the child's ``VmHWM`` (the kernel's high-water mark,
 memory-mapped pages included). The target is ``peak ≤ 1.5 GB + 16 B × samples``; the growth
-between the runs, divided by the extra samples, is the measured per-sample cost.
+between the runs, divided by the extra samples, is the measured per-sample cost. The spill's
+memory part (below) grows with the input only up to its cap, a fixed amount, so the per-sample
+target is judged on the growth beyond the growth of that part (both are reported).
 
 A single peak moves by ±30 MB between identical runs on this machine (allocator timing, the
 page cache, other jobs), which is as much as the whole per-sample term of 1.8 M extra samples
@@ -91,7 +93,9 @@ def _median_verify(rows: list[dict]) -> dict:
 
 
 def main() -> None:
+    global OUT  # --out replaces the default every function here uses
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=OUT, help="the output directory (default: benchmarks/_out/memory)")
     ap.add_argument("--input", required=True)
     ap.add_argument("--times", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
@@ -99,6 +103,8 @@ def main() -> None:
     ap.add_argument("--format", default="native", help="native or megatron-bridge (the output written)")
     ap.add_argument("--verify-source", action="store_true", help="also measure `packer verify OUT --source IN...`")
     args = ap.parse_args()
+    OUT = os.path.abspath(args.out)
+    os.makedirs(os.path.dirname(OUT), exist_ok=True)
     smalls, larges = [], []
     for _ in range(args.repeats):  # interleaved: both sizes see the same machine noise
         smalls.append(measure([args.input], args.pack_size, args.format, args.verify_source))
@@ -111,11 +117,18 @@ def main() -> None:
     extra = large["records"] - small["records"]
     growth = large["peak_rss_bytes"] - small["peak_rss_bytes"]
     growth_anon = large["median_anon_bytes"] - small["median_anon_bytes"]
+    # The spill's memory part grows with the input up to its cap (256 MiB by default), then stops:
+    # a fixed amount inside the 1.5 GB, not a per-sample cost. Below the cap at 1× it would count
+    # as growth, so the per-sample target is judged on the growth beyond it.
+    spill_growth = large["spill_memory_bytes"] - small["spill_memory_bytes"]
+    beyond_spill = growth - spill_growth
     emit({"what": "summary", "format": args.format, "small": small, "large": large, "growth_bytes": growth, "repeats": args.repeats,
           "growth_anon_bytes": growth_anon, "growth_anon_per_extra_sample": growth_anon / extra,
           "growth_per_extra_sample": growth / extra, "growth_per_extra_token": growth / (large["tokens"] - small["tokens"]),
+          "spill_memory_growth_bytes": spill_growth, "growth_beyond_spill_bytes": beyond_spill,
+          "growth_beyond_spill_per_extra_sample": beyond_spill / extra,
           "per_sample_target": PER_SAMPLE_BYTES,
-          "growth_within_target": growth <= PER_SAMPLE_BYTES * extra})
+          "growth_within_target": beyond_spill <= PER_SAMPLE_BYTES * extra})
 
 
 if __name__ == "__main__":

@@ -84,6 +84,19 @@ def python_ffd(lengths: list[int], capacity: int) -> list[int]:
     return pack_of_item
 
 
+def interleaved(tools: dict, runs: int) -> tuple[dict, dict]:
+    """Each tool's times over ``runs`` rounds (one warm-up call each first), every round
+    calling every tool once in turn; and each tool's last result."""
+    out = {name: fn() for name, fn in tools.items()}
+    times = {name: [] for name in tools}
+    for _ in range(runs):
+        for name, fn in tools.items():
+            t0 = time.perf_counter()
+            out[name] = fn()
+            times[name].append(time.perf_counter() - t0)
+    return times, out
+
+
 def timed(fn, runs: int, warmup: bool = True):
     if warmup:
         fn()
@@ -167,32 +180,39 @@ def main(argv=None) -> int:
             row.update(extra or {})
             dist_rows.append(row)
 
-        for impl, fn in [
-            ("packer.ffd", lambda: first_fit_decreasing(lengths, capacity)),
-            ("packer.bfd", lambda: best_fit_decreasing(lengths, capacity)),
-            ("packer.next_fit", lambda: next_fit(lengths, capacity)),
-            ("packer.first_fit_shuffle", lambda: bridge_first_fit_shuffle(lengths, capacity, 0)[0]),  # plan_packs' default seed, as the quality table
-        ]:
-            med, best, out = timed(fn, args.runs)
-            add(impl, args.n, med, best, out.max() + 1)
-
-        med, best, plan = timed(lambda: plan_packs(lengths, capacity, "ffd"), args.runs)
-        add("packer.plan_packs(ffd)", args.n, med, best, plan.num_packs)
-        r_med, r_best, refined = timed(lambda: refine_plan(lengths, plan), args.runs)
-        validate_plan(refined, lengths, capacity)
-        add("packer.refine_plan(ffd)", args.n, r_med, r_best, refined.num_packs,
-            {"refine_seconds_reported": refined.refine_seconds})
-        # What ``pack`` runs by default: the plan and the improvement pass, one call.
-        b_med, b_best, both = timed(lambda: plan_packs(lengths, capacity, "ffd", refine=True), args.runs)
-        add("packer.plan_packs(ffd, refine)", args.n, b_med, b_best, both.num_packs)
-
+        # Every tool is timed once per round, in turn, so all of them see the same machine noise.
+        plan = plan_packs(lengths, capacity, "ffd")  # the plan refine_plan improves (timed below as well)
+        as_list = lengths.tolist() if lbp is not None else None
+        tools = {
+            "packer.ffd": lambda: first_fit_decreasing(lengths, capacity),
+            "packer.bfd": lambda: best_fit_decreasing(lengths, capacity),
+            "packer.next_fit": lambda: next_fit(lengths, capacity),
+            # plan_packs' default seed, as the quality table
+            "packer.first_fit_shuffle": lambda: bridge_first_fit_shuffle(lengths, capacity, 0)[0],
+            "packer.plan_packs(ffd)": lambda: plan_packs(lengths, capacity, "ffd"),
+            "packer.refine_plan(ffd)": lambda: refine_plan(lengths, plan),
+            # What ``pack`` runs by default: the plan and the improvement pass, one call.
+            "packer.plan_packs(ffd, refine)": lambda: plan_packs(lengths, capacity, "ffd", refine=True),
+        }
         if lbp is not None:
-            as_list = lengths.tolist()
-            conv_med, _, _ = timed(lambda: lengths.tolist(), args.runs, warmup=False)
+            tools["list.tolist"] = lambda: lengths.tolist()  # the conversion LightBinPack's input needs
             for name in ("obfd", "ffd", "bfd"):
-                fn = getattr(lbp, name)
-                med, best, bins = timed(lambda: fn(as_list, capacity), args.runs)
-                add(f"lightbinpack.{name}", args.n, med, best, len(bins), {"tolist_s": conv_med})
+                tools[f"lightbinpack.{name}"] = (lambda fn: lambda: fn(as_list, capacity))(getattr(lbp, name))
+        times, out = interleaved(tools, args.runs)
+        for impl, result in out.items():
+            if impl == "list.tolist":
+                continue
+            med, best = statistics.median(times[impl]), min(times[impl])
+            if impl.startswith("lightbinpack."):
+                add(impl, args.n, med, best, len(result), {"tolist_s": statistics.median(times["list.tolist"])})
+            elif impl.startswith("packer.plan_packs") or impl == "packer.refine_plan(ffd)":
+                if impl == "packer.refine_plan(ffd)":
+                    validate_plan(result, lengths, capacity)
+                    add(impl, args.n, med, best, result.num_packs, {"refine_seconds_reported": result.refine_seconds})
+                else:
+                    add(impl, args.n, med, best, result.num_packs)
+            else:
+                add(impl, args.n, med, best, result.max() + 1)
 
         if args.python_n:
             m = min(args.n, args.python_n)

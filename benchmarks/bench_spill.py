@@ -91,7 +91,9 @@ def _summary(rows: list[dict]) -> dict:
 
 
 def main() -> None:
+    global OUT  # --out replaces the default every function here uses
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=OUT, help="the output directory (default: benchmarks/_out/spill)")
     ap.add_argument("--input", required=True)
     ap.add_argument("--times", type=int, default=5, help="copies of the input packed under the limit")
     ap.add_argument("--limit-mb", type=int, default=1200, help="the cgroup's memory limit")
@@ -99,6 +101,8 @@ def main() -> None:
     ap.add_argument("--pack-size", type=int, default=4096)
     ap.add_argument("--format", default="native", help="native or megatron-bridge (the output written)")
     args = ap.parse_args()
+    OUT = os.path.abspath(args.out)
+    os.makedirs(os.path.dirname(OUT), exist_ok=True)
 
     unlimited = []
     for _ in range(args.rounds):

@@ -154,6 +154,10 @@ def render(res: dict, targets: dict) -> str:
     out.append(f"**Machine:** {m['cpu']}, {m['cores']} cores, {m['memory_bytes'] / GB:.1f} GB RAM, "
                f"{m['system']} {m['kernel']}; load average at start {', '.join(f'{x:.2f}' for x in m['load_avg'])}, "
                f"at end {', '.join(f'{x:.2f}' for x in res['load_avg_end'])} (other jobs shared the machine).  ")
+    code = res.get("code") or {}
+    if code.get("commit"):
+        out.append(f"**Code:** commit `{code['commit'][:12]}`"
+                   f"{' with uncommitted changes to packer' if code.get('dirty') else ''}.  ")
     out.append("**Versions:** " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + "\n")
 
     # --- summary of targets -----------------------------------------------------------------
@@ -216,9 +220,12 @@ def render(res: dict, targets: dict) -> str:
         rows.append([f"Peak RSS, {lg['copies']}× input ({lg['records']:,} samples, {lg['tokens'] / 1e6:,.0f} M tokens)",
                      f"{lg['peak_rss_bytes'] / GB:.2f} GB", f"bound {lg['bound_bytes'] / GB:.2f} GB", "–",
                      "≤ 1.5 GB + 16 B/sample", "**met**" if lg["within_bound"] else "**not met**"])
-        rows.append([f"Peak RSS growth 1× → {lg['copies']}× per extra sample",
-                     f"{mem['growth_per_extra_sample']:.0f} B/sample", "–", "–", "≤ 16 B/sample",
-                     "**met**" if mem["growth_within_target"] else "**not met**"])
+        beyond = mem.get("growth_beyond_spill_per_extra_sample")
+        rows.append([f"Peak RSS growth 1× → {lg['copies']}× per extra sample"
+                     + (" (less the spill's capped memory part)" if beyond is not None else ""),
+                     f"{mem['growth_per_extra_sample'] if beyond is None else beyond:.0f} B/sample"
+                     + (f" ({mem['growth_per_extra_sample']:.0f} B with it)" if beyond is not None else ""),
+                     "–", "–", "≤ 16 B/sample", "**met**" if mem["growth_within_target"] else "**not met**"])
         trl_tps = (e2e or {}).get("trl", {}).get("tokens_per_s")
         if trl_tps and lg.get("seconds"):
             # Start-up spread over 10× the work. TRL's rate at 1× is its best case: it packs
@@ -226,7 +233,8 @@ def render(res: dict, targets: dict) -> str:
             # The median of the runs' times (the median-peak run need not be the median-time one).
             tps = lg["tokens"] / median(lg.get("all_seconds") or [lg["seconds"]])
             rows.append([f"End to end at {lg['copies']}× ({lg['tokens'] / 1e6:,.0f} M tokens, the memory step's median "
-                         f"time): `packer pack` CLI vs TRL's rate at 1×", _mt(tps), _mt(trl_tps),
+                         f"time): `packer pack` CLI vs TRL's rate at 1× (TRL from the end-to-end step, "
+                         f"not this one)", _mt(tps), _mt(trl_tps),
                          _fmt_ratio(_ratio(tps, trl_tps)), "(report)", "–"])
     mem_bridge = _last(res.get("memory_bridge"))
     if mem_bridge:
@@ -293,9 +301,11 @@ def render(res: dict, targets: dict) -> str:
         if "cli_floor" in e2e:
             floor = e2e["cli_floor"]["median_s"]
             text += (f" The same command on the file's first 256 samples took {floor:.2f} s (`cli_floor`): the "
-                     f"fixed cost of a fresh process, so even with the warm API's work the CLI cannot finish under "
-                     f"{floor + e2e['api']['median_s']:.2f} s, "
-                     f"{_fmt_ratio(_ratio(e2e['trl']['median_s'], floor + e2e['api']['median_s']))} TRL's time.")
+                     f"fixed cost of a fresh process. With the warm API's work that is {floor + e2e['api']['median_s']:.2f} "
+                     f"s, {_fmt_ratio(_ratio(e2e['trl']['median_s'], floor + e2e['api']['median_s']))} TRL's time: an "
+                     f"estimate of a typical CLI run from two medians, not a bound (single runs vary either side: the "
+                     f"fastest CLI run took {e2e['cli']['min_s']:.2f} s, "
+                     f"{_fmt_ratio(_ratio(e2e['trl']['median_s'], e2e['cli']['min_s']))} TRL's median).")
         cores = (res.get("machine") or {}).get("cores")
         if e2e["cli"].get("cpu_s") and cores:
             # A bound no scheduling can beat: the CLI's CPU time spread over every core.
@@ -416,19 +426,24 @@ def render(res: dict, targets: dict) -> str:
                    "and the growth is taken between the medians (one peak moves by tens of MB between identical "
                    "runs here, as much as the whole per-sample term).\n")
         parts = "median_anon_bytes" in mem["small"]
-        rows = [[f"{r['copies']}×", f"{r['records']:,}", f"{r['tokens'] / 1e6:,.0f} M", f"{r['seconds']:.1f}",
+        rows = [[f"{r['copies']}×", f"{r['records']:,}", f"{r['tokens'] / 1e6:,.0f} M",
+                 f"{median(r.get('all_seconds') or [r['seconds']]):.1f}",
                  f"{r['peak_rss_bytes'] / GB:.3f} GB",
                  ", ".join(f"{p / MB:,.0f}" for p in r.get("peaks", [r["peak_rss_bytes"]])),
                  *([f"{r['median_anon_bytes'] / MB:,.0f} / {r['median_file_bytes'] / MB:,.0f}"] if parts else []),
                  f"{r['bound_bytes'] / GB:.3f} GB", "yes" if r["within_bound"] else "no"]
                 for r in (mem["small"], mem["large"])]
-        out.append(_table(["input", "samples", "tokens", "seconds", "peak RSS (median)", "every peak, MB",
+        out.append(_table(["input", "samples", "tokens", "seconds (median)", "peak RSS (median)", "every peak, MB",
                            *(["anonymous / file-backed, MB (medians)"] if parts else []),
                            "1.5 GB + 16 B/sample", "within"], rows) + "\n")
         out.append(f"Growth: {mem['growth_bytes'] / MB:,.0f} MB for "
                    f"{mem['large']['records'] - mem['small']['records']:,} extra samples = "
                    f"**{mem['growth_per_extra_sample']:.0f} B per sample** "
-                   f"({mem['growth_per_extra_token']:.3f} B per extra token).\n")
+                   f"({mem['growth_per_extra_token']:.3f} B per extra token)"
+                   + (f"; beyond the spill's memory part, which grew {mem['spill_memory_growth_bytes'] / MB:,.0f} MB "
+                      f"towards its cap, {mem['growth_beyond_spill_bytes'] / MB:,.0f} MB = "
+                      f"**{mem['growth_beyond_spill_per_extra_sample']:.0f} B per sample** (what the target judges)"
+                      if "growth_beyond_spill_bytes" in mem else "") + ".\n")
         if parts:
             out.append(f"Of the peak, the anonymous part (packer's own memory) grew by "
                        f"{mem['growth_anon_bytes'] / MB:,.0f} MB, {mem['growth_anon_per_extra_sample']:.0f} B per "

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from _util import HERE, PYTHON, REPO, machine, versions
+from _util import HERE, PYTHON, REPO, code_state, machine, versions
 
 OUT = os.path.join(HERE, "_out")
 
@@ -69,7 +69,7 @@ def main() -> None:
     os.makedirs(OUT, exist_ok=True)
     started = time.perf_counter()
     results: dict = {"mode": "quick" if args.quick else "full", "config": cfg, "machine": machine(),
-                     "versions": versions(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+                     "versions": versions(), "code": code_state(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
                      "steps": []}
     log = results["steps"]
     wanted = set(args.only or STEPS)
