@@ -175,7 +175,7 @@ def serve_read_json(args) -> None:
     def run():
         t0 = time.perf_counter()
         table = pj.read_json(args.input, parse_options=parse)
-        return {"seconds": time.perf_counter() - t0, "rows": table.num_rows}
+        return {"seconds": time.perf_counter() - t0, "rows": table.num_rows, "schema_given": 1}
 
     run()  # warm-up, untimed, as packer's tools get
     serve({"read_json": run})
@@ -305,7 +305,7 @@ def run_pages(args) -> dict:
                 block.tofile(f)
         return time.perf_counter() - t0
 
-    path = os.path.join(OUT, "pages_probe.bin")
+    path = os.path.join(os.path.dirname(args.out), "pages_probe.bin")  # beside the output, as the disk probes
     time.sleep(4)
     cold = write(path)
     os.unlink(path)
@@ -393,12 +393,14 @@ def main() -> None:
         if tool not in ("disk", "disk_direct", "pages", "cli_floor"):
             entry["tokens_per_s"] = tokens / sec
         for key in ("packs", "out_bytes", "peak_rss_bytes", "bytes_per_s", "cold_s", "hot_s", "cpu_s", "fast_rows", "bytes",
-                    "write_s", "read_s", "import_s", "load_s", "pack_s", "save_s", "read_group_ms"):
+                    "write_s", "read_s", "schema_given", "import_s", "load_s", "pack_s", "save_s", "read_group_ms"):
             if key in tool_rows[0]:
                 entry[key] = median([x[key] for x in tool_rows])
         summary[tool] = entry
     emit(summary)
     shutil.rmtree(args.out, ignore_errors=True)
+    if getattr(args, "floor_input", None):
+        os.unlink(args.floor_input)
 
 
 if __name__ == "__main__":

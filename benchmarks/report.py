@@ -209,7 +209,8 @@ def render(res: dict, targets: dict) -> str:
         for label, key in (("CLI", "cli"), ("API", "api")):
             tps = jl.get(key, {}).get("tokens_per_s")
             r = _ratio(tps, rj)
-            rows.append([f"JSONL → shards ({label}) vs `pyarrow.json.read_json` (parse only, schema given)", _mt(tps), _mt(rj),
+            given = ", schema given" if jl.get("read_json", {}).get("schema_given") else ", types inferred"
+            rows.append([f"JSONL → shards ({label}) vs `pyarrow.json.read_json` (parse only{given})", _mt(tps), _mt(rj),
                          _fmt_ratio(r), f"≥ {targets['jsonl_vs_read_json']:.0f}×",
                          _met(r, targets["jsonl_vs_read_json"])])
     if mem:

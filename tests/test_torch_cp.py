@@ -116,5 +116,9 @@ def test_without_context_parallelism_the_rank_holds_the_whole_row():
 ])
 def test_check_cp_boundaries_names_the_entry(cu, total, match):
     check_cp_boundaries(torch.tensor([0, 4, 12]), 12, 2)
+    check_cp_boundaries(torch.tensor([0, 3, 7]), 7, 1)  # no CP: any lengths
+    for size in (0, 2.0, True):
+        with pytest.raises(ValueError, match="cp_size must be an integer >= 1"):
+            check_cp_boundaries(torch.tensor([0, 4, 12]), 12, size)
     with pytest.raises(ValueError, match=match):
         check_cp_boundaries(torch.tensor(cu), total, 2)
