@@ -74,6 +74,18 @@ def shown(value, limit: int = 60, text: str | None = None) -> str:
     return f"{text[:limit - 20]}… ({len(text):,} characters)"
 
 
+@contextmanager
+def reading_document(kind: str):
+    """Turn a malformed document given to a ``from_dict`` (a key missing, a wrong shape) into a
+    ValueError naming what it is not, instead of a bare ``KeyError: 'totals'``."""
+    try:
+        yield
+    except KeyError as exc:
+        raise ValueError(f"not {kind} as to_dict() writes it: key {exc.args[0]!r} is missing") from None
+    except (TypeError, AttributeError) as exc:
+        raise ValueError(f"not {kind} as to_dict() writes it ({exc})") from None
+
+
 def env_choice(name: str, choices: tuple[str, ...]) -> str:
     """The environment variable ``name`` as one of ``choices`` (any case; unset or empty: the
     first, the default). Any other value is a :class:`ConfigError`: a misspelt switch such as

@@ -178,6 +178,9 @@ def test_reports_merge_and_round_trip():
                                   seq_counts=[2, 1, 2], target_tokens=9)
     assert (a + b).to_dict() == whole.to_dict() == (b + a).to_dict()
     assert InspectReport.from_dict(whole.to_dict()).to_dict() == whole.to_dict()
+    broken = {k: v for k, v in whole.to_dict().items() if k != "histograms"}
+    with pytest.raises(ValueError, match="not an inspect report as to_dict\\(\\) writes it: key 'histograms' is missing"):
+        InspectReport.from_dict(broken)
     d = whole.to_dict()
     assert d["totals"]["packs"] == 3 and d["totals"]["tail_padding"] == 3 * 16 - 44
     assert d["attention"]["sum_sq_pack"] == 12 ** 2 + 16 ** 2 + 16 ** 2

@@ -338,9 +338,11 @@ def test_a_device_other_than_cpu_or_cuda_is_refused(device):
 
 def test_a_loader_with_empty_epochs_says_so():
     ds = _dataset(num_packs=10)
-    with pytest.warns(UserWarning, match="10 packs make no micro-batch of 1 pack\\(s\\) for each of 16 DP rank"):
+    with pytest.warns(UserWarning, match="10 packs make no micro-batch of 1 pack for each of 16 DP ranks; every"):
         loader = THDLoader(ds, dp_size=16, dp_rank=3, device="cpu", num_workers=0)
     assert len(loader) == 0 and list(loader) == []
+    with pytest.warns(UserWarning, match="THDLoader: 1 pack makes no micro-batch of 2 packs for each of 1 DP rank;"):
+        THDLoader(_dataset(num_packs=1), batch_packs=2, device="cpu", num_workers=0)
 
 
 def test_a_pass_that_took_the_whole_epoch_without_ending_continues_with_the_next():

@@ -701,6 +701,11 @@ def test_json_report_and_limit(broken):
         {"check": "pack.cu_seqlens", "message": f"{rows - 3} more pack.cu_seqlens problems not shown", "shard": None,
          "row": None, "pack": None, "seq": None, "severity": "error", "omitted": rows - 3}]
     assert VerifyReport.from_dict(doc).to_dict() == doc
+    # a document it did not write is a ValueError saying so, not a bare KeyError or TypeError
+    for bad, text in (({k: v for k, v in doc.items() if k != "tokens"}, "verify report .* key 'tokens' is missing"),
+                      ({**doc, "findings": [{"check": "x"}]}, "not a finding"), ([], "not a verify report")):
+        with pytest.raises(ValueError, match=text):
+            VerifyReport.from_dict(bad)
 
 
 # --- unusable arguments: exit 2 -------------------------------------------------------------

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 
+from packer_cli.errors import reading_document
+
 ERROR = "error"
 WARNING = "warning"
 
@@ -69,7 +71,8 @@ class Finding:
     @classmethod
     def from_dict(cls, record: dict) -> "Finding":
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in record.items() if k in names})
+        with reading_document("a finding"):
+            return cls(**{k: v for k, v in record.items() if k in names})
 
 
 @dataclass

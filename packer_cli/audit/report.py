@@ -29,6 +29,7 @@ import numpy as np
 from packer_cli.audit._histogram import add_hist, from_sparse, summarize, to_sparse
 from packer_cli.plan._validate import check_capacity
 from packer_cli.plan.bounds import l2_of_histogram
+from packer_cli.errors import reading_document
 
 
 @dataclass
@@ -196,7 +197,13 @@ class InspectReport:
 
     @classmethod
     def from_dict(cls, record: dict) -> "InspectReport":
-        """Inverse of :meth:`to_dict` (derived numbers are recomputed, not read)."""
+        """Inverse of :meth:`to_dict` (derived numbers are recomputed, not read); ValueError for a
+        document it did not write."""
+        with reading_document("an inspect report"):
+            return cls._from_document(record)
+
+    @classmethod
+    def _from_document(cls, record: dict) -> "InspectReport":
         t, a, h = record["totals"], record["attention"], record["histograms"]
         return cls(
             out=record["out"], spec=record["spec"], recorded=record["recorded"], packs=t["packs"],

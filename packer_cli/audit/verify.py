@@ -33,7 +33,7 @@ from packer_cli.audit._pack_checks import Sequences, check_batch
 from packer_cli.audit.findings import ERROR, WARNING, Finding, FindingSink
 from packer_cli.audit.report import InspectReport
 from packer_cli.audit.store import ShardError
-from packer_cli.errors import ConfigError, PackerError, counted
+from packer_cli.errors import ConfigError, PackerError, counted, reading_document
 from packer_cli.sources.discover import input_paths, path_argument
 from packer_cli.spec import is_int
 from packer_cli.shards.writer import file_checksum
@@ -98,7 +98,8 @@ class VerifyReport:
     @classmethod
     def from_dict(cls, record: dict) -> "VerifyReport":
         keys = ("out", "errors", "warnings", "packs", "sequences", "tokens", "bytes", "seconds", "source")
-        return cls(findings=[Finding.from_dict(f) for f in record["findings"]], **{k: record[k] for k in keys})
+        with reading_document("a verify report"):
+            return cls(findings=[Finding.from_dict(f) for f in record["findings"]], **{k: record[k] for k in keys})
 
     def __rich__(self):
         from packer_cli.audit._render import render_verify

@@ -39,6 +39,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from packer_cli.errors import counted
 from packer_cli.torch._ints import flag, integer
 from packer_cli.torch.batch import CP_MBS_ERROR, THDBatch
 from packer_cli.torch.config import validate_training_config
@@ -162,9 +163,10 @@ class THDLoader:
         )
         s = self.sampler
         if s.per_epoch == 0:  # a loop over it would run empty epochs without a word
-            warnings.warn(f"THDLoader: {len(dataset)} packs make no micro-batch of {s.batch_packs} "
-                          f"pack(s) for each of {s.dp_size} DP rank(s); every epoch is empty",
-                          stacklevel=2)
+            packs = counted(len(dataset), "pack")
+            warnings.warn(f"THDLoader: {packs} {'makes' if len(dataset) == 1 else 'make'} no micro-batch of "
+                          f"{counted(s.batch_packs, 'pack')} for each of {counted(s.dp_size, 'DP rank')}; every "
+                          f"epoch is empty", stacklevel=2)
         elif s.dropped and not shuffle:  # shuffled, the dropped packs change with the epoch
             warnings.warn(f"THDLoader(shuffle=False): the last {s.dropped} of {len(dataset)} packs make no whole "
                           f"micro-batch for every DP rank and are never served (batch_packs={s.batch_packs}, "
