@@ -51,6 +51,7 @@ def test_new_and_replaced_outputs(tmp_path):
 
 @pytest.mark.parametrize("signum,raised", [(signal.SIGTERM, Stop), (signal.SIGINT, KeyboardInterrupt)])
 def test_a_signal_between_the_renames_waits_for_both(tmp_path, monkeypatch, raising_term_handler, signum, raised):
+    monkeypatch.setattr(_atomic, "_exchange", lambda a, b: False)  # a file system that cannot swap
     make(tmp_path / "out", "old")
     renames = []
     rename = os.rename
@@ -71,6 +72,7 @@ def test_a_signal_between_the_renames_waits_for_both(tmp_path, monkeypatch, rais
 
 
 def test_the_old_output_comes_back_when_the_second_rename_fails(tmp_path, monkeypatch):
+    monkeypatch.setattr(_atomic, "_exchange", lambda a, b: False)  # a file system that cannot swap
     make(tmp_path / "out", "old")
     rename = os.rename
 
@@ -84,6 +86,60 @@ def test_the_old_output_comes_back_when_the_second_rename_fails(tmp_path, monkey
         replace_dir(str(make(tmp_path / "new.tmp", "new")), str(tmp_path / "out"))
     assert (tmp_path / "out" / "data").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new.tmp", "out"]
+
+
+def _swaps(tmp_path) -> bool:
+    a, b = make(tmp_path / "probe-a", "a"), make(tmp_path / "probe-b", "b")
+    swapped = _atomic._exchange(str(a), str(b))
+    for p in (a, b):
+        (p / "data").unlink()
+        p.rmdir()
+    return swapped
+
+
+def test_a_replaced_out_is_never_absent(tmp_path, monkeypatch, raising_term_handler):
+    """OUT was renamed aside, then the new one renamed in: a run killed outright between the
+    two left no OUT. Where the file system can swap two names in one step, OUT is always there."""
+    if not _swaps(tmp_path):
+        pytest.skip("this file system cannot swap two names (renameat2 RENAME_EXCHANGE)")
+    out = tmp_path / "out"
+    make(out, "old")
+    seen = []
+    rename, exchange = os.rename, _atomic._exchange
+
+    def watched_rename(src, dst):
+        seen.append(("rename", (out / "data").read_text()))
+        rename(src, dst)
+        os.kill(os.getpid(), signal.SIGTERM)  # held: the old one is still deleted
+
+    def watched_exchange(a, b):
+        swapped = exchange(a, b)
+        seen.append(("exchange", (out / "data").read_text()))
+        return swapped
+
+    monkeypatch.setattr(_atomic.os, "rename", watched_rename)
+    monkeypatch.setattr(_atomic, "_exchange", watched_exchange)
+    with pytest.raises(Stop):
+        replace_dir(str(make(tmp_path / "new.tmp", "new")), str(out))
+    assert seen == [("exchange", "new"), ("rename", "new")]  # the old one renamed to OUT.old-* once swapped out
+    assert (out / "data").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_swapped_out_that_is_not_replaceable_is_swapped_back(tmp_path):
+    if not _swaps(tmp_path):
+        pytest.skip("this file system cannot swap two names (renameat2 RENAME_EXCHANGE)")
+    out = make(tmp_path / "out", "foreign")
+    judged = []
+
+    def refuse(old):
+        judged.append((tmp_path / os.path.basename(old) / "data").read_text())
+        raise ConfigError("not packer's")
+
+    with pytest.raises(ConfigError, match="not packer's"):
+        replace_dir(str(make(tmp_path / "new.tmp", "new")), str(out), still_replaceable=refuse)
+    assert judged == ["foreign"]
+    assert (out / "data").read_text() == "foreign" and (tmp_path / "new.tmp" / "data").read_text() == "new"
 
 
 def test_outside_the_main_thread_the_block_just_runs(tmp_path):
@@ -208,6 +264,8 @@ def test_an_output_is_durable_before_it_is_renamed_into_place(synthetic_parquet,
                                                   fsync(fd))[1])
     monkeypatch.setattr(os, "rename", lambda a, b: (events.append(("rename", str(b))), rename(a, b))[1])
     monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("rename", str(b))), replace(a, b))[1])
+    exchange = _atomic._exchange  # --overwrite swaps the new OUT in where the file system can
+    monkeypatch.setattr(_atomic, "_exchange", lambda a, b: (events.append(("rename", str(b))), exchange(a, b))[1])
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     into_out = [k for k, (what, path) in enumerate(events) if what == "rename" and os.path.dirname(path) in

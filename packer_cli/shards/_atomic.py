@@ -265,19 +265,24 @@ def write_synced(path: str, data: bytes) -> None:
 
 def replace_dir(tmp: str, out: str, overwrite: bool = True,
                 still_replaceable: Callable[[str], None] | None = None) -> str | None:
-    """Rename ``tmp`` to ``out``; an existing ``out`` is first renamed aside, then deleted.
+    """Rename ``tmp`` to ``out``; an existing ``out`` is replaced, then deleted.
 
-    Readers see either the old directory or the new one, never a mix: the only window in
-    which ``out`` is absent lies between two renames, and signals are held across it. Should
-    the second rename fail, the old directory is put back.
+    Readers see either the old directory or the new one, never a mix, and never no ``out``:
+    where the kernel and the file system can (Linux ``renameat2(RENAME_EXCHANGE)``: ext4, xfs,
+    btrfs, tmpfs) the two are swapped in one step, the old one then renamed to ``OUT.old-*``
+    and deleted. Elsewhere (NFS, other systems) ``out`` is renamed aside first, and is absent
+    between the two renames; signals are held across them, so only a run killed outright (or
+    a power loss) in that window leaves no ``out``. Should the second rename fail, the old
+    directory is put back.
 
     Without ``overwrite`` an ``out`` that appeared since the run checked it (another run to the
     same OUT finished first) is a :class:`ConfigError`, not replaced: both runs reported
     success and the first one's output was gone.
 
-    ``still_replaceable(moved)``, given, judges the old OUT once it is renamed aside (as it is
-    then, nobody else's to change by name) and raises to keep it: the run checked OUT when it
-    started, and a directory of other files that appeared at OUT while it packed was deleted.
+    ``still_replaceable(moved)``, given, judges the old OUT once it is swapped or renamed aside
+    (as it is then, nobody else's to change by name) and raises to keep it, which puts it back:
+    the run checked OUT when it started, and a directory of other files that appeared at OUT
+    while it packed was deleted. (After a swap the new output was in place meanwhile.)
 
     Returns the old directory when it could not be deleted (a read-only one: its files cannot
     be unlinked), for the caller to point out; else None.
@@ -311,32 +316,94 @@ def _replace_once(tmp: str, out: str, still_replaceable) -> str | None | object:
     joining OUT holds it too); :data:`_AGAIN` where another run's OUT appeared in the moment
     OUT was absent (the loser exited 3 with the put-back's "Directory not empty", leaving
     OUT.old-* behind): the replaced OUT is deleted, as it was to be, and the new one replaced."""
-    trash, moved_in, again = None, False, False
     with locked(out):
+        with signals_held():
+            swapped = os.path.exists(out) and _exchange(tmp, out)
+        if swapped:
+            return _finish_exchange(tmp, out, still_replaceable)
+        return _rename_twice(tmp, out, still_replaceable)
+
+
+def _finish_exchange(tmp: str, out: str, still_replaceable) -> str | None:
+    """After the swap: the old OUT lies at ``tmp``'s name, judged there (nobody else's to change
+    by name) and put back by swapping again when ``still_replaceable`` refuses it; else renamed
+    to ``OUT.old-*`` and deleted."""
+    with signals_held():
         try:
-            with signals_held():
-                if os.path.exists(out):
-                    moved = _sibling(out, _OLD)
-                    os.rename(out, moved)
-                    trash = moved  # only now: a put-back of a name never made hid why the rename failed
-                    if still_replaceable is not None:
-                        still_replaceable(moved)
-                try:
-                    os.rename(tmp, out)
-                except OSError as exc:
-                    if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not os.path.isdir(out):
-                        raise
-                    again = True
-                moved_in = not again
-        finally:  # also when a held signal is delivered as the block ends
-            with signals_held():  # nor may one stop the old OUT's removal half-way
-                if trash and (moved_in or again):
-                    shutil.rmtree(trash, ignore_errors=True)
-                elif trash:
-                    os.rename(trash, out)
+            if still_replaceable is not None:
+                still_replaceable(tmp)
+        except BaseException:
+            _exchange(tmp, out)  # the old OUT back in place, the new output at tmp for the caller to delete
+            raise
+        trash = _sibling(out, _OLD)
+        os.rename(tmp, trash)
+        shutil.rmtree(trash, ignore_errors=True)  # nor may a signal stop its removal half-way
+    return trash if os.path.lexists(trash) else None
+
+
+def _rename_twice(tmp: str, out: str, still_replaceable) -> str | None | object:
+    """:func:`_replace_once` where OUT cannot be swapped in one call (absent, or a kernel or
+    file system without ``RENAME_EXCHANGE``): OUT renamed aside, then ``tmp`` into place."""
+    trash, moved_in, again = None, False, False
+    try:
+        with signals_held():
+            if os.path.exists(out):
+                moved = _sibling(out, _OLD)
+                os.rename(out, moved)
+                trash = moved  # only now: a put-back of a name never made hid why the rename failed
+                if still_replaceable is not None:
+                    still_replaceable(moved)
+            try:
+                os.rename(tmp, out)
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not os.path.isdir(out):
+                    raise
+                again = True
+            moved_in = not again
+    finally:  # also when a held signal is delivered as the block ends
+        with signals_held():  # nor may one stop the old OUT's removal half-way
+            if trash and (moved_in or again):
+                shutil.rmtree(trash, ignore_errors=True)
+            elif trash:
+                os.rename(trash, out)
     if again:
         return _AGAIN
     return trash if trash and os.path.lexists(trash) else None
+
+
+_RENAME_EXCHANGE = 2  # renameat2's flag (Linux 3.15; ext4, xfs, btrfs, tmpfs; not NFS)
+_AT_FDCWD = -100
+_EXCHANGE_UNSUPPORTED = (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP)
+
+
+def _renameat2():
+    """libc's ``renameat2`` (None where there is none: another OS, an older C library)."""
+    import ctypes
+
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    function.restype = ctypes.c_int
+    return function
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap the entries ``a`` and ``b`` in one step, so that ``b`` is never absent (a run
+    killed outright between two renames left no OUT at all). False where the kernel or the
+    file system cannot, or where ``b`` vanished meanwhile (the caller renames instead)."""
+    import ctypes
+
+    function = _renameat2()
+    if function is None:
+        return False
+    if function(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in _EXCHANGE_UNSUPPORTED or err == errno.ENOENT and os.path.lexists(a):
+        return False
+    raise OSError(err, os.strerror(err), a, None, b)
 
 
 @contextmanager
