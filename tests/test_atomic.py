@@ -126,20 +126,73 @@ def test_a_replaced_out_is_never_absent(tmp_path, monkeypatch, raising_term_hand
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-def test_a_swapped_out_that_is_not_replaceable_is_swapped_back(tmp_path):
-    if not _swaps(tmp_path):
-        pytest.skip("this file system cannot swap two names (renameat2 RENAME_EXCHANGE)")
+def test_a_refused_out_is_judged_in_place_and_never_moves(tmp_path, monkeypatch):
+    """Judged after the swap, a refused OUT had the new output published meanwhile, and a signal
+    or a failed swap back lost the user's files; it is judged first, under OUT's lock."""
     out = make(tmp_path / "out", "foreign")
     judged = []
 
-    def refuse(old):
-        judged.append((tmp_path / os.path.basename(old) / "data").read_text())
+    def refuse(path):
+        judged.append((path, (tmp_path / "out" / "data").read_text()))
         raise ConfigError("not packer's")
 
+    monkeypatch.setattr(_atomic, "_exchange", lambda a, b: pytest.fail("swapped a refused OUT"))
     with pytest.raises(ConfigError, match="not packer's"):
         replace_dir(str(make(tmp_path / "new.tmp", "new")), str(out), still_replaceable=refuse)
-    assert judged == ["foreign"]
+    assert judged == [(str(out), "foreign")]
     assert (out / "data").read_text() == "foreign" and (tmp_path / "new.tmp" / "data").read_text() == "new"
+
+
+def test_the_new_directory_is_locked_before_it_becomes_out(tmp_path, monkeypatch):
+    """The lock was on the old OUT's directory only: once swapped, OUT named an unlocked one,
+    and another run replaced or joined it in the middle of this one."""
+    import fcntl
+
+    if not _swaps(tmp_path):
+        pytest.skip("this file system cannot swap two names (renameat2 RENAME_EXCHANGE)")
+    out, new = make(tmp_path / "out", "old"), make(tmp_path / "new.tmp", "new")
+    exchange, held = _atomic._exchange, []
+
+    def probe_then_swap(a, b):
+        fd = os.open(a, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)
+        except BlockingIOError:
+            held.append(True)
+        finally:
+            os.close(fd)
+        return exchange(a, b)
+
+    monkeypatch.setattr(_atomic, "_exchange", probe_then_swap)
+    replace_dir(str(new), str(out))
+    assert held == [True] and (out / "data").read_text() == "new"
+
+
+def test_a_failure_after_the_swap_keeps_the_new_output(tmp_path, monkeypatch):
+    """Renaming the swapped-out old OUT failed and the run exited 3 'not written' with the new
+    output in place (and the old one deleted by the clean-up of what it took for its own)."""
+    if not _swaps(tmp_path):
+        pytest.skip("this file system cannot swap two names (renameat2 RENAME_EXCHANGE)")
+    out = make(tmp_path / "out", "old")
+
+    def failing_rename(src, dst):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(_atomic.os, "rename", failing_rename)
+    assert replace_dir(str(make(tmp_path / "new.tmp", "new")), str(out)) is None  # deleted where it lay
+    assert (out / "data").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("target", ["another-output", "missing"])
+def test_a_link_that_appeared_at_out_is_put_back_not_replaced(tmp_path, target):
+    """OUT is resolved when the run begins; a link found there at the end is someone else's."""
+    make(tmp_path / "another-output", "theirs")
+    out = tmp_path / "out"
+    out.symlink_to(tmp_path / target)
+    with pytest.raises(ConfigError, match="is now a symbolic link"):
+        replace_dir(str(make(tmp_path / "new.tmp", "new")), str(out), still_replaceable=lambda path: None)
+    assert os.readlink(out) == str(tmp_path / target) and (tmp_path / "another-output" / "data").read_text() == "theirs"
 
 
 def test_outside_the_main_thread_the_block_just_runs(tmp_path):

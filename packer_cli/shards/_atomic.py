@@ -279,10 +279,12 @@ def replace_dir(tmp: str, out: str, overwrite: bool = True,
     same OUT finished first) is a :class:`ConfigError`, not replaced: both runs reported
     success and the first one's output was gone.
 
-    ``still_replaceable(moved)``, given, judges the old OUT once it is swapped or renamed aside
-    (as it is then, nobody else's to change by name) and raises to keep it, which puts it back:
+    ``still_replaceable(path)``, given, judges the old OUT as it is now and raises to keep it:
     the run checked OUT when it started, and a directory of other files that appeared at OUT
-    while it packed was deleted. (After a swap the new output was in place meanwhile.)
+    while it packed was deleted. Before a swap it judges OUT in place, under OUT's lock (other
+    runs wait; a process that is not packer's writing into OUT in the microseconds before the
+    swap is not seen); on the two-rename path, once OUT is renamed aside (nobody else's to
+    change by name), putting it back when it raises.
 
     Returns the old directory when it could not be deleted (a read-only one: its files cannot
     be unlinked), for the caller to point out; else None.
@@ -316,28 +318,35 @@ def _replace_once(tmp: str, out: str, still_replaceable) -> str | None | object:
     joining OUT holds it too); :data:`_AGAIN` where another run's OUT appeared in the moment
     OUT was absent (the loser exited 3 with the put-back's "Directory not empty", leaving
     OUT.old-* behind): the replaced OUT is deleted, as it was to be, and the new one replaced."""
-    with locked(out):
-        with signals_held():
-            swapped = os.path.exists(out) and _exchange(tmp, out)
-        if swapped:
-            return _finish_exchange(tmp, out, still_replaceable)
-        return _rename_twice(tmp, out, still_replaceable)
+    with locked(out), locked(tmp):  # tmp becomes OUT's directory: runs waiting on OUT wait on it too
+        with signals_held():  # one block: a signal met on the way is raised only once all is done
+            if os.path.lexists(out) and _swappable(out, still_replaceable) and _exchange(tmp, out):
+                return _discard_swapped(tmp, out)
+            return _rename_twice(tmp, out, still_replaceable)
 
 
-def _finish_exchange(tmp: str, out: str, still_replaceable) -> str | None:
-    """After the swap: the old OUT lies at ``tmp``'s name, judged there (nobody else's to change
-    by name) and put back by swapping again when ``still_replaceable`` refuses it; else renamed
-    to ``OUT.old-*`` and deleted."""
-    with signals_held():
-        try:
-            if still_replaceable is not None:
-                still_replaceable(tmp)
-        except BaseException:
-            _exchange(tmp, out)  # the old OUT back in place, the new output at tmp for the caller to delete
-            raise
-        trash = _sibling(out, _OLD)
+def _swappable(out: str, still_replaceable) -> bool:
+    """Whether OUT may be swapped out: judged in place, under its lock, before anything moves (a
+    refused OUT stays as it is); False where OUT is not a real directory (the two-rename path
+    judges it)."""
+    if os.path.islink(out) or not os.path.isdir(out):
+        return False
+    if still_replaceable is not None:
+        still_replaceable(out)
+    return True
+
+
+def _discard_swapped(tmp: str, out: str) -> str | None:
+    """The old OUT, judged and swapped out to ``tmp``'s name: renamed to ``OUT.old-*`` and
+    deleted. The new output is in place by now, so a failure here only leaves the old one
+    behind, returned for the caller to point out (raising would have the caller's clean-up
+    treat ``tmp``, the old output, as its own unfinished directory)."""
+    trash = _sibling(out, _OLD)
+    try:
         os.rename(tmp, trash)
-        shutil.rmtree(trash, ignore_errors=True)  # nor may a signal stop its removal half-way
+    except OSError:
+        trash = tmp
+    shutil.rmtree(trash, ignore_errors=True)
     return trash if os.path.lexists(trash) else None
 
 
@@ -347,10 +356,13 @@ def _rename_twice(tmp: str, out: str, still_replaceable) -> str | None | object:
     trash, moved_in, again = None, False, False
     try:
         with signals_held():
-            if os.path.exists(out):
+            if os.path.lexists(out):
                 moved = _sibling(out, _OLD)
                 os.rename(out, moved)
                 trash = moved  # only now: a put-back of a name never made hid why the rename failed
+                if os.path.islink(moved):  # OUT was resolved when the run began: a link is someone else's since
+                    raise ConfigError(f"{out} is now a symbolic link (it appeared while this run was packing: "
+                                      "another run?); --overwrite replaces only a packer output")
                 if still_replaceable is not None:
                     still_replaceable(moved)
             try:
@@ -475,12 +487,12 @@ def overwrite_refusal(out: str, ours: Callable[[str], bool], inputs: Iterable[st
 def check_replaceable(out: str, inputs: Iterable[str], ours: Callable[[str], bool], shown: str | None = None) -> None:
     """Refuse to replace an existing directory ``out`` unless everything in it is a file packer
     writes there (``ours``, by name) and no input lies inside it; ``shown``: the name to give
-    it in the message (OUT, for the old OUT renamed aside).
+    it in the message (OUT, for the old OUT judged again as it is replaced).
 
     ``--overwrite`` deletes the old OUT once the new one is in place; a mistyped ``-o`` (the
     data directory, the working directory, a home directory) must not cost the user their files.
     """
-    if not os.path.isdir(out):  # a file or a link appeared where OUT was (judged again as it is renamed aside)
+    if not os.path.isdir(out):  # a file or a link appeared where OUT was (judged again as it is replaced)
         raise ConfigError(f"{shown or out} exists and is not a directory (it appeared while this run was packing: "
                           "another run?); --overwrite replaces only a packer output")
     if foreign := _foreign(out, ours):

@@ -475,11 +475,11 @@ class BridgeOutput:
             return _JOIN
         try:  # a native output (--overwrite), or a file, a dangling link, a native output that appeared
             return replace_dir(tmp, out, self._overwrite, self._still_ours)
-        except _JoinInstead:  # found as OUT was renamed aside (put back): joined
+        except _JoinInstead:  # found as OUT was judged again, before it moved (or put back): joined
             return _JOIN
 
     def _still_ours(self, moved: str) -> None:
-        """OUT as it is once renamed aside (replace_dir): a layout another run put there since
+        """OUT as it is just before it is replaced (replace_dir): a layout another run put there since
         prepare() is joined (:class:`_JoinInstead`), anything not packer's is kept."""
         if _is_layout(moved):
             raise _JoinInstead
