@@ -48,9 +48,9 @@ from packer_cli.plan import plan_packs
 from packer_cli.plan.plan import PackPlan
 from packer_cli.plan.bounds import histogram
 from packer_cli.progress import Progress
-from packer_cli.shards._atomic import (REPLACED, check_parent, check_replaceable, check_writable, make_temporary,
-                                      output_target, overwrite_refusal, replace_dir, signals_held, spill_dir_prefix,
-                                      stale_spill_dirs, stale_temporaries, within)
+from packer_cli.shards._atomic import (REPLACED, check_parent, check_replaceable, check_writable, foreign_files,
+                                      make_temporary, output_target, overwrite_refusal, replace_dir, signals_held,
+                                      spill_dir_prefix, stale_spill_dirs, stale_temporaries, within)
 from packer_cli.shards._gather import (BLOCK_TOKENS, ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader,
                                        SpillTally, SpillWriter, block_bytes, load_array, save_array, spill_os_error)
 from packer_cli.shards._sink import use_direct_io
@@ -854,7 +854,10 @@ class _Run:
             kept = replace_dir(self.tmp, self.out, self.opts.overwrite,
                                lambda moved: check_replaceable(moved, (), replaceable_name, shown=self.out))
         self.tmp = None  # in place: nothing left to remove
-        if kept and self.warn:  # a replaced OUT that could not be deleted
+        if kept and self.warn and (foreign := foreign_files(kept, replaceable_name)):  # written into OUT as it went
+            self.warn(f"{kept} holds the output this run replaced, kept because files packer did not write "
+                      f"({foreign}) appeared in it as it was replaced; move them out, then remove it")
+        elif kept and self.warn:  # a replaced OUT that could not be deleted
             self.warn(f"{kept} holds the output this run replaced, which could not be deleted (read-only?); "
                       "remove it to free its space")
 

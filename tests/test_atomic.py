@@ -185,11 +185,14 @@ def test_a_failure_after_the_swap_keeps_the_new_output(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("target", ["another-output", "missing"])
-def test_a_link_that_appeared_at_out_is_put_back_not_replaced(tmp_path, target):
-    """OUT is resolved when the run begins; a link found there at the end is someone else's."""
+def test_a_link_that_appeared_at_out_is_refused_where_it_is(tmp_path, monkeypatch, target):
+    """OUT is resolved when the run begins; a link found there at the end is someone else's. It
+    was renamed aside to be judged: a kill or a failed put-back left no OUT."""
     make(tmp_path / "another-output", "theirs")
     out = tmp_path / "out"
     out.symlink_to(tmp_path / target)
+    rename = os.rename
+    monkeypatch.setattr(_atomic.os, "rename", lambda a, b: pytest.fail(f"moved {a}") if a == str(out) else rename(a, b))
     with pytest.raises(ConfigError, match="is now a symbolic link"):
         replace_dir(str(make(tmp_path / "new.tmp", "new")), str(out), still_replaceable=lambda path: None)
     assert os.readlink(out) == str(tmp_path / target) and (tmp_path / "another-output" / "data").read_text() == "theirs"
@@ -331,3 +334,16 @@ def test_an_output_is_durable_before_it_is_renamed_into_place(synthetic_parquet,
     synced_after = [path for what, path in events[into_out[-1]:] if what == "sync"]
     parent = str(out) if overwrite == "join" else str(tmp_path)
     assert parent in synced_after, events
+
+
+def test_a_file_that_appeared_at_out_is_refused_where_it_is(tmp_path, monkeypatch):
+    from packer_cli.shards._atomic import check_replaceable
+
+    out = tmp_path / "out"
+    out.write_text("someone's file")
+    rename = os.rename
+    monkeypatch.setattr(_atomic.os, "rename", lambda a, b: pytest.fail(f"moved {a}") if a == str(out) else rename(a, b))
+    with pytest.raises(ConfigError, match="exists and is not a directory"):
+        replace_dir(str(make(tmp_path / "new.tmp", "new")), str(out),
+                    still_replaceable=lambda path: check_replaceable(path, (), lambda name: True))
+    assert out.read_text() == "someone's file"

@@ -237,6 +237,35 @@ def test_a_replaced_out_that_cannot_be_deleted_is_pointed_out(synthetic_parquet,
     assert leftovers(tmp_path) == ["out", os.path.basename(old)]
 
 
+@pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
+def test_a_file_written_into_out_as_it_is_swapped_out_is_kept(synthetic_parquet, tmp_path, monkeypatch, fmt):
+    """OUT is judged in place, then swapped: a file written into it in between was deleted with
+    the old output, and the run said nothing. The old output is judged again once swapped out."""
+    from packer_cli.shards import _atomic
+
+    out = tmp_path / "out"
+    assert _pack_in_process("pack", synthetic_parquet, "-o", out).exit_code == 0
+    a, b = tmp_path / "probe-a", tmp_path / "probe-b"
+    a.mkdir(), b.mkdir()
+    if not _atomic._exchange(str(a), str(b)):
+        pytest.skip("this file system cannot swap two names (renameat2 RENAME_EXCHANGE)")
+    a.rmdir(), b.rmdir()
+    exchange = _atomic._exchange
+
+    def written_meanwhile(tmp, target):
+        (out / "notes.txt").write_text("mine")
+        return exchange(tmp, target)
+
+    monkeypatch.setattr(_atomic, "_exchange", written_meanwhile)
+    result = _pack_in_process("pack", synthetic_parquet, "-o", out, "--format", fmt, "--overwrite", "--seed", 5)
+    assert result.exit_code == 0, result.output
+    [old] = [p for p in tmp_path.iterdir() if p.name.startswith(f"out.old-{os.getpid()}-")]
+    assert (old / "notes.txt").read_text() == "mine"
+    assert [line for line in result.output.splitlines() if line.startswith("warning:")] == [
+        f"warning: {old} holds the output this run replaced, kept because files packer did not write (notes.txt) "
+        "appeared in it as it was replaced; move them out, then remove it"]
+
+
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root deletes from read-only directories")
 def test_a_read_only_out_replaced_is_pointed_out(synthetic_parquet, tmp_path):
     out = tmp_path / "out"

@@ -281,13 +281,15 @@ def replace_dir(tmp: str, out: str, overwrite: bool = True,
 
     ``still_replaceable(path)``, given, judges the old OUT as it is now and raises to keep it:
     the run checked OUT when it started, and a directory of other files that appeared at OUT
-    while it packed was deleted. Before a swap it judges OUT in place, under OUT's lock (other
-    runs wait; a process that is not packer's writing into OUT in the microseconds before the
-    swap is not seen); on the two-rename path, once OUT is renamed aside (nobody else's to
-    change by name), putting it back when it raises.
+    while it packed was deleted. It judges OUT in place, under OUT's lock (other runs wait), so a
+    refused OUT never moves; after a swap it judges the old OUT again under its new name, and
+    keeps it as ``OUT.old-*`` (returned) when files packer did not write appeared in it in the
+    moment between; on the two-rename path, it judges OUT once renamed aside (nobody else's to
+    change by name) too, putting it back when it raises.
 
-    Returns the old directory when it could not be deleted (a read-only one: its files cannot
-    be unlinked), for the caller to point out; else None.
+    Returns the old directory when it was not deleted (a read-only one: its files cannot be
+    unlinked; or, after a swap, one that files packer did not write appeared in as it was
+    swapped out), for the caller to point out; else None.
     """
     out = os.path.normpath(out)
     # Durable before it is visible: the files are synced as they are closed, their entries
@@ -320,32 +322,40 @@ def _replace_once(tmp: str, out: str, still_replaceable) -> str | None | object:
     OUT.old-* behind): the replaced OUT is deleted, as it was to be, and the new one replaced."""
     with locked(out), locked(tmp):  # tmp becomes OUT's directory: runs waiting on OUT wait on it too
         with signals_held():  # one block: a signal met on the way is raised only once all is done
-            if os.path.lexists(out) and _swappable(out, still_replaceable) and _exchange(tmp, out):
-                return _discard_swapped(tmp, out)
+            if os.path.lexists(out) and _judged_in_place(out, still_replaceable) and _exchange(tmp, out):
+                return _discard_swapped(tmp, out, still_replaceable)
             return _rename_twice(tmp, out, still_replaceable)
 
 
-def _swappable(out: str, still_replaceable) -> bool:
-    """Whether OUT may be swapped out: judged in place, under its lock, before anything moves (a
-    refused OUT stays as it is); False where OUT is not a real directory (the two-rename path
-    judges it)."""
-    if os.path.islink(out) or not os.path.isdir(out):
-        return False
+def _judged_in_place(out: str, still_replaceable) -> bool:
+    """Judge OUT where it is, under its lock, before anything moves, so a refused OUT is never
+    even renamed (a kill or a failed put-back would leave it missing); True where it is a real
+    directory, which may be swapped out."""
+    if os.path.islink(out):  # OUT was resolved when the run began: a link is someone else's since
+        raise ConfigError(f"{out} is now a symbolic link (it appeared while this run was packing: another run?); "
+                          "--overwrite replaces only a packer output")
     if still_replaceable is not None:
         still_replaceable(out)
-    return True
+    return os.path.isdir(out)
 
 
-def _discard_swapped(tmp: str, out: str) -> str | None:
-    """The old OUT, judged and swapped out to ``tmp``'s name: renamed to ``OUT.old-*`` and
-    deleted. The new output is in place by now, so a failure here only leaves the old one
-    behind, returned for the caller to point out (raising would have the caller's clean-up
-    treat ``tmp``, the old output, as its own unfinished directory)."""
+def _discard_swapped(tmp: str, out: str, still_replaceable) -> str | None:
+    """The old OUT, swapped out to ``tmp``'s name: judged again there (nobody else's to change by
+    name; a file written into OUT between the judgement in place and the swap is seen), renamed
+    to ``OUT.old-*`` and deleted, or kept there when it is no longer packer's to delete. The new
+    output is in place by now, so neither that nor a failure here fails the run: the old one is
+    returned for the caller to point out (raising would have the caller's clean-up treat
+    ``tmp``, the old output, as its own unfinished directory)."""
     trash = _sibling(out, _OLD)
     try:
         os.rename(tmp, trash)
     except OSError:
         trash = tmp
+    try:
+        if still_replaceable is not None:
+            still_replaceable(trash)
+    except Exception:  # noqa: BLE001 - whatever the judgement says, the old OUT is not deleted
+        return trash
     shutil.rmtree(trash, ignore_errors=True)
     return trash if os.path.lexists(trash) else None
 
@@ -462,6 +472,14 @@ def _foreign(out: str, ours: Callable[[str], bool]) -> str:
     return f"{foreign[0]}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}" if foreign else ""
 
 
+def foreign_files(out: str, ours: Callable[[str], bool]) -> str:
+    """:func:`_foreign` of ``out``, empty where it cannot be listed."""
+    try:
+        return _foreign(out, ours)
+    except OSError:
+        return ""
+
+
 def _input_inside(out: str, inputs: Iterable[str]) -> str | None:
     """The first of ``inputs`` that really lies inside ``out``, or None."""
     real_out = os.path.realpath(out)
@@ -473,11 +491,7 @@ def overwrite_refusal(out: str, ours: Callable[[str], bool], inputs: Iterable[st
     :func:`check_replaceable` refuses: files packer did not write, an input inside it), said to
     a run without it instead of advising ``--overwrite`` (the user went round in a circle); None
     when it would."""
-    try:
-        foreign = _foreign(out, ours)
-    except OSError:
-        foreign = ""
-    if foreign:
+    if foreign := foreign_files(out, ours):
         return f"it holds files packer did not write ({foreign}): choose another directory"
     if inside := _input_inside(out, inputs):
         return f"the input {inside} lies inside it: write the output elsewhere"
