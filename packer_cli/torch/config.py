@@ -54,9 +54,8 @@ class TrainingConfigError(ValueError):
 
 
 def _parallel_size(value, name: str, none: bool = False) -> int | None:
-    """A parallel size as an int >= 1 (None passes where ``none``); TrainingConfigError otherwise.
-    A 0 or a float gave a padding multiple of 0 or 1 without a word, and a string SP flag a
-    multiple for SP on."""
+    """A parallel size as an int >= 1 (None passes where ``none``); TrainingConfigError otherwise
+    (a 0 or a float gave a padding multiple of 0 or 1 without a word)."""
     if none and value is None:
         return None
     size = integer(value)
@@ -66,6 +65,7 @@ def _parallel_size(value, name: str, none: bool = False) -> int | None:
 
 
 def _sp_flag(value) -> bool:
+    """The SP flag as a bool; TrainingConfigError otherwise (``"false"`` gave SP's multiple)."""
     try:
         return flag(value, "sequence_parallel")
     except ValueError as exc:
