@@ -420,12 +420,13 @@ def render(res: dict, targets: dict) -> str:
 
     if mem:
         reps = mem.get("repeats", 1)
+        spread = max(max(r.get("peaks", [0])) - min(r.get("peaks", [0])) for r in (mem["small"], mem["large"]))
         out.append(f"## Memory: 1× and {mem['large']['copies']}× the same input\n")
         out.append(f"The {mem['large']['copies']}× run passes the same file that many times (one stream). Peak RSS is "
                    "the process's `VmHWM` (resident high-water mark, memory-mapped pages included), polled until it "
                    f"exits. Each size ran {reps} times, interleaved; the table shows the median run and every peak, "
-                   "and the growth is taken between the medians (one peak moves by tens of MB between identical "
-                   "runs here, as much as the whole per-sample term).\n")
+                   f"and the growth is taken between the medians (the peaks of one size moved by {spread / MB:,.0f} MB "
+                   "in this run; in others by up to tens of MB, as much as the whole per-sample term).\n")
         parts = "median_anon_bytes" in mem["small"]
         rows = [[f"{r['copies']}×", f"{r['records']:,}", f"{r['tokens'] / 1e6:,.0f} M",
                  f"{median(r.get('all_seconds') or [r['seconds']]):.1f}",
