@@ -331,12 +331,17 @@ def _judged_in_place(out: str, still_replaceable) -> bool:
     """Judge OUT where it is, under its lock, before anything moves, so a refused OUT is never
     even renamed (a kill or a failed put-back would leave it missing); True where it is a real
     directory, which may be swapped out."""
-    if os.path.islink(out):  # OUT was resolved when the run began: a link is someone else's since
-        raise ConfigError(f"{out} is now a symbolic link (it appeared while this run was packing: another run?); "
-                          "--overwrite replaces only a packer output")
+    if os.path.islink(out):
+        raise _appeared_link(out)
     if still_replaceable is not None:
         still_replaceable(out)
     return os.path.isdir(out)
+
+
+def _appeared_link(out: str) -> ConfigError:
+    """OUT was resolved when the run began (:func:`output_target`): a link there is someone else's since."""
+    return ConfigError(f"{out} is now a symbolic link (it appeared while this run was packing: another run?); "
+                       "--overwrite replaces only a packer output")
 
 
 def _discard_swapped(tmp: str, out: str, still_replaceable) -> str | None:
@@ -370,9 +375,8 @@ def _rename_twice(tmp: str, out: str, still_replaceable) -> str | None | object:
                 moved = _sibling(out, _OLD)
                 os.rename(out, moved)
                 trash = moved  # only now: a put-back of a name never made hid why the rename failed
-                if os.path.islink(moved):  # OUT was resolved when the run began: a link is someone else's since
-                    raise ConfigError(f"{out} is now a symbolic link (it appeared while this run was packing: "
-                                      "another run?); --overwrite replaces only a packer output")
+                if os.path.islink(moved):  # one that appeared after the judgement in place
+                    raise _appeared_link(out)
                 if still_replaceable is not None:
                     still_replaceable(moved)
             try:
