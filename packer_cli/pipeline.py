@@ -854,12 +854,13 @@ class _Run:
             kept = replace_dir(self.tmp, self.out, self.opts.overwrite,
                                lambda moved: check_replaceable(moved, (), replaceable_name, shown=self.out))
         self.tmp = None  # in place: nothing left to remove
-        if kept and self.warn and (foreign := foreign_files(kept, replaceable_name)):  # written into OUT as it went
-            self.warn(f"{kept} holds the output this run replaced, kept because files packer did not write "
-                      f"({foreign}) appeared in it as it was replaced; move them out, then remove it")
-        elif kept and self.warn:  # a replaced OUT that could not be deleted
-            self.warn(f"{kept} holds the output this run replaced, which could not be deleted (read-only?); "
-                      "remove it to free its space")
+        if kept and self.warn:  # a replaced OUT left behind
+            if foreign := foreign_files(kept, replaceable_name):  # written into OUT as it was swapped out
+                self.warn(f"{kept} holds the output this run replaced, kept because files packer did not write "
+                          f"({foreign}) appeared in it as it was replaced; move them out, then remove it")
+            else:
+                self.warn(f"{kept} holds the output this run replaced, which could not be deleted (read-only?); "
+                          "remove it to free its space")
 
     def clean_up(self) -> None:
         """Release the spill's memory and remove what is left: the spill (when elsewhere than

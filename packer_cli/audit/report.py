@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from packer_cli.audit._histogram import add_hist, from_sparse, summarize, to_sparse
+from packer_cli.errors import reading_document
 from packer_cli.plan._validate import check_capacity
 from packer_cli.plan.bounds import l2_of_histogram
-from packer_cli.errors import reading_document
 
 
 @dataclass

@@ -4,9 +4,9 @@ This is the VLM path, where samples are not packed offline: the collator gives a
 ``[B, S]`` batch and it is packed on the fly. Semantics follow Megatron-Bridge's
 ``pack_batch_sequences``:
 
-* Row length: the number of non-zero entries of ``padding_mask[i]`` when a mask is given (a mask that is not right
-  padding, a real token after a padded one, is a ValueError), else the index of the last
-  token ``!= pad_token_id`` plus one. Empty rows are dropped.
+* Row length: the number of non-zero entries of ``padding_mask[i]`` when a mask is given (a
+  mask that is not right padding, a real token after a padded one, is a ValueError), else
+  the index of the last token ``!= pad_token_id`` plus one. Empty rows are dropped.
 * Each length is rounded up to ``pad_to_multiple_of`` (``lcm(2*CP, CP*TP with SP)``), and
   ``cu_seqlens`` uses the **padded** lengths so THD RoPE and CP slicing line up.
 * Added padding: token ``pad_token_id``, label -100, loss 0, positions continuing from the
