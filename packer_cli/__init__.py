@@ -47,7 +47,8 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    # Everything but the helpers this file imports for itself, plus the names not loaded yet.
+    return sorted((set(globals()) - {"importlib", "TYPE_CHECKING"}) | set(_LAZY))
 
 
 __all__ = [

@@ -68,6 +68,8 @@ def test_lazy_names_resolve_to_the_real_objects():
         assert getattr(packer_cli, name) is not None
     assert packer_cli.plan.martello_toth_l2 is bounds.martello_toth_l2
     assert "first_fit_decreasing" in dir(packer_cli) and "plan_packs" in dir(packer_cli.plan)
+    for package in (packer_cli, packer_cli.plan):  # not what the package imports for itself
+        assert not {"annotations", "importlib", "TYPE_CHECKING"} & set(dir(package))
     for name in packer_cli.plan.__all__:
         assert getattr(packer_cli.plan, name) is not None
     with pytest.raises(AttributeError, match="no attribute 'nope'"):

@@ -70,4 +70,5 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    # Everything but the helpers this file imports for itself, plus the names not loaded yet.
+    return sorted((set(globals()) - {"annotations", "importlib", "TYPE_CHECKING"}) | set(_EXPORTS))
