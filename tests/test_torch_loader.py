@@ -329,6 +329,46 @@ def test_a_damaged_pack_is_raised_at_its_own_position_and_skipped_alone(stand_in
     assert train("cpu") == train("cuda") == [0, 1, 2, 4, 5]
 
 
+def test_the_readme_recipe_keeps_data_parallel_ranks_in_step_past_a_damaged_pack():
+    # only the rank holding the damaged pack raises: it steps on its last good batch made
+    # lossless, so every rank takes len(loader) steps and the collectives stay matched
+    rows = [make_row([[10 * k + 1, 10 * k + 2, 10 * k + 3]], multiple=4, source_index=[k]) for k in range(12)]
+    rows[7].loss_mask = rows[7].loss_mask.copy()
+    rows[7].loss_mask[0] = 7
+    ds = PackedDataset(InMemoryReader(rows, make_meta(rows, pack_size=16, multiple=4, cp=2)))
+
+    def train(rank):
+        loader = THDLoader(ds, dp_size=3, dp_rank=rank, device="cpu", num_workers=0, shuffle=False)
+        steps, last = [], None
+        while True:
+            try:
+                for batch in loader:
+                    steps.append((batch.source_index.tolist(), batch.num_loss_tokens))
+                    last = batch
+                return steps, len(loader)
+            except DataError:
+                steps.append((last.source_index.tolist(), last.without_loss().num_loss_tokens))
+                state = loader.state_dict()
+                loader.load_state_dict({**state, "position": state["position"] + 1})
+
+    ranks = [train(rank) for rank in range(3)]
+    assert [len(steps) for steps, _ in ranks] == [n for _, n in ranks] == [4, 4, 4]
+    damaged_rank = next(r for r, (steps, _) in enumerate(ranks) if any(count == 0 for _, count in steps))
+    assert [7] not in [index for index, _ in ranks[damaged_rank][0]]
+
+
+def test_a_lossless_batch_keeps_everything_but_the_loss():
+    batch = THDBatch.from_row(make_row([[1, 2, 3], [4, 5]], multiple=4), make_meta([], pack_size=16, multiple=4))
+    lossless = batch.without_loss()
+    assert batch.num_loss_tokens > 0 and batch.loss_mask.sum() > 0  # the batch itself is untouched
+    assert lossless.num_loss_tokens == 0 and lossless.loss_mask.shape == batch.loss_mask.shape
+    assert not lossless.loss_mask.any() and lossless.loss_mask.dtype == batch.loss_mask.dtype
+    assert (lossless.hf_kwargs()["labels"] == -100).all()
+    for name in ("tokens", "labels", "position_ids", "cu_seqlens", "cu_seqlens_padded"):
+        assert getattr(lossless, name) is getattr(batch, name)
+    assert lossless.max_seqlen == batch.max_seqlen and lossless.num_real_tokens == batch.num_real_tokens
+
+
 @pytest.mark.parametrize("device", ["meta", "mps", "xpu"])
 def test_a_device_other_than_cpu_or_cuda_is_refused(device):
     # the batches would otherwise stay on the CPU without a word

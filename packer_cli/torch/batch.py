@@ -154,6 +154,17 @@ class THDBatch:
         """A shallow copy shares the tensors (``copy.copy`` would otherwise go through :meth:`__reduce__`)."""
         return dataclasses.replace(self)
 
+    def without_loss(self) -> "THDBatch":
+        """The same batch with nothing to train: ``loss_mask`` all 0, ``num_loss_tokens`` 0.
+
+        For a data-parallel loop whose rank met a damaged pack (a ``DataError``): every rank
+        must take the same number of steps, so that rank steps on its last good batch made
+        lossless. Shapes, boundaries, device and the tensors other than ``loss_mask`` are
+        shared with this batch (what static shapes and captured graphs expect); the step adds
+        no loss and no gradient, as long as the loss is normalised by a count summed over
+        ranks (a rank dividing by its own zero count gets NaN)."""
+        return dataclasses.replace(self, loss_mask=torch.zeros_like(self.loss_mask), num_loss_tokens=0)
+
     # ------------------------------------------------------------------ tensor plumbing
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "THDBatch":
         """Apply ``fn`` to every tensor, keeping ``cu_seqlens_padded is cu_seqlens``, and the
