@@ -9,7 +9,9 @@ from our ``PackedSeqParams`` and compare with rotating by our own ``position_ids
 """
 
 import dataclasses
+import json
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -56,8 +58,11 @@ def _rotate_by_position_ids(batch: THDBatch, t: torch.Tensor, freqs: torch.Tenso
 
 
 def _assert_rope_agrees(full: THDBatch, cp: int, seed: int) -> None:
-    # More angles than tokens: Megatron's "positions from 0 per sequence" path (not the offset one).
-    freqs = _freqs(full.num_tokens + 1)
+    # The rotary table as Megatron's GPTModel sizes it for packed sequences (get_rotary_seq_len):
+    # max(max_seqlen_q, max_seqlen_kv) angles. Were that the row's length, its RoPE would take
+    # the table as covering the whole row and rotate each sequence from its offset, not from 0.
+    params = full.packed_seq_params()
+    freqs = _freqs(max(params.max_seqlen_q, params.max_seqlen_kv))
     gen = torch.Generator().manual_seed(seed)
     for rank in range(cp):
         part = full.for_cp_rank(cp, rank)
@@ -90,3 +95,25 @@ def test_megatron_thd_rope_matches_our_positions_on_packed_shards(tmp_path, synt
         checked_padding |= full.has_padding
         _assert_rope_agrees(full, cp, seed=index)
     assert checked_padding or cp == 1  # alignment padding (and its positions) was exercised
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+def test_megatron_thd_rope_matches_our_positions_on_static_packs_a_sequence_fills(tmp_path, cp):
+    """Static batches carry Bridge's bound as max_seqlen, and that bound is the pack size once a
+    sequence fills a pack (truncated here, or exactly C long). Served as such, Megatron's table
+    was as long as the row and every later sequence of every pack was rotated from its offset."""
+    rng = np.random.default_rng(cp)
+    lengths = [*rng.integers(2, 120, size=60), 300, 257, 256]  # two truncated to C=256, one exactly C
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": [int(t) for t in rng.integers(1, 500, size=n)]}) + "\n"
+                           for n in lengths))
+    spec = packer_cli.PackSpec(pack_size=256, cp=cp, pad_to_max_length=True, pad_cu_seqlens=True)
+    packer_cli.pack([str(src)], str(tmp_path / "out"), spec)
+    ds = PackedDataset(tmp_path / "out")
+    assert ds.static and ds.metadata["static"]["max_seqlen"] == 256  # Bridge's bound: the pack size
+    rows = [ds[i] for i in range(len(ds))]
+    if cp == 1:
+        rows.append(ds.micro_batch([0, 1]))  # a row of two static packs: T = 2C
+    for index, full in enumerate(rows):
+        assert full.max_seqlen not in (full.num_tokens, 256) and full.max_seqlen > 256
+        _assert_rope_agrees(full, cp, seed=index)

@@ -110,6 +110,8 @@ def test_static_shapes_of_a_bridge_layout_are_the_same_for_both_splits(tmp_path)
     assert len({e["max_samples_per_bin"] for e in entries}) == 2  # the splits differ on their own
     cu_len = max(e["max_samples_per_bin"] for e in entries) + 2
     max_seqlen = max(max(e["dataset_max_seqlen"] for e in entries), 32 - min(e["min_packed_seqlen"] for e in entries))
+    assert max_seqlen == 32  # a 30-token sample fills a pack: served as 32 + m (m = 4), never T itself
+    max_seqlen = 36
     for split in lengths:
         ds = PackedDataset(tmp_path / "bridge", split=split)
         assert ds.static
@@ -176,7 +178,7 @@ def test_static_shapes_of_a_bridge_split_opened_as_a_reader_are_the_layouts(tmp_
         packer.pack([str(src)], str(tmp_path / "bridge"), spec, output=BridgeOutput(split=split))
     by_path = PackedDataset(tmp_path / "bridge", split="training")[0]
     by_reader = PackedDataset(PackedReader(str(tmp_path / "bridge"), "training"))[0]
-    assert by_reader.max_seqlen == by_path.max_seqlen == 32
+    assert by_reader.max_seqlen == by_path.max_seqlen == 32 + 4  # Bridge's bound is T: served as T + m
     assert by_reader.cu_seqlens_padded.numel() == by_path.cu_seqlens_padded.numel()
 
 

@@ -72,7 +72,8 @@ class THDBatch:
             every pack's ``PackedSeqParams`` has the structure a captured CUDA graph replays.
         cu_seqlens_padded: ``[N+1]`` int32 physical offsets, last == T; the same object as
             ``cu_seqlens`` when no sequence is padded (never in static batches with m > 1).
-        max_seqlen: longest physical segment (host int; a dataset-wide constant when static).
+        max_seqlen: longest physical segment (host int; a dataset-wide constant when static,
+            never the row's length: see :func:`packer_cli.torch.build.served_max_seqlen`).
         source_index: ``[N]`` int64 sample index of each sequence in the input stream.
         num_seqs, num_real_tokens, seqlen_sq_sum, num_loss_tokens: host ints over the full
             pack, computed from real lengths before any CP slicing (``seqlen_sq_sum`` is

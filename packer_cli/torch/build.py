@@ -35,7 +35,9 @@ def static_shape(meta: dict) -> tuple[int, int, int]:
     ``T`` is ``spec.pack_size``; boundaries have ``max_samples_per_bin + 2`` entries (a
     leading 0, up to ``max_samples_per_bin`` sequences, one tail segment); ``max_seqlen``
     is Bridge's ``max(dataset_max_seqlen, pack_size - min_packed_seqlen)``, which bounds
-    every sequence and the tail segment.
+    every sequence and the tail segment, except where that bound is ``T`` itself (a sequence
+    fills a pack: truncated, split or exactly C long): there it is ``T + m`` (``T + 1`` where
+    ``m == T``), see :func:`served_max_seqlen`.
     """
     spec = meta.get("spec", {})
     if not spec.get("pad_to_max_length", False):
@@ -53,8 +55,26 @@ def static_shape(meta: dict) -> tuple[int, int, int]:
         )
     t = int(spec["pack_size"])
     cu_len = int(bridge["max_samples_per_bin"]) + 2
-    max_seqlen = max(int(bridge["dataset_max_seqlen"]), t - int(bridge["min_packed_seqlen"]))
-    return t, cu_len, max_seqlen
+    bound = max(int(bridge["dataset_max_seqlen"]), t - int(bridge["min_packed_seqlen"]))
+    multiple = spec.get("pad_seq_to_mult")
+    return t, cu_len, served_max_seqlen(bound, t, multiple if type(multiple) is int and multiple >= 1 else 1)
+
+
+def served_max_seqlen(bound: int, pack_size: int, multiple: int) -> int:
+    """The constant ``max_seqlen`` static batches carry: ``bound`` (the longest segment a pack
+    can hold), raised past ``pack_size`` where it equals it.
+
+    Megatron-core's unfused THD RoPE (``apply_rope_fusion=False``, its default) sizes its
+    rotary table by ``max_seqlen`` and, when that length equals the row's ``cu_seqlens[-1]``,
+    reads the table as covering the whole row: it then rotates each sequence from its offset in
+    the pack instead of from 0. A static row is ``T = k·pack_size`` tokens long, so the served
+    value must be no multiple of ``pack_size``: ``pack_size + multiple`` (still divisible by
+    2·CP), or ``pack_size + 1`` where ``multiple == pack_size`` (only without CP). A larger
+    ``max_seqlen`` is still an upper bound for Transformer Engine and flash-attn.
+    """
+    if bound < pack_size:
+        return bound
+    return pack_size + (multiple if multiple < pack_size else 1)
 
 
 def _check_row(row: Any, tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s: np.ndarray, p: np.ndarray,
