@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import mmap
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -580,8 +581,46 @@ _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 _LEGACY_END_OF_STREAM = b"\x00\x00\x00\x00"
 
 
+#: Bytes of an Arrow input read between two hand-backs of its mapped pages (see _MappedInput).
+RELEASE_BYTES = 64 << 20
+
+
+class _MappedInput:
+    """A read-only mapping of an Arrow IPC input whose pages the process hands back as it reads.
+
+    Batches are read in place (no copy), but a mapped page the process has touched counts in
+    its resident set until it is unmapped: reading a 4 GB file left 4 GB resident at its end,
+    beyond the memory bound that holds for every other input. So every :data:`RELEASE_BYTES`
+    read, :meth:`read` drops the whole mapping's pages (``MADV_DONTNEED``). The file's pages stay
+    in the page cache; a batch still in use that touches one again faults it back in, so this
+    costs a little time and never changes what is read.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._map: mmap.mmap | None = None
+        self._since_release = 0
+        with open(path, "rb") as f:
+            try:
+                self._map = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+            except ValueError:  # an empty file cannot be mapped: read as what it is, no bytes
+                self.source = pa.BufferReader(b"")
+                return
+            except OSError:  # a file system that cannot map files: pyarrow reads it instead
+                self.source = pa.OSFile(path)
+                return
+        self.source = pa.BufferReader(pa.py_buffer(self._map))
+
+    def read(self, nbytes: int) -> None:
+        """Note that ``nbytes`` more were read; past :data:`RELEASE_BYTES`, hand the pages back."""
+        self._since_release += nbytes
+        if self._map is not None and self._since_release >= RELEASE_BYTES and hasattr(self._map, "madvise"):
+            self._map.madvise(mmap.MADV_DONTNEED)
+            self._since_release = 0
+
+
 def _open_ipc(path: str):
-    source = pa.memory_map(path)
+    mapped = _MappedInput(path)
+    source = mapped.source
     if source.read_at(4, 0) == b"FEA1":
         raise DataError(f"{path}: a Feather version 1 file; packer reads Feather version 2 (Arrow IPC): "
                         "rewrite it with pyarrow.feather.write_feather")
@@ -593,11 +632,11 @@ def _open_ipc(path: str):
                             "(truncated?)") from None
         source.seek(0)
         reader = pa.ipc.open_stream(source)
-        return _complete_stream(path, source, reader), reader.schema
+        return _complete_stream(path, source, reader), reader.schema, mapped
     check_file_layout(path, source)
     # One batch at a time: a compressed file's batch is decompressed when it is read, and a
     # list of them all held the whole file decompressed (as did asking for its field names).
-    return (reader.get_batch(i) for i in range(reader.num_record_batches)), reader.schema
+    return (reader.get_batch(i) for i in range(reader.num_record_batches)), reader.schema, mapped
 
 
 def _complete_stream(path: str, source, reader) -> Iterator[pa.RecordBatch]:
@@ -712,7 +751,7 @@ def read_parquet(path: str, fields: list[str], arrow_only: bool = False,
 
 
 def read_ipc(path: str, fields: list[str], absent: tuple[str, ...] = ()) -> Iterator[RawBatch]:
-    batches, schema = _open_ipc(path)
+    batches, schema, mapped = _open_ipc(path)
     _require_fields(path, schema, fields)
     absent = _supervision_columns(path, schema, absent)
     row0 = 0
@@ -725,8 +764,10 @@ def read_ipc(path: str, fields: list[str], absent: tuple[str, ...] = ()) -> Iter
         rows = batch.num_rows if supervised is None else supervised
         for start in range(0, rows, BATCH_ROWS):
             piece = batch.slice(start, min(BATCH_ROWS, rows - start))
-            yield RawBatch(path, row0, _select(piece, fields))
+            piece = _select(piece, fields)
+            yield RawBatch(path, row0, piece)
             row0 += piece.num_rows
+            mapped.read(piece.nbytes)
         if supervised is not None:  # the rows before it went first: a bad record among them is reported first
             raise _supervised_column(path, absent, columns, supervised, row0 - supervised)
 
