@@ -478,6 +478,27 @@ def test_refine_hand_instance():
     assert refined.num_packs == 2
 
 
+@given(st.integers(1, 300), st.integers(1, 400), st.integers(0, 120))
+@settings(max_examples=60, deadline=None)
+def test_refine_of_one_length_keeps_an_optimal_plan_and_improves_another(length, capacity, n):
+    """Items of one length need exactly ceil(n / floor(C / s)) packs. A plan with that many is
+    kept as it is (the pass had re-packed the whole pool under every setting for nothing); one
+    with more is still refined down to it."""
+    length = min(length, capacity)
+    lengths = np.full(n, length, np.int64)
+    fewest = -(-n // (capacity // length))
+    ffd = plan_packs(lengths, capacity)
+    assert ffd.num_packs == fewest
+    kept = refine_plan(lengths, ffd)
+    validate_plan(kept, lengths, capacity)
+    npt.assert_array_equal(kept.order, ffd.order)
+    npt.assert_array_equal(kept.pack_offsets, ffd.pack_offsets)
+    alone = _hand_plan(np.arange(n), np.arange(n + 1), np.full(n, length), num_items=n, capacity=capacity)
+    refined = refine_plan(lengths, alone)  # one item a pack: room to gain wherever two fit
+    validate_plan(refined, lengths, capacity)
+    assert refined.num_packs == fewest
+
+
 def test_refine_errors_and_empty():
     assert refine_plan([], plan_packs([], 8)).num_packs == 0
     with pytest.raises(ValueError, match="covers 2 items"):

@@ -147,6 +147,17 @@ def _join(sequence, ends, kept_packs, new_sequence, new_ends, out=None):
     return out, joined_ends
 
 
+def _optimal_for_one_length(pool_lengths: np.ndarray, num_packs: int, capacity: int) -> bool:
+    """Whether ``num_packs`` packs of a pool whose items all have one length are already the
+    fewest: ``ceil(n / floor(C / s))``. The L2 bound is weak there (about n/3 packs where n/2
+    are needed), so without this every setting re-packed the whole pool and gained nothing:
+    1M items of one length took 0.3-0.8 s more than first fit's 0.02 s."""
+    if pool_lengths.size == 0 or pool_lengths.min() != pool_lengths.max() or pool_lengths[0] <= 0:
+        return False
+    per_pack = capacity // int(pool_lengths[0])
+    return per_pack > 0 and num_packs <= -(-pool_lengths.size // per_pack)
+
+
 def _refine(arr: np.ndarray, plan: PackPlan, *, max_rounds: int = 4, in_place: bool = False) -> PackPlan:
     """:func:`refine_plan` on validated lengths (empty items allowed, they stay unpacked).
 
@@ -171,8 +182,10 @@ def _refine(arr: np.ndarray, plan: PackPlan, *, max_rounds: int = 4, in_place: b
         if plan.num_packs > target:
             # Sorted by item index so equal lengths are taken in index order.
             pool = np.sort(_collect(plan.order, plan.pack_offsets, np.flatnonzero(nonfull)))
-            repacked = _repack(arr, pool, num_nonfull, capacity, target - kept_packs.size, max_rounds,
-                               look_ahead=True)
+            repacked = None
+            if not _optimal_for_one_length(arr[pool], num_nonfull, capacity):
+                repacked = _repack(arr, pool, num_nonfull, capacity, target - kept_packs.size, max_rounds,
+                                   look_ahead=True)
             del pool
             if repacked is not None:
                 current = _with_packs(arr, plan, kept_packs, *repacked, in_place=in_place)
