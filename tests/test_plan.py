@@ -707,3 +707,14 @@ def test_plan_arguments_of_the_wrong_kind_are_refused_not_taken_for_something_el
             plan.pack_items(pack)
     with pytest.raises(TypeError, match="plan must be a PackPlan, got dict"):
         validate_plan({"order": plan.order}, lengths)
+
+
+@given(st.lists(st.integers(0, 3000), max_size=40), st.integers(0, 3), st.integers(3001, 5000))
+@settings(max_examples=60, deadline=None)
+def test_length_histogram_counts_every_chunk_up_to_its_own_largest_value(values, copies, size):
+    """The planner's histogram counts a million values at a time, each chunk only up to its own
+    largest value; the sum must be NumPy's whole-array bincount."""
+    from packer_cli.plan.bounds import histogram
+
+    big = np.concatenate([np.full((1 << 20) * copies, 7, np.int32), np.asarray(values, np.int32)])
+    npt.assert_array_equal(histogram(big, size), np.bincount(big, minlength=size))
