@@ -1,6 +1,7 @@
 """MicroBatchSampler and THDLoader: sharding, epochs, CP slices, resume, and the no-sync GPU path."""
 
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -328,33 +329,79 @@ def test_a_damaged_pack_is_raised_at_its_own_position_and_skipped_alone(stand_in
 
     assert train("cpu") == train("cuda") == [0, 1, 2, 4, 5]
 
+    def stand_in(device):  # the same loop left to the loader: pack 2 stands in for pack 3
+        loader = THDLoader(ds, device=device, num_workers=0, pin_memory=False, shuffle=False, on_damaged="lossless")
+        with pytest.warns(UserWarning, match="lossless stand-in"):
+            return [(b.source_index.item(), b.num_loss_tokens) for b in loader]
 
-def test_the_readme_recipe_keeps_data_parallel_ranks_in_step_past_a_damaged_pack():
-    # only the rank holding the damaged pack raises: it steps on its last good batch made
-    # lossless, so every rank takes len(loader) steps and the collectives stay matched
-    rows = [make_row([[10 * k + 1, 10 * k + 2, 10 * k + 3]], multiple=4, source_index=[k]) for k in range(12)]
-    rows[7].loss_mask = rows[7].loss_mask.copy()
-    rows[7].loss_mask[0] = 7
-    ds = PackedDataset(InMemoryReader(rows, make_meta(rows, pack_size=16, multiple=4, cp=2)))
+    assert stand_in("cpu") == stand_in("cuda") == [(0, 2), (1, 2), (2, 2), (2, 0), (4, 2), (5, 2)]
 
-    def train(rank):
-        loader = THDLoader(ds, dp_size=3, dp_rank=rank, device="cpu", num_workers=0, shuffle=False)
-        steps, last = [], None
-        while True:
-            try:
-                for batch in loader:
-                    steps.append((batch.source_index.tolist(), batch.num_loss_tokens))
-                    last = batch
-                return steps, len(loader)
-            except DataError:
-                steps.append((last.source_index.tolist(), last.without_loss().num_loss_tokens))
-                state = loader.state_dict()
-                loader.load_state_dict({**state, "position": state["position"] + 1})
 
-    ranks = [train(rank) for rank in range(3)]
-    assert [len(steps) for steps, _ in ranks] == [n for _, n in ranks] == [4, 4, 4]
-    damaged_rank = next(r for r, (steps, _) in enumerate(ranks) if any(count == 0 for _, count in steps))
-    assert [7] not in [index for index, _ in ranks[damaged_rank][0]]
+def _damaged_dataset(num_packs: int, damaged: set[int]) -> PackedDataset:
+    rows = [make_row([[10 * k + 1, 10 * k + 2, 10 * k + 3]], multiple=4, source_index=[k]) for k in range(num_packs)]
+    for k in damaged:
+        rows[k].loss_mask = rows[k].loss_mask.copy()
+        rows[k].loss_mask[0] = 7
+    return PackedDataset(InMemoryReader(rows, make_meta(rows, pack_size=16, multiple=4, cp=2)))
+
+
+@pytest.mark.parametrize("workers, damaged", [  # a rank's first, middle and last micro-batches
+    (0, {0}), (0, {4}), (0, {9}), (0, {0, 3}), (0, {3, 6, 9}), (2, {0, 3}), (2, {9})])
+def test_lossless_stand_ins_keep_data_parallel_ranks_in_step(workers, damaged):
+    """Only the rank holding a damaged pack sees it; with on_damaged="lossless" it steps on a
+    lossless stand-in (its previous micro-batch, or for its first the next one), so every rank
+    takes len(loader) steps and every good pack is served once, losses and all."""
+    ds = _damaged_dataset(12, damaged)
+    served = []
+    for rank in range(3):
+        loader = THDLoader(ds, dp_size=3, dp_rank=rank, device="cpu", num_workers=workers, shuffle=False,
+                           on_damaged="lossless")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            steps = [(b.source_index.tolist(), b.num_loss_tokens, int(b.loss_mask.sum())) for b in loader]
+        mine = set(range(rank, 12, 3))
+        assert len(steps) == len(loader) == 4 and loader.epoch == 1  # the pass ended; the next epoch is next
+        trained = [index[0] for index, count, mask in steps if count]
+        assert trained == sorted(mine - damaged)  # every good pack once, in order
+        assert all(count == mask for _, count, mask in steps)  # a stand-in's count says what its mask holds
+        stood_in = [index[0] for index, count, _ in steps if not count]
+        assert len(stood_in) == len(mine & damaged) and not set(stood_in) & damaged
+        said = [str(w.message) for w in caught if "lossless stand-in" in str(w.message)]
+        assert len(said) == len(mine & damaged) and all("\n" not in m for m in said)
+        served += trained
+    assert sorted(served) == sorted(set(range(12)) - damaged)
+
+
+def test_the_readme_skip_recipe_stays_in_its_epoch_when_the_last_micro_batch_is_damaged():
+    """Loading the state one further (past a damaged last micro-batch) and iterating again
+    started the next epoch within this one; the README's set_epoch after it keeps the epoch."""
+    ds = _damaged_dataset(6, {5})
+    loader = THDLoader(ds, device="cpu", num_workers=0, shuffle=False)
+    served = []
+    while True:
+        try:
+            for batch in loader:
+                served.append(batch.source_index.item())
+            break
+        except DataError:
+            state = loader.state_dict()
+            loader.load_state_dict({**state, "position": state["position"] + 1})
+            loader.set_epoch(state["epoch"])
+    assert served == [0, 1, 2, 3, 4]
+
+
+def test_a_pass_with_no_good_micro_batch_left_raises_even_with_stand_ins():
+    ds = _damaged_dataset(6, {3, 4, 5})
+    loader = THDLoader(ds, device="cpu", num_workers=0, shuffle=False, on_damaged="lossless")
+    loader.load_state_dict({**loader.state_dict(), "position": 3})
+    with pytest.warns(UserWarning, match="lossless stand-in"), \
+            pytest.raises(DataError, match="no good micro-batch left in this pass to stand in for it"):
+        list(loader)
+
+
+def test_on_damaged_is_checked():
+    with pytest.raises(ValueError, match="on_damaged must be one of 'raise', 'lossless', got 'skip'"):
+        THDLoader(_damaged_dataset(3, set()), device="cpu", on_damaged="skip")
 
 
 def test_a_lossless_batch_keeps_everything_but_the_loss():

@@ -158,12 +158,13 @@ class THDBatch:
     def without_loss(self) -> "THDBatch":
         """The same batch with nothing to train: ``loss_mask`` all 0, ``num_loss_tokens`` 0.
 
-        For a data-parallel loop whose rank met a damaged pack (a ``DataError``): every rank
-        must take the same number of steps, so that rank steps on its last good batch made
-        lossless. Shapes, boundaries, device and the tensors other than ``loss_mask`` are
-        shared with this batch (what static shapes and captured graphs expect); the step adds
-        no loss and no gradient, as long as the loss is normalised by a count summed over
-        ranks (a rank dividing by its own zero count gets NaN)."""
+        The stand-in ``THDLoader(on_damaged="lossless")`` serves for a micro-batch holding a
+        damaged pack: every data-parallel rank must take the same number of steps. Shapes,
+        boundaries, device and the tensors other than ``loss_mask`` are shared with this batch
+        (what static shapes and captured graphs expect); the token loss adds nothing and no
+        gradient, as long as it is normalised by a count summed over ranks (a rank dividing by
+        its own zero count gets NaN). Auxiliary losses that ignore ``loss_mask`` (MoE load
+        balancing, z-loss) still see the tokens."""
         return dataclasses.replace(self, loss_mask=torch.zeros_like(self.loss_mask), num_loss_tokens=0)
 
     # ------------------------------------------------------------------ tensor plumbing

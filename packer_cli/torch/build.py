@@ -69,8 +69,9 @@ def served_max_seqlen(bound: int, pack_size: int, multiple: int) -> int:
     reads the table as covering the whole row: it then rotates each sequence from its offset in
     the pack instead of from 0. A static row is ``T = k·pack_size`` tokens long, so the served
     value must be no multiple of ``pack_size``: ``pack_size + multiple`` (still divisible by
-    2·CP), or ``pack_size + 1`` where ``multiple == pack_size`` (only without CP). A larger
-    ``max_seqlen`` is still an upper bound for Transformer Engine and flash-attn.
+    2·CP), or ``pack_size + 1`` where ``multiple == pack_size`` (Transformer Engine's CP code
+    floor-divides it by 2·CP, which still gives the chunks' length). A larger ``max_seqlen`` is
+    still an upper bound for Transformer Engine and flash-attn.
     """
     if bound < pack_size:
         return bound

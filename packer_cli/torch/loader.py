@@ -39,7 +39,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from packer_cli.errors import counted
+from packer_cli.errors import DataError, PackerWarning, counted, first_line
 from packer_cli.torch._ints import flag, integer
 from packer_cli.torch.batch import CP_MBS_ERROR, THDBatch
 from packer_cli.torch.config import validate_training_config
@@ -47,6 +47,10 @@ from packer_cli.torch.cp import cp_rank_arguments
 from packer_cli.torch.dataset import PackedDataset
 from packer_cli.torch.prefetch import cuda_prefetch
 from packer_cli.torch.sampler import MicroBatchSampler
+
+
+#: ``THDLoader(on_damaged=...)``: raise the DataError, or step on a lossless stand-in.
+ON_DAMAGED = ("raise", "lossless")
 
 
 class _MicroBatches(Dataset):
@@ -95,6 +99,13 @@ class THDLoader:
         pin_memory: pin host batches (only meaningful for a CUDA device).
         prefetch_factor: batches each worker keeps ready (an integer >= 1, or None for torch's
             default; unused without workers).
+        on_damaged: what a micro-batch holding a damaged pack does. ``"raise"``: the
+            :class:`~packer_cli.errors.DataError`, at its own position. ``"lossless"``: a warning
+            naming it, and a stand-in in its place, the rank's previous micro-batch of this pass
+            made lossless (:meth:`THDBatch.without_loss`; for the pass's first, the next one's),
+            so that every data-parallel rank still takes ``len(loader)`` steps. Only the rank
+            holding the pack sees the damage; with ``"raise"`` its peers would wait for it in
+            their next collective.
     """
 
     def __init__(
@@ -114,6 +125,7 @@ class THDLoader:
         num_workers: int = 2,
         pin_memory: bool = True,
         prefetch_factor: int = 2,
+        on_damaged: str = "raise",
     ) -> None:
         if not isinstance(dataset, PackedDataset):  # a path or a Subset failed as a bare AttributeError
             raise TypeError(f"THDLoader needs a PackedDataset, got {type(dataset).__name__}: "
@@ -140,6 +152,9 @@ class THDLoader:
         if workers > 0 and prefetch_factor is not None and (prefetch is None or prefetch < 1):
             raise ValueError(f"prefetch_factor must be an integer >= 1 with worker processes, got {prefetch_factor!r}")
         num_workers = workers
+        if on_damaged not in ON_DAMAGED:
+            raise ValueError(f"on_damaged must be one of {', '.join(map(repr, ON_DAMAGED))}, got {on_damaged!r}")
+        self.on_damaged = on_damaged
         if kind == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"THDLoader(device={str(device)!r}) needs CUDA, which is unavailable; pass device='cpu'")
         spec = dataset.metadata.get("spec", {})
@@ -261,11 +276,45 @@ class THDLoader:
             self.sampler.epoch += 1
             self._position = 0
         self._epoch_chosen = False
+        if self.on_damaged == "raise":
+            for batch in self._batches():
+                self._position += 1
+                yield batch
+        else:
+            yield from self._standing_in()
+        self.sampler.epoch += 1  # a completed pass moves on to the next permutation
+        self._position = 0
+
+    def _batches(self) -> Iterator[THDBatch]:
+        """This pass's micro-batches from the current position, on the loader's device."""
         batches = self._host_batches()
         if self.device.type == "cuda":
             batches = cuda_prefetch(batches, self.device)
-        for batch in batches:
-            self._position += 1
-            yield batch
-        self.sampler.epoch += 1  # a completed pass moves on to the next permutation
-        self._position = 0
+        return batches
+
+    def _standing_in(self) -> Iterator[THDBatch]:
+        """The pass with ``on_damaged="lossless"``: a damaged micro-batch is skipped (the pass
+        resumes after it) and a lossless stand-in takes its step, so the count stays
+        ``len(loader)``."""
+        last: THDBatch | None = None
+        owed: list[str] = []  # damaged micro-batches met before any good one in this pass
+        while True:
+            try:
+                for batch in self._batches():
+                    for _ in owed:  # the pass's first micro-batches were damaged: the next one stands in
+                        yield batch.without_loss()
+                    owed.clear()
+                    self._position += 1
+                    last = batch
+                    yield batch
+                break
+            except DataError as exc:
+                self._position += 1  # past the damaged micro-batch: the state resumes after it
+                warnings.warn(f"THDLoader: {first_line(exc)}; this rank steps on a lossless stand-in (epoch "
+                              f"{self.sampler.epoch}, micro-batch {self._position - 1})", PackerWarning, stacklevel=3)
+                if last is not None:
+                    yield last.without_loss()
+                else:
+                    owed.append(str(exc))
+        if owed:  # every micro-batch of the pass left was damaged: nothing to stand in with
+            raise DataError(f"{owed[0]} (and no good micro-batch left in this pass to stand in for it)")
