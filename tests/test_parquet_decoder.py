@@ -1661,3 +1661,28 @@ def test_empty_compressed_value_sections_read(tmp_path, codec):
     reader, batches = read_with_packer(path, ["input_ids"])
     assert_same_as_pyarrow(path, ["input_ids"], batches)
     assert reader.fallback_reason is None
+
+
+def _rows_in_child(path: str, queue) -> None:
+    queue.put(sum(batch.num_rows for batch in ListColumnReader(path, ["input_ids", "loss_mask"], 64)))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_the_shared_decoding_threads_are_made_again_in_a_forked_child(tmp_path):
+    """Files share the process's two decoding threads (a pool a file cost most of a small
+    file's reading); a forked child has none of its parent's threads, so it makes its own
+    rather than wait forever on the parent's."""
+    import multiprocessing
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(token_table(300, seed=1), path, row_group_size=40)
+    assert read_with_packer(path, ["input_ids", "loss_mask"], 64)[0].fast_rows == 300  # the parent's pool exists
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_rows_in_child, args=(str(path), queue))
+    child.start()
+    child.join(60)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive and queue.get(timeout=5) == 300

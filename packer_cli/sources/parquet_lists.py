@@ -768,6 +768,21 @@ class _ColumnCursor:
             future.cancel()
 
 
+_POOL_LOCK = threading.Lock()
+_POOL: tuple[int, ThreadPoolExecutor] | None = None  # (the process it was made in, the pool)
+
+
+def decode_pool() -> ThreadPoolExecutor:
+    """The process's two page-decoding threads, shared by every file it reads: a pool a file
+    cost two thread starts and joins a file (1-3 ms, most of a small file's reading). A forked
+    child makes its own (the parent's threads are not in it)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != os.getpid():
+            _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=2, thread_name_prefix="packer-parquet"))
+        return _POOL[1]
+
+
 def _runs(group_rows: list[int], run_rows: int) -> Iterator[tuple[int, int]]:
     """``(first, end)`` of consecutive row groups, each run closed once it holds ``run_rows``
     rows (a group larger than that is a run of its own)."""
@@ -847,12 +862,13 @@ class ListColumnReader:
         schema = pa.schema([pf.schema_arrow.field(name) for name in self.fields])
         fd = os.open(self.path, os.O_RDONLY)
         file_size = os.fstat(fd).st_size
-        pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="packer-parquet")
+        pool = decode_pool()
         group_rows = [int(rows) for rows in footer.group_rows]
         read = functools.partial(self._run, fd, file_size, footer, layouts, schema, pool)
         runs = list(_runs(group_rows, self.batch_rows * RUN_BATCHES))
         # Runs of groups smaller than a batch are decoded whole; larger groups stream page by page.
-        small = [sum(group_rows[first:end]) < self.batch_rows * (end - first) for first, end in runs]
+        small = [end - first > 1 and sum(group_rows[first:end]) < self.batch_rows * (end - first)
+                 for first, end in runs]
         whole_runs = self._whole_runs(pf, footer, layouts) if any(small) else None
         try:
             for k, (first, end) in enumerate(runs):
@@ -880,12 +896,11 @@ class ListColumnReader:
         finally:
             if whole_runs is not None:
                 whole_runs.close()
-            pool.shutdown(wait=True, cancel_futures=True)
-            os.close(fd)
+            os.close(fd)  # (the pool's decoding never reads the file: pages are read on this thread)
 
     def _whole_runs(self, pf: pq.ParquetFile, footer: Footer, layouts) -> "RowGroupRuns":
         """A :class:`RowGroupRuns` of this file that knows its footer and layouts already."""
-        whole_runs = RowGroupRuns(self.path, pf)
+        whole_runs = RowGroupRuns(self.path, pf, decode_pool())
         whole_runs._footers[tuple(self.fields)] = footer
         whole_runs._layouts[tuple(self.fields)] = layouts
         return whole_runs
@@ -1118,11 +1133,12 @@ class RowGroupRuns:
             batch = runs.read(0, 36, ["input_ids", "loss_mask"])  # None: pyarrow's to read
     """
 
-    def __init__(self, path: str, pf: pq.ParquetFile | None = None):
+    def __init__(self, path: str, pf: pq.ParquetFile | None = None, pool: ThreadPoolExecutor | None = None):
         self.pf = pf if pf is not None else pq.ParquetFile(path, pre_buffer=False)
         self.fd = os.open(path, os.O_RDONLY)
         self.file_size = os.fstat(self.fd).st_size
-        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="packer-parquet")
+        self._own_pool = pool is None  # a pool given (the process's decoding threads) is left running
+        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="packer-parquet") if pool is None else pool
         self._layouts: dict[tuple, list[_ColumnLayout] | None] = {}
         self._footers: dict[tuple, Footer] = {}  # the footer, by the fields it was checked for
         self._ahead: ThreadPoolExecutor | None = None  # where the next run is read while this one is used
@@ -1138,7 +1154,8 @@ class RowGroupRuns:
         if self.fd >= 0:
             if self._ahead is not None:
                 self._ahead.shutdown(wait=True, cancel_futures=True)
-            self.pool.shutdown(wait=True, cancel_futures=True)
+            if self._own_pool:
+                self.pool.shutdown(wait=True, cancel_futures=True)
             os.close(self.fd)
             self.fd = -1
 
