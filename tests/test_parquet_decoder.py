@@ -443,12 +443,12 @@ def test_runs_of_small_row_groups_give_full_batches(tmp_path, group_rows, batch_
     assert_same_as_pyarrow(path, ["input_ids", "loss_mask"], batches)
     assert reader.fast_rows == 2500 and reader.fallback_reason is None
     run_rows = batch_rows * parquet_lists.RUN_BATCHES
-    runs, rows = [], 0  # each run closes once it holds run_rows rows
+    runs, rows = [], 0  # each run closes before a group would take it past run_rows rows
     for count in [group_rows] * (2500 // group_rows) + ([2500 % group_rows] if 2500 % group_rows else []):
-        rows += count
-        if rows >= run_rows:
+        if rows and rows + count > run_rows:
             runs.append(rows)
             rows = 0
+        rows += count
     runs += [rows] if rows else []
     expected = []  # each run's batches: full ones, then its rest
     for rows in runs:
@@ -492,7 +492,7 @@ def test_nulls_in_a_later_row_group_switch_over_mid_file(tmp_path, batch_rows):
     # first batch would hold them: all from pyarrow), the rest from pyarrow's.
     assert (reader.fast_rows > 0) == (batch_rows < 250) and reader.arrow_rows > 0, (reader.fast_rows, reader.arrow_rows)
     assert reader.fast_rows + reader.arrow_rows == 1000
-    assert reader.fast_rows <= 250 and reader.fast_rows % batch_rows == 0
+    assert reader.fast_rows <= 250
 
 
 def test_nulls_in_one_column_only_later(tmp_path):
@@ -1686,3 +1686,16 @@ def test_the_shared_decoding_threads_are_made_again_in_a_forked_child(tmp_path):
     if alive:
         child.kill()
     assert not alive and queue.get(timeout=5) == 300
+
+
+def test_a_run_of_row_groups_stays_within_its_rows_and_values():
+    """A run decoded whole is in memory at once: 600 one-row groups before a 1M-row group were
+    one run of 1,000,600 rows, and ten-row groups of 32k-token samples would make a run of 8,192
+    rows a gigabyte. A run closes before either bound; a larger group is a run of its own."""
+    from packer_cli.sources.parquet_lists import _runs
+
+    assert list(_runs([1] * 600 + [1_000_000, 5], [3] * 600 + [9_000_000, 15], 8192, 4 << 20)) == [
+        (0, 600), (600, 601), (601, 602)]
+    runs = list(_runs([10] * 100, [320_000] * 100, 8192, 4 << 20))  # 13 groups hold 4.16M values
+    assert runs[0] == (0, 13) and all(end - first <= 13 for first, end in runs) and runs[-1][1] == 100
+    assert list(_runs([], [], 8192, 4 << 20)) == [] and list(_runs([0, 0], [0, 0], 1, 1)) == [(0, 2)]

@@ -1,5 +1,6 @@
 """MicroBatchSampler and THDLoader: sharding, epochs, CP slices, resume, and the no-sync GPU path."""
 
+import itertools
 import re
 import warnings
 
@@ -390,12 +391,40 @@ def test_the_readme_skip_recipe_stays_in_its_epoch_when_the_last_micro_batch_is_
     assert served == [0, 1, 2, 3, 4]
 
 
-def test_a_pass_with_no_good_micro_batch_left_raises_even_with_stand_ins():
-    ds = _damaged_dataset(6, {3, 4, 5})
+def _lossless_steps(loader) -> list[tuple[int, int]]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return [(b.source_index.item(), b.num_loss_tokens) for b in loader]
+
+
+@pytest.mark.parametrize("damaged", [{0}, {0, 1}, {2, 3}, {5}, {1, 4, 5}, {0, 1, 2, 3, 4}])
+def test_a_resumed_pass_serves_the_same_stand_ins_and_steps(damaged):
+    """The position counts steps served (stand-ins too), and a stand-in is the last good
+    micro-batch before the damaged one, built again after a resume: resumed at any step, the
+    rest of the pass is what the uninterrupted pass served. (A state saved between two owed
+    stand-ins had skipped a step; a resume had no previous batch, so it stood in with the next
+    one, or raised before a damaged last micro-batch.)"""
+    ds = _damaged_dataset(6, damaged)
+    whole = _lossless_steps(THDLoader(ds, device="cpu", num_workers=0, shuffle=False, on_damaged="lossless"))
+    assert len(whole) == 6
+    for step in range(7):
+        loader = THDLoader(ds, device="cpu", num_workers=0, shuffle=False, on_damaged="lossless")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            served = [(b.source_index.item(), b.num_loss_tokens) for b in itertools.islice(loader, step)]
+        state = loader.state_dict()
+        assert state["position"] == len(served) == min(step, 6)
+        resumed = THDLoader(ds, device="cpu", num_workers=0, shuffle=False, on_damaged="lossless")
+        resumed.load_state_dict(state)
+        resumed.set_epoch(0)
+        assert served + _lossless_steps(resumed) == whole, step
+
+
+def test_a_pass_with_no_good_micro_batch_raises_even_with_stand_ins():
+    ds = _damaged_dataset(3, {0, 1, 2})
     loader = THDLoader(ds, device="cpu", num_workers=0, shuffle=False, on_damaged="lossless")
-    loader.load_state_dict({**loader.state_dict(), "position": 3})
     with pytest.warns(UserWarning, match="lossless stand-in"), \
-            pytest.raises(DataError, match="no good micro-batch left in this pass to stand in for it"):
+            pytest.raises(DataError, match="no good micro-batch in this pass to stand in for it"):
         list(loader)
 
 

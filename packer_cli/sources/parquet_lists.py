@@ -73,6 +73,9 @@ SLAB_BYTES = 16 << 20  # consecutive pages decode into one array of up to this s
 #: cursor a column, page by page: a file of 10-row groups, read a group at a time, paid a
 #: cursor, threads' work and a short batch every 10 rows (7-12 M tokens/s against ~60 M).
 RUN_BATCHES = 4
+#: ...and until a column holds this many values: a run decoded whole is in memory at once (and
+#: the next one decoding), so rows of long samples must close it sooner (16 MiB of int32 ids).
+RUN_VALUES = 4 << 20
 _CODECS = ("UNCOMPRESSED", "SNAPPY", "ZSTD", "GZIP")
 _MAP_PAYLOAD = 256 << 10  # page payloads this large are mapped, smaller ones read
 
@@ -783,15 +786,18 @@ def decode_pool() -> ThreadPoolExecutor:
         return _POOL[1]
 
 
-def _runs(group_rows: list[int], run_rows: int) -> Iterator[tuple[int, int]]:
-    """``(first, end)`` of consecutive row groups, each run closed once it holds ``run_rows``
-    rows (a group larger than that is a run of its own)."""
-    first, rows = 0, 0
-    for group, count in enumerate(group_rows):
+def _runs(group_rows: list[int], group_values: list[int], run_rows: int,
+          run_values: int) -> Iterator[tuple[int, int]]:
+    """``(first, end)`` of consecutive row groups, each run closed before it would pass
+    ``run_rows`` rows or ``run_values`` values (level entries) in a column; a group past either
+    on its own is a run of its own."""
+    first, rows, values = 0, 0, 0
+    for group, (count, entries) in enumerate(zip(group_rows, group_values)):
+        if group > first and (rows + count > run_rows or values + entries > run_values):
+            yield first, group
+            first, rows, values = group, 0, 0
         rows += count
-        if rows >= run_rows:
-            yield first, group + 1
-            first, rows = group + 1, 0
+        values += entries
     if first < len(group_rows):
         yield first, len(group_rows)
 
@@ -865,7 +871,9 @@ class ListColumnReader:
         pool = decode_pool()
         group_rows = [int(rows) for rows in footer.group_rows]
         read = functools.partial(self._run, fd, file_size, footer, layouts, schema, pool)
-        runs = list(_runs(group_rows, self.batch_rows * RUN_BATCHES))
+        group_values = [max(footer.chunk(group, layout.leaf).num_values for layout in layouts)
+                        for group in range(len(group_rows))]
+        runs = list(_runs(group_rows, group_values, self.batch_rows * RUN_BATCHES, RUN_VALUES))
         # Runs of groups smaller than a batch are decoded whole; larger groups stream page by page.
         small = [end - first > 1 and sum(group_rows[first:end]) < self.batch_rows * (end - first)
                  for first, end in runs]

@@ -262,8 +262,8 @@ class THDLoader:
         """Micro-batches per epoch for this rank."""
         return self.sampler.per_epoch
 
-    def _host_batches(self) -> Iterator[THDBatch]:
-        self.sampler.start = self._position
+    def _host_batches(self, start: int) -> Iterator[THDBatch]:
+        self.sampler.start = start
         try:
             yield from self._loader
         finally:
@@ -285,23 +285,31 @@ class THDLoader:
         self.sampler.epoch += 1  # a completed pass moves on to the next permutation
         self._position = 0
 
-    def _batches(self) -> Iterator[THDBatch]:
-        """This pass's micro-batches from the current position, on the loader's device."""
-        batches = self._host_batches()
+    def _batches(self, start: int | None = None) -> Iterator[THDBatch]:
+        """This pass's micro-batches from ``start`` (by default the position), on the loader's device."""
+        batches = self._host_batches(self._position if start is None else start)
         if self.device.type == "cuda":
             batches = cuda_prefetch(batches, self.device)
         return batches
 
     def _standing_in(self) -> Iterator[THDBatch]:
-        """The pass with ``on_damaged="lossless"``: a damaged micro-batch is skipped (the pass
-        resumes after it) and a lossless stand-in takes its step, so the count stays
-        ``len(loader)``."""
+        """The pass with ``on_damaged="lossless"``: a damaged micro-batch is skipped and a
+        lossless stand-in takes its step, so the count stays ``len(loader)``.
+
+        The position counts steps served, stand-ins included, so a state saved between two
+        stand-ins resumes at the second; the stand-in is the last good micro-batch before the
+        damaged one in this pass (built again after a resume), else the next good one: the
+        stream is the same, resumed or not."""
+        start = self._position
+        read_at = start  # the next micro-batch to read: ahead of the position while stand-ins are owed
         last: THDBatch | None = None
-        owed: list[str] = []  # damaged micro-batches met before any good one in this pass
+        owed: list[str] = []  # damaged micro-batches with no good one before them in this pass
         while True:
             try:
-                for batch in self._batches():
-                    for _ in owed:  # the pass's first micro-batches were damaged: the next one stands in
+                for batch in self._batches(read_at):
+                    read_at += 1
+                    for _ in owed:  # the next good micro-batch stands in for them
+                        self._position += 1
                         yield batch.without_loss()
                     owed.clear()
                     self._position += 1
@@ -309,12 +317,27 @@ class THDLoader:
                     yield batch
                 break
             except DataError as exc:
-                self._position += 1  # past the damaged micro-batch: the state resumes after it
+                read_at += 1  # past the damaged micro-batch
                 warnings.warn(f"THDLoader: {first_line(exc)}; this rank steps on a lossless stand-in (epoch "
-                              f"{self.sampler.epoch}, micro-batch {self._position - 1})", PackerWarning, stacklevel=3)
+                              f"{self.sampler.epoch}, micro-batch {read_at - 1})", PackerWarning, stacklevel=3)
+                if last is None and start > 0:
+                    last = self._good_before(start)
                 if last is not None:
+                    self._position += 1
                     yield last.without_loss()
                 else:
                     owed.append(str(exc))
-        if owed:  # every micro-batch of the pass left was damaged: nothing to stand in with
-            raise DataError(f"{owed[0]} (and no good micro-batch left in this pass to stand in for it)")
+        if owed:  # every micro-batch of the pass was damaged: nothing to stand in with
+            raise DataError(f"{owed[0]} (and no good micro-batch in this pass to stand in for it)")
+
+    def _good_before(self, position: int) -> THDBatch | None:
+        """The last micro-batch of this pass before ``position`` that builds (the stand-in a pass
+        run from its start would have had), on the loader's device; None if there is none."""
+        order = self.sampler.epoch_order(self.sampler.epoch)
+        for k in range(position - 1, -1, -1):
+            try:
+                batch = self._loader.dataset[list(order[k])]
+            except DataError:
+                continue
+            return batch if self.device.type == "cpu" else batch.to(self.device)
+        return None
