@@ -230,6 +230,13 @@ class Footer:
     chunks: np.ndarray  # int64 rows of CHUNK_FIELDS, row group by row group
     columns: int  # column chunks per row group
 
+    def group_values(self, columns: list[int]) -> np.ndarray:
+        """Each row group's largest level-entry count among ``columns`` (int64, one per group)."""
+        if not columns or self.group_rows.size == 0:
+            return np.zeros(self.group_rows.size, np.int64)
+        counts = self.chunks[:, NUM_VALUES].reshape(self.group_rows.size, self.columns)
+        return counts[:, columns].max(axis=1)
+
     def chunk(self, group: int, column: int) -> ChunkMeta:
         row = self.chunks[group * self.columns + column]
         start, dictionary = int(row[DATA_OFFSET]), int(row[DICT_OFFSET])

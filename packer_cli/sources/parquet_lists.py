@@ -871,8 +871,7 @@ class ListColumnReader:
         pool = decode_pool()
         group_rows = [int(rows) for rows in footer.group_rows]
         read = functools.partial(self._run, fd, file_size, footer, layouts, schema, pool)
-        group_values = [max(footer.chunk(group, layout.leaf).num_values for layout in layouts)
-                        for group in range(len(group_rows))]
+        group_values = footer.group_values([layout.leaf for layout in layouts]).tolist()
         runs = list(_runs(group_rows, group_values, self.batch_rows * RUN_BATCHES, RUN_VALUES))
         # Runs of groups smaller than a batch are decoded whole; larger groups stream page by page.
         small = [end - first > 1 and sum(group_rows[first:end]) < self.batch_rows * (end - first)

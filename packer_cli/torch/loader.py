@@ -303,6 +303,7 @@ class THDLoader:
         start = self._position
         read_at = start  # the next micro-batch to read: ahead of the position while stand-ins are owed
         last: THDBatch | None = None
+        looked_back = start == 0  # a resumed pass looks for its stand-in before ``start`` once
         owed: list[str] = []  # damaged micro-batches with no good one before them in this pass
         while True:
             try:
@@ -320,8 +321,8 @@ class THDLoader:
                 read_at += 1  # past the damaged micro-batch
                 warnings.warn(f"THDLoader: {first_line(exc)}; this rank steps on a lossless stand-in (epoch "
                               f"{self.sampler.epoch}, micro-batch {read_at - 1})", PackerWarning, stacklevel=3)
-                if last is None and start > 0:
-                    last = self._good_before(start)
+                if last is None and not looked_back:
+                    last, looked_back = self._good_before(start), True
                 if last is not None:
                     self._position += 1
                     yield last.without_loss()
