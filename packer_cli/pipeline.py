@@ -641,6 +641,8 @@ def pack(
         # reused one reported its last run's EOS result in a dry run.
         output = replace(output)
         output.reset()
+        if warn and (note := output.row_group_memory_note(spec.pack_size)):
+            warn(note)
     run = _Run(spec, opts, files, out, spill_parent, output, warn)
     try:  # from the moment the temporary output exists: a signal anywhere after this still removes it
         run.tmp = _temporary_output(out, opts.overwrite, spec, files, output, create=not opts.dry_run) if out else None

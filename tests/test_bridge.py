@@ -172,6 +172,19 @@ def test_row_groups(small, tmp_path):
     assert default_row_group_size(4096) == 28 and default_row_group_size(1 << 17) == 1
 
 
+def test_row_groups_past_the_memory_bound_are_warned_about_before_the_run(small, tmp_path):
+    """The writer builds whole row groups, a few at once: Bridge's own 500 packs a group at
+    C = 131,072 peaked near 2 GB, past packer's bound. Such a size is warned about as the run
+    starts (a dry run too); the default and smaller sizes are not."""
+    said = []
+    bridge_pack([small], tmp_path / "a", PackSpec(pack_size=1 << 17), warn=said.append, row_group_size=500)
+    assert [line for line in said if "--row-group-size 500: row groups of 65,536,000 tokens" in line]
+    for size, out in ((None, "b"), (127, "c")):  # 127 packs of 131,072: 16,646,144 tokens, below 16 Mi
+        said.clear()
+        bridge_pack([small], tmp_path / out, PackSpec(pack_size=1 << 17), warn=said.append, row_group_size=size)
+        assert not [line for line in said if "row groups of" in line]
+
+
 # -- round trip with the native format ----------------------------------------------------------
 @pytest.mark.parametrize("cp,pad_id", [(1, 0), (2, 0), (2, DEMO_EOS)])
 def test_native_and_bridge_rows_identical(small, tmp_path, cp, pad_id):
