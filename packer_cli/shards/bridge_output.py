@@ -241,10 +241,10 @@ class BridgeOutput:
     def row_group_memory_note(self, pack_size: int) -> str | None:
         """A warning for row groups so large that building them passes packer's memory bound: a
         write step is whole row groups, and a few steps are in flight."""
-        tokens = self.rows_per_group(pack_size) * pack_size
-        if tokens < LARGE_GROUP_TOKENS:
+        rows = self.rows_per_group(pack_size)
+        if rows * pack_size < LARGE_GROUP_TOKENS:
             return None
-        return (f"--row-group-size {self.rows_per_group(pack_size):,}: row groups of {tokens:,} tokens; the writer "
+        return (f"--row-group-size {rows:,}: row groups of {rows * pack_size:,} tokens; the writer "
                 "holds whole row groups while it builds them, a few at once, so its memory grows with them "
                 "(65M-token groups peaked near 2 GB). Row groups of a few million tokens (the default, about "
                 "1 MiB) keep it bounded")
