@@ -56,8 +56,13 @@ def static_shape(meta: dict) -> tuple[int, int, int]:
     t = int(spec["pack_size"])
     cu_len = int(bridge["max_samples_per_bin"]) + 2
     bound = max(int(bridge["dataset_max_seqlen"]), t - int(bridge["min_packed_seqlen"]))
+    return t, cu_len, served_max_seqlen(bound, t, _recorded_multiple(spec) or 1)
+
+
+def _recorded_multiple(spec: dict) -> int | None:
+    """The spec's ``pad_seq_to_mult`` where it is a usable one (an int >= 1), else None."""
     multiple = spec.get("pad_seq_to_mult")
-    return t, cu_len, served_max_seqlen(bound, t, multiple if type(multiple) is int and multiple >= 1 else 1)
+    return multiple if type(multiple) is int and multiple >= 1 else None
 
 
 def served_max_seqlen(bound: int, pack_size: int, multiple: int) -> int:
@@ -161,9 +166,8 @@ def build_thd_batch(row: Any, meta: dict, *, static: bool = False) -> THDBatch:
     cu_in = np.asarray(row.cu_seqlens, dtype=np.int64)
     s = np.asarray(row.seq_lens, dtype=np.int64)
     p = np.diff(cu_in)
-    multiple = spec.get("pad_seq_to_mult")
-    _check_row(row, tokens_in, loss_in, cu_in, s, p, multiple if type(multiple) is int and multiple >= 1 else None,
-               pad_id)
+    multiple = _recorded_multiple(spec)
+    _check_row(row, tokens_in, loss_in, cu_in, s, p, multiple, pad_id)
     n = s.size
     phys = int(cu_in[-1])
 
@@ -187,7 +191,7 @@ def build_thd_batch(row: Any, meta: dict, *, static: bool = False) -> THDBatch:
     nseg = seg_p.size
     # Static batches replay one CUDA graph, so every pack must have the same structure: where
     # sequences are aligned (m > 1) some packs have padding, so all carry two vectors.
-    aligned = type(multiple) is int and multiple > 1
+    aligned = multiple is not None and multiple > 1
     padded = bool((p != s).any()) or (static and aligned)
 
     cu_pad = np.zeros(nseg + 1, dtype=np.int64)
