@@ -21,6 +21,8 @@ from packer_cli.plan import (
     refine_plan,
     validate_plan,
 )
+from packer_cli.plan.bounds import _fs_of_sizes
+from packer_cli.plan.refine import _one_packed_length
 
 try:
     from tests import naive
@@ -305,6 +307,29 @@ def test_l2_below_optimum(inst):
     assert martello_toth_l2(lengths, capacity) <= naive.optimal_packs(lengths, capacity)
 
 
+def _fs(lengths, capacity):
+    sizes, counts = np.unique(np.asarray(lengths, np.int64), return_counts=True)
+    return _fs_of_sizes(sizes, counts, capacity)
+
+
+@settings(max_examples=120, deadline=None)
+@given(inst=instances(max_capacity=20, max_items=9))
+def test_fekete_schepers_below_optimum(inst):
+    """What the improvement pass stops at must never exceed the fewest packs possible."""
+    lengths, capacity = inst
+    assert lower_bound(lengths, capacity) <= _fs(lengths, capacity) <= naive.optimal_packs(lengths, capacity)
+
+
+def test_fekete_schepers_sees_pairs_l2_cannot():
+    """Eight items of 15 at C = 41 pair at most (three are 45), and the 29s take only a 7:
+    6 packs are needed. L2 counts the 15s by their total (ceil(120 / 41) = 3), u_2 as halves."""
+    lengths = [29, 29] + [15] * 8 + [7, 7]
+    assert martello_toth_l2(lengths, 41) == 5
+    assert _fs(lengths, 41) == 6 == naive.optimal_packs(lengths, 41)
+    assert _fs([], 41) == 0 and _fs([0, 0], 41) == 0
+    assert _fs([41, 41, 1], 41) == 3  # L1: each u_k alone counts the 1 as nothing
+
+
 def test_bounds_hand_computed():
     assert lower_bound([5, 5, 5], 10) == 2
     assert martello_toth_l2([5, 5, 5], 10) == 2
@@ -497,6 +522,25 @@ def test_refine_of_one_length_keeps_an_optimal_plan_and_improves_another(length,
     refined = refine_plan(lengths, alone)  # one item a pack: room to gain wherever two fit
     validate_plan(refined, lengths, capacity)
     assert refined.num_packs == fewest
+
+
+def test_refine_of_one_length_with_empty_items_skipped():
+    """Empty items are never packed, so they do not make a pool of one length a mixed one:
+    an optimal plan is kept, one with a pack to spare is still refined."""
+    lengths = np.array([0, 4, 4, 0, 4, 4, 4, 0], np.int64)
+    assert _one_packed_length(lengths) == 4  # the check made before any pool is gathered
+    assert _one_packed_length(np.array([0, 4, 5])) == 0 and _one_packed_length(np.zeros(3, np.int64)) == 0
+    ffd = plan_packs(lengths, 10, skip_empty=True)
+    assert ffd.num_packs == 3
+    kept = refine_plan(lengths, ffd)
+    npt.assert_array_equal(kept.order, ffd.order)
+    npt.assert_array_equal(kept.pack_offsets, ffd.pack_offsets)
+    packed = np.flatnonzero(lengths)
+    alone = _hand_plan(packed, np.arange(packed.size + 1), np.full(packed.size, 4), num_items=lengths.size,
+                       capacity=10)
+    refined = refine_plan(lengths, alone)
+    validate_plan(refined, lengths, 10, skip_empty=True)
+    assert refined.num_packs == 3
 
 
 def test_refine_errors_and_empty():

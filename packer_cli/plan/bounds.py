@@ -48,6 +48,53 @@ def _l2_of_lengths(arr: np.ndarray, capacity: int) -> int:
     return l2_of_histogram(histogram(arr, capacity + 1), capacity)
 
 
+def _best_of_lengths(arr: np.ndarray, capacity: int) -> int:
+    """The larger of L2 and the Fekete–Schepers bound (:func:`_fs_of_sizes`) of validated
+    lengths, from one histogram (or sort): what the improvement pass stops at."""
+    if arr.shape[0] == 0:
+        return 0
+    if capacity > 4 * arr.shape[0]:
+        sizes, counts = np.unique(arr, return_counts=True)
+    else:
+        hist = histogram(arr, capacity + 1)
+        sizes = np.flatnonzero(hist)
+        counts = hist[sizes]
+    return max(_l2_of_sizes(sizes, counts, capacity), _fs_of_sizes(sizes, counts, capacity))
+
+
+#: The Fekete–Schepers functions tried: u_k for k = 1 .. FS_MAX_K.
+FS_MAX_K = 32
+
+
+def _fs_of_sizes(sizes: np.ndarray, counts: np.ndarray, capacity: int, max_k: int = FS_MAX_K) -> int:
+    """Fekete–Schepers lower bound: the largest ``ceil(sum(u_k(s)) / C)`` for k = 1..``max_k``
+    (and L1), with the dual feasible function ``u_k(s) = s`` where ``(k + 1) s / C`` is an
+    integer and ``floor((k + 1) s / C) C / k`` elsewhere (no pack's items can sum to more than
+    C under it).
+
+    Where few lengths repeat it sees what L2 cannot: items of 700, 1,500 and 2,900 tokens at
+    C = 4,096 (a 2,900 fits only beside a 700, two 1,500s at most share a pack) need one pack
+    per 2,900 and one per two 1,500s. u_2 counts exactly that (2,900 → C, 1,500 → C/2, 700 → 0);
+    L2 was 9 % lower, so the improvement pass re-packed 1M such items for 0.25 s to find first
+    fit's plan optimal. Sums are kept exact: ``sum(u_k) k = k A + C B`` with ``A`` the lengths
+    where ``(k + 1) s / C`` is whole and ``B`` the floors elsewhere."""
+    c = capacity
+    sizes = np.asarray(sizes, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    keep = sizes > 0
+    sizes, counts = sizes[keep], counts[keep]
+    if sizes.size == 0:
+        return 0
+    best = -(-int((sizes * counts).sum()) // c)  # L1: the identity is dual feasible too
+    for k in range(1, max_k + 1):
+        scaled = (k + 1) * sizes
+        whole = scaled % c == 0
+        a = int((sizes[whole] * counts[whole]).sum())
+        b = int(((scaled[~whole] // c) * counts[~whole]).sum())
+        best = max(best, -(-(k * a + c * b) // (k * c)))
+    return best
+
+
 def histogram(values: np.ndarray, size: int) -> np.ndarray:
     """``np.bincount(values, minlength=size)`` a million values at a time: bincount converts its
     input to int64 first, 8 bytes a value at once otherwise (at the planner's memory peak).
