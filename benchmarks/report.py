@@ -47,7 +47,7 @@ def _spill_memory_part(mem: dict) -> str:
     less the other two parts)."""
     small, large = mem["small"], mem["large"]
     growth = ("Between two inputs whose spills are both smaller, the peak also grows by their difference "
-              "(README, *Scratch disk*); 1.5 GB + 16 B/sample bounds every size.")
+              "(docs/PACK.md, *Scratch disk*); 1.5 GB + 16 B/sample bounds every size.")
     if "spill_memory_bytes" in small:
         held = (small["spill_memory_bytes"], large["spill_memory_bytes"])
         own = [r["median_anon_bytes"] - h for r, h in zip((small, large), held)]
@@ -112,7 +112,7 @@ def _spill_section(rows: list[dict], command: str) -> str:
     """How pass two read the spill back, at random or staged, with and without room for it."""
     parts = ["## Spill read back at random or staged (bench_spill.py)\n",
              "`--spill-read random` reads the spill one sequence at a time in output order; `staged` first "
-             "copies it into stages in one sequential pass and reads each stage whole (README, *A spill larger "
+             "copies it into stages in one sequential pass and reads each stage whole (docs/PACK.md, *A spill larger "
              "than the page cache*). Both ran alternating, 3 rounds, medians; `auto` once under the limit.\n"]
     table = []
     for part in ("unlimited", "limited"):

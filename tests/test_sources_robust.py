@@ -656,7 +656,7 @@ def test_a_file_of_only_malformed_json_names_the_line(tmp_path, content, policy)
 ORJSON_REFUSES = {  # valid JSON (RFC 8259) that orjson refuses, each in a field packer does not read
     "lone surrogate": b'"t": "half an emoji \\ud83d"',  # what Python's json.dumps writes for it
     "number past a double": b'"score": 1e400',
-}  # nesting past 1024 levels too, but Python's parser stops near 1000: README names the limit
+}  # nesting past 1024 levels too, but Python's parser stops near 1000: docs/PACK.md names the limit
 
 
 @pytest.mark.parametrize("first", [True, False], ids=["first record", "later record"])

@@ -126,7 +126,7 @@ def test_hf_model_on_hf_kwargs_sees_each_sequence_alone(attn, multiple, tail):
 
 
 def test_readmes_loss_from_logits_is_the_models_own_loss():
-    """README's recipe for a model that would shift the labels again: logits and hf_kwargs()'s
+    """docs/LOADER.md's recipe for a model that would shift the labels again: logits and hf_kwargs()'s
     labels give the loss transformers computes, per target token."""
     model = _tiny_llama("sdpa")
     samples = [[5, 9, 3, 7, 1, 2], [8, 4, 6], [3, 3, 9, 10, 11, 12, 13, 2]]
@@ -135,7 +135,7 @@ def test_readmes_loss_from_logits_is_the_models_own_loss():
                                          pad_to_max_length=True))
     with torch.no_grad():
         theirs = model(**b.hf_kwargs()).loss
-        kw = b.hf_kwargs(); labels = kw.pop("labels"); kw.pop("shift_labels")  # noqa: E702 - as README
+        kw = b.hf_kwargs(); labels = kw.pop("labels"); kw.pop("shift_labels")  # noqa: E702 - as docs/LOADER.md
         logits = model(**kw).logits
         loss = torch.nn.functional.cross_entropy(logits[0].float(), labels[0], ignore_index=-100,
                                                  reduction="sum") / max(b.num_loss_tokens, 1)

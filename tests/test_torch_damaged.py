@@ -221,7 +221,7 @@ def test_real_length_lowered_within_the_padding_is_refused(outputs, tmp_path):
     """Lowered by 1 where the padding rule still holds (p - s stays below m): the slot it gives
     up holds a real token, not pad_id, and the batch would train the token before it to predict
     a pad. A length raised within the padding reads the same as a real token equal to pad_id
-    (README: only verify's checksums see it)."""
+    (docs/LOADER.md: only verify's checksums see it)."""
     out = copy(outputs, tmp_path)
     with pa.memory_map(str(out / SHARD)) as mm:
         batch = pa.ipc.open_file(mm).get_batch(0)

@@ -375,7 +375,7 @@ def test_lossless_stand_ins_keep_data_parallel_ranks_in_step(workers, damaged):
 
 def test_the_readme_skip_recipe_stays_in_its_epoch_when_the_last_micro_batch_is_damaged():
     """Loading the state one further (past a damaged last micro-batch) and iterating again
-    started the next epoch within this one; the README's set_epoch after it keeps the epoch."""
+    started the next epoch within this one; docs/LOADER.md's set_epoch after it keeps the epoch."""
     ds = _damaged_dataset(6, {5})
     loader = THDLoader(ds, device="cpu", num_workers=0, shuffle=False)
     served = []
@@ -479,7 +479,7 @@ def test_a_pass_that_took_the_whole_epoch_without_ending_continues_with_the_next
     resumed = THDLoader(ds, seed=3, device="cpu", num_workers=0)
     resumed.load_state_dict(state.state_dict())
     assert _ids(resumed) == epochs[1]
-    # The README's loop calls set_epoch(e) after restoring: epoch e is finished, nothing is replayed.
+    # docs/LOADER.md's loop calls set_epoch(e) after restoring: epoch e is finished, nothing is replayed.
     looped = THDLoader(ds, seed=3, device="cpu", num_workers=0)
     looped.load_state_dict(state.state_dict())
     served = []

@@ -327,7 +327,7 @@ def _refuse_hf_without_shift_labels() -> None:
     raise RuntimeError(
         f"hf_kwargs(): transformers {getattr(transformers, '__version__', '?')} shifts the labels itself and "
         f"ignores shift_labels (taken since {HF_SHIFT_LABELS_SINCE}): the loss would be trained on the wrong "
-        "tokens. Upgrade transformers, or compute the loss from the model's logits and b.labels (README)"
+        "tokens. Upgrade transformers, or compute the loss from the model's logits and b.labels (docs/LOADER.md)"
     )
 
 
