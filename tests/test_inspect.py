@@ -332,14 +332,41 @@ def test_percentiles_are_numpys_bit_for_bit():
     # a + (b - a)·t for every t gave 42.400000000000006 where numpy gives 42.4 (AUDIT.md: "as numpy.percentile")
     import numpy as np
 
-    from packer_cli.audit._histogram import percentile
+    from packer_cli.audit._histogram import Hist, percentile
 
     rng = np.random.default_rng(7)
-    assert percentile(np.bincount([15, 24, 24, 34, 48]), 90) == np.percentile([15, 24, 24, 34, 48], 90) == 42.4
+    assert percentile(Hist.of([15, 24, 24, 34, 48]), 90) == np.percentile([15, 24, 24, 34, 48], 90) == 42.4
     for _ in range(2000):
         values = rng.integers(0, 60, rng.integers(1, 12))
         for q in (50, 90, 99):
-            assert percentile(np.bincount(values), q) == np.percentile(values, q)
+            assert percentile(Hist.of(values), q) == np.percentile(values, q)
+
+
+def test_histograms_hold_what_the_values_hold_whatever_their_range():
+    """Counted (small values) or sorted (values past 2^16 and 4 per value), merged in any order,
+    read back from a document: the same histogram, and the same figures as NumPy's. A pack
+    size of 2^24 made every shard's load histogram 16M entries; a document naming 2^40 asked
+    for 8 TB."""
+    from packer_cli.audit._histogram import Hist, buckets, from_sparse, summarize, to_sparse
+
+    rng = np.random.default_rng(3)
+    for top in (10, 1 << 16, 1 << 24, 1 << 40):
+        parts = [rng.integers(0, top, rng.integers(0, 300)) for _ in range(4)] + [np.array([top - 1])]
+        everything = np.concatenate(parts)
+        merged = sum((Hist.of(p) for p in parts), start=Hist())
+        assert merged == Hist.of(everything) == from_sparse(to_sparse(merged))
+        values, counts = np.unique(everything, return_counts=True)
+        assert to_sparse(merged) == {"values": values.tolist(), "counts": counts.tolist()}
+        assert summarize(merged)["mean"] == int(everything.sum()) / everything.size  # exact, then one rounding
+        assert summarize(merged)["p90"] == np.percentile(everything, 90)
+        assert sum(c for *_, c in buckets(merged, 16)) == everything.size
+        assert merged.count(int(values[0])) == counts[0] and merged.count(-1) == 0
+    assert from_sparse({"values": [7, 3, 7, 9], "counts": [1, 2, 3, 0]}) == Hist([3, 7], [2, 4])
+    for bad in ({"values": [-1], "counts": [1]}, {"values": [1], "counts": [-2]}, {"values": [1, 2], "counts": [1]}):
+        with pytest.raises(ValueError):
+            from_sparse(bad)
+    with pytest.raises(ValueError):
+        Hist.of([3, -1])
 
 
 def test_a_partial_report_takes_empty_packs_anywhere():
@@ -351,7 +378,7 @@ def test_a_partial_report_takes_empty_packs_anywhere():
         report = InspectReport.partial(out="x", spec={"pack_size": 64}, recorded={}, real=[3] * n, padded=[4] * n,
                                        seq_counts=counts, target_tokens=0)
         assert report.packs == len(counts) and report.pack_len_total == 4 * n
-        assert report.load_hist[0] == counts.count(0) and report.load_hist.sum() == len(counts)
+        assert report.load_hist.count(0) == counts.count(0) and report.load_hist.total == len(counts)
 
 
 def test_the_summarys_recorded_counts_have_thousands_separators(tmp_path):

@@ -131,10 +131,10 @@ def compare(sink: FindingSink, check: str, meta: dict, path: str, expected, what
 def expected_bridge(report: InspectReport) -> dict:
     """Megatron-Bridge's metadata keys recomputed from the packs (runtime lengths incl. padding)."""
     C = int(report.spec["pack_size"])
-    loads = np.flatnonzero(report.load_hist)
+    loads = report.load_hist.values
     return {
-        "dataset_max_seqlen": int(np.flatnonzero(report.padded_hist)[-1]),
-        "max_samples_per_bin": int(np.flatnonzero(report.seqs_hist)[-1]),
+        "dataset_max_seqlen": int(report.padded_hist.values[-1]),
+        "max_samples_per_bin": int(report.seqs_hist.values[-1]),
         "packing_factor": round(report.sequences / report.packs, 2),
         "packing_efficiency": round(report.padded_tokens / report.packs / C * 100, 2),
         "pack_size": C,

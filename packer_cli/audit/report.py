@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from packer_cli.audit._histogram import add_hist, from_sparse, summarize, to_sparse
+from packer_cli.audit._histogram import Hist, from_sparse, summarize, to_sparse
 from packer_cli.errors import reading_document
 from packer_cli.plan._validate import check_capacity
-from packer_cli.plan.bounds import l2_of_histogram
+from packer_cli.plan.bounds import _l2_of_sizes
 
 
 @dataclass
@@ -78,12 +78,12 @@ class InspectReport:
     sum_sq_real: int = 0
     sum_sq_padded: int = 0
     sum_sq_pack: int = 0
-    real_hist: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    """Sequences per real runtime length s (index = s)."""
-    padded_hist: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    load_hist: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    """Packs per load Σp (index = Σp)."""
-    seqs_hist: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    real_hist: Hist = field(default_factory=Hist)
+    """Sequences per real runtime length s."""
+    padded_hist: Hist = field(default_factory=Hist)
+    load_hist: Hist = field(default_factory=Hist)
+    """Packs per load Σp."""
+    seqs_hist: Hist = field(default_factory=Hist)
     """Packs per number of sequences."""
     detail: PackDetail | None = None
 
@@ -107,8 +107,8 @@ class InspectReport:
             runtime_tokens=_i(real.sum()), padded_tokens=_i(padded.sum()), target_tokens=_i(target_tokens),
             pack_len_total=_i(pack_len.sum()), sum_sq_real=_i((real * real).sum()),
             sum_sq_padded=_i((padded * padded).sum()), sum_sq_pack=_i((pack_len * pack_len).sum()),
-            real_hist=np.bincount(real), padded_hist=np.bincount(padded), load_hist=np.bincount(load),
-            seqs_hist=np.bincount(seq_counts),
+            real_hist=Hist.of(real), padded_hist=Hist.of(padded), load_hist=Hist.of(load),
+            seqs_hist=Hist.of(seq_counts),
         )
 
     def __add__(self, other: "InspectReport") -> "InspectReport":
@@ -117,7 +117,7 @@ class InspectReport:
         sums = {name: getattr(self, name) + getattr(other, name) for name in (
             "packs", "sequences", "runtime_tokens", "padded_tokens", "target_tokens", "pack_len_total",
             "sum_sq_real", "sum_sq_padded", "sum_sq_pack")}
-        hists = {name: add_hist(getattr(self, name), getattr(other, name))
+        hists = {name: getattr(self, name) + getattr(other, name)
                  for name in ("real_hist", "padded_hist", "load_hist", "seqs_hist")}
         return InspectReport(out=self.out, spec=self.spec, recorded=self.recorded, **sums, **hists,
                              detail=self.detail or other.detail)
@@ -132,14 +132,14 @@ class InspectReport:
         """``(⌈Σp/C⌉, Martello–Toth L2)``; L2 is None when a padded length is 0 or exceeds C."""
         C = int(self.spec["pack_size"])
         lower = -(-self.padded_tokens // C)
-        hist = self.padded_hist
+        sizes = self.padded_hist.values
         try:
             check_capacity(C)
         except ValueError:
             return lower, None
-        if hist[C + 1:].any() or (hist.size and hist[0]):
+        if sizes.size and (sizes[-1] > C or sizes[0] == 0):
             return lower, None  # lengths no plan could hold: no bound
-        return lower, l2_of_histogram(hist, C)  # from the histogram: no array of every sequence
+        return lower, _l2_of_sizes(sizes, self.padded_hist.counts, C)  # no array of every sequence
 
     def to_dict(self) -> dict:
         """The ``--json`` document (keys documented in docs/AUDIT.md)."""
