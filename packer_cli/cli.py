@@ -26,7 +26,8 @@ from packer_cli._console import (Console, StdoutLost, guard_std_streams, quiet_s
 from packer_cli._allocator import keep_freed_memory
 from packer_cli._jit import light_cache_loads
 from packer_cli.errors import (ConfigError, Interrupted, PackerError, PackerWarning, check_interrupted,
-                               exception_chain, interrupted, raise_interrupted, stop_raising_interrupts)
+                               exception_chain, handling_signals, interrupted, late_signal, raise_interrupted,
+                               stop_raising_interrupts)
 from packer_cli.shards._atomic import STOPPING_SIGNALS
 from packer_cli.shards.bridge import OutputFormat, ParquetEncoding, Split
 from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec, SpillRead
@@ -126,6 +127,8 @@ def pack_command(
     except PackerError as exc:
         _fail_audit(exc, json_out, out)
     check_interrupted()  # a run the user stopped prints no summary
+    if (late := late_signal()) is not None:  # it came once the output was in place: the run is done
+        say(f"warning: {_SIGNAL_WORDS.get(late, 'terminated')} after {out} was complete: the output is kept")
     if json_out:  # ok and exit_code as a failure's document has them: a job tests one key either way
         _print_json({"ok": True, "exit_code": 0, **summary.to_dict()})
     else:
@@ -390,6 +393,7 @@ def main() -> None:
     _std_streams_present()
     guard_std_streams()
     gc.disable()
+    handling_signals()
     for signum in STOPPING_SIGNALS:  # SIGHUP too: a closed terminal, a dropped ssh session
         if signal.getsignal(signum) is not signal.SIG_IGN:  # e.g. SIGINT in a background shell job, nohup
             signal.signal(signum, raise_interrupted)

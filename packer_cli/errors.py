@@ -135,6 +135,8 @@ class Interrupted(BaseException):
 _signal_received: int | None = None  # set by raise_interrupted, for check_interrupted
 _raising = True  # until stop_raising_interrupts
 _deferred = 0  # depth of interrupts_deferred blocks on the main thread
+_handling = False  # the CLI's handlers are installed (handling_signals)
+_result_in_place = False  # set by result_in_place
 
 
 def raise_interrupted(signum: int, frame=None) -> None:
@@ -189,6 +191,30 @@ def stop_raising_interrupts() -> None:
     _raising = False
 
 
+def handling_signals() -> None:
+    """The CLI is about to install :func:`raise_interrupted`: from now on
+    :func:`result_in_place` applies (in a process of the Python API it changes nothing)."""
+    global _handling
+    _handling = True
+
+
+def result_in_place() -> None:
+    """The command's result is in place (a finished output renamed into OUT): a signal from now
+    on is only recorded, and neither raised nor a failure of the command, which has nothing
+    left to stop. Exiting 130 with a complete output in OUT told a job the opposite of what
+    happened, and its retry then failed on the existing OUT. Call it inside the block that
+    holds signals across the renames, so that one held there is recorded as late too."""
+    global _raising, _result_in_place
+    if _handling:
+        _raising = False
+        _result_in_place = True
+
+
+def late_signal() -> int | None:
+    """The signal that came after :func:`result_in_place`, if one did."""
+    return _signal_received if _result_in_place else None
+
+
 def check_interrupted() -> None:
     """Raise again a signal :func:`raise_interrupted` received, should its exception have been
     lost on the way: called where a command goes on to work that matters (after its imports,
@@ -200,8 +226,9 @@ def check_interrupted() -> None:
     module was imported from source (no cached bytecode, e.g. ``PYTHONDONTWRITEBYTECODE``) and
     its exception never came out, so the run went on to exit 0 with its output written (about 1
     start in 40 with a Ctrl-C 0.2-0.3 s in); and inside a finalizer, whose exception Python only
-    prints. No-op where no handler of packer's ran (the Python API, or no signal)."""
-    if _signal_received is not None:
+    prints. No-op where no handler of packer's ran (the Python API, or no signal), and once
+    the command's result is in place (:func:`result_in_place`)."""
+    if _signal_received is not None and not _result_in_place:
         raise Interrupted(_signal_received)
 
 

@@ -43,14 +43,15 @@ from packer_cli._background import background, ordered_map
 from packer_cli._kernel_cache import njit
 from packer_cli._sequences import Items, SampleLog, SourceMap, build_items
 from packer_cli._summary import PackSummary, summarize
-from packer_cli.errors import ConfigError, DataError, OutputError, check_interrupted, counted, env_choice
+from packer_cli.errors import (ConfigError, DataError, Interrupted, OutputError, check_interrupted, counted,
+                               env_choice, result_in_place)
 from packer_cli.plan import plan_packs
 from packer_cli.plan.plan import PackPlan
 from packer_cli.plan.bounds import histogram
 from packer_cli.progress import Progress
 from packer_cli.shards._atomic import (REPLACED, check_parent, check_replaceable, check_writable, foreign_files,
                                       make_temporary, output_target, overwrite_refusal, replace_dir, signals_held,
-                                      spill_dir_prefix, stale_spill_dirs, stale_temporaries, within)
+                                      spill_dir_prefix, stale_spill_dirs, stale_temporaries, sync_dir, within)
 from packer_cli.shards._gather import (BLOCK_TOKENS, ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader,
                                        SpillTally, SpillWriter, block_bytes, load_array, save_array, spill_os_error)
 from packer_cli.shards._sink import use_direct_io
@@ -245,6 +246,15 @@ def _write_shards(tmp: str, spill_dir: str, items: Items, sources: SourceMap, pl
                 check_interrupted()  # a Ctrl-C whose exception was lost stops the run within a shard
                 done.append(entry)
             return done
+
+
+def _same_file(path: str, stat: os.stat_result) -> bool:
+    """Whether ``path`` is the file ``stat`` was taken of (moved there by a rename)."""
+    try:
+        now = os.stat(path)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (stat.st_dev, stat.st_ino)
 
 
 def _trim_heap() -> None:
@@ -848,14 +858,28 @@ class _Run:
         # elsewhere (--spill-dir) is the clean-up's to remove, whatever is left of it: a spill
         # directory removed meanwhile is no reason to lose the finished output.
         shutil.rmtree(self.spill_dir, ignore_errors=self.spill_parent is not None)
-        if self.output:
-            kept = self.output.commit(self.tmp, manifest, summary.metadata(__version__))
-        else:
+        if not self.output:
             write_json(os.path.join(self.tmp, MANIFEST_FILE), manifest)
             write_json(os.path.join(self.tmp, METADATA_FILE), seal_metadata(summary.metadata(__version__)))
-            kept = replace_dir(self.tmp, self.out, self.opts.overwrite,
-                               lambda moved: check_replaceable(moved, (), replaceable_name, shown=self.out))
-        self.tmp = None  # in place: nothing left to remove
+        placed = self.output.data_name() if self.output else MANIFEST_FILE  # a file that ends up in OUT
+        ours = os.stat(os.path.join(self.tmp, placed))
+        try:
+            if self.output:
+                kept = self.output.commit(self.tmp, manifest, summary.metadata(__version__))
+            else:
+                kept = replace_dir(self.tmp, self.out, self.opts.overwrite,
+                                   lambda moved: check_replaceable(moved, (), replaceable_name, shown=self.out))
+            self.tmp = None  # in place: nothing left to remove
+            result_in_place()
+        except Interrupted:
+            # A signal held across the renames is raised as they end, or one came just after:
+            # if this run's files are in OUT, the run is done, and it exits as one that is.
+            if not _same_file(os.path.join(self.out, placed), ours):
+                raise
+            result_in_place()
+            for directory in (self.out, os.path.dirname(os.path.normpath(self.out))):  # the syncs it cut short
+                sync_dir(directory, in_place=True)
+            kept = None
         if kept and self.warn:  # a replaced OUT left behind
             if foreign := foreign_files(kept, replaceable_name):  # written into OUT as it was swapped out
                 self.warn(f"{kept} holds the output this run replaced, kept because files packer did not write "

@@ -425,6 +425,10 @@ class BridgeOutput:
         return output
 
     # -- commit ------------------------------------------------------------------------
+    def data_name(self) -> str:
+        """The split's Parquet file's name, in the temporary output and in OUT."""
+        return data_name(self.split, self._pack_size)
+
     def commit(self, tmp: str, manifest: dict, metadata: dict) -> str | None:
         """Write the JSON files into ``tmp`` and move everything into OUT; returns a replaced
         OUT that could not be deleted (see :func:`replace_dir`)."""
