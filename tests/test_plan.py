@@ -21,7 +21,7 @@ from packer_cli.plan import (
     refine_plan,
     validate_plan,
 )
-from packer_cli.plan.bounds import _fs_of_sizes
+from packer_cli.plan.bounds import _best_of_lengths, _fs_of_sizes, _split_fs_of_sizes
 from packer_cli.plan.refine import _one_packed_length
 
 try:
@@ -317,7 +317,11 @@ def _fs(lengths, capacity):
 def test_fekete_schepers_below_optimum(inst):
     """What the improvement pass stops at must never exceed the fewest packs possible."""
     lengths, capacity = inst
-    assert lower_bound(lengths, capacity) <= _fs(lengths, capacity) <= naive.optimal_packs(lengths, capacity)
+    optimum = naive.optimal_packs(lengths, capacity)
+    assert lower_bound(lengths, capacity) <= _fs(lengths, capacity) <= optimum
+    sizes, counts = np.unique(np.asarray(lengths, np.int64), return_counts=True)
+    assert _split_fs_of_sizes(sizes, counts, capacity) <= optimum
+    assert martello_toth_l2(lengths, capacity) <= _best_of_lengths(np.asarray(lengths, np.int64), capacity) <= optimum
 
 
 def test_fekete_schepers_sees_pairs_l2_cannot():
@@ -328,6 +332,31 @@ def test_fekete_schepers_sees_pairs_l2_cannot():
     assert _fs(lengths, 41) == 6 == naive.optimal_packs(lengths, 41)
     assert _fs([], 41) == 0 and _fs([0, 0], 41) == 0
     assert _fs([41, 41, 1], 41) == 3  # L1: each u_k alone counts the 1 as nothing
+
+
+def test_fekete_schepers_table_and_loop_agree(monkeypatch):
+    """Every k in one table (the usual case) or one k at a time (over 32k distinct lengths)."""
+    import packer_cli.plan.bounds as bounds
+
+    rng = np.random.default_rng(11)
+    cases = []
+    for _ in range(200):
+        capacity = int(rng.integers(1, 1 << 20))
+        sizes = np.unique(rng.integers(1, capacity + 1, int(rng.integers(1, 60))))
+        cases.append((sizes, rng.integers(1, 1 << 30, sizes.size), capacity))
+    table = [_fs_of_sizes(*case) for case in cases]
+    monkeypatch.setattr(bounds, "_FS_TABLE_CELLS", 0)
+    assert table == [_fs_of_sizes(*case) for case in cases]
+
+
+def test_split_fekete_schepers_counts_the_items_big_ones_exclude():
+    """29s (over C/2 at C = 40) take no 12 (41 > 40), and three 12s share a pack: 2 + 4 = 6
+    packs. L2 and FS count ten 12s as 3 packs' worth (120 / 40); bounding the 12s alone gives 4."""
+    lengths = [29, 29] + [12] * 10
+    sizes, counts = np.unique(lengths, return_counts=True)
+    assert martello_toth_l2(lengths, 40) == _fs(lengths, 40) == 5
+    assert _split_fs_of_sizes(sizes, counts, 40) == 6 == naive.optimal_packs(lengths, 40)
+    assert _best_of_lengths(np.asarray(lengths, np.int64), 40) == 6
 
 
 def test_bounds_hand_computed():

@@ -59,7 +59,35 @@ def _best_of_lengths(arr: np.ndarray, capacity: int) -> int:
         hist = histogram(arr, capacity + 1)
         sizes = np.flatnonzero(hist)
         counts = hist[sizes]
-    return max(_l2_of_sizes(sizes, counts, capacity), _fs_of_sizes(sizes, counts, capacity))
+    bounds = [_l2_of_sizes(sizes, counts, capacity), _fs_of_sizes(sizes, counts, capacity)]
+    if np.count_nonzero(sizes) <= SPLIT_FS_MAX_SIZES:
+        bounds.append(_split_fs_of_sizes(sizes, counts, capacity))
+    return max(bounds)
+
+
+#: :func:`_split_fs_of_sizes` is computed where the lengths take at most this many values (one
+#: Fekete–Schepers bound per value; many values give L2 and FS enough to stop at).
+SPLIT_FS_MAX_SIZES = 64
+
+
+def _split_fs_of_sizes(sizes: np.ndarray, counts: np.ndarray, capacity: int) -> int:
+    """The largest ``|{s > C - K}| + FS({K <= s <= C - K})`` over K = each length up to C/2.
+
+    An item over ``C - K`` (more than half a pack) shares its pack with no item of K or more,
+    so those items need packs of their own, and FS bounds the rest by themselves. L2 counts the
+    rest by their sum alone: items of 2,948 and 1,340 tokens at C = 4,096 need one pack per
+    2,948 and one per three 1,340s, where L2 and FS saw a 1,340 as 0.327 of a pack, and the
+    improvement pass searched 0.3-0.6 s per 1M items to find first fit optimal."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    keep = sizes > 0
+    sizes, counts = sizes[keep], counts[keep]
+    best = 0
+    for k in np.unique(sizes[2 * sizes <= capacity]):
+        big = sizes > capacity - k
+        middle = (sizes >= k) & ~big
+        best = max(best, int(counts[big].sum()) + _fs_of_sizes(sizes[middle], counts[middle], capacity))
+    return best
 
 
 #: The Fekete–Schepers functions tried: u_k for k = 1 .. FS_MAX_K.
@@ -86,6 +114,14 @@ def _fs_of_sizes(sizes: np.ndarray, counts: np.ndarray, capacity: int, max_k: in
     if sizes.size == 0:
         return 0
     best = -(-int((sizes * counts).sum()) // c)  # L1: the identity is dual feasible too
+    if sizes.size * max_k <= _FS_TABLE_CELLS:  # every k at once
+        k = np.arange(1, max_k + 1, dtype=np.int64)[:, None]
+        scaled = (k + 1) * sizes
+        whole = scaled % c == 0
+        a = np.where(whole, sizes * counts, 0).sum(axis=1)
+        b = np.where(whole, 0, (scaled // c) * counts).sum(axis=1)
+        k = k[:, 0]
+        return max(best, int((-(-(k * a + c * b) // (k * c))).max()))
     for k in range(1, max_k + 1):
         scaled = (k + 1) * sizes
         whole = scaled % c == 0
@@ -93,6 +129,10 @@ def _fs_of_sizes(sizes: np.ndarray, counts: np.ndarray, capacity: int, max_k: in
         b = int(((scaled[~whole] // c) * counts[~whole]).sum())
         best = max(best, -(-(k * a + c * b) // (k * c)))
     return best
+
+
+#: Up to this many (k, length) cells, :func:`_fs_of_sizes` computes every k in one table.
+_FS_TABLE_CELLS = 1 << 20
 
 
 def histogram(values: np.ndarray, size: int) -> np.ndarray:

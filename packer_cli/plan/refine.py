@@ -235,8 +235,9 @@ def refine_plan(lengths, plan: PackPlan, *, max_rounds: int = 4) -> PackPlan:
     Keeps every pack that is filled exactly to capacity and re-packs the items
     of the others with an exact-fill heuristic, trying several settings and
     keeping the best; repeats while it helps (at most ``max_rounds`` rounds)
-    and stops early at a lower bound (the larger of Martello–Toth L2 and the Fekete–Schepers
-    bound, which sees pairs of items L2 counts only by their sum). The result is deterministic, keeps
+    and stops early at a lower bound (the largest of Martello–Toth L2, the Fekete–Schepers
+    bound, which sees pairs of items L2 counts only by their sum, and, where the lengths take
+    at most 64 values, Fekete–Schepers applied beside the items over half a pack). The result is deterministic, keeps
     every pack within capacity and never has more packs than ``plan``.
 
     Parameters
