@@ -6,9 +6,9 @@ message and that neither OUT nor its temporary directory is left behind.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
-import json
 import subprocess
 import sys
 import time
@@ -366,10 +366,16 @@ def test_a_ctrl_c_while_the_replaced_output_is_deleted_does_not_leave_it_behind(
             "from packer_cli.cli import main; main()\n")
     child = subprocess.run([sys.executable, "-c", code, "pack", str(data), "-o", str(out), "--overwrite", "--seed", "5",
                             "--json"], capture_output=True, text=True, timeout=120)
+    _assert_done_despite_a_late_signal(child, out, "interrupted")  # and no out.old-PID
+
+
+def _assert_done_despite_a_late_signal(child, out: Path, word: str) -> None:
+    """A run that a signal reached once its output was in OUT: exit 0, its summary on stdout,
+    one warning, OUT complete and nothing else beside the input directory."""
     assert (child.returncode, child.stderr.strip().splitlines()) == (
-        0, [f"warning: interrupted after {out} was complete: the output is kept"]), child.stderr
+        0, [f"warning: {word} after {out} was complete: the output is kept"]), child.stderr
     assert json.loads(child.stdout)["ok"] is True
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out"]  # no out.old-PID
+    assert sorted(p.name for p in out.parent.iterdir()) == ["in", "out"]
     verify = subprocess.run([sys.executable, "-c", "from packer_cli.cli import main; main()", "verify", str(out)],
                             capture_output=True, text=True)
     assert verify.returncode == 0, verify.stdout + verify.stderr
@@ -397,13 +403,7 @@ def test_a_signal_once_the_output_is_in_place_is_no_failure(tmp_path, options, s
     out = tmp_path / "out"
     child = subprocess.run([sys.executable, "-c", SIGNAL_AS_PUBLISHED.format(signal=sig), "pack", str(data), "-o",
                             str(out), "--json", *options], capture_output=True, text=True, timeout=120)
-    assert (child.returncode, child.stderr.strip().splitlines()) == (
-        0, [f"warning: {word} after {out} was complete: the output is kept"]), child.stderr
-    assert json.loads(child.stdout)["ok"] is True
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out"]  # no OUT.tmp-PID
-    verify = subprocess.run([sys.executable, "-c", "from packer_cli.cli import main; main()", "verify", str(out)],
-                            capture_output=True, text=True)
-    assert verify.returncode == 0, verify.stdout + verify.stderr
+    _assert_done_despite_a_late_signal(child, out, word)  # and no OUT.tmp-PID
 
 
 # verify stopped by a Ctrl-C, and a second signal where nothing once caught it: as the CLI
