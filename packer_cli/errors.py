@@ -202,8 +202,9 @@ def result_in_place() -> None:
     """The command's result is in place (a finished output renamed into OUT): a signal from now
     on is only recorded, and neither raised nor a failure of the command, which has nothing
     left to stop. Exiting 130 with a complete output in OUT told a job the opposite of what
-    happened, and its retry then failed on the existing OUT. Call it inside the block that
-    holds signals across the renames, so that one held there is recorded as late too."""
+    happened, and its retry then failed on the existing OUT. A signal held across the renames
+    and raised as they end comes before this call: the caller tells by the output itself
+    whether it landed (``pipeline._Run._publish``)."""
     global _raising, _result_in_place
     if _handling:
         _raising = False

@@ -101,10 +101,6 @@ def _merged(values: np.ndarray, counts: np.ndarray) -> Hist:
     return Hist(values[kept], counts[kept])
 
 
-def add_hist(a: Hist, b: Hist) -> Hist:
-    return a + b
-
-
 def _value_at_rank(hist: Hist, cum: np.ndarray, k: int) -> int:
     """The value of rank ``k`` (0-based) in sorted order."""
     return int(hist.values[np.searchsorted(cum, k, side="right")])

@@ -29,7 +29,7 @@ import numpy as np
 from packer_cli.audit._histogram import Hist, from_sparse, summarize, to_sparse
 from packer_cli.errors import reading_document
 from packer_cli.plan._validate import check_capacity
-from packer_cli.plan.bounds import _l2_of_sizes
+from packer_cli.plan.bounds import l2_of_sizes
 
 
 @dataclass
@@ -139,7 +139,7 @@ class InspectReport:
             return lower, None
         if sizes.size and (sizes[-1] > C or sizes[0] == 0):
             return lower, None  # lengths no plan could hold: no bound
-        return lower, _l2_of_sizes(sizes, self.padded_hist.counts, C)  # no array of every sequence
+        return lower, l2_of_sizes(sizes, self.padded_hist.counts, C)  # no array of every sequence
 
     def to_dict(self) -> dict:
         """The ``--json`` document (keys documented in docs/AUDIT.md)."""

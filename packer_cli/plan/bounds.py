@@ -42,27 +42,30 @@ def _l2_of_lengths(arr: np.ndarray, capacity: int) -> int:
     """L2 of validated lengths (empty items, length 0, ignored)."""
     if arr.shape[0] == 0:
         return 0
-    if capacity > 4 * arr.shape[0]:  # a sort costs less than a histogram of C sizes
-        sizes, counts = np.unique(arr, return_counts=True)
-        return _l2_of_sizes(sizes, counts, capacity)
-    return l2_of_histogram(histogram(arr, capacity + 1), capacity)
+    return l2_of_sizes(*_sizes_and_counts(arr, capacity), capacity)
 
 
 def _best_of_lengths(arr: np.ndarray, capacity: int) -> int:
-    """The larger of L2 and the Fekete–Schepers bound (:func:`_fs_of_sizes`) of validated
-    lengths, from one histogram (or sort): what the improvement pass stops at."""
+    """The largest of L2, the Fekete–Schepers bound (:func:`_fs_of_sizes`) and, for lengths of
+    few values, :func:`_split_fs_of_sizes`, of validated lengths: what the improvement pass
+    stops at."""
     if arr.shape[0] == 0:
         return 0
-    if capacity > 4 * arr.shape[0]:
-        sizes, counts = np.unique(arr, return_counts=True)
-    else:
-        hist = histogram(arr, capacity + 1)
-        sizes = np.flatnonzero(hist)
-        counts = hist[sizes]
-    bounds = [_l2_of_sizes(sizes, counts, capacity), _fs_of_sizes(sizes, counts, capacity)]
+    sizes, counts = _sizes_and_counts(arr, capacity)
+    bounds = [l2_of_sizes(sizes, counts, capacity), _fs_of_sizes(sizes, counts, capacity)]
     if np.count_nonzero(sizes) <= SPLIT_FS_MAX_SIZES:
         bounds.append(_split_fs_of_sizes(sizes, counts, capacity))
     return max(bounds)
+
+
+def _sizes_and_counts(arr: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct lengths, ascending, and how many items have each: from a histogram of C
+    sizes, or a sort where that costs less (C > 4N)."""
+    if capacity > 4 * arr.shape[0]:
+        return np.unique(arr, return_counts=True)
+    hist = histogram(arr, capacity + 1)
+    sizes = np.flatnonzero(hist)
+    return sizes, hist[sizes]
 
 
 #: :func:`_split_fs_of_sizes` is computed where the lengths take at most this many values (one
@@ -151,10 +154,10 @@ def l2_of_histogram(hist: np.ndarray, capacity: int) -> int:
     """L2 from a length histogram ``hist[0..C]`` (``hist[0]``, empty items, is ignored)."""
     hist = np.asarray(hist, dtype=np.int64)
     sizes = np.flatnonzero(hist)
-    return _l2_of_sizes(sizes, hist[sizes], capacity)
+    return l2_of_sizes(sizes, hist[sizes], capacity)
 
 
-def _l2_of_sizes(sizes: np.ndarray, counts: np.ndarray, capacity: int) -> int:
+def l2_of_sizes(sizes: np.ndarray, counts: np.ndarray, capacity: int) -> int:
     """L2 from the distinct lengths (ascending, at most C) and how many items have each.
 
     ``L(K)`` changes only where an item enters ``J1`` (``K = C - s + 1``) or leaves ``J3``
