@@ -361,8 +361,14 @@ def test_histograms_hold_what_the_values_hold_whatever_their_range():
         assert summarize(merged)["p90"] == np.percentile(everything, 90)
         assert sum(c for *_, c in buckets(merged, 16)) == everything.size
         assert merged.count(int(values[0])) == counts[0] and merged.count(-1) == 0
-    assert from_sparse({"values": [7, 3, 7, 9], "counts": [1, 2, 3, 0]}) == Hist([3, 7], [2, 4])
-    for bad in ({"values": [-1], "counts": [1]}, {"values": [1], "counts": [-2]}, {"values": [1, 2], "counts": [1]}):
+    assert from_sparse({"values": [], "counts": []}) == Hist()
+    for bad in ({"values": [-1], "counts": [1]}, {"values": [1], "counts": [-2]}, {"values": [1, 2], "counts": [1]},
+                {"values": [7, 3], "counts": [1, 2]}, {"values": [3, 3], "counts": [1, 2]},
+                {"values": [3], "counts": [0]}, {"values": [1.5], "counts": [1]}, {"values": ["7"], "counts": [1]},
+                {"values": [True], "counts": [1]}, {"values": 3, "counts": 1}, {"values": [[1, 2]], "counts": [1]},
+                {"values": [2 ** 62], "counts": [4]}, {"values": [5, 6], "counts": [2 ** 62, 2 ** 62]},
+                {"values": [2 ** 63 - 1], "counts": [1]}, {"values": [1e300], "counts": [1]},
+                {"values": [2 ** 40], "counts": [2 ** 40]}, {"values": [1, 2], "counts": [2 ** 40, 1]}):
         with pytest.raises(ValueError):
             from_sparse(bad)
     with pytest.raises(ValueError):

@@ -703,7 +703,15 @@ def test_json_report_and_limit(broken):
     assert VerifyReport.from_dict(doc).to_dict() == doc
     # a document it did not write is a ValueError saying so, not a bare KeyError or TypeError
     for bad, text in (({k: v for k, v in doc.items() if k != "tokens"}, "verify report .* key 'tokens' is missing"),
-                      ({**doc, "findings": [{"check": "x"}]}, "not a finding"), ([], "not a verify report")):
+                      ({**doc, "findings": [{"check": "x"}]}, "not a finding"), ([], "not a verify report"),
+                      # read unchecked these printed "FAILED: -5 problem", or "OK" beside error findings,
+                      # or failed with a traceback once printed
+                      ({**doc, "errors": {"pack.cu_seqlens": -5}}, "errors is not a count"),
+                      ({**doc, "errors": {}}, "not counted in errors"),
+                      ({**doc, "errors": [1, 2]}, "errors is not a count"),
+                      ({**doc, "packs": 1.5}, "packs is not a count"), ({**doc, "tokens": True}, "tokens is not"),
+                      ({**doc, "seconds": float("nan")}, "seconds is not a duration"),
+                      ({**doc, "source": {}}, "source is not"), ({**doc, "out": 5}, "out is not a path")):
         with pytest.raises(ValueError, match=text):
             VerifyReport.from_dict(bad)
 

@@ -50,18 +50,6 @@ class Hist:
         values, counts = np.unique(data, return_counts=True)
         return cls(values, counts)
 
-    @classmethod
-    def of_pairs(cls, values, counts) -> "Hist":
-        """From ``(value, count)`` pairs in any order, values repeated or not; ValueError for a
-        negative value or count, or lists of different lengths."""
-        values = np.asarray(values, np.int64).ravel()
-        counts = np.asarray(counts, np.int64).ravel()
-        if values.size != counts.size:
-            raise ValueError("a histogram needs as many counts as values")
-        if values.size and (int(values.min()) < 0 or int(counts.min()) < 0):
-            raise ValueError("a histogram's values and counts are non-negative")
-        return _merged(values, counts)
-
     @property
     def total(self) -> int:
         """How many integers were counted."""
@@ -134,8 +122,34 @@ def to_sparse(hist: Hist) -> dict:
     return {"values": hist.values.tolist(), "counts": hist.counts.tolist()}
 
 
+#: The largest value or count a histogram document may hold: lengths and loads are at most a
+#: pack size (2^24) and counts at most an output's sequences, and within this the report's sums
+#: stay exact in int64.
+DOCUMENT_MAX = 1 << 40
+#: The largest sum of value × count a histogram document may hold (tokens of an output).
+DOCUMENT_SUM_MAX = 1 << 60
+
+
 def from_sparse(record: dict) -> Hist:
-    return Hist.of_pairs(record["values"], record["counts"])
+    """The inverse of :func:`to_sparse`: ValueError for anything it does not write (values not
+    strictly ascending, a count below 1, anything but integers in ``[0, DOCUMENT_MAX]``, lists
+    of different lengths). Coercing instead read ``1.5`` as 1 and ``"7"`` as 7, and a count of
+    2^62 overflowed the report's sums into a wrong mean or an IndexError."""
+    values, counts = _document_ints(record["values"]), _document_ints(record["counts"])
+    if values.size != counts.size:
+        raise ValueError("a histogram needs as many counts as values")
+    if values.size and ((np.diff(values) <= 0).any() or counts.min() < 1):
+        raise ValueError("a histogram's values ascend strictly and each count is at least 1")
+    pairs = zip(record["values"], record["counts"])  # Python's integers: no overflow while checking
+    if sum(record["counts"]) > DOCUMENT_MAX or sum(v * c for v, c in pairs) > DOCUMENT_SUM_MAX:
+        raise ValueError("a histogram's counts and their sum are beyond any output's")
+    return Hist(values, counts)
+
+
+def _document_ints(items) -> np.ndarray:
+    if not isinstance(items, list) or not all(type(x) is int and 0 <= x <= DOCUMENT_MAX for x in items):
+        raise ValueError(f"a histogram holds lists of integers from 0 to {DOCUMENT_MAX}")
+    return np.array(items, dtype=np.int64)
 
 
 def buckets(hist: Hist, n: int = 16) -> list[tuple[int, int, int]]:

@@ -21,6 +21,7 @@ duplicate, piece and source checks); the histograms are about C entries each.
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -97,14 +98,48 @@ class VerifyReport:
 
     @classmethod
     def from_dict(cls, record: dict) -> "VerifyReport":
+        """Inverse of :meth:`to_dict`; ValueError for a document it did not write. Unchecked, a
+        count of ``-5`` printed "FAILED: -5 problem", ``"errors": {}`` beside error findings
+        printed "OK", and a list where a count belongs failed later with a traceback."""
         keys = ("out", "errors", "warnings", "packs", "sequences", "tokens", "bytes", "seconds", "source")
         with reading_document("a verify report"):
-            return cls(findings=[Finding.from_dict(f) for f in record["findings"]], **{k: record[k] for k in keys})
+            report = cls(findings=[Finding.from_dict(f) for f in record["findings"]], **{k: record[k] for k in keys})
+        _check_document(report)
+        return report
 
     def __rich__(self):
         from packer_cli.audit._render import render_verify
 
         return render_verify(self)
+
+
+def _check_document(report: VerifyReport) -> None:
+    """ValueError where a verify report read from a document is not one ``to_dict`` writes."""
+    def count(x) -> bool:
+        return type(x) is int and x >= 0
+
+    problems = []
+    if not isinstance(report.out, str):
+        problems.append("out is not a path")
+    for name in ("errors", "warnings"):
+        tally = getattr(report, name)
+        if not isinstance(tally, dict) or not all(isinstance(k, str) and count(v) and v for k, v in tally.items()):
+            problems.append(f"{name} is not a count (at least 1) per check")
+    problems += [f"{name} is not a count" for name in ("packs", "sequences", "tokens", "bytes")
+                 if not count(getattr(report, name))]
+    if type(report.seconds) not in (int, float) or not math.isfinite(report.seconds) or report.seconds < 0:
+        problems.append("seconds is not a duration")
+    if report.source is not None and not (isinstance(report.source, dict)
+                                          and isinstance(report.source.get("complete"), bool)):
+        problems.append("source is not a comparison's summary")
+    if not problems:
+        for finding in report.findings:
+            tally = report.warnings if finding.severity == WARNING else report.errors
+            if finding.severity not in (ERROR, WARNING) or finding.check not in tally:
+                problems.append(f"finding of check {finding.check!r} is not counted in errors or warnings")
+                break
+    if problems:
+        raise ValueError(f"not a verify report as to_dict() writes it: {problems[0]}")
 
 
 def _check_shard_checksum(out: str, entry: dict, manifest_name: str, sink: FindingSink) -> bool:
