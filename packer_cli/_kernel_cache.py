@@ -42,7 +42,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from packer_cli.errors import ConfigError, KernelCacheWarning, PackerWarning, first_line, reraise_interrupt
+from packer_cli.errors import (ConfigError, KernelCacheWarning, PackerWarning, check_interrupted, first_line,
+                               reraise_interrupt)
 
 
 def _import_numba():
@@ -53,6 +54,7 @@ def _import_numba():
         try:
             from numba import njit
         except (ValueError, RuntimeError, KeyError) as exc:
+            check_interrupted()  # a Ctrl-C that numba's C code turned into an error of its own
             raise ConfigError(f"numba cannot start: {first_line(exc)} (a NUMBA_* environment variable?)") from exc
     for w in caught:
         if issubclass(w.category, RuntimeWarning) and "NUMBA_" in str(w.message):

@@ -27,7 +27,7 @@ from packer_cli._allocator import keep_freed_memory
 from packer_cli._jit import light_cache_loads
 from packer_cli.errors import (ConfigError, Interrupted, PackerError, PackerWarning, check_interrupted,
                                exception_chain, handling_signals, interrupted, late_signal, raise_interrupted,
-                               stop_raising_interrupts)
+                               signal_received, stop_raising_interrupts)
 from packer_cli.shards._atomic import STOPPING_SIGNALS
 from packer_cli.shards.bridge import OutputFormat, ParquetEncoding, Split
 from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec, SpillRead
@@ -292,8 +292,14 @@ def _signal_behind(exc: BaseException) -> Interrupted | None:
     The handler raises wherever the main thread is; when that is inside C code calling back
     into Python (numba's dispatcher loading a cached kernel, say), the C code reports
     ``SystemError: ... returned a result with an exception set``, with ours as its context.
+    Some replace it with an error of their own that does not carry it: importing numba, a
+    Ctrl-C 0.2 s in ended in ``ImportError: numba._devicearray failed to import`` and a
+    traceback (1 run in 150). An unexpected error after a signal is the signal's doing.
     """
-    return next((cause for cause in exception_chain(exc) if isinstance(cause, Interrupted)), None)
+    found = next((cause for cause in exception_chain(exc) if isinstance(cause, Interrupted)), None)
+    if found is None and (signum := signal_received()) is not None:
+        return Interrupted(signum)
+    return found
 
 
 def _is_usage_error(exc: BaseException) -> bool:

@@ -183,6 +183,11 @@ def interrupted() -> bool:
     return _signal_received is not None
 
 
+def signal_received() -> int | None:
+    """The first signal :func:`raise_interrupted` received in this process, if any."""
+    return _signal_received
+
+
 def stop_raising_interrupts() -> None:
     """The command is over: a SIGINT or SIGTERM from now on is only recorded, not raised where
     nothing would catch it (the final flush of its output). One assignment, so no signal can

@@ -141,7 +141,16 @@ SWALLOW = {"except": ("    try:\n"
                       "    except BaseException:\n"
                       "        pass\n"),
            # a finalizer's exception is printed as "Exception ignored in ...", then dropped
-           "finalizer": "    Finalized()\n"}
+           "finalizer": "    Finalized()\n",
+           # replaced by an error that does not carry it: numba's import, a Ctrl-C 0.2 s in, ended
+           # in "ImportError: numba._devicearray failed to import" and a traceback, exit 1
+           "replaced": ("    lost = False\n"
+                        "    try:\n"
+                        "        signal.raise_signal(signal.SIGINT)\n"
+                        "    except BaseException:\n"
+                        "        lost = True\n"
+                        "    if lost:\n"
+                        "        raise ImportError('numba._devicearray failed to import')\n")}
 
 
 def _swallowing(where: str, name: str, how: str = "except") -> list[str]:
