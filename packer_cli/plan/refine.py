@@ -194,10 +194,9 @@ def _refine(arr: np.ndarray, plan: PackPlan, *, max_rounds: int = 4, in_place: b
     nonfull = plan.pack_load < capacity
     num_nonfull = int(nonfull.sum())
     one_length = _one_packed_length(arr) if num_nonfull > 1 else 0
-    if one_length and _fewest_of_one_length(one_length, int(np.diff(plan.pack_offsets)[nonfull].sum()),
-                                            num_nonfull, capacity):
-        num_nonfull = 0  # already the fewest: nothing to re-pack
-    if max_rounds > 0 and plan.order.shape[0] and num_nonfull > 1:
+    already_fewest = bool(one_length) and _fewest_of_one_length(
+        one_length, int(np.diff(plan.pack_offsets)[nonfull].sum()), num_nonfull, capacity)
+    if max_rounds > 0 and plan.order.shape[0] and num_nonfull > 1 and not already_fewest:
         target = _best_of_lengths(arr, capacity)
         kept_packs = np.flatnonzero(~nonfull)
         if plan.num_packs > target:
