@@ -1,4 +1,5 @@
-"""The improvement pass on lengths that take few distinct values (outside the full run).
+"""The improvement pass on lengths that take few distinct values, and on random shapes (outside
+the full run).
 
 Real SFT lengths take thousands of values, and there the pass reaches its stopping bound in a
 few tens of milliseconds (``bench_plan.py``). With a handful of values the bounds are weaker
@@ -9,6 +10,13 @@ and the packs it gained)::
 
     .venv/bin/python benchmarks/bench_refine.py                 # 216 sets of 1M lengths, ~5 min
     .venv/bin/python benchmarks/bench_refine.py --n 100000 --seeds 3
+
+``--shapes N`` instead draws N random sets of lognormal, gamma and normal lengths (C = 2k-128k,
+30k-300k lengths, medians C/64-C/2) and plans each with the pass as it is and without its
+wide threshold (``refine._WIDE_DIVISOR``: half a pack kept free, first round, large items),
+printing packs above the stopping bound and seconds for both, then how many sets each way won::
+
+    .venv/bin/python benchmarks/bench_refine.py --shapes 200 --seed 11   # ~1 min
 """
 from __future__ import annotations
 
@@ -19,6 +27,8 @@ import time
 import numpy as np
 
 from packer_cli.plan import plan_packs
+from packer_cli.plan import refine
+from packer_cli.plan.bounds import _best_of_lengths
 
 
 def few_lengths(capacity: int, k: int, seed: int, n: int) -> np.ndarray:
@@ -37,14 +47,71 @@ def time_refine(lengths: np.ndarray, capacity: int) -> dict:
             "gained": plain.num_packs - refined.num_packs}
 
 
+def random_shape(draw: np.random.Generator, seed: int) -> tuple[str, np.ndarray, int]:
+    """One random set for ``--shapes``: its description, lengths and capacity."""
+    capacity = int(draw.choice([2048, 4096, 8192, 16384, 32768, 131072]))
+    n = int(draw.choice([30_000, 100_000, 300_000]))
+    shape = draw.choice(["lognormal", "gamma", "normal"])
+    rng = np.random.default_rng(seed)
+    if shape == "lognormal":
+        median = capacity * float(np.exp(draw.uniform(np.log(1 / 64), np.log(1 / 2))))
+        sigma = float(draw.uniform(0.2, 1.5))
+        x, what = rng.lognormal(np.log(median), sigma, n), f"lognormal median {median / capacity:.3f}C sigma {sigma:.2f}"
+    elif shape == "gamma":
+        k = float(draw.uniform(1, 8))
+        mean = capacity * float(np.exp(draw.uniform(np.log(1 / 64), np.log(1 / 3))))
+        x, what = rng.gamma(k, mean / k, n), f"gamma k {k:.1f} mean {mean / capacity:.3f}C"
+    else:
+        mean = capacity * float(draw.uniform(0.05, 0.5))
+        sd = mean * float(draw.uniform(0.05, 0.4))
+        x, what = rng.normal(mean, sd, n), f"normal mean {mean / capacity:.3f}C sd {sd / mean:.2f} of it"
+    return f"{what}, n {n}, C {capacity}", np.clip(np.rint(x), 1, capacity).astype(np.int64), capacity
+
+
+def compare_wide(sets: int, seed: int) -> None:
+    """``--shapes``: the pass with and without its wide threshold on ``sets`` random shapes."""
+    draw = np.random.default_rng(seed)
+    wide_gate = refine._WIDE_MEDIAN_DIVISOR
+    totals = {way: {"above_bound": 0, "seconds": 0.0, "over_0.02%": 0} for way in ("with_wide", "without")}
+    wins = losses = 0
+    for k in range(sets):
+        what, lengths, capacity = random_shape(draw, seed * 100_003 + k)
+        bound = _best_of_lengths(lengths, capacity)
+        row = {"set": what, "bound": bound}
+        ways = (("without", 0), ("with_wide", wide_gate))
+        for way, gate in ways if k % 2 == 0 else ways[::-1]:  # alternated: neither runs second always
+            refine._WIDE_MEDIAN_DIVISOR = gate  # 0: the median test never passes
+            start = time.perf_counter()
+            above = plan_packs(lengths, capacity, refine=True).num_packs - bound
+            seconds = time.perf_counter() - start
+            row[way] = {"above_bound": above, "seconds": round(seconds, 3)}
+            totals[way]["above_bound"] += above
+            totals[way]["seconds"] += seconds
+            totals[way]["over_0.02%"] += above > 0.0002 * bound
+        refine._WIDE_MEDIAN_DIVISOR = wide_gate
+        wins += row["with_wide"]["above_bound"] < row["without"]["above_bound"]
+        losses += row["with_wide"]["above_bound"] > row["without"]["above_bound"]
+        print(json.dumps(row), flush=True)
+    for way in totals:
+        totals[way]["seconds"] = round(totals[way]["seconds"], 2)
+    print(json.dumps({"what": "summary", "sets": sets, "seed": seed, "wide_fewer_packs": wins,
+                      "wide_more_packs": losses, **totals}))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1_000_000, help="lengths per set")
     ap.add_argument("--capacities", type=int, nargs="+", default=[1024, 4096, 32768])
     ap.add_argument("--ks", type=int, nargs="+", default=[2, 3, 4, 5, 6, 8], help="distinct values per set")
     ap.add_argument("--seeds", type=int, default=12, help="sets per (capacity, k)")
+    ap.add_argument("--shapes", type=int, default=0, metavar="N",
+                    help="instead: N random lognormal/gamma/normal sets, with and without the wide threshold")
+    ap.add_argument("--seed", type=int, default=11, help="--shapes: which random sets")
     args = ap.parse_args(argv)
     plan_packs(np.array([3, 5, 7, 2]), 10, refine=True)  # kernels loaded before any clock starts
+    if args.shapes:
+        compare_wide(args.shapes, args.seed)
+        return 0
     rows = []
     for capacity in args.capacities:
         for k in args.ks:

@@ -417,7 +417,7 @@ def test_exact_fill_rebuild_matches_reference(capacity, data):
     lengths = np.array(data.draw(st.lists(st.sampled_from(distinct), min_size=1, max_size=150)), np.int64)
     pool = np.array(sorted(data.draw(st.sets(st.integers(0, lengths.size - 1), min_size=1))), np.int32)
     threshold = data.draw(st.integers(1, capacity))
-    max_triples = data.draw(st.sampled_from([0, 1, 3, 64]))
+    max_triples = data.draw(st.sampled_from([0, 1, 3, 4, 64]))
     sequence, ends, num = _rebuild(lengths, pool, capacity, threshold, max_triples)
     got = [sequence[ends[q]:ends[q + 1]].tolist() for q in range(num)]
     assert got == naive.exact_fill_rebuild(lengths, pool, capacity, threshold, max_triples)
@@ -431,10 +431,10 @@ def test_exact_fill_rebuild_matches_reference_dense(capacity):
     rng = np.random.default_rng(capacity)
     lengths = rng.integers(1, capacity // 2 + 1, 600 if capacity > 1000 else 300).astype(np.int64)
     pool = np.arange(lengths.size, dtype=np.int32)
-    for divisor in (64, 8, 4):
-        sequence, ends, num = _rebuild(lengths, pool, capacity, max(1, capacity // divisor), 64)
+    for divisor, triples in ((64, 64), (8, 64), (4, 64), (2, 4)):  # (2, 4): the first round's wide setting
+        sequence, ends, num = _rebuild(lengths, pool, capacity, max(1, capacity // divisor), triples)
         got = [sequence[ends[q]:ends[q + 1]].tolist() for q in range(num)]
-        assert got == naive.exact_fill_rebuild(lengths, pool, capacity, max(1, capacity // divisor), 64)
+        assert got == naive.exact_fill_rebuild(lengths, pool, capacity, max(1, capacity // divisor), triples)
 
 
 @pytest.mark.parametrize("n, seed", [(20000, 2), (30000, 7)])
@@ -516,6 +516,58 @@ def test_refine_reaches_bound_on_small_items():
     full = np.flatnonzero(base.pack_load == 1024)
     for new, old in enumerate(full[:50]):
         npt.assert_array_equal(refined.pack_items(new), base.pack_items(old))
+
+
+def _lognormal_quarter(capacity: int, seed: int, n: int = 20000) -> np.ndarray:
+    """Lengths of median C/4 (lognormal, sigma 0.5): a pack holds about four."""
+    x = np.random.default_rng(seed).lognormal(np.log(capacity / 4), 0.5, n)
+    return np.clip(np.rint(x), 1, capacity).astype(np.int64)
+
+
+@pytest.mark.parametrize("capacity, seed", [(4096, 0), (8192, 1)])
+def test_refine_wide_threshold_reaches_the_bound_on_large_items(monkeypatch, capacity, seed):
+    # With a quarter of a pack kept free at most, the exact phase has to close it with items
+    # of about that size, which rarely sum to it exactly: 16-19 packs stayed above the bound.
+    # Half a pack (the first round's wide threshold) is closed by a pair or a triple of them.
+    from packer_cli.plan import refine as R
+
+    lengths = _lognormal_quarter(capacity, seed)
+    bound = _best_of_lengths(lengths, capacity)
+    refined = plan_packs(lengths, capacity, refine=True)
+    validate_plan(refined, lengths, capacity)
+    assert refined.num_packs == bound
+    monkeypatch.setattr(R, "_WIDE_MEDIAN_DIVISOR", 0)  # the median test never passes
+    narrow = plan_packs(lengths, capacity, refine=True)
+    validate_plan(narrow, lengths, capacity)
+    assert narrow.num_packs >= bound + 10
+    assert narrow.num_packs < plan_packs(lengths, capacity).num_packs  # it gains, just less
+
+
+@pytest.mark.parametrize("parallel_pool", [0, 10**12])
+def test_refine_wide_threshold_only_in_the_first_round_and_for_large_items(monkeypatch, parallel_pool):
+    # The wide rebuild comes last, with its own few third-item candidates, and only where it is
+    # asked for (the first round) and the pool's median is at least C/8; the same on one thread
+    # or two.
+    from packer_cli.plan import refine as R
+    from packer_cli.plan._refine_kernels import _rebuild
+
+    monkeypatch.setattr(R, "_PARALLEL_POOL", parallel_pool)
+    capacity = 4096
+    large = _lognormal_quarter(capacity, 3, 3000)
+    small = np.clip(np.random.default_rng(4).gamma(5, 20, 3000).round(), 10, capacity).astype(np.int64)
+    pool = np.arange(3000, dtype=np.int32)
+    for lengths, wide, expected in ((large, True, 7), (large, False, 6), (small, True, 6)):
+        rebuilds = list(R._rebuilds(lengths, pool, capacity, wide))
+        assert len(rebuilds) == expected
+    sequence, ends, num = list(R._rebuilds(large, pool, capacity, True))[-1]
+    want_sequence, want_ends, want_num = _rebuild(large, pool, capacity, capacity // 2, R._WIDE_TRIPLES)
+    assert num == want_num
+    npt.assert_array_equal(sequence, want_sequence)
+    npt.assert_array_equal(ends[: num + 1], want_ends[: num + 1])
+    # The median decides: C/8 exactly passes, one token less does not.
+    assert R._wide_pays(np.array([1, capacity // 8, capacity]), capacity)
+    assert not R._wide_pays(np.array([1, capacity // 8 - 1, capacity]), capacity)
+    assert not R._wide_pays(np.zeros(0, np.int32), capacity)
 
 
 def test_refine_hand_instance():

@@ -12,7 +12,10 @@ best result is kept only if it beats the input, and rounds repeat on the new
 non-full packs while they help. A first-round result that leaves few items in
 non-full packs gets its later rounds at once, so a first round whose later
 rounds reach the L2 bound stops there instead of trying every threshold on
-the whole pool (``_repack``). Everything is deterministic.
+the whole pool (``_repack``). The first round also tries keeping half a pack free
+(``_WIDE_DIVISOR``) when the pool's items are large (median at least C/8): exact pairs and
+triples of such items close half a pack where they rarely close a quarter. Everything is
+deterministic.
 """
 
 from __future__ import annotations
@@ -35,6 +38,22 @@ __all__ = ["refine_plan"]
 _THRESHOLD_DIVISORS = (8, 64, 32, 16, 128, 4)
 #: Third-item candidates tried per pack when no exact pair closes it.
 _MAX_TRIPLES = 64
+#: The first round's extra threshold, ``capacity // _WIDE_DIVISOR`` (half a pack kept free for
+#: the exact phase), tried where the pool's median length is at least ``capacity //
+#: _WIDE_MEDIAN_DIVISOR``. With the six thresholds above, lengths of median C/4 (lognormal,
+#: sigma 0.5, 100k items) ended 58-145 packs above the bound at C = 8k-1M: the exact phase had
+#: to close a quarter of a pack with items of about that size, which two or three of them
+#: rarely sum to exactly. Half a pack, closed by a pair or a triple of them, reached 0-12.
+#: Of 400 random lognormal, gamma and normal sets (C = 2k-128k, 30k-300k items;
+#: ``benchmarks/bench_refine.py --shapes 200``, seeds 11 and 12) it gave fewer packs on 82 and
+#: more on one (423 against 419 above the bound: the first round's best rebuild is not always
+#: the one whose later rounds end best), in about the same time.
+_WIDE_DIVISOR = 2
+_WIDE_MEDIAN_DIVISOR = 8
+#: Third-item candidates for the wide threshold: four closed as many packs as 64 there, where
+#: each failed candidate costs a pair search over up to 16k sizes (64 made the extra rebuild
+#: cost up to 2-3 s at C = 128k, 300k items; four, 0.1-0.2 s).
+_WIDE_TRIPLES = 4
 #: Pools at least this large try two thresholds at a time, one per thread (the kernel
 #: releases the GIL); below it a thread's start costs more than the rebuild.
 _PARALLEL_POOL = 50_000
@@ -49,39 +68,52 @@ def _usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def _rebuilds(arr: np.ndarray, pool: np.ndarray, capacity: int):
-    """``_rebuild`` of ``pool`` under each threshold, yielded in ``_THRESHOLD_DIVISORS`` order.
+def _rebuilds(arr: np.ndarray, pool: np.ndarray, capacity: int, wide: bool = False):
+    """``_rebuild`` of ``pool`` under each threshold, yielded in ``_THRESHOLD_DIVISORS`` order,
+    then, with ``wide`` and a pool of large items (:func:`_wide_pays`), under the wide one.
 
     On a large pool with two CPUs the next threshold is rebuilt on a second thread while this
     one is, and while the caller looks at a result. A caller that stops early does not wait
     for the rebuild still running: it finishes on its thread and is dropped. The results and
     their order are the same either way."""
-    thresholds = [max(1, capacity // divisor) for divisor in _THRESHOLD_DIVISORS]
     sorted_pool = _sort_pool(arr, pool, capacity)  # the same for every threshold
+    settings = [(max(1, capacity // divisor), _MAX_TRIPLES) for divisor in _THRESHOLD_DIVISORS]
+    if wide and _wide_pays(sorted_pool[1], capacity):
+        settings.append((max(1, capacity // _WIDE_DIVISOR), _WIDE_TRIPLES))
     if pool.size < _PARALLEL_POOL or _usable_cpus() < 2:
-        for threshold in thresholds:
-            yield _rebuild_sorted(*sorted_pool, capacity, threshold, _MAX_TRIPLES)
+        for threshold, triples in settings:
+            yield _rebuild_sorted(*sorted_pool, capacity, threshold, triples)
         return
     workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="packer-refine")
     try:
-        running = [workers.submit(_rebuild_sorted, *sorted_pool, capacity, t, _MAX_TRIPLES) for t in thresholds[:2]]
-        for threshold in thresholds[2:]:
+        running = [workers.submit(_rebuild_sorted, *sorted_pool, capacity, *setting) for setting in settings[:2]]
+        for setting in settings[2:]:
             yield running.pop(0).result()
-            running.append(workers.submit(_rebuild_sorted, *sorted_pool, capacity, threshold, _MAX_TRIPLES))
+            running.append(workers.submit(_rebuild_sorted, *sorted_pool, capacity, *setting))
         for future in running:
             yield future.result()
     finally:
         workers.shutdown(wait=False, cancel_futures=True)
 
 
+def _wide_pays(sorted_sizes: np.ndarray, capacity: int) -> bool:
+    """Whether the wide threshold is worth a rebuild: the pool's median length (``sorted_sizes``
+    ascending) is at least C / ``_WIDE_MEDIAN_DIVISOR``. Smaller items close half a pack with
+    three of them only at its low end, and there the rebuild gained nothing (and took up to
+    three times the six others' time at C = 128k)."""
+    return sorted_sizes.size > 0 and _WIDE_MEDIAN_DIVISOR * int(sorted_sizes[sorted_sizes.size // 2]) >= capacity
+
+
 def _repack(arr: np.ndarray, pool: np.ndarray, num_packs: int, capacity: int, goal: int, rounds: int,
-            look_ahead: bool = False):
+            look_ahead: bool = False, wide: bool = False):
     """A packing of ``pool`` (item indices, ascending) into fewer than ``num_packs`` packs, as
     ``(sequence, ends)`` (pack ``q`` is ``sequence[ends[q]:ends[q + 1]]``), or None.
 
     One round rebuilds the pool under each threshold and keeps the one with fewest packs;
     later rounds (``rounds`` in all) re-pack that one's non-full packs. It stops as soon as a
     packing has at most ``goal`` packs (the L2 bound less the packs kept outside the pool).
+
+    ``wide`` (the first round): try the wide threshold too (:func:`_rebuilds`).
 
     ``look_ahead`` (the first round): a rebuild that is the round's best so far and leaves
     few items in non-full packs (at most ``1 / _LOOK_AHEAD_SHARE`` of the pool) gets its
@@ -93,7 +125,7 @@ def _repack(arr: np.ndarray, pool: np.ndarray, num_packs: int, capacity: int, go
     round_best = num_packs
     pending = None  # the round's best rebuild, its later rounds not run yet
     found = None  # the best packing after later rounds
-    for sequence, ends, num in _rebuilds(arr, pool, capacity):
+    for sequence, ends, num in _rebuilds(arr, pool, capacity, wide):
         if num >= round_best:
             continue
         round_best = num
@@ -205,7 +237,7 @@ def _refine(arr: np.ndarray, plan: PackPlan, *, max_rounds: int = 4, in_place: b
             repacked = None
             if not _optimal_for_one_length(arr[pool], num_nonfull, capacity):
                 repacked = _repack(arr, pool, num_nonfull, capacity, target - kept_packs.size, max_rounds,
-                                   look_ahead=True)
+                                   look_ahead=True, wide=True)
             del pool
             if repacked is not None:
                 current = _with_packs(arr, plan, kept_packs, *repacked, in_place=in_place)
