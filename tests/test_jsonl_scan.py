@@ -255,3 +255,40 @@ def test_reader_reads_boolean_masks_and_names_what_it_cannot(tmp_path):
                                  4: "input_ids[1] = true is not an integer"}
     (batch,) = read_jsonl(str(path), FIELDS, SCALAR)  # not a flag field: booleans are not integers
     assert batch.pre_bad[0] == "loss_mask[0] = true is not an integer"
+
+
+@pytest.mark.parametrize("split_bytes", [1 << 20, 300])  # (300: few-record batches scanned in two halves)
+def test_a_batch_of_long_records_closes_at_its_byte_budget(tmp_path, monkeypatch, split_bytes):
+    """A batch closes before ``BATCH_ROWS`` records where they would pass ``BATCH_BYTES`` of text
+    (its first record whatever its length): 1,000 lines of 100k tokens were one batch, 2.3 GB at
+    the peak. Blank lines and a last line without a newline are counted as before, and the
+    records read are orjson's, in order."""
+    from packer_cli.sources import readers
+
+    monkeypatch.setattr(readers, "BATCH_BYTES", 2000)
+    monkeypatch.setattr(readers, "SPLIT_BYTES", split_bytes)
+    monkeypatch.setattr(readers, "SCAN_CHUNK", 256)  # the buffer refills and grows mid-batch
+    rng = random.Random(7)
+    rows = [{"input_ids": list(range(rng.randrange(0, 300))), "loss_mask": [1, 0, 1]} for _ in range(400)]
+    rows[10]["input_ids"] = list(range(1500))  # alone longer than the budget
+    lines = [orjson.dumps(r) for r in rows]
+    lines[5:5] = [b"", b"   "]
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"\n".join(lines))  # no newline after the last
+    fields = ["input_ids", "loss_mask"]
+    got = list(read_jsonl(str(path), fields, set()))
+    assert [r for b in got for r in b.batch.to_pylist()] == rows
+    want = list(read_jsonl_orjson(str(path), fields, set()))
+    assert np.concatenate([b.lines for b in got]).tolist() == np.concatenate([b.lines for b in want]).tolist()
+    text = {n: len(line) + 1 for n, line in enumerate(lines, 1)}  # by line number
+    row0 = 0
+    for k, b in enumerate(got):
+        assert b.row0 == row0
+        row0 += b.batch.num_rows
+        first, last = int(b.lines[0]), int(b.lines[-1])
+        size = sum(text[n] for n in range(first, last + 1))
+        assert size <= 2000 or b.batch.num_rows == 1
+        if k + 1 < len(got):  # closed only where the next record would pass the budget
+            after = int(got[k + 1].lines[0])
+            assert size + sum(text[n] for n in range(last + 1, after + 1)) > 2000
+    assert len(got) > 20

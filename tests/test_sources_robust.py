@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 
 import numpy as np
 import orjson
@@ -899,3 +900,72 @@ def test_a_column_pyarrow_cannot_wrap_is_a_one_line_error(tmp_path, name, with_t
             else "has type month_interval, which packer does not read")
     assert_one_line_error(result, 1, f"f.arrow: row 0: field '{name}' {said}")
     assert not (tmp_path / "out").exists()
+
+
+# --- an Arrow IPC batch of long rows ----------------------------------------------------------
+
+def _ipc_of_long_rows(path, n_rows: int = 3000) -> pa.Table:
+    """One record batch: rows of 1-60 tokens, every 97th of 800 (longer than the tests' budget)."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 61, n_rows)
+    lengths[::97] = 800
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    n = int(offsets[-1])
+    table = pa.table({
+        "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(rng.integers(0, 1000, n).astype(np.int32))),
+        "loss_mask": pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.ones(n, np.uint8))),
+    })
+    with pa.ipc.new_file(str(path), table.schema) as writer:
+        writer.write_batch(table.to_batches(max_chunksize=n_rows)[0])
+    return table
+
+
+def test_an_ipc_batch_of_long_rows_is_read_in_pieces_of_its_value_budget(tmp_path, monkeypatch):
+    """A batch of 2,048 rows of 100k tokens was read in one piece and checked whole first (every
+    page of the 1 GB batch resident at once: 1.7 GB at the peak). Pieces now hold at most
+    ``BATCH_VALUES`` values (or one longer row) and ``BATCH_ROWS`` rows, and close only where
+    the next row would pass; together they are the batch."""
+    from packer_cli.sources import readers
+
+    monkeypatch.setattr(readers, "BATCH_VALUES", 500)
+    path = tmp_path / "long.arrow"
+    table = _ipc_of_long_rows(path)
+    pieces = list(readers.read_ipc(str(path), ["input_ids", "loss_mask"]))
+    assert pa.Table.from_batches([p.batch for p in pieces]).equals(table)
+    lengths = table.column("input_ids").combine_chunks().value_lengths().to_numpy()
+    row0 = 0
+    for k, piece in enumerate(pieces):
+        assert piece.row0 == row0
+        rows = piece.batch.num_rows
+        size = int(lengths[row0:row0 + rows].sum())
+        assert 1 <= rows <= readers.BATCH_ROWS and (size <= 500 or rows == 1)
+        row0 += rows
+        if k + 1 < len(pieces):
+            assert size + lengths[row0] > 500
+    assert row0 == 3000 and len(pieces) > 3000 * 30 // 500
+
+
+def test_damaged_offsets_in_a_later_piece_of_an_ipc_batch_are_a_data_error(tmp_path, monkeypatch):
+    """The batch is checked piece by piece now: an offset past the values, late in the batch, is
+    still a one-line error naming the file, with nothing written."""
+    from packer_cli.sources import readers
+
+    monkeypatch.setattr(readers, "BATCH_VALUES", 500)
+    path = tmp_path / "long.arrow"
+    table = _ipc_of_long_rows(path)
+    raw = bytearray(path.read_bytes())
+    offsets = table.column("input_ids").chunk(0).offsets.to_numpy()
+    at = bytes(raw).find(offsets.tobytes())  # the tokens' offsets buffer (written first), as written
+    assert at > 0
+    row = 2500
+    raw[at + 4 * row:at + 4 * row + 4] = np.int32(10**8).tobytes()
+    path.write_bytes(bytes(raw))
+    result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 1024)
+    assert result.exit_code == 1, result.output
+    assert "long.arrow" in result.output and "Traceback" not in result.output
+    rows = re.search(r"rows ([\d,]+) to ([\d,]+): .*offset for slot (\d+) out of bounds", result.output)
+    assert rows, result.output
+    start, stop, slot = (int(g.replace(",", "")) for g in rows.groups())
+    assert start + slot == row and start <= row <= stop  # the slot counts from the piece's first row
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert_nothing_written(tmp_path)

@@ -76,6 +76,10 @@ RUN_BATCHES = 4
 #: ...and until a column holds this many values: a run decoded whole is in memory at once (and
 #: the next one decoding), so rows of long samples must close it sooner (16 MiB of int32 ids).
 RUN_VALUES = 4 << 20
+#: Values a batch holds at most in a column (one long row alone may pass it): rows of long samples
+#: close it before ``batch_rows``. 2,048 rows of 100k tokens in one row group were one batch of
+#: 200M tokens, 1.9 GB at the peak.
+BATCH_VALUES = 4 << 20
 _CODECS = ("UNCOMPRESSED", "SNAPPY", "ZSTD", "GZIP")
 _MAP_PAYLOAD = 256 << 10  # page payloads this large are mapped, smaller ones read
 
@@ -630,6 +634,7 @@ class _ColumnCursor:
         self.chunk_rows = 0  # rows of chunk ``taking`` completed so far
         self.lengths: list[np.ndarray] = []  # lengths of complete rows not yet taken
         self.rows_ready = 0
+        self.values_ready = 0  # their values
         self.open_length = -1  # length so far of the row the last page left open (-1: none)
         self.values: deque = deque()  # [slab, start, stop] runs of values not yet taken, in order
         self.slab: np.ndarray | None = None  # where the next page decodes, from ``slab_used`` on
@@ -719,6 +724,7 @@ class _ColumnCursor:
     def _complete(self, lengths: np.ndarray) -> None:
         self.lengths.append(lengths)
         self.rows_ready += lengths.size
+        self.values_ready += int(lengths.sum())
         self.chunk_rows += lengths.size
 
     def _take_values(self, count: int) -> np.ndarray:
@@ -743,6 +749,19 @@ class _ColumnCursor:
             self.values.popleft()
         return slab[start:start + n]
 
+    def rows_within(self, rows: int, values: int) -> int:
+        """How many of the next ``rows`` rows hold at most ``values`` values (at least one row),
+        decoding pages only as far as that needs: a batch of long rows closes sooner. Where the
+        pages run out first, ``rows`` (:meth:`take` then says what is wrong)."""
+        while self.rows_ready < rows and self.values_ready < values:
+            if not self._next_page():
+                return rows
+        if self.values_ready <= values and self.rows_ready <= rows:
+            return self.rows_ready if self.rows_ready < rows else rows
+        lengths = np.concatenate(self.lengths) if len(self.lengths) > 1 else self.lengths[0]
+        within = int(np.searchsorted(np.cumsum(lengths[:rows]), values, side="right"))
+        return max(1, min(rows, within))
+
     def take(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """The next ``rows`` rows: (int64 offsets from 0, values)."""
         while self.rows_ready < rows:
@@ -756,6 +775,7 @@ class _ColumnCursor:
         self.rows_ready -= rows
         offsets = np.zeros(rows + 1, dtype=np.int64)
         np.cumsum(taken, out=offsets[1:])
+        self.values_ready -= int(offsets[-1])
         return offsets, self._take_values(int(offsets[-1]))
 
     def finish(self) -> None:
@@ -834,14 +854,17 @@ def _list_array(layout: _ColumnLayout, offsets: np.ndarray, values: np.ndarray) 
 # --- the reader -------------------------------------------------------------------------------
 
 class ListColumnReader:
-    """Record batches (1..``batch_rows`` rows) of ``fields`` of one Parquet file.
+    """Record batches (1..``batch_rows`` rows, fewer where they would pass ``batch_values`` values
+    in a column) of ``fields`` of one Parquet file.
 
     ``fast_rows`` and ``arrow_rows`` count the rows each decoder produced; ``fallback_reason``
     says why pyarrow took over (None while the compiled decoder reads everything).
     """
 
-    def __init__(self, path: str, fields: list[str], batch_rows: int = 2048, *, arrow_only: bool = False):
+    def __init__(self, path: str, fields: list[str], batch_rows: int = 2048, *, arrow_only: bool = False,
+                 batch_values: int = BATCH_VALUES):
         self.path, self.fields, self.batch_rows = path, list(fields), max(1, batch_rows)
+        self.batch_values = max(1, batch_values)  # a batch of long rows closes before this many values (a column)
         self.arrow_only = arrow_only  # pyarrow throughout (``verify --source`` wants a second opinion)
         self.fast_rows = self.arrow_rows = 0
         self.fallback_reason: str | None = None
@@ -939,6 +962,8 @@ class ListColumnReader:
                 rows = min(self.batch_rows, num_rows - done)
                 for cursor in cursors:  # start every column's pages decoding before waiting on any
                     _named(cursor, cursor._read_ahead)
+                for cursor in cursors:
+                    rows = _named(cursor, cursor.rows_within, rows, self.batch_values)
                 arrays = [_list_array(cursor.layout, *_named(cursor, cursor.take, rows)) for cursor in cursors]
                 done += rows
                 yield pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -991,7 +1016,10 @@ class ListColumnReader:
         finds the pages holding more; a value count off either way is refused by both."""
         stated, read = pf.metadata.row_group(group).num_rows, 0
         levels = dict.fromkeys(stated_values, 0)
-        for batch in pf.iter_batches(batch_size=self.batch_rows, row_groups=[group], columns=self.fields):
+        # Rows a batch: about ``batch_values`` values at the group's mean row length.
+        most = max(stated_values.values(), default=0)
+        batch_rows = max(1, min(self.batch_rows, self.batch_values * stated // most)) if most else self.batch_rows
+        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[group], columns=self.fields):
             read += batch.num_rows
             for name in levels:
                 levels[name] += _level_entries(batch.column(name))

@@ -28,7 +28,16 @@ from packer_cli.sources.normalize import readable_column
 from packer_cli.sources.parquet_lists import ListColumnReader
 
 BATCH_ROWS = 2048  # rows per batch: bounds decode memory in flight (a few batches are)
+#: ...and tokens per batch: a batch of long samples closes sooner (Parquet, Arrow IPC). 2,048 rows
+#: of 100k tokens held 200M tokens at once: 1.9 GB at the peak where 4M tokens a batch need ~0.5.
+BATCH_VALUES = 4 << 20
 SCAN_CHUNK = 16 << 20  # bytes read per step by the JSON Lines scanner
+#: JSON Lines text per batch: records past it wait for the next batch (a batch's first record is
+#: taken whatever its size). 1,000 lines of 100k tokens were one batch of 0.6 GB of text and
+#: their values, 2.3 GB at the peak.
+BATCH_BYTES = 16 << 20
+#: A JSON Lines batch this large is scanned in two halves at once even with few records.
+SPLIT_BYTES = 1 << 20
 
 @dataclass
 class RawBatch:
@@ -389,23 +398,33 @@ class _ScannedBatches:
     def _span(self):
         """(end, records, lines, half) of the next batch, reading until the buffer holds all of it.
 
-        ``half`` is (end, records, lines) of the batch's first half (None for a short last batch).
+        A batch is ``BATCH_ROWS`` records, fewer where they would pass ``BATCH_BYTES`` of text
+        (the first record is taken whatever its length), or the rest of the stream. ``half`` is
+        (end, records, lines) of the batch's first half (None unless the batch is full).
         Counting resumes where it stopped after each read, so every byte is looked at once.
         """
         from packer_cli.sources._jsonl_scan import batch_span
 
         pos, rows, lines, half = self.lo, 0, 0, None
         while True:
-            for target in (BATCH_ROWS // 2, BATCH_ROWS):
-                if rows >= target:
-                    continue
-                pos, more_rows, more_lines = batch_span(self.buf, pos, self.hi, self.eof, target - rows)
-                rows, lines = rows + more_rows, lines + more_lines
-                if rows < target:
-                    break
-                if target == BATCH_ROWS // 2:
-                    half = (pos, rows, lines)
-            if rows == BATCH_ROWS or self.eof:
+            if rows == 0:  # the first record, however long (blank lines before it are counted)
+                pos, rows, more_lines = batch_span(self.buf, pos, self.hi, self.eof, 1)
+                lines += more_lines
+            capped = False
+            if rows:
+                end = min(self.hi, max(pos, self.lo + BATCH_BYTES))
+                capped = end < self.hi  # the buffer holds more than the batch may
+                for target in (BATCH_ROWS // 2, BATCH_ROWS):
+                    if rows >= target:
+                        continue
+                    pos, more_rows, more_lines = batch_span(self.buf, pos, end, self.eof and not capped,
+                                                            target - rows)
+                    rows, lines = rows + more_rows, lines + more_lines
+                    if rows < target:
+                        break
+                    if target == BATCH_ROWS // 2:
+                        half = (pos, rows, lines)
+            if rows == BATCH_ROWS or self.eof or capped:
                 return pos, rows, lines, half if rows == BATCH_ROWS else None
             shift = self.lo
             self._fill()
@@ -446,12 +465,12 @@ class _ScannedBatches:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packer-jsonl") as helper:
             while True:
                 end, rows, lines, first_half = self._span()
-                if self.error is not None and rows < BATCH_ROWS:
+                if self.error is not None and rows < BATCH_ROWS and end == self.hi:  # the lines before it are used
                     raise self.error
                 if rows == 0:
                     return
                 lo = self.lo
-                if rows >= 256:
+                if rows >= 256 or (rows >= 2 and end - lo >= SPLIT_BYTES):
                     mid, half, half_lines = first_half or batch_span(self.buf, lo, end, True, rows // 2)
                     second = helper.submit(self._scan, mid, end, rows - half, line0 + half_lines)
                     part = self._scan(lo, mid, half, line0, room=end - mid)
@@ -738,7 +757,7 @@ def read_parquet(path: str, fields: list[str], arrow_only: bool = False,
     supervised = _parquet_supervised_row(path, _supervision_columns(path, schema, absent))
     stop = supervised[0] if supervised else None
     row0 = 0
-    for batch in ListColumnReader(path, fields, BATCH_ROWS, arrow_only=arrow_only):
+    for batch in ListColumnReader(path, fields, BATCH_ROWS, arrow_only=arrow_only, batch_values=BATCH_VALUES):
         if stop is not None and row0 + batch.num_rows > stop:
             batch = batch.slice(0, stop - row0)
         if batch.num_rows:
@@ -756,20 +775,45 @@ def read_ipc(path: str, fields: list[str], absent: tuple[str, ...] = ()) -> Iter
     absent = _supervision_columns(path, schema, absent)
     row0 = 0
     for batch in batches:
-        # IPC buffers are taken as written: check offsets and bounds before trusting them.
-        _select(batch, fields).validate(full=True)
+        selected = _select(batch, fields)
+        selected.validate()  # its buffers are large enough for its rows (each piece's contents are checked below)
         # a stream is read once: each batch checked as it comes
         columns = [readable_column(batch, name, path, row0) for name in absent]
         supervised = _first_supervised_row(columns)
         rows = batch.num_rows if supervised is None else supervised
-        for start in range(0, rows, BATCH_ROWS):
-            piece = batch.slice(start, min(BATCH_ROWS, rows - start))
-            piece = _select(piece, fields)
+        for start, stop in _ipc_pieces(selected, rows):
+            piece = selected.slice(start, stop - start)
+            # IPC buffers are taken as written: check offsets and bounds before trusting them. A
+            # piece at a time: checking a whole batch first touched every page of it, a 1 GB
+            # batch resident at once, before any could be handed back.
+            try:
+                piece.validate(full=True)
+            except pa.ArrowInvalid as exc:  # its slots count from the piece's first row
+                raise pa.ArrowInvalid(f"rows {row0:,} to {row0 + piece.num_rows - 1:,}: {exc}") from None
             yield RawBatch(path, row0, piece)
             row0 += piece.num_rows
             mapped.read(piece.nbytes)
         if supervised is not None:  # the rows before it went first: a bad record among them is reported first
             raise _supervised_column(path, absent, columns, supervised, row0 - supervised)
+
+
+def _ipc_pieces(batch: pa.RecordBatch, rows: int) -> Iterator[tuple[int, int]]:
+    """(start, stop) of the pieces the first ``rows`` rows of an IPC batch are read in: at most
+    ``BATCH_ROWS`` rows and, by its first list column's offsets, ``BATCH_VALUES`` values (a
+    longer row alone). Offsets not yet checked may be anything: each piece still holds at
+    least one row and at most ``BATCH_ROWS``, and its check names what is wrong."""
+    kind = batch.schema.field(0).type if batch.num_columns else None  # (a column of some types cannot be wrapped)
+    ends = None
+    if kind is not None and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        ends = batch.column(0).offsets.to_numpy()[: rows + 1].astype(np.int64)  # only the offsets are read
+    start = 0
+    while start < rows:
+        stop = min(start + BATCH_ROWS, rows)
+        if ends is not None and ends[stop] - ends[start] > BATCH_VALUES:
+            within = np.searchsorted(ends[start + 1:stop + 1], ends[start] + BATCH_VALUES, side="right")
+            stop = start + max(1, int(within))
+        yield start, stop
+        start = stop
 
 
 def read_file(file: InputFile, fields: list[str], scalar_fields: set[str],
