@@ -202,7 +202,7 @@ def _first_fit(seq_lengths, capacity, tree):
 
     Parameters
     ----------
-    seq_lengths : int64[M]
+    seq_lengths : int32[M] or int64[M]
         Lengths in processing order.
     capacity : int
         Pack capacity.
@@ -211,14 +211,14 @@ def _first_fit(seq_lengths, capacity, tree):
 
     Returns
     -------
-    pack_of_position : int64[M]
+    pack_of_position : int32[M]
         Pack of the ``k``-th processed length.
     num_packs : int
     """
     m = seq_lengths.shape[0]
     size = tree.shape[0] // 2
     tree[:] = capacity
-    pack_of_position = np.empty(m, np.int64)
+    pack_of_position = np.empty(m, np.int32)
     num_packs = 0
     for k in range(m):
         length = seq_lengths[k]
@@ -692,12 +692,12 @@ def _bind_buckets(positions, seq_lengths, bin_of_position, bucket_items, bucket_
 
     Parameters
     ----------
-    positions : int64[M]
+    positions : int32[M]
         Positions of the processed sequence, grouped by bin in bin order and
         in placement order within a bin.
-    seq_lengths : int64[M]
+    seq_lengths : int32[M]
         Length at each position.
-    bin_of_position : int64[M]
+    bin_of_position : int32[M]
         Bin of each position.
     bucket_items : int64[N]
         Item indices grouped by length (ascending), each bucket already
