@@ -292,3 +292,37 @@ def test_a_batch_of_long_records_closes_at_its_byte_budget(tmp_path, monkeypatch
             after = int(got[k + 1].lines[0])
             assert size + sum(text[n] for n in range(last + 1, after + 1)) > 2000
     assert len(got) > 20
+
+
+def test_records_the_scanner_gives_up_on_are_spliced_into_its_arrays(tmp_path):
+    """Records the scanner cannot vouch for (an emoji escaped as a surrogate pair, as
+    ``json.dumps`` writes it by default; a float of 18 digits; a malformed token list; a record
+    that is no object) are read by orjson and spliced in among the scanned ones: the batches,
+    their bad-record reasons and line numbers are the orjson reader's."""
+    rng = random.Random(3)
+    lines = []
+    for i in range(3 * BATCH_ROWS + 5):
+        ids = [rng.randrange(0, 50000) for _ in range(rng.randrange(1, 40))]
+        record = {"input_ids": ids, "loss_mask": [rng.randrange(0, 2) for _ in ids]}
+        line = orjson.dumps(record)
+        if i % 97 == 1:
+            line = b'{"text":"ok \\ud83d\\ude00",' + line[1:]
+        elif i % 89 == 2:
+            line = b'{"score":0.07327801014093555,' + line[1:]
+        elif i % 331 == 3:
+            line = b'{"input_ids":[1,"x",3],"loss_mask":[1,1,1]}'
+        elif i % 409 == 4:
+            line = b'[1, 2, 3]'
+        lines.append(line)
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    fields = ["input_ids", "loss_mask"]
+    got = list(read_jsonl(str(path), fields, set(), flag_fields={"loss_mask"}))
+    want = list(read_jsonl_orjson(str(path), fields, set(), flag_fields={"loss_mask"}))
+    assert len(got) == len(want) == 4
+    assert sum(len(g.pre_bad) for g in got) > 10
+    for g, w in zip(got, want):
+        assert (g.row0, g.pre_bad) == (w.row0, w.pre_bad)
+        np.testing.assert_array_equal(g.lines, w.lines)
+        assert g.batch.to_pydict() == w.batch.to_pydict()
+        assert all(pa.types.is_list(t) and pa.types.is_integer(t.value_type) for t in g.batch.schema.types)
