@@ -969,3 +969,46 @@ def test_damaged_offsets_in_a_later_piece_of_an_ipc_batch_are_a_data_error(tmp_p
     assert start + slot == row and start <= row <= stop  # the slot counts from the piece's first row
     assert len(result.output.strip().splitlines()) == 1, result.output
     assert_nothing_written(tmp_path)
+
+
+def test_tiny_ipc_record_batches_are_joined_and_large_ones_pass_alone(tmp_path):
+    """A file written one row a record batch was read a batch at a time (a twentieth of the usual
+    rate): runs of small batches are now joined up to ``BATCH_ROWS`` rows; a large batch is
+    neither joined nor copied; the rows are the file's, in order."""
+    from packer_cli.sources import readers
+
+    lengths = np.random.default_rng(5).integers(1, 50, 5000)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.arange(offsets[-1], dtype=np.int32)))
+    table = pa.table({"input_ids": ids})
+    path = tmp_path / "tiny.arrow"
+    sizes = [1] * 3000 + [1500] + [1] * 500  # 3,000 one-row batches, one large, 500 more
+    with pa.ipc.new_file(str(path), table.schema) as writer:
+        at = 0
+        for size in sizes:
+            writer.write_batch(table.slice(at, size).to_batches()[0])
+            at += size
+    got = list(readers.read_ipc(str(path), ["input_ids"]))
+    assert [b.batch.num_rows for b in got] == [2048, 952, 1500, 500]
+    assert [b.row0 for b in got] == [0, 2048, 3000, 4500]
+    assert pa.Table.from_batches([b.batch for b in got]).equals(table)
+
+
+def test_a_supervision_value_after_joined_tiny_batches_comes_after_their_rows(tmp_path):
+    """The rows before a supervision value (where the first record had none) are read first,
+    joined as usual, then the error, as a file of large batches has it."""
+    from packer_cli.errors import DataError
+    from packer_cli.sources import readers
+
+    labels = [None] * 700
+    labels[600] = [1]
+    table = pa.table({"input_ids": [[1, 2]] * 700, "labels": pa.array(labels, pa.list_(pa.int64()))})
+    path = tmp_path / "tiny.arrow"
+    with pa.ipc.new_file(str(path), table.schema) as writer:
+        for k in range(700):
+            writer.write_batch(table.slice(k, 1).to_batches()[0])
+    read = []
+    with pytest.raises(DataError, match="row 600: column 'labels'"):
+        for raw in readers.read_ipc(str(path), ["input_ids"], absent=("labels",)):
+            read.append(raw.batch.num_rows)
+    assert read == [600]
