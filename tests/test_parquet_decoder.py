@@ -48,15 +48,19 @@ CODECS = ["none", "snappy", "zstd", "gzip"]  # decoded by packer
 ARROW_CODECS = ["lz4", "brotli"]  # handed to pyarrow (see parquet_lists: their sizes cannot be checked)
 
 
-@pytest.fixture(autouse=True)
-def _default_decoder(monkeypatch):
+@pytest.fixture(autouse=True, params=["small pages inline", "every page on the threads"])
+def _default_decoder(monkeypatch, request):
     """Every test starts with the decoder chosen automatically (the variable unset), and maps
     every page payload: the test files' pages are small, and the rest of the suite reads them
-    with ``pread`` (the corrupt-file test reads each file both ways)."""
+    with ``pread`` (the corrupt-file test reads each file both ways). Each runs twice: small
+    pages decoded on the reading thread (as they are), then every page handed to the decoding
+    threads (as large pages are)."""
     from packer_cli.sources import parquet_lists
 
     monkeypatch.delenv(ENV, raising=False)
     monkeypatch.setattr(parquet_lists, "_MAP_PAYLOAD", 0)
+    if request.param == "every page on the threads":
+        monkeypatch.setattr(parquet_lists, "SMALL_PAGE", 0)
 
 
 # --- helpers ---------------------------------------------------------------------------------
