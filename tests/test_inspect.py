@@ -530,3 +530,24 @@ def test_a_recorded_policy_is_printed_as_text_by_any_console(synth, tmp_path):
     buf = io.StringIO()
     RichConsole(file=buf, width=200).print(report)
     assert "over-long (od[/b])" in buf.getvalue()
+
+
+def test_pack_detail_of_many_sequences_is_listed_as_plain_text(synth, monkeypatch):
+    """Beyond DETAIL_TABLE_ROWS sequences the pack is listed as aligned plain text (rich drew a
+    77k-row table in 33 s): a header, then one line a sequence with the same cells."""
+    from packer_cli.audit import _render
+
+    src, out = synth
+    n = 7
+    detail = json.loads(runner.invoke(app, ["inspect", str(out), "--pack", str(n), "--json"]).output)["pack"]
+    monkeypatch.setattr(_render, "DETAIL_TABLE_ROWS", 1)
+    text = runner.invoke(app, ["inspect", str(out), "--pack", str(n)], terminal_width=200).output
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split() == ["seq", "source", "index", "offset", "start",
+                                                                    "real", "padded", "targets"])
+    rows = [line.split() for line in lines[head + 1:head + 1 + len(detail["real_len"])]]
+    assert len(detail["real_len"]) > 1 and len(rows) == len(detail["real_len"])
+    for k, cells in enumerate(rows):
+        assert cells == [str(k), str(detail["source_index"][k]), str(detail["source_offset"][k]),
+                         f"{detail['start'][k]:,}", f"{detail['real_len'][k]:,}", f"{detail['padded_len'][k]:,}",
+                         f"{detail['target_tokens'][k]:,}"]
