@@ -82,7 +82,8 @@ RUN_VALUES = 4 << 20
 BATCH_VALUES = 4 << 20
 _CODECS = ("UNCOMPRESSED", "SNAPPY", "ZSTD", "GZIP")
 _MAP_PAYLOAD = 256 << 10  # page payloads this large are mapped, smaller ones read
-SMALL_PAGE = 32 << 10  # page payloads smaller than this decode on the reading thread
+SMALL_PAGE = 32 << 10  # page payloads smaller than this decode on the reading thread...
+SMALL_PAGE_VALUES = 1 << 20  # ...unless they hold more level entries than this
 
 
 class _Unsupported(Exception):
@@ -683,8 +684,10 @@ class _ColumnCursor:
                 args = (self.layout, self.codecs[chunk], header, payload, self.dictionary,
                         slab[start:start + header.num_values])
                 # A small page decodes here: handing it to a thread cost more than decoding it
-                # (60-90 us a page; 1 KiB pages read at a sixth of pyarrow's speed).
-                decoded = _Decoded(*args) if len(payload) < SMALL_PAGE else self.pool.submit(_decode_page, *args)
+                # (60-90 us a page; 1 KiB pages read at a sixth of pyarrow's speed). Small in bytes
+                # and in values: a few KB of run-length-encoded mask can hold millions.
+                small = len(payload) < SMALL_PAGE and header.num_values <= SMALL_PAGE_VALUES
+                decoded = _Decoded(*args) if small else self.pool.submit(_decode_page, *args)
                 self.decoding.append((header.num_values, slab, start, decoded, chunk))
             # index pages (and page types from the future) carry nothing we need
 
