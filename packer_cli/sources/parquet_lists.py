@@ -83,7 +83,7 @@ BATCH_VALUES = 4 << 20
 _CODECS = ("UNCOMPRESSED", "SNAPPY", "ZSTD", "GZIP")
 _MAP_PAYLOAD = 256 << 10  # page payloads this large are mapped, smaller ones read
 SMALL_PAGE = 32 << 10  # page payloads smaller than this decode on the reading thread...
-SMALL_PAGE_VALUES = 1 << 20  # ...unless they hold more level entries than this
+SMALL_PAGE_VALUES = 1 << 16  # ...unless they hold more level entries than this
 
 
 class _Unsupported(Exception):
