@@ -551,3 +551,17 @@ def test_pack_detail_of_many_sequences_is_listed_as_plain_text(synth, monkeypatc
         assert cells == [str(k), str(detail["source_index"][k]), str(detail["source_offset"][k]),
                          f"{detail['start'][k]:,}", f"{detail['real_len'][k]:,}", f"{detail['padded_len'][k]:,}",
                          f"{detail['target_tokens'][k]:,}"]
+
+
+def test_pack_detail_as_plain_text_keeps_every_cell_on_a_narrow_terminal(synth, monkeypatch):
+    """On a terminal narrower than a line the plain list folds its lines instead of cutting off
+    the last columns."""
+    from packer_cli.audit import _render
+
+    src, out = synth
+    detail = json.loads(runner.invoke(app, ["inspect", str(out), "--pack", "7", "--json"]).output)["pack"]
+    monkeypatch.setattr(_render, "DETAIL_TABLE_ROWS", 1)
+    text = runner.invoke(app, ["inspect", str(out), "--pack", "7"], terminal_width=20).output
+    flat = "".join(text.split())
+    for k in range(len(detail["real_len"])):
+        assert (f"{detail['padded_len'][k]:,}{detail['target_tokens'][k]:,}") in flat

@@ -146,9 +146,11 @@ class _PlainLines:
         self.lines = lines
 
     def __rich_console__(self, console, options):
+        width = max(1, options.max_width)
         for line in self.lines:
-            yield Segment(line)
-            yield Segment.line()
+            for at in range(0, max(len(line), 1), width):  # folded, not cropped, on a narrow terminal
+                yield Segment(line[at:at + width])
+                yield Segment.line()
 
 
 def _detail_columns(detail) -> list[list[str]]:
