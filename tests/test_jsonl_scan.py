@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import random
+import sys
 
 import numpy as np
 import orjson
@@ -326,3 +327,32 @@ def test_records_the_scanner_gives_up_on_are_spliced_into_its_arrays(tmp_path):
         np.testing.assert_array_equal(g.lines, w.lines)
         assert g.batch.to_pydict() == w.batch.to_pydict()
         assert all(pa.types.is_list(t) and pa.types.is_integer(t.value_type) for t in g.batch.schema.types)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="possessive quantifiers: Python 3.10 parses the record as it is")
+def test_field_names_of_a_long_first_record_are_found_with_its_integer_lists_emptied(tmp_path, monkeypatch):
+    """The first record's keys decide the supervision; orjson made a Python int of each of its
+    tokens (a 10M-token first line: 1.17 GB). Lists of integers are emptied first in a long
+    record: the keys found, and which records are skipped as malformed, are the same."""
+    from packer_cli.sources import readers
+
+    rng = random.Random(11)
+    lines = []
+    for i in range(600):
+        line = _record(rng)
+        if i % 3 == 0:
+            line = _mutate(rng, line)
+        if i % 5 == 0:
+            line = b'{"text": "see [1, 2] or [3,]", ' + line[1:]
+        lines.append(line)
+    found = {}
+    for threshold in (1 << 40, 0):  # never emptied, always emptied
+        monkeypatch.setattr(readers, "KEYS_ONLY_BYTES", threshold)
+        names = []
+        for k in range(0, len(lines), 3):  # files whose first records are three of these
+            path = tmp_path / f"f{k}.jsonl"
+            path.write_bytes(b"\n".join(lines[k:k + 3]) + b"\n")
+            names.append(readers.jsonl_field_names(str(path)))
+        found[threshold] = names
+    assert found[0] == found[1 << 40]
+    assert sum(n is None for n in found[0]) < len(found[0])
