@@ -783,7 +783,7 @@ class _ColumnCursor:
             if not self._next_page():
                 return rows
         if self.values_ready <= values and self.rows_ready <= rows:
-            return self.rows_ready if self.rows_ready < rows else rows
+            return self.rows_ready
         lengths = np.concatenate(self.lengths) if len(self.lengths) > 1 else self.lengths[0]
         within = int(np.searchsorted(np.cumsum(lengths[:rows]), values, side="right"))
         return max(1, min(rows, within))

@@ -853,13 +853,19 @@ def _checked_ipc_pieces(path: str, fields: list[str], absent: tuple[str, ...]) -
             raise _supervised_column(path, absent, columns, supervised, row0 - supervised)
 
 
+def _first_list_offsets(batch: pa.RecordBatch) -> np.ndarray | None:
+    """The offsets of a batch's first column where it is a list (only they are read), else None.
+    The type is looked at first: a column of some types cannot even be wrapped."""
+    kind = batch.schema.field(0).type if batch.num_columns else None
+    if kind is None or not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        return None
+    return batch.column(0).offsets.to_numpy()
+
+
 def _piece_values(piece: pa.RecordBatch) -> int:
     """Values of a piece's first column, where it is a list (0 otherwise)."""
-    kind = piece.schema.field(0).type if piece.num_columns else None
-    if kind is None or not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not piece.num_rows:
-        return 0
-    offsets = piece.column(0).offsets
-    return int(offsets[len(offsets) - 1].as_py()) - int(offsets[0].as_py())
+    ends = _first_list_offsets(piece)
+    return 0 if ends is None or not piece.num_rows else int(ends[-1]) - int(ends[0])
 
 
 def _joined(pieces: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -906,10 +912,9 @@ def _ipc_pieces(batch: pa.RecordBatch, rows: int) -> Iterator[tuple[int, int]]:
     ``BATCH_ROWS`` rows and, by its first list column's offsets, ``BATCH_VALUES`` values (a
     longer row alone). Offsets not yet checked may be anything: each piece still holds at
     least one row and at most ``BATCH_ROWS``, and its check names what is wrong."""
-    kind = batch.schema.field(0).type if batch.num_columns else None  # (a column of some types cannot be wrapped)
-    ends = None
-    if kind is not None and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
-        ends = batch.column(0).offsets.to_numpy()[: rows + 1].astype(np.int64)  # only the offsets are read
+    ends = _first_list_offsets(batch)
+    if ends is not None:
+        ends = ends[: rows + 1].astype(np.int64)
     start = 0
     while start < rows:
         stop = min(start + BATCH_ROWS, rows)
