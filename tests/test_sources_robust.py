@@ -1012,3 +1012,18 @@ def test_a_supervision_value_after_joined_tiny_batches_comes_after_their_rows(tm
         for raw in readers.read_ipc(str(path), ["input_ids"], absent=("labels",)):
             read.append(raw.batch.num_rows)
     assert read == [600]
+
+
+def test_a_damaged_last_offset_of_an_ipc_batch_names_the_batch_rows(tmp_path):
+    """An offset past the values at the very end of a batch fails the cheap structural check
+    before any piece is cut; the message names the batch's rows too."""
+    path = tmp_path / "long.arrow"
+    table = _ipc_of_long_rows(path)
+    raw = bytearray(path.read_bytes())
+    offsets = table.column("input_ids").chunk(0).offsets.to_numpy()
+    at = bytes(raw).find(offsets.tobytes())
+    raw[at + 4 * 3000:at + 4 * 3000 + 4] = np.int32(10**8).tobytes()  # the last offset
+    path.write_bytes(bytes(raw))
+    result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 1024)
+    assert_one_line_error(result, 1, "long.arrow: cannot read as Arrow IPC: rows 0 to 2,999: ")
+    assert_nothing_written(tmp_path)

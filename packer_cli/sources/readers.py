@@ -832,7 +832,10 @@ def _checked_ipc_pieces(path: str, fields: list[str], absent: tuple[str, ...]) -
     row0 = 0
     for batch in batches:
         selected = _select(batch, fields)
-        selected.validate()  # its buffers are large enough for its rows (each piece's contents are checked below)
+        try:
+            selected.validate()  # its buffers are large enough for its rows (each piece's contents are checked below)
+        except pa.ArrowInvalid as exc:
+            raise pa.ArrowInvalid(f"rows {row0:,} to {row0 + batch.num_rows - 1:,}: {exc}") from None
         # a stream is read once: each batch checked as it comes
         columns = [readable_column(batch, name, path, row0) for name in absent]
         supervised = _first_supervised_row(columns)
