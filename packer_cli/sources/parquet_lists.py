@@ -784,9 +784,15 @@ class _ColumnCursor:
                 return rows
         if self.values_ready <= values and self.rows_ready <= rows:
             return self.rows_ready
-        lengths = np.concatenate(self.lengths) if len(self.lengths) > 1 else self.lengths[0]
-        within = int(np.searchsorted(np.cumsum(lengths[:rows]), values, side="right"))
+        within = int(np.searchsorted(np.cumsum(self._ready_lengths()[:rows]), values, side="right"))
         return max(1, min(rows, within))
+
+    def _ready_lengths(self) -> np.ndarray:
+        """The lengths of the complete rows not yet taken, as one array (kept so, for ``take``)."""
+        if len(self.lengths) != 1:
+            self.lengths = [np.concatenate(self.lengths) if self.lengths
+                            else np.zeros(0, dtype=np.int64)]  # (none: a run of row groups without rows)
+        return self.lengths[0]
 
     def take(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """The next ``rows`` rows: (int64 offsets from 0, values)."""
@@ -794,8 +800,7 @@ class _ColumnCursor:
             if not self._next_page() and self.rows_ready < rows:  # (the last chunk's last row just closed)
                 self.at = len(self.group_rows) - 1
                 raise _Corrupt("column chunk holds fewer rows than its row group")
-        lengths = (np.concatenate(self.lengths) if len(self.lengths) > 1 else self.lengths[0] if self.lengths
-                   else np.zeros(0, dtype=np.int64))  # (none: a run of row groups without rows)
+        lengths = self._ready_lengths()
         taken, rest = lengths[:rows], lengths[rows:]
         self.lengths = [rest] if rest.size else []
         self.rows_ready -= rows
