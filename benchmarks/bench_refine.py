@@ -12,11 +12,15 @@ and the packs it gained)::
     .venv/bin/python benchmarks/bench_refine.py --n 100000 --seeds 3
 
 ``--shapes N`` instead draws N random sets of lognormal, gamma and normal lengths (C = 2k-128k,
-30k-300k lengths, medians C/64-C/2) and plans each with the pass as it is and without its
-wide threshold (``refine._WIDE_DIVISOR``: half a pack kept free, first round, large items),
-printing packs above the stopping bound and seconds for both, then how many sets each way won::
+30k-300k lengths, medians C/64-C/2) and plans each with the pass as it is and without one of
+its settings (``--without``): ``balanced``, the balanced rebuilds every round ends with
+(``refine._BALANCED_DIVISORS``: items of about the pool's mean length after the largest), or
+``wide``, the first round's wide threshold (``refine._WIDE_DIVISOR``: half a pack kept free,
+large items). It prints packs above the stopping bound and seconds for both, then how many
+sets each way won::
 
-    .venv/bin/python benchmarks/bench_refine.py --shapes 200 --seed 11   # ~1 min
+    .venv/bin/python benchmarks/bench_refine.py --shapes 200 --seed 11                  # ~1-2 min
+    .venv/bin/python benchmarks/bench_refine.py --shapes 200 --seed 11 --without wide
 """
 from __future__ import annotations
 
@@ -68,19 +72,27 @@ def random_shape(draw: np.random.Generator, seed: int) -> tuple[str, np.ndarray,
     return f"{what}, n {n}, C {capacity}", np.clip(np.rint(x), 1, capacity).astype(np.int64), capacity
 
 
-def compare_wide(sets: int, seed: int) -> None:
-    """``--shapes``: the pass with and without its wide threshold on ``sets`` random shapes."""
+#: What ``--without`` turns off, and how: the attribute of ``refine`` and its "off" value.
+SETTINGS = {
+    "wide": ("_WIDE_MEDIAN_DIVISOR", 0),  # 0: the median test never passes
+    "balanced": ("_BALANCED_DIVISORS", ()),
+}
+
+
+def compare_without(sets: int, seed: int, setting: str) -> None:
+    """``--shapes``: the pass as it is and without one of its settings on ``sets`` random shapes."""
     draw = np.random.default_rng(seed)
-    wide_gate = refine._WIDE_MEDIAN_DIVISOR
-    totals = {way: {"above_bound": 0, "seconds": 0.0, "over_0.02%": 0} for way in ("with_wide", "without")}
+    name, off = SETTINGS[setting]
+    on = getattr(refine, name)
+    totals = {way: {"above_bound": 0, "seconds": 0.0, "over_0.02%": 0} for way in ("with", "without")}
     wins = losses = 0
     for k in range(sets):
         what, lengths, capacity = random_shape(draw, seed * 100_003 + k)
         bound = _best_of_lengths(lengths, capacity)
         row = {"set": what, "bound": bound}
-        ways = (("without", 0), ("with_wide", wide_gate))
-        for way, gate in ways if k % 2 == 0 else ways[::-1]:  # alternated: neither runs second always
-            refine._WIDE_MEDIAN_DIVISOR = gate  # 0: the median test never passes
+        ways = (("without", off), ("with", on))
+        for way, value in ways if k % 2 == 0 else ways[::-1]:  # alternated: neither runs second always
+            setattr(refine, name, value)
             start = time.perf_counter()
             above = plan_packs(lengths, capacity, refine=True).num_packs - bound
             seconds = time.perf_counter() - start
@@ -88,14 +100,14 @@ def compare_wide(sets: int, seed: int) -> None:
             totals[way]["above_bound"] += above
             totals[way]["seconds"] += seconds
             totals[way]["over_0.02%"] += above > 0.0002 * bound
-        refine._WIDE_MEDIAN_DIVISOR = wide_gate
-        wins += row["with_wide"]["above_bound"] < row["without"]["above_bound"]
-        losses += row["with_wide"]["above_bound"] > row["without"]["above_bound"]
+        setattr(refine, name, on)
+        wins += row["with"]["above_bound"] < row["without"]["above_bound"]
+        losses += row["with"]["above_bound"] > row["without"]["above_bound"]
         print(json.dumps(row), flush=True)
     for way in totals:
         totals[way]["seconds"] = round(totals[way]["seconds"], 2)
-    print(json.dumps({"what": "summary", "sets": sets, "seed": seed, "wide_fewer_packs": wins,
-                      "wide_more_packs": losses, **totals}))
+    print(json.dumps({"what": "summary", "sets": sets, "seed": seed, "without": setting,
+                      "fewer_packs_with_it": wins, "more_packs_with_it": losses, **totals}))
 
 
 def main(argv=None) -> int:
@@ -105,12 +117,15 @@ def main(argv=None) -> int:
     ap.add_argument("--ks", type=int, nargs="+", default=[2, 3, 4, 5, 6, 8], help="distinct values per set")
     ap.add_argument("--seeds", type=int, default=12, help="sets per (capacity, k)")
     ap.add_argument("--shapes", type=int, default=0, metavar="N",
-                    help="instead: N random lognormal/gamma/normal sets, with and without the wide threshold")
+                    help="instead: N random lognormal/gamma/normal sets, with and without one setting")
     ap.add_argument("--seed", type=int, default=11, help="--shapes: which random sets")
+    ap.add_argument("--without", choices=sorted(SETTINGS), default="balanced",
+                    help="--shapes: the setting compared (the first round's wide threshold, or every "
+                         "round's balanced rebuilds)")
     args = ap.parse_args(argv)
     plan_packs(np.array([3, 5, 7, 2]), 10, refine=True)  # kernels loaded before any clock starts
     if args.shapes:
-        compare_wide(args.shapes, args.seed)
+        compare_without(args.shapes, args.seed, args.without)
         return 0
     rows = []
     for capacity in args.capacities:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -123,13 +124,15 @@ def martello_toth_l2(lengths, capacity):
     return best
 
 
-def exact_fill_rebuild(lengths, pool, capacity, threshold, max_triples, pair_words=None):
+def exact_fill_rebuild(lengths, pool, capacity, threshold, max_triples, pair_words=None, balanced=False):
     """The refinement pass's exact-fill re-pack of ``pool``, by list scans: each pack takes the
     largest item, then the largest that leave at least ``threshold`` free, then closes its
     room with one item, the most balanced pair, or a third item (largest first, at most
     ``max_triples`` tried) and a pair, then best fit. Items of one size go in pool order.
     ``pair_words``: a pair's smaller size ``a`` is looked for only in the 64-size words from
-    the one holding ``room // 2`` down, that many of them. Returns the packs' item lists."""
+    the one holding ``room // 2`` down, that many of them. ``balanced``: the greedy phase also
+    takes nothing above ``room // k``, k = room / (mean length of the unplaced items), rounded
+    to the nearest (half up). Returns the packs' item lists."""
     left = {}
     for k in pool:
         left.setdefault(int(lengths[k]), []).append(int(k))
@@ -163,7 +166,12 @@ def exact_fill_rebuild(lengths, pool, capacity, threshold, max_triples, pair_wor
 
         take(largest_at_most(room))
         while todo and room > threshold:
-            s = largest_at_most(room - threshold)
+            limit = room - threshold
+            if balanced:
+                unplaced = [s for s, items in left.items() for _ in items]
+                k = math.floor(Fraction(room * len(unplaced), sum(unplaced)) + Fraction(1, 2))
+                limit = min(limit, room // max(k, 1))
+            s = largest_at_most(limit)
             if s < 1:
                 break
             take(s)

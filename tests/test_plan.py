@@ -418,9 +418,10 @@ def test_exact_fill_rebuild_matches_reference(capacity, data):
     pool = np.array(sorted(data.draw(st.sets(st.integers(0, lengths.size - 1), min_size=1))), np.int32)
     threshold = data.draw(st.integers(1, capacity))
     max_triples = data.draw(st.sampled_from([0, 1, 3, 4, 64]))
-    sequence, ends, num = _rebuild(lengths, pool, capacity, threshold, max_triples)
+    balanced = data.draw(st.booleans())
+    sequence, ends, num = _rebuild(lengths, pool, capacity, threshold, max_triples, balanced)
     got = [sequence[ends[q]:ends[q + 1]].tolist() for q in range(num)]
-    assert got == naive.exact_fill_rebuild(lengths, pool, capacity, threshold, max_triples)
+    assert got == naive.exact_fill_rebuild(lengths, pool, capacity, threshold, max_triples, balanced=balanced)
 
 
 @pytest.mark.parametrize("capacity", [64, 127, 128, 1024, 4096])
@@ -431,10 +432,13 @@ def test_exact_fill_rebuild_matches_reference_dense(capacity):
     rng = np.random.default_rng(capacity)
     lengths = rng.integers(1, capacity // 2 + 1, 600 if capacity > 1000 else 300).astype(np.int64)
     pool = np.arange(lengths.size, dtype=np.int32)
-    for divisor, triples in ((64, 64), (8, 64), (4, 64), (2, 4)):  # (2, 4): the first round's wide setting
-        sequence, ends, num = _rebuild(lengths, pool, capacity, max(1, capacity // divisor), triples)
+    # (2, 4): the first round's wide setting; balanced ones: every round's last two
+    for divisor, triples, balanced in ((64, 64, False), (8, 64, False), (4, 64, False), (2, 4, False),
+                                       (8, 4, True), (16, 4, True)):
+        sequence, ends, num = _rebuild(lengths, pool, capacity, max(1, capacity // divisor), triples, balanced)
         got = [sequence[ends[q]:ends[q + 1]].tolist() for q in range(num)]
-        assert got == naive.exact_fill_rebuild(lengths, pool, capacity, max(1, capacity // divisor), triples)
+        assert got == naive.exact_fill_rebuild(lengths, pool, capacity, max(1, capacity // divisor), triples,
+                                               balanced=balanced)
 
 
 @pytest.mark.parametrize("n, seed", [(20000, 2), (30000, 7)])
@@ -460,7 +464,7 @@ def test_refine_threads_change_nothing(monkeypatch, n, seed):
     together = list(R._rebuilds(lengths, pool, capacity))
     monkeypatch.setattr(R, "_PARALLEL_POOL", 10**12)
     alone = list(R._rebuilds(lengths, pool, capacity))
-    assert len(together) == len(alone) == len(R._THRESHOLD_DIVISORS)
+    assert len(together) == len(alone) == len(R._THRESHOLD_DIVISORS) + len(R._BALANCED_DIVISORS)
     for (s1, e1, n1), (s2, e2, n2) in zip(together, alone):
         assert n1 == n2
         npt.assert_array_equal(s1, s2)
@@ -496,7 +500,7 @@ def test_refine_look_ahead_skips_rebuilds_and_loses_nothing(monkeypatch, n, seed
             first_round[look_ahead, goal] = pools.count(pool.size)
     for goal in (0, bound):
         assert packs[True, goal] <= packs[False, goal]
-    assert first_round[False, 0] == first_round[True, 0] == len(R._THRESHOLD_DIVISORS)
+    assert first_round[False, 0] == first_round[True, 0] == len(R._THRESHOLD_DIVISORS) + len(R._BALANCED_DIVISORS)
     assert packs[True, bound] == bound  # these inputs all reach the bound ...
     assert first_round[True, bound] < first_round[False, bound]  # ... with fewer first-round rebuilds
 
@@ -537,6 +541,9 @@ def test_refine_wide_threshold_reaches_the_bound_on_large_items(monkeypatch, cap
     validate_plan(refined, lengths, capacity)
     assert refined.num_packs == bound
     monkeypatch.setattr(R, "_WIDE_MEDIAN_DIVISOR", 0)  # the median test never passes
+    # The balanced rebuilds close the first of these sets' gap too (and 6 of the second's 16
+    # packs), so they are left out to see the wide threshold's own effect.
+    monkeypatch.setattr(R, "_BALANCED_DIVISORS", ())
     narrow = plan_packs(lengths, capacity, refine=True)
     validate_plan(narrow, lengths, capacity)
     assert narrow.num_packs >= bound + 10
@@ -545,9 +552,9 @@ def test_refine_wide_threshold_reaches_the_bound_on_large_items(monkeypatch, cap
 
 @pytest.mark.parametrize("parallel_pool", [0, 10**12])
 def test_refine_wide_threshold_only_in_the_first_round_and_for_large_items(monkeypatch, parallel_pool):
-    # The wide rebuild comes last, with its own few third-item candidates, and only where it is
-    # asked for (the first round) and the pool's median is at least C/8; the same on one thread
-    # or two.
+    # The wide rebuild comes after the six thresholds, with its own few third-item candidates,
+    # and only where it is asked for (the first round) and the pool's median is at least C/8;
+    # the two balanced rebuilds come last, always. The same on one thread or two.
     from packer_cli.plan import refine as R
     from packer_cli.plan._refine_kernels import _rebuild
 
@@ -556,10 +563,16 @@ def test_refine_wide_threshold_only_in_the_first_round_and_for_large_items(monke
     large = _lognormal_quarter(capacity, 3, 3000)
     small = np.clip(np.random.default_rng(4).gamma(5, 20, 3000).round(), 10, capacity).astype(np.int64)
     pool = np.arange(3000, dtype=np.int32)
-    for lengths, wide, expected in ((large, True, 7), (large, False, 6), (small, True, 6)):
+    for lengths, wide, expected in ((large, True, 9), (large, False, 8), (small, True, 8)):
         rebuilds = list(R._rebuilds(lengths, pool, capacity, wide))
         assert len(rebuilds) == expected
-    sequence, ends, num = list(R._rebuilds(large, pool, capacity, True))[-1]
+        balanced = [_rebuild(lengths, pool, capacity, capacity // d, R._BALANCED_TRIPLES, True)
+                    for d in R._BALANCED_DIVISORS]
+        for (sequence, ends, num), (want_sequence, want_ends, want_num) in zip(rebuilds[-2:], balanced):
+            assert num == want_num
+            npt.assert_array_equal(sequence, want_sequence)
+            npt.assert_array_equal(ends[: num + 1], want_ends[: num + 1])
+    sequence, ends, num = list(R._rebuilds(large, pool, capacity, True))[6]
     want_sequence, want_ends, want_num = _rebuild(large, pool, capacity, capacity // 2, R._WIDE_TRIPLES)
     assert num == want_num
     npt.assert_array_equal(sequence, want_sequence)
@@ -568,6 +581,30 @@ def test_refine_wide_threshold_only_in_the_first_round_and_for_large_items(monke
     assert R._wide_pays(np.array([1, capacity // 8, capacity]), capacity)
     assert not R._wide_pays(np.array([1, capacity // 8 - 1, capacity]), capacity)
     assert not R._wide_pays(np.zeros(0, np.int32), capacity)
+
+
+def _narrow_fifth(capacity: int, seed: int, n: int = 30000) -> np.ndarray:
+    """Lengths spread narrowly around C/5 (normal, sd 14 % of the mean): packs of five and six."""
+    x = np.random.default_rng(seed).normal(0.192 * capacity, 0.14 * 0.192 * capacity, n)
+    return np.clip(np.rint(x), 1, capacity).astype(np.int64)
+
+
+@pytest.mark.parametrize("capacity, seed", [(4096, 5), (2048, 6)])
+def test_refine_balanced_rebuilds_close_most_of_the_gap_on_narrow_lengths(monkeypatch, capacity, seed):
+    # Taking the largest items together leaves, on these lengths, about 2 % of packs holding
+    # five items with room for no sixth. Items of about the mean length after the largest
+    # leave the small ones to make packs of six.
+    from packer_cli.plan import refine as R
+
+    lengths = _narrow_fifth(capacity, seed)
+    bound = _best_of_lengths(lengths, capacity)
+    refined = plan_packs(lengths, capacity, refine=True)
+    validate_plan(refined, lengths, capacity)
+    monkeypatch.setattr(R, "_BALANCED_DIVISORS", ())
+    greedy = plan_packs(lengths, capacity, refine=True)
+    validate_plan(greedy, lengths, capacity)
+    assert greedy.num_packs - bound >= 0.01 * bound
+    assert refined.num_packs - bound <= (greedy.num_packs - bound) / 2
 
 
 def test_refine_hand_instance():

@@ -150,24 +150,34 @@ def _sort_pool(lengths, pool, capacity):
 
 
 @njit(**NJIT_FLAGS)
-def _rebuild(lengths, pool, capacity, threshold, max_triples):
+def _rebuild(lengths, pool, capacity, threshold, max_triples, balanced=False):
     """:func:`_rebuild_sorted` of ``pool``, sorting it first."""
     items, sizes = _sort_pool(lengths, pool, capacity)
-    return _rebuild_sorted(items, sizes, capacity, threshold, max_triples)
+    return _rebuild_sorted(items, sizes, capacity, threshold, max_triples, balanced)
 
 
 @njit(**NJIT_FLAGS)
-def _rebuild_sorted(items, sizes, capacity, threshold, max_triples):
+def _rebuild_sorted(items, sizes, capacity, threshold, max_triples, balanced=False):
     """:func:`_rebuild_body`, compiled twice, once for a sparse pool (see ``_find_pair``)."""
     # Each call inlines the body with ``sparse`` a constant, so the compiler drops the other's
-    # branches from the pair search's loop.
+    # branches from the pair search's loop. ``balanced`` only steers the greedy phase, once
+    # per item, so it stays a run-time flag.
     if _sparse(capacity, items.shape[0]):
-        return _rebuild_body(items, sizes, capacity, threshold, max_triples, True)
-    return _rebuild_body(items, sizes, capacity, threshold, max_triples, False)
+        return _rebuild_body(items, sizes, capacity, threshold, max_triples, True, balanced)
+    return _rebuild_body(items, sizes, capacity, threshold, max_triples, False, balanced)
 
 
 @njit(**NJIT_INLINE_FLAGS)
-def _rebuild_body(items, sizes, capacity, threshold, max_triples, sparse):
+def _balanced_limit(room, items_left, tokens_left):
+    """The largest item the balanced greedy phase takes into ``room``: ``room // k``, where
+    ``k`` (at least 1) is how many items of the pool's mean length (``tokens_left /
+    items_left``, what is still unplaced) fill ``room``, rounded to the nearest."""
+    k = (2 * room * items_left + tokens_left) // (2 * tokens_left)
+    return room // k if k > 1 else room
+
+
+@njit(**NJIT_INLINE_FLAGS)
+def _rebuild_body(items, sizes, capacity, threshold, max_triples, sparse, balanced):
     """Pack a pool of items, aiming at packs filled exactly to ``capacity``.
 
     Each pack takes the largest remaining item, then greedily the largest item
@@ -175,6 +185,13 @@ def _rebuild_body(items, sizes, capacity, threshold, max_triples, sparse):
     room exactly with one item, a pair, or a triple (at most ``max_triples``
     candidates for the third item), and finally falls back to best fit
     (largest item that fits, repeatedly).
+
+    ``balanced``: the greedy phase takes no item above the room's share of an item of the
+    pool's mean length (:func:`_balanced_limit`). Taking the largest items together used up
+    the middle sizes as closers and left, on lengths spread narrowly around C/5, packs of five
+    items that a sixth does not fit; the optimum mixes packs of five large items with packs
+    of six small ones, which a large item followed by items of about the mean length leaves
+    room for.
 
     Parameters
     ----------
@@ -187,6 +204,10 @@ def _rebuild_body(items, sizes, capacity, threshold, max_triples, sparse):
         Room kept free by the greedy phase for the exact phase.
     max_triples : int
         Bound on third-item candidates tried per pack.
+    sparse : bool
+        Compile-time constant: jump over empty words in pair searches (see ``_find_pair``).
+    balanced : bool
+        Cap the greedy phase's items at the room's share (above).
 
     Returns
     -------
@@ -219,6 +240,10 @@ def _rebuild_body(items, sizes, capacity, threshold, max_triples, sparse):
     ends[0] = 0
     placed = 0
     pack = 0
+    tokens_left = np.int64(0)  # the unplaced items' lengths, at the open pack's start
+    if balanced:
+        for j in range(m):
+            tokens_left += sizes[j]
     while placed < m:
         room = capacity
         # 1. largest remaining item
@@ -226,7 +251,11 @@ def _rebuild_body(items, sizes, capacity, threshold, max_triples, sparse):
         placed, room = _place(s, placed, room, items, counts, fill, bits, offs, mirror, capacity, sequence)
         # 2. greedy, keeping ``threshold`` free
         while placed < m and room > threshold:
-            s = _bitset_prev(bits, offs, room - threshold)
+            limit = room - threshold
+            if balanced:
+                limit = min(limit, _balanced_limit(np.int64(room), np.int64(m - placed),
+                                                   tokens_left - (capacity - room)))
+            s = _bitset_prev(bits, offs, limit)
             if s < 1:
                 break
             placed, room = _place(s, placed, room, items, counts, fill, bits, offs, mirror, capacity, sequence)
@@ -262,6 +291,7 @@ def _rebuild_body(items, sizes, capacity, threshold, max_triples, sparse):
             if s < 1:
                 break
             placed, room = _place(s, placed, room, items, counts, fill, bits, offs, mirror, capacity, sequence)
+        tokens_left -= capacity - room
         pack += 1
         ends[pack] = placed
     return sequence, ends, pack
