@@ -614,6 +614,12 @@ def test_a_full_disk_is_one_line_exit_3_and_nothing_left(synthetic_parquet, tmp_
         monkeypatch.setattr(_sink.OutputFile, "_write_staged", _no_space)
         if where != "shard-tail":  # else the file fits one block: the error comes at its close
             monkeypatch.setattr(_sink, "DIRECT_BLOCK", 16 * _sink.ALIGN)
+    from packer_cli.sources.parquet_lists import decode_pool
+
+    import time
+
+    for started in [decode_pool().submit(time.sleep, 0.05) for _ in range(2)]:  # both threads made:
+        started.result()  # the process's page-decoding threads stay, made by this test or an earlier one
     threads = threading.active_count()
     extra = ["--format", "megatron-bridge"] if where.startswith("bridge") else []
     result = run("pack", synthetic_parquet, "-o", tmp_path / "out", *extra)
@@ -622,7 +628,7 @@ def test_a_full_disk_is_one_line_exit_3_and_nothing_left(synthetic_parquet, tmp_
         f"error: {tmp_path / 'out'}: writing the output failed: [Errno 28] No space left on device")
     assert "Traceback" not in result.output
     assert_nothing_written(tmp_path)
-    assert threading.active_count() == threads  # no writer or gatherer thread outlives the error
+    assert threading.active_count() == threads, [t.name for t in threading.enumerate()]  # no writer or gatherer outlives it
 
 
 def test_an_output_that_cannot_be_created_for_space_exits_3(tmp_path, monkeypatch):

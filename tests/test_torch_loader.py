@@ -373,6 +373,34 @@ def test_lossless_stand_ins_keep_data_parallel_ranks_in_step(workers, damaged):
     assert sorted(served) == sorted(set(range(12)) - damaged)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_worker_s_error_is_the_one_line_error_of_the_main_process(workers):
+    """Raised in a worker, torch re-raised the DataError with its own first line ("Caught
+    DataError in DataLoader worker process 1.") and the worker's traceback in the message: the
+    lossless warning named no pack, and the raised error ran to 20 lines. Both are now what
+    ``num_workers=0`` gives."""
+    ds = _damaged_dataset(6, {3})
+
+    def raised(num_workers):
+        with pytest.raises(DataError) as info:
+            list(THDLoader(ds, device="cpu", num_workers=num_workers, shuffle=False))
+        return str(info.value)
+
+    def warned(num_workers):
+        loader = THDLoader(ds, device="cpu", num_workers=num_workers, shuffle=False, on_damaged="lossless")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            steps = [b.source_index.item() for b in loader]
+        return steps, [str(w.message) for w in caught if "lossless stand-in" in str(w.message)]
+
+    message = raised(0)
+    assert "\n" not in message and "pack 3" in message, message
+    assert raised(workers) == message
+    steps, said = warned(0)
+    assert steps == [0, 1, 2, 2, 4, 5] and len(said) == 1 and message in said[0], said
+    assert warned(workers) == (steps, said)
+
+
 def test_the_readme_skip_recipe_stays_in_its_epoch_when_the_last_micro_batch_is_damaged():
     """Loading the state one further (past a damaged last micro-batch) and iterating again
     started the next epoch within this one; docs/LOADER.md's set_epoch after it keeps the epoch."""

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer_cli._arrow import from_numpy, memory_pool
+from packer_cli._cycles import input_file_read
 from packer_cli.errors import DataError, first_line, shown
 from packer_cli.sources._ipc_file import check_file_layout
 from packer_cli.sources.discover import InputFile
@@ -58,24 +59,88 @@ class _ZstdReader(io.RawIOBase):
     zstandard's stream reader ends quietly where the file ends, even inside a frame, so a
     truncated file read as a shorter valid one. Arrow's decompressing stream reads frame after
     frame and raises when the input ends before the last frame does (as gzip does for .gz).
+    Arrow's stream refuses a frame whose window passes 128 MiB (``zstd --long=28`` and up); from
+    such a frame on, the file is read by :class:`_ZstdFrames` instead.
     """
 
     def __init__(self, path: str):
+        self._path = path
         self._stream = pa.CompressedInputStream(pa.OSFile(path), "zstd")
+        self._handed_out = 0  # decompressed bytes returned so far
+        self._long = False
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
         try:
-            return self._stream.readinto(buffer)
+            n = self._stream.readinto(buffer)
         except OSError as exc:
-            raise OSError(f"truncated or corrupt zstd data ({exc})") from None
+            if self._long or "too much memory" not in str(exc):
+                raise OSError(f"truncated or corrupt zstd data ({exc})") from None
+            self._stream.close()
+            self._stream, self._long = _ZstdFrames(self._path), True
+            self._stream.skip(self._handed_out)  # what Arrow's stream already handed out
+            n = self._stream.readinto(buffer)
+        self._handed_out += n
+        return n
 
     def close(self) -> None:
         if not self.closed:
             self._stream.close()
         super().close()
+
+
+class _ZstdFrames:
+    """A ``.zst`` file's frames decompressed one after another by zstandard, with windows up to
+    2 GiB (what ``zstd --long=31`` writes), failing where the file ends inside a frame."""
+
+    #: Compressed bytes read at a time.
+    CHUNK = 1 << 20
+
+    def __init__(self, path: str):
+        import zstandard
+
+        self._file = open(path, "rb")
+        self._context = zstandard.ZstdDecompressor(max_window_size=1 << 31)
+        self._frame = None  # the frame being decompressed
+        self._input = b""  # compressed bytes past the last frame's end, not yet decompressed
+        self._output = memoryview(b"")  # decompressed bytes not yet handed out
+
+    def readinto(self, buffer) -> int:
+        import zstandard
+
+        while not self._output:
+            chunk = self._input or self._file.read(self.CHUNK)
+            self._input = b""
+            if not chunk:
+                if self._frame is not None and not self._frame.eof:
+                    raise OSError("truncated or corrupt zstd data (the file ends inside a frame)")
+                return 0
+            if self._frame is None or self._frame.eof:
+                self._frame = self._context.decompressobj()
+            try:
+                self._output = memoryview(self._frame.decompress(chunk))
+            except zstandard.ZstdError as exc:
+                raise OSError(f"truncated or corrupt zstd data ({exc})") from None
+            if self._frame.eof:
+                self._input = self._frame.unused_data
+        n = min(len(buffer), len(self._output))
+        buffer[:n] = self._output[:n]
+        self._output = self._output[n:]
+        return n
+
+    def skip(self, nbytes: int) -> None:
+        """Decompress and drop the first ``nbytes``."""
+        scratch = bytearray(min(nbytes, self.CHUNK) or 1)
+        while nbytes > 0:
+            got = self.readinto(memoryview(scratch)[:min(nbytes, len(scratch))])
+            if got == 0:
+                raise OSError("truncated or corrupt zstd data (shorter when read again)")
+            nbytes -= got
+
+    def close(self) -> None:
+        self._file.close()
 
 
 #: UTF-8's byte order mark: JSON parsers may ignore one at the start of the text (RFC 8259 §8.1),
@@ -953,4 +1018,5 @@ def read_file(file: InputFile, fields: list[str], scalar_fields: set[str],
         except (pa.ArrowException, OSError, EOFError, ValueError, UnicodeDecodeError, zlib.error) as exc:
             kind = {"jsonl": "JSON Lines", "parquet": "Parquet", "arrow": "Arrow IPC", "hf": "Arrow IPC"}
             raise DataError(f"{path}: cannot read as {kind[file.format]}: {first_line(exc)}") from None
+        input_file_read()  # pyarrow's per-file cycles, freed while the collector is off
 

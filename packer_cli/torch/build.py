@@ -112,6 +112,9 @@ def _check_row(row: Any, tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s
     if loss.size and loss.dtype != np.bool_ and (int(loss.max()) > 1 or (loss.dtype.kind != "u" and int(loss.min()) < 0)):
         bad = int(np.flatnonzero((loss > 1) | (loss < 0))[0])
         raise ValueError(f"malformed pack: loss_mask holds {loss[bad]} at token {bad}, not 0 or 1")
+    if tokens.size and tokens.dtype.kind == "i" and int(tokens.min()) < 0:  # pack refuses them in its inputs
+        bad = int(np.flatnonzero(tokens < 0)[0])
+        raise ValueError(f"malformed pack: token {bad} has the id {tokens[bad]}, a negative one")
 
 
 def _check_padding(tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s: np.ndarray, p: np.ndarray,

@@ -53,16 +53,34 @@ from packer_cli.torch.sampler import MicroBatchSampler
 ON_DAMAGED = ("raise", "lossless")
 
 
+class _Damaged:
+    """A micro-batch that did not build: its DataError's message, sent from the worker as a
+    value and raised again in the main process (:meth:`THDLoader._host_batches`).
+
+    Raised in a worker, torch re-raises the error in the main process with its own first line
+    ("Caught DataError in DataLoader worker process 1.") and the worker's traceback in the
+    message, where the loader promises the one-line error naming the file and pack that
+    ``num_workers=0`` gives."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
 class _MicroBatches(Dataset):
-    """Worker-side view: item ``[pack ids]`` -> this CP rank's THD row."""
+    """Worker-side view: item ``[pack ids]`` -> this CP rank's THD row, or :class:`_Damaged`."""
 
     def __init__(self, dataset: PackedDataset, cp_size: int, cp_rank: int) -> None:
         self.dataset = dataset
         self.cp_size = cp_size
         self.cp_rank = cp_rank
 
-    def __getitem__(self, indices: Sequence[int]) -> THDBatch:  # type: ignore[override]
-        return self.dataset.micro_batch(indices, self.cp_size, self.cp_rank)
+    def __getitem__(self, indices: Sequence[int]) -> THDBatch | _Damaged:  # type: ignore[override]
+        try:
+            return self.dataset.micro_batch(indices, self.cp_size, self.cp_rank)
+        except DataError as exc:
+            return _Damaged(str(exc))
 
 
 def _as_is(batch: THDBatch) -> THDBatch:
@@ -265,7 +283,10 @@ class THDLoader:
     def _host_batches(self, start: int) -> Iterator[THDBatch]:
         self.sampler.start = start
         try:
-            yield from self._loader
+            for batch in self._loader:
+                if isinstance(batch, _Damaged):
+                    raise DataError(batch.message)
+                yield batch
         finally:
             self.sampler.start = 0
 
@@ -336,9 +357,8 @@ class THDLoader:
         run from its start would have had), on the loader's device; None if there is none."""
         order = self.sampler.epoch_order(self.sampler.epoch)
         for k in range(position - 1, -1, -1):
-            try:
-                batch = self._loader.dataset[list(order[k])]
-            except DataError:
+            batch = self._loader.dataset[list(order[k])]
+            if isinstance(batch, _Damaged):
                 continue
             return batch if self.device.type == "cpu" else batch.to(self.device)
         return None
