@@ -442,3 +442,30 @@ def test_source_findings_in_packs_before_a_damaged_row(copy, made):
     assert rows == [5, 9], [f.line() for f in report.findings]
     assert all("position 1 is" in f.message for f in report.findings if f.check == "source.tokens"), [
         f.line() for f in report.findings]
+
+
+def test_an_unknown_codec_in_the_footer_is_a_finding_not_an_abort(copy):
+    # One flipped bit turned a column chunk's codec from ZSTD (6) into 22: pyarrow's
+    # ColumnChunkMetaData.compression threw a C++ exception Python cannot catch, and verify and
+    # inspect ended with SIGABRT (found by a review). The footer is now walked by packer first.
+    import subprocess
+    import sys
+
+    out = copy()
+    raw = bytearray((out / DATA).read_bytes())
+    footer_start = len(raw) - 8 - int.from_bytes(raw[-8:-4], "little")
+    # compact protocol: path_in_schema ends "...element", then field 4 (codec, i32: 0x15) zigzag(6) = 12
+    at = raw.index(b"element\x15\x0c", footer_start) + len(b"element\x15")
+    raw[at] = 44  # zigzag(22)
+    (out / DATA).write_bytes(bytes(raw))
+    manifest_path = out / "training.manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["shards"][0].update(bytes=len(raw), xxh3_64=xxhash.xxh3_64(bytes(raw)).hexdigest())
+    manifest_path.write_text(json.dumps(manifest))
+    for command in (["verify"], ["inspect", "--json"]):  # a process of its own: an abort would end pytest's
+        done = subprocess.run([sys.executable, "-m", "packer_cli.cli", *command, str(out)], capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 1, (command, done.returncode, done.stderr[-2000:])
+        assert "its footer cannot be read: a column chunk names an unknown codec [bridge.file]" in \
+            done.stdout + done.stderr, (done.stdout, done.stderr)
+        assert "Traceback" not in done.stderr and "terminate called" not in done.stderr

@@ -15,11 +15,14 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import numpy.testing as npt
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from packer_cli import pipeline
@@ -863,3 +866,15 @@ def test_a_shard_of_another_schema_is_named_in_a_few_words(broken, edit, says):
     result = runner.invoke(app, ["verify", str(broken)])
     line = next(x for x in result.output.splitlines() if "[shard.unreadable]" in x)
     assert says in line and len(line) < 250, line
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 40), max_size=60), st.lists(st.integers(0, 40), max_size=60), st.integers(0, 33))
+def test_source_replay_membership_is_isin(keys, of, shift):
+    # verify --source marks packed pieces found among the source's by binary search (np.isin
+    # took 4.8 s on 2M keys of this shape); duplicates, unsorted and empty arrays included
+    from packer_cli.audit._source_check import _members
+
+    keys = np.sort(np.array(keys, np.int64) << shift)
+    of = np.array(of, np.int64) << shift
+    npt.assert_array_equal(_members(keys, of), np.isin(keys, of))

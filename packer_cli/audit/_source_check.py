@@ -48,6 +48,18 @@ def _excl(x: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(x)[:-1]]).astype(np.int64) if x.size else np.zeros(0, np.int64)
 
 
+def _members(keys: np.ndarray, of: np.ndarray) -> np.ndarray:
+    """``np.isin(keys, of)`` by binary search in ``of`` (sorted first unless it is, as the
+    stream's keys are: source order): ``np.isin`` took 4.8 s on 2M keys against 0.09 s, half of
+    ``verify --source``'s time on outputs of tiny samples."""
+    if of.size == 0:
+        return np.zeros(keys.size, dtype=bool)
+    if (of[1:] < of[:-1]).any():
+        of = np.sort(of)
+    at = np.minimum(np.searchsorted(of, keys), of.size - 1)
+    return of[at] == keys
+
+
 def recorded_source_spec(meta: dict) -> SourceSpec:
     """The :class:`SourceSpec` the output was packed with, from ``metadata["source"]``."""
     src = meta["source"]
@@ -138,7 +150,7 @@ class _Replay:
 
         a, b = np.searchsorted(self.key, [lo << 31, hi << 31])
         p_key = self.key[a:b]
-        self.matched[a:b] = np.isin(p_key, e_key)
+        self.matched[a:b] = _members(p_key, e_key)
         pos = np.minimum(np.searchsorted(p_key, e_key), max(p_key.size - 1, 0))
         found = (p_key[pos] == e_key) if p_key.size else np.zeros(e_key.size, dtype=bool)
         piece = lambda i: f"piece at offset {e_off[i]} of " if pieces[e_sample[i]] > 1 else ""  # noqa: E731
