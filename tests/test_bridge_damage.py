@@ -444,6 +444,23 @@ def test_source_findings_in_packs_before_a_damaged_row(copy, made):
         f.line() for f in report.findings]
 
 
+def _footer_read_both_ways(path) -> list:
+    """What ``_unsafe_footer`` says of ``path`` with numba loaded (compiled walk) and without (pure Python)."""
+    import importlib
+    import sys
+
+    from packer_cli.audit._bridge_checks import _unsafe_footer
+
+    assert importlib.import_module("numba")  # loaded, as in verify and inspect
+    said = []
+    for numba_loaded in (True, False):
+        with pytest.MonkeyPatch.context() as patch:
+            if not numba_loaded:
+                patch.delitem(sys.modules, "numba", raising=False)
+            said.append(_unsafe_footer(str(path), pq.ParquetFile(path).metadata))
+    return said
+
+
 def test_an_unknown_codec_in_the_footer_is_a_finding_not_an_abort(copy):
     # One flipped bit turned a column chunk's codec from ZSTD (6) into 22: pyarrow's
     # ColumnChunkMetaData.compression threw a C++ exception Python cannot catch, and verify and
@@ -452,6 +469,8 @@ def test_an_unknown_codec_in_the_footer_is_a_finding_not_an_abort(copy):
     import sys
 
     out = copy()
+    copy_of_good = out.parent / "good.parquet"
+    shutil.copyfile(out / DATA, copy_of_good)
     raw = bytearray((out / DATA).read_bytes())
     footer_start = len(raw) - 8 - int.from_bytes(raw[-8:-4], "little")
     # compact protocol: path_in_schema ends "...element", then field 4 (codec, i32: 0x15) zigzag(6) = 12
@@ -462,6 +481,9 @@ def test_an_unknown_codec_in_the_footer_is_a_finding_not_an_abort(copy):
     manifest = json.loads(manifest_path.read_text())
     manifest["shards"][0].update(bytes=len(raw), xxh3_64=xxhash.xxh3_64(bytes(raw)).hexdigest())
     manifest_path.write_text(json.dumps(manifest))
+    # both ways of reading the footer first: compiled (verify, inspect) and pure Python (the PyTorch side)
+    assert _footer_read_both_ways(out / DATA) == ["a column chunk names an unknown codec"] * 2
+    assert _footer_read_both_ways(copy_of_good) == [None, None]
     for command in (["verify"], ["inspect", "--json"]):  # a process of its own: an abort would end pytest's
         done = subprocess.run([sys.executable, "-m", "packer_cli.cli", *command, str(out)], capture_output=True,
                               text=True, timeout=300)

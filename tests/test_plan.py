@@ -522,6 +522,20 @@ def test_refine_reaches_bound_on_small_items():
         npt.assert_array_equal(refined.pack_items(new), base.pack_items(old))
 
 
+def _refined_with_and_without(monkeypatch, lengths, capacity, **settings):
+    """``(bound, refined, without)``: the stopping bound, and the pass's plans as it is and with
+    ``settings`` (attributes of ``refine``) changed, both checked valid."""
+    from packer_cli.plan import refine as R
+
+    plans = [plan_packs(lengths, capacity, refine=True)]
+    for name, value in settings.items():
+        monkeypatch.setattr(R, name, value)
+    plans.append(plan_packs(lengths, capacity, refine=True))
+    for plan in plans:
+        validate_plan(plan, lengths, capacity)
+    return _best_of_lengths(lengths, capacity), *plans
+
+
 def _lognormal_quarter(capacity: int, seed: int, n: int = 20000) -> np.ndarray:
     """Lengths of median C/4 (lognormal, sigma 0.5): a pack holds about four."""
     x = np.random.default_rng(seed).lognormal(np.log(capacity / 4), 0.5, n)
@@ -533,19 +547,12 @@ def test_refine_wide_threshold_reaches_the_bound_on_large_items(monkeypatch, cap
     # With a quarter of a pack kept free at most, the exact phase has to close it with items
     # of about that size, which rarely sum to it exactly: 16-19 packs stayed above the bound.
     # Half a pack (the first round's wide threshold) is closed by a pair or a triple of them.
-    from packer_cli.plan import refine as R
-
     lengths = _lognormal_quarter(capacity, seed)
-    bound = _best_of_lengths(lengths, capacity)
-    refined = plan_packs(lengths, capacity, refine=True)
-    validate_plan(refined, lengths, capacity)
-    assert refined.num_packs == bound
-    monkeypatch.setattr(R, "_WIDE_MEDIAN_DIVISOR", 0)  # the median test never passes
     # The balanced rebuilds close the first of these sets' gap too (and 6 of the second's 16
     # packs), so they are left out to see the wide threshold's own effect.
-    monkeypatch.setattr(R, "_BALANCED_DIVISORS", ())
-    narrow = plan_packs(lengths, capacity, refine=True)
-    validate_plan(narrow, lengths, capacity)
+    bound, refined, narrow = _refined_with_and_without(
+        monkeypatch, lengths, capacity, _WIDE_MEDIAN_DIVISOR=0, _BALANCED_DIVISORS=())  # 0: the median never passes
+    assert refined.num_packs == bound
     assert narrow.num_packs >= bound + 10
     assert narrow.num_packs < plan_packs(lengths, capacity).num_packs  # it gains, just less
 
@@ -594,15 +601,8 @@ def test_refine_balanced_rebuilds_close_most_of_the_gap_on_narrow_lengths(monkey
     # Taking the largest items together leaves, on these lengths, about 2 % of packs holding
     # five items with room for no sixth. Items of about the mean length after the largest
     # leave the small ones to make packs of six.
-    from packer_cli.plan import refine as R
-
-    lengths = _narrow_fifth(capacity, seed)
-    bound = _best_of_lengths(lengths, capacity)
-    refined = plan_packs(lengths, capacity, refine=True)
-    validate_plan(refined, lengths, capacity)
-    monkeypatch.setattr(R, "_BALANCED_DIVISORS", ())
-    greedy = plan_packs(lengths, capacity, refine=True)
-    validate_plan(greedy, lengths, capacity)
+    bound, refined, greedy = _refined_with_and_without(monkeypatch, _narrow_fifth(capacity, seed), capacity,
+                                                       _BALANCED_DIVISORS=())
     assert greedy.num_packs - bound >= 0.01 * bound
     assert refined.num_packs - bound <= (greedy.num_packs - bound) / 2
 

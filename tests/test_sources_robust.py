@@ -148,12 +148,32 @@ def test_malformed_state_json_on_the_command_line(tmp_path):
 
 # --- D6: truncated or corrupt .jsonl.zst ------------------------------------------------------
 
+def _lines(first: int, rows: int) -> bytes:
+    return b"".join(orjson.dumps({"input_ids": [first, 2, 3, i], "loss_mask": [0, 1, 1, 1]}) + b"\n"
+                    for i in range(rows))
+
+
 def _zstd_frame(first: int, rows: int = 100, checksum: bool = False) -> bytes:
     import zstandard
 
-    lines = b"".join(orjson.dumps({"input_ids": [first, 2, 3, i], "loss_mask": [0, 1, 1, 1]}) + b"\n"
-                     for i in range(rows))
-    return zstandard.ZstdCompressor(write_checksum=checksum).compress(lines)
+    return zstandard.ZstdCompressor(write_checksum=checksum).compress(_lines(first, rows))
+
+
+def _long_window_frame(first: int, rows: int = 100, checksum: bool = False) -> bytes:
+    """A frame as ``zstd --long=28`` writes one: a 256 MiB window, which Arrow's decompressing
+    stream refuses ("Frame requires too much memory for decoding")."""
+    import zstandard
+
+    params = zstandard.ZstdCompressionParameters(window_log=28, enable_ldm=True, write_content_size=False,
+                                                 write_checksum=checksum)
+    out = io.BytesIO()
+    with zstandard.ZstdCompressor(compression_params=params).stream_writer(out, closefd=False) as writer:
+        writer.write(_lines(first, rows))
+    return out.getvalue()
+
+
+#: Frames as ``zstd`` writes them by default, and with ``--long=28``.
+FRAMES = {"short": _zstd_frame, "long": _long_window_frame}
 
 
 def test_zstd_frames_are_all_read(tmp_path):
@@ -162,10 +182,11 @@ def test_zstd_frames_are_all_read(tmp_path):
     assert records(path) == 300
 
 
+@pytest.mark.parametrize("kind", sorted(FRAMES))
 @pytest.mark.parametrize("cut", [0.1, 0.5, 0.99])
 @pytest.mark.parametrize("frames", [1, 2])
-def test_truncated_zstd_is_a_data_error(tmp_path, frames, cut):
-    last = _zstd_frame(5)
+def test_truncated_zstd_is_a_data_error(tmp_path, frames, cut, kind):
+    last = FRAMES[kind](5)
     data = (_zstd_frame(1) if frames == 2 else b"") + last[:int(len(last) * cut)]
     path = tmp_path / "d.jsonl.zst"
     path.write_bytes(data)
@@ -173,65 +194,29 @@ def test_truncated_zstd_is_a_data_error(tmp_path, frames, cut):
         records(path)
 
 
-def test_corrupt_zstd_with_checksum_is_a_data_error(tmp_path):
-    data = bytearray(_zstd_frame(1, rows=2000, checksum=True))
+@pytest.mark.parametrize("kind", sorted(FRAMES))
+def test_corrupt_zstd_with_checksum_is_a_data_error(tmp_path, kind):
+    data = bytearray(FRAMES[kind](1, rows=2000, checksum=True))
     data[len(data) // 2] ^= 0x40
     path = tmp_path / "d.jsonl.zst"
     path.write_bytes(bytes(data))
     with pytest.raises(DataError, match=r"d\.jsonl\.zst: .*truncated or corrupt zstd data"):
         records(path)
-
-
-def _long_window_frame(first: int, rows: int = 100, checksum: bool = False) -> bytes:
-    """A frame as ``zstd --long=28`` writes one: a 256 MiB window, which Arrow's decompressing
-    stream refuses ("Frame requires too much memory for decoding")."""
-    import zstandard
-
-    lines = b"".join(orjson.dumps({"input_ids": [first, 2, 3, i], "loss_mask": [0, 1, 1, 1]}) + b"\n"
-                     for i in range(rows))
-    params = zstandard.ZstdCompressionParameters(window_log=28, enable_ldm=True, write_content_size=False,
-                                                 write_checksum=checksum)
-    out = io.BytesIO()
-    with zstandard.ZstdCompressor(compression_params=params).stream_writer(out, closefd=False) as writer:
-        writer.write(lines)
-    return out.getvalue()
 
 
 @pytest.mark.parametrize("frames", ["long", "long,long,short", "short,long,short", "short,short,long"])
 def test_zstd_frames_with_a_long_window_are_read(tmp_path, frames):
     # A valid file was reported as "truncated or corrupt zstd data" (found by a review).
-    make = {"long": _long_window_frame, "short": _zstd_frame}
     kinds = frames.split(",")
     path = tmp_path / "d.jsonl.zst"
-    path.write_bytes(b"".join(make[kind](4 * k + 1, rows=3000) for k, kind in enumerate(kinds)))
+    path.write_bytes(b"".join(FRAMES[kind](4 * k + 1, rows=3000) for k, kind in enumerate(kinds)))
     plain = tmp_path / "d.jsonl"
-    plain.write_bytes(b"".join(
-        orjson.dumps({"input_ids": [4 * k + 1, 2, 3, i], "loss_mask": [0, 1, 1, 1]}) + b"\n"
-        for k in range(len(kinds)) for i in range(3000)))
+    plain.write_bytes(b"".join(_lines(4 * k + 1, 3000) for k in range(len(kinds))))
     assert records(path) == records(plain) == 3000 * len(kinds)
     a, b = tmp_path / "a", tmp_path / "b"
     assert run("pack", path, "-o", a, "--pack-size", 64).exit_code == 0
     assert run("pack", plain, "-o", b, "--pack-size", 64).exit_code == 0
     assert [f.read_bytes() for f in sorted(a.glob("*.arrow"))] == [f.read_bytes() for f in sorted(b.glob("*.arrow"))]
-
-
-@pytest.mark.parametrize("cut", [0.1, 0.5, 0.99])
-@pytest.mark.parametrize("before", [b"", "short"])
-def test_truncated_long_window_zstd_is_a_data_error(tmp_path, before, cut):
-    last = _long_window_frame(5)
-    path = tmp_path / "d.jsonl.zst"
-    path.write_bytes((_zstd_frame(1) if before else b"") + last[:int(len(last) * cut)])
-    with pytest.raises(DataError, match=r"d\.jsonl\.zst: .*truncated or corrupt zstd data"):
-        records(path)
-
-
-def test_corrupt_long_window_zstd_with_checksum_is_a_data_error(tmp_path):
-    data = bytearray(_long_window_frame(1, rows=2000, checksum=True))
-    data[len(data) // 2] ^= 0x40
-    path = tmp_path / "d.jsonl.zst"
-    path.write_bytes(bytes(data))
-    with pytest.raises(DataError, match=r"d\.jsonl\.zst: .*truncated or corrupt zstd data"):
-        records(path)
 
 
 def test_truncated_zstd_on_the_command_line(tmp_path):

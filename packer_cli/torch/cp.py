@@ -71,23 +71,29 @@ def cp_partition_indices(
     if total_tokens % two_cp:
         raise ValueError(f"total_tokens={total_tokens} is not divisible by 2*cp_size={two_cp}")
 
+    # On CPU the same steps run in NumPy: torch's repeat_interleave opens a parallel region
+    # however small its input (with two intra-op threads 430-490 us for 64 runs against 8 us with
+    # one: a CP-sliced micro-batch built in the training process, num_workers=0, was 4-12x
+    # slower), and each of torch's small ops costs microseconds where NumPy's cost a few hundred ns.
+    on_cpu = cu_seqlens_padded.device.type == "cpu"
     cu = cu_seqlens_padded.to(torch.int64)
+    if on_cpu:
+        cu = cu.numpy()
+    stack = np.stack if on_cpu else torch.stack
     chunk = (cu[1:] - cu[:-1]) // two_cp  # c_i: chunk size of segment i
     # Each segment contributes two contiguous runs of c_i tokens to this rank: the
     # concatenation of those runs, in order, is the answer. Zero-length segments add
     # empty runs, so static-shape repeats need no special case.
-    run_start = torch.stack((cu[:-1] + cp_rank * chunk, cu[:-1] + (two_cp - 1 - cp_rank) * chunk), 1).flatten()
-    run_len = torch.stack((chunk, chunk), 1).flatten()
-    run_offset = torch.cumsum(run_len, 0) - run_len  # where each run lands in the output
+    run_start = stack((cu[:-1] + cp_rank * chunk, cu[:-1] + (two_cp - 1 - cp_rank) * chunk), 1).reshape(-1)
+    run_len = stack((chunk, chunk), 1).reshape(-1)
+    run_offset = (np.cumsum(run_len) if on_cpu else torch.cumsum(run_len, 0)) - run_len  # where each run lands
     local = total_tokens // cp_size
     try:
-        if cu.device.type == "cpu":
-            # torch's repeat_interleave opens a parallel region however small its input: with
-            # two intra-op threads it took 430-490 us for 64 runs against 8 us with one, and made
-            # a CP-sliced micro-batch built in the training process (num_workers=0) 4-12x slower
-            shift = torch.from_numpy(_repeat(run_start - run_offset, run_len, local))
-        else:  # output_size is a host int, so repeat_interleave needs no device sync to size its output
-            shift = torch.repeat_interleave(run_start - run_offset, run_len, output_size=local)
+        if on_cpu:
+            return torch.from_numpy((_repeat(run_start - run_offset, run_len, local) + np.arange(local))
+                                    .astype(np.int32))
+        # output_size is a host int, so repeat_interleave needs no device sync to size its output
+        shift = torch.repeat_interleave(run_start - run_offset, run_len, output_size=local)
     except RuntimeError as exc:  # the runs do not fill the output: a segment is not a multiple of 2*CP
         raise ValueError(f"cu_seqlens_padded's segments do not split into {two_cp} equal chunks each covering "
                          f"total_tokens={total_tokens} ({exc}): every boundary must be divisible by "
@@ -95,13 +101,12 @@ def cp_partition_indices(
     return (shift + torch.arange(local, device=cu.device)).to(torch.int32)
 
 
-def _repeat(values: torch.Tensor, counts: torch.Tensor, size: int) -> np.ndarray:
-    """``values[i]`` ``counts[i]`` times each (CPU tensors), in NumPy; RuntimeError, as torch's
-    ``repeat_interleave`` raises, unless that makes exactly ``size`` entries."""
-    repeats = counts.numpy()
-    if (repeats < 0).any() or int(repeats.sum()) != size:
-        raise RuntimeError(f"the runs make {int(repeats.sum())} entries, not {size}")
-    return np.repeat(values.numpy(), repeats)
+def _repeat(values: np.ndarray, counts: np.ndarray, size: int) -> np.ndarray:
+    """``values[i]`` ``counts[i]`` times each; RuntimeError, as torch's ``repeat_interleave``
+    raises, unless that makes exactly ``size`` entries."""
+    if (counts < 0).any() or int(counts.sum()) != size:
+        raise RuntimeError(f"the runs make {int(counts.sum())} entries, not {size}")
+    return np.repeat(values, counts)
 
 
 def cp_rank_arguments(cp_size, cp_rank) -> tuple[int, int]:
