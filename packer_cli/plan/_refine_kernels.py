@@ -227,8 +227,10 @@ def _rebuild_body(items, sizes, capacity, threshold, max_triples, sparse, balanc
     offs = _bitset_layout(capacity + 1)
     bits = np.zeros(offs[-1], np.uint64)
     mirror = np.zeros(_mirror_words(capacity), np.uint64)
+    tokens_left = np.int64(0)  # the unplaced items' lengths, at the open pack's start
     for j in range(m):
         s = sizes[j]
+        tokens_left += s
         if counts[s] == 0:
             fill[s] = j
             _bitset_set(bits, offs, s)
@@ -240,10 +242,6 @@ def _rebuild_body(items, sizes, capacity, threshold, max_triples, sparse, balanc
     ends[0] = 0
     placed = 0
     pack = 0
-    tokens_left = np.int64(0)  # the unplaced items' lengths, at the open pack's start
-    if balanced:
-        for j in range(m):
-            tokens_left += sizes[j]
     while placed < m:
         room = capacity
         # 1. largest remaining item
