@@ -346,12 +346,17 @@ def _quiet_about_interrupts(hook):
 
 def _one_line_warnings(show):
     """``warnings.showwarning`` that prints packer's own warnings as one ``warning:`` line, as
-    the commands' other warnings, instead of Python's file, line and source; others as before."""
+    the commands' other warnings, instead of Python's file, line and source; others as before.
+
+    Once a signal has stopped the command, other libraries' warnings are dropped: they come
+    from what the signal cut short, and the user asked for nothing but ``error: interrupted``.
+    (Seen: Ctrl-C landing in a Cython extension's import, pyarrow 14's, which then warns
+    "Cython module failed to patch module with custom type" on its way out.)"""
 
     def showwarning(message, category, filename, lineno, file=None, line=None) -> None:
         if issubclass(category, PackerWarning):
             say(f"warning: {message}", err)
-        else:
+        elif not interrupted():
             show(message, category, filename, lineno, file, line)
 
     return showwarning

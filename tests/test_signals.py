@@ -490,6 +490,30 @@ def test_a_finalizer_that_fails_after_a_ctrl_c_prints_nothing(tmp_path):
     assert (child.returncode, child.stderr.strip().splitlines()) == (130, ["error: interrupted"]), child.stderr
 
 
+def test_a_warning_from_what_a_ctrl_c_cut_short_prints_nothing(tmp_path):
+    """A Ctrl-C landing in a Cython extension's import (pyarrow 14's, at the lowest versions)
+    makes the extension warn "failed to patch module with custom type" as it gives up: after
+    the signal only ``error: interrupted`` is printed, while a warning before it still shows."""
+    out = _small_output(tmp_path)
+    code = ("import signal, sys, warnings\n"
+            "import packer_cli.audit as audit\n"
+            "def verify_output(*args, **kwargs):\n"
+            "    warnings.warn('before the signal', RuntimeWarning)\n"
+            "    try:\n"
+            "        signal.raise_signal(signal.SIGINT)\n"
+            "    finally:  # as the extension's init does with the exception it caught\n"
+            "        warnings.warn('module failed to patch module with custom type', RuntimeWarning)\n"
+            "audit.verify_output = verify_output\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "sys.argv = ['packer', *sys.argv[1:]]\n"
+            "from packer_cli.cli import main; main()\n")
+    child = subprocess.run([sys.executable, "-c", code, "verify", str(out)], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 130, child.stderr
+    lines = child.stderr.strip().splitlines()
+    assert lines[-1] == "error: interrupted" and "custom type" not in child.stderr, child.stderr
+    assert any("before the signal" in line for line in lines), child.stderr
+
+
 ORJSON_IMPORTED_FIRST = """
 import signal, sys
 from packer_cli.errors import raise_interrupted
