@@ -514,6 +514,28 @@ def test_a_warning_from_what_a_ctrl_c_cut_short_prints_nothing(tmp_path):
     assert any("before the signal" in line for line in lines), child.stderr
 
 
+def test_a_traceback_that_native_code_prints_after_a_ctrl_c_is_not_shown(tmp_path):
+    """Native code that must not raise prints the exception it met with ``PyErr_Print`` and
+    goes on (a Cython ``noexcept`` callback importing a module when the Ctrl-C came, at the
+    lowest versions): that goes through ``sys.excepthook``, which is quiet after a signal."""
+    out = _small_output(tmp_path)
+    code = ("import signal, sys\n"
+            "import packer_cli.audit as audit\n"
+            "def verify_output(*args, **kwargs):\n"
+            "    try:\n"
+            "        signal.raise_signal(signal.SIGINT)\n"
+            "    except BaseException:\n"
+            "        sys.excepthook(*sys.exc_info())  # what PyErr_Print does, and the code goes on\n"
+            "    signal.raise_signal(signal.SIGINT)  # recorded; the next check raises the first\n"
+            "    from packer_cli.errors import check_interrupted; check_interrupted()\n"
+            "audit.verify_output = verify_output\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "sys.argv = ['packer', *sys.argv[1:]]\n"
+            "from packer_cli.cli import main; main()\n")
+    child = subprocess.run([sys.executable, "-c", code, "verify", str(out)], capture_output=True, text=True, timeout=120)
+    assert (child.returncode, child.stderr.strip().splitlines()) == (130, ["error: interrupted"]), child.stderr
+
+
 ORJSON_IMPORTED_FIRST = """
 import signal, sys
 from packer_cli.errors import raise_interrupted
