@@ -1114,7 +1114,7 @@ def test_a_killed_run_s_temporary_output_is_pointed_out_not_removed(synthetic_pa
     assert (stale / "_spill").is_dir() and (tmp_path / "out" / "metadata.json").exists()
 
 
-def test_a_dry_run_estimates_the_disk_the_run_needs(synthetic_parquet, tmp_path):
+def test_a_dry_run_estimates_the_disk_the_run_needs(synthetic_parquet, tmp_path, monkeypatch):
     """It said nothing of disk needs: a dry run on a file system without room for the spill and
     the shards passed, and the real run failed for space."""
     import os
@@ -1126,6 +1126,18 @@ def test_a_dry_run_estimates_the_disk_the_run_needs(synthetic_parquet, tmp_path)
     shards = sum(os.path.getsize(tmp_path / "out" / e["name"]) for e in
                  json.loads((tmp_path / "out" / "manifest.json").read_text())["shards"])
     assert abs(disk["output_bytes"] - shards) <= 0.01 * shards, (disk["output_bytes"], shards)
+    import packer_cli.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "BATCH_TOKENS", 50_000)  # record batches of 50k tokens: several shards
+    for options in (["-C", "256"], ["--shard-size", "300KB"]):
+        out = tmp_path / f"out{len(options[1])}"
+        estimate = json.loads(run("pack", synthetic_parquet, "-o", out, "--dry-run", "--json", *options).stdout)
+        assert run("pack", synthetic_parquet, "-o", out, *options).exit_code == 0
+        files = [out / e["name"] for e in json.loads((out / "manifest.json").read_text())["shards"]]
+        batches = sum(pa.ipc.open_file(f).num_record_batches for f in files)
+        written = sum(os.path.getsize(f) for f in files)  # Arrow's own bytes too: within a batch's padding
+        assert abs(estimate["disk"]["output_bytes"] - written) <= 64 * batches, (estimate["disk"], written, batches)
+        assert options[0] == "-C" or len(files) > 1, len(files)
     assert disk["free"]["output"]["path"] == str(tmp_path) and disk["free"]["output"]["bytes"] > 0
     assert "disk" not in json.loads((tmp_path / "out" / "metadata.json").read_text())
     held = json.loads(run("pack", synthetic_parquet, "--dry-run", "--json", "--spill-memory", "1G").stdout)["disk"]
