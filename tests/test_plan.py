@@ -157,6 +157,17 @@ def test_validation(func):
         func([1, 2], 4.0)
     with pytest.raises(ValueError, match="supported maximum"):
         func([1], 1 << 40)
+    # what is no array of lengths is a TypeError, as the docstring says (it was "must be 1-D")
+    for not_lengths, name in ((None, "NoneType"), ("123", "str"), ({1, 2}, "set")):
+        with pytest.raises(TypeError, match=f"lengths must be a 1-D array of integers, got {name}"):
+            func(not_lengths, 4096)
+    # Python ints beyond int64 (an object array to NumPy) are integers out of range, not "not integers"
+    with pytest.raises(ValueError, match=rf"lengths\[1\] = {2**70} exceeds capacity 4096"):
+        func([1, 2**70], 4096)
+    with pytest.raises(ValueError, match=rf"lengths\[0\] = {-2**70} is below 1"):
+        func([-2**70, 1], 4096)
+    with pytest.raises(TypeError, match="lengths must hold integers, got dtype object"):
+        func([1, 2**70, None], 4096)
 
 
 def test_validation_shuffle_and_plan():
@@ -707,19 +718,37 @@ def test_pack_of_item_refuses_an_index_outside_the_items():
 def test_a_hand_made_plan_of_lists_or_other_integer_dtypes_works_as_arrays():
     lengths = [3, 2, 2]
     want = refine_plan(lengths, _hand_plan([0, 2, 1], [0, 2, 3], [5, 2], num_items=3, capacity=8))
-    for order in ([0, 2, 1], (0, 2, 1), np.array([0, 2, 1], np.uint64), np.array([0, 2, 1], np.int16)):
-        plan = PackPlan(order=order, pack_offsets=[0, 2, 3], pack_load=[5, 2], num_items=3, capacity=8)
-        npt.assert_array_equal(plan.pack_of_item, [0, 1, 0])
-        validate_plan(plan, lengths)
-        got = refine_plan(lengths, plan)
-        npt.assert_array_equal(got.order, want.order)
-        npt.assert_array_equal(got.pack_offsets, want.pack_offsets)
-    for order in ([0.0, 2.0, 1.0], [[0, 2, 1]]):
-        plan = PackPlan(order=order, pack_offsets=[0, 2, 3], pack_load=[5, 2], num_items=3, capacity=8)
-        with pytest.raises(ValueError, match="order and pack_offsets must be 1-D integer arrays"):
-            plan.pack_of_item
-        with pytest.raises(ValueError):
-            refine_plan(lengths, plan)
+    # byte-swapped and unsigned arrays too: refine_plan handed a big-endian order to the kernels
+    # (a numba TypingError), and uint64 offsets failed in NumPy's casting rules
+    swapped = [np.array([0, 2, 1], ">i4"), np.array([0, 2, 1], ">i8"), np.array([0, 2, 1], ">u4")]
+    for order in ([0, 2, 1], (0, 2, 1), np.array([0, 2, 1], np.uint64), np.array([0, 2, 1], np.int16), *swapped):
+        for offsets in ([0, 2, 3], np.array([0, 2, 3], np.uint64), np.array([0, 2, 3], ">i8")):
+            plan = PackPlan(order=order, pack_offsets=offsets, pack_load=np.array([5, 2], ">i4"), num_items=3,
+                            capacity=8)
+            npt.assert_array_equal(plan.pack_of_item, [0, 1, 0])
+            validate_plan(plan, lengths)
+            got = refine_plan(lengths, plan)
+            npt.assert_array_equal(got.order, want.order)
+            npt.assert_array_equal(got.pack_offsets, want.pack_offsets)
+    empty = PackPlan(order=[], pack_offsets=[0], pack_load=[], num_items=0, capacity=8)  # [] is float64 to NumPy
+    validate_plan(empty, [])
+    assert refine_plan([], empty).num_packs == 0
+
+
+@pytest.mark.parametrize("fields, error, message", [
+    ({"order": [0.0, 2.0, 1.0]}, TypeError, "order must hold integers, got dtype float64"),
+    ({"order": [[0, 2, 1]]}, ValueError, r"order must be a 1-D array, got shape \(1, 3\)"),
+    ({"pack_load": None}, TypeError, "pack_load must be a 1-D array of integers, got NoneType"),
+    ({"pack_offsets": np.array([0, 2, 2**64 - 1], np.uint64)}, ValueError, "pack_offsets holds 18446744073709551615"),
+    ({"num_items": "3"}, TypeError, "num_items must be an integer, got str"),
+    ({"num_items": -1}, ValueError, "num_items must be >= 0"),
+])
+def test_a_hand_made_plan_that_is_no_plan_is_refused_by_name(fields, error, message):
+    """It was taken, and failed later as an IndexError, a NumPy casting error, or a message
+    contradicting itself ('covers 4 items but 4 lengths were given' for num_items='4')."""
+    plan = {"order": [0, 2, 1], "pack_offsets": [0, 2, 3], "pack_load": [5, 2], "num_items": 3, "capacity": 8}
+    with pytest.raises(error, match=message):
+        PackPlan(**{**plan, **fields})
 
 
 @settings(max_examples=300, deadline=None)

@@ -21,6 +21,19 @@ def check_capacity(capacity) -> int:
     return capacity
 
 
+def _refuse_python_ints(arr: np.ndarray, capacity: int, floor: int) -> None:
+    """NumPy makes an object array of Python ints beyond int64 (``[2**70]``): being integers,
+    they get the range error an int64 array gets, naming the first length out of range."""
+    values = arr.tolist()
+    if all(type(x) is int for x in values):
+        i = next((i for i, x in enumerate(values) if x < floor or x > capacity), None)
+        if i is None:  # an object array made on purpose, every length in range: refused for its dtype
+            return
+        if values[i] < floor:
+            raise ValueError(f"lengths[{i}] = {values[i]} is below {floor} (every length must be >= {floor})")
+        raise ValueError(f"lengths[{i}] = {values[i]} exceeds capacity {capacity}")
+
+
 def check_lengths(lengths, capacity, *, allow_zero: bool = False) -> tuple[np.ndarray, int]:
     """Validate ``lengths`` against ``capacity``.
 
@@ -36,14 +49,18 @@ def check_lengths(lengths, capacity, *, allow_zero: bool = False) -> tuple[np.nd
         ``capacity`` is out of range. The message names the first offending index.
     """
     capacity = check_capacity(capacity)
+    floor = 0 if allow_zero else 1
     arr = np.asarray(lengths)
+    if arr.dtype.kind not in "iu" and not (arr.ndim == 1 and arr.size == 0):
+        if arr.ndim == 0:  # None, a string, a set: no array of lengths at all
+            raise TypeError(f"lengths must be a 1-D array of integers, got {type(lengths).__name__}")
+        if arr.ndim == 1 and arr.dtype.kind == "O":
+            _refuse_python_ints(arr, capacity, floor)
+        raise TypeError(f"lengths must hold integers, got dtype {arr.dtype}")
     if arr.ndim != 1:
         raise ValueError(f"lengths must be 1-D, got an array of shape {arr.shape}")
     if arr.size == 0:
         return np.zeros(0, np.int64), capacity
-    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"lengths must hold integers, got dtype {arr.dtype}")
-    floor = 0 if allow_zero else 1
     low = arr.min()
     if low < floor:
         i = int(np.flatnonzero(arr < floor)[0])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -22,6 +23,25 @@ ALGORITHMS = ("ffd", "bfd", "first-fit-shuffle", "sequential")
 def _frozen(a: np.ndarray) -> np.ndarray:
     a.setflags(write=False)
     return a
+
+
+def _plan_array(name: str, value) -> np.ndarray:
+    """``value`` as a 1-D array of native signed integers (an empty list is one); the planner's
+    int32/int64 arrays as they are, unsigned ones as int64 where every value fits."""
+    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if arr.ndim == 0:
+        raise TypeError(f"{name} must be a 1-D array of integers, got {type(value).__name__}")
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array, got shape {arr.shape}")
+    if arr.size == 0 and arr.dtype.kind not in "iu":
+        return np.zeros(0, np.int64)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and arr.size and arr.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} holds {int(arr.max())}, beyond int64")
+    if arr.dtype.kind == "u" or not arr.dtype.isnative:
+        return arr.astype(np.int64)
+    return arr
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,11 +77,18 @@ class PackPlan:
     refine_seconds: float | None = None
 
     def __post_init__(self):
-        # A plan made by hand may hold lists: the kernels and checks below take arrays.
+        # A plan made by hand may hold lists, unsigned or byte-swapped arrays: the compiled
+        # passes take native signed integers, so each array becomes one here (the planner's
+        # own arrays pass through as they are) and anything else is refused by name.
         for name in ("order", "pack_offsets", "pack_load"):
-            value = getattr(self, name)
-            if not isinstance(value, np.ndarray):
-                object.__setattr__(self, name, np.asarray(value))
+            object.__setattr__(self, name, _plan_array(name, getattr(self, name)))
+        try:
+            num_items = operator.index(self.num_items)
+        except TypeError:
+            raise TypeError(f"num_items must be an integer, got {type(self.num_items).__name__}") from None
+        if num_items < 0:
+            raise ValueError(f"num_items must be >= 0, got {num_items}")
+        object.__setattr__(self, "num_items", num_items)
 
     @property
     def num_packs(self) -> int:
