@@ -470,23 +470,31 @@ def test_a_second_signal_after_the_first_stopped_the_command_is_no_traceback(tmp
     assert child.stdout == ""
 
 
-def test_a_finalizer_that_fails_after_a_ctrl_c_prints_nothing(tmp_path):
-    """What the Ctrl-C cut short may fail when it is freed (llvmlite closing a half-closed
-    module reference raised AttributeError): after the one line, nothing."""
+def _verify_stopped_in(tmp_path, body: list[str], setup: str = "") -> subprocess.CompletedProcess:
+    """``packer verify`` of a small output, through the console's ``main``, with the command's
+    work replaced by ``body`` (lines of a function body; ``setup`` runs before it is defined)."""
     out = _small_output(tmp_path)
-    code = ("import signal, sys\n"
+    code = ("import signal, sys, warnings\n"
             "import packer_cli.audit as audit\n"
-            "class HalfClosed:\n"
-            "    def __del__(self):\n"
-            "        raise AttributeError('half-closed')\n"
+            f"{setup}"
             "def verify_output(*args, **kwargs):\n"
-            "    held = HalfClosed()  # freed with the traceback that holds this frame\n"
-            "    signal.raise_signal(signal.SIGINT)\n"
-            "audit.verify_output = verify_output\n"
+            + "".join(f"    {line}\n" for line in body)
+            + "audit.verify_output = verify_output\n"
             "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "sys.argv = ['packer', *sys.argv[1:]]\n"
             "from packer_cli.cli import main; main()\n")
-    child = subprocess.run([sys.executable, "-c", code, "verify", str(out)], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code, "verify", str(out)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_a_finalizer_that_fails_after_a_ctrl_c_prints_nothing(tmp_path):
+    """What the Ctrl-C cut short may fail when it is freed (llvmlite closing a half-closed
+    module reference raised AttributeError): after the one line, nothing."""
+    child = _verify_stopped_in(tmp_path, ["held = HalfClosed()  # freed with the traceback that holds this frame",
+                                          "signal.raise_signal(signal.SIGINT)"],
+                               setup=("class HalfClosed:\n"
+                                      "    def __del__(self):\n"
+                                      "        raise AttributeError('half-closed')\n"))
     assert (child.returncode, child.stderr.strip().splitlines()) == (130, ["error: interrupted"]), child.stderr
 
 
@@ -494,20 +502,12 @@ def test_a_warning_from_what_a_ctrl_c_cut_short_prints_nothing(tmp_path):
     """A Ctrl-C landing in a Cython extension's import (pyarrow 14's, at the lowest versions)
     makes the extension warn "failed to patch module with custom type" as it gives up: after
     the signal only ``error: interrupted`` is printed, while a warning before it still shows."""
-    out = _small_output(tmp_path)
-    code = ("import signal, sys, warnings\n"
-            "import packer_cli.audit as audit\n"
-            "def verify_output(*args, **kwargs):\n"
-            "    warnings.warn('before the signal', RuntimeWarning)\n"
-            "    try:\n"
-            "        signal.raise_signal(signal.SIGINT)\n"
-            "    finally:  # as the extension's init does with the exception it caught\n"
-            "        warnings.warn('module failed to patch module with custom type', RuntimeWarning)\n"
-            "audit.verify_output = verify_output\n"
-            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "sys.argv = ['packer', *sys.argv[1:]]\n"
-            "from packer_cli.cli import main; main()\n")
-    child = subprocess.run([sys.executable, "-c", code, "verify", str(out)], capture_output=True, text=True, timeout=120)
+    child = _verify_stopped_in(tmp_path, [
+        "warnings.warn('before the signal', RuntimeWarning)",
+        "try:",
+        "    signal.raise_signal(signal.SIGINT)",
+        "finally:  # as the extension's init does with the exception it caught",
+        "    warnings.warn('module failed to patch module with custom type', RuntimeWarning)"])
     assert child.returncode == 130, child.stderr
     lines = child.stderr.strip().splitlines()
     assert lines[-1] == "error: interrupted" and "custom type" not in child.stderr, child.stderr
@@ -518,21 +518,13 @@ def test_a_traceback_that_native_code_prints_after_a_ctrl_c_is_not_shown(tmp_pat
     """Native code that must not raise prints the exception it met with ``PyErr_Print`` and
     goes on (a Cython ``noexcept`` callback importing a module when the Ctrl-C came, at the
     lowest versions): that goes through ``sys.excepthook``, which is quiet after a signal."""
-    out = _small_output(tmp_path)
-    code = ("import signal, sys\n"
-            "import packer_cli.audit as audit\n"
-            "def verify_output(*args, **kwargs):\n"
-            "    try:\n"
-            "        signal.raise_signal(signal.SIGINT)\n"
-            "    except BaseException:\n"
-            "        sys.excepthook(*sys.exc_info())  # what PyErr_Print does, and the code goes on\n"
-            "    signal.raise_signal(signal.SIGINT)  # recorded; the next check raises the first\n"
-            "    from packer_cli.errors import check_interrupted; check_interrupted()\n"
-            "audit.verify_output = verify_output\n"
-            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "sys.argv = ['packer', *sys.argv[1:]]\n"
-            "from packer_cli.cli import main; main()\n")
-    child = subprocess.run([sys.executable, "-c", code, "verify", str(out)], capture_output=True, text=True, timeout=120)
+    child = _verify_stopped_in(tmp_path, [
+        "try:",
+        "    signal.raise_signal(signal.SIGINT)",
+        "except BaseException:",
+        "    sys.excepthook(*sys.exc_info())  # what PyErr_Print does, and the code goes on",
+        "signal.raise_signal(signal.SIGINT)  # recorded; the next check raises the first",
+        "from packer_cli.errors import check_interrupted; check_interrupted()"])
     assert (child.returncode, child.stderr.strip().splitlines()) == (130, ["error: interrupted"]), child.stderr
 
 
