@@ -27,7 +27,7 @@ from packer_cli._allocator import keep_freed_memory
 from packer_cli._jit import light_cache_loads
 from packer_cli.errors import (ConfigError, Interrupted, PackerError, PackerWarning, check_interrupted,
                                exception_chain, handling_signals, interrupted, late_signal, raise_interrupted,
-                               signal_received, stop_raising_interrupts)
+                               record_arrival_order, signal_received, stop_raising_interrupts)
 from packer_cli.shards._atomic import STOPPING_SIGNALS
 from packer_cli.shards.bridge import OutputFormat, ParquetEncoding, Split
 from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec, SpillRead
@@ -422,6 +422,7 @@ def main() -> None:
     guard_std_streams()
     gc.disable()
     handling_signals()
+    record_arrival_order()
     for signum in STOPPING_SIGNALS:  # SIGHUP too: a closed terminal, a dropped ssh session
         if signal.getsignal(signum) is not signal.SIG_IGN:  # e.g. SIGINT in a background shell job, nohup
             signal.signal(signum, raise_interrupted)

@@ -528,6 +528,30 @@ def test_a_traceback_that_native_code_prints_after_a_ctrl_c_is_not_shown(tmp_pat
     assert (child.returncode, child.stderr.strip().splitlines()) == (130, ["error: interrupted"]), child.stderr
 
 
+def test_of_two_signals_pending_at_once_the_first_to_arrive_is_the_one_reported(tmp_path):
+    """Python runs the handlers of signals pending at one check by number: a SIGTERM then a
+    Ctrl-C, both arriving while the main thread was in C code, reported ``interrupted`` (130)
+    for a run its scheduler had terminated. Here another thread receives both, in that order,
+    while the main thread holds them off; the main thread then runs both handlers."""
+    child = _verify_stopped_in(tmp_path, [
+        "both = {signal.SIGINT, signal.SIGTERM}",
+        "go, done = threading.Event(), threading.Event()",
+        "def send():  # made before the main thread blocks them: this thread takes both",
+        "    go.wait()",
+        "    os.kill(os.getpid(), signal.SIGTERM)",
+        "    time.sleep(0.05)",
+        "    os.kill(os.getpid(), signal.SIGINT)",
+        "    done.set()",
+        "threading.Thread(target=send).start()",
+        "signal.pthread_sigmask(signal.SIG_BLOCK, both)",
+        "go.set()",
+        "done.wait()",
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, both)",
+        "from packer_cli.errors import check_interrupted; check_interrupted()"],
+        setup="import os, threading, time\n")
+    assert (child.returncode, child.stderr.strip().splitlines()) == (143, ["error: terminated"]), child.stderr
+
+
 ORJSON_IMPORTED_FIRST = """
 import signal, sys
 from packer_cli.errors import raise_interrupted
