@@ -257,10 +257,8 @@ def check_layout(plan: PackPlan, arr: np.ndarray, skip_empty: bool) -> None:
 
 def _layout_arrays(plan: PackPlan) -> tuple[np.ndarray, np.ndarray]:
     """``order`` (int32 as the planner makes it, else int64) and int64 ``pack_offsets`` for the
-    compiled passes; ``ValueError`` for anything but 1-D integer arrays."""
+    compiled passes (a plan's arrays are 1-D native integers: :class:`PackPlan` sees to it)."""
     order, offsets = plan.order, plan.pack_offsets
-    if order.ndim != 1 or offsets.ndim != 1 or order.dtype.kind not in "iu" or offsets.dtype.kind not in "iu":
-        raise ValueError("order and pack_offsets must be 1-D integer arrays")
     return (order if order.dtype == np.int32 else order.astype(np.int64)), offsets.astype(np.int64, copy=False)
 
 
