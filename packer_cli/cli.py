@@ -52,6 +52,10 @@ def fail(exc: PackerError) -> None:
     raise typer.Exit(exc.exit_code)
 
 
+#: No size a file system or an address space can hold is larger (2**63 - 1: what off_t holds).
+_LARGEST_SIZE = (1 << 63) - 1
+
+
 def parse_size(text: str, option: str) -> int:
     """'256MB', '1G', '1048576' → bytes (binary units); ``option`` names the flag in the error."""
     units = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30,
@@ -59,12 +63,18 @@ def parse_size(text: str, option: str) -> int:
     t = text.strip().upper().replace("IB", "B")
     num = t.rstrip("KMGTB")
     try:
-        number = float(num)
-        size = int(number * units[t[len(num):]])
+        multiplier = units[t[len(num):]]
+        try:
+            number = int(num)  # exact: a float made 99999999999999999999999 ...999991611392 bytes
+        except ValueError:
+            number = float(num)  # '1.5K', '1e9'
+        size = int(number * multiplier)
     except (ValueError, KeyError, OverflowError):  # OverflowError: 'inf'
         raise ConfigError(f"{option}: not a size: {text!r} (e.g. 256MB, 2GB)") from None
     if number > 0 and size == 0:  # 0.5 would pass on as 0 bytes, an error naming neither
         raise ConfigError(f"{option}: {text!r} is less than one byte")
+    if size > _LARGEST_SIZE:
+        raise ConfigError(f"{option}: {text!r} is more than {_LARGEST_SIZE:,} bytes")
     return size
 
 

@@ -236,11 +236,23 @@ def test_json_failures_print_a_document_on_stdout(data, tmp_path, argv, code):
     assert doc["ok"] is False and doc["exit_code"] == code and doc["error"] in child.stderr
 
 
-@pytest.mark.parametrize("size,bytes_", [("512B", 512), ("4kib", 4096), ("1.5K", 1536), ("0", 0)])
+@pytest.mark.parametrize("size,bytes_", [("512B", 512), ("4kib", 4096), ("1.5K", 1536), ("0", 0), ("1e3", 1000),
+                                         ("1_000", 1000), ("9007199254740993", 9007199254740993),
+                                         ("8M", 8 << 20), (str(2**63 - 1), 2**63 - 1)])
 def test_sizes_take_a_byte_suffix(size, bytes_):
     from packer_cli.cli import parse_size
 
     assert parse_size(size, "--spill-memory") == bytes_
+
+
+@pytest.mark.parametrize("size", ["99999999999999999999999", str(2**63), "8589934592G", "1e30"])
+def test_a_size_beyond_any_file_or_address_space_is_refused_as_given(size):
+    """It was rounded through a float: '99999999999999999999999' reached the spill's reservation
+    as 99,999,999,999,999,991,611,392 bytes, and its error named that number."""
+    from packer_cli.cli import parse_size
+
+    with pytest.raises(ConfigError, match=rf"--spill-memory: '{size}' is more than 9,223,372,036,854,775,807 bytes"):
+        parse_size(size, "--spill-memory")
 
 
 def test_a_size_below_one_byte_names_the_option():

@@ -742,6 +742,10 @@ def test_a_hand_made_plan_of_lists_or_other_integer_dtypes_works_as_arrays():
     ({"pack_offsets": np.array([0, 2, 2**64 - 1], np.uint64)}, ValueError, "pack_offsets holds 18446744073709551615"),
     ({"num_items": "3"}, TypeError, "num_items must be an integer, got str"),
     ({"num_items": -1}, ValueError, "num_items must be >= 0"),
+    ({"num_items": True}, TypeError, "num_items must be an integer, got bool"),
+    ({"capacity": 8.0}, TypeError, "capacity must be an integer, got float"),
+    ({"capacity": np.bool_(True)}, TypeError, "capacity must be an integer, got bool"),
+    ({"capacity": -8}, ValueError, "capacity must be >= 0"),
 ])
 def test_a_hand_made_plan_that_is_no_plan_is_refused_by_name(fields, error, message):
     """It was taken, and failed later as an IndexError, a NumPy casting error, or a message
@@ -749,6 +753,22 @@ def test_a_hand_made_plan_that_is_no_plan_is_refused_by_name(fields, error, mess
     plan = {"order": [0, 2, 1], "pack_offsets": [0, 2, 3], "pack_load": [5, 2], "num_items": 3, "capacity": 8}
     with pytest.raises(error, match=message):
         PackPlan(**{**plan, **fields})
+
+
+@pytest.mark.parametrize("capacity, dtype", [(4096, np.uint32), (4096, np.uint16), (255, np.uint8),
+                                             (2**24, np.int32)])
+def test_a_hand_made_plan_with_a_numpy_integer_capacity_refines_as_with_an_int(capacity, dtype):
+    """The refine pass's arithmetic on a NumPy capacity wrapped at its width: an OverflowError
+    (uint32, uint16, int32 at 2**24) or a broadcast error (uint8) instead of a plan."""
+    lengths = np.random.default_rng(3).integers(1, capacity // 3, 2000)
+    plan = plan_packs(lengths, capacity, "ffd")
+    hand = PackPlan(order=plan.order, pack_offsets=plan.pack_offsets, pack_load=plan.pack_load,
+                    num_items=np.int64(plan.num_items), capacity=dtype(capacity))
+    assert type(hand.capacity) is int and type(hand.num_items) is int
+    want, got = refine_plan(lengths, plan), refine_plan(lengths, hand)
+    validate_plan(got, lengths)
+    assert got.num_packs == want.num_packs
+    npt.assert_array_equal(got.order, want.order)
 
 
 @settings(max_examples=300, deadline=None)

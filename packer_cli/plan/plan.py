@@ -44,6 +44,19 @@ def _plan_array(name: str, value) -> np.ndarray:
     return arr
 
 
+def _plan_count(name: str, value) -> int:
+    """``value`` as a non-negative Python ``int`` (a NumPy integer's arithmetic wraps at its width)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    try:
+        count = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
+    if count < 0:
+        raise ValueError(f"{name} must be >= 0, got {count}")
+    return count
+
+
 @dataclass(frozen=True, eq=False)
 class PackPlan:
     """Assignment of items to packs, stored grouped by pack (12 bytes per item at most).
@@ -82,13 +95,9 @@ class PackPlan:
         # own arrays pass through as they are) and anything else is refused by name.
         for name in ("order", "pack_offsets", "pack_load"):
             object.__setattr__(self, name, _plan_array(name, getattr(self, name)))
-        try:
-            num_items = operator.index(self.num_items)
-        except TypeError:
-            raise TypeError(f"num_items must be an integer, got {type(self.num_items).__name__}") from None
-        if num_items < 0:
-            raise ValueError(f"num_items must be >= 0, got {num_items}")
-        object.__setattr__(self, "num_items", num_items)
+        # Python ints too: a NumPy uint32 capacity overflowed in the refine pass's arithmetic
+        for name in ("num_items", "capacity"):
+            object.__setattr__(self, name, _plan_count(name, getattr(self, name)))
 
     @property
     def num_packs(self) -> int:
