@@ -83,6 +83,24 @@ def test_a_fifo_input_is_refused_not_read_twice(tmp_path, given):
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("fmt, shard", [("native", "packs-00000.arrow"),
+                                        ("megatron-bridge", "training_4096.idx.parquet")])
+def test_a_fifo_in_place_of_a_shard_is_a_finding_not_a_wait(synthetic_parquet, tmp_path, fmt, shard):
+    """verify and inspect opened a Bridge split's Parquet file to read its footer, and a FIFO
+    there blocked them in open() until SIGKILL (SIGTERM too waits for the open to return)."""
+    out = tmp_path / "out"
+    assert packer("pack", synthetic_parquet, "-o", out, "--format", fmt).returncode == 0
+    (out / shard).unlink()
+    _fifo(out / shard)
+    verify = packer("verify", out, timeout_s=60)
+    assert verify.returncode == 1, verify.stderr
+    finding = f"{shard}: listed in {'manifest.json' if fmt == 'native' else 'training.manifest.json'} but not a " \
+              "regular file (a directory, FIFO, socket or device) [shard.missing]"
+    assert finding in verify.stdout and "Traceback" not in verify.stderr, verify.stdout
+    inspect = packer("inspect", out, timeout_s=60)
+    assert inspect.returncode == 1 and "[shard.missing]" in inspect.stderr, inspect.stderr
+
+
 def test_a_device_input_is_refused_not_read_without_end(tmp_path):
     if not os.path.exists("/dev/zero"):
         pytest.skip("no /dev/zero")

@@ -295,7 +295,8 @@ def check_shard_size(out: str, entry: dict, manifest_name: str, sink: FindingSin
     """``shard.missing`` / ``shard.size``: the listed shard is there, with its recorded size."""
     name, path = entry["name"], os.path.join(out, entry["name"])
     if not os.path.isfile(path):
-        sink.add("shard.missing", f"listed in {manifest_name} but missing", shard=name)
+        what = "not a regular file (a directory, FIFO, socket or device)" if os.path.exists(path) else "missing"
+        sink.add("shard.missing", f"listed in {manifest_name} but {what}", shard=name)
         return
     size = os.path.getsize(path)
     if recorded_count(entry, "bytes") is not None and size != entry["bytes"]:
