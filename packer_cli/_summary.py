@@ -102,13 +102,21 @@ def _recorded_bad(bad_listed: list[dict]) -> list[dict]:
 
 
 def _input_bytes(file) -> int:
-    """An input's size, looked up once it has been read; one removed or moved meanwhile is the
-    input's error (it was reported as the output failing to be written, exit 3)."""
+    """An input's size, looked up once it has been read; one removed, moved or changed meanwhile
+    is the input's error (a removed one was reported as the output failing to be written, exit 3;
+    one replaced by a move gave exit 0 and recorded the new file's size, so that verifying the
+    output against its source failed on a file the run never read)."""
     try:
-        return file.size
+        changed = file.changed_since_found()
+        size = file.size
     except OSError as exc:
         raise DataError(f"{file.path}: the input is gone after it was read (removed or moved during the run?): "
                         f"{exc.strerror or exc}") from None
+    if changed:
+        raise DataError(f"{file.path}: the input changed while this run read it (replaced, rewritten, cut or "
+                        "appended to: its inode, size or modification time differ), so the output would not be "
+                        "its; pack it again once it stays put")
+    return size
 
 
 def summarize(*, spec: PackSpec, files, stream, read_counts, bad_listed, totals, overlong, padded_hist, plan,

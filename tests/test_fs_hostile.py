@@ -221,6 +221,48 @@ def test_an_input_removed_once_read_is_the_input_s_error_not_the_output_s(synthe
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("change", ["moved over", "appended to", "rewritten"])
+@pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
+def test_an_input_changed_while_read_is_an_error_not_a_record_of_another_file(synthetic_parquet, tmp_path,
+                                                                               monkeypatch, change, fmt):
+    """A file moved over the input while pass one read it: exit 0, the shards of the old file and
+    the metadata recording the new one's size, so `verify --source` failed on a file the run never
+    read."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from packer_cli import pipeline
+    from packer_cli.cli import app
+
+    source, other = tmp_path / "in.parquet", tmp_path / "other.parquet"
+    shutil.copy(synthetic_parquet, source)
+    read = pipeline._read_inputs
+
+    def read_then_change(*args, **kwargs):
+        result = read(*args, **kwargs)
+        if change == "moved over":
+            shutil.copy(synthetic_parquet, other)
+            with open(other, "ab") as f:
+                f.write(b"\0")
+            os.replace(other, source)
+        elif change == "appended to":
+            with open(source, "ab") as f:
+                f.write(b"\0")
+        else:  # same inode, same size: only the modification time tells
+            st = os.stat(source)
+            os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        return result
+
+    monkeypatch.setattr(pipeline, "_read_inputs", read_then_change)
+    result = CliRunner().invoke(app, ["pack", str(source), "-o", str(tmp_path / "out"), "--format", fmt])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip() == (f"error: {source}: the input changed while this run read it (replaced, "
+                                     "rewritten, cut or appended to: its inode, size or modification time differ), "
+                                     "so the output would not be its; pack it again once it stays put")
+    assert leftovers(tmp_path) == []
+
+
 def _pack_in_process(*args):
     from typer.testing import CliRunner
 

@@ -40,11 +40,27 @@ class InputFile:
     path: str
     format: str
     parts: tuple[str, ...] = ()
+    #: :func:`file_identity` of each file as it was found (the path, or each part), if it could
+    #: be looked at: what the run reads unless the file changes while it runs
+    found_as: tuple[tuple[int, int, int, int], ...] = ()
 
     @property
     def size(self) -> int:
         paths = self.parts or (self.path,)
         return sum(os.path.getsize(p) for p in paths)
+
+    def changed_since_found(self) -> bool:
+        """Whether a file of this input is not the one found (replaced by a move, rewritten, cut
+        or appended to since: its device, inode, size or modification time differ); ``OSError``
+        where one is gone."""
+        paths = self.parts or (self.path,)
+        return bool(self.found_as) and tuple(map(file_identity, paths)) != self.found_as
+
+
+def file_identity(path: str) -> tuple[int, int, int, int]:
+    """(device, inode, size, modification time in ns) of the file at ``path`` (links followed)."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def format_of(path: str) -> str | None:
@@ -65,13 +81,13 @@ def _input_file(path: str, fmt: str) -> InputFile:
         raise DataError(f"{path!r}: not a UTF-8 file name (rename it: pyarrow and the metadata's JSON take "
                         "only UTF-8)")
     try:
-        mode = os.stat(path).st_mode
+        st = os.stat(path)
     except OSError:  # a dangling link: reported, with its reason, when it is read
         return InputFile(path=path, format=fmt)
-    if not stat.S_ISREG(mode):
+    if not stat.S_ISREG(st.st_mode):
         raise DataError(f"{path}: not a regular file (a FIFO, socket or device); packer reads an input more "
                         "than once: write it to a file first")
-    return InputFile(path=path, format=fmt)
+    return InputFile(path=path, format=fmt, found_as=((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns),))
 
 
 def _hf_dataset(path: str) -> InputFile:
@@ -91,7 +107,11 @@ def _hf_dataset(path: str) -> InputFile:
     for part in parts:
         if not os.path.isfile(part):
             raise DataError(f"{path}: datasets file {os.path.basename(part)} listed in state.json is missing")
-    return InputFile(path=path, format="hf", parts=parts)
+    try:
+        found_as = tuple(map(file_identity, parts))
+    except OSError:  # gone since: reported when it is read
+        found_as = ()
+    return InputFile(path=path, format="hf", parts=parts, found_as=found_as)
 
 
 def _data_file_names(state, state_path: str) -> list[str]:
