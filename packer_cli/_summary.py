@@ -107,16 +107,15 @@ def _input_bytes(file) -> int:
     one replaced by a move gave exit 0 and recorded the new file's size, so that verifying the
     output against its source failed on a file the run never read)."""
     try:
-        changed = file.changed_since_found()
-        size = file.size
+        now = file.identity_now()
     except OSError as exc:
         raise DataError(f"{file.path}: the input is gone after it was read (removed or moved during the run?): "
                         f"{exc.strerror or exc}") from None
-    if changed:
+    if file.found_as and now != file.found_as:
         raise DataError(f"{file.path}: the input changed while this run read it (replaced, rewritten, cut or "
                         "appended to: its inode, size or modification time differ), so the output would not be "
                         "its; pack it again once it stays put")
-    return size
+    return sum(size for _, _, size, _ in now)
 
 
 def summarize(*, spec: PackSpec, files, stream, read_counts, bad_listed, totals, overlong, padded_hist, plan,

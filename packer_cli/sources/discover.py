@@ -49,12 +49,11 @@ class InputFile:
         paths = self.parts or (self.path,)
         return sum(os.path.getsize(p) for p in paths)
 
-    def changed_since_found(self) -> bool:
-        """Whether a file of this input is not the one found (replaced by a move, rewritten, cut
-        or appended to since: its device, inode, size or modification time differ); ``OSError``
-        where one is gone."""
-        paths = self.parts or (self.path,)
-        return bool(self.found_as) and tuple(map(file_identity, paths)) != self.found_as
+    def identity_now(self) -> tuple[tuple[int, int, int, int], ...]:
+        """:func:`file_identity` of each of its files now (``OSError`` where one is gone): where
+        it differs from :attr:`found_as`, a file was replaced by a move, rewritten, cut or
+        appended to since it was found."""
+        return tuple(map(file_identity, self.parts or (self.path,)))
 
 
 def file_identity(path: str) -> tuple[int, int, int, int]:
