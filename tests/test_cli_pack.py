@@ -261,6 +261,47 @@ def test_overwrite_replaces_only_a_packer_output(tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
+@pytest.mark.parametrize("files", [{"metadata.json": '{"experiment": "run-42"}'},
+                                   {"manifest.json": '[1, 2]', "packs-00000.arrow": "junk"},
+                                   {"training.metadata.json": '{"format": "mine"}'},
+                                   {"metadata.json": '{"format": "packer-thd"}', "manifest.json": '"a string"'}])
+def test_overwrite_never_replaces_a_user_s_json_under_one_of_packer_s_names(tmp_path, fmt, files):
+    """A directory whose only file was the user's own metadata.json was judged packer's output by
+    its name: 'already exists; pass --overwrite', then --overwrite deleted it."""
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
+    out = tmp_path / "results"
+    out.mkdir()
+    for name, text in files.items():
+        (out / name).write_text(text)
+    theirs = sorted(name for name, text in files.items() if text.startswith(("{", "[", '"'))
+                    and '"packer-thd"' not in text)
+    result = run("pack", path, "-o", out, "--format", fmt)
+    assert result.exit_code == 2 and "--overwrite" not in result.output, result.output
+    assert f"holds files packer did not write ({theirs[0]})" in result.output, result.output
+    result = run("pack", path, "-o", out, "--format", fmt, "--overwrite")
+    assert result.exit_code == 2, result.output
+    assert f"holds files packer did not write ({theirs[0]}); --overwrite replaces only a packer output" \
+        in result.output
+    assert {p.name: p.read_text() for p in out.iterdir()} == files
+    assert not list(tmp_path.glob("results.*"))
+
+
+@pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
+def test_overwrite_replaces_a_packer_output_whose_json_files_are_damaged(tmp_path, fmt):
+    """Damage is not another tool's file: a manifest cut short and a metadata file that is not
+    JSON leave the output packer's, for --overwrite to replace."""
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 6)
+    out = tmp_path / "out"
+    assert run("pack", path, "-o", out, "--format", fmt).exit_code == 0
+    for damaged in sorted(out.glob("*.json")):
+        damaged.write_bytes(damaged.read_bytes()[: 20] if "manifest" in damaged.name else b"\x00garbage")
+    assert run("verify", out).exit_code == 1
+    result = run("pack", path, "-o", out, "--format", fmt, "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert run("verify", out).exit_code == 0
+
+
+@pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
 @pytest.mark.parametrize("at_start", ["absent", "a packer output"])
 def test_overwrite_judges_out_again_as_it_replaces_it(tmp_path, monkeypatch, fmt, at_start):
     """OUT checked when the run started, a user's file put into it while the run packed: the

@@ -472,7 +472,7 @@ def within(path: str, directory: str) -> bool:
 def _foreign(out: str, ours: Callable[[str], bool]) -> str:
     """The files in directory ``out`` packer does not write there, as a message names them
     ("notes.txt and 2 more"); empty when there are none."""
-    foreign = sorted(name for name in os.listdir(out) if not ours(name))
+    foreign = sorted(name for name in os.listdir(out) if not ours(os.path.join(out, name)))
     return f"{foreign[0]}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}" if foreign else ""
 
 
@@ -504,7 +504,7 @@ def overwrite_refusal(out: str, ours: Callable[[str], bool], inputs: Iterable[st
 
 def check_replaceable(out: str, inputs: Iterable[str], ours: Callable[[str], bool], shown: str | None = None) -> None:
     """Refuse to replace an existing directory ``out`` unless everything in it is a file packer
-    writes there (``ours``, by name) and no input lies inside it; ``shown``: the name to give
+    writes there (``ours``, given each file's path) and no input lies inside it; ``shown``: the name to give
     it in the message (OUT, for the old OUT judged again as it is replaced).
 
     ``--overwrite`` deletes the old OUT once the new one is in place; a mistyped ``-o`` (the

@@ -33,7 +33,7 @@ from packer_cli.errors import ConfigError, DataError
 from packer_cli.shards._atomic import (check_parent, check_replaceable, check_writable, locked, make_temporary,
                                       overwrite_refusal, replace_dir, signals_held, sync_dir, write_synced)
 from packer_cli.spec import is_int, pad_multiple_for
-from packer_cli.shards.format import is_output_file_name, read_json_value, seal_metadata, write_json
+from packer_cli.shards.format import FORMAT_NAME, is_output_file_name, read_json_value, seal_metadata, write_json
 from packer_cli.shards.bridge import (
     BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PARQUET_ENCODING_NAMES, SPLITS, bridge_metadata_name, data_name,
     default_row_group_size, is_layout_name, layout_files, layout_pack_sizes, split_manifest_name,
@@ -51,10 +51,34 @@ class _JoinInstead(Exception):
     this run checked OUT, to be joined, not replaced."""
 
 
-def replaceable_name(name: str) -> bool:
-    """Whether ``--overwrite`` (either format) may replace a directory holding ``name``: a Bridge
-    layout or a native output does (packer's own files), nothing else."""
-    return is_layout_name(name) or is_output_file_name(name)
+def replaceable_file(path: str) -> bool:
+    """Whether ``--overwrite`` (either format) may replace a directory holding the file at
+    ``path``: a Bridge layout or a native output does (packer's own files), nothing else.
+    Judged by name, and for packer's JSON names by what they hold: ``metadata.json`` and
+    ``manifest.json`` are common names, and a user's own under them made a directory of theirs
+    look like packer's output."""
+    name = os.path.basename(path)
+    return (is_layout_name(name) or is_output_file_name(name)) and not _json_of_another_tool(path)
+
+
+#: A JSON file larger than this under one of packer's names is not packer's (its metadata lists
+#: 1,000 bad records at most: well under a megabyte), and is not read to find out.
+_LARGEST_OWN_JSON = 64 << 20
+
+
+def _json_of_another_tool(path: str) -> bool:
+    """Whether ``path``, named like one of packer's JSON files, holds a JSON document packer did
+    not write: each of packer's names its format (native or Bridge). One that cannot be read or
+    parsed is damage to packer's output, which ``--overwrite`` is there to replace."""
+    if not path.endswith(".json"):
+        return False
+    try:
+        if os.path.getsize(path) > _LARGEST_OWN_JSON:
+            return True
+        document = read_json_value(path)
+    except (OSError, ValueError):  # orjson's decode error is a ValueError
+        return False
+    return not (isinstance(document, dict) and document.get("format") in (FORMAT_NAME, BRIDGE_FORMAT))
 
 
 def _is_layout(path: str) -> bool:
@@ -271,10 +295,10 @@ class BridgeOutput:
                 raise ConfigError(f"{out} exists and is not a directory")
             names = layout_files(out)
             if overwrite:  # a Bridge layout, or a native output being replaced by one; nothing else
-                check_replaceable(out, inputs, replaceable_name)
+                check_replaceable(out, inputs, replaceable_file)
             if names is None:
                 if not overwrite:
-                    refusal = overwrite_refusal(out, replaceable_name, inputs)
+                    refusal = overwrite_refusal(out, replaceable_file, inputs)
                     raise ConfigError(f"{out} exists and is not a Megatron-Bridge layout; "
                                       f"{refusal or 'pass --overwrite to replace it, or choose another directory'}")
             else:
@@ -328,7 +352,7 @@ class BridgeOutput:
         mine = [n for n in (data_name(self.split, C), split_metadata_name(self.split),
                             split_manifest_name(self.split)) if n in names]
         if mine and not overwrite:
-            refusal = overwrite_refusal(out, replaceable_name, inputs)  # not --overwrite where it would be refused
+            refusal = overwrite_refusal(out, replaceable_file, inputs)  # not --overwrite where it would be refused
             raise ConfigError(f"{out} already holds the {self.split} split ({mine[0]}); "
                               f"{refusal or 'pass --overwrite to replace that split'}")
         if mine:
@@ -503,7 +527,7 @@ class BridgeOutput:
         prepare() is joined (:class:`_JoinInstead`), anything not packer's is kept."""
         if _is_layout(moved):
             raise _JoinInstead
-        check_replaceable(moved, (), replaceable_name, shown=self._out)
+        check_replaceable(moved, (), replaceable_file, shown=self._out)
 
     def _check_layout_again(self, out: str) -> None:
         """prepare()'s checks on OUT as it is now (another run may have written into it since):
