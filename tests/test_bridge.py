@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 from collections import defaultdict
 from pathlib import Path
@@ -723,6 +724,54 @@ def test_overwrite_never_replaces_a_foreign_directory(small, tmp_path):
     with pytest.raises(ConfigError, match="this input lies inside"):  # its own shard as the input
         bridge_pack([native / "packs-00000.arrow"], native, PackSpec(pack_size=512), overwrite=True)
     assert (native / "packs-00000.arrow").exists()
+
+
+@pytest.mark.parametrize("other_split", [False, True])
+def test_a_damaged_metadata_array_is_written_anew_under_overwrite(small, tmp_path, other_split):
+    """--overwrite of a split whose layout's 512_metadata.jsonl is not JSON failed 'cannot read'
+    with exit 1, where a native --overwrite replaced the same directory; without --overwrite a
+    run adding a split is refused with exit 2, not exit 1 (a data error is the input's)."""
+    out, spec = tmp_path / "out", PackSpec(pack_size=512)
+    bridge_pack([small], out, spec)
+    if other_split:
+        bridge_pack([small], out, spec, split="validation")
+    array = out / "512_metadata.jsonl"
+    array.write_text("garbage")
+    warnings = []
+    bridge_pack([small], out, spec, overwrite=True, warn=warnings.append)
+    assert f"{array}: cannot read (unexpected character, expected a JSON value: line 1 column 1 (char 0)): " \
+           "written anew, with the training split's entry" in warnings
+    assert any("validation_512.idx.parquet has no entry in 512_metadata.jsonl (it cannot be read)" in w
+               for w in warnings) == other_split
+    assert len(json.loads(array.read_text())) == 1
+    result = CliRunner().invoke(app, ["verify", str(out)])
+    assert (result.exit_code == 0) != other_split, result.output  # the validation split lost its entry
+    array.write_text("garbage")
+    split = "training" if other_split else "validation"
+    with pytest.raises(ConfigError, match=r"512_metadata.jsonl: cannot read \(.*\); pass --overwrite to write it anew"):
+        bridge_pack([small], out, spec, split=split, overwrite=False)
+    assert array.read_text() == "garbage"
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_directory_under_a_layout_file_s_name_is_refused_before_anything_is_renamed(small, tmp_path, overwrite):
+    """With --overwrite, the split's files were renamed into OUT and the array's rename then
+    failed (exit 3, a split without its entry); a native --overwrite deleted the directory."""
+    out, spec = tmp_path / "out", PackSpec(pack_size=512)
+    bridge_pack([small], out, spec)
+    listing = {p: (out / p).read_bytes() for p in os.listdir(out) if p != "512_metadata.jsonl"}
+    os.remove(out / "512_metadata.jsonl")
+    (out / "512_metadata.jsonl").mkdir()
+    (out / "512_metadata.jsonl" / "notes.txt").write_text("the user's")
+    message = ("holds files packer did not write (512_metadata.jsonl)" if overwrite
+               else "512_metadata.jsonl is a directory where this run writes a file")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        bridge_pack([small], out, spec, split="validation", overwrite=overwrite)
+    if overwrite:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            pack([str(small)], str(out), spec, overwrite=True)
+    assert {p: (out / p).read_bytes() for p in os.listdir(out) if p != "512_metadata.jsonl"} == listing
+    assert (out / "512_metadata.jsonl" / "notes.txt").read_text() == "the user's"
 
 
 def test_failed_write_leaves_out_untouched(small, tmp_path, monkeypatch):

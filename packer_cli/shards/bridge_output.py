@@ -58,6 +58,8 @@ def replaceable_file(path: str) -> bool:
     ``manifest.json`` are common names, and a user's own under them made a directory of theirs
     look like packer's output."""
     name = os.path.basename(path)
+    if os.path.isdir(path) and not os.path.islink(path):  # packer writes none: its files may be anyone's
+        return False
     return (is_layout_name(name) or is_output_file_name(name)) and not _json_of_another_tool(path)
 
 
@@ -340,9 +342,18 @@ class BridgeOutput:
                         f"this run {'with' if getattr(spec, flag) else 'without'} it; Bridge applies one "
                         f"{flag} to both splits (a CUDA graph captured on one replays on the other)"
                     )
-        array = read_bridge_array(os.path.join(out, bridge_metadata_name(C)))  # fail early if malformed
+        for name in (split_manifest_name(self.split), data_name(self.split, C), split_metadata_name(self.split),
+                     bridge_metadata_name(C)):  # what commit() renames onto, the array last
+            path = os.path.join(out, name)
+            if os.path.isdir(path) and not os.path.islink(path):  # found only after the split's other renames
+                raise ConfigError(f"{path} is a directory where this run writes a file; remove it or choose another "
+                                  "directory")
+        array, unreadable = self._layout_array(out, C)  # fail early if malformed (without --overwrite)
         unlisted = [s for s in SPLITS if s != self.split and data_name(s, C) in names] if not array else []
-        empty = "it is empty" if os.path.exists(os.path.join(out, bridge_metadata_name(C))) else "there is no such file"
+        empty = ("it cannot be read" if unreadable else "it is empty") \
+            if os.path.exists(os.path.join(out, bridge_metadata_name(C))) else "there is no such file"
+        if unreadable:
+            self._notes.append(f"{unreadable}: written anew, with the {self.split} split's entry")
         for other in unlisted:  # the array this run writes lacks the other split's entry
             fix = (f"pack the {other} split again with --overwrite to put its entry back" if recorded_bridge(out, other)
                    else "pack that split with packer too")  # packer's split lost the array; Bridge's own had none
@@ -357,6 +368,18 @@ class BridgeOutput:
                               f"{refusal or 'pass --overwrite to replace that split'}")
         if mine:
             self._find_old_entry(out, C, array)
+
+    def _layout_array(self, out: str, C: int) -> tuple[list, str | None]:
+        """The layout's Bridge metadata array, and what is wrong with it where it cannot be read:
+        then empty under ``--overwrite``, which writes it anew (what an array lost altogether
+        gets), and refused without (the run would replace a file it was not asked to)."""
+        try:
+            return read_bridge_array(os.path.join(out, bridge_metadata_name(C))), None
+        except DataError as exc:
+            if not self._overwrite:
+                raise ConfigError(f"{exc}; pass --overwrite to write it anew (with this split's entry, and no "
+                                  "other split's)") from None
+            return [], str(exc)
 
     def _find_old_entry(self, out: str, C: int, array: list) -> None:
         """Which entry the replaced split held, for ``commit`` to remove; a note when unsure."""
@@ -483,7 +506,7 @@ class BridgeOutput:
                     replace = True
                     continue
                 self._check_layout_again(out)
-                array = read_bridge_array(os.path.join(out, array_name))
+                array, _ = self._layout_array(out, C)
                 i = self._entry_to_replace(out, C, array)
                 if i is not None:
                     del array[i]  # by index: list.remove takes the first == dict, maybe another split's (2 == 2.0)

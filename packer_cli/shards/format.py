@@ -53,9 +53,13 @@ def read_json_value(path: str):
     import orjson
 
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    with open(fd, "rb") as f:
+    try:  # before open(fd): a directory raised IsADirectoryError naming the descriptor ('Is a directory: 5')
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
+    except OSError:
+        os.close(fd)
+        raise
+    with open(fd, "rb") as f:
         value = orjson.loads(f.read())
     try:  # the metadata checksum and --json reports write values out again: orjson writes 254 levels at most
         orjson.dumps(value)
