@@ -53,11 +53,11 @@ from packer_cli.progress import Progress
 from packer_cli.shards._atomic import (REPLACED, check_parent, check_replaceable, check_writable, foreign_files,
                                       make_temporary, output_target, overwrite_refusal, replace_dir, signals_held,
                                       spill_dir_prefix, stale_spill_dirs, stale_temporaries, sync_dir, within)
-from packer_cli.shards._gather import (BLOCK_TOKENS, ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader,
-                                       SpillTally, SpillWriter, block_bytes, load_array, save_array, spill_os_error)
+from packer_cli.shards._gather import (ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader, SpillTally,
+                                       SpillWriter, block_bytes, load_array, save_array, spill_os_error)
 from packer_cli.shards._sink import use_direct_io
-from packer_cli.shards._staged import (SPILL_READ_MODES, choose_spill_read, open_spill, page_cache_room,
-                                       staged_memory)
+from packer_cli.shards._staged import (SPILL_READ_MODES, choose_spill_read, group_stages, open_spill,
+                                       page_cache_room, split_copies, split_samples, staged_memory)
 from packer_cli.shards.bridge_output import BridgeOutput, replaceable_file
 from packer_cli.shards.bridge_writer import ENCODERS, ENV_ENCODER
 from packer_cli.shards.format import (
@@ -451,13 +451,14 @@ def _make_spill_dir(tmp: str, spill_parent: str | None) -> str:
         raise _creation_error(f"{spill_parent}: cannot create the spill directory: {exc}", exc) from exc
 
 
-def _disk_needs(summary: PackSummary, spill_bytes: int, in_memory: int, max_bits: int, spill_read: str,
-                out: str | None, spill_parent: str | None, shard_runs: list | None, lengths_bytes: int = 0) -> dict:
+def _disk_needs(summary: PackSummary, spill_bytes: int, in_memory: int, spill_read: str, out: str | None,
+                spill_parent: str | None, planned: _Planned, shard_runs: list | None, lengths_bytes: int = 0,
+                stages: int = 1) -> dict:
     """What a dry run expects the real run to write: the spill (on disk: all but the whole
     batches ``--spill-memory`` holds, ``in_memory`` bytes of them; read back ``staged``, a copy of
-    all of it besides, ``stage_bytes``, each sample rounded to whole blocks of ``max_bits`` ids
-    and a split one once more for each extra piece, at most a pack's worth: an estimate from
-    above) and, for native shards (``shard_runs``: the runs of packs of each shard, as pass
+    all of it besides, ``stage_bytes``, each sample rounded to whole blocks of the spill's widest
+    ids and a split one whole again in each further stage one of its pieces may land in, of
+    ``stages``: an estimate from above) and, for native shards (``shard_runs``: the runs of packs of each shard, as pass
     two would write them), the output (the shard formula pass two sizes its runs with, plus
     Arrow's bytes for each file and record batch; a Bridge file is compressed, so none is
     given); where each goes and the free space there."""
@@ -477,12 +478,11 @@ def _disk_needs(summary: PackSummary, spill_bytes: int, in_memory: int, max_bits
         places["spill"] = spill_parent or places["output"]
     # what the real run's auto would choose here, now
     mode, _ = choose_spill_read(spill_read, on_disk, room, places.get("spill"),
-                                staged_memory(spill_bytes, c["padded_tokens"]))
+                                staged_memory(spill_bytes, c["padded_tokens"], planned.split_bytes()))
     stage = 0
-    if mode == "staged":  # each sample (a split one in each stage holding a piece) in whole blocks of its own
-        pieces = c["samples_packed"] + c["overlong"]["extra_pieces"]
-        stage = int(spill_bytes) + pieces * block_bytes(max_bits) + c["overlong"]["extra_pieces"] * (
-            -(-summary.spec["pack_size"] // BLOCK_TOKENS) * block_bytes(max_bits))
+    if mode == "staged":  # each sample in whole blocks of its own, a split one whole in each stage holding a piece
+        blocks = c["samples_packed"] + split_copies(*planned.split, stages)
+        stage = int(spill_bytes) + blocks * block_bytes(planned.spill_bits)
     # beside the spill, whatever of it lies in memory: the sample lengths and the plan's order (int32 an item)
     index = int(lengths_bytes) + 4 * c["sequences"]
     needs = {"spill_bytes": int(spill_bytes), "spill_disk_bytes": on_disk, "spill_index_bytes": index,
@@ -781,10 +781,11 @@ class _Run:
             manifest = self._write(planned, bar, direct_io) if self.tmp else None
         summary = planned.summary
         if self.opts.dry_run:
+            shard_runs = self._shard_runs(planned)
             summary.disk = _disk_needs(summary, read_counts["spill_bytes"], read_counts["spill_memory_used"],
-                                       read_counts["spill_bits"], self.opts.spill_read,
-                                       self.out, self.spill_parent, shard_runs=self._shard_runs(planned),
-                                       lengths_bytes=read_counts["lengths_bytes"])
+                                       self.opts.spill_read, self.out, self.spill_parent, planned,
+                                       shard_runs=shard_runs, lengths_bytes=read_counts["lengths_bytes"],
+                                       stages=self._stage_count(planned, shard_runs))
             if self.warn:
                 for line in _short_of_space(summary.disk):
                     self.warn(line)
@@ -799,6 +800,12 @@ class _Run:
         clock.lap("write")
         summary.seconds = clock.seconds()
         return summary
+
+    def _stage_count(self, planned: _Planned, shard_runs: list | None) -> int:
+        """How many stages a staged read of the spill would cut the output into."""
+        if self.output is not None:
+            return self.output.stage_count(planned.pack_order.size, self.spec.pack_size)
+        return len(group_stages(shard_runs))
 
     def _shard_runs(self, planned: _Planned) -> list | None:
         """The native shards' runs of packs, as pass two will cut them (None for a Bridge split)."""
@@ -837,6 +844,7 @@ class _Run:
         if padded_hist[1:].sum() == 0:
             raise DataError(_nothing_left(files, read_counts, overlong.dropped, bad_listed))
         read_counts["lengths_bytes"] = int(lengths.nbytes)  # lengths.bin's size, for a dry run's estimate
+        split = split_samples(lengths, items.extra_sample)  # what staging copies more than once
         parked = _park(lengths, self.spill_dir)
         del lengths
         _release_memory()
@@ -846,7 +854,8 @@ class _Run:
             spec=spec, files=files, stream=stream, read_counts=read_counts, bad_listed=bad_listed, totals=totals,
             overlong=overlong, padded_hist=padded_hist, plan=plan, out=self.out, dry_run=self.opts.dry_run,
         )
-        return _Planned(items, sources, parked, plan, _pack_order(plan.num_packs, spec), summary)
+        return _Planned(items, sources, parked, plan, _pack_order(plan.num_packs, spec), summary, split,
+                        read_counts["spill_bits"])
 
     def _write(self, planned: _Planned, bar, direct_io: bool) -> dict | None:
         """Pass two, into the temporary output: native shards (their manifest returned) or the
@@ -864,7 +873,8 @@ class _Run:
             raise spill_os_error(exc, "reading the spill files") from exc
         mode, room = choose_spill_read(opts.spill_read, spill_file, spill_dir=spill_dir,
                                        staged_needs=staged_memory(self.memory.used + spill_file,
-                                                                  summary.counts["padded_tokens"]))
+                                                                  summary.counts["padded_tokens"],
+                                                                  planned.split_bytes()))
         summary.spill = {"read": mode, "bytes": self.memory.used + spill_file, "memory_bytes": self.memory.used}
         if room is not None:
             summary.spill["room"] = room
@@ -932,3 +942,11 @@ class _Planned:
     plan: PackPlan | None
     pack_order: np.ndarray
     summary: PackSummary
+    #: the split samples' spill blocks and extra pieces (``_staged.split_samples``)
+    split: tuple[np.ndarray, np.ndarray]
+    #: the widest token ids the spill holds
+    spill_bits: int
+
+    def split_bytes(self) -> int:
+        """Bytes of the split samples in the spill (about: whole blocks of the widest ids)."""
+        return int(self.split[0].sum()) * block_bytes(self.spill_bits)

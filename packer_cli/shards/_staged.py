@@ -15,7 +15,9 @@ stages one after the other, each stage's samples in spill order, each sample as 
 blocks that hold the tokens its sequences read (a truncated sample's first ``cap + 1``). Pass two
 then reads a stage's bytes with one sequential read and gathers its runs from memory with the
 spill's own kernel, through a layout with one entry per sample of the stage. A sample split into
-pieces (``--overlong split``) is copied into every stage that one of its pieces lands in.
+pieces (``--overlong split``) is copied whole into every stage that one of its pieces lands in
+(the layout has no room for a part of a sample), so samples many packs long can make the stage
+file and each stage image several times their share (:func:`split_copies` bounds it).
 
 The cost: one more read and write of about the spill's size, in large sequential pieces; the
 stage file on disk beside the spill while pass two runs; per sample, 8 bytes during the copy
@@ -64,16 +66,33 @@ SPILL_READ_MODES = tuple(mode.value for mode in SpillRead)
 MEMORY_FILE_SYSTEMS = ("tmpfs", "ramfs")
 
 
-def staged_memory(spill_total: int, output_tokens: int) -> int:
+def split_samples(lengths: np.ndarray, extra_sample: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The split samples (``--overlong split``; ``extra_sample`` names one for each extra piece)
+    as staging copies them: each one's spill blocks (at most: one more where it does not start a
+    block) and its number of extra pieces."""
+    samples, extra = np.unique(extra_sample, return_counts=True)
+    return -(-lengths[samples].astype(np.int64) // BLOCK_TOKENS) + 1, extra.astype(np.int64)
+
+
+def split_copies(blocks: np.ndarray, extra: np.ndarray, stages: int) -> int:
+    """Blocks the staged copy writes for split samples beyond one copy each (:func:`split_samples`'
+    arrays): a split sample goes whole into every stage one of its pieces lands in, so at most
+    once more for each extra piece and for each of the ``stages`` but one."""
+    return int((blocks * np.minimum(extra, max(1, stages) - 1)).sum())
+
+
+def staged_memory(spill_total: int, output_tokens: int, split_bytes: int = 0) -> int:
     """Memory staging holds itself (about): the stages' write buffers and the chunks of spill
     read while copying it into them, then the stage images it reads (the current one and
-    ``SPARE_IMAGES`` kept), each about the spill's share of one stage's ``STAGE_TOKENS``.
+    ``SPARE_IMAGES`` kept), each about the spill's share of one stage's ``STAGE_TOKENS``, and
+    from above the split samples' ``split_bytes`` besides (each goes whole into every stage one
+    of its pieces lands in: samples many packs long can make every image about the spill's size).
     ``auto`` stages only where the room holds this on top of ``PASS_TWO_RESERVE``. Measured on a
     233 MB spill in 4 stages (175 MB by this count) under memory cgroups, staged was killed for
     memory with 158 and 174 MB of room, and in one run of three with 217 and with 257 MB, while
     reading at random finished every time (13-18 s, against staged's 4-5 s where it lived)."""
     stages = max(1, -(-int(output_tokens) // STAGE_TOKENS))
-    image = -(-int(spill_total) // stages)
+    image = min(-(-int(spill_total) // stages) + int(split_bytes), int(spill_total))
     return max(WRITE_BUFFERS + 2 * SCATTER_CHUNK, (1 + SPARE_IMAGES) * image)
 
 

@@ -264,6 +264,21 @@ class BridgeOutput:
     def rows_per_group(self, pack_size: int) -> int:
         return self.row_group_size or default_row_group_size(pack_size)
 
+    def _steps(self, n_packs: int, pack_size: int) -> tuple[list[tuple[int, int]], int]:
+        """The write steps (runs of ``n_packs`` packs, whole row groups each), and how many of
+        them a stage of a staged read of the spill takes (about ``STAGE_TOKENS`` tokens)."""
+        from packer_cli.shards._staged import STAGE_TOKENS
+        from packer_cli.shards.bridge_writer import packs_per_step
+
+        step = packs_per_step(self.rows_per_group(pack_size), pack_size)
+        runs = [(a, min(a + step, n_packs)) for a in range(0, n_packs, step)]  # a step's packs each
+        return runs, max(1, STAGE_TOKENS // (step * pack_size))
+
+    def stage_count(self, n_packs: int, pack_size: int) -> int:
+        """How many stages a staged read of the spill cuts this split's steps into."""
+        runs, stage_runs = self._steps(n_packs, pack_size)
+        return max(1, -(-len(runs) // stage_runs))
+
     def row_group_memory_note(self, pack_size: int) -> str | None:
         """A warning for row groups so large that building them passes packer's memory bound: a
         write step is whole row groups, and a few steps are in flight."""
@@ -403,25 +418,23 @@ class BridgeOutput:
         into the file in order. ``spill_read="staged"`` gathers the steps from the spill's stages
         (:mod:`packer_cli.shards._staged`); ``spill_record`` then gets their number and bytes.
         """
-        from packer_cli.shards.bridge_writer import bridge_step, packs_per_step, resolve_eos, write_bridge_file
+        from packer_cli.shards.bridge_writer import bridge_step, resolve_eos, write_bridge_file
 
-        rows = self.rows_per_group(spec.pack_size)
-        n_packs = pack_order.size
-        step = packs_per_step(rows, spec.pack_size)
-        runs = [(a, min(a + step, n_packs)) for a in range(0, n_packs, step)]  # a step's packs each
+        rows, n_packs = self.rows_per_group(spec.pack_size), pack_order.size
+        runs, stage_runs = self._steps(n_packs, spec.pack_size)
         from packer_cli.shards import _staged  # loads the compiler: not for a reader of this module's helpers
 
         reader = _staged.open_spill(spill_read, spill_dir, spill_memory, items, plan.pack_offsets, pack_order, [runs],
-                                    spill_record, max(1, _staged.STAGE_TOKENS // (step * spec.pack_size)),
-                                    last_tokens=True)
+                                    spill_record, stage_runs, last_tokens=True)
         with reader as spill:
             last_tokens = spill.last_tokens(items.lengths)
             eos, source = resolve_eos(self.eos_id, last_tokens, items.misaligned > 0)
             not_ending = int((last_tokens != eos).sum()) if eos is not None else None
             del last_tokens
 
-            def build(a: int):
-                run, run_offsets = spill.run_items(plan.pack_offsets, pack_order[a:a + step])
+            def build(run_packs: tuple[int, int]):
+                a, b = run_packs
+                run, run_offsets = spill.run_items(plan.pack_offsets, pack_order[a:b])
                 seq = items.resolve(run)
                 tokens, mask, last, _, buffers = spill.gather_run(a, seq, run_offsets, spec.pad_id)
                 built = bridge_step(tokens, mask, last, seq.length, seq.padded, sources[seq.sample], seq.offset,
@@ -430,7 +443,7 @@ class BridgeOutput:
                 spill.recycle(buffers)  # the table holds copies laid out Bridge's way
                 return built
 
-            with closing(ordered_map(build, [a for a, _ in runs], workers=2, ahead=3)) as steps:
+            with closing(ordered_map(build, runs, workers=2, ahead=3)) as steps:
                 entry, diagnostics = write_bridge_file(
                     os.path.join(tmp, data_name(self.split, spec.pack_size)), steps=steps, n_packs=n_packs,
                     eos=eos, row_group_size=rows, progress=progress, direct_io=direct_io,
