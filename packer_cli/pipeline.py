@@ -58,7 +58,7 @@ from packer_cli.shards._gather import (ORDER_FILE, SPILL_FILE, SpillError, Spill
 from packer_cli.shards._sink import use_direct_io
 from packer_cli.shards._staged import (SPILL_READ_MODES, choose_spill_read, group_stages, open_spill,
                                        page_cache_room, split_copies, split_samples, staged_memory)
-from packer_cli.shards.bridge_output import BridgeOutput, replaceable_file
+from packer_cli.shards.bridge_output import BridgeOutput, foreign_names
 from packer_cli.shards.bridge_writer import ENCODERS, ENV_ENCODER
 from packer_cli.shards.format import (
     FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, seal_metadata, write_json,
@@ -581,10 +581,10 @@ def _prepare_out(out: str, overwrite: bool, inputs: list[str], create: bool = Tr
         raise ConfigError(f"{out} exists and is not a directory")
     check_parent(out)  # a mount point too, before any advice to pass --overwrite
     if os.path.exists(out) and not overwrite:
-        refusal = overwrite_refusal(out, replaceable_file, inputs)
+        refusal = overwrite_refusal(out, foreign_names, inputs)
         raise ConfigError(f"{out} already exists; {refusal or 'pass --overwrite to replace it'}")
     if os.path.exists(out):  # a native output, or a Bridge layout being replaced by one
-        check_replaceable(out, inputs, replaceable_file)
+        check_replaceable(out, inputs, foreign_names)
     if not create:
         check_writable(os.path.dirname(os.path.abspath(out)), "output parent directory")
     return make_temporary(out) if create else None
@@ -902,7 +902,7 @@ class _Run:
                 kept = self.output.commit(self.tmp, manifest, summary.metadata(__version__))
             else:
                 kept = replace_dir(self.tmp, self.out, self.opts.overwrite,
-                                   lambda moved: check_replaceable(moved, (), replaceable_file, shown=self.out))
+                                   lambda moved: check_replaceable(moved, (), foreign_names, shown=self.out))
             self.tmp = None  # in place: nothing left to remove
             result_in_place()
         except Interrupted:
@@ -915,7 +915,7 @@ class _Run:
                 sync_dir(directory, in_place=True)
             kept = None
         if kept and self.warn:  # a replaced OUT left behind
-            if foreign := foreign_files(kept, replaceable_file):  # written into OUT as it was swapped out
+            if foreign := foreign_files(kept, foreign_names):  # written into OUT as it was swapped out
                 self.warn(f"{kept} holds the output this run replaced, kept because files packer did not write "
                           f"({foreign}) appeared in it as it was replaced; move them out, then remove it")
             else:

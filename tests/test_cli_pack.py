@@ -261,26 +261,29 @@ def test_overwrite_replaces_only_a_packer_output(tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
-@pytest.mark.parametrize("files", [{"metadata.json": '{"experiment": "run-42"}'},
-                                   {"manifest.json": '[1, 2]', "packs-00000.arrow": "junk"},
-                                   {"training.metadata.json": '{"format": "mine"}'},
-                                   {"metadata.json": '{"format": "packer-thd"}', "manifest.json": '"a string"'}])
-def test_overwrite_never_replaces_a_user_s_json_under_one_of_packer_s_names(tmp_path, fmt, files):
+@pytest.mark.parametrize("files, foreign", [
+    ({"metadata.json": '{"experiment": "run-42"}'}, "metadata.json"),
+    ({"metadata.json": '{"run": "exp1", "loss": NaN}'}, "metadata.json"),  # Python's json.dump writes NaN
+    ({"metadata.json": '\ufeff{"run": "exp1"}'}, "metadata.json"),  # a byte-order mark
+    ({"manifest.json": '[1, 2]', "packs-00000.arrow": "junk"}, "manifest.json and 1 more"),
+    ({"training.metadata.json": '{"format": "mine"}'}, "training.metadata.json"),
+    ({"metadata.json": '{"format": "packer-thd"}', "manifest.json": '"a string"'}, "manifest.json"),
+])
+def test_overwrite_never_replaces_a_user_s_json_under_one_of_packer_s_names(tmp_path, fmt, files, foreign):
     """A directory whose only file was the user's own metadata.json was judged packer's output by
-    its name: 'already exists; pass --overwrite', then --overwrite deleted it."""
+    its name: 'already exists; pass --overwrite', then --overwrite deleted it. JSON other tools
+    write that does not parse as JSON (NaN, a byte-order mark) is not packer's damage either."""
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
     out = tmp_path / "results"
     out.mkdir()
     for name, text in files.items():
         (out / name).write_text(text)
-    theirs = sorted(name for name, text in files.items() if text.startswith(("{", "[", '"'))
-                    and '"packer-thd"' not in text)
     result = run("pack", path, "-o", out, "--format", fmt)
     assert result.exit_code == 2 and "--overwrite" not in result.output, result.output
-    assert f"holds files packer did not write ({theirs[0]})" in result.output, result.output
+    assert f"holds files packer did not write ({foreign})" in result.output, result.output
     result = run("pack", path, "-o", out, "--format", fmt, "--overwrite")
     assert result.exit_code == 2, result.output
-    assert f"holds files packer did not write ({theirs[0]}); --overwrite replaces only a packer output" \
+    assert f"holds files packer did not write ({foreign}); --overwrite replaces only a packer output" \
         in result.output
     assert {p.name: p.read_text() for p in out.iterdir()} == files
     assert not list(tmp_path.glob("results.*"))
@@ -289,7 +292,8 @@ def test_overwrite_never_replaces_a_user_s_json_under_one_of_packer_s_names(tmp_
 @pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
 def test_overwrite_replaces_a_packer_output_whose_json_files_are_damaged(tmp_path, fmt):
     """Damage is not another tool's file: a manifest cut short and a metadata file that is not
-    JSON leave the output packer's, for --overwrite to replace."""
+    JSON leave the output packer's, for --overwrite to replace, where another file shows it is
+    packer's (a shard naming packer's format; Bridge's metadata array)."""
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 6)
     out = tmp_path / "out"
     assert run("pack", path, "-o", out, "--format", fmt).exit_code == 0
@@ -299,6 +303,13 @@ def test_overwrite_replaces_a_packer_output_whose_json_files_are_damaged(tmp_pat
     result = run("pack", path, "-o", out, "--format", fmt, "--overwrite")
     assert result.exit_code == 0, result.output
     assert run("verify", out).exit_code == 0
+    # nothing left to show it: the files that do not parse may be anyone's
+    for damaged in sorted(out.glob("*.json*")) + sorted(out.glob("packs-*.arrow")):
+        damaged.write_bytes(b"\x00garbage")
+    listing = {p.name: p.read_bytes() for p in out.iterdir()}
+    result = run("pack", path, "-o", out, "--format", fmt, "--overwrite")
+    assert result.exit_code == 2 and "holds files packer did not write" in result.output, result.output
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == listing
 
 
 @pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])

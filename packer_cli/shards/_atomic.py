@@ -469,17 +469,18 @@ def within(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
-def _foreign(out: str, ours: Callable[[str], bool]) -> str:
-    """The files in directory ``out`` packer does not write there, as a message names them
-    ("notes.txt and 2 more"); empty when there are none."""
-    foreign = sorted(name for name in os.listdir(out) if not ours(os.path.join(out, name)))
+def _foreign(out: str, foreign_names: Callable[[str, list[str]], list[str]]) -> str:
+    """The files in directory ``out`` packer did not write there (``foreign_names``, given the
+    directory and its entries), as a message names them ("notes.txt and 2 more"); empty when
+    there are none."""
+    foreign = foreign_names(out, sorted(os.listdir(out)))
     return f"{foreign[0]}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}" if foreign else ""
 
 
-def foreign_files(out: str, ours: Callable[[str], bool]) -> str:
+def foreign_files(out: str, foreign_names: Callable[[str, list[str]], list[str]]) -> str:
     """:func:`_foreign` of ``out``, empty where it cannot be listed."""
     try:
-        return _foreign(out, ours)
+        return _foreign(out, foreign_names)
     except OSError:
         return ""
 
@@ -490,21 +491,23 @@ def _input_inside(out: str, inputs: Iterable[str]) -> str | None:
     return next((path for path in inputs if within(os.path.realpath(path), real_out)), None)
 
 
-def overwrite_refusal(out: str, ours: Callable[[str], bool], inputs: Iterable[str] = ()) -> str | None:
+def overwrite_refusal(out: str, foreign_names: Callable[[str, list[str]], list[str]],
+                      inputs: Iterable[str] = ()) -> str | None:
     """Why ``--overwrite`` would not replace the existing directory ``out`` either (what
     :func:`check_replaceable` refuses: files packer did not write, an input inside it), said to
     a run without it instead of advising ``--overwrite`` (the user went round in a circle); None
     when it would."""
-    if foreign := foreign_files(out, ours):
+    if foreign := foreign_files(out, foreign_names):
         return f"it holds files packer did not write ({foreign}): choose another directory"
     if inside := _input_inside(out, inputs):
         return f"the input {inside} lies inside it: write the output elsewhere"
     return None
 
 
-def check_replaceable(out: str, inputs: Iterable[str], ours: Callable[[str], bool], shown: str | None = None) -> None:
+def check_replaceable(out: str, inputs: Iterable[str], foreign_names: Callable[[str, list[str]], list[str]],
+                      shown: str | None = None) -> None:
     """Refuse to replace an existing directory ``out`` unless everything in it is a file packer
-    writes there (``ours``, given each file's path) and no input lies inside it; ``shown``: the name to give
+    wrote there (none of ``foreign_names(out, entries)``) and no input lies inside it; ``shown``: the name to give
     it in the message (OUT, for the old OUT judged again as it is replaced).
 
     ``--overwrite`` deletes the old OUT once the new one is in place; a mistyped ``-o`` (the
@@ -513,7 +516,7 @@ def check_replaceable(out: str, inputs: Iterable[str], ours: Callable[[str], boo
     if not os.path.isdir(out):  # a file or a link appeared where OUT was (judged again as it is replaced)
         raise ConfigError(f"{shown or out} exists and is not a directory (it appeared while this run was packing: "
                           "another run?); --overwrite replaces only a packer output")
-    if foreign := _foreign(out, ours):
+    if foreign := _foreign(out, foreign_names):
         raise ConfigError(f"{shown or out} holds files packer did not write ({foreign}); --overwrite replaces "
                           "only a packer output: remove it yourself or choose another directory")
     if inside := _input_inside(out, inputs):

@@ -51,36 +51,68 @@ class _JoinInstead(Exception):
     this run checked OUT, to be joined, not replaced."""
 
 
-def replaceable_file(path: str) -> bool:
-    """Whether ``--overwrite`` (either format) may replace a directory holding the file at
-    ``path``: a Bridge layout or a native output does (packer's own files), nothing else.
-    Judged by name, and for packer's JSON names by what they hold: ``metadata.json`` and
-    ``manifest.json`` are common names, and a user's own under them made a directory of theirs
-    look like packer's output."""
+def foreign_names(out: str, names: list[str]) -> list[str]:
+    """The entries ``names`` of directory ``out`` that keep ``--overwrite`` (either format) from
+    replacing it: any not named as packer names its files (a native output's or a Bridge
+    layout's), a directory under such a name, and a JSON file under one of packer's names that
+    packer did not write. ``metadata.json`` and ``manifest.json`` are common names, and a user's
+    own under them made a directory of theirs look like packer's output, so those files are
+    judged by what they hold (:func:`_evidence`): one naming another format is another tool's;
+    one that cannot be parsed is damage to packer's output only beside a file that shows the
+    directory is packer's, since JSON other tools write (``NaN``, a byte-order mark, comments)
+    does not parse either."""
+    foreign, unparsed, shown_ours = [], [], False
+    for name in names:
+        path = os.path.join(out, name)
+        if not (is_layout_name(name) or is_output_file_name(name)) or (os.path.isdir(path) and not os.path.islink(path)):
+            foreign.append(name)  # packer writes no directory there: its files may be anyone's
+            continue
+        evidence = _evidence(path)
+        shown_ours = shown_ours or evidence == "packer's"
+        (foreign if evidence == "another tool's" else unparsed if evidence == "unparsed" else []).append(name)
+    return sorted(foreign + ([] if shown_ours else unparsed))
+
+
+#: A JSON file larger than this under one of packer's names is taken for another tool's and not
+#: read (packer's metadata lists every input path: 17,000 paths of 4,000 characters made 69 MB).
+_LARGEST_OWN_JSON = 1 << 30
+
+
+def _evidence(path: str) -> str:
+    """What the file at ``path`` (under one of packer's names) shows: ``packer's`` (a JSON file
+    naming packer's format, native or Bridge; a Bridge metadata array; a native shard whose
+    schema names packer's format), ``another tool's`` (a JSON document naming none of them),
+    ``unparsed`` (a JSON or shard name holding what does not parse, or no regular file) or
+    ``nothing`` (a Bridge data file, which packer and Bridge write alike)."""
     name = os.path.basename(path)
-    if os.path.isdir(path) and not os.path.islink(path):  # packer writes none: its files may be anyone's
-        return False
-    return (is_layout_name(name) or is_output_file_name(name)) and not _json_of_another_tool(path)
-
-
-#: A JSON file larger than this under one of packer's names is not packer's (its metadata lists
-#: 1,000 bad records at most: well under a megabyte), and is not read to find out.
-_LARGEST_OWN_JSON = 64 << 20
-
-
-def _json_of_another_tool(path: str) -> bool:
-    """Whether ``path``, named like one of packer's JSON files, holds a JSON document packer did
-    not write: each of packer's names its format (native or Bridge). One that cannot be read or
-    parsed is damage to packer's output, which ``--overwrite`` is there to replace."""
-    if not path.endswith(".json"):
-        return False
+    if name.endswith(".arrow"):
+        return "packer's" if _native_shard(path) else "unparsed"
+    if not name.endswith((".json", ".jsonl")):
+        return "nothing"
     try:
         if os.path.getsize(path) > _LARGEST_OWN_JSON:
-            return True
+            return "another tool's"
         document = read_json_value(path)
     except (OSError, ValueError):  # orjson's decode error is a ValueError
+        return "unparsed"
+    if name.endswith(".jsonl"):  # Bridge's array of dicts, whoever wrote the layout
+        return "packer's" if isinstance(document, list) and all(isinstance(d, dict) for d in document) else "unparsed"
+    ours = isinstance(document, dict) and document.get("format") in (FORMAT_NAME, BRIDGE_FORMAT)
+    return "packer's" if ours else "another tool's"
+
+
+def _native_shard(path: str) -> bool:
+    """Whether ``path`` is an Arrow IPC file whose schema names packer's shard format."""
+    import pyarrow as pa
+
+    try:
+        if not os.path.isfile(path):  # opening a FIFO would wait for a writer
+            return False
+        with pa.memory_map(path) as source:
+            metadata = pa.ipc.open_file(source).schema.metadata or {}
+    except (OSError, pa.ArrowException):
         return False
-    return not (isinstance(document, dict) and document.get("format") in (FORMAT_NAME, BRIDGE_FORMAT))
+    return metadata.get(b"format") == FORMAT_NAME.encode()
 
 
 def _is_layout(path: str) -> bool:
@@ -312,10 +344,10 @@ class BridgeOutput:
                 raise ConfigError(f"{out} exists and is not a directory")
             names = layout_files(out)
             if overwrite:  # a Bridge layout, or a native output being replaced by one; nothing else
-                check_replaceable(out, inputs, replaceable_file)
+                check_replaceable(out, inputs, foreign_names)
             if names is None:
                 if not overwrite:
-                    refusal = overwrite_refusal(out, replaceable_file, inputs)
+                    refusal = overwrite_refusal(out, foreign_names, inputs)
                     raise ConfigError(f"{out} exists and is not a Megatron-Bridge layout; "
                                       f"{refusal or 'pass --overwrite to replace it, or choose another directory'}")
             else:
@@ -378,7 +410,7 @@ class BridgeOutput:
         mine = [n for n in (data_name(self.split, C), split_metadata_name(self.split),
                             split_manifest_name(self.split)) if n in names]
         if mine and not overwrite:
-            refusal = overwrite_refusal(out, replaceable_file, inputs)  # not --overwrite where it would be refused
+            refusal = overwrite_refusal(out, foreign_names, inputs)  # not --overwrite where it would be refused
             raise ConfigError(f"{out} already holds the {self.split} split ({mine[0]}); "
                               f"{refusal or 'pass --overwrite to replace that split'}")
         if mine:
@@ -563,7 +595,7 @@ class BridgeOutput:
         prepare() is joined (:class:`_JoinInstead`), anything not packer's is kept."""
         if _is_layout(moved):
             raise _JoinInstead
-        check_replaceable(moved, (), replaceable_file, shown=self._out)
+        check_replaceable(moved, (), foreign_names, shown=self._out)
 
     def _check_layout_again(self, out: str) -> None:
         """prepare()'s checks on OUT as it is now (another run may have written into it since):
