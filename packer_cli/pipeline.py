@@ -56,7 +56,7 @@ from packer_cli.shards._atomic import (REPLACED, check_parent, check_replaceable
 from packer_cli.shards._gather import (ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader, SpillTally,
                                        SpillWriter, block_bytes, load_array, save_array, spill_os_error)
 from packer_cli.shards._sink import use_direct_io
-from packer_cli.shards._staged import (SPILL_READ_MODES, choose_spill_read, group_stages, open_spill,
+from packer_cli.shards._staged import (SPILL_READ_MODES, choose_spill_read, group_stages, open_spill, pack_stages,
                                        page_cache_room, split_copies, split_samples, staged_memory)
 from packer_cli.shards.bridge_output import BridgeOutput, foreign_names
 from packer_cli.shards.bridge_writer import ENCODERS, ENV_ENCODER
@@ -453,12 +453,13 @@ def _make_spill_dir(tmp: str, spill_parent: str | None) -> str:
 
 def _disk_needs(summary: PackSummary, spill_bytes: int, in_memory: int, spill_read: str, out: str | None,
                 spill_parent: str | None, planned: _Planned, shard_runs: list | None, lengths_bytes: int = 0,
-                stages: int = 1) -> dict:
+                stage_first: np.ndarray | None = None) -> dict:
     """What a dry run expects the real run to write: the spill (on disk: all but the whole
     batches ``--spill-memory`` holds, ``in_memory`` bytes of them; read back ``staged``, a copy of
     all of it besides, ``stage_bytes``, each sample rounded to whole blocks of the spill's widest
-    ids and a split one whole again in each further stage one of its pieces may land in, of
-    ``stages``: an estimate from above) and, for native shards (``shard_runs``: the runs of packs of each shard, as pass
+    ids and a split one whole again in each further stage one of its pieces lands in (stages
+    starting at the output positions ``stage_first``): an estimate from above) and, for native
+    shards (``shard_runs``: the runs of packs of each shard, as pass
     two would write them), the output (the shard formula pass two sizes its runs with, plus
     Arrow's bytes for each file and record batch; a Bridge file is compressed, so none is
     given); where each goes and the free space there."""
@@ -481,8 +482,11 @@ def _disk_needs(summary: PackSummary, spill_bytes: int, in_memory: int, spill_re
                                 staged_memory(spill_bytes, c["padded_tokens"], planned.split_bytes()))
     stage = 0
     if mode == "staged":  # each sample in whole blocks of its own, a split one whole in each stage holding a piece
-        blocks = c["samples_packed"] + split_copies(*planned.split, stages)
-        stage = int(spill_bytes) + blocks * block_bytes(planned.spill_bits)
+        plan, items = planned.plan, planned.items
+        pack_stage = pack_stages(planned.pack_order, stage_first)
+        copies = split_copies(planned.split, plan.order, plan.pack_offsets, pack_stage, items.num_samples,
+                              items.extra_sample)
+        stage = int(spill_bytes) + (c["samples_packed"] + copies) * block_bytes(planned.spill_bits)
     # beside the spill, whatever of it lies in memory: the sample lengths and the plan's order (int32 an item)
     index = int(lengths_bytes) + 4 * c["sequences"]
     needs = {"spill_bytes": int(spill_bytes), "spill_disk_bytes": on_disk, "spill_index_bytes": index,
@@ -785,7 +789,7 @@ class _Run:
             summary.disk = _disk_needs(summary, read_counts["spill_bytes"], read_counts["spill_memory_used"],
                                        self.opts.spill_read, self.out, self.spill_parent, planned,
                                        shard_runs=shard_runs, lengths_bytes=read_counts["lengths_bytes"],
-                                       stages=self._stage_count(planned, shard_runs))
+                                       stage_first=self._stage_first(planned, shard_runs))
             if self.warn:
                 for line in _short_of_space(summary.disk):
                     self.warn(line)
@@ -801,11 +805,13 @@ class _Run:
         summary.seconds = clock.seconds()
         return summary
 
-    def _stage_count(self, planned: _Planned, shard_runs: list | None) -> int:
-        """How many stages a staged read of the spill would cut the output into."""
+    def _stage_first(self, planned: _Planned, shard_runs: list | None) -> np.ndarray:
+        """The output position each stage of a staged read of the spill would start at."""
         if self.output is not None:
-            return self.output.stage_count(planned.pack_order.size, self.spec.pack_size)
-        return len(group_stages(shard_runs))
+            first = self.output.stage_first(planned.pack_order.size, self.spec.pack_size)
+        else:
+            first = [runs[0][0] for runs in group_stages(shard_runs)] or [0]
+        return np.array(first, dtype=np.int64)
 
     def _shard_runs(self, planned: _Planned) -> list | None:
         """The native shards' runs of packs, as pass two will cut them (None for a Bridge split)."""
@@ -942,11 +948,11 @@ class _Planned:
     plan: PackPlan | None
     pack_order: np.ndarray
     summary: PackSummary
-    #: the split samples' spill blocks and extra pieces (``_staged.split_samples``)
+    #: the split samples and their spill blocks (``_staged.split_samples``)
     split: tuple[np.ndarray, np.ndarray]
     #: the widest token ids the spill holds
     spill_bits: int
 
     def split_bytes(self) -> int:
         """Bytes of the split samples in the spill (about: whole blocks of the widest ids)."""
-        return int(self.split[0].sum()) * block_bytes(self.spill_bits)
+        return int(self.split[1].sum()) * block_bytes(self.spill_bits)

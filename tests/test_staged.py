@@ -102,8 +102,8 @@ def test_a_staged_copy_of_samples_split_over_many_packs_is_estimated_from_above(
     dry, real = run(None, True).disk, run(str(tmp_path / "out"), False).spill
     assert real["read"] == "staged" and real["stages"] >= 4
     assert real["stage_bytes"] > 2 * real["bytes"]  # each long sample in several stages
-    # from above: as if every piece of a sample landed in a stage of its own
-    assert real["stage_bytes"] <= dry["stage_bytes"] <= 1.5 * real["stage_bytes"]
+    # from above, by each sample's block rounding at most
+    assert real["stage_bytes"] <= dry["stage_bytes"] <= 1.02 * real["stage_bytes"]
     assert CliRunner().invoke(app, ["verify", str(tmp_path / "out")]).exit_code == 0
     split_bytes = 12 * 20_000 * 11 // 8  # every sample split, 10-bit ids and a loss bit a token: at least
     assert _staged.staged_memory(real["bytes"], 10 ** 9, split_bytes) > _staged.staged_memory(real["bytes"], 10 ** 9)

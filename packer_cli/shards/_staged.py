@@ -67,18 +67,43 @@ MEMORY_FILE_SYSTEMS = ("tmpfs", "ramfs")
 
 
 def split_samples(lengths: np.ndarray, extra_sample: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The split samples (``--overlong split``; ``extra_sample`` names one for each extra piece)
-    as staging copies them: each one's spill blocks (at most: one more where it does not start a
-    block) and its number of extra pieces."""
-    samples, extra = np.unique(extra_sample, return_counts=True)
-    return -(-lengths[samples].astype(np.int64) // BLOCK_TOKENS) + 1, extra.astype(np.int64)
+    """The split samples (``--overlong split``; ``extra_sample`` names one for each extra piece),
+    sorted, and each one's spill blocks as staging copies it (at most: one more where it does
+    not start a block)."""
+    samples = np.unique(extra_sample).astype(np.int64)
+    return samples, -(-lengths[samples].astype(np.int64) // BLOCK_TOKENS) + 1
 
 
-def split_copies(blocks: np.ndarray, extra: np.ndarray, stages: int) -> int:
-    """Blocks the staged copy writes for split samples beyond one copy each (:func:`split_samples`'
-    arrays): a split sample goes whole into every stage one of its pieces lands in, so at most
-    once more for each extra piece and for each of the ``stages`` but one."""
-    return int((blocks * np.minimum(extra, max(1, stages) - 1)).sum())
+def pack_stages(pack_order: np.ndarray, stage_first: np.ndarray) -> np.ndarray:
+    """int32: the stage of every pack, from the output position each stage starts at
+    (``pack_order``: the pack at each output position)."""
+    position_of_pack = np.empty(pack_order.size, dtype=np.int64)
+    position_of_pack[pack_order] = np.arange(pack_order.size)
+    return (np.searchsorted(stage_first, position_of_pack, side="right") - 1).astype(np.int32)
+
+
+def split_copies(split: tuple[np.ndarray, np.ndarray], order: np.ndarray, pack_offsets: np.ndarray,
+                 pack_stage: np.ndarray, num_samples: int, extra_sample: np.ndarray) -> int:
+    """Blocks the staged copy writes for split samples (``split``: :func:`split_samples`) beyond
+    one copy each: a split sample goes whole into every stage one of its pieces lands in. From
+    the plan (``order``, ``pack_offsets``; items past ``num_samples`` are extra pieces of
+    ``extra_sample``) and each pack's stage: what a dry run counts, without a spill to copy."""
+    samples, blocks = split
+    if samples.size == 0:
+        return 0
+    n = num_samples
+    is_split = np.zeros(n, dtype=np.bool_)
+    is_split[samples] = True
+    piece = order >= n
+    piece[~piece] = is_split[order[~piece]]
+    positions = np.flatnonzero(piece)
+    items = order[positions].astype(np.int64)
+    sample = np.where(items < n, items, extra_sample[np.maximum(items - n, 0)])
+    stage = pack_stage[np.searchsorted(pack_offsets, positions, side="right") - 1].astype(np.int64)
+    stages = int(pack_stage.max()) + 1
+    distinct = np.unique(sample * stages + stage) // stages  # one per (sample, stage) holding a piece
+    copies = np.bincount(np.searchsorted(samples, distinct), minlength=samples.size)
+    return int((blocks * np.maximum(copies - 1, 0)).sum())
 
 
 def staged_memory(spill_total: int, output_tokens: int, split_bytes: int = 0) -> int:
@@ -437,10 +462,7 @@ class StagedSpillReader(SpillReader):
     def _assign(self, spill_dir, pack_offsets, pack_order):
         """Which stage needs each sample: read the plan order once, in plan order."""
         items, n = self._items, self._items.num_samples
-        position_of_pack = np.empty(pack_order.size, dtype=np.int64)
-        position_of_pack[pack_order] = np.arange(pack_order.size)
-        pack_stage = (np.searchsorted(np.asarray(self._stage_first), position_of_pack, side="right") - 1).astype(np.int32)
-        del position_of_pack
+        pack_stage = pack_stages(pack_order, np.asarray(self._stage_first))
         sample_stage = np.full(n, UNPLACED, dtype=np.int32)
         sample_stage[self._extra_sorted] = SPLIT
         n_split_items = self._extra_sorted.size + items.extra_sample.size

@@ -306,10 +306,10 @@ class BridgeOutput:
         runs = [(a, min(a + step, n_packs)) for a in range(0, n_packs, step)]  # a step's packs each
         return runs, max(1, STAGE_TOKENS // (step * pack_size))
 
-    def stage_count(self, n_packs: int, pack_size: int) -> int:
-        """How many stages a staged read of the spill cuts this split's steps into."""
+    def stage_first(self, n_packs: int, pack_size: int) -> list[int]:
+        """The output position each stage of a staged read of the spill starts at."""
         runs, stage_runs = self._steps(n_packs, pack_size)
-        return max(1, -(-len(runs) // stage_runs))
+        return [a for a, _ in runs[::stage_runs]] or [0]
 
     def row_group_memory_note(self, pack_size: int) -> str | None:
         """A warning for row groups so large that building them passes packer's memory bound: a
