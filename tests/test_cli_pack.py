@@ -289,6 +289,41 @@ def test_overwrite_never_replaces_a_user_s_json_under_one_of_packer_s_names(tmp_
     assert not list(tmp_path.glob("results.*"))
 
 
+def test_a_user_s_unparsed_json_in_a_bridge_layout_is_not_its_damage(tmp_path):
+    """A user's metadata.json holding NaN inside a Bridge layout counted as damage vouched for by
+    the layout's files: --overwrite of the validation split deleted it and the training split.
+    Only a file of the same kind of output vouches for one that does not parse."""
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 6)
+    out = tmp_path / "out"
+    assert run("pack", path, "-o", out, "--format", "megatron-bridge").exit_code == 0
+    (out / "metadata.json").write_text('{"dataset": "mine", "loss": NaN}')
+    listing = {p.name: p.read_bytes() for p in out.iterdir()}
+    for overwrite in ([], ["--overwrite"]):
+        result = run("pack", path, "-o", out, "--format", "megatron-bridge", "--split", "validation", *overwrite)
+        assert result.exit_code == 2 and "holds files packer did not write (metadata.json)" in result.output
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == listing
+
+
+def test_a_large_json_file_is_judged_by_the_head_packer_writes(tmp_path, monkeypatch):
+    """A user's 269 MB metadata.json was parsed whole to refuse its directory (3.7 GB, 17 s);
+    past a size the file's first bytes are read for the format key packer writes near its top."""
+    from packer_cli.shards import bridge_output
+
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 6)
+    out = tmp_path / "out"
+    assert run("pack", path, "-o", out).exit_code == 0
+    text = (out / "metadata.json").read_text()
+    head = text.index('"format"') + 32
+    assert len(text) > head
+    monkeypatch.setattr(bridge_output, "_PARSED_JSON", head)
+    assert run("pack", path, "-o", out, "--overwrite").exit_code == 0  # packer's own, judged by its head
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "metadata.json").write_text(json.dumps({"format": "packer-thd", "rows": list(range(200))}))
+    result = run("pack", path, "-o", theirs, "--overwrite")  # the key, but not as packer lays it out
+    assert result.exit_code == 2 and "holds files packer did not write (metadata.json)" in result.output
+
+
 @pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
 def test_overwrite_replaces_a_packer_output_whose_json_files_are_damaged(tmp_path, fmt):
     """Damage is not another tool's file: a manifest cut short and a metadata file that is not
@@ -304,7 +339,7 @@ def test_overwrite_replaces_a_packer_output_whose_json_files_are_damaged(tmp_pat
     assert result.exit_code == 0, result.output
     assert run("verify", out).exit_code == 0
     # nothing left to show it: the files that do not parse may be anyone's
-    for damaged in sorted(out.glob("*.json*")) + sorted(out.glob("packs-*.arrow")):
+    for damaged in sorted(out.glob("*.json*")) + sorted(out.glob("*.arrow")) + sorted(out.glob("*.parquet")):
         damaged.write_bytes(b"\x00garbage")
     listing = {p.name: p.read_bytes() for p in out.iterdir()}
     result = run("pack", path, "-o", out, "--format", fmt, "--overwrite")

@@ -35,8 +35,8 @@ from packer_cli.shards._atomic import (check_parent, check_replaceable, check_wr
 from packer_cli.spec import is_int, pad_multiple_for
 from packer_cli.shards.format import FORMAT_NAME, is_output_file_name, read_json_value, seal_metadata, write_json
 from packer_cli.shards.bridge import (
-    BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PARQUET_ENCODING_NAMES, SPLITS, bridge_metadata_name, data_name,
-    default_row_group_size, is_layout_name, layout_files, layout_pack_sizes, split_manifest_name,
+    BRIDGE_COLUMNS, BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PARQUET_ENCODING_NAMES, SPLITS, bridge_metadata_name,
+    data_name, default_row_group_size, is_layout_name, layout_files, layout_pack_sizes, split_manifest_name,
     split_metadata_name, splits_in,
 )
 
@@ -54,44 +54,55 @@ class _JoinInstead(Exception):
 def foreign_names(out: str, names: list[str]) -> list[str]:
     """The entries ``names`` of directory ``out`` that keep ``--overwrite`` (either format) from
     replacing it: any not named as packer names its files (a native output's or a Bridge
-    layout's), a directory under such a name, and a JSON file under one of packer's names that
-    packer did not write. ``metadata.json`` and ``manifest.json`` are common names, and a user's
-    own under them made a directory of theirs look like packer's output, so those files are
-    judged by what they hold (:func:`_evidence`): one naming another format is another tool's;
-    one that cannot be parsed is damage to packer's output only beside a file that shows the
-    directory is packer's, since JSON other tools write (``NaN``, a byte-order mark, comments)
-    does not parse either."""
-    foreign, unparsed, shown_ours = [], [], False
+    layout's), a directory under such a name, and a file under such a name that packer did not
+    write. ``metadata.json`` and ``manifest.json`` are common names, and a user's own under them
+    made a directory of theirs look like packer's output, so files are judged by what they hold
+    (:func:`_evidence`): one naming another format is another tool's; one that does not parse is
+    damage to packer's output only beside a file of the same kind of output (native, or a Bridge
+    layout) that shows it is one, since JSON other tools write (``NaN``, a byte-order mark,
+    comments) does not parse either, and a native output never holds a Bridge file, nor the
+    reverse."""
+    foreign, unparsed, shown = [], [], set()
     for name in names:
         path = os.path.join(out, name)
-        if not (is_layout_name(name) or is_output_file_name(name)) or (os.path.isdir(path) and not os.path.islink(path)):
+        kind = "native" if is_output_file_name(name) else "bridge" if is_layout_name(name) else None
+        if kind is None or (os.path.isdir(path) and not os.path.islink(path)):
             foreign.append(name)  # packer writes no directory there: its files may be anyone's
             continue
         evidence = _evidence(path)
-        shown_ours = shown_ours or evidence == "packer's"
-        (foreign if evidence == "another tool's" else unparsed if evidence == "unparsed" else []).append(name)
-    return sorted(foreign + ([] if shown_ours else unparsed))
+        if evidence == "packer's":
+            shown.add(kind)
+        elif evidence == "another tool's":
+            foreign.append(name)
+        else:
+            unparsed.append((name, kind))
+    return sorted(foreign + [name for name, kind in unparsed if kind not in shown])
 
 
-#: A JSON file larger than this under one of packer's names is taken for another tool's and not
-#: read (packer's metadata lists every input path: 17,000 paths of 4,000 characters made 69 MB).
-_LARGEST_OWN_JSON = 1 << 30
+#: A JSON file under one of packer's names larger than this is judged by its first bytes as
+#: packer writes them, not parsed whole (a user's 269 MB one took 3.7 GB and up to 17 s to parse).
+#: Packer's own metadata lists every input path (17,000 paths of 4,000 characters made 69 MB),
+#: after its ``format`` key: before it come at most 1,000 bad records.
+_PARSED_JSON = 16 << 20
 
 
 def _evidence(path: str) -> str:
     """What the file at ``path`` (under one of packer's names) shows: ``packer's`` (a JSON file
     naming packer's format, native or Bridge; a Bridge metadata array; a native shard whose
-    schema names packer's format), ``another tool's`` (a JSON document naming none of them),
-    ``unparsed`` (a JSON or shard name holding what does not parse, or no regular file) or
-    ``nothing`` (a Bridge data file, which packer and Bridge write alike)."""
+    schema names packer's format; a Parquet file with Bridge's columns), ``another tool's`` (a
+    JSON document or Parquet file that is none of these) or ``unparsed`` (what does not parse,
+    or no regular file)."""
     name = os.path.basename(path)
     if name.endswith(".arrow"):
         return "packer's" if _native_shard(path) else "unparsed"
-    if not name.endswith((".json", ".jsonl")):
-        return "nothing"
+    if name.endswith(".parquet"):
+        return _bridge_data(path)
     try:
-        if os.path.getsize(path) > _LARGEST_OWN_JSON:
-            return "another tool's"
+        if os.path.getsize(path) > _PARSED_JSON:  # packer's own: indented, keys sorted, "format" near the top
+            with open(path, "rb") as f:
+                head = f.read(_PARSED_JSON)
+            ours = any(b'\n  "format": "%s"' % f.encode() in head for f in (FORMAT_NAME, BRIDGE_FORMAT))
+            return "packer's" if ours and not name.endswith(".jsonl") else "another tool's"
         document = read_json_value(path)
     except (OSError, ValueError):  # orjson's decode error is a ValueError
         return "unparsed"
@@ -113,6 +124,21 @@ def _native_shard(path: str) -> bool:
     except (OSError, pa.ArrowException):
         return False
     return metadata.get(b"format") == FORMAT_NAME.encode()
+
+
+def _bridge_data(path: str) -> str:
+    """:func:`_evidence` of a Parquet file under a Bridge data file's name: Bridge's columns
+    (a layout's, packer's or Bridge's own) or not, or unreadable."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        if not os.path.isfile(path):
+            return "unparsed"
+        names = pq.read_schema(path).names
+    except (OSError, pa.ArrowException):
+        return "unparsed"
+    return "packer's" if all(column in names for column in BRIDGE_COLUMNS) else "another tool's"
 
 
 def _is_layout(path: str) -> bool:
