@@ -908,7 +908,8 @@ class _Run:
                 kept = self.output.commit(self.tmp, manifest, summary.metadata(__version__))
             else:
                 kept = replace_dir(self.tmp, self.out, self.opts.overwrite,
-                                   lambda moved: check_replaceable(moved, (), foreign_names, shown=self.out))
+                                   lambda moved: check_replaceable(moved, (), foreign_names, shown=self.out),
+                                   foreign_names)
             self.tmp = None  # in place: nothing left to remove
             result_in_place()
         except Interrupted:

@@ -536,6 +536,63 @@ def test_a_split_written_while_this_run_packed(tmp_path, monkeypatch, overwrite)
     verify_cli(out)
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_user_s_file_put_under_this_split_s_name_while_it_packed_is_kept(tmp_path, monkeypatch, overwrite):
+    """Joining a layout with --overwrite renamed this split's files over whatever stood under
+    their names as it committed, a user's own JSON put there meanwhile included (exit 0); and
+    without --overwrite the refusal advised it, which then refused."""
+    from packer_cli.shards.bridge_output import BridgeOutput
+
+    t = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2], [12, 13, 14, 2])
+    v = write_tiny(tmp_path / "v.jsonl", [20, 21, 2])
+    out, spec = tmp_path / "out", PackSpec(pack_size=16)
+    bridge_pack([v], out, spec, split="validation")
+    commit = BridgeOutput.commit
+
+    def a_user_writes_first(self, *args):
+        (out / "training.metadata.json").write_text('{"mine": 1}')
+        return commit(self, *args)
+
+    monkeypatch.setattr(BridgeOutput, "commit", a_user_writes_first)
+    refusal = ("holds files packer did not write (training.metadata.json, put there while this run was packing)"
+               if overwrite else "it holds files packer did not write (training.metadata.json): choose another")
+    with pytest.raises(ConfigError, match=re.escape(refusal)):
+        bridge_pack([t], out, spec, overwrite=overwrite)
+    assert (out / "training.metadata.json").read_text() == '{"mine": 1}'
+    assert not (out / "training_16.idx.parquet").exists()
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.parametrize("content", ["[]", '"x"', '{"spec": 3}'])
+def test_another_split_s_metadata_that_is_no_metadata_is_one_line(tmp_path, content):
+    """A training.metadata.json holding a JSON list made a --split validation run end in an
+    AttributeError traceback (exit 1)."""
+    t = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2])
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "training.metadata.json").write_text(content)
+    result = CliRunner().invoke(app, ["pack", str(t), "-o", str(out), "-C", "16", "--format", "megatron-bridge",
+                                      "--split", "validation"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.output.strip() == (f"error: {out / 'training.metadata.json'}: not the metadata packer writes for a "
+                                     "split (a JSON object with a spec); it holds files packer did not write "
+                                     "(training.metadata.json): choose another directory")
+
+
+def test_an_unreadable_array_of_another_tool_is_not_said_to_want_overwrite(tmp_path):
+    """A directory holding a JSON Lines file under the array's name: 'pass --overwrite to write
+    it anew', and --overwrite then refused it as not packer's."""
+    t = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2])
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "16_metadata.jsonl").write_text('{"a": 1}\n{"a": 2}\n')
+    for overwrite in ([], ["--overwrite"]):
+        result = CliRunner().invoke(app, ["pack", str(t), "-o", str(out), "-C", "16", "--format", "megatron-bridge",
+                                          *overwrite])
+        assert result.exit_code == 2 and "holds files packer did not write (16_metadata.jsonl)" in result.output
+        assert "pass --overwrite" not in result.output, result.output
+
+
 def _validation_finishes_first(monkeypatch, v, out, spec, overwrite: bool) -> dict:
     """Make the next commit first pack ``v`` as the validation split into ``out`` (another run,
     finishing first); its summary lands in the returned dict."""

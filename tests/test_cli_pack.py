@@ -289,6 +289,22 @@ def test_overwrite_never_replaces_a_user_s_json_under_one_of_packer_s_names(tmp_
     assert not list(tmp_path.glob("results.*"))
 
 
+def test_a_user_s_arrow_file_under_a_shard_name_is_not_packer_s(tmp_path):
+    """A readable Arrow file of the user's own schema named packs-00001.arrow in a packer output
+    counted as a damaged shard, vouched for by the output's metadata: --overwrite deleted it."""
+    import pyarrow as pa
+
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 6)
+    out = tmp_path / "out"
+    assert run("pack", path, "-o", out).exit_code == 0
+    table = pa.table({"text": ["my own data"]})
+    with pa.ipc.new_file(str(out / "packs-00001.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    result = run("pack", path, "-o", out, "--overwrite")
+    assert result.exit_code == 2 and "holds files packer did not write (packs-00001.arrow)" in result.output
+    assert pa.ipc.open_file(str(out / "packs-00001.arrow")).read_all() == table
+
+
 def test_a_user_s_unparsed_json_in_a_bridge_layout_is_not_its_damage(tmp_path):
     """A user's metadata.json holding NaN inside a Bridge layout counted as damage vouched for by
     the layout's files: --overwrite of the validation split deleted it and the training split.

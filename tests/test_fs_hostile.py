@@ -175,7 +175,7 @@ def test_an_out_that_appears_during_the_run_is_not_replaced_without_overwrite(sy
         def writing(*args, **kwargs):
             result = write(*args, **kwargs)
             out.mkdir()
-            (out / "metadata.json").write_text("the other run's")
+            (out / "metadata.json").write_text('{"format": "packer-thd", "the other run\'s": 1}')
             return result
         return writing
 
@@ -191,7 +191,7 @@ def test_an_out_that_appears_during_the_run_is_not_replaced_without_overwrite(sy
     assert result.output.strip().splitlines()[-1] == f"error: {expected}"
     assert json.loads(result.stdout.split("\nerror:")[0])["ok"] is False
     assert sorted(p.name for p in out.iterdir()) == ["metadata.json"]
-    assert (out / "metadata.json").read_text() == "the other run's"
+    assert (out / "metadata.json").read_text() == '{"format": "packer-thd", "the other run\'s": 1}'
     assert leftovers(tmp_path) == ["out"]  # no temporary left
 
 

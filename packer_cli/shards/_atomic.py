@@ -264,7 +264,8 @@ def write_synced(path: str, data: bytes) -> None:
 
 
 def replace_dir(tmp: str, out: str, overwrite: bool = True,
-                still_replaceable: Callable[[str], None] | None = None) -> str | None:
+                still_replaceable: Callable[[str], None] | None = None,
+                foreign_names: Callable[[str, list[str]], list[str]] | None = None) -> str | None:
     """Rename ``tmp`` to ``out``; an existing ``out`` is replaced, then deleted.
 
     Readers see either the old directory or the new one, never a mix, and never no ``out``:
@@ -277,7 +278,8 @@ def replace_dir(tmp: str, out: str, overwrite: bool = True,
 
     Without ``overwrite`` an ``out`` that appeared since the run checked it (another run to the
     same OUT finished first) is a :class:`ConfigError`, not replaced: both runs reported
-    success and the first one's output was gone.
+    success and the first one's output was gone. Its message advises ``--overwrite`` unless
+    ``foreign_names`` (given: see :func:`check_replaceable`) says that would be refused too.
 
     ``still_replaceable(path)``, given, judges the old OUT as it is now and raises to keep it:
     the run checked OUT when it started, and a directory of other files that appeared at OUT
@@ -301,8 +303,9 @@ def replace_dir(tmp: str, out: str, overwrite: bool = True,
         except OSError as exc:
             if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
                 raise
+            refusal = overwrite_refusal(out, foreign_names) if foreign_names else None  # no circular advice
             raise ConfigError(f"{out} already exists (it appeared while this run was packing: another run?); "
-                              "pass --overwrite to replace it") from None
+                              f"{refusal or 'pass --overwrite to replace it'}") from None
         sync_dir(os.path.dirname(out), in_place=True)
         return None
     while True:

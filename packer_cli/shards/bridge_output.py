@@ -94,7 +94,7 @@ def _evidence(path: str) -> str:
     or no regular file)."""
     name = os.path.basename(path)
     if name.endswith(".arrow"):
-        return "packer's" if _native_shard(path) else "unparsed"
+        return _native_shard(path)
     if name.endswith(".parquet"):
         return _bridge_data(path)
     try:
@@ -112,18 +112,19 @@ def _evidence(path: str) -> str:
     return "packer's" if ours else "another tool's"
 
 
-def _native_shard(path: str) -> bool:
-    """Whether ``path`` is an Arrow IPC file whose schema names packer's shard format."""
+def _native_shard(path: str) -> str:
+    """:func:`_evidence` of a file under a native shard's name: an Arrow IPC file whose schema
+    names packer's shard format or not, or unreadable."""
     import pyarrow as pa
 
     try:
         if not os.path.isfile(path):  # opening a FIFO would wait for a writer
-            return False
+            return "unparsed"
         with pa.memory_map(path) as source:
             metadata = pa.ipc.open_file(source).schema.metadata or {}
     except (OSError, pa.ArrowException):
-        return False
-    return metadata.get(b"format") == FORMAT_NAME.encode()
+        return "unparsed"
+    return "packer's" if metadata.get(b"format") == FORMAT_NAME.encode() else "another tool's"
 
 
 def _bridge_data(path: str) -> str:
@@ -287,6 +288,7 @@ class BridgeOutput:
     _out_existed: bool = False
     _spec: object = None
     _overwrite: bool = False
+    _inputs: tuple = ()
     _old_entry: dict | None = None
     _old_index: int | None = None
     _notes: list = field(default_factory=list)
@@ -359,7 +361,7 @@ class BridgeOutput:
         ``create``, a dry run's, only the checks)."""
         self.validate()
         self.reset()
-        self._overwrite = overwrite
+        self._overwrite, self._inputs = overwrite, tuple(inputs)
         out = self._out = os.path.normpath(out)
         self._pack_size, self._spec = spec.pack_size, spec
         check_parent(out)
@@ -401,7 +403,7 @@ class BridgeOutput:
         for split in splits_in(out):
             if split == self.split:
                 continue
-            other = _read_json(os.path.join(out, split_metadata_name(split))).get("spec", {})
+            other = self._split_spec(out, split)
             if other.get("pad_seq_to_mult") != spec.pad_multiple:
                 raise ConfigError(
                     f"{out} holds the {split} split packed with pad_seq_to_mult={other.get('pad_seq_to_mult')}, "
@@ -436,11 +438,29 @@ class BridgeOutput:
         mine = [n for n in (data_name(self.split, C), split_metadata_name(self.split),
                             split_manifest_name(self.split)) if n in names]
         if mine and not overwrite:
-            refusal = overwrite_refusal(out, foreign_names, inputs)  # not --overwrite where it would be refused
-            raise ConfigError(f"{out} already holds the {self.split} split ({mine[0]}); "
-                              f"{refusal or 'pass --overwrite to replace that split'}")
+            raise ConfigError(f"{out} already holds the {self.split} split ({mine[0]}); "  # not --overwrite where
+                              f"{self._advice(out, 'pass --overwrite to replace that split')}")  # it would be refused
         if mine:
             self._find_old_entry(out, C, array)
+
+    def _split_spec(self, out: str, split: str) -> dict:
+        """The ``spec`` recorded in the metadata of the layout's other ``split``; a file that is
+        not such metadata is OUT's problem (exit 2), not the input's."""
+        path = os.path.join(out, split_metadata_name(split))
+        try:
+            metadata = _read_json(path)
+        except DataError as exc:
+            raise ConfigError(f"{exc}: the {split} split's settings cannot be checked against this run's; "
+                              f"{self._advice(out, f'pack the {split} split again with --overwrite')}") from None
+        if not isinstance(metadata, dict) or not isinstance(metadata.get("spec", {}), dict):
+            raise ConfigError(f"{path}: not the metadata packer writes for a split (a JSON object with a spec); "
+                              f"{self._advice(out, 'remove it or choose another directory')}")
+        return metadata.get("spec", {})
+
+    def _advice(self, out: str, default: str) -> str:
+        """What to do about OUT: ``default``, unless ``--overwrite`` would refuse it too (files
+        packer did not write, an input inside it), which is said instead."""
+        return overwrite_refusal(out, foreign_names, self._inputs) or default
 
     def _layout_array(self, out: str, C: int) -> tuple[list, str | None]:
         """The layout's Bridge metadata array, and what is wrong with it where it cannot be read:
@@ -450,8 +470,8 @@ class BridgeOutput:
             return read_bridge_array(os.path.join(out, bridge_metadata_name(C))), None
         except DataError as exc:
             if not self._overwrite:
-                raise ConfigError(f"{exc}; pass --overwrite to write it anew (with this split's entry, and no "
-                                  "other split's)") from None
+                advice = "pass --overwrite to write it anew (with this split's entry, and no other split's)"
+                raise ConfigError(f"{exc}; {self._advice(out, advice)}") from None
             return [], str(exc)
 
     def _find_old_entry(self, out: str, C: int, array: list) -> None:
@@ -612,7 +632,7 @@ class BridgeOutput:
         if _is_layout(out):
             return _JOIN
         try:  # a native output (--overwrite), or a file, a dangling link, a native output that appeared
-            return replace_dir(tmp, out, self._overwrite, self._still_ours)
+            return replace_dir(tmp, out, self._overwrite, self._still_ours, foreign_names)
         except _JoinInstead:  # found as OUT was judged again, before it moved (or put back): joined
             return _JOIN
 
@@ -646,8 +666,13 @@ class BridgeOutput:
         if not present:
             return None
         if not self._overwrite:
+            advice = self._advice(out, "pass --overwrite to replace that split")
             raise ConfigError(f"{out} already holds the {self.split} split ({present[0]}; it appeared while this run "
-                              "was packing: another run?); pass --overwrite to replace that split")
+                              f"was packing: another run?); {advice}")
+        # what is renamed over is judged again: a user's file may have been put there meanwhile
+        if foreign := [n for n in foreign_names(out, sorted(os.listdir(out))) if n in present]:
+            raise ConfigError(f"{out} holds files packer did not write ({', '.join(foreign)}, put there while this "
+                              "run was packing); --overwrite replaces only packer's own: remove them yourself")
         i = self._old_index
         if i is not None and i < len(array) and array[i] == self._old_entry:  # as prepare() read it
             return i
