@@ -452,8 +452,8 @@ def _make_spill_dir(tmp: str, spill_parent: str | None) -> str:
 
 
 def _disk_needs(summary: PackSummary, spill_bytes: int, in_memory: int, spill_read: str, out: str | None,
-                spill_parent: str | None, planned: _Planned, shard_runs: list | None, lengths_bytes: int = 0,
-                stage_first: np.ndarray | None = None) -> dict:
+                spill_parent: str | None, planned: _Planned, shard_runs: list | None, lengths_bytes: int,
+                stage_first: np.ndarray) -> dict:
     """What a dry run expects the real run to write: the spill (on disk: all but the whole
     batches ``--spill-memory`` holds, ``in_memory`` bytes of them; read back ``staged``, a copy of
     all of it besides, ``stage_bytes``, each sample rounded to whole blocks of the spill's widest

@@ -510,8 +510,9 @@ def overwrite_refusal(out: str, foreign_names: Callable[[str, list[str]], list[s
 def check_replaceable(out: str, inputs: Iterable[str], foreign_names: Callable[[str, list[str]], list[str]],
                       shown: str | None = None) -> None:
     """Refuse to replace an existing directory ``out`` unless everything in it is a file packer
-    wrote there (none of ``foreign_names(out, entries)``) and no input lies inside it; ``shown``: the name to give
-    it in the message (OUT, for the old OUT judged again as it is replaced).
+    wrote there (none of ``foreign_names(out, entries)``) and no input lies inside it;
+    ``shown``: the name to give it in the message (OUT, for the old OUT judged again as it is
+    replaced).
 
     ``--overwrite`` deletes the old OUT once the new one is in place; a mistyped ``-o`` (the
     data directory, the working directory, a home directory) must not cost the user their files.

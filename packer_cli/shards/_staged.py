@@ -17,7 +17,7 @@ then reads a stage's bytes with one sequential read and gathers its runs from me
 spill's own kernel, through a layout with one entry per sample of the stage. A sample split into
 pieces (``--overlong split``) is copied whole into every stage that one of its pieces lands in
 (the layout has no room for a part of a sample), so samples many packs long can make the stage
-file and each stage image several times their share (:func:`split_copies` bounds it).
+file and each stage image several times their share (:func:`split_copies` counts it).
 
 The cost: one more read and write of about the spill's size, in large sequential pieces; the
 stage file on disk beside the spill while pass two runs; per sample, 8 bytes during the copy

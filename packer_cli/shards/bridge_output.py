@@ -375,11 +375,10 @@ class BridgeOutput:
                 check_replaceable(out, inputs, foreign_names)
             if names is None:
                 if not overwrite:
-                    refusal = overwrite_refusal(out, foreign_names, inputs)
-                    raise ConfigError(f"{out} exists and is not a Megatron-Bridge layout; "
-                                      f"{refusal or 'pass --overwrite to replace it, or choose another directory'}")
+                    advice = self._advice(out, "pass --overwrite to replace it, or choose another directory")
+                    raise ConfigError(f"{out} exists and is not a Megatron-Bridge layout; {advice}")
             else:
-                self._check_layout(out, names, overwrite, spec, inputs)
+                self._check_layout(out, names, overwrite, spec)
                 self._replace_whole = False
         if not create:  # a dry run: would the real run's renames be let in?
             check_writable(os.path.dirname(os.path.abspath(out)), "output parent directory")
@@ -387,7 +386,7 @@ class BridgeOutput:
                 check_writable(out, "the Megatron-Bridge layout's directory")
         return make_temporary(out) if create else None
 
-    def _check_layout(self, out: str, names: list[str], overwrite: bool, spec, inputs: Sequence[str] = ()) -> None:
+    def _check_layout(self, out: str, names: list[str], overwrite: bool, spec) -> None:
         C = spec.pack_size
         sizes = sorted(layout_pack_sizes(names))
         if len(sizes) > 1:  # naming one of them sent the user to the other, and back
