@@ -29,7 +29,6 @@ import errno
 import functools
 import glob
 import os
-import shutil
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -45,14 +44,15 @@ from packer_cli._kernel_cache import njit
 from packer_cli._sequences import Items, SampleLog, SourceMap, build_items
 from packer_cli._summary import PackSummary, summarize
 from packer_cli.errors import (ConfigError, DataError, Interrupted, OutputError, check_interrupted, counted,
-                               env_choice, result_in_place)
+                               env_choice, interrupts_deferred, result_in_place)
 from packer_cli.plan import plan_packs
 from packer_cli.plan.plan import PackPlan
 from packer_cli.plan.bounds import histogram
 from packer_cli.progress import Progress
 from packer_cli.shards._atomic import (REPLACED, check_parent, check_replaceable, check_writable, foreign_files,
-                                      make_temporary, output_target, overwrite_refusal, replace_dir, signals_held,
-                                      spill_dir_prefix, stale_spill_dirs, stale_temporaries, sync_dir, within)
+                                      make_temporary, output_target, overwrite_refusal, remove_tree, replace_dir,
+                                      signals_held, spill_dir_prefix, stale_spill_dirs, stale_temporaries, sync_dir,
+                                      within)
 from packer_cli.shards._gather import (ORDER_FILE, SPILL_FILE, SpillError, SpillMemory, SpillReader, SpillTally,
                                        SpillWriter, block_bytes, load_array, save_array, spill_os_error)
 from packer_cli.shards._sink import use_direct_io
@@ -897,7 +897,7 @@ class _Run:
         # A spill inside the temporary output must go (it would be renamed into OUT with it); one
         # elsewhere (--spill-dir) is the clean-up's to remove, whatever is left of it: a spill
         # directory removed meanwhile is no reason to lose the finished output.
-        shutil.rmtree(self.spill_dir, ignore_errors=self.spill_parent is not None)
+        remove_tree(self.spill_dir, ignore_errors=self.spill_parent is not None)
         if not self.output:
             write_json(os.path.join(self.tmp, MANIFEST_FILE), manifest)
             write_json(os.path.join(self.tmp, METADATA_FILE), seal_metadata(summary.metadata(__version__)))
@@ -933,10 +933,11 @@ class _Run:
         """Release the spill's memory and remove what is left: the spill (when elsewhere than
         the temporary output) and the temporary output of a run that did not finish."""
         self.memory.release()
-        if self.spill_dir and self.spill_parent:
-            shutil.rmtree(self.spill_dir, ignore_errors=True)
-        if self.tmp:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        with interrupts_deferred():  # a signal's exception waits until both are removed
+            if self.spill_dir and self.spill_parent:
+                remove_tree(self.spill_dir)
+            if self.tmp:
+                remove_tree(self.tmp)
 
 
 @dataclass

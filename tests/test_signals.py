@@ -415,6 +415,52 @@ def test_a_signal_once_the_output_is_in_place_is_no_failure(tmp_path, options, s
     _assert_done_despite_a_late_signal(child, out, word)  # and no OUT.tmp-PID
 
 
+# A signal whose handler runs right after shutil.rmtree closed a directory's descriptor and before
+# it marked it closed: rmtree's cleanup then closed it again (Python 3.11), and the run ended in
+# 'Bad file descriptor' beside the signal's own line.
+SIGNAL_AS_RMTREE_CLOSES = ("import os, signal, sys\n"
+                           "real, armed = os.close, [True]\n"
+                           "def close(fd):\n"
+                           "    try:\n"
+                           "        target = os.readlink(f'/proc/self/fd/{{fd}}')\n"
+                           "    except OSError:\n"
+                           "        target = ''\n"
+                           "    real(fd)\n"
+                           "    if armed[0] and os.path.isdir(target) and {which}:\n"
+                           "        armed[0] = False\n"
+                           "        os.kill(os.getpid(), signal.SIGHUP)\n"
+                           "os.close = close\n"
+                           "sys.argv = ['packer', *sys.argv[1:]]\n"
+                           "from packer_cli.cli import main; main()\n")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd to tell which directory closed")
+@pytest.mark.parametrize("which", ["spill", "joined"])
+def test_a_signal_inside_a_directory_s_removal_is_one_line_or_none(tmp_path, which):
+    """The spill's removal as the output is published: exit 129 and two lines ('writing the
+    output failed: Bad file descriptor', then 'hung up'). The emptied temporary directory's
+    removal once a Bridge split joined OUT: the same, with the split in place (its retry then
+    failed on the existing split); it is a late signal (exit 0, a warning)."""
+    data = _small_jsonl(tmp_path / "in" / "data.jsonl")
+    out = tmp_path / "out"
+    options = []
+    if which == "joined":
+        other = subprocess.run([sys.executable, "-c", "from packer_cli.cli import main; main()", "pack", str(data),
+                                "-o", str(out), "--format", "megatron-bridge"], capture_output=True, text=True)
+        assert other.returncode == 0, other.stderr
+        options = ["--format", "megatron-bridge", "--split", "validation"]
+    test = ("target.endswith('/_spill')" if which == "spill"
+            else "os.path.basename(target).startswith('out.tmp-') and not os.listdir(target)")
+    child = subprocess.run([sys.executable, "-c", SIGNAL_AS_RMTREE_CLOSES.format(which=test), "pack", str(data),
+                            "-o", str(out), "--json", *options], capture_output=True, text=True, timeout=120)
+    if which == "spill":
+        assert (child.returncode, child.stderr.strip()) == (129, "error: hung up"), child.stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+    else:
+        _assert_done_despite_a_late_signal(child, out, "hung up")
+        assert (out / "validation_4096.idx.parquet").exists()
+
+
 # verify stopped by a Ctrl-C, and a second signal where nothing once caught it: as the CLI
 # flushes its output on the way out, or while it reports the first (as the report starts
 # writing, and as a handler is swapped, where the report once switched signals off one by one

@@ -22,11 +22,21 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
-from packer_cli.errors import ConfigError
+from packer_cli.errors import ConfigError, interrupts_deferred
 
 #: The signals the CLI unwinds a command on (a closed terminal or dropped ssh sends SIGHUP).
 STOPPING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 _HELD = STOPPING_SIGNALS
+
+
+def remove_tree(path: str, ignore_errors: bool = True) -> None:
+    """``shutil.rmtree`` with a signal's exception held until it is done: raised between two of
+    rmtree's own steps (Python 3.11 closes a directory's descriptor, then marks it closed), its
+    cleanup closed the descriptor again and the run ended in 'Bad file descriptor' (exit 129 and
+    two error lines, with a joined Bridge split already in place), a number another thread may
+    have reused meanwhile."""
+    with interrupts_deferred():
+        shutil.rmtree(path, ignore_errors=ignore_errors)
 
 
 @contextmanager
@@ -364,7 +374,7 @@ def _discard_swapped(tmp: str, out: str, still_replaceable) -> str | None:
             still_replaceable(trash)
     except Exception:  # noqa: BLE001 - whatever the judgement says, the old OUT is not deleted
         return trash
-    shutil.rmtree(trash, ignore_errors=True)
+    remove_tree(trash)
     return trash if os.path.lexists(trash) else None
 
 
@@ -392,7 +402,7 @@ def _rename_twice(tmp: str, out: str, still_replaceable) -> str | None | object:
     finally:  # also when a held signal is delivered as the block ends
         with signals_held():  # nor may one stop the old OUT's removal half-way
             if trash and (moved_in or again):
-                shutil.rmtree(trash, ignore_errors=True)
+                remove_tree(trash)
             elif trash:
                 os.rename(trash, out)
     if again:

@@ -22,7 +22,6 @@ import errno
 import json
 import math
 import os
-import shutil
 from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -31,7 +30,8 @@ from dataclasses import dataclass, field
 from packer_cli._background import ordered_map
 from packer_cli.errors import ConfigError, DataError
 from packer_cli.shards._atomic import (check_parent, check_replaceable, check_writable, locked, make_temporary,
-                                      overwrite_refusal, replace_dir, signals_held, sync_dir, write_synced)
+                                      overwrite_refusal, remove_tree, replace_dir, signals_held, sync_dir,
+                                      write_synced)
 from packer_cli.spec import is_int, pad_multiple_for
 from packer_cli.shards.format import FORMAT_NAME, is_output_file_name, read_json_value, seal_metadata, write_json
 from packer_cli.shards.bridge import (
@@ -610,7 +610,7 @@ class BridgeOutput:
                                  split_metadata_name(self.split), array_name):
                         os.replace(os.path.join(tmp, name), os.path.join(out, name))
                 sync_dir(out, in_place=True)  # the renames durable (each file was synced as it was written)
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp)
             return None
 
     def _put_in_place(self, tmp: str, out: str):
