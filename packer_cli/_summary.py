@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packer_cli.errors import DataError
-from packer_cli.plan.bounds import l2_of_histogram
+from packer_cli.plan.bounds import l2_of_histogram, usable_capacity
 from packer_cli.shards.format import FORMAT_NAME, FORMAT_VERSION
 from packer_cli.spec import OverlongPolicy, PackSpec
 
@@ -147,8 +147,9 @@ def summarize(*, spec: PackSpec, files, stream, read_counts, bad_listed, totals,
         runtime_total -= totals.over_runtime
         targets_kept -= totals.over_targets
         no_target -= totals.over_no_target
-    lower = -(-padded_total // C)
-    l2 = l2_of_histogram(hist, C)
+    usable = usable_capacity(C, spec.pad_multiple)
+    lower = -(-padded_total // usable)
+    l2 = l2_of_histogram(hist, usable)
     counts = {
         "records": read_counts["records"],
         "bad_records": read_counts["bad_records"],
@@ -194,6 +195,8 @@ def summarize(*, spec: PackSpec, files, stream, read_counts, bad_listed, totals,
         "inputs": [{"path": _recorded_path(f.path), "format": f.format, "bytes": _input_bytes(f)} for f in files],
         "tokens_field": stream.spec.tokens_field,
         "supervision": {"kind": sup.kind, "field": sup.field},
+        "attention_field": stream.attention,
+        "padding_dropped": stream.padding,
         "vocab_size": stream.spec.vocab_size,
         "on_bad_record": stream.spec.on_bad_record.value,
     }

@@ -26,7 +26,7 @@ from packer_cli._console import (Console, StdoutLost, guard_std_streams, quiet_s
 from packer_cli._allocator import keep_freed_memory
 from packer_cli._jit import light_cache_loads
 from packer_cli.errors import (ConfigError, Interrupted, PackerError, PackerWarning, check_interrupted,
-                               exception_chain, handling_signals, interrupted, late_signal, raise_interrupted,
+                               exception_chain, first_line, handling_signals, interrupted, late_signal, raise_interrupted,
                                record_arrival_order, signal_received, stop_raising_interrupts)
 from packer_cli.shards._atomic import STOPPING_SIGNALS
 from packer_cli.shards.bridge import OutputFormat, ParquetEncoding, Split
@@ -71,6 +71,8 @@ def parse_size(text: str, option: str) -> int:
         size = int(number * multiplier)
     except (ValueError, KeyError, OverflowError):  # OverflowError: 'inf'
         raise ConfigError(f"{option}: not a size: {text!r} (e.g. 256MB, 2GB)") from None
+    if number < 0:  # -0.5 passed on as 0 bytes: --spill-memory took it, --shard-size named a 0 never given
+        raise ConfigError(f"{option}: {text!r} is a negative size")
     if number > 0 and size == 0:  # 0.5 would pass on as 0 bytes, an error naming neither
         raise ConfigError(f"{option}: {text!r} is less than one byte")
     if size > _LARGEST_SIZE:
@@ -520,9 +522,23 @@ def _run_command() -> int:
             code = exc.exit_code
         elif (signalled := _signal_behind(exc)) is not None:
             code = _report_signal(signalled)
+        elif _out_of_memory_loading(exc):
+            say(f"error: out of memory loading packer's libraries: {first_line(exc)} (an address-space limit, "
+                "ulimit -v, or the node's memory)")
+            code = 3
         else:
             raise  # a bug: its traceback is what a report needs
     return code
+
+
+def _out_of_memory_loading(exc: BaseException) -> bool:
+    """A command's imports failed for memory: a shared library whose segments could not be
+    mapped (``ImportError: libarrow.so...: failed to map segment``, under ``ulimit -v``), or
+    Python's own ``MemoryError`` there."""
+    if isinstance(exc, MemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, ImportError) and ("failed to map segment" in text or "cannot allocate memory" in text)
 
 
 if __name__ == "__main__":  # pragma: no cover

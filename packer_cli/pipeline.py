@@ -674,6 +674,11 @@ def pack(
         output.reset()
         if warn and (note := output.row_group_memory_note(spec.pack_size)):
             warn(note)
+    if warn and spec.pack_size % spec.pad_multiple:
+        usable = spec.pack_size // spec.pad_multiple * spec.pad_multiple
+        warn(f"pack size {spec.pack_size} is not a multiple of the padding multiple {spec.pad_multiple}: "
+             f"sequences padded to multiples of it fill at most {usable} tokens of a pack, and the last "
+             f"{spec.pack_size - usable} are always padding (--pack-size {usable} gives the same packs)")
     run = _Run(spec, opts, files, out, spill_parent, output, warn)
     try:  # from the moment the temporary output exists: a signal anywhere after this still removes it
         run.tmp = _temporary_output(out, opts.overwrite, spec, files, output, create=not opts.dry_run) if out else None
@@ -793,6 +798,11 @@ class _Run:
             if self.warn:
                 for line in _short_of_space(summary.disk):
                     self.warn(line)
+        if stream.supervision.ignored and self.warn:
+            ignored = ", ".join(f"'{name}'" for name in stream.supervision.ignored)
+            self.warn(f"targets come from '{stream.supervision.field}'; the records' {ignored} "
+                      f"{'was' if len(stream.supervision.ignored) == 1 else 'were'} not read "
+                      "(name the one to use with --mask-field or --labels-field)")
         if summary.counts["no_target_samples"] and self.warn:
             n = summary.counts["no_target_samples"]
             self.warn(f"{n:,} {'sample has' if n == 1 else 'samples have'} no target tokens (kept, they add no loss)")

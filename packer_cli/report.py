@@ -21,6 +21,8 @@ def pack_summary_table(summary) -> Table:
         ("spec", f"C={s['pack_size']} m={s['pad_seq_to_mult']} CP={s['cp']} TP={s['tp']} "
                  f"SP={'on' if s['sp'] else 'off'} {s['algorithm']} seed={s['seed']}"),
         ("records read", f"{c['records']:,}"),
+        ("targets", _targets_line(summary.source)),
+        *_padding_rows(summary.source),
         ("samples packed", f"{c['samples_packed']:,}"),
         ("sequences", f"{c['sequences']:,}"),
         ("packs", f"{c['packs']:,}"),
@@ -52,6 +54,22 @@ def pack_summary_table(summary) -> Table:
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def _targets_line(source: dict) -> str:
+    """Where the training targets came from: the field, or every token when the records have none."""
+    sup = source["supervision"]
+    if sup["kind"] == "all":
+        return "every token (the records have no loss mask, labels or answer start)"
+    kind = {"mask": "loss mask", "labels": "HF labels", "answer": "answer start"}[sup["kind"]]
+    return f"{kind} '{sup['field']}'"
+
+
+def _padding_rows(source: dict) -> list[tuple[str, str]]:
+    """The padding mask's row, when the records have one."""
+    if not source.get("attention_field"):
+        return []
+    return [(f"padding dropped ({source['attention_field']})", f"{source.get('padding_dropped', 0):,} tokens")]
 
 
 def byte_size(n: int) -> str:

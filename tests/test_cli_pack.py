@@ -212,6 +212,28 @@ def test_bad_command_lines_are_one_line_errors(tmp_path, args, message):
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.parametrize("raised", [
+    'ImportError("libarrow.so.2600: failed to map segment from shared object")',
+    "MemoryError()",
+])
+def test_running_out_of_memory_while_loading_is_one_line_exit_3(tmp_path, raised):
+    """Under ``ulimit -v`` a command's imports can fail for memory (pyarrow's libraries could not be
+    mapped): one line, exit 3, as memory failing later is, not a traceback."""
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD])
+    script = ("import sys; sys.argv[0] = 'packer'\n"
+              "class Refuse:\n"
+              "    def find_spec(self, name, path=None, target=None):\n"
+              f"        if name == 'packer_cli.pipeline': raise {raised}\n"
+              "sys.meta_path.insert(0, Refuse())\n"
+              "from packer_cli._entry import main; main()")
+    child = subprocess.run([sys.executable, "-c", script, "pack", str(path), "-o", str(tmp_path / "out")],
+                           capture_output=True, text=True, timeout=60)
+    assert child.returncode == 3, child.stderr
+    assert child.stderr.startswith("error: out of memory loading packer's libraries: ") and \
+        child.stderr.count("\n") == 1, child.stderr
+    assert_nothing_written(tmp_path)
+
+
 @pytest.mark.parametrize("lines,args,message", [
     (['{bad', '{"input_ids": [1]}'], ["--on-bad-record", "skip"],
      "no samples left to pack: of 2 records, 1 bad (skipped), 1 shorter than 2 tokens; "
@@ -903,8 +925,12 @@ def test_spill_memory_holds_the_first_batches_and_changes_no_byte(synthetic_parq
 
 
 def test_unusable_spill_memory_exits_2(synthetic_parquet, tmp_path):
-    result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--spill-memory", "-1")
-    assert result.exit_code == 2 and "spill memory must be 0 or more bytes" in result.output, result.output
+    for size in ("-1", "-0.5", "-1K"):  # -0.5 was taken as 0
+        result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--spill-memory", size, "--dry-run")
+        assert result.output == f"error: --spill-memory: '{size}' is a negative size\n", result.output
+        assert result.exit_code == 2
+        result = run("pack", synthetic_parquet, "-o", tmp_path / "out", "--shard-size", size)
+        assert result.output == f"error: --shard-size: '{size}' is a negative size\n", result.output
     refusals = {str(1 << 62): "error: spill memory: cannot reserve 4,611,686,018,427,387,904 bytes",
                 "1e30": "error: --spill-memory: '1e30' is more than 9,223,372,036,854,775,807 bytes"}
     for size, refusal in refusals.items():  # a dry run says so too (it exited 0)

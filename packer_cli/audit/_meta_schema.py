@@ -54,6 +54,12 @@ class _Checker:
                 self.error(f"{path}.{key}", f"has an unexpected value {node[key]!r}")
 
 
+def _optional(c: _Checker, node, path: str, rules: dict) -> None:
+    """Check the keys of ``rules`` that ``node`` has (keys an older packer did not write)."""
+    if isinstance(node, dict):
+        c.section(node, path, {key: rule for key, rule in rules.items() if key in node})
+
+
 def _spec_rules() -> dict:
     template = PackSpec(pack_size=1).as_dict()
     rules = {}
@@ -96,6 +102,7 @@ def check_schema(meta: dict, sink: FindingSink) -> None:
             "vocab_size": lambda v: v is None or (type(v) is int and v > 0),
             "on_bad_record": lambda v: v in [p.value for p in BadRecordPolicy],  # a list: v may be unhashable
         })
+        _optional(c, meta["source"], "source", {"attention_field": _opt_str, "padding_dropped": _count})
     counts = meta.get("counts")
     if "counts" in meta:
         c.section(counts, "counts", {**{k: _count for k in COUNT_KEYS}, "overlong": None})

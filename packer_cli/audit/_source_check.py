@@ -67,6 +67,8 @@ def recorded_source_spec(meta: dict) -> SourceSpec:
     kind, name = sup["kind"], sup.get("field")
     return SourceSpec(tokens_field=src["tokens_field"], mask_field=name if kind == "mask" else None,
                       labels_field=name if kind == "labels" else None, vocab_size=src.get("vocab_size"),
+                      # an output of a packer that did not read padding masks records none
+                      attention_field=src.get("attention_field"),
                       on_bad_record=BadRecordPolicy(src["on_bad_record"])).validate()
 
 
@@ -277,6 +279,12 @@ def _compare_counts(meta, replay: _Replay, stream, files, sink: FindingSink) -> 
     if stream.supervision and (stream.supervision.kind, stream.supervision.field) != (sup["kind"], sup.get("field")):
         sink.add("source.spec", f"targets come from {stream.supervision.describe()} in the source, but the "
                  f"output recorded {sup['kind']} {sup.get('field')!r}", shard="metadata.json")
+    recorded_attention = meta["source"].get("attention_field")
+    if stream.attention != recorded_attention:
+        sink.add("source.spec", f"the source's padding mask is {stream.attention!r}, but the output recorded "
+                 f"{recorded_attention!r}", shard="metadata.json")
+    elif "padding_dropped" in meta["source"]:
+        compare(sink, "source.counts", meta, "source.padding_dropped", stream.padding, src)
     inputs = meta["source"].get("inputs")
     inputs = inputs if isinstance(inputs, list) else []  # anything else is metadata.schema's to report
     sizes = [e.get("bytes") if isinstance(e, dict) else None for e in inputs]

@@ -29,7 +29,7 @@ import numpy as np
 from packer_cli.audit._histogram import Hist, from_sparse, summarize, to_sparse
 from packer_cli.errors import reading_document
 from packer_cli.plan._validate import check_capacity
-from packer_cli.plan.bounds import l2_of_sizes
+from packer_cli.plan.bounds import l2_of_sizes, usable_capacity
 
 
 @dataclass
@@ -46,6 +46,24 @@ class PackDetail:
     real_len: list[int]
     padded_len: list[int]
     target_tokens: list[int]
+
+    def quality(self, whole_capacity: bool = False) -> dict:
+        """Efficiency, fill and the gaps to the bounds (``whole_capacity``: see :meth:`bounds`)."""
+        cap = max(1, self.capacity_tokens)
+        lower, l2 = self.bounds(whole_capacity)
+
+        def gap(bound):
+            if bound is None:
+                return None, None
+            return self.packs - bound, (100.0 * (self.packs - bound) / bound if bound else 0.0)
+
+        gap_l1, gap_l1_pct = gap(lower)
+        gap_l2, gap_l2_pct = gap(l2)
+        return {
+            "efficiency": self.runtime_tokens / cap, "fill": self.padded_tokens / cap,
+            "lower_bound": lower, "gap_to_lower_bound": gap_l1, "gap_to_lower_bound_pct": gap_l1_pct,
+            "l2_bound": l2, "gap_to_l2": gap_l2, "gap_to_l2_pct": gap_l2_pct,
+        }
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -128,25 +146,27 @@ class InspectReport:
     def capacity_tokens(self) -> int:
         return self.packs * int(self.spec["pack_size"])
 
-    def bounds(self) -> tuple[int, int | None]:
-        """``(⌈Σp/C⌉, Martello–Toth L2)``; L2 is None when a padded length is 0 or exceeds C."""
+    def bounds(self, whole_capacity: bool = False) -> tuple[int, int | None]:
+        """``(⌈Σp/C'⌉, Martello–Toth L2)`` for the capacity C' = ⌊C/m⌋·m that sequences padded to
+        multiples of m can fill (``whole_capacity``: for C, as packer recorded them before it
+        knew better); L2 is None when a padded length is 0 or exceeds C'."""
         C = int(self.spec["pack_size"])
-        lower = -(-self.padded_tokens // C)
+        multiple = self.spec.get("pad_seq_to_mult")
+        usable = usable_capacity(C, multiple) if type(multiple) is int and not whole_capacity else C
+        lower = -(-self.padded_tokens // usable)
         sizes = self.padded_hist.values
         try:
             check_capacity(C)
         except ValueError:
             return lower, None
-        if sizes.size and (sizes[-1] > C or sizes[0] == 0):
+        if sizes.size and (sizes[-1] > usable or sizes[0] == 0):
             return lower, None  # lengths no plan could hold: no bound
-        return lower, l2_of_sizes(sizes, self.padded_hist.counts, C)  # no array of every sequence
+        return lower, l2_of_sizes(sizes, self.padded_hist.counts, usable)  # no array of every sequence
 
-    def to_dict(self) -> dict:
-        """The ``--json`` document (keys documented in docs/AUDIT.md)."""
+    def quality(self, whole_capacity: bool = False) -> dict:
+        """Efficiency, fill and the gaps to the bounds (``whole_capacity``: see :meth:`bounds`)."""
         cap = max(1, self.capacity_tokens)
-        align = self.padded_tokens - self.runtime_tokens
-        tail = self.capacity_tokens - self.padded_tokens
-        lower, l2 = self.bounds()
+        lower, l2 = self.bounds(whole_capacity)
 
         def gap(bound):
             if bound is None:
@@ -155,6 +175,17 @@ class InspectReport:
 
         gap_l1, gap_l1_pct = gap(lower)
         gap_l2, gap_l2_pct = gap(l2)
+        return {
+            "efficiency": self.runtime_tokens / cap, "fill": self.padded_tokens / cap,
+            "lower_bound": lower, "gap_to_lower_bound": gap_l1, "gap_to_lower_bound_pct": gap_l1_pct,
+            "l2_bound": l2, "gap_to_l2": gap_l2, "gap_to_l2_pct": gap_l2_pct,
+        }
+
+    def to_dict(self) -> dict:
+        """The ``--json`` document (keys documented in docs/AUDIT.md)."""
+        cap = max(1, self.capacity_tokens)
+        align = self.padded_tokens - self.runtime_tokens
+        tail = self.capacity_tokens - self.padded_tokens
         return {
             "out": self.out,
             "spec": self.spec,
@@ -165,11 +196,7 @@ class InspectReport:
                 "alignment_padding": align, "alignment_padding_pct": 100.0 * align / cap,
                 "tail_padding": tail, "tail_padding_pct": 100.0 * tail / cap,
             },
-            "quality": {
-                "efficiency": self.runtime_tokens / cap, "fill": self.padded_tokens / cap,
-                "lower_bound": lower, "gap_to_lower_bound": gap_l1, "gap_to_lower_bound_pct": gap_l1_pct,
-                "l2_bound": l2, "gap_to_l2": gap_l2, "gap_to_l2_pct": gap_l2_pct,
-            },
+            "quality": self.quality(),
             "sequences_per_pack": summarize(self.seqs_hist),
             "sequence_length": summarize(self.real_hist),
             "padded_length": summarize(self.padded_hist),

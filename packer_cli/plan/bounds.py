@@ -150,6 +150,12 @@ def histogram(values: np.ndarray, size: int) -> np.ndarray:
     return hist
 
 
+def usable_capacity(capacity: int, multiple: int) -> int:
+    """The part of a pack's capacity sequences padded to multiples of ``multiple`` can fill:
+    the bounds of such a packing are those of capacity ``⌊C/m⌋·m`` (C=100, m=8: 96)."""
+    return capacity // multiple * multiple if 1 <= multiple <= capacity else capacity
+
+
 def l2_of_histogram(hist: np.ndarray, capacity: int) -> int:
     """L2 from a length histogram ``hist[0..C]`` (``hist[0]``, empty items, is ignored)."""
     hist = np.asarray(hist, dtype=np.int64)

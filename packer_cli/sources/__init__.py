@@ -19,6 +19,7 @@ from packer_cli.sources.normalize import (
     SUPERVISION_FIELDS,
     SampleBatch,
     Supervision,
+    detect_attention,
     detect_supervision,
     normalize_batch,
 )
@@ -50,14 +51,16 @@ class SampleStream:
     spec: SourceSpec
     arrow_parquet: bool = False
     supervision: Supervision | None = None
+    attention: str | None = None  # the padding mask field read, if the first record has one
+    padding: int = 0  # tokens dropped as padding so far
     segments: list[Segment] = field(default_factory=list)
     records: int = 0
 
     def _field_names(self, file: InputFile) -> list[str] | None:
         return jsonl_field_names(file.path) if file.format == "jsonl" else arrow_field_names(file)
 
-    def _detect(self) -> Supervision:
-        """From the stream's first record: the first file's schema, or the first JSON Lines
+    def _first_record_fields(self) -> list[str]:
+        """The stream's first record's fields: the first file's schema, or the first JSON Lines
         file holding an object record (a file of malformed lines alone decides nothing)."""
         names: list[str] | None = None
         for file in self.files:
@@ -68,13 +71,15 @@ class SampleStream:
                 names = []
             if names is not None:
                 break
-        return detect_supervision(names or [], self.spec)
+        return names or []
 
     def __iter__(self) -> Iterator[SampleBatch]:
-        self.supervision = sup = self._detect()
-        fields = [self.spec.tokens_field] + ([sup.field] if sup.field else [])
+        names = self._first_record_fields()
+        self.supervision = sup = detect_supervision(names, self.spec)
+        self.attention = attention = detect_attention(names, self.spec, sup)
+        fields = [self.spec.tokens_field] + ([sup.field] if sup.field else []) + ([attention] if attention else [])
         scalar = {sup.field} if sup.kind == "answer" else set()
-        flags = {sup.field} if sup.kind == "mask" else set()
+        flags = {name for name in (sup.field if sup.kind == "mask" else None, attention) if name}
         # The first record decided that every token is a target; a later record with a
         # supervision field would have it ignored, so it is an error instead.
         absent = tuple(n for n in SUPERVISION_FIELDS if n != self.spec.tokens_field) if sup.kind == "all" else ()
@@ -89,9 +94,10 @@ class SampleStream:
                     self.segments.append(Segment(raw.path, self.records, raw.row0, n))
                 batch = normalize_batch(
                     raw.batch, path=raw.path, row0=raw.row0, index0=self.records, sup=sup,
-                    spec=self.spec, lines=raw.lines, pre_bad=raw.pre_bad,
+                    spec=self.spec, lines=raw.lines, pre_bad=raw.pre_bad, attention=attention,
                 )
                 self.records += n
+                self.padding += batch.padding
                 yield batch
             if self.records == before:
                 raise DataError(f"{file.path}: empty input (no records)")

@@ -52,6 +52,30 @@ def mask_is_binary(values):
 
 
 @njit(**_FLAGS)
+def real_spans(mask, offsets, first, last):
+    """Each row's first and last nonzero position of an attention mask (-1 for a row of 0s)
+    into ``first``/``last``; returns (the 0s in all, the rows with a 0 between two 1s)."""
+    zeros = 0
+    holes = 0
+    for r in range(offsets.size - 1):
+        lo = -1
+        hi = -1
+        ones = 0
+        for i in range(offsets[r], offsets[r + 1]):
+            if mask[i] != 0:
+                if lo < 0:
+                    lo = i
+                hi = i
+                ones += 1
+        first[r] = lo
+        last[r] = hi
+        zeros += offsets[r + 1] - offsets[r] - ones
+        if ones and ones != hi - lo + 1:
+            holes += 1
+    return zeros, holes
+
+
+@njit(**_FLAGS)
 def labels_to_targets(labels, tokens, out):
     """Target flags from HF labels (``-100`` or the token id); False if any label is neither."""
     bad = False

@@ -13,7 +13,7 @@ import glob
 import itertools
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from packer_cli.errors import ConfigError, DataError, is_utf8, shown
@@ -278,7 +278,7 @@ def path_argument(value, name: str) -> str:
     except TypeError:
         path = None
     if not isinstance(path, str):
-        raise ConfigError(f"{name} must be a path (str or os.PathLike), got {value!r}")
+        raise ConfigError(f"{name} must be a path (str or os.PathLike), got {shown(value)}")
     if not is_utf8(path):
         raise ConfigError(f"{path!r}: {name} is not a UTF-8 path (rename it: pyarrow and the metadata's JSON "
                           "take only UTF-8)")
@@ -305,11 +305,18 @@ def input_paths(inputs, name: str = "inputs") -> list[str]:
     if isinstance(inputs, (set, frozenset, Mapping)):  # an order that changes from one interpreter to the next
         raise ConfigError(f"{name} must be one path or an ordered list of them (their order numbers the "
                           f"samples), got a {type(inputs).__name__}")
-    try:
-        items = list(inputs)
-    except TypeError:
-        raise ConfigError(f"{name} must be paths (str or os.PathLike), got {inputs!r}") from None
-    return [path_argument(path, name) for path in items]
+    if not isinstance(inputs, (list, tuple, Iterator)):
+        # Iterating a datasets.Dataset or a pyarrow.Table yields its rows or columns, and the
+        # error then showed the first one (900 characters of token ids)
+        raise ConfigError(f"{name} must be one path or a list of paths (str or os.PathLike), got a "
+                          f"{_type_name(inputs)}; packer reads files: write in-memory data out first "
+                          "(Dataset.save_to_disk, pyarrow.parquet.write_table) and pass its path")
+    return [path_argument(path, name) for path in inputs]
+
+
+def _type_name(value) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
 def discover_inputs(inputs: list[str]) -> list[InputFile]:

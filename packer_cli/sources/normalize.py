@@ -9,12 +9,17 @@ record with vectorized NumPy (no per-token Python), and returns a :class:`Sample
 
 Supervision comes from one of (detected from the field names, or forced):
 
-==================  ===========================================================
-``loss_mask``       input-aligned 0/1, 1 = this token is a target
-``labels``          HF style, unshifted: -100 = ignored, otherwise the token id
-``answer_start_idx`` targets from that index on
-(none)              every token is a target
-==================  ===========================================================
+======================  =======================================================
+``loss_mask``           input-aligned 0/1, 1 = this token is a target (also TRL's
+                        ``completion_mask`` and ``assistant_masks``, in that order)
+``labels``              HF style, unshifted: -100 = ignored, otherwise the token id
+``answer_start_idx``    targets from that index on
+(none)                  every token is a target
+======================  =======================================================
+
+A record may also mark its padding: an ``attention_mask`` (``SourceSpec.attention_field``)
+is read when the first record has one, and a sample's 0s before and after its 1s are dropped
+(HF's right or left padding), after the targets are taken from the full row.
 
 Bad records (null/missing field, non-integer or negative ids, ids ≥ vocab size, a mask whose
 length differs from the tokens, ...) are reported as :class:`BadRecord` with the file and the
@@ -23,6 +28,7 @@ row (or JSONL line); samples with fewer than 2 tokens are dropped and counted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from dataclasses import field as dataclass_field
 
 import numpy as np
 import pyarrow as pa
@@ -42,13 +48,19 @@ class Supervision:
 
     kind: str
     field: str | None = None
+    ignored: tuple[str, ...] = dataclass_field(default=(), compare=False)
+    """Other supervision fields the first record has, which this one outranks (not read)."""
 
     def describe(self) -> str:
         return "every token" if self.kind == "all" else f"{self.kind} field '{self.field}'"
 
 
-#: The fields detected as supervision, in order of preference (a mask, labels, an answer start).
-SUPERVISION_FIELDS = ("loss_mask", "labels", "answer_start_idx")
+#: The fields detected as supervision, in order of preference, with their kind: a loss mask
+#: (packer's and Megatron-Bridge's name, then TRL's masks of the completion and of the
+#: assistant's turns), HF labels, an answer start.
+SUPERVISION_KIND = {"loss_mask": "mask", "completion_mask": "mask", "assistant_masks": "mask",
+                    "labels": "labels", "answer_start_idx": "answer"}
+SUPERVISION_FIELDS = tuple(SUPERVISION_KIND)
 
 
 def detect_supervision(names: list[str], spec: SourceSpec) -> Supervision:
@@ -71,10 +83,17 @@ def _pick_supervision(names: list[str], spec: SourceSpec) -> Supervision:
         return Supervision("mask", spec.mask_field)
     if spec.labels_field:
         return Supervision("labels", spec.labels_field)
-    for kind, name in zip(("mask", "labels", "answer"), SUPERVISION_FIELDS):
-        if name in names:
-            return Supervision(kind, name)
-    return Supervision("all")
+    present = [name for name in SUPERVISION_FIELDS if name in names]
+    if not present:
+        return Supervision("all")
+    return Supervision(SUPERVISION_KIND[present[0]], present[0], ignored=tuple(present[1:]))
+
+
+def detect_attention(names: list[str], spec: SourceSpec, sup: Supervision) -> str | None:
+    """The padding mask field to read: ``spec.attention_field`` when the first record has it and
+    it is neither the tokens nor the supervision field."""
+    name = spec.attention_field
+    return name if name and name in names and name not in (spec.tokens_field, sup.field) else None
 
 
 @dataclass
@@ -88,6 +107,7 @@ class SampleBatch:
     records: int = 0
     too_short: int = 0
     no_targets: int = 0
+    padding: int = 0  # tokens of the good records dropped as padding (the attention mask's 0s)
     bad: list[BadRecord] = field(default_factory=list)
     max_token: int | None = None  # the largest id when validation found it (an upper bound once rows are dropped)
 
@@ -191,29 +211,72 @@ def _targets(batch: pa.RecordBatch, sup: Supervision, tokens, offsets, lengths, 
             bad.setdefault(row, f"{sup.field} = {stored[row]} is outside [0, {lengths[row]}]")
         position = np.arange(tokens.size, dtype=np.int64) - np.repeat(offsets[:-1], lengths)
         return (position >= np.repeat(start, lengths)).astype(np.uint8)
-    values, m_offsets = _list_parts(col, sup.field, path, row0)
-    m_lengths = np.diff(m_offsets)
-    mismatch = np.flatnonzero(m_lengths != lengths)
-    for row in mismatch.tolist():
-        bad.setdefault(row, f"{sup.field} has {m_lengths[row]} values but {name} has {lengths[row]}")
-    if mismatch.size:  # drop the ragged rows' values so the checks below stay vectorized
-        same = m_lengths == lengths
-        values = values.filter(pa.array(np.repeat(same, m_lengths)))
-        m_offsets = np.concatenate([[0], np.cumsum(np.where(same, lengths, 0))])
-    mask = _int_values(values, sup.field, path, row0, m_offsets, bad, allow_bool=sup.kind == "mask")
-    if mismatch.size:
-        full = np.zeros(tokens.size, dtype=np.int64)
-        full[np.repeat(same, lengths)] = mask
-        mask = full
+    mask = _aligned_values(col, sup.field, tokens.size, lengths, path, row0, bad, name, flags=sup.kind == "mask")
     if sup.kind == "mask":
-        _first_per_row(bad, offsets, (mask != 0) & (mask != 1),
-                       lambda j, flat: f"{sup.field}[{j}] = {mask[flat]} is not 0 or 1")
+        _check_binary(mask, sup.field, offsets, bad)
         return mask.astype(np.uint8)
     _first_per_row(
         bad, offsets, (mask != IGNORE_INDEX) & (mask != tokens),
         lambda j, flat: f"{sup.field}[{j}] = {mask[flat]} is neither -100 nor the token id {tokens[flat]}",
     )
     return (mask != IGNORE_INDEX).astype(np.uint8)
+
+
+def _aligned_values(col, field_name: str, n_tokens: int, lengths, path, row0, bad, name, flags: bool) -> np.ndarray:
+    """int64 values of list column ``col``, one for each token (0 in a row whose list has
+    another length than its tokens, marked bad); ``flags``: booleans read as 1/0."""
+    values, m_offsets = _list_parts(col, field_name, path, row0)
+    m_lengths = np.diff(m_offsets)
+    mismatch = np.flatnonzero(m_lengths != lengths)
+    for row in mismatch.tolist():
+        bad.setdefault(row, f"{field_name} has {m_lengths[row]} values but {name} has {lengths[row]}")
+    if mismatch.size:  # drop the ragged rows' values so the checks below stay vectorized
+        same = m_lengths == lengths
+        values = values.filter(pa.array(np.repeat(same, m_lengths)))
+        m_offsets = np.concatenate([[0], np.cumsum(np.where(same, lengths, 0))])
+    aligned = _int_values(values, field_name, path, row0, m_offsets, bad, allow_bool=flags)
+    if mismatch.size:
+        full = np.zeros(n_tokens, dtype=np.int64)
+        full[np.repeat(same, lengths)] = aligned
+        aligned = full
+    return aligned
+
+
+def _check_binary(mask: np.ndarray, field_name: str, offsets, bad: dict) -> None:
+    _first_per_row(bad, offsets, (mask != 0) & (mask != 1),
+                   lambda j, flat: f"{field_name}[{j}] = {mask[flat]} is not 0 or 1")
+
+
+def _real_tokens(batch: pa.RecordBatch, attention: str, tokens, offsets, lengths, path, row0, bad, name):
+    """(which tokens are real, per row the count of them) from the padding mask ``attention``:
+    a row's 0s before its first 1 and after its last are padding; a 0 between two 1s makes the
+    row bad (packer does not join the pieces of a sample)."""
+    if attention not in batch.schema.names:
+        raise DataError(f"{path}: row {row0}: missing field '{attention}' (fields: {', '.join(batch.schema.names)})")
+    col = readable_column(batch, attention, path, row0)
+    _null_rows(col, attention, bad)
+    mask = _aligned_values(col, attention, tokens.size, lengths, path, row0, bad, name, flags=True)
+    _check_binary(mask, attention, offsets, bad)
+    first, last, _, _ = _spans(mask, offsets)
+    row_of_token = np.repeat(np.arange(lengths.size), lengths)
+    position = np.arange(tokens.size, dtype=np.int64)
+    hole = (mask == 0) & (position > first[row_of_token]) & (position < last[row_of_token])
+    _first_per_row(bad, offsets, hole, lambda j, _: f"{attention}[{j}] = 0 lies between 1s (only the padding "
+                   "before or after a sample is dropped)")
+    real = mask != 0
+    before = np.concatenate(([0], np.cumsum(real, dtype=np.int64)))  # real tokens before each position
+    return real, before[offsets[1:]] - before[offsets[:-1]]
+
+
+def _spans(mask: np.ndarray, offsets: np.ndarray):
+    """Each row's first and last flat position of a nonzero mask value (-1 for none), the
+    mask's 0s and the rows with a 0 between two 1s."""
+    from packer_cli.sources import _kernels
+
+    first = np.empty(offsets.size - 1, dtype=np.int64)
+    last = np.empty(offsets.size - 1, dtype=np.int64)
+    zeros, holes = _kernels.real_spans(mask, offsets, first, last)
+    return first, last, zeros, holes
 
 
 #: Integer value types the compiled fast path reads directly (bool and uint64 take the full path).
@@ -239,7 +302,8 @@ def _clean_list(arr):
     return to_numpy(values), offsets - offsets[0]
 
 
-def _fast_batch(batch: pa.RecordBatch, name: str, sup: Supervision, spec: SourceSpec, index0: int):
+def _fast_batch(batch: pa.RecordBatch, name: str, sup: Supervision, spec: SourceSpec, index0: int,
+                attention: str | None = None):
     """The batch's :class:`SampleBatch` when every record is good, checked in one compiled pass.
 
     Returns None whenever anything is unusual (a bad record, nulls, an unexpected type, a missing
@@ -249,6 +313,8 @@ def _fast_batch(batch: pa.RecordBatch, name: str, sup: Supervision, spec: Source
 
     names = batch.schema.names
     if name not in names or (sup.field and sup.field not in names) or not _fast_types(batch.schema, name, sup):
+        return None
+    if attention and (attention not in names or not _is_list(batch.schema.field(attention).type)):
         return None
     parts = _clean_list(batch.column(name))
     if parts is None:
@@ -284,8 +350,14 @@ def _fast_batch(batch: pa.RecordBatch, name: str, sup: Supervision, spec: Source
             targets = np.empty(tokens.size, dtype=np.uint8)
             if not _kernels.labels_to_targets(mask, tokens, targets):
                 return None
+    padding = 0
+    if attention:
+        trimmed = _fast_trim(batch.column(attention), offsets, tokens, targets)
+        if trimmed is None:
+            return None
+        tokens, targets, lengths, padding = trimmed
     n_rows = batch.num_rows
-    out = SampleBatch(tokens=tokens, targets=targets, lengths=lengths, max_token=int(max_token),
+    out = SampleBatch(tokens=tokens, targets=targets, lengths=lengths, max_token=int(max_token), padding=padding,
                       source_index=np.arange(index0, index0 + n_rows, dtype=np.int64), records=n_rows)
     keep = lengths >= 2
     if not keep.all():
@@ -294,6 +366,25 @@ def _fast_batch(batch: pa.RecordBatch, name: str, sup: Supervision, spec: Source
         out.tokens, out.targets = tokens[token_keep], targets[token_keep]
         out.lengths, out.source_index = lengths[keep], out.source_index[keep]
     return out
+
+
+def _fast_trim(column, offsets, tokens, targets):
+    """(tokens, targets, lengths, padding dropped) with each row's padding by the attention mask
+    ``column`` dropped; None for anything the full path must word (a hole, a value not 0 or 1)."""
+    from packer_cli.sources import _kernels
+
+    parts = _clean_list(column)
+    if parts is None or not np.array_equal(parts[1], offsets) or not _kernels.mask_is_binary(parts[0]):
+        return None
+    mask = parts[0]
+    first, last, zeros, holes = _spans(mask, offsets)
+    if holes:
+        return None
+    lengths = np.where(first >= 0, last - first + 1, 0)
+    if zeros:  # HF's padding="max_length": the copies are paid only where there is padding
+        real = mask != 0
+        tokens, targets = tokens[real], targets[real]
+    return tokens, targets, lengths, int(zeros)
 
 
 def readable_column(batch: pa.RecordBatch, name: str, path: str, row0: int):
@@ -327,16 +418,18 @@ def normalize_batch(
     spec: SourceSpec,
     lines: np.ndarray | None = None,
     pre_bad: dict[int, str] | None = None,
+    attention: str | None = None,
 ) -> SampleBatch:
     """Validate and flatten one batch; rows are numbered from ``row0`` within ``path``.
 
-    ``index0`` is the stream position (source index) of the batch's first record. Bad records
+    ``index0`` is the stream position (source index) of the batch's first record; ``attention``
+    the padding mask field to drop each sample's padding by, if any. Bad records
     raise :class:`BadRecord` (the first in file order) unless ``spec.on_bad_record`` is skip.
     A batch whose records are all good takes a compiled one-pass path with the same result.
     """
     name = spec.tokens_field
     if not pre_bad:
-        fast = _fast_batch(batch, name, sup, spec, index0)
+        fast = _fast_batch(batch, name, sup, spec, index0, attention)
         if fast is not None:
             return fast
     n_rows = batch.num_rows
@@ -355,6 +448,10 @@ def normalize_batch(
     _first_per_row(bad, offsets, tokens > INT32_MAX,
                    lambda j, flat: f"{name}[{j}] = {tokens[flat]} does not fit in int32")
     targets = _targets(batch, sup, tokens, offsets, lengths, path, row0, bad, name)
+    stored_lengths = lengths
+    if attention:  # after the targets, which labels and answer starts give on the stored row
+        real, lengths = _real_tokens(batch, attention, tokens, offsets, lengths, path, row0, bad, name)
+        tokens, targets = tokens[real], targets[real]
 
     def located(row: int) -> BadRecord:
         line = int(lines[row]) if lines is not None else None
@@ -366,6 +463,7 @@ def normalize_batch(
     keep = np.ones(n_rows, dtype=bool)
     if bad:
         keep[list(bad)] = False
+    padding = int((stored_lengths - lengths)[keep].sum())  # of the good records, short ones too
     too_short = keep & (lengths < 2)
     keep &= ~too_short
     out = SampleBatch(
@@ -375,6 +473,7 @@ def normalize_batch(
         source_index=np.arange(index0, index0 + n_rows, dtype=np.int64),
         records=n_rows,
         too_short=int(too_short.sum()),
+        padding=padding,
         bad=bad_list,
     )
     if not keep.all():

@@ -284,6 +284,10 @@ class SourceSpec:
     """Force an input-aligned loss mask field (1 = token is a training target)."""
     labels_field: str | None = None
     """Force an HF-style labels field (unshifted, -100 = ignored)."""
+    attention_field: str | None = "attention_mask"
+    """A 0/1 field marking each sample's real tokens (HF's ``attention_mask``), read when the
+    stream's first record has it: the 0s before and after a sample's ones are padding and are
+    dropped, a 0 between ones is a bad record. None: never read (the padding would be packed)."""
     vocab_size: int | None = None
     """When given, ids ≥ vocab_size are bad records."""
     on_bad_record: BadRecordPolicy = BadRecordPolicy.ERROR
@@ -294,7 +298,7 @@ class SourceSpec:
 
     def validate(self) -> "SourceSpec":
         _check_types(self, ints=(), bools=(), optional_ints=("vocab_size",))
-        for name in ("tokens_field", "mask_field", "labels_field"):
+        for name in ("tokens_field", "mask_field", "labels_field", "attention_field"):
             value = getattr(self, name)
             if not (isinstance(value, str) and value) and not (value is None and name != "tokens_field"):
                 raise ConfigError(f"{name.replace('_', '-')} must be a field name, got {value!r}")

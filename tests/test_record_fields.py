@@ -1,0 +1,230 @@
+"""The record fields packer reads besides the tokens: a padding mask (``attention_mask``) whose
+padding is dropped, TRL's mask names as supervision, and the warning when several supervision
+fields are present. Also the bounds of a pack size that is no multiple of m."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from conftest import packed_sequences
+from packer_cli import pack
+from packer_cli.cli import app
+from packer_cli.errors import ConfigError
+from packer_cli.shards.format import seal_metadata
+from packer_cli.sources import normalize
+from packer_cli.sources.normalize import Supervision, normalize_batch
+from packer_cli.spec import PackSpec, SourceSpec
+
+runner = CliRunner()
+
+
+def run(*args):
+    result = runner.invoke(app, [str(a) for a in args])
+    assert "Traceback" not in result.output, result.output
+    return result
+
+
+def _samples(seed: int, n: int = 60):
+    """Unpadded records: ids, and labels with the prompt ignored (-100)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        ids = rng.integers(1, 1000, int(rng.integers(2, 50))).tolist()
+        prompt = int(rng.integers(0, len(ids)))
+        out.append({"input_ids": ids, "labels": [-100] * prompt + ids[prompt:]})
+    return out
+
+
+def _padded(records, width: int, side: str, pad_id: int = 0):
+    """HF ``padding="max_length"``: each row widened to ``width`` with an attention mask."""
+    out = []
+    for r in records:
+        n, gap = len(r["input_ids"]), width - len(r["input_ids"])
+        assert gap >= 0
+        pad = lambda real, fill: real + [fill] * gap if side == "right" else [fill] * gap + real  # noqa: E731
+        out.append({"input_ids": pad(r["input_ids"], pad_id), "attention_mask": pad([1] * n, 0),
+                    "labels": pad(r["labels"], -100)})
+    return out
+
+
+def _write(path: Path, records) -> Path:
+    if path.suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(records), path, row_group_size=17)
+    else:
+        path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return path
+
+
+def _metadata(out: Path) -> dict:
+    return json.loads((out / "metadata.json").read_text())
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_padding_is_dropped_and_packs_as_the_unpadded_records(tmp_path, side, suffix):
+    records = _samples(1)
+    plain = _write(tmp_path / f"plain{suffix}", records)
+    padded = _write(tmp_path / f"padded{suffix}", _padded(records, 64, side))
+    assert run("pack", plain, "-o", tmp_path / "a", "-C", 128).exit_code == 0
+    result = run("pack", padded, "-o", tmp_path / "b", "-C", 128)
+    assert result.exit_code == 0, result.output
+    assert "padding dropped (attention_mask)" in result.output
+    assert packed_sequences(tmp_path / "a").keys() == packed_sequences(tmp_path / "b").keys()
+    for key, (inputs, labels, mask, padded_len) in packed_sequences(tmp_path / "a").items():
+        got = packed_sequences(tmp_path / "b")[key]
+        np.testing.assert_array_equal(got[0], inputs)
+        np.testing.assert_array_equal(got[1], labels)
+        np.testing.assert_array_equal(got[2], mask)
+        assert got[3] == padded_len
+    a, b = _metadata(tmp_path / "a"), _metadata(tmp_path / "b")
+    assert a["counts"] == b["counts"]
+    assert b["source"]["attention_field"] == "attention_mask"
+    assert b["source"]["padding_dropped"] == sum(64 - len(r["input_ids"]) for r in records)
+    assert a["source"]["attention_field"] is None and a["source"]["padding_dropped"] == 0
+    assert run("verify", tmp_path / "b", "--source", padded).exit_code == 0
+    # the unpadded source is not what was packed from: verify names the padding mask
+    result = run("verify", tmp_path / "b", "--source", plain)
+    assert result.exit_code == 1 and "padding mask" in result.output, result.output
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+@pytest.mark.parametrize("mask, reason", [
+    ([1, 1, 0, 1, 0], "attention_mask[2] = 0 lies between 1s"),
+    ([1, 1, 2, 1, 0], "attention_mask[2] = 2 is not 0 or 1"),
+    ([1, 1, 1, 0], "attention_mask has 4 values but input_ids has 5"),
+])
+def test_a_padding_mask_that_is_not_padding_is_a_bad_record(tmp_path, suffix, mask, reason):
+    good = {"input_ids": [5, 6, 7, 8, 9], "attention_mask": [1, 1, 1, 1, 0]}
+    path = _write(tmp_path / f"in{suffix}", [good, {"input_ids": [1, 2, 3, 4, 5], "attention_mask": mask}, good])
+    result = run("pack", path, "-o", tmp_path / "out", "-C", 16)
+    assert result.exit_code == 1 and reason in result.output and str(path) in result.output, result.output
+    assert ("line 2" if suffix == ".jsonl" else "row 1") in result.output
+    assert not (tmp_path / "out").exists()
+    result = run("pack", path, "-o", tmp_path / "out", "-C", 16, "--on-bad-record", "skip")
+    assert result.exit_code == 0, result.output
+    meta = _metadata(tmp_path / "out")
+    assert meta["counts"]["bad_records"] == 1 and meta["counts"]["samples_packed"] == 2
+    assert meta["source"]["padding_dropped"] == 2 and meta["counts"]["runtime_tokens"] == 2 * 3
+
+
+def test_a_sample_of_padding_only_is_too_short(tmp_path):
+    path = _write(tmp_path / "in.jsonl", [{"input_ids": [1, 2, 3], "attention_mask": [1, 1, 1]},
+                                          {"input_ids": [0, 0, 0], "attention_mask": [0, 0, 0]},
+                                          {"input_ids": [4, 0, 0], "attention_mask": [1, 0, 0]}])
+    assert run("pack", path, "-o", tmp_path / "out", "-C", 16).exit_code == 0
+    counts = _metadata(tmp_path / "out")["counts"]
+    assert (counts["samples_packed"], counts["too_short_dropped"]) == (1, 2)
+
+
+def test_without_an_attention_field_the_padding_is_packed(tmp_path):
+    records = _padded(_samples(2, 10), 64, "right")
+    path = _write(tmp_path / "in.parquet", records)
+    summary = pack([str(path)], str(tmp_path / "out"), PackSpec(pack_size=128), SourceSpec(attention_field=None))
+    assert summary.counts["runtime_tokens"] == 10 * 63
+    assert summary.source["attention_field"] is None
+    assert run("verify", tmp_path / "out", "--source", path).exit_code == 0
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_normalize_fast_path_trims_as_the_vectorized_one(monkeypatch, side):
+    records = _padded(_samples(3, 200), 60, side)
+    for r in records[::9]:  # some rows whose mask holds no padding, and some all padding
+        r["attention_mask"] = [1] * 60
+    records[5]["attention_mask"] = [0] * 60
+    batch = pa.RecordBatch.from_pylist(records)
+    sup = Supervision("labels", "labels")
+    kwargs = dict(path="x", row0=0, index0=0, sup=sup, spec=SourceSpec(), attention="attention_mask")
+    fast = normalize._fast_batch(batch, "input_ids", sup, SourceSpec(), 0, "attention_mask")
+    assert fast is not None, "a batch of padded records takes the fast path"
+    monkeypatch.setattr(normalize, "_fast_batch", lambda *a: None)
+    slow = normalize_batch(batch, **kwargs)
+    for name in ("tokens", "targets", "lengths", "source_index"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name), err_msg=name)
+    assert (fast.padding, fast.too_short) == (slow.padding, slow.too_short)
+    assert slow.too_short == 1
+
+
+def _trl_record(ids, prompt: int, assistant_from: int):
+    return {"input_ids": ids, "attention_mask": [1] * len(ids),
+            "completion_mask": [0] * prompt + [1] * (len(ids) - prompt),
+            "assistant_masks": [0] * assistant_from + [1] * (len(ids) - assistant_from)}
+
+
+@pytest.mark.parametrize("fields, used", [
+    (("completion_mask",), "completion_mask"),
+    (("assistant_masks",), "assistant_masks"),
+    (("completion_mask", "assistant_masks"), "completion_mask"),
+])
+def test_trl_masks_are_supervision(tmp_path, fields, used):
+    full = [_trl_record(list(range(1, 21)), 5, 8), _trl_record(list(range(1, 11)), 3, 6)]
+    records = [{k: v for k, v in r.items() if k in ("input_ids", "attention_mask", *fields)} for r in full]
+    path = _write(tmp_path / "in.parquet", records)
+    result = run("pack", path, "-o", tmp_path / "out", "-C", 64)
+    assert result.exit_code == 0, result.output
+    meta = _metadata(tmp_path / "out")
+    assert meta["source"]["supervision"] == {"kind": "mask", "field": used}
+    # label j is a target iff token j+1 is: every masked token but a sample's first
+    assert meta["counts"]["target_tokens"] == sum(sum(r[used][1:]) for r in full)
+    ignored = [f for f in fields if f != used]
+    assert ("were not read" in result.output or "was not read" in result.output) == bool(ignored)
+    for name in ignored:
+        assert f"'{name}'" in result.output
+
+
+def test_loss_mask_outranks_labels_with_a_warning(tmp_path):
+    path = _write(tmp_path / "in.jsonl", [{"input_ids": [1, 2, 3, 4], "loss_mask": [0, 0, 1, 1],
+                                           "labels": [-100, 2, 3, 4]}])
+    result = run("pack", path, "-o", tmp_path / "out", "-C", 16)
+    assert result.exit_code == 0
+    assert "targets come from 'loss_mask'; the records' 'labels' was not read" in result.output
+    assert _metadata(tmp_path / "out")["counts"]["target_tokens"] == 2
+
+
+def test_bounds_count_only_the_capacity_padded_sequences_can_fill(tmp_path):
+    path = _write(tmp_path / "in.jsonl", _samples(4, 80))
+    result = run("pack", path, "-o", tmp_path / "out", "-C", 100, "--cp", 2, "--tp", 4, "--sp", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert "not a multiple of the padding multiple 8" in result.stderr
+    quality, counts = summary["quality"], summary["counts"]
+    assert quality["lower_bound"] == -(-counts["padded_tokens"] // 96)
+    assert run("pack", path, "-o", tmp_path / "o96", "-C", 96, "--cp", 2, "--tp", 4, "--sp").exit_code == 0
+    assert _metadata(tmp_path / "o96")["quality"]["l2_bound"] == quality["l2_bound"]
+    assert run("verify", tmp_path / "out").exit_code == 0
+    # an output that recorded the whole pack size's bounds, as packer did before, still verifies
+    doc = _metadata(tmp_path / "out")
+    doc["quality"]["lower_bound"] = -(-counts["padded_tokens"] // 100)
+    doc["quality"]["gap_to_lower_bound"] = counts["packs"] - doc["quality"]["lower_bound"]
+    doc["quality"]["gap_to_lower_bound_pct"] = 100.0 * doc["quality"]["gap_to_lower_bound"] / doc["quality"]["lower_bound"]
+    doc.pop("checksum")
+    (tmp_path / "out" / "metadata.json").write_text(json.dumps(seal_metadata(dict(doc))))
+    assert doc["quality"]["lower_bound"] != quality["lower_bound"]
+    assert run("verify", tmp_path / "out").exit_code == 0
+    doc["quality"]["lower_bound"] += 5  # neither figure
+    (tmp_path / "out" / "metadata.json").write_text(json.dumps(seal_metadata(dict(doc))))
+    result = run("verify", tmp_path / "out")
+    assert result.exit_code == 1 and "quality.lower_bound" in result.output
+
+
+@pytest.mark.parametrize("make, named", [
+    (lambda: pa.table({"input_ids": [[1, 2, 3]]}), "pyarrow.lib.Table"),
+    (lambda: {"a.jsonl"}, "set"),
+    (lambda: 3, "int"),
+])
+def test_in_memory_data_as_inputs_is_named_by_its_type(tmp_path, make, named):
+    with pytest.raises(ConfigError) as err:
+        pack(make(), str(tmp_path / "out"), PackSpec(pack_size=64))
+    assert named in str(err.value) and len(str(err.value)) < 300
+
+
+def test_a_generator_of_paths_is_accepted(tmp_path):
+    _write(tmp_path / "a.jsonl", _samples(5, 5))
+    summary = pack((p for p in [tmp_path / "a.jsonl"]), str(tmp_path / "out"), PackSpec(pack_size=64))
+    assert summary.counts["records"] == 5
