@@ -24,6 +24,14 @@ FILES_PER_SWEEP = 256
 _files_read = itertools.count(1)
 
 
+def sweep() -> None:
+    """Collect the cycles now (and freeze what survives) while the collector is off: for a
+    large footer read once, which would otherwise stay for the rest of the run."""
+    if not gc.isenabled():
+        gc.collect()
+        gc.freeze()
+
+
 def input_file_read() -> None:
     """Count one input file read to its end; sweep cycles after every ``FILES_PER_SWEEP``-th
     while the collector is off."""
