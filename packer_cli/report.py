@@ -29,7 +29,7 @@ def pack_summary_table(summary) -> Table:
         ("runtime tokens", f"{c['runtime_tokens']:,}"),
         ("target tokens", f"{c['target_tokens']:,}"),
         ("efficiency (real / packs·C)", _pct(q["efficiency"])),
-        ("lower bound ⌈Σp/C⌉ / gap", f"{q['lower_bound']:,} / +{q['gap_to_lower_bound']} ({q['gap_to_lower_bound_pct']:.3f}%)"),
+        (lower_bound_label(s), f"{q['lower_bound']:,} / +{q['gap_to_lower_bound']} ({q['gap_to_lower_bound_pct']:.3f}%)"),
         ("L2 bound / gap", f"{q['l2_bound']:,} / +{q['gap_to_l2']} ({q['gap_to_l2_pct']:.3f}%)"),
         ("alignment padding", f"{c['alignment_padding']:,} ({_pct(c['alignment_padding'] / max(1, c['packs'] * s['pack_size']))})"),
         ("tail padding", f"{c['tail_padding']:,} ({_pct(c['tail_padding'] / max(1, c['packs'] * s['pack_size']))})"),
@@ -54,6 +54,15 @@ def pack_summary_table(summary) -> Table:
     for row in rows:
         table.add_row(*row)
     return table
+
+
+def lower_bound_label(spec: dict) -> str:
+    """The bound row's name: over C, or over C′ = ⌊C/m⌋·m where m does not divide C (the
+    bounds are C′'s then)."""
+    C, m = spec.get("pack_size"), spec.get("pad_seq_to_mult")
+    if type(C) is int and type(m) is int and 1 <= m <= C and C % m:
+        return f"lower bound ⌈Σp/C′⌉ (C′ = {C // m * m}) / gap"
+    return "lower bound ⌈Σp/C⌉ / gap"
 
 
 def _targets_line(source: dict) -> str:

@@ -1216,7 +1216,7 @@ def test_a_large_footer_read_for_the_file_checks_is_freed_at_once(small, tmp_pat
     bridge_pack([small], tmp_path / "out", PackSpec(pack_size=512), row_group_size=1)
     store = BridgeStore.open(str(tmp_path / "out"))
     monkeypatch.setattr(_bridge_checks, "SWEPT_FOOTER_GROUPS", swept_from)
-    footers = lambda: sum(isinstance(o, pq.FileMetaData) for o in gc.get_objects())  # noqa: E731
+    footers = lambda: sum(type(o) is pq.FileMetaData for o in gc.get_objects())  # noqa: E731
     gc.collect()
     gc.disable()
     try:

@@ -228,3 +228,45 @@ def test_a_generator_of_paths_is_accepted(tmp_path):
     _write(tmp_path / "a.jsonl", _samples(5, 5))
     summary = pack((p for p in [tmp_path / "a.jsonl"]), str(tmp_path / "out"), PackSpec(pack_size=64))
     assert summary.counts["records"] == 5
+
+
+@pytest.mark.parametrize("skip_one", [False, True])  # a bad record in the batch: the vectorized path
+def test_padding_ids_are_not_checked_against_the_vocabulary(tmp_path, skip_one):
+    """A [PAD] id added past the base vocabulary is dropped with the padding, never packed."""
+    records = [{"input_ids": [1, 2, 3, 32000, 32000], "attention_mask": [1, 1, 1, 0, 0]},
+               {"input_ids": [-1, 4, 5, 6], "attention_mask": [0, 1, 1, 1]}]
+    if skip_one:
+        records.append({"input_ids": [7, 32001, 8], "attention_mask": [1, 1, 1]})
+    path = _write(tmp_path / "in.jsonl", records)
+    args = ["--on-bad-record", "skip"] if skip_one else []
+    result = run("pack", path, "-o", tmp_path / "out", "-C", 16, "--vocab-size", 32000, *args)
+    assert result.exit_code == 0, result.output
+    meta = _metadata(tmp_path / "out")
+    assert (meta["counts"]["samples_packed"], meta["counts"]["bad_records"]) == (2, int(skip_one))
+    assert meta["source"]["padding_dropped"] == 3
+    if skip_one:
+        assert "input_ids[1] = 32001 is >= vocab size 32000" in meta["bad_records"][0]["reason"]
+    assert run("verify", tmp_path / "out", "--source", path).exit_code == 0
+
+
+def test_an_output_recorded_as_every_token_replays_so(tmp_path):
+    """An output a packer that knew no TRL mask names packed as "every token is a target" is
+    verified against its source so, not by what this packer would detect in it."""
+    records = [_trl_record(list(range(1, 21)), 5, 8)]
+    path = _write(tmp_path / "in.parquet", [{k: r[k] for k in ("input_ids", "completion_mask")} for r in records])
+    summary = pack([str(path)], str(tmp_path / "out"), PackSpec(pack_size=64), SourceSpec(all_targets=True))
+    assert summary.source["supervision"] == {"kind": "all", "field": None}
+    assert summary.counts["target_tokens"] == 19
+    result = run("verify", tmp_path / "out", "--source", path)
+    assert result.exit_code == 0, result.output
+    with pytest.raises(ConfigError, match="all_targets"):
+        SourceSpec(all_targets=True, mask_field="loss_mask").validate()
+
+
+def test_the_bound_row_names_the_capacity_it_counts(tmp_path):
+    path = _write(tmp_path / "in.jsonl", _samples(6, 30))
+    result = run("pack", path, "-o", tmp_path / "out", "-C", 100, "--pad-seq-to-mult", 8)
+    assert "⌈Σp/C′⌉ (C′ = 96)" in result.output, result.output
+    assert "⌈Σp/C′⌉ (C′ = 96)" in run("inspect", tmp_path / "out").output
+    result = run("pack", path, "-o", tmp_path / "o2", "-C", 96, "--pad-seq-to-mult", 8)
+    assert "⌈Σp/C⌉" in result.output and "C′" not in result.output

@@ -8,6 +8,7 @@ from rich.text import Text
 
 from packer_cli.audit._histogram import buckets
 from packer_cli.errors import counted
+from packer_cli.report import lower_bound_label
 
 BLOCKS = " ▏▎▍▌▋▊▉█"
 
@@ -88,7 +89,7 @@ def summary_table(report, d: dict) -> Table:
         ("tail padding", f"{t['tail_padding']:,} ({_pct(t['tail_padding_pct'])})"),
         ("efficiency (real / packs·C)", _pct(100 * q["efficiency"])),
         ("fill (Σp / packs·C)", _pct(100 * q["fill"])),
-        ("lower bound ⌈Σp/C⌉ / gap", gap(q["lower_bound"], q["gap_to_lower_bound"], q["gap_to_lower_bound_pct"])),
+        (lower_bound_label(s), gap(q["lower_bound"], q["gap_to_lower_bound"], q["gap_to_lower_bound_pct"])),
         ("Martello–Toth L2 / gap", gap(q["l2_bound"], q["gap_to_l2"], q["gap_to_l2_pct"])),
         ("sequences per pack min / median / max", " / ".join(_stat(spp, k) for k in ("min", "median", "max"))),
         (Text(f"over-long ({over.get('policy', s.get('overlong'))})"),  # the policy as the metadata has it

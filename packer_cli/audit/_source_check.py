@@ -66,7 +66,8 @@ def recorded_source_spec(meta: dict) -> SourceSpec:
     sup = src["supervision"]
     kind, name = sup["kind"], sup.get("field")
     return SourceSpec(tokens_field=src["tokens_field"], mask_field=name if kind == "mask" else None,
-                      labels_field=name if kind == "labels" else None, vocab_size=src.get("vocab_size"),
+                      labels_field=name if kind == "labels" else None, all_targets=kind == "all",
+                      vocab_size=src.get("vocab_size"),
                       # an output of a packer that did not read padding masks records none
                       attention_field=src.get("attention_field"),
                       on_bad_record=BadRecordPolicy(src["on_bad_record"])).validate()

@@ -82,7 +82,8 @@ class SampleStream:
         flags = {name for name in (sup.field if sup.kind == "mask" else None, attention) if name}
         # The first record decided that every token is a target; a later record with a
         # supervision field would have it ignored, so it is an error instead.
-        absent = tuple(n for n in SUPERVISION_FIELDS if n != self.spec.tokens_field) if sup.kind == "all" else ()
+        looked_for = sup.kind == "all" and not self.spec.all_targets
+        absent = tuple(n for n in SUPERVISION_FIELDS if n != self.spec.tokens_field) if looked_for else ()
         for file in self.files:
             before = self.records
             for raw in read_file(file, fields, scalar, self.arrow_parquet, absent, flags):

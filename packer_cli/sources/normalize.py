@@ -83,6 +83,8 @@ def _pick_supervision(names: list[str], spec: SourceSpec) -> Supervision:
         return Supervision("mask", spec.mask_field)
     if spec.labels_field:
         return Supervision("labels", spec.labels_field)
+    if spec.all_targets:
+        return Supervision("all")
     present = [name for name in SUPERVISION_FIELDS if name in names]
     if not present:
         return Supervision("all")
@@ -320,42 +322,23 @@ def _fast_batch(batch: pa.RecordBatch, name: str, sup: Supervision, spec: Source
     if parts is None:
         return None
     values, offsets = parts
+    lengths = np.diff(offsets).astype(np.int64, copy=False)
+    targets = _fast_targets(batch, sup, values, offsets, lengths)  # from the stored rows, padding and all
+    if targets is None:
+        return None
+    padding = 0
+    if attention:
+        found = _fast_padding(batch.column(attention), offsets)
+        if found is None:
+            return None
+        real, lengths, padding = found
+        if padding:  # HF's padding="max_length": the copies are paid only where there is padding
+            values, targets = values[real], targets[real]
     limit = INT32_MAX + 1 if spec.vocab_size is None else min(spec.vocab_size, INT32_MAX + 1)
-    in_range, max_token = _kernels.tokens_in_range(values, limit)
+    in_range, max_token = _kernels.tokens_in_range(values, limit)  # padding dropped is not checked: never packed
     if not in_range:
         return None
     tokens = values.astype(np.int32, copy=False)
-    lengths = np.diff(offsets).astype(np.int64, copy=False)
-    if sup.kind == "all":
-        targets = np.ones(tokens.size, dtype=np.uint8)
-    elif sup.kind == "answer":
-        col = batch.column(sup.field)
-        if not pa.types.is_integer(col.type) or col.null_count:
-            return None
-        start = to_numpy(col).astype(np.int64)
-        if ((start < 0) | (start > lengths)).any():
-            return None
-        targets = np.empty(tokens.size, dtype=np.uint8)
-        _kernels.answer_targets(offsets, start, targets)
-    else:
-        sup_parts = _clean_list(batch.column(sup.field))
-        if sup_parts is None or not np.array_equal(sup_parts[1], offsets):
-            return None
-        mask = sup_parts[0]
-        if sup.kind == "mask":
-            if not _kernels.mask_is_binary(mask):
-                return None
-            targets = mask.astype(np.uint8, copy=False)
-        else:
-            targets = np.empty(tokens.size, dtype=np.uint8)
-            if not _kernels.labels_to_targets(mask, tokens, targets):
-                return None
-    padding = 0
-    if attention:
-        trimmed = _fast_trim(batch.column(attention), offsets, tokens, targets)
-        if trimmed is None:
-            return None
-        tokens, targets, lengths, padding = trimmed
     n_rows = batch.num_rows
     out = SampleBatch(tokens=tokens, targets=targets, lengths=lengths, max_token=int(max_token), padding=padding,
                       source_index=np.arange(index0, index0 + n_rows, dtype=np.int64), records=n_rows)
@@ -368,9 +351,36 @@ def _fast_batch(batch: pa.RecordBatch, name: str, sup: Supervision, spec: Source
     return out
 
 
-def _fast_trim(column, offsets, tokens, targets):
-    """(tokens, targets, lengths, padding dropped) with each row's padding by the attention mask
-    ``column`` dropped; None for anything the full path must word (a hole, a value not 0 or 1)."""
+def _fast_targets(batch: pa.RecordBatch, sup: Supervision, values, offsets, lengths):
+    """uint8 target flags of the stored tokens ``values``, or None for anything unusual."""
+    from packer_cli.sources import _kernels
+
+    if sup.kind == "all":
+        return np.ones(values.size, dtype=np.uint8)
+    if sup.kind == "answer":
+        col = batch.column(sup.field)
+        if not pa.types.is_integer(col.type) or col.null_count:
+            return None
+        start = to_numpy(col).astype(np.int64)
+        if ((start < 0) | (start > lengths)).any():
+            return None
+        targets = np.empty(values.size, dtype=np.uint8)
+        _kernels.answer_targets(offsets, start, targets)
+        return targets
+    sup_parts = _clean_list(batch.column(sup.field))
+    if sup_parts is None or not np.array_equal(sup_parts[1], offsets):
+        return None
+    mask = sup_parts[0]
+    if sup.kind == "mask":
+        return mask.astype(np.uint8, copy=False) if _kernels.mask_is_binary(mask) else None
+    targets = np.empty(values.size, dtype=np.uint8)
+    return targets if _kernels.labels_to_targets(mask, values, targets) else None
+
+
+def _fast_padding(column, offsets):
+    """(which tokens are real, each row's length without its padding, the padding's tokens) by
+    the attention mask ``column``; None for anything the full path must word (a hole, a value
+    not 0 or 1)."""
     from packer_cli.sources import _kernels
 
     parts = _clean_list(column)
@@ -380,11 +390,7 @@ def _fast_trim(column, offsets, tokens, targets):
     first, last, zeros, holes = _spans(mask, offsets)
     if holes:
         return None
-    lengths = np.where(first >= 0, last - first + 1, 0)
-    if zeros:  # HF's padding="max_length": the copies are paid only where there is padding
-        real = mask != 0
-        tokens, targets = tokens[real], targets[real]
-    return tokens, targets, lengths, int(zeros)
+    return mask != 0 if zeros else None, np.where(first >= 0, last - first + 1, 0), int(zeros)
 
 
 def readable_column(batch: pa.RecordBatch, name: str, path: str, row0: int):
@@ -440,18 +446,22 @@ def normalize_batch(
     _null_rows(col, name, bad)
     values, offsets = _list_parts(col, name, path, row0)
     tokens = _int_values(values, name, path, row0, offsets, bad)
-    lengths = np.diff(offsets)
-    _first_per_row(bad, offsets, tokens < 0, lambda j, flat: f"{name}[{j}] = {tokens[flat]} is negative")
+    lengths = stored_lengths = np.diff(offsets)
+    padding_bad: dict[int, str] = {}  # reported after the ids' and the supervision's problems
+    real = (_real_tokens(batch, attention, tokens, offsets, lengths, path, row0, padding_bad, name)
+            if attention else None)
+    packed = True if real is None else real[0]  # padding is dropped, not packed: its ids are not checked
+    _first_per_row(bad, offsets, (tokens < 0) & packed, lambda j, flat: f"{name}[{j}] = {tokens[flat]} is negative")
     if spec.vocab_size is not None:
-        _first_per_row(bad, offsets, tokens >= spec.vocab_size,
+        _first_per_row(bad, offsets, (tokens >= spec.vocab_size) & packed,
                        lambda j, flat: f"{name}[{j}] = {tokens[flat]} is >= vocab size {spec.vocab_size}")
-    _first_per_row(bad, offsets, tokens > INT32_MAX,
+    _first_per_row(bad, offsets, (tokens > INT32_MAX) & packed,
                    lambda j, flat: f"{name}[{j}] = {tokens[flat]} does not fit in int32")
-    targets = _targets(batch, sup, tokens, offsets, lengths, path, row0, bad, name)
-    stored_lengths = lengths
-    if attention:  # after the targets, which labels and answer starts give on the stored row
-        real, lengths = _real_tokens(batch, attention, tokens, offsets, lengths, path, row0, bad, name)
-        tokens, targets = tokens[real], targets[real]
+    targets = _targets(batch, sup, tokens, offsets, lengths, path, row0, bad, name)  # of the stored rows
+    for row, reason in padding_bad.items():
+        bad.setdefault(row, reason)
+    if real is not None:
+        tokens, targets, lengths = tokens[real[0]], targets[real[0]], real[1]
 
     def located(row: int) -> BadRecord:
         line = int(lines[row]) if lines is not None else None

@@ -284,6 +284,9 @@ class SourceSpec:
     """Force an input-aligned loss mask field (1 = token is a training target)."""
     labels_field: str | None = None
     """Force an HF-style labels field (unshifted, -100 = ignored)."""
+    all_targets: bool = False
+    """Every token is a target: no supervision field is detected (``verify --source`` replays an
+    output recorded so, whatever fields a later packer would detect in its records)."""
     attention_field: str | None = "attention_mask"
     """A 0/1 field marking each sample's real tokens (HF's ``attention_mask``), read when the
     stream's first record has it: the 0s before and after a sample's ones are padding and are
@@ -297,7 +300,7 @@ class SourceSpec:
         object.__setattr__(self, "on_bad_record", _as_enum(BadRecordPolicy, "on_bad_record", self.on_bad_record))
 
     def validate(self) -> "SourceSpec":
-        _check_types(self, ints=(), bools=(), optional_ints=("vocab_size",))
+        _check_types(self, ints=(), bools=("all_targets",), optional_ints=("vocab_size",))
         for name in ("tokens_field", "mask_field", "labels_field", "attention_field"):
             value = getattr(self, name)
             if not (isinstance(value, str) and value) and not (value is None and name != "tokens_field"):
@@ -307,6 +310,8 @@ class SourceSpec:
                                   "Parquet and Arrow files are)")
         if self.mask_field and self.labels_field:
             raise ConfigError("--mask-field and --labels-field are mutually exclusive")
+        if self.all_targets and (self.mask_field or self.labels_field):
+            raise ConfigError("all_targets excludes a mask or labels field")
         if self.vocab_size is not None and not 1 <= self.vocab_size <= 2**63:
             # token ids are 64-bit signed integers: 2**63 already admits every one, and the
             # metadata's JSON (its checksum too) holds no larger integer
