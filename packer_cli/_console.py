@@ -224,10 +224,11 @@ def guard_std_streams() -> None:
         sys.stderr = _GuardedStream(sys.stderr, _stderr_failed)
 
 
-def say(line: "str | Text", console: _RichConsole | None = None, markup: bool = False) -> None:
+def say(line: "str | Text", console: _RichConsole | None = None) -> None:
     """One line on stderr, after what stdout holds (a --json document comes first, as it was
     written first), unless stderr's reader has gone (then nothing, and nothing later). Through
-    ``console`` when given (rich markup; a live progress display stays below the line)."""
+    ``console`` when given (a live progress display stays below the line; a ``Text`` keeps its
+    styles, and a string is printed as it is, never read as rich markup: messages hold paths)."""
     try:
         sys.stdout.flush()
     except (OSError, ValueError, StdoutLost):  # stdout gone or failing: main() answers that
@@ -236,6 +237,6 @@ def say(line: "str | Text", console: _RichConsole | None = None, markup: bool = 
         if console is None:
             print(line, file=sys.stderr, flush=True)
         else:
-            console.print(line, markup=markup)
+            console.print(line, markup=False)
     except BrokenPipeError:  # rich 13 raises it; later versions call on_broken_pipe
         quiet_stream(2)

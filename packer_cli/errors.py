@@ -119,8 +119,8 @@ class KernelCacheWarning(PackerWarning):
 
 
 class Interrupted(BaseException):
-    """SIGINT (Ctrl-C) or SIGTERM (a scheduler preempting the job), raised in the main thread by
-    the CLI's handler (:func:`raise_interrupted`).
+    """SIGINT (Ctrl-C), SIGTERM (a scheduler preempting the job) or SIGHUP (a closed terminal),
+    raised in the main thread by the CLI's handler (:func:`raise_interrupted`).
 
     It unwinds the command like an error, so every ``finally`` runs: background threads are
     stopped and joined, and the temporary output and spill are removed. Not a
@@ -173,7 +173,7 @@ def _first_arrived(signum: int) -> int:
 
 
 def raise_interrupted(signum: int, frame=None) -> None:
-    """The CLI's handler for SIGINT and SIGTERM: remember the signal, then raise it, once.
+    """The CLI's handler for SIGINT, SIGTERM and SIGHUP: remember the signal, then raise it, once.
 
     A second signal (Ctrl-C pressed twice) is only recorded: raised, it would land in the
     cleanup the first one set off and cut it short, leaving ``OUT.tmp-PID-RANDOM`` behind. Should the
@@ -224,7 +224,7 @@ def signal_received() -> int | None:
 
 
 def stop_raising_interrupts() -> None:
-    """The command is over: a SIGINT or SIGTERM from now on is only recorded, not raised where
+    """The command is over: a stopping signal from now on is only recorded, not raised where
     nothing would catch it (the final flush of its output). One assignment, so no signal can
     land half-way through it, as one could while ``signal.signal`` swapped two handlers."""
     global _raising

@@ -66,10 +66,10 @@ def lower_bound_label(spec: dict) -> str:
 
 
 def _targets_line(source: dict) -> str:
-    """Where the training targets came from: the field, or every token when the records have none."""
+    """Where the training targets came from: the field read, or every token."""
     sup = source["supervision"]
     if sup["kind"] == "all":
-        return "every token (the records have no loss mask, labels or answer start)"
+        return "every token (no supervision field read)"
     kind = {"mask": "loss mask", "labels": "HF labels", "answer": "answer start"}[sup["kind"]]
     return f"{kind} '{sup['field']}'"
 

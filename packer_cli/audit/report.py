@@ -47,24 +47,6 @@ class PackDetail:
     padded_len: list[int]
     target_tokens: list[int]
 
-    def quality(self, whole_capacity: bool = False) -> dict:
-        """Efficiency, fill and the gaps to the bounds (``whole_capacity``: see :meth:`bounds`)."""
-        cap = max(1, self.capacity_tokens)
-        lower, l2 = self.bounds(whole_capacity)
-
-        def gap(bound):
-            if bound is None:
-                return None, None
-            return self.packs - bound, (100.0 * (self.packs - bound) / bound if bound else 0.0)
-
-        gap_l1, gap_l1_pct = gap(lower)
-        gap_l2, gap_l2_pct = gap(l2)
-        return {
-            "efficiency": self.runtime_tokens / cap, "fill": self.padded_tokens / cap,
-            "lower_bound": lower, "gap_to_lower_bound": gap_l1, "gap_to_lower_bound_pct": gap_l1_pct,
-            "l2_bound": l2, "gap_to_l2": gap_l2, "gap_to_l2_pct": gap_l2_pct,
-        }
-
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 

@@ -21,7 +21,8 @@ from packer_cli.shards._atomic import within
 from packer_cli.shards.bridge import is_bridge_dir, layout_files
 from packer_cli.shards.format import FORMAT_NAME, MANIFEST_FILE
 
-#: Suffix → format name. Longest suffixes first so ``.jsonl.gz`` wins over ``.gz``.
+#: Suffix → format name, matched in this order (compressed JSON Lines by their full suffix:
+#: a bare ``.gz`` or ``.zst`` names no format).
 SUFFIXES = {
     ".jsonl.gz": "jsonl",
     ".jsonl.zst": "jsonl",

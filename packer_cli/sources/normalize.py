@@ -108,7 +108,6 @@ class SampleBatch:
     source_index: np.ndarray
     records: int = 0
     too_short: int = 0
-    no_targets: int = 0
     padding: int = 0  # tokens of the good records dropped as padding (the attention mask's 0s)
     bad: list[BadRecord] = field(default_factory=list)
     max_token: int | None = None  # the largest id when validation found it (an upper bound once rows are dropped)
