@@ -15,16 +15,10 @@ import importlib  # noqa: E402
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from packer_cli.errors import ConfigError, DataError, OutputError, PackerError
+    from packer_cli.pipeline import pack
     from packer_cli.plan import first_fit_decreasing
     from packer_cli.shards.bridge_output import BridgeOutput
     from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec
-
-
-def pack(*args, **kwargs):
-    """Pack tokenized samples into THD-ready shards; see :func:`packer_cli.pipeline.pack`."""
-    from packer_cli.pipeline import pack as _pack
-
-    return _pack(*args, **kwargs)
 
 
 # Loaded on first use. numba comes with the planner: ``import packer_cli.torch`` (every data
@@ -38,6 +32,9 @@ _LAZY = {
     "first_fit_decreasing": "packer_cli.plan",
     **{name: "packer_cli.spec" for name in ("Algorithm", "BadRecordPolicy", "OverlongPolicy", "PackSpec", "SourceSpec")},
     "BridgeOutput": "packer_cli.shards.bridge_output",  # pack(..., output=BridgeOutput(...))
+    # the function itself, so that help(pack) and its signature are the real ones (a wrapper
+    # showed ``(*args, **kwargs)``); its module, and numba, load when the name is first taken
+    "pack": "packer_cli.pipeline",
 }
 
 

@@ -24,6 +24,7 @@ from packer_cli._console import (Console, StdoutLost, guard_std_streams, quiet_s
                                  stdout_takes_utf8)
 
 from packer_cli._allocator import keep_freed_memory
+from packer_cli._cycles import sweep_while_collector_off
 from packer_cli._jit import light_cache_loads
 from packer_cli.errors import (ConfigError, Interrupted, PackerError, PackerWarning, check_interrupted,
                                exception_chain, first_line, handling_signals, interrupted, late_signal, raise_interrupted,
@@ -433,6 +434,7 @@ def main() -> None:
     _std_streams_present()
     guard_std_streams()
     gc.disable()
+    sweep_while_collector_off()
     handling_signals()
     record_arrival_order()
     for signum in STOPPING_SIGNALS:  # SIGHUP too: a closed terminal, a dropped ssh session

@@ -31,6 +31,7 @@ import glob
 import os
 import tempfile
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, replace
@@ -43,8 +44,8 @@ from packer_cli._background import background, ordered_map
 from packer_cli._kernel_cache import njit
 from packer_cli._sequences import Items, SampleLog, SourceMap, build_items
 from packer_cli._summary import PackSummary, summarize
-from packer_cli.errors import (ConfigError, DataError, Interrupted, OutputError, check_interrupted, counted,
-                               env_choice, interrupts_deferred, result_in_place)
+from packer_cli.errors import (ConfigError, DataError, Interrupted, OutputError, PackerWarning, check_interrupted,
+                               counted, env_choice, interrupts_deferred, interrupts_kept, result_in_place)
 from packer_cli.plan import plan_packs
 from packer_cli.plan.plan import PackPlan
 from packer_cli.plan.bounds import histogram
@@ -594,6 +595,13 @@ def _prepare_out(out: str, overwrite: bool, inputs: list[str], create: bool = Tr
     return make_temporary(out) if create else None
 
 
+def python_warning(line: str) -> None:
+    """``pack()``'s default ``warn``: each warning a :class:`~packer_cli.errors.PackerWarning`
+    through :mod:`warnings`, so a program's filters and ``catch_warnings`` see it."""
+    warnings.warn(line, PackerWarning, stacklevel=2)
+
+
+@interrupts_kept
 def pack(
     inputs: list[str],
     out: str | None,
@@ -604,7 +612,7 @@ def pack(
     dry_run: bool = False,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     progress: bool = False,
-    warn: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = python_warning,
     output: BridgeOutput | None = None,
     spill_dir: str | None = None,
     spill_memory: int | None = None,
@@ -620,7 +628,8 @@ def pack(
     Parquet layout (one split per call) instead of native shards, from the same plan. The run
     works on its own copy: one object may serve several runs, at once too.
 
-    ``warn``: called with each warning's line (None: warnings are not reported).
+    ``warn``: called with each warning's line; by default each is a
+    :class:`~packer_cli.errors.PackerWarning` through :mod:`warnings`; None: not reported.
 
     ``spill_dir``: an existing directory to hold pass one's spill (about 2¼ bytes a token, read
     back at random in pass two) instead of the temporary output directory, e.g. local disk when

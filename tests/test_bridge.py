@@ -1209,6 +1209,7 @@ def test_a_large_footer_read_for_the_file_checks_is_freed_at_once(small, tmp_pat
     copy the file checks read stayed for the whole audit (255k row groups: 1.4 GB more)."""
     import gc
 
+    from packer_cli import _cycles
     from packer_cli.audit import _bridge_checks
     from packer_cli.audit.findings import FindingSink
     from packer_cli.shards.bridge_store import BridgeStore
@@ -1216,6 +1217,7 @@ def test_a_large_footer_read_for_the_file_checks_is_freed_at_once(small, tmp_pat
     bridge_pack([small], tmp_path / "out", PackSpec(pack_size=512), row_group_size=1)
     store = BridgeStore.open(str(tmp_path / "out"))
     monkeypatch.setattr(_bridge_checks, "SWEPT_FOOTER_GROUPS", swept_from)
+    monkeypatch.setattr(_cycles, "_sweeping", True)  # as the CLI runs
     footers = lambda: sum(type(o) is pq.FileMetaData for o in gc.get_objects())  # noqa: E731
     gc.collect()
     gc.disable()

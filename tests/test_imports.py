@@ -5,6 +5,7 @@ A data-loader worker imports ``packer_cli.torch`` and reads shards with pyarrow;
 process, every spawned worker again). Each check runs in a fresh interpreter, since this
 test process has long since imported everything.
 """
+import inspect
 import json
 import os
 import subprocess
@@ -79,6 +80,10 @@ def test_torch_side_reads_and_slices_shards_without_the_compiler(tmp_path, layou
 def test_lazy_names_resolve_to_the_real_objects():
     assert packer_cli.first_fit_decreasing is algorithms.first_fit_decreasing
     assert packer_cli.BridgeOutput is BridgeOutput  # README: pack(..., output=BridgeOutput(...))
+    from packer_cli import pipeline
+
+    assert packer_cli.pack is pipeline.pack  # help(pack) shows its own docstring and signature
+    assert "spill_memory" in inspect.signature(packer_cli.pack).parameters
     for name in packer_cli.__all__:
         assert getattr(packer_cli, name) is not None
     assert packer_cli.plan.martello_toth_l2 is bounds.martello_toth_l2

@@ -157,6 +157,7 @@ def test_many_parquet_files_leave_no_footers_behind_with_the_collector_off(tmp_p
 
     every = _cycles.FILES_PER_SWEEP
     monkeypatch.setattr(_cycles, "_files_read", itertools.count(1))  # this test's files are the 1st to 600th
+    monkeypatch.setattr(_cycles, "_sweeping", True)  # as in the CLI, which turned the collector off
     table = pa.table({"input_ids": pa.array([[1, 2, 3], [4, 5]] * 5, pa.list_(pa.int32()))})
     for k in range(600):
         pq.write_table(table, tmp_path / f"part-{k:04d}.parquet", row_group_size=2)
@@ -169,3 +170,20 @@ def test_many_parquet_files_leave_no_footers_behind_with_the_collector_off(tmp_p
     assert frozen == 0 and kept >= 600  # one or more a file (pyarrow 14 leaves more than one)
     # only the files read since the last sweep (600 - 2 * 256 = 88 of 600) leave theirs
     assert swept <= kept * (600 - 2 * every) / 600 + 10, (swept, kept)
+
+
+def test_a_program_that_turned_the_collector_off_has_nothing_frozen(tmp_path, monkeypatch):
+    """A training loop that collects by hand turned the collector off itself: the library
+    reading its 256th file froze every object the program held (a cycle it dropped later was
+    never freed). Only the CLI, whose collector packer turned off, is swept."""
+    import itertools
+
+    from packer_cli import _cycles
+
+    monkeypatch.setattr(_cycles, "_files_read", itertools.count(1))
+    monkeypatch.setattr(_cycles, "_sweeping", False)  # the library in a program of its own
+    table = pa.table({"input_ids": pa.array([[1, 2, 3], [4, 5]] * 5, pa.list_(pa.int32()))})
+    for k in range(600):
+        pq.write_table(table, tmp_path / f"part-{k:04d}.parquet", row_group_size=2)
+    _, frozen = _footers_left_by([tmp_path], collector_on=False)
+    assert frozen == 0

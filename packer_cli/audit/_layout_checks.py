@@ -58,7 +58,7 @@ class InconsistentOutput(DataError):
     ``findings`` are verify's, the message one line with the first finding of each failed check."""
 
     def __init__(self, out: str, findings: list[Finding], errors: dict[str, int], refused: str):
-        self.findings = findings
+        self.out, self.findings, self.errors, self.refused = out, findings, errors, refused
         n = sum(errors.values())
         first = {}  # one line for each failed check, in the order they were found
         for finding in findings:
@@ -66,6 +66,9 @@ class InconsistentOutput(DataError):
         super().__init__(f"{out}: not {refused}, {n} problem{'s' if n > 1 else ''} in {len(errors)} "
                          f"check{'s' if len(errors) > 1 else ''}: {'; '.join(first.values())}; "
                          f"run `packer verify` for a full report")
+
+    def __reduce__(self):  # pickle's default calls the class with the message alone
+        return type(self), (self.out, self.findings, self.errors, self.refused)
 
 
 def raise_if_inconsistent(out: str, sink: FindingSink, refused: str, ignore: tuple[str, ...] = ()) -> None:

@@ -28,7 +28,7 @@ from packer_cli.audit._layout_checks import (CHANGED, Layout, check_layout, dire
 from packer_cli.audit.findings import FindingSink
 from packer_cli.audit.report import InspectReport, PackDetail
 from packer_cli.audit.store import PackBatch
-from packer_cli.errors import ConfigError, DataError, PackerError, counted
+from packer_cli.errors import ConfigError, DataError, PackerError, counted, interrupts_kept
 from packer_cli.sources.discover import path_argument
 from packer_cli.spec import is_int
 
@@ -114,6 +114,7 @@ def _spec_of(meta: dict) -> dict:
     return spec
 
 
+@interrupts_kept
 def inspect_output(out: str, pack: int | None = None, split: str | None = None) -> InspectReport:
     """Read ``out`` and return its report; ``pack`` adds that pack's detail (global index).
 

@@ -51,6 +51,9 @@ class ShardError(DataError):
         self.shard, self.row, self.reason = shard, row, message
         super().__init__(f"{shard}{f' row {row}' if row is not None else ''}: {message}")
 
+    def __reduce__(self):  # pickle's default calls the class with the message alone
+        return type(self), (self.shard, self.reason, self.row)
+
 
 @dataclass
 class PackBatch:

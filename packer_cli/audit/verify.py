@@ -34,7 +34,7 @@ from packer_cli.audit._pack_checks import Sequences, check_batch
 from packer_cli.audit.findings import ERROR, WARNING, Finding, FindingSink
 from packer_cli.audit.report import InspectReport
 from packer_cli.audit.store import ShardError
-from packer_cli.errors import ConfigError, PackerError, counted, reading_document
+from packer_cli.errors import ConfigError, PackerError, counted, interrupts_kept, reading_document
 from packer_cli.sources.discover import input_paths, path_argument
 from packer_cli.spec import is_int
 from packer_cli.shards.writer import file_checksum
@@ -199,6 +199,7 @@ def _not_compared(files) -> dict | None:
     return incomplete_source(files, 0)
 
 
+@interrupts_kept
 def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20,
                   split: str | None = None) -> VerifyReport:
     """Verify ``out``; with ``sources``, also replay those inputs and match every sample.

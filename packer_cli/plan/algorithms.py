@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from packer_cli.errors import interrupts_kept
+
 from . import _kernels as K
 from ._validate import check_lengths
 
@@ -107,6 +109,7 @@ def _run_bridge(arr: np.ndarray, capacity: int, seed):
     return pack_of_item, order, offsets, load, num_packs
 
 
+@interrupts_kept
 def first_fit_decreasing(lengths, capacity) -> np.ndarray:
     """First-fit decreasing (FFD).
 
@@ -140,6 +143,7 @@ def first_fit_decreasing(lengths, capacity) -> np.ndarray:
     return _pack_of_item_decreasing(arr, capacity, "ffd")
 
 
+@interrupts_kept
 def best_fit_decreasing(lengths, capacity) -> np.ndarray:
     """Best-fit decreasing (BFD).
 
@@ -157,6 +161,7 @@ def best_fit_decreasing(lengths, capacity) -> np.ndarray:
     return _pack_of_item_decreasing(arr, capacity, "bfd")
 
 
+@interrupts_kept
 def next_fit(lengths, capacity) -> np.ndarray:
     """Order-preserving next fit: items stay in input order, and a new pack is
     opened whenever the current one cannot take the next item.
@@ -169,6 +174,7 @@ def next_fit(lengths, capacity) -> np.ndarray:
     return _run_next_fit(arr, capacity)[0]
 
 
+@interrupts_kept
 def bridge_first_fit_shuffle(lengths, capacity, seed) -> tuple[np.ndarray, np.ndarray]:
     """Megatron-Bridge's default ``first_fit_shuffle`` + ``fill_packing_strategy``.
 

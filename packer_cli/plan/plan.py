@@ -8,7 +8,7 @@ from functools import cached_property
 
 import numpy as np
 
-from packer_cli.errors import counted
+from packer_cli.errors import counted, interrupts_kept
 
 from . import _kernels as K
 from ._validate import check_lengths
@@ -175,6 +175,7 @@ def _plan_compacted(arr: np.ndarray, capacity: int, algorithm: str, seed) -> Pac
     return _make_plan(order, offsets, load, arr.shape[0], capacity, algorithm)
 
 
+@interrupts_kept
 def plan_packs(lengths, capacity, algorithm: str = "ffd", seed=0, *, refine: bool = False,
                skip_empty: bool = False) -> PackPlan:
     """Assign items to packs of ``capacity`` tokens.

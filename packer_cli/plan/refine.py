@@ -30,6 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from packer_cli.errors import interrupts_kept
+
 from ._refine_kernels import _collect, _compose, _rebuild_sorted, _sort_pool
 from ._validate import check_lengths
 from .bounds import _best_of_lengths
@@ -278,6 +280,7 @@ def _with_packs(arr, plan: PackPlan, kept_packs, sequence, ends, *, in_place: bo
     return _make_plan(order, offsets, load, plan.num_items, plan.capacity, plan.algorithm)
 
 
+@interrupts_kept
 def refine_plan(lengths, plan: PackPlan, *, max_rounds: int = 4) -> PackPlan:
     """Reduce the number of packs of ``plan``.
 

@@ -236,6 +236,9 @@ class BridgeRowError(ValueError):
         self.row, self.reason = int(row), reason
         super().__init__(f"row {self.row}: {reason}")
 
+    def __reduce__(self):  # pickle's default calls the class with the message alone
+        return type(self), (self.row, self.reason)
+
 
 def _first(flags) -> int:
     """Index of the first true entry of a boolean pyarrow array (there is one)."""

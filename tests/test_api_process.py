@@ -1,0 +1,104 @@
+"""The Python API inside a user's process: warnings through :mod:`warnings`, exceptions that
+cross a process pool, a Ctrl-C that comes out as ``KeyboardInterrupt``."""
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+
+import orjson
+import pytest
+
+from packer_cli import DataError, PackSpec, pack
+from packer_cli.audit.findings import Finding
+from packer_cli.audit._layout_checks import InconsistentOutput
+from packer_cli.audit.store import ShardError
+from packer_cli.errors import BadRecord, PackerWarning, interrupts_kept
+from packer_cli.shards.bridge_reader import BridgeRowError
+
+
+def _write(path, records):
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return path
+
+
+def test_warnings_go_through_the_warnings_module(tmp_path):
+    path = _write(tmp_path / "in.jsonl", [{"input_ids": [1, 2, 3], "loss_mask": [1, 0, 0],
+                                           "labels": [1, 2, 3]}])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pack([str(path)], str(tmp_path / "out"), PackSpec(pack_size=16))
+    lines = [str(w.message) for w in caught if issubclass(w.category, PackerWarning)]
+    assert any("the records' 'labels' was not read" in line for line in lines), lines
+    assert any("no target tokens" in line for line in lines), lines
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PackerWarning)  # a program's filters apply
+        with pytest.raises(PackerWarning):
+            pack([str(path)], str(tmp_path / "o2"), PackSpec(pack_size=16))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pack([str(path)], str(tmp_path / "o3"), PackSpec(pack_size=16), warn=None)
+    assert not [w for w in caught if issubclass(w.category, PackerWarning)]
+
+
+@pytest.mark.parametrize("error", [
+    BadRecord("in.jsonl", 4, "input_ids[2] = -1 is negative", line=5),
+    BadRecord("in.parquet", 7, "field 'input_ids' is null"),
+    ShardError("packs-00000.arrow", "checksum differs", row=3),
+    InconsistentOutput("out", [Finding("shard.missing", "gone", shard="packs-00001.arrow")],
+                       {"shard.missing": 1}, "inspected"),
+    BridgeRowError(12, "packer_seq_lens holds a negative length"),
+], ids=["line", "row", "shard", "inconsistent", "bridge-row"])
+def test_errors_survive_pickling(error):
+    """A process pool sends a worker's exception back pickled: the default pickling called the
+    class with the message alone, and multiprocessing.Pool hung on a bad record."""
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error) and str(copy) == str(error)
+    assert copy.__dict__ == error.__dict__
+
+
+def _pack_in_worker(path: str, out: str):
+    return pack([path], out, PackSpec(pack_size=16))
+
+
+def test_a_bad_record_in_a_pool_worker_is_the_callers_data_error(tmp_path):
+    path = _write(tmp_path / "in.jsonl", [{"input_ids": [1, 2, 3]}, {"input_ids": [1, -2, 3]}])
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(1, mp_context=context) as pool:
+        future = pool.submit(_pack_in_worker, str(path), str(tmp_path / "out"))
+        with pytest.raises(DataError, match=r"in.jsonl: line 2: input_ids\[1\] = -2 is negative"):
+            future.result(timeout=120)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_interrupt_c_code_reported_as_a_system_error_comes_out_as_itself():
+    """numba's dispatcher turns a Ctrl-C that lands in a kernel into ``SystemError: ... returned a
+    result with an exception set``, the KeyboardInterrupt its context."""
+    @interrupts_kept
+    def kernel_call():
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise SystemError("CPUDispatcher(<function _ffd_positions>) returned a result with an "
+                              "exception set") from exc
+
+    with pytest.raises(KeyboardInterrupt):
+        kernel_call()
+
+    @interrupts_kept
+    def plain_failure():
+        raise SystemError("a real one")
+
+    with pytest.raises(SystemError, match="a real one"):
+        plain_failure()
+
+
+def test_the_public_entry_points_keep_interrupts():
+    from packer_cli import plan
+    from packer_cli.audit import inspect_output, verify_output
+    from packer_cli.pipeline import pack as pipeline_pack
+
+    for func in (pipeline_pack, plan.first_fit_decreasing, plan.best_fit_decreasing, plan.next_fit,
+                 plan.bridge_first_fit_shuffle, plan.plan_packs, plan.refine_plan, inspect_output, verify_output):
+        assert getattr(func, "__wrapped__", None) is not None, func.__name__
