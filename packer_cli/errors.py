@@ -319,6 +319,8 @@ def interrupts_kept(func):
         try:
             return func(*args, **kwargs)
         except SystemError as exc:
-            reraise_interrupt(exc)
-            raise
+            interrupt = next((cause for cause in exception_chain(exc) if not isinstance(cause, Exception)), None)
+            if interrupt is None:
+                raise
+            raise interrupt from None  # its traceback without the SystemError's text above it
     return kept

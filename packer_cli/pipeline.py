@@ -29,6 +29,7 @@ import errno
 import functools
 import glob
 import os
+import sys
 import tempfile
 import time
 import warnings
@@ -597,8 +598,18 @@ def _prepare_out(out: str, overwrite: bool, inputs: list[str], create: bool = Tr
 
 def python_warning(line: str) -> None:
     """``pack()``'s default ``warn``: each warning a :class:`~packer_cli.errors.PackerWarning`
-    through :mod:`warnings`, so a program's filters and ``catch_warnings`` see it."""
-    warnings.warn(line, PackerWarning, stacklevel=2)
+    through :mod:`warnings`, so a program's filters and ``catch_warnings`` see it. It is shown
+    for every run, at the program's line that called packer: by the default filter's rule (once
+    for each message and place) a second run's warning was dropped, its text the same and its
+    place a line of packer's."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("packer_cli"):
+        frame = frame.f_back
+    if frame is None:  # packer called from nowhere else (python -m): its own line, then
+        warnings.warn(line, PackerWarning, stacklevel=2)
+        return
+    warnings.warn_explicit(line, PackerWarning, frame.f_code.co_filename, frame.f_lineno,
+                           module=frame.f_globals.get("__name__"), registry=None, module_globals=frame.f_globals)
 
 
 @interrupts_kept

@@ -42,6 +42,19 @@ def test_warnings_go_through_the_warnings_module(tmp_path):
     assert not [w for w in caught if issubclass(w.category, PackerWarning)]
 
 
+def test_every_run_s_warnings_show_at_the_caller_s_line(tmp_path):
+    """Python's default filter shows a warning once for each message and place: a second run's
+    warnings (the same text, raised at the same line of packer's) were dropped."""
+    path = _write(tmp_path / "in.jsonl", [{"input_ids": [1, 2, 3], "loss_mask": [1, 0, 0]}])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for k in range(2):
+            pack([str(path)], str(tmp_path / f"o{k}"), PackSpec(pack_size=16))
+    ours = [w for w in caught if issubclass(w.category, PackerWarning)]
+    assert [str(w.message) for w in ours] == ["1 sample has no target tokens (kept, they add no loss)"] * 2
+    assert all(w.filename == __file__ for w in ours), [w.filename for w in ours]
+
+
 @pytest.mark.parametrize("error", [
     BadRecord("in.jsonl", 4, "input_ids[2] = -1 is negative", line=5),
     BadRecord("in.parquet", 7, "field 'input_ids' is null"),
@@ -83,8 +96,9 @@ def test_an_interrupt_c_code_reported_as_a_system_error_comes_out_as_itself():
             raise SystemError("CPUDispatcher(<function _ffd_positions>) returned a result with an "
                               "exception set") from exc
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as raised:
         kernel_call()
+    assert raised.value.__suppress_context__  # its traceback shows no SystemError above it
 
     @interrupts_kept
     def plain_failure():
