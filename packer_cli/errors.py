@@ -301,9 +301,13 @@ def reraise_interrupt(exc: BaseException) -> None:
     (numba's dispatcher loading a cached kernel, a codec) the C code reports a ``SystemError``
     with the interrupt as its context, which an ``except Exception`` that falls back to another
     way would swallow: the Ctrl-C was lost and the run went on to exit 0."""
-    for cause in exception_chain(exc):
-        if not isinstance(cause, Exception):  # KeyboardInterrupt, the CLI's signal, SystemExit
-            raise cause
+    if (interrupt := interrupt_behind(exc)) is not None:
+        raise interrupt
+
+
+def interrupt_behind(exc: BaseException) -> BaseException | None:
+    """The interrupt in ``exc``'s chain, if any: a KeyboardInterrupt, the CLI's signal, SystemExit."""
+    return next((cause for cause in exception_chain(exc) if not isinstance(cause, Exception)), None)
 
 
 def interrupts_kept(func):
@@ -319,7 +323,7 @@ def interrupts_kept(func):
         try:
             return func(*args, **kwargs)
         except SystemError as exc:
-            interrupt = next((cause for cause in exception_chain(exc) if not isinstance(cause, Exception)), None)
+            interrupt = interrupt_behind(exc)
             if interrupt is None:
                 raise
             raise interrupt from None  # its traceback without the SystemError's text above it
