@@ -49,7 +49,7 @@ from packer_cli.errors import (ConfigError, DataError, Interrupted, OutputError,
                                counted, env_choice, interrupts_deferred, interrupts_kept, result_in_place)
 from packer_cli.plan import plan_packs
 from packer_cli.plan.plan import PackPlan
-from packer_cli.plan.bounds import histogram
+from packer_cli.plan.bounds import histogram, usable_capacity
 from packer_cli.progress import Progress
 from packer_cli.shards._atomic import (REPLACED, check_parent, check_replaceable, check_writable, foreign_files,
                                       make_temporary, output_target, overwrite_refusal, remove_tree, replace_dir,
@@ -695,7 +695,7 @@ def pack(
         if warn and (note := output.row_group_memory_note(spec.pack_size)):
             warn(note)
     if warn and spec.pack_size % spec.pad_multiple:
-        usable = spec.pack_size // spec.pad_multiple * spec.pad_multiple
+        usable = usable_capacity(spec.pack_size, spec.pad_multiple)
         warn(f"pack size {spec.pack_size} is not a multiple of the padding multiple {spec.pad_multiple}: "
              f"sequences padded to multiples of it fill at most {usable} tokens of a pack, and the last "
              f"{spec.pack_size - usable} are always padding (--pack-size {usable} gives the same packs)")

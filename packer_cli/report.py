@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from packer_cli._console import Console
 from packer_cli.errors import counted
+from packer_cli.plan.bounds import usable_capacity
 from rich.table import Table
 from rich.text import Text
 
@@ -61,7 +62,7 @@ def lower_bound_label(spec: dict) -> str:
     bounds are C′'s then)."""
     C, m = spec.get("pack_size"), spec.get("pad_seq_to_mult")
     if type(C) is int and type(m) is int and 1 <= m <= C and C % m:
-        return f"lower bound ⌈Σp/C′⌉ (C′ = {C // m * m}) / gap"
+        return f"lower bound ⌈Σp/C′⌉ (C′ = {usable_capacity(C, m)}) / gap"
     return "lower bound ⌈Σp/C⌉ / gap"
 
 
