@@ -44,6 +44,12 @@ class Console(_RichConsole):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("markup", False)
         kwargs.setdefault("emoji", False)
+        # COLUMNS=0 or LINES=0 (exported so by some shells and CI runners) count as unset, as
+        # Python's shutil.get_terminal_size takes them: rich took a width of 0 and printed
+        # nothing, error lines and verify's verdict included
+        if any(_zero(os.environ.get(name)) for name in ("COLUMNS", "LINES")):
+            kwargs.setdefault("_environ", {k: v for k, v in os.environ.items()
+                                           if not (k in ("COLUMNS", "LINES") and _zero(v))})
         super().__init__(*args, **kwargs)
 
     def on_broken_pipe(self) -> None:
@@ -52,6 +58,10 @@ class Console(_RichConsole):
             return
         quiet_stream(1)
         raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
+def _zero(value: str | None) -> bool:
+    return value is not None and value.isdigit() and int(value) == 0
 
 
 class StdoutLost(Exception):

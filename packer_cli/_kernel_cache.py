@@ -28,6 +28,10 @@ link) owned by this user that no one else may enter. It is made with mode 0700 w
 one that exists and is not private is left alone. Where no directory is left at all the
 kernels compile in memory, with a :class:`~packer_cli.errors.KernelCacheWarning` saying so
 once a process.
+
+A cache directory away from the sources is seeded from the kernels cached beside them
+(:func:`_seed_from_tree`): an image whose kernels were compiled at build time, run by a user
+who may not write to the package, loads them instead of compiling everything again.
 """
 from __future__ import annotations
 
@@ -56,6 +60,11 @@ def _import_numba():
         except (ValueError, RuntimeError, KeyError) as exc:
             check_interrupted()  # a Ctrl-C that numba's C code turned into an error of its own
             raise ConfigError(f"numba cannot start: {first_line(exc)} (a NUMBA_* environment variable?)") from exc
+    from numba.core import config
+
+    if config.DISABLE_JIT:  # numba would run each kernel as Python: intrinsics raise there, the rest crawls
+        raise ConfigError("NUMBA_DISABLE_JIT is set: packer's kernels need numba's compiler (some use "
+                          "intrinsics that have no Python form); unset it")
     for w in caught:
         if issubclass(w.category, RuntimeWarning) and "NUMBA_" in str(w.message):
             warnings.warn(f"{first_line(w.message)} (numba uses its default)", PackerWarning, stacklevel=3)
@@ -289,9 +298,10 @@ class _Stamp:
         return (tuple, (self.value(),))
 
 
-def _reaching(base: type) -> type:
+def _reaching(base: type, seeded: bool) -> type:
     """``base`` (one of numba's source-file locators) with the reach digest in its stamp, for
-    functions under the package root only."""
+    functions under the package root only; ``seeded``: a cache directory away from the sources,
+    seeded from the kernels compiled beside them (:func:`_seed_from_tree`)."""
 
     class Locator(base):
         def __init__(self, py_func, py_file):
@@ -305,7 +315,10 @@ def _reaching(base: type) -> type:
         def from_function(cls, py_func, py_file):
             if not _under_roots(py_file):
                 return None
-            return super().from_function(py_func, py_file)
+            self = super().from_function(py_func, py_file)
+            if self is not None and seeded:
+                _seed_from_tree(os.path.abspath(py_file), self.get_cache_path())
+            return self
 
     Locator.__name__ = Locator.__qualname__ = f"Packer{base.__name__.lstrip('_')}"
     return Locator
@@ -328,6 +341,82 @@ def _private_temp(base: type) -> type:
     return PrivateTempCacheLocator
 
 
+@lru_cache(maxsize=None)  # once per module and directory in a process
+def _seed_from_tree(py_file: str, cache_path: str) -> None:
+    """Copy the kernels cached beside ``py_file`` (its ``__pycache__``) into ``cache_path``
+    where that directory has none of a kernel's files yet.
+
+    An image built with packer's kernels compiled into the package (a first run at build time)
+    and run as a user who may not write there: numba uses a cache directory only where it can
+    write, so every new container compiled everything again (14-22 s a command) in the user's
+    own directory, with the compiled kernels beside it unread. Copies of them load as they are:
+    a stale one (another packer version) is compiled again as numba does anywhere.
+
+    A kernel's index and data files go together: a kernel with any file there already is
+    left to that directory (an index copied beside another version's data file of the same name
+    would name the wrong machine code). The source directory is read only when no one but its
+    owner, this user or root, may write to it (a cached kernel is a pickle); each file is
+    written under a temporary name and renamed, its data before its index, so a process
+    loading meanwhile sees a whole kernel or none."""
+    tree = os.path.join(os.path.dirname(py_file), "__pycache__")
+    if not _trusted(tree, directory=True) or os.path.realpath(tree) == os.path.realpath(cache_path):
+        return
+    module = os.path.splitext(os.path.basename(py_file))[0] + "."
+    try:
+        names = [n for n in os.listdir(tree) if n.startswith(module) and n.endswith((".nbi", ".nbc"))]
+        present = {_kernel_of(n) for n in os.listdir(cache_path)}
+    except OSError:
+        return
+    kernels: dict[str, list[str]] = {}
+    for name in names:
+        kernels.setdefault(_kernel_of(name), []).append(name)
+    for kernel, files in kernels.items():
+        if kernel in present or not any(n.endswith(".nbi") for n in files):
+            continue
+        for name in sorted(files, key=lambda n: n.endswith(".nbi")):  # the index last
+            if not _copy_trusted(os.path.join(tree, name), os.path.join(cache_path, name)):
+                break
+
+
+def _kernel_of(name: str) -> str:
+    """The kernel a cache file belongs to: ``mod.fn-12.py311`` of ``mod.fn-12.py311.nbi`` and
+    of its data files ``mod.fn-12.py311.1.nbc``."""
+    stem = name.rsplit(".", 1)[0]
+    if name.endswith(".nbc"):
+        stem = stem.rsplit(".", 1)[0]
+    return stem
+
+
+def _trusted(path: str, directory: bool = False) -> bool:
+    if not hasattr(os, "getuid"):  # no owners to check
+        return False
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    kind = stat.S_ISDIR if directory else stat.S_ISREG
+    return kind(st.st_mode) and not st.st_mode & 0o022 and st.st_uid in (0, os.getuid())
+
+
+def _copy_trusted(src: str, dst: str) -> bool:
+    if not _trusted(src):
+        return False
+    try:
+        with open(src, "rb") as f:
+            data = f.read()
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dst), prefix=".seed-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, dst)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        return False
+    return True
+
+
 def install(root: str | None = None) -> bool:
     """Put the reaching locators first in numba's list (idempotent), for functions under
     packer's package and ``root`` when given: numba's three source-file locators, then the
@@ -348,7 +437,8 @@ def install(root: str | None = None) -> bool:
         return False
     if any(getattr(cls, "_packer_reaching", False) for cls in impl._locator_classes):
         return True
-    ours = [_reaching(base) for base in bases] + [_reaching(_private_temp(bases[2]))]
+    in_tree = bases[1]
+    ours = [_reaching(base, seeded=base is not in_tree) for base in bases] + [_reaching(_private_temp(bases[2]), True)]
     for cls in ours:
         cls._packer_reaching = True
     impl._locator_classes = ours + impl._locator_classes

@@ -33,15 +33,29 @@ from packer_cli.shards._atomic import STOPPING_SIGNALS
 from packer_cli.shards.bridge import OutputFormat, ParquetEncoding, Split
 from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec, SpillRead
 
+# Help as click formats it (rich_markup_mode=None): typer's rich tables cut option names at the
+# 80 columns a pipe or a small terminal has (``--pad-to-max-len…``, ``--parquet-encodi…``),
+# where click's layout wraps the descriptions and keeps every name whole.
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
     help="Pack tokenized SFT samples into fixed-capacity THD packs; inspect and verify them.",
 )
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from packer_cli import __version__
+
+        typer.echo(f"packer {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _group() -> None:
+def _group(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print packer's version and exit.")] = False,
+) -> None:
     """packer: pack, inspect and verify THD training data."""
 
 
@@ -513,7 +527,8 @@ def _run_command() -> int:
     except (StdoutLost, BrokenPipeError) as exc:  # stdout's reader went away (`packer inspect OUT --json | head -1`)
         code = _reader_gone() if getattr(exc, "reader_gone", True) else EXIT_STDOUT_FAILED  # said by main()
     except Exception as exc:
-        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `packer`: the help is already printed
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `packer`: the help, on stderr as click shows it
+            exc.show()
             code = 2
         elif _is_usage_error(exc) or isinstance(exc, PackerError):  # the latter raised before the command's
             line = _usage_line(exc) if _is_usage_error(exc) else f"error: {exc}"  # own handling: its imports

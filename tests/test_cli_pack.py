@@ -1407,3 +1407,55 @@ def test_a_null_beside_another_bad_record_is_said_as_alone(tmp_path):
     assert result.exit_code == 0, result.output
     bad = json.loads((tmp_path / "out" / "metadata.json").read_text())["bad_records"]
     assert [b["reason"] for b in bad] == ["input_ids[1] is null", 'input_ids[1] = "a" is not an integer']
+
+
+def _packer_child(argv, tmp_path, **env):
+    """`python -m packer_cli ARGV` (how a user without the script on PATH runs it), with ``env``
+    added to this environment."""
+    return subprocess.run([sys.executable, "-m", "packer_cli", *map(str, argv)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env={**os.environ, **env})
+
+
+def test_version_and_python_dash_m(tmp_path):
+    from packer_cli import __version__
+
+    child = _packer_child(["--version"], tmp_path)
+    assert (child.returncode, child.stdout, child.stderr) == (0, f"packer {__version__}\n", "")
+    bare = _packer_child([], tmp_path)  # no command: the help, exit 2
+    assert bare.returncode == 2 and "Usage: python -m packer_cli [OPTIONS] COMMAND" in bare.stderr, bare.stderr
+
+
+@pytest.mark.parametrize("command", ["pack", "inspect", "verify"])
+def test_help_keeps_every_option_name_whole_at_80_columns(tmp_path, command):
+    """A pipe (``packer pack --help | less``) or a small terminal has 80 columns: rich's option
+    tables cut names there (``--pad-to-max-len…``); every option must be readable in full."""
+    child = _packer_child([command, "--help"], tmp_path, COLUMNS="80")
+    assert child.returncode == 0 and "…" not in child.stdout, child.stdout
+    options = [p for p in typer.main.get_command(app).commands[command].params if p.param_type_name == "option"]
+    for option in options:
+        for name in option.opts + option.secondary_opts:
+            assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", child.stdout), (name, child.stdout)
+    assert max(map(len, child.stdout.splitlines())) <= 80
+
+
+def test_columns_zero_counts_as_unset(tmp_path):
+    """Some shells and CI runners export COLUMNS=0: rich took it for a width of 0 and printed
+    nothing, error lines included."""
+    path = write_jsonl(tmp_path / "bad.jsonl", [GOOD, GOOD], raw_line3='{"input_ids": [1, "x"], "loss_mask": [0, 1]}')
+    child = _packer_child(["pack", path, "-o", tmp_path / "out"], tmp_path, COLUMNS="0", LINES="0")
+    assert child.returncode == 1 and child.stderr == (
+        f'error: {path}: line 3: input_ids[1] = "x" is not an integer\n'), child.stderr
+    good = write_jsonl(tmp_path / "good.jsonl", [GOOD] * 3)
+    child = _packer_child(["pack", good, "-o", tmp_path / "out"], tmp_path, COLUMNS="0")
+    assert child.returncode == 0 and "samples packed" in child.stderr + child.stdout, child.stderr
+
+
+def test_numba_disable_jit_is_refused_in_one_line(tmp_path):
+    """numba's debugging switch runs kernels as Python, where packer's intrinsics raise (a
+    traceback of ~100 lines): a one-line refusal instead, exit 2."""
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
+    child = _packer_child(["pack", path, "-o", tmp_path / "out"], tmp_path, NUMBA_DISABLE_JIT="1")
+    assert child.returncode == 2 and child.stderr == (
+        "error: NUMBA_DISABLE_JIT is set: packer's kernels need numba's compiler (some use intrinsics that "
+        "have no Python form); unset it\n"), child.stderr
+    assert_nothing_written(tmp_path)

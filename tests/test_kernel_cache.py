@@ -87,6 +87,59 @@ def test_cached_kernel_is_recompiled_when_a_callee_or_constant_changes(tmp_path,
     assert _run(tmp_path) == {"value": 35 + extra, "hits": 0, "misses": 1}
 
 
+def _run_cached_in(tmp_path, cache_dir) -> dict:
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "NUMBA_CACHE_DIR": str(cache_dir)}
+    out = subprocess.run([sys.executable, "-c", RUN, str(tmp_path)], capture_output=True, text=True, env=env,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _kernel_files(directory) -> list[str]:
+    return sorted(p.name for p in directory.rglob("caller.*") if p.suffix in (".nbi", ".nbc"))
+
+
+def _warm_package(tmp_path):
+    pkg = tmp_path / "kpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "caller.py").write_text(CALLER)
+    (pkg / "helper.py").write_text(_helper("n * 2", 0))
+    assert _run(tmp_path) == {"value": 6, "hits": 0, "misses": 1}  # compiled beside the sources
+    (pkg / "__pycache__").chmod(0o755)
+    return pkg
+
+
+def test_a_cache_directory_elsewhere_is_seeded_from_the_kernels_beside_the_sources(tmp_path):
+    """An image whose package holds compiled kernels, run by a user who may not write there:
+    numba caches in a directory of the user's, and the kernels compiled into the image are
+    copied there instead of compiled again."""
+    pkg = _warm_package(tmp_path)
+    elsewhere = tmp_path / "user-cache"
+    elsewhere.mkdir()
+    assert _run_cached_in(tmp_path, elsewhere) == {"value": 6, "hits": 1, "misses": 0}  # not compiled
+    assert _kernel_files(elsewhere) == _kernel_files(pkg / "__pycache__") != []
+    (pkg / "helper.py").write_text(_helper("n * 10", 0))  # stale copies are compiled again, as anywhere
+    assert _run_cached_in(tmp_path, elsewhere) == {"value": 30, "hits": 0, "misses": 1}
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="trust is decided by POSIX owners and modes")
+@pytest.mark.parametrize("case", ["writable by others", "a kernel's file already there"])
+def test_the_seed_is_not_taken_from_an_open_directory_nor_mixed_with_another(tmp_path, case):
+    pkg = _warm_package(tmp_path)
+    elsewhere = tmp_path / "user-cache"
+    elsewhere.mkdir()
+    if case == "writable by others":  # a cached kernel is a pickle: anyone could have put it there
+        (pkg / "__pycache__").chmod(0o777)
+    else:  # another version's data file of the same name: the seeded index would name it
+        from numba.core.caching import _CacheLocator
+
+        data = next(name for name in _kernel_files(pkg / "__pycache__") if name.endswith(".nbc"))
+        where = elsewhere / _CacheLocator.get_suitable_cache_subpath(str(pkg / "caller.py"))
+        where.mkdir()
+        (where / data).write_bytes(b"another version's machine code")
+    assert _run_cached_in(tmp_path, elsewhere) == {"value": 6, "hits": 0, "misses": 1}  # compiled
+
+
 def test_packer_kernels_reach_their_helpers():
     from packer_cli.plan._refine_kernels import _rebuild
     from packer_cli.shards._gather import _pread_gather_kernel
