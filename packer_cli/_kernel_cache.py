@@ -401,10 +401,13 @@ def _trusted(path: str, directory: bool = False) -> bool:
 def _copy_trusted(src: str, dst: str) -> bool:
     if not _trusted(src):
         return False
+    tmp = os.path.join(os.path.dirname(dst), f".seed-{os.getpid()}-{os.urandom(4).hex()}")
     try:
         with open(src, "rb") as f:
             data = f.read()
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dst), prefix=".seed-")
+        # 0o666 less the umask, as numba creates its own cache files: a directory a group
+        # shares (NUMBA_CACHE_DIR, setgid) stays readable to the others (mkstemp's 0o600 was not)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)

@@ -118,6 +118,10 @@ def test_a_cache_directory_elsewhere_is_seeded_from_the_kernels_beside_the_sourc
     elsewhere.mkdir()
     assert _run_cached_in(tmp_path, elsewhere) == {"value": 6, "hits": 1, "misses": 0}  # not compiled
     assert _kernel_files(elsewhere) == _kernel_files(pkg / "__pycache__") != []
+    umask = os.umask(0o022)
+    os.umask(umask)
+    modes = {p.stat().st_mode & 0o777 for p in elsewhere.rglob("caller.*")}
+    assert modes == {0o666 & ~umask}  # as numba makes its own: a cache a group shares stays readable
     (pkg / "helper.py").write_text(_helper("n * 10", 0))  # stale copies are compiled again, as anywhere
     assert _run_cached_in(tmp_path, elsewhere) == {"value": 30, "hits": 0, "misses": 1}
 

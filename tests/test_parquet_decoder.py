@@ -517,6 +517,27 @@ def test_nulls_in_one_column_only_later(tmp_path):
     assert reader.fast_rows > 0 and reader.arrow_rows > 0 and reader.fast_rows + reader.arrow_rows == 600
 
 
+def test_a_page_stating_too_many_values_is_left_to_pyarrow(tmp_path, monkeypatch):
+    """A page is decoded whole, into room for the values its header states: run-length encoding
+    lets a few KB state billions. Past ``LARGE_PAGE_VALUES`` pyarrow, which streams within a
+    page, reads the rest of the file; rows before it come from packer's decoder."""
+    from packer_cli.sources import parquet_lists
+
+    rng = np.random.default_rng(8)
+    lengths = np.where(np.arange(1000) < 600, 5, 400)  # a row group's chunk is one page until row 600
+    n = int(lengths.sum())
+    mask = rng.integers(0, 2, n).astype(np.uint8)
+    table = pa.table({"input_ids": list_array(lengths, rng.integers(0, 1000, n).astype(np.int32), pa.int32()),
+                      "loss_mask": list_array(lengths, mask, pa.uint8())})
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=100, data_page_size=4096)
+    monkeypatch.setattr(parquet_lists, "LARGE_PAGE_VALUES", 10_000)  # the mask's later pages hold 16.5k
+    reader, batches = read_with_packer(path, ["input_ids", "loss_mask"], 100)
+    assert_same_as_pyarrow(path, ["input_ids", "loss_mask"], batches)
+    assert reader.fallback_reason is not None and reader.fallback_reason.startswith("a page of "), reader.fallback_reason
+    assert 0 < reader.fast_rows <= 600 and reader.fast_rows + reader.arrow_rows == 1000, (reader.fast_rows, reader.arrow_rows)
+
+
 # --- 3. the environment variable -----------------------------------------------------------------
 
 def test_env_var_forces_pyarrow(tmp_path, monkeypatch):

@@ -84,6 +84,11 @@ _CODECS = ("UNCOMPRESSED", "SNAPPY", "ZSTD", "GZIP")
 _MAP_PAYLOAD = 256 << 10  # page payloads this large are mapped, smaller ones read
 SMALL_PAGE = 32 << 10  # page payloads smaller than this decode on the reading thread...
 SMALL_PAGE_VALUES = 1 << 16  # ...unless they hold more level entries than this
+#: A page is decoded whole, into room for the level entries its header states: a page stating
+#: more than this (64 MiB of int32 values) goes to pyarrow, which streams within a page. Writers
+#: close pages at about 1 MiB (pyarrow's hold up to ~4M entries of a run-length-encoded mask);
+#: 3.6 KB of runs stated 2^29 tokens and took 2.4 GB, a corrupt header 8 GiB before its data.
+LARGE_PAGE_VALUES = 1 << 24
 
 
 class _Unsupported(Exception):
@@ -677,6 +682,8 @@ class _ColumnCursor:
             elif header.page_type in (thrift.DATA_PAGE, thrift.DATA_PAGE_V2):
                 if header.num_values > self.chunk_levels[chunk]:
                     raise _Corrupt("pages hold more values than the column chunk")
+                if header.num_values > LARGE_PAGE_VALUES:
+                    raise _Unsupported(f"a page of {header.num_values:,} values")
                 slab, start = self._reserve(header.num_values)
                 self.chunk_levels[chunk] -= header.num_values
                 self.levels_unread -= header.num_values
