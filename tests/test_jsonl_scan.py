@@ -212,6 +212,31 @@ def test_scanner_grows_its_buffers(tmp_path, monkeypatch):
     assert got == rows
 
 
+def test_a_run_of_blank_lines_is_not_held_whole(tmp_path, monkeypatch):
+    """Blank lines before a batch's first record are counted and let go as they are read: a
+    gzip file of 400 MB of newlines was held in a buffer that doubled to hold it (753 MB). The
+    records' line numbers still count every blank line."""
+    from packer_cli.sources import readers
+
+    monkeypatch.setattr(readers, "SCAN_CHUNK", 256)
+    monkeypatch.setattr(readers, "BATCH_BYTES", 1024)  # blank lines after a record end its batch here
+    grown = []
+    fill = readers._ScannedBatches._fill
+
+    def watched(self):
+        fill(self)
+        grown.append(self.buf.size)
+
+    monkeypatch.setattr(readers._ScannedBatches, "_fill", watched)
+    blanks = b"\n" * 100_000 + b"  \t\n" * 1_000
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(blanks + b'{"input_ids":[1,2]}\n' + blanks + b'{"input_ids":[3]}\n\n' + blanks)
+    batches = list(read_jsonl(str(path), ["input_ids"], set()))
+    assert [row for b in batches for row in b.batch.to_pylist()] == [{"input_ids": [1, 2]}, {"input_ids": [3]}]
+    assert [line for b in batches for line in b.lines.tolist()] == [101_001, 202_002]
+    assert max(grown) <= 8 * 256, max(grown)  # a batch's bytes and a chunk, not the run
+
+
 _LINE = b'{"input_ids":[5,6],"loss_mask":%s,"answer_start_idx":0}'
 
 

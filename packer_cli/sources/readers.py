@@ -459,6 +459,7 @@ class _ScannedBatches:
         self.eof = False
         self.error: BaseException | None = None
         self.pending: DataError | None = None  # a supervision field the batch before it ends at
+        self.blank_lines = 0  # blank lines let go of before the next batch's first record
 
     def _fill(self) -> None:
         """Keep the unscanned bytes, read the next chunk after them (growing the buffer if needed)."""
@@ -492,7 +493,11 @@ class _ScannedBatches:
         while True:
             if rows == 0:  # the first record, however long (blank lines before it are counted)
                 pos, rows, more_lines = batch_span(self.buf, pos, self.hi, self.eof, 1)
-                lines += more_lines
+                if rows:
+                    lines += more_lines
+                else:  # blank lines only, so far: counted and let go (400 MB of them were held whole)
+                    self.lo = pos
+                    self.blank_lines += more_lines
             capped = False
             if rows:
                 end = min(self.hi, max(pos, self.lo + BATCH_BYTES))
@@ -548,6 +553,8 @@ class _ScannedBatches:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="packer-jsonl") as helper:
             while True:
                 end, rows, lines, first_half = self._span()
+                line0 += self.blank_lines
+                self.blank_lines = 0
                 if self.error is not None and rows < BATCH_ROWS and end == self.hi:  # the lines before it are used
                     raise self.error
                 if rows == 0:
