@@ -7,6 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from packer_cli.errors import DataError  # noqa: E402
 from packer_cli.torch import PackedDataset, StaticShapeError, THDBatch  # noqa: E402
 from packer_cli.torch.testing import InMemoryReader, make_meta, make_row  # noqa: E402
 
@@ -118,6 +119,40 @@ def test_static_shapes_of_a_bridge_layout_are_the_same_for_both_splits(tmp_path)
         for batch in (ds[i] for i in range(len(ds))):
             assert batch.tokens.shape[-1] == 32
             assert batch.cu_seqlens_padded.numel() == cu_len and batch.max_seqlen == max_seqlen
+
+
+@pytest.mark.parametrize("where", ["the split's metadata", "an entry of {C}_metadata.jsonl"])
+@pytest.mark.parametrize("key,value", [("max_samples_per_bin", 2**27), ("max_samples_per_bin", 0),
+                                       ("dataset_max_seqlen", 2**40), ("min_packed_seqlen", -1),
+                                       ("max_samples_per_bin", 4.0)])
+def test_a_static_shape_no_pack_can_have_is_refused_at_open(tmp_path, where, key, value):
+    """Each static-shape key sizes every static batch: an entry appended to the Bridge layout's
+    metadata file (which has no checksum) with max_samples_per_bin = 2**27 made each pack's
+    boundaries 134M entries (2.3 GB), 2**40 a MemoryError; a metadata edited and sealed again
+    the same. Refused when the dataset opens, naming the file."""
+    packer = pytest.importorskip("packer_cli")
+    from packer_cli.shards.bridge_output import BridgeOutput
+    from packer_cli.shards.format import seal_metadata
+
+    src = tmp_path / "train.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": list(range(10, 10 + n)) + [7]}) + "\n" for n in [5, 9, 20, 3]))
+    spec = packer.PackSpec(pack_size=32, pad_to_max_length=True, pad_cu_seqlens=True)
+    out = tmp_path / "bridge"
+    packer.pack([str(src)], str(out), spec, output=BridgeOutput(split="training"))
+    assert PackedDataset(out).static  # as written, it opens
+    if where == "the split's metadata":
+        path = out / "training.metadata.json"
+        meta = json.loads(path.read_text())
+        meta["bridge"][key] = value
+        path.write_text(json.dumps(seal_metadata({k: v for k, v in meta.items() if k != "checksum"})))
+        named = r"training\.metadata\.json: bridge"
+    else:
+        path = out / "32_metadata.jsonl"
+        entries = json.loads(path.read_text())
+        path.write_text(json.dumps(entries + [dict(entries[0], **{key: value})]))
+        named = r"32_metadata\.jsonl: entry 1"
+    with pytest.raises(DataError, match=rf"{named}: {key} = {value!r} is impossible for packs of 32 tokens"):
+        PackedDataset(out)
 
 
 def _pack_jsonl(tmp_path, name, lengths, *options):

@@ -82,17 +82,48 @@ def _static_keys_across_splits(out_dir: str, meta: dict) -> dict:
     if not is_bridge_dir(out_dir):
         return meta
     entries = [load_bridge_metadata(out_dir, split).get("bridge") or {} for split in splits_in(out_dir)]
+    listed_path = os.path.join(out_dir, bridge_metadata_name(meta["spec"]["pack_size"]))
     try:
-        listed = read_json_value(os.path.join(out_dir, bridge_metadata_name(meta["spec"]["pack_size"])))
+        listed = read_json_value(listed_path)
     except (OSError, ValueError, KeyError, TypeError):  # verify reports it; packer's own entries suffice
         listed = []
-    entries += [e for e in listed if isinstance(e, dict)] if isinstance(listed, list) else []
+    listed = [e for e in listed if isinstance(e, dict)] if isinstance(listed, list) else []
+    for k, entry in enumerate(listed):  # the file has no checksum: another writer's, or edited
+        _check_static_keys(entry, meta["spec"]["pack_size"], f"{listed_path}: entry {k}")
+    entries += listed
     bridge = dict(meta.get("bridge") or {})
     for key, pick in _STATIC_KEYS.items():
         values = [e[key] for e in entries if type(e.get(key)) is int]
         if bridge.get(key) is not None and values:
             bridge[key] = pick([bridge[key], *values])
     return {**meta, "bridge": bridge}
+
+
+def _metadata_file(reader: Any, layout_dir: Any) -> str:
+    """The file ``reader``'s metadata came from, to name in a message."""
+    from packer_cli.shards.bridge import split_metadata_name
+
+    if not isinstance(layout_dir, str):
+        return "the output's metadata"
+    split = getattr(reader, "split", None)
+    return os.path.join(layout_dir, split_metadata_name(split) if isinstance(split, str) else "metadata.json")
+
+
+def _check_static_keys(bridge: dict, pack_size: Any, where: str) -> None:
+    """Refuse a static-shape key no pack of ``pack_size`` tokens can have: each sizes every
+    static batch (``max_samples_per_bin`` = 2**27 made a pack's boundaries 134M entries, 2.3 GB;
+    2**40 a ``MemoryError``). A pack holds 1 to ``pack_size`` sequences of 1 to ``pack_size``
+    tokens."""
+    if type(pack_size) is not int or pack_size < 1:
+        return  # static_shape refuses it
+    for key in _STATIC_KEYS:
+        value = bridge.get(key)
+        if value is None:
+            continue
+        low = 0 if key == "min_packed_seqlen" else 1
+        if type(value) is not int or not low <= value <= pack_size:
+            raise DataError(f"{where}: {key} = {value!r} is impossible for packs of {pack_size} tokens "
+                            f"({low} to {pack_size}): a damaged or edited entry; verify names what else differs")
 
 
 class PackedDataset(Dataset):
@@ -130,6 +161,9 @@ class PackedDataset(Dataset):
         static = flag(static, "static", none=True)  # static="false" was True
         self.static = bool(spec.get("pad_cu_seqlens", False)) if static is None else static
         layout_dir = self.out_dir or getattr(self.reader, "out_dir", None)  # an open reader knows its own
+        if self.static:
+            where = _metadata_file(self.reader, layout_dir)
+            _check_static_keys(meta.get("bridge") or {}, spec.get("pack_size"), f"{where}: bridge")
         if self.static and isinstance(layout_dir, str):
             meta = _static_keys_across_splits(layout_dir, meta)
         self.metadata: dict = meta
