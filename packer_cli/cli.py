@@ -26,7 +26,7 @@ from packer_cli._console import (Console, StdoutLost, guard_std_streams, quiet_s
 from packer_cli._allocator import keep_freed_memory
 from packer_cli._cycles import sweep_while_collector_off
 from packer_cli._jit import light_cache_loads
-from packer_cli.errors import (ConfigError, Interrupted, PackerError, PackerWarning, check_interrupted,
+from packer_cli.errors import (ConfigError, Interrupted, OutputError, PackerError, PackerWarning, check_interrupted,
                                exception_chain, first_line, handling_signals, interrupted, late_signal, raise_interrupted,
                                record_arrival_order, signal_received, stop_raising_interrupts)
 from packer_cli.shards._atomic import STOPPING_SIGNALS
@@ -258,6 +258,8 @@ def inspect_command(
         _fail_audit(exc, json_out, out, findings=[f.to_dict() for f in exc.findings])
     except PackerError as exc:
         _fail_audit(exc, json_out, out)
+    except MemoryError as exc:  # pyarrow's ArrowMemoryError too
+        _fail_audit(_out_of_memory(out, exc), json_out, out)
     _print_reports(reports, json_out, Console())
 
 
@@ -303,6 +305,8 @@ def verify_command(
         reports = {s: verify_output(out, sources=source, limit=limit, split=s) for s in splits}
     except PackerError as exc:
         _fail_audit(exc, json_out, out)
+    except MemoryError as exc:  # pyarrow's ArrowMemoryError too
+        _fail_audit(_out_of_memory(out, exc), json_out, out)
     verdict = max(r.exit_code for r in reports.values())
     try:
         _print_reports(reports, json_out, Console(highlight=False, soft_wrap=True))
@@ -551,11 +555,27 @@ def _run_command() -> int:
 def _out_of_memory_loading(exc: BaseException) -> bool:
     """A command's imports failed for memory: a shared library whose segments could not be
     mapped (``ImportError: libarrow.so...: failed to map segment``, under ``ulimit -v``), or
-    Python's own ``MemoryError`` there."""
+    Python's own ``MemoryError`` there (raised inside an import: ``inspect`` building a huge
+    pack had been reported as loading libraries)."""
     if isinstance(exc, MemoryError):
-        return True
+        return _raised_importing(exc)
     text = str(exc).lower()
     return isinstance(exc, ImportError) and ("failed to map segment" in text or "cannot allocate memory" in text)
+
+
+def _raised_importing(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while a module was being imported (a frame of importlib's)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _out_of_memory(out: str, exc: MemoryError) -> OutputError:
+    return OutputError(f"{out}: out of memory: {str(exc) or type(exc).__name__} (an address-space limit, "
+                       "ulimit -v, or the node's memory)")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1459,3 +1459,24 @@ def test_numba_disable_jit_is_refused_in_one_line(tmp_path):
         "error: NUMBA_DISABLE_JIT is set: packer's kernels need numba's compiler (some use intrinsics that "
         "have no Python form); unset it\n"), child.stderr
     assert_nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("command,api", [("inspect", "inspect_output"), ("verify", "verify_output")])
+def test_running_out_of_memory_in_an_audit_names_the_output_exit_3(tmp_path, monkeypatch, command, api):
+    """A MemoryError while inspecting or verifying (a huge pack) was reported as 'out of memory
+    loading packer's libraries', naming no file."""
+    from packer_cli import audit
+
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
+    out = tmp_path / "out"
+    assert run("pack", path, "-o", out).exit_code == 0
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 8.00 GiB for an array")
+
+    monkeypatch.setattr(audit, api, no_memory)
+    result = run(command, out)
+    assert result.exit_code == 3, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: {out}: out of memory: Unable to allocate 8.00 GiB for an array (an address-space limit, "
+        "ulimit -v, or the node's memory)"), result.output

@@ -27,6 +27,7 @@ from typer.testing import CliRunner
 
 from packer_cli import pipeline
 from packer_cli.audit import VerifyReport, verify_output
+from packer_cli.errors import DataError
 from packer_cli.cli import app
 from packer_cli.shards.format import PACK_SCHEMA
 from packer_cli.spec import BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec
@@ -878,3 +879,30 @@ def test_source_replay_membership_is_isin(keys, of, shift):
     keys = np.sort(np.array(keys, np.int64) << shift)
     of = np.array(of, np.int64) << shift
     npt.assert_array_equal(_members(keys, of), np.isin(keys, of))
+
+
+@pytest.mark.parametrize("codec,named", [("zstd", "Zstandard"), ("lz4", "LZ4")])
+def test_a_compressed_shard_is_refused_before_its_batches_are_read(broken, codec, named):
+    """Shards are uncompressed, to be memory-mapped: pyarrow decompresses a compressed batch whole
+    as it reads it (70 KB of Zstandard held a 2^29-token pack, 2.3 GB to inspect), and such a
+    shard passed verify. The same packs rewritten compressed, the manifest fixed: verify and
+    inspect name it, and the dataset refuses it."""
+    shard = sorted(broken.glob("packs-*.arrow"))[0]
+    with pa.ipc.open_file(shard) as reader:
+        table = reader.read_all()
+    options = pa.ipc.IpcWriteOptions(compression=codec)
+    with pa.ipc.new_file(shard, table.schema, options=options) as writer:
+        writer.write_table(table, max_chunksize=max(1, table.num_rows // 3))
+    man = manifest(broken)
+    entry = next(e for e in man["shards"] if e["name"] == shard.name)
+    entry.update(bytes=shard.stat().st_size, xxh3_64=xxhash.xxh3_64(shard.read_bytes()).hexdigest())
+    (broken / "manifest.json").write_text(json.dumps(man))
+    says = f"{shard.name}: record batch 0 is compressed ({named}): packer-thd shards are uncompressed"
+    result = verify(broken)
+    assert result.exit_code == 1 and says in result.output and "[shard.unreadable]" in result.output, result.output
+    result = runner.invoke(app, ["inspect", str(broken)])
+    assert result.exit_code == 1 and says in result.output, result.output
+    from packer_cli.shards.reader import PackedReader
+
+    with pytest.raises(DataError, match=re.escape(f"{shard}: record batch 0 is compressed ({named})")):
+        PackedReader(str(broken))

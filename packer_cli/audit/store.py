@@ -37,7 +37,7 @@ from packer_cli.errors import DataError, first_line
 from packer_cli._arrow import bits_to_numpy, to_numpy
 from packer_cli.shards.format import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA,
                                       READABLE_VERSIONS, READABLE_VERSIONS_TEXT, is_readable_version, pack_schema,
-                                      read_json_value, shard_name)
+                                      compressed_shard_problem, read_json_value, shard_name)
 from packer_cli.shards.reader import PackRow, schema_difference
 
 COLUMNS = tuple(PACK_SCHEMA.names)
@@ -196,7 +196,8 @@ class NativeStore:
         """
         path = os.path.join(self.out, name)
         try:
-            reader = pa.ipc.open_file(pa.memory_map(path))
+            source = pa.memory_map(path)
+            reader = pa.ipc.open_file(source)
         except FileNotFoundError:
             raise ShardError(name, "missing") from None
         except (OSError, pa.ArrowException) as exc:
@@ -211,6 +212,8 @@ class NativeStore:
             if recorded != expected_value.encode():
                 shown = "missing" if recorded is None else repr(recorded.decode("utf-8", "replace")[:40])
                 raise ShardError(name, f"schema {key} is {shown}, expected {expected_value}")
+        if (problem := compressed_shard_problem(source)) is not None:
+            raise ShardError(name, problem)
         row = 0
         for b in range(reader.num_record_batches):
             try:

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 
 import pyarrow as pa
+
+from packer_cli._ipc_footer import first_compressed_batch
 
 FORMAT_NAME = "packer-thd"
 FORMAT_VERSION = 2
@@ -92,6 +95,23 @@ def metadata_checksum_problem(meta: dict) -> str | None:
     if recorded[CHECKSUM] != actual:
         return f"checksum.{CHECKSUM} is {recorded[CHECKSUM]!r} but its content hashes to {actual!r} (edited after writing)"
     return None
+
+
+def compressed_shard_problem(source) -> str | None:
+    """What is wrong with a shard (``source``, an open ``pa.memory_map``) whose record batches
+    are compressed, None where none is. Shards are uncompressed so that packs are read through
+    the memory map; a compressed batch is decompressed whole as pyarrow reads it (70 KB of
+    Zstandard held a 2^29-token pack: 2.3 GB to inspect). Read from the batches' headers
+    alone, before any body is."""
+    try:
+        found = first_compressed_batch(source)
+    except (struct.error, IndexError, ValueError, OSError):
+        return "the Arrow IPC footer or a record batch header is damaged"
+    if found is None:
+        return None
+    number, codec = found
+    return (f"record batch {number} is compressed ({codec}): {FORMAT_NAME} shards are uncompressed, "
+            "to be memory-mapped (written by another tool, or rewritten?)")
 
 
 def shard_name(index: int) -> str:

@@ -17,7 +17,7 @@ import pyarrow as pa
 from packer_cli.errors import ConfigError, DataError, counted, not_a_directory
 from packer_cli._arrow import bitmap_of, to_numpy, unpack_bits
 from packer_cli.shards.format import (FORMAT_NAME, MANIFEST_FILE, METADATA_FILE, PACK_SCHEMA, READABLE_VERSIONS_TEXT,
-                                      is_readable_version, pack_schema, read_json_value)
+                                      compressed_shard_problem, is_readable_version, pack_schema, read_json_value)
 
 COLUMNS = PACK_SCHEMA.names
 
@@ -216,10 +216,13 @@ class PackedReader:
             if not isinstance(path, str):
                 raise DataError(f"{os.path.join(out_dir, MANIFEST_FILE)}: shard entry {entry!r} has no name")
             try:
-                reader = pa.ipc.open_file(pa.memory_map(path))
+                source = pa.memory_map(path)
+                reader = pa.ipc.open_file(source)
                 if not reader.schema.equals(schema, check_metadata=False):  # as verify: nullable columns too
                     raise DataError(f"{path}: schema differs from the {FORMAT_NAME} version {version} pack schema: "
                                     f"{schema_difference(reader.schema, schema)}")
+                if (problem := compressed_shard_problem(source)) is not None:
+                    raise DataError(f"{path}: {problem}")
                 for b in range(reader.num_record_batches):
                     batch = reader.get_batch(b)
                     # A damaged batch header (lengths, buffer sizes) is refused here: taken as

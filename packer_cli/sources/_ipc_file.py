@@ -26,10 +26,10 @@ import struct
 
 import pyarrow as pa
 
+from packer_cli._ipc_footer import CONTINUATION, footer_blocks
 from packer_cli.errors import DataError
 
 _MAGIC = b"ARROW1"
-_CONTINUATION = b"\xff\xff\xff\xff"
 #: The furthest a schema message's continuation marker lies after zero padding (arrow-rs aligns
 #: the first message to 64 bytes).
 _ALIGNED_SCHEMA_AT = 64
@@ -42,10 +42,6 @@ _BEFORE_FOOTER = (b"\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\x00\x00", b"")
 #: The most bytes an unframed schema message may take (a schema is a few kilobytes, with a
 #: ``datasets`` features description perhaps a few hundred).
 _LARGEST_SCHEMA = 16 << 20
-#: Footer table fields (File.fbs): version, schema, dictionaries, recordBatches.
-_DICTIONARIES, _RECORD_BATCHES = 2, 3
-#: struct Block { offset: long; metaDataLength: int; (4 bytes padding) bodyLength: long; }
-_BLOCK = struct.Struct("<qi4xq")
 
 
 def check_file_layout(path: str, source) -> None:
@@ -58,7 +54,7 @@ def check_file_layout(path: str, source) -> None:
     footer_length = int.from_bytes(source.read_at(4, size - 10), "little", signed=True)
     footer_start = size - 10 - footer_length
     try:
-        blocks = sorted(_footer_blocks(source.read_at(footer_length, footer_start)))
+        blocks = sorted(footer_blocks(source.read_at(footer_length, footer_start)))
     except struct.error:
         raise DataError(f"{path}: the Arrow IPC file's footer is damaged") from None
     position = _schema_end(path, source, blocks[0][0] if blocks else None, footer_start)
@@ -123,7 +119,7 @@ def _messages_ending_at_end(stretch: bytes) -> int | None:
     which a file reader skips. Candidates are continuation markers at 8-byte alignment (where
     messages start), and each must read as a message (pyarrow verifies its flatbuffer); a
     schema flatbuffer holds no 0xFFFFFFFF word of its own but in a binary metadata value."""
-    at = stretch.find(_CONTINUATION, 8)
+    at = stretch.find(CONTINUATION, 8)
     while at >= 0:
         if at % 8 == 0:
             reader = pa.BufferReader(stretch[at:])
@@ -133,7 +129,7 @@ def _messages_ending_at_end(stretch: bytes) -> int | None:
                 return at
             except (pa.ArrowException, ValueError, OSError, EOFError):
                 pass
-        at = stretch.find(_CONTINUATION, at + 1)
+        at = stretch.find(CONTINUATION, at + 1)
     return None
 
 
@@ -183,7 +179,7 @@ def _framed_schema_end(source) -> tuple[int, bool]:
     at = 8
     while at < _ALIGNED_SCHEMA_AT and head[at:at + 8] == bytes(8):
         at += 8
-    if head[at:at + 4] == _CONTINUATION and len(head) >= at + 8:
+    if head[at:at + 4] == CONTINUATION and len(head) >= at + 8:
         return at + 8 + int.from_bytes(head[at + 4:at + 8], "little", signed=True), True
     return 12 + int.from_bytes(head[8:12], "little", signed=True), False
 
@@ -192,25 +188,3 @@ def _ends_messages(source, position: int, footer_start: int) -> bool:
     """Whether the messages may end at ``position``: at most an end-of-stream marker between it and the footer."""
     gap = footer_start - position
     return 0 <= gap <= 8 and bytes(source.read_at(gap, position)) in _BEFORE_FOOTER
-
-
-def _footer_blocks(footer: bytes) -> list[tuple[int, int, int]]:
-    """The dictionary and record batch blocks of a footer flatbuffer, as
-    ``(offset, metadata length, body length)``."""
-    table = _u32(footer, 0)
-    vtable = table - struct.unpack_from("<i", footer, table)[0]
-    vtable_size = struct.unpack_from("<H", footer, vtable)[0]
-    blocks = []
-    for slot in (_DICTIONARIES, _RECORD_BATCHES):
-        entry = vtable + 4 + 2 * slot
-        field = struct.unpack_from("<H", footer, entry)[0] if entry + 2 <= vtable + vtable_size else 0
-        if not field:
-            continue
-        vector = table + field + _u32(footer, table + field)
-        count = _u32(footer, vector)
-        blocks += [_BLOCK.unpack_from(footer, vector + 4 + _BLOCK.size * i) for i in range(count)]
-    return blocks
-
-
-def _u32(data: bytes, at: int) -> int:
-    return struct.unpack_from("<I", data, at)[0]
