@@ -35,9 +35,15 @@ def footer_blocks(footer: bytes, slots: tuple[int, ...] = (DICTIONARIES, RECORD_
 
 
 #: Message.header_type of a record batch (MessageHeader in Message.fbs), the Message table's
-#: header_type and header fields, RecordBatch's compression field, BodyCompression's codec.
-_RECORD_BATCH_HEADER, _HEADER_TYPE, _HEADER, _COMPRESSION, _CODEC = 3, 1, 2, 3, 0
+#: header_type, header and custom_metadata fields, RecordBatch's compression field,
+#: BodyCompression's codec, KeyValue's key and value.
+_RECORD_BATCH_HEADER, _HEADER_TYPE, _HEADER, _CUSTOM_METADATA = 3, 1, 2, 4
+_COMPRESSION, _CODEC, _KEY, _VALUE = 3, 0, 0, 1
 _CODECS = {0: "LZ4", 1: "Zstandard"}
+#: How Arrow 0.17 marked a compressed body (metadata version V4, no compression field), which
+#: pyarrow still honours.
+_EXPERIMENTAL_COMPRESSION = b"ARROW:experimental_compression"
+_EXPERIMENTAL_CODECS = {b"lz4": "LZ4", b"lz4_frame": "LZ4", b"zstd": "Zstandard"}
 
 
 def first_compressed_batch(source) -> tuple[int, str] | None:
@@ -46,11 +52,11 @@ def first_compressed_batch(source) -> tuple[int, str] | None:
     batch's message header, never a body: pyarrow decompresses a body whole as it reads the
     batch (70 KB of Zstandard held a 2^29-token pack)."""
     size = source.size()
-    footer_length = int.from_bytes(source.read_at(4, size - 10), "little", signed=True)
-    footer = bytes(source.read_at(footer_length, size - 10 - footer_length))
+    footer_length = int.from_bytes(_read(source, 4, size - 10), "little", signed=True)
+    footer = _read(source, footer_length, size - 10 - footer_length)
     batches = footer_blocks(footer, slots=(RECORD_BATCHES,))
     for number, (offset, metadata_length, _body) in enumerate(batches):
-        meta = bytes(source.read_at(metadata_length, offset))
+        meta = _read(source, metadata_length, offset)
         flat = meta[8:] if meta[:4] == CONTINUATION else meta[4:]
         message = u32(flat, 0)
         kind, header = _field(flat, message, _HEADER_TYPE), _field(flat, message, _HEADER)
@@ -62,7 +68,40 @@ def first_compressed_batch(source) -> tuple[int, str] | None:
             body = batch + compression + u32(flat, batch + compression)
             codec = _field(flat, body, _CODEC)
             return number, _CODECS.get(flat[body + codec] if codec else 0, "an unknown codec")
+        marked = _custom_value(flat, message, _EXPERIMENTAL_COMPRESSION)
+        if marked is not None:
+            return number, _EXPERIMENTAL_CODECS.get(marked, "an unknown codec")
     return None
+
+
+def _read(source, length: int, offset: int) -> bytes:
+    """``length`` bytes at ``offset``, which must lie within the file (a damaged footer's
+    negative length crashed pyarrow's read with a SystemError)."""
+    if length < 0 or offset < 0 or offset + length > source.size():
+        raise ValueError(f"{length} bytes at byte {offset} lie outside the file")
+    return bytes(source.read_at(length, offset))
+
+
+def _custom_value(flat: bytes, message: int, key: bytes) -> bytes | None:
+    """The value of ``key`` in a Message's custom_metadata, None where it has none."""
+    field = _field(flat, message, _CUSTOM_METADATA)
+    if not field:
+        return None
+    vector = message + field + u32(flat, message + field)
+    for i in range(u32(flat, vector)):
+        at = vector + 4 + 4 * i
+        pair = at + u32(flat, at)
+        if _string(flat, pair, _KEY) == key:
+            return _string(flat, pair, _VALUE)
+    return None
+
+
+def _string(flat: bytes, table: int, slot: int) -> bytes:
+    field = _field(flat, table, slot)
+    if not field:
+        return b""
+    at = table + field + u32(flat, table + field)
+    return flat[at + 4:at + 4 + u32(flat, at)]
 
 
 def _field(flat: bytes, table: int, slot: int) -> int:

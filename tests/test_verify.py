@@ -906,3 +906,98 @@ def test_a_compressed_shard_is_refused_before_its_batches_are_read(broken, codec
 
     with pytest.raises(DataError, match=re.escape(f"{shard}: record batch 0 is compressed ({named})")):
         PackedReader(str(broken))
+
+
+def _footer_of(data: bytearray) -> tuple[int, list]:
+    """(where the footer starts, its record batch blocks) of an IPC file's bytes."""
+    from packer_cli._ipc_footer import footer_blocks
+
+    length = int.from_bytes(data[-10:-6], "little", signed=True)
+    start = len(data) - 10 - length
+    return start, footer_blocks(bytes(data[start:-10]), (3,))
+
+
+def _rewrite_compressed_the_arrow_0_17_way(shard: Path) -> None:
+    """Compressed bodies marked as Arrow 0.17 marked them, which pyarrow still decompresses:
+    metadata version V4, no RecordBatch.compression, the message's custom metadata
+    ``ARROW:experimental_compression``."""
+    import struct
+
+    from packer_cli._ipc_footer import _field, u32
+
+    with pa.ipc.open_file(shard) as reader:
+        table = reader.read_all()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+        for batch in table.to_batches(max_chunksize=max(1, table.num_rows // 2)):
+            writer.write_batch(batch, custom_metadata={"ARROW:experimental_compression": "zstd"})
+    data = bytearray(sink.getvalue().to_pybytes())
+    for offset, metadata_length, _ in _footer_of(data)[1]:
+        at = offset + 8  # after the continuation marker and the length
+        flat = bytes(data[at:offset + metadata_length])
+        message = u32(flat, 0)
+        data[at + message + _field(flat, message, 0)] = 3  # MetadataVersion V4
+        batch = message + _field(flat, message, 2) + u32(flat, message + _field(flat, message, 2))
+        vtable = batch - struct.unpack_from("<i", flat, batch)[0]
+        struct.pack_into("<H", data, at + vtable + 4 + 2 * 3, 0)  # RecordBatch.compression: absent
+    shard.write_bytes(data)
+    with pa.ipc.open_file(shard) as reader:
+        assert reader.read_all().equals(table)  # pyarrow reads it, decompressing
+
+
+def _fix_manifest(out: Path, shard: Path) -> None:
+    man = manifest(out)
+    entry = next(e for e in man["shards"] if e["name"] == shard.name)
+    entry.update(bytes=shard.stat().st_size, xxh3_64=xxhash.xxh3_64(shard.read_bytes()).hexdigest())
+    (out / "manifest.json").write_text(json.dumps(man))
+
+
+def test_a_shard_compressed_the_arrow_0_17_way_is_refused(broken):
+    shard = sorted(broken.glob("packs-*.arrow"))[0]
+    _rewrite_compressed_the_arrow_0_17_way(shard)
+    _fix_manifest(broken, shard)
+    says = f"{shard.name}: record batch 0 is compressed (Zstandard)"
+    result = verify(broken)
+    assert result.exit_code == 1 and says in result.output, result.output
+    from packer_cli.shards.reader import PackedReader
+
+    with pytest.raises(DataError, match=re.escape(says)):
+        PackedReader(str(broken))
+
+
+@pytest.mark.parametrize("damage", ["negative metadata length", "fewer batches listed"])
+def test_a_damaged_shard_footer_is_one_finding(broken, damage):
+    """A flipped byte in a shard's footer, the manifest untouched: a negative Block length made
+    the compression check crash with a SystemError traceback; a footer listing fewer batches
+    than the shard holds served fewer packs from the dataset without a word."""
+    shard = sorted(broken.glob("packs-*.arrow"))[0]
+    with pa.ipc.open_file(shard) as reader:
+        table = reader.read_all()
+    with pa.ipc.new_file(shard, table.schema) as writer:
+        writer.write_table(table, max_chunksize=max(1, table.num_rows // 4))
+    _fix_manifest(broken, shard)
+    assert verify(broken).exit_code == 0
+    data = bytearray(shard.read_bytes())
+    start, blocks = _footer_of(data)
+    offset, metadata_length, _ = blocks[0]
+    at = start + bytes(data[start:]).find(offset.to_bytes(8, "little", signed=True)
+                                          + metadata_length.to_bytes(4, "little", signed=True))
+    if damage == "negative metadata length":
+        data[at + 11] ^= 0xFF
+        said = "the Arrow IPC footer or a record batch header is damaged"
+    else:
+        assert int.from_bytes(data[at - 4:at], "little") == len(blocks)
+        data[at - 4:at] = (len(blocks) - 2).to_bytes(4, "little")
+        said = "the manifest records"
+    shard.write_bytes(data)
+    result = verify(broken)
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    result = runner.invoke(app, ["inspect", str(broken)])
+    if damage == "negative metadata length":
+        assert result.exit_code == 1 and said in result.output, result.output
+    else:  # inspect summarizes the packs it reads; counts against the manifest are verify's (docs/AUDIT.md)
+        assert result.exit_code == 0, result.output
+    from packer_cli.shards.reader import PackedReader
+
+    with pytest.raises(DataError, match=re.escape(said)):
+        PackedReader(str(broken))

@@ -105,7 +105,7 @@ def compressed_shard_problem(source) -> str | None:
     alone, before any body is."""
     try:
         found = first_compressed_batch(source)
-    except (struct.error, IndexError, ValueError, OSError):
+    except (struct.error, IndexError, ValueError, OSError, SystemError, OverflowError):
         return "the Arrow IPC footer or a record batch header is damaged"
     if found is None:
         return None

@@ -223,6 +223,7 @@ class PackedReader:
                                     f"{schema_difference(reader.schema, schema)}")
                 if (problem := compressed_shard_problem(source)) is not None:
                     raise DataError(f"{path}: {problem}")
+                first = starts[-1]
                 for b in range(reader.num_record_batches):
                     batch = reader.get_batch(b)
                     # A damaged batch header (lengths, buffer sizes) is refused here: taken as
@@ -234,6 +235,10 @@ class PackedReader:
                     starts.append(starts[-1] + batch.num_rows)
             except (OSError, pa.ArrowException, KeyError, ValueError, SystemError) as exc:
                 raise DataError(f"{path}: cannot open shard ({first_line(exc)})") from None
+            recorded = entry.get("rows")
+            if type(recorded) is int and starts[-1] - first != recorded:  # a footer listing fewer batches
+                raise DataError(f"{path}: holds {counted(starts[-1] - first, 'pack')}, the manifest records "
+                                f"{recorded} (a damaged footer, or a shard replaced)")
         self._starts = np.asarray(starts, dtype=np.int64)
 
     def __len__(self) -> int:
