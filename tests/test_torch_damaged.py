@@ -244,7 +244,7 @@ def test_bridge_real_length_lowered_by_m_is_refused(outputs, tmp_path):
     _real_length_lowered_by_m(lengths[0])
     column = table.schema.get_field_index("packer_seq_lens")
     table = table.set_column(column, "packer_seq_lens", pa.array(lengths, table.schema.field(column).type))
-    pq.write_table(table, data)
+    pq.write_table(table, data, compression="zstd")  # as written: only the rows differ
     manifest_path = next(out.glob("*.manifest.json"))
     manifest = json.loads(manifest_path.read_text())
     manifest["shards"][0]["bytes"] = data.stat().st_size
@@ -386,7 +386,7 @@ def test_bridge_loss_mask_value_other_than_0_or_1_is_refused(outputs, tmp_path):
     masks = table.column("loss_mask").to_pylist()
     masks[0][0] = 2
     table = table.set_column(1, "loss_mask", pa.array(masks, table.schema.field("loss_mask").type))
-    pq.write_table(table, data)
+    pq.write_table(table, data, compression="zstd")  # as written: only the rows differ
     manifest = json.loads(next(out.glob("*.manifest.json")).read_text())
     manifest["shards"][0]["bytes"] = data.stat().st_size
     next(out.glob("*.manifest.json")).write_text(json.dumps(manifest))
@@ -447,3 +447,44 @@ def test_a_damaged_record_batch_header_is_a_data_error(outputs, tmp_path):
                 assert "\n" not in str(exc)
                 outcomes.add("DataError")
     assert outcomes == {"read", "DataError"}  # some flips change only values, as documented
+
+
+def _bridge_rewritten(outputs, tmp_path, **write):
+    """The Bridge output's data file written again from its own rows (``write``: pyarrow's
+    options, and ``rows``: how many to keep), its manifest's byte count fixed and nothing else."""
+    import pyarrow.parquet as pq
+
+    out = copy(outputs, tmp_path, "bridge")
+    (data,) = out.glob("*.parquet")
+    pf = pq.ParquetFile(data)
+    table = pf.read()
+    table = table.slice(0, write.pop("rows", table.num_rows))
+    pq.write_table(table, data, row_group_size=pf.metadata.row_group(0).num_rows, **write)
+    manifest_path = next(out.glob("*.manifest.json"))
+    manifest = json.loads(manifest_path.read_text())
+    manifest["shards"][0]["bytes"] = data.stat().st_size
+    manifest_path.write_text(json.dumps(manifest))
+    return out, data
+
+
+def test_a_bridge_file_its_footer_contradicts_is_refused_at_open(outputs, tmp_path):
+    """The data file's footer findings (verify's bridge.file) stop a reader too: a footer stating
+    a row of 2^27 ids in 181 KB was decoded (5.6 GB) before the row was found longer than C.
+    Here the columns' codec differs from the one the manifest records."""
+    out, data = _bridge_rewritten(outputs, tmp_path, compression="snappy")
+    with pytest.raises(DataError, match=r"compressed with SNAPPY \[bridge\.file\]"):
+        PackedDataset(out)
+
+
+def test_a_bridge_file_holding_fewer_packs_than_its_manifest_is_refused_by_a_worker_too(outputs, tmp_path):
+    """A footer listing fewer row groups served fewer packs silently. The first open's checks
+    see it; a worker re-opening without them compares the file's packs with the manifest."""
+    from packer_cli.shards.bridge_reader import BridgeReader
+
+    manifest = json.loads(next((outputs / "bridge").glob("*.manifest.json")).read_text())
+    rows = manifest["shards"][0]["rows"]
+    out, data = _bridge_rewritten(outputs, tmp_path, compression="zstd", rows=rows - 1)
+    with pytest.raises(DataError, match=r"\[bridge\.file\]"):
+        PackedDataset(out)
+    with pytest.raises(DataError, match=rf"{data.name}: holds {rows - 1} packs, the split's manifest records {rows}"):
+        BridgeReader(str(out), check=False)

@@ -121,7 +121,7 @@ def test_static_shapes_of_a_bridge_layout_are_the_same_for_both_splits(tmp_path)
             assert batch.cu_seqlens_padded.numel() == cu_len and batch.max_seqlen == max_seqlen
 
 
-@pytest.mark.parametrize("where", ["the split's metadata", "an entry of {C}_metadata.jsonl"])
+@pytest.mark.parametrize("where", ["the split's metadata", "the other split's metadata", "an entry of {C}_metadata.jsonl"])
 @pytest.mark.parametrize("key,value", [("max_samples_per_bin", 2**27), ("max_samples_per_bin", 0),
                                        ("dataset_max_seqlen", 2**40), ("min_packed_seqlen", -1),
                                        ("max_samples_per_bin", 4.0)])
@@ -139,8 +139,15 @@ def test_a_static_shape_no_pack_can_have_is_refused_at_open(tmp_path, where, key
     spec = packer.PackSpec(pack_size=32, pad_to_max_length=True, pad_cu_seqlens=True)
     out = tmp_path / "bridge"
     packer.pack([str(src)], str(out), spec, output=BridgeOutput(split="training"))
-    assert PackedDataset(out).static  # as written, it opens
-    if where == "the split's metadata":
+    packer.pack([str(src)], str(out), spec, output=BridgeOutput(split="validation"))
+    assert PackedDataset(out, split="training").static  # as written, it opens
+    if where == "the other split's metadata":  # its values size this split's batches too
+        path = out / "validation.metadata.json"
+        meta = json.loads(path.read_text())
+        meta["bridge"][key] = value  # the checksum left stale: only verify reads it
+        path.write_text(json.dumps(meta))
+        named = r"validation\.metadata\.json: bridge"
+    elif where == "the split's metadata":
         path = out / "training.metadata.json"
         meta = json.loads(path.read_text())
         meta["bridge"][key] = value
@@ -150,9 +157,9 @@ def test_a_static_shape_no_pack_can_have_is_refused_at_open(tmp_path, where, key
         path = out / "32_metadata.jsonl"
         entries = json.loads(path.read_text())
         path.write_text(json.dumps(entries + [dict(entries[0], **{key: value})]))
-        named = r"32_metadata\.jsonl: entry 1"
+        named = r"32_metadata\.jsonl: entry 2"  # after the two splits' own entries
     with pytest.raises(DataError, match=rf"{named}: {key} = {value!r} is impossible for packs of 32 tokens"):
-        PackedDataset(out)
+        PackedDataset(out, split="training")
 
 
 def _pack_jsonl(tmp_path, name, lengths, *options):

@@ -478,10 +478,15 @@ class BridgeReader(PackedReader):
             problem = row_count_problem(pf)
             if problem:
                 raise DataError(f"{path}: {problem}")
+            first = starts[-1]
             for g in range(pf.num_row_groups):
                 self._groups.append((pf, g))
                 self._paths.append(path)
                 starts.append(starts[-1] + pf.metadata.row_group(g).num_rows)
+            recorded = entry.get("rows")
+            if type(recorded) is int and starts[-1] - first != recorded:  # a footer listing fewer row groups
+                raise DataError(f"{path}: holds {counted(starts[-1] - first, 'pack')}, the split's manifest records "
+                                f"{recorded} (a damaged footer, or a file replaced)")
         self._starts = np.asarray(starts, dtype=np.int64)
         self._cached: tuple[int, _Group] | None = None
 

@@ -75,13 +75,17 @@ def _static_keys_across_splits(out_dir: str, meta: dict) -> dict:
     plus the file's entries where it is readable (it may hold other writers' entries, which
     Bridge counts too). A native output has one split and is returned unchanged.
     """
-    from packer_cli.shards.bridge import bridge_metadata_name, is_bridge_dir, splits_in
+    from packer_cli.shards.bridge import bridge_metadata_name, is_bridge_dir, split_metadata_name, splits_in
     from packer_cli.shards.bridge_reader import load_bridge_metadata
     from packer_cli.shards.format import read_json_value
 
     if not is_bridge_dir(out_dir):
         return meta
-    entries = [load_bridge_metadata(out_dir, split).get("bridge") or {} for split in splits_in(out_dir)]
+    entries = []
+    for split in splits_in(out_dir):  # another split's values size this one's batches too
+        entry = load_bridge_metadata(out_dir, split).get("bridge") or {}
+        _check_static_keys(entry, meta["spec"]["pack_size"], f"{os.path.join(out_dir, split_metadata_name(split))}: bridge")
+        entries.append(entry)
     listed_path = os.path.join(out_dir, bridge_metadata_name(meta["spec"]["pack_size"]))
     try:
         listed = read_json_value(listed_path)
