@@ -32,7 +32,7 @@ from packer_cli.shards.bridge import (
     BRIDGE_COLUMNS, BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PACKER_COLUMNS, SPLITS, data_only_split, lost_metadata, packer_splits_in,
     split_manifest_name, split_metadata_name, splits_in,
 )
-from packer_cli.shards.reader import (PackedReader, PackRow, check_layout_for_reading, column_name_problem, first_line,
+from packer_cli.shards.reader import (PackedReader, PackRow, check_layout_for_reading, check_recorded_rows, column_name_problem, first_line,
                                      footer_name_problem, read_json)
 
 #: The split file's columns and the value types of their lists, the writer's first: those of
@@ -483,10 +483,7 @@ class BridgeReader(PackedReader):
                 self._groups.append((pf, g))
                 self._paths.append(path)
                 starts.append(starts[-1] + pf.metadata.row_group(g).num_rows)
-            recorded = entry.get("rows")
-            if type(recorded) is int and starts[-1] - first != recorded:  # a footer listing fewer row groups
-                raise DataError(f"{path}: holds {counted(starts[-1] - first, 'pack')}, the split's manifest records "
-                                f"{recorded} (a damaged footer, or a file replaced)")
+            check_recorded_rows(path, starts[-1] - first, entry, "the split's manifest")
         self._starts = np.asarray(starts, dtype=np.int64)
         self._cached: tuple[int, _Group] | None = None
 

@@ -124,6 +124,15 @@ def load_metadata(out_dir: str, split: str | None = None) -> dict:
 _NOT_FOR_READERS = ("structure.files", "bridge.array", "bridge.entry")
 
 
+def check_recorded_rows(path: str, held: int, entry: dict, manifest: str) -> None:
+    """Refuse a file holding ``held`` packs where its manifest ``entry`` records another number:
+    a footer listing fewer record batches (or row groups) served fewer packs without a word."""
+    recorded = entry.get("rows")
+    if type(recorded) is int and held != recorded:
+        raise DataError(f"{path}: holds {counted(held, 'pack')}, {manifest} records {recorded} "
+                        "(a damaged footer, or the file replaced)")
+
+
 def check_layout_for_reading(out_dir: str, split: str | None = None) -> None:
     """Run verify's checks that read no shard content (:func:`packer_cli.audit._layout_checks.check_layout`:
     metadata self-checksum, schema and usable spec; manifest well-formed, entry i is shard i,
@@ -238,10 +247,7 @@ class PackedReader:
                     starts.append(starts[-1] + batch.num_rows)
             except (OSError, pa.ArrowException, KeyError, ValueError, SystemError) as exc:
                 raise DataError(f"{path}: cannot open shard ({first_line(exc)})") from None
-            recorded = entry.get("rows")
-            if type(recorded) is int and starts[-1] - first != recorded:  # a footer listing fewer batches
-                raise DataError(f"{path}: holds {counted(starts[-1] - first, 'pack')}, the manifest records "
-                                f"{recorded} (a damaged footer, or a shard replaced)")
+            check_recorded_rows(path, starts[-1] - first, entry, "the manifest")
         self._starts = np.asarray(starts, dtype=np.int64)
 
     def __len__(self) -> int:
