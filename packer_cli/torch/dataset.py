@@ -93,7 +93,7 @@ def _static_keys_across_splits(out_dir: str, meta: dict) -> dict:
         listed = []
     listed = [e for e in listed if isinstance(e, dict)] if isinstance(listed, list) else []
     for k, entry in enumerate(listed):  # the file has no checksum: another writer's, or edited
-        _check_static_keys(entry, meta["spec"]["pack_size"], f"{listed_path}: entry {k}")
+        _check_static_keys(entry, meta["spec"]["pack_size"], f"{listed_path}: entry {k}", empty_split=True)
     entries += listed
     bridge = dict(meta.get("bridge") or {})
     for key, pick in _STATIC_KEYS.items():
@@ -113,18 +113,19 @@ def _metadata_file(reader: Any, layout_dir: Any) -> str:
     return os.path.join(layout_dir, split_metadata_name(split) if isinstance(split, str) else "metadata.json")
 
 
-def _check_static_keys(bridge: dict, pack_size: Any, where: str) -> None:
+def _check_static_keys(bridge: dict, pack_size: Any, where: str, empty_split: bool = False) -> None:
     """Refuse a static-shape key no pack of ``pack_size`` tokens can have: each sizes every
     static batch (``max_samples_per_bin`` = 2**27 made a pack's boundaries 134M entries, 2.3 GB;
     2**40 a ``MemoryError``). A pack holds 1 to ``pack_size`` sequences of 1 to ``pack_size``
-    tokens."""
+    tokens. ``empty_split``: an entry another writer made for a split without packs, all 0s
+    (Bridge takes the largest value across entries, so a 0 changes no shape)."""
     if type(pack_size) is not int or pack_size < 1:
         return  # static_shape refuses it
     for key in _STATIC_KEYS:
         value = bridge.get(key)
         if value is None:
             continue
-        low = 0 if key == "min_packed_seqlen" else 1
+        low = 0 if key == "min_packed_seqlen" or empty_split else 1
         if type(value) is not int or not low <= value <= pack_size:
             raise DataError(f"{where}: {key} = {value!r} is impossible for packs of {pack_size} tokens "
                             f"({low} to {pack_size}): a damaged or edited entry; verify names what else differs")
