@@ -121,27 +121,33 @@ def test_static_shapes_of_a_bridge_layout_are_the_same_for_both_splits(tmp_path)
             assert batch.cu_seqlens_padded.numel() == cu_len and batch.max_seqlen == max_seqlen
 
 
+def _static_bridge_layout(tmp_path, *splits):
+    """A Bridge layout of ``splits`` (C = 32, static shapes), each packed from the same 4 samples."""
+    packer = pytest.importorskip("packer_cli")
+    from packer_cli.shards.bridge_output import BridgeOutput
+
+    src = tmp_path / "train.jsonl"
+    src.write_text("".join(json.dumps({"input_ids": list(range(10, 10 + n)) + [7]}) + "\n" for n in [5, 9, 20, 3]))
+    spec = packer.PackSpec(pack_size=32, pad_to_max_length=True, pad_cu_seqlens=True)
+    for split in splits:
+        packer.pack([str(src)], str(tmp_path / "bridge"), spec, output=BridgeOutput(split=split))
+    return tmp_path / "bridge"
+
+
 @pytest.mark.parametrize("where", ["the split's metadata", "the other split's metadata", "an entry of {C}_metadata.jsonl"])
 @pytest.mark.parametrize("key,value", [("max_samples_per_bin", 2**27), ("max_samples_per_bin", 0),
                                        ("dataset_max_seqlen", 2**40), ("min_packed_seqlen", -1),
                                        ("max_samples_per_bin", 4.0)])
 def test_a_static_shape_no_pack_can_have_is_refused_at_open(tmp_path, where, key, value):
-    if value == 0 and where.startswith("an entry"):
-        pytest.skip("another writer's entry for an empty split holds 0s: see the test below")
     """Each static-shape key sizes every static batch: an entry appended to the Bridge layout's
     metadata file (which has no checksum) with max_samples_per_bin = 2**27 made each pack's
     boundaries 134M entries (2.3 GB), 2**40 a MemoryError; a metadata edited and sealed again
     the same. Refused when the dataset opens, naming the file."""
-    packer = pytest.importorskip("packer_cli")
-    from packer_cli.shards.bridge_output import BridgeOutput
+    if value == 0 and where.startswith("an entry"):
+        pytest.skip("another writer's entry for an empty split holds 0s: see the test below")
     from packer_cli.shards.format import seal_metadata
 
-    src = tmp_path / "train.jsonl"
-    src.write_text("".join(json.dumps({"input_ids": list(range(10, 10 + n)) + [7]}) + "\n" for n in [5, 9, 20, 3]))
-    spec = packer.PackSpec(pack_size=32, pad_to_max_length=True, pad_cu_seqlens=True)
-    out = tmp_path / "bridge"
-    packer.pack([str(src)], str(out), spec, output=BridgeOutput(split="training"))
-    packer.pack([str(src)], str(out), spec, output=BridgeOutput(split="validation"))
+    out = _static_bridge_layout(tmp_path, "training", "validation")
     assert PackedDataset(out, split="training").static  # as written, it opens
     if where == "the other split's metadata":  # its values size this split's batches too
         path = out / "validation.metadata.json"
@@ -169,14 +175,7 @@ def test_another_writers_entry_for_an_empty_split_opens(tmp_path):
     the shapes Bridge gives it: the boundaries this output's own (the largest
     max_samples_per_bin across entries), max_seqlen from the smallest min_packed_seqlen, 0,
     so C, served as C + 1 (m = 1)."""
-    packer = pytest.importorskip("packer_cli")
-    from packer_cli.shards.bridge_output import BridgeOutput
-
-    src = tmp_path / "train.jsonl"
-    src.write_text("".join(json.dumps({"input_ids": list(range(10, 10 + n)) + [7]}) + "\n" for n in [5, 9, 20, 3]))
-    spec = packer.PackSpec(pack_size=32, pad_to_max_length=True, pad_cu_seqlens=True)
-    out = tmp_path / "bridge"
-    packer.pack([str(src)], str(out), spec, output=BridgeOutput(split="training"))
+    out = _static_bridge_layout(tmp_path, "training")
     shapes = [tuple(b.cu_seqlens_padded.shape) for b in PackedDataset(out)]
     path = out / "32_metadata.jsonl"
     entries = json.loads(path.read_text())
