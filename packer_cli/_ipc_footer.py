@@ -51,10 +51,7 @@ def first_compressed_batch(source) -> tuple[int, str] | None:
     ``pa.memory_map``) whose body is compressed, None where none is. Reads the footer and each
     batch's message header, never a body: pyarrow decompresses a body whole as it reads the
     batch (70 KB of Zstandard held a 2^29-token pack)."""
-    size = source.size()
-    footer_length = int.from_bytes(_read(source, 4, size - 10), "little", signed=True)
-    footer = _read(source, footer_length, size - 10 - footer_length)
-    batches = footer_blocks(footer, slots=(RECORD_BATCHES,))
+    batches = footer_blocks(read_footer(source)[1], slots=(RECORD_BATCHES,))
     for number, (offset, metadata_length, _body) in enumerate(batches):
         meta = _read(source, metadata_length, offset)
         flat = meta[8:] if meta[:4] == CONTINUATION else meta[4:]
@@ -72,6 +69,14 @@ def first_compressed_batch(source) -> tuple[int, str] | None:
         if marked is not None:
             return number, _EXPERIMENTAL_CODECS.get(marked, "an unknown codec")
     return None
+
+
+def read_footer(source) -> tuple[int, bytes]:
+    """(where it starts, its bytes) of the footer flatbuffer of an IPC file (``source``, an open
+    ``pa.memory_map``): it ends 10 bytes before the file does, at its length and the magic."""
+    size = source.size()
+    length = int.from_bytes(_read(source, 4, size - 10), "little", signed=True)
+    return size - 10 - length, _read(source, length, size - 10 - length)
 
 
 def _read(source, length: int, offset: int) -> bytes:

@@ -26,7 +26,7 @@ import struct
 
 import pyarrow as pa
 
-from packer_cli._ipc_footer import CONTINUATION, footer_blocks
+from packer_cli._ipc_footer import CONTINUATION, footer_blocks, read_footer
 from packer_cli.errors import DataError
 
 _MAGIC = b"ARROW1"
@@ -47,15 +47,13 @@ _LARGEST_SCHEMA = 16 << 20
 def check_file_layout(path: str, source) -> None:
     """Raise :class:`DataError` unless ``source`` (an open ``pa.memory_map`` of ``path``, a file
     pyarrow opened as an IPC file) is laid out as its footer says."""
-    size = source.size()
     if not source.read_at(len(_MAGIC), 0).startswith(_MAGIC):
         raise DataError(f"{path}: an Arrow IPC file must start with {_MAGIC.decode()} (a damaged file, "
                         "or bytes before it)")
-    footer_length = int.from_bytes(source.read_at(4, size - 10), "little", signed=True)
-    footer_start = size - 10 - footer_length
     try:
-        blocks = sorted(footer_blocks(source.read_at(footer_length, footer_start)))
-    except struct.error:
+        footer_start, footer = read_footer(source)
+        blocks = sorted(footer_blocks(footer))
+    except (struct.error, ValueError):
         raise DataError(f"{path}: the Arrow IPC file's footer is damaged") from None
     position = _schema_end(path, source, blocks[0][0] if blocks else None, footer_start)
     for number, (offset, metadata_length, body_length) in enumerate(blocks):
