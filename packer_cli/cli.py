@@ -26,9 +26,9 @@ from packer_cli._console import (Console, StdoutLost, guard_std_streams, quiet_s
 from packer_cli._allocator import keep_freed_memory
 from packer_cli._cycles import sweep_while_collector_off
 from packer_cli._jit import light_cache_loads
-from packer_cli.errors import (ConfigError, Interrupted, OutputError, PackerError, PackerWarning, check_interrupted,
+from packer_cli.errors import (ConfigError, Interrupted, PackerError, PackerWarning, check_interrupted,
                                exception_chain, first_line, handling_signals, interrupted, late_signal, raise_interrupted,
-                               record_arrival_order, signal_received, stop_raising_interrupts)
+                               out_of_memory, record_arrival_order, signal_received, stop_raising_interrupts)
 from packer_cli.shards._atomic import STOPPING_SIGNALS
 from packer_cli.shards.bridge import OutputFormat, ParquetEncoding, Split
 from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, PackSpec, SourceSpec, SpillRead
@@ -259,7 +259,7 @@ def inspect_command(
     except PackerError as exc:
         _fail_audit(exc, json_out, out)
     except MemoryError as exc:  # pyarrow's ArrowMemoryError too
-        _fail_audit(_out_of_memory(out, exc), json_out, out)
+        _fail_audit(out_of_memory(out, exc), json_out, out)
     _print_reports(reports, json_out, Console())
 
 
@@ -306,7 +306,7 @@ def verify_command(
     except PackerError as exc:
         _fail_audit(exc, json_out, out)
     except MemoryError as exc:  # pyarrow's ArrowMemoryError too
-        _fail_audit(_out_of_memory(out, exc), json_out, out)
+        _fail_audit(out_of_memory(out, exc), json_out, out)
     verdict = max(r.exit_code for r in reports.values())
     try:
         _print_reports(reports, json_out, Console(highlight=False, soft_wrap=True))
@@ -571,11 +571,6 @@ def _raised_importing(exc: BaseException) -> bool:
             return True
         tb = tb.tb_next
     return False
-
-
-def _out_of_memory(out: str, exc: MemoryError) -> OutputError:
-    return OutputError(f"{out}: out of memory: {str(exc) or type(exc).__name__} (an address-space limit, "
-                       "ulimit -v, or the node's memory)")
 
 
 if __name__ == "__main__":  # pragma: no cover

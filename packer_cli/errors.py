@@ -39,6 +39,13 @@ class OutputError(PackerError):
     exit_code = 3
 
 
+def out_of_memory(where, exc: BaseException) -> OutputError:
+    """The error for running out of memory (a ``MemoryError``, pyarrow's too, or a thread whose
+    stack could not be mapped) while working on ``where``."""
+    return OutputError(f"{where}: out of memory: {str(exc) or type(exc).__name__} (an address-space limit, "
+                       "ulimit -v, or the node's memory)")
+
+
 def not_a_directory(path) -> str:
     """Why ``path`` (no directory) cannot be read as one, worded as ``pack`` words a missing
     input: a path that does not exist (a link to nothing included) is not "not a directory"."""

@@ -46,7 +46,7 @@ from packer_cli._kernel_cache import njit
 from packer_cli._sequences import Items, SampleLog, SourceMap, build_items
 from packer_cli._summary import PackSummary, summarize
 from packer_cli.errors import (ConfigError, DataError, Interrupted, OutputError, PackerWarning, check_interrupted,
-                               counted, env_choice, interrupts_deferred, interrupts_kept, result_in_place)
+                               counted, env_choice, interrupts_deferred, interrupts_kept, out_of_memory, result_in_place)
 from packer_cli.plan import plan_packs
 from packer_cli.plan.plan import PackPlan
 from packer_cli.plan.bounds import histogram, usable_capacity
@@ -704,13 +704,11 @@ def pack(
         run.tmp = _temporary_output(out, opts.overwrite, spec, files, output, create=not opts.dry_run) if out else None
         return run.execute(source)
     except MemoryError as exc:  # pyarrow's ArrowMemoryError too: a ulimit -v, the node's memory
-        raise OutputError(f"{out}: out of memory: {str(exc) or type(exc).__name__} (an address-space limit, ulimit -v, "
-                          "or the node's memory)") from exc
+        raise out_of_memory(out, exc) from exc
     except RuntimeError as exc:
         if "can't start new thread" not in str(exc):  # a thread's stack could not be mapped: memory too
             raise
-        raise OutputError(f"{out}: out of memory: {exc} (an address-space limit, ulimit -v, or the node's memory)"
-                          ) from exc
+        raise out_of_memory(out, exc) from exc
     except SpillError as exc:  # the spill's own directory, when --spill-dir put it elsewhere than OUT
         where = spill_parent or f"{out}: writing the output failed"
         raise OutputError(f"{where}: {exc}") from exc
