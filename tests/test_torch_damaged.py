@@ -191,7 +191,8 @@ def _patch_int32(path, column, part, index, value):
     ("cu_seqlens", "values", 1, 1_000_000),  # a boundary far past the pack
     ("seq_lens", "values", 0, 0),            # a sequence of length 0
     ("tokens", "values", 10, -200_000),      # a negative token id (a review saw it trained)
-], ids=["list-offset", "cu_seqlens", "seq_lens", "negative-token"])
+    ("last_token", "values", 0, -1),         # a negative final label (cross_entropy's IndexError mid-step)
+], ids=["list-offset", "cu_seqlens", "seq_lens", "negative-token", "negative-last-token"])
 def test_damaged_row_names_shard_and_row(outputs, tmp_path, column, part, index, value):
     out = copy(outputs, tmp_path)
     _patch_int32(out / SHARD, column, part, index, value)

@@ -661,6 +661,31 @@ def test_padding_of_m_or_more_is_a_finding(broken):
     assert "not a multiple of m" not in result.output and "[pack.padding]" not in result.output
 
 
+def test_padding_of_exactly_m_is_a_finding(broken):
+    """The boundary of the rule above: a real length lowered by exactly m (its last m tokens made
+    padding) leaves p - s = m, one slot more than ceil(s/m)·m allows."""
+    shard = first_shard(broken)
+    where = {}
+
+    def lower_by_m(rows):
+        for i, r in enumerate(rows):
+            cu, s = r["cu_seqlens"], r["seq_lens"]
+            k = next((k for k in range(len(s)) if cu[k + 1] - cu[k] == s[k] and s[k] > 4), None)
+            if k is not None:
+                end = cu[k] + s[k]
+                r["tokens"][end - 4:end] = [0] * 4
+                r["loss_mask"][end - 4:end] = [0] * 4
+                s[k] -= 4
+                where.update(row=i, seq=k, p=cu[k + 1] - cu[k], s=s[k])
+                return
+
+    rewrite(broken, shard, lower_by_m)
+    result = verify(broken)
+    assert result.exit_code == 1
+    assert (f"{shard} row {where['row']} (pack {where['row']}) seq {where['seq']}: padded length {where['p']} holds "
+            f"{where['s']} real tokens: more padding than m = 4 allows [pack.alignment]") in result.output
+
+
 def test_loss_on_padding(broken):
     shard = first_shard(broken)
     where = {}
@@ -681,6 +706,72 @@ def test_loss_on_padding(broken):
     assert re.search(rf"{shard} row {where['row']} \(pack {where['row']}\) seq {where['seq']}: loss mask is 1 on 1 of "
                      r"its \d padding positions \[pack.padding\]", result.output)
     assert "[metadata.counts]" not in result.output  # targets count real positions only
+
+
+@pytest.fixture(scope="module")
+def with_vocab(synth, tmp_path_factory):
+    """The synthetic input packed with its vocabulary size recorded (ids are 0..4999)."""
+    return pack_to([synth[0]], tmp_path_factory.mktemp("vocab") / "out", PackSpec(pack_size=C, cp=CP),
+                   SourceSpec(vocab_size=5000))
+
+
+def _set_first(column: str, value: int):
+    """An edit setting the first value of pack 0's ``column`` (its first sequence's)."""
+    return lambda rows: rows[0][column].__setitem__(0, value)
+
+
+def _first_padding_slot(rows, value: int):
+    """An edit writing ``value`` into the first padding slot of the output: (row, seq) it chose."""
+    for i, r in enumerate(rows):
+        cu, s = r["cu_seqlens"], r["seq_lens"]
+        for k in range(len(s)):
+            if cu[k + 1] - cu[k] > s[k]:
+                r["tokens"][cu[k] + s[k]] = value
+                return i, k
+    raise AssertionError("no sequence is padded")
+
+
+@pytest.mark.parametrize("edit, says", [
+    (_set_first("source_index", 300), "seq 0: source index 300 is beyond the 300 records the run read [pack.source]"),
+    (_set_first("last_token", -1), "seq 0: last_token -1 is negative [pack.tokens]"),
+    (_set_first("last_token", 5000), "seq 0: token id 5000 is >= the vocab size 5000 [pack.tokens]"),
+    (_set_first("tokens", -5), "seq 0: a token id is negative [pack.tokens]"),
+    (_set_first("tokens", 5000), "seq 0: token id 5000 is >= the vocab size 5000 [pack.tokens]"),
+    (lambda rows: _first_padding_slot(rows, 77), ": 1 padding tokens differ from pad id 0 [pack.padding]"),
+], ids=["index-equal-to-records", "last-token-negative", "last-token-equal-to-vocab", "token-negative",
+        "token-equal-to-vocab", "padding-token"])
+def test_one_value_just_out_of_range_is_a_finding(with_vocab, tmp_path, edit, says):
+    """Each per-sequence range check at its boundary (the first value out of range, not a far one):
+    one value edited, the checksums made to hold, verify names it."""
+    out = Path(shutil.copytree(with_vocab, tmp_path / "out"))
+    assert json.loads((out / "metadata.json").read_text())["counts"]["records"] == 300
+    assert verify(out).exit_code == 0
+    shard = first_shard(out)
+    rewrite(out, shard, edit)
+    result = verify(out)
+    assert result.exit_code == 1
+    line = next((x for x in result.output.splitlines() if x.endswith(says)), None)
+    assert line is not None and line.startswith(f"{shard} row "), result.output
+
+
+def test_a_piece_one_token_short_is_a_finding(synth, tmp_path):
+    """Split: every piece but a sample's last holds cap tokens; sample 30's first piece shortened
+    by one (its last token made padding, within m) breaks only that rule."""
+    out = Path(shutil.copytree(synth[1][OverlongPolicy.SPLIT], tmp_path / "out"))
+    at = piece_places(out)[30, 0]
+
+    def shorten(rows):
+        r, k = rows[at[2]], at[3]
+        end = r["cu_seqlens"][k] + r["seq_lens"][k]
+        assert r["seq_lens"][k] == C
+        r["tokens"][end - 1], r["loss_mask"][end - 1] = 0, 0
+        r["seq_lens"][k] -= 1
+
+    rewrite(out, at[1], shorten)
+    result = verify(out)
+    assert result.exit_code == 1
+    assert (f"{named(at)}: piece of source index 30 at offset 0 has {C - 1} tokens; every piece but the last "
+            f"must have {C} [output.pieces]") in result.output, result.output
 
 
 def test_json_report_and_limit(broken):

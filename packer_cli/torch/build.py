@@ -115,6 +115,10 @@ def _check_row(row: Any, tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s
     if tokens.size and tokens.dtype.kind == "i" and int(tokens.min()) < 0:  # pack refuses them in its inputs
         bad = int(np.flatnonzero(tokens < 0)[0])
         raise ValueError(f"malformed pack: token {bad} has the id {tokens[bad]}, a negative one")
+    last = getattr(row, "last_token", None)  # each sequence's final label: trained where its mask is 1
+    if last is not None and len(last) and int(np.min(last)) < 0:
+        k = int(np.flatnonzero(np.asarray(last) < 0)[0])
+        raise ValueError(f"malformed pack: sequence {k} has the last_token {last[k]}, a negative id")
 
 
 def _check_padding(tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s: np.ndarray, p: np.ndarray,
