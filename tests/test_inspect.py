@@ -342,6 +342,25 @@ def test_percentiles_are_numpys_bit_for_bit():
             assert percentile(Hist.of(values), q) == np.percentile(values, q)
 
 
+def test_buckets_are_at_most_n_of_one_width_covering_every_value():
+    """Whatever the range (one that n does not divide, narrower than n, a single value): at most n
+    buckets, each as wide as the first but the last (cut at the highest value), together holding
+    every value once."""
+    from packer_cli.audit._histogram import Hist, buckets
+
+    rng = np.random.default_rng(5)
+    for lo, hi, n in [(100, 119, 16), (0, 16, 16), (5, 9, 16), (7, 7, 16), (1, 4096, 16), (3, 1000, 7)]:
+        values = np.concatenate([[lo, hi], rng.integers(lo, hi + 1, 200)])
+        got = buckets(Hist.of(values), n)
+        width = got[0][1] - got[0][0] + 1
+        assert 1 <= len(got) <= n, (lo, hi, n, len(got))
+        assert got[0][0] == lo and got[-1][1] == hi
+        assert all(b[0] == a[1] + 1 for a, b in zip(got, got[1:]))
+        assert all(b[1] - b[0] + 1 == width for b in got[:-1]) and got[-1][1] - got[-1][0] + 1 <= width
+        assert [c for *_, c in got] == [int(((values >= a) & (values <= b)).sum()) for a, b, _ in got]
+        assert sum(c for *_, c in got) == values.size
+
+
 def test_histograms_hold_what_the_values_hold_whatever_their_range():
     """Counted (small values) or sorted (values past 2^16 and 4 per value), merged in any order,
     read back from a document: the same histogram, and the same figures as NumPy's. A pack

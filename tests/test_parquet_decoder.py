@@ -1308,8 +1308,11 @@ def test_dictionary_decode_finds_an_index_past_the_dictionary_anywhere():
             raw = np.frombuffer(_hybrid_stream(indices, bit_width, rng), np.uint8)
             assert K.dictionary_decode(raw, 0, raw.size, bit_width, n, dictionary, out) == raw.size
             assert np.array_equal(out, dictionary[indices])
-            bad = indices.copy()
-            bad[rng.integers(n)] = rng.integers(dictionary.size, 1 << bit_width)
+            bad = indices.copy()  # every other trial the first index out of range, the size itself
+            if trial % 6 == 3:  # in the long repeat: a repeated-value run of it
+                bad[: max(1, n // 2)] = dictionary.size
+            else:
+                bad[rng.integers(n)] = dictionary.size if trial % 2 else rng.integers(dictionary.size, 1 << bit_width)
             raw = np.frombuffer(_hybrid_stream(bad, bit_width, rng), np.uint8)
             assert K.dictionary_decode(raw, 0, raw.size, bit_width, n, dictionary, out) == K.INDEX_RANGE, trial
 

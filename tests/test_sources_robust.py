@@ -1064,3 +1064,29 @@ def test_a_damaged_last_offset_of_an_ipc_batch_names_the_batch_rows(tmp_path):
     result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 1024)
     assert_one_line_error(result, 1, "long.arrow: cannot read as Arrow IPC: rows 0 to 2,999: ")
     assert_nothing_written(tmp_path)
+
+
+# --- values just out of range --------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+@pytest.mark.parametrize("bad, options, says", [
+    ({"input_ids": [5, 6, 100, 7], "loss_mask": [0, 0, 1, 1]}, ["--vocab-size", 100],
+     "input_ids[2] = 100 is >= vocab size 100"),
+    ({"input_ids": [5, 6, 7, 8], "loss_mask": [0, -1, 1, 1]}, [], "loss_mask[1] = -1 is not 0 or 1"),
+], ids=["id-equal-to-vocab-size", "mask-minus-one"])
+def test_the_first_value_out_of_range_is_a_bad_record(tmp_path, fmt, bad, options, says):
+    """The boundary of each value check (an id equal to the vocab size, a mask of -1, not far-off
+    values): the clean batch's fast path hands such a batch to the checks, which must refuse it."""
+    rows = [GOOD, bad, GOOD]
+    if fmt == "jsonl":
+        path = tmp_path / "in.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        where = "line 2"
+    else:
+        path = tmp_path / "in.parquet"
+        pq.write_table(pa.table({"input_ids": pa.array([r["input_ids"] for r in rows], pa.list_(pa.int32())),
+                                 "loss_mask": pa.array([r["loss_mask"] for r in rows], pa.list_(pa.int8()))}), path)
+        where = "row 1"
+    result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 64, *options)
+    assert_one_line_error(result, 1, f"{path}: {where}: {says}")
+    assert_nothing_written(tmp_path)

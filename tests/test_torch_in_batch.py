@@ -166,6 +166,9 @@ def test_padding_mask_values_count_tokens_and_empty_widths_are_empty():
     out = pack_batch_sequences(tokens, None, None, None, torch.arange(4).expand(2, 4), padding_mask=mask,
                                pad_to_multiple_of=np.int64(2))
     assert out[5].tolist() == [0, 4, 6]
+    negative = torch.tensor([[-1, -1, -1, 0], [-1, -1, 0, 0]])  # nonzero: real, whatever the sign
+    out = pack_batch_sequences(tokens, None, None, None, torch.arange(4).expand(2, 4), padding_mask=negative)
+    assert out[0].tolist() == [[5, 6, 7, 8, 9]] and out[5].tolist() == [0, 3, 5]
     empty = torch.zeros(2, 0, dtype=torch.int64)
     out = pack_batch_sequences(empty, None, None, None, empty)
     assert out[0].shape == (1, 0) and out[5].tolist() == [0]

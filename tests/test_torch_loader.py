@@ -51,6 +51,17 @@ def test_sampler_epochs_reshuffle_and_seed_matters():
     assert list(MicroBatchSampler(5, shuffle=False)) == [[0], [1], [2], [3], [4]]
 
 
+def test_sampler_gives_micro_batch_k_to_rank_k_mod_dp_size():
+    """The documented layout, which a resumed job relies on: micro-batch k of the epoch's order
+    (packs k·b .. k·b + b - 1) goes to DP rank k % dp_size, as its (k // dp_size)-th."""
+    ranks = [list(MicroBatchSampler(10, batch_packs=2, dp_size=2, dp_rank=r, shuffle=False)) for r in range(2)]
+    assert ranks == [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]
+    order = np.random.default_rng([7, 0]).permutation(23)
+    for r in range(3):
+        got = list(MicroBatchSampler(23, batch_packs=2, dp_size=3, dp_rank=r, seed=7))
+        assert got == [order[2 * k: 2 * k + 2].tolist() for k in range(r, 9, 3)]  # 9 whole micro-batches
+
+
 @pytest.mark.parametrize("kwargs", [dict(dp_size=2, dp_rank=2), dict(batch_packs=2.5), dict(dp_size=0),
                                     dict(dp_size=2.0, dp_rank=1), dict(batch_packs="2"), dict(dp_rank=-1)])
 def test_sampler_rejects_bad_sharding(kwargs):
