@@ -608,8 +608,12 @@ def python_warning(line: str) -> None:
     if frame is None:  # packer called from nowhere else (python -m): its own line, then
         warnings.warn(line, PackerWarning, stacklevel=2)
         return
-    warnings.warn_explicit(line, PackerWarning, frame.f_code.co_filename, frame.f_lineno,
-                           module=frame.f_globals.get("__name__"), registry=None, module_globals=frame.f_globals)
+    place = (line, PackerWarning, frame.f_code.co_filename, frame.f_lineno)
+    try:  # the caller's globals let the warning show its line from a zip or an egg
+        warnings.warn_explicit(*place, module=frame.f_globals.get("__name__"), registry=None,
+                               module_globals=frame.f_globals)
+    except ImportError:  # a REPL, `python -c` or a script on stdin: asked for the source, Python's
+        warnings.warn_explicit(*place, registry=None)  # loader of __main__ raises instead of None
 
 
 @interrupts_kept

@@ -87,6 +87,41 @@ def test_unusable_arguments_are_config_errors(data, tmp_path, kwargs, message):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]  # nothing written
 
 
+LIMITS = [  # (the last value taken, the first refused, what is said): each bound at its edge
+    (dict(spec=dict(seed=2**32 - 1)), dict(spec=dict(seed=2**32)), "seed must be in [0, 2**32), got 4294967296"),
+    (dict(spec=dict(pad_id=2**31 - 1)), dict(spec=dict(pad_id=2**31)),
+     "pad-id must be a non-negative int32, got 2147483648"),
+    (dict(spec=dict(pack_size=1 << 24)), dict(spec=dict(pack_size=(1 << 24) + 1)),
+     "pack-size 16,777,217 is above the largest supported, 16,777,216 tokens (the planners keep tables with one "
+     "entry per token of capacity)"),
+    (dict(spec=dict(pack_size=96, pad_seq_to_mult=8, pad_to_max_length=True)),
+     dict(spec=dict(pack_size=100, pad_seq_to_mult=8, pad_to_max_length=True)),
+     "--pad-to-max-length needs pack-size 100 to be a multiple of the alignment 8, so the tail segment is itself "
+     "aligned"),
+    (dict(output=dict(eos_id=2**31 - 1)), dict(output=dict(eos_id=2**31)),
+     "eos-id must be a non-negative int32, got 2147483648"),
+    (dict(output=dict(row_group_size=2**31 - 1)), dict(output=dict(row_group_size=2**31)),
+     "row-group-size must be a number of packs from 1 to 2**31 - 1, got 2147483648"),
+]
+
+
+@pytest.mark.parametrize("good,bad,message", LIMITS, ids=["seed", "pad-id", "pack-size", "pad-to-max-length",
+                                                          "eos-id", "row-group-size"])
+def test_each_bound_takes_its_last_value_and_refuses_the_next(data, tmp_path, good, bad, message):
+    """A bound one off (``<=`` for ``<``) took the first value past it, and the run failed later
+    with a traceback (a seed of 2**32 in NumPy, a pack size of 2**24 + 1 in the planner's
+    checks) or wrote wrong output (an EOS id of 2**31 stored as -2**31)."""
+    PackSpec(**{"pack_size": 64, **good.get("spec", {})}).validate()
+    if "output" in good:
+        BridgeOutput(**good["output"]).validate()
+    with pytest.raises(ConfigError) as caught:
+        spec = PackSpec(**{"pack_size": 64, **bad.get("spec", {})})
+        output = BridgeOutput(**bad["output"]) if "output" in bad else None
+        pack([data], tmp_path / "out", spec, output=output)
+    assert str(caught.value) == message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]  # nothing written
+
+
 @pytest.mark.parametrize("args", [(None,), ([1],)], ids=["spec-None", "input-not-a-path"])
 def test_wrong_kinds_of_argument(data, tmp_path, args):
     with pytest.raises(ConfigError):

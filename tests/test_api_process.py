@@ -55,6 +55,25 @@ def test_every_run_s_warnings_show_at_the_caller_s_line(tmp_path):
     assert all(w.filename == __file__ for w in ours), [w.filename for w in ours]
 
 
+@pytest.mark.parametrize("how", ["stdin", "-c", "-i"])
+def test_a_warning_in_a_session_with_no_source_file_is_shown(tmp_path, how):
+    """A REPL, ``python -c`` or a script on stdin: Python's loader of ``__main__`` raises when
+    asked for the caller's line, and pack() failed with ImportError ("'__main__' is not a
+    built-in module") at its first warning."""
+    import subprocess
+    import sys
+
+    path = _write(tmp_path / "in.jsonl", [{"input_ids": [1, 2, 3], "loss_mask": [1, 0, 0]}])
+    script = (f"from packer_cli import PackSpec, pack\n"
+              f"s = pack([{str(path)!r}], {str(tmp_path / 'out')!r}, PackSpec(pack_size=16))\n"
+              f"print('packs', s.counts['packs'])\n")
+    argv = {"stdin": ["-"], "-c": ["-c", script], "-i": ["-i"]}[how]
+    done = subprocess.run([sys.executable, *argv], input=script if how != "-c" else None, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "packs 1" in done.stdout, done.stderr
+    assert "PackerWarning: 1 sample has no target tokens" in done.stderr and "Error" not in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("error", [
     BadRecord("in.jsonl", 4, "input_ids[2] = -1 is negative", line=5),
     BadRecord("in.parquet", 7, "field 'input_ids' is null"),

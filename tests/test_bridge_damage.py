@@ -413,6 +413,9 @@ def test_native_columns_names_the_first_bad_row():
         native_columns(bad, pad_id=0)
     with pytest.raises(ValueError, match=r"^row 0: seq_start_id 7 at seq 1 is beyond"):
         native_columns(bad.slice(1), pad_id=0)
+    edge = table.set_column(2, "seq_start_id", pa.array([[0], [0, 6], [0]], pa.list_(pa.int32())))
+    with pytest.raises(ValueError, match=r"^row 1: seq_start_id 6 at seq 1 is beyond the row's 6 stored slots"):
+        native_columns(edge, pad_id=0)  # the first start past the row: no stored slot left for it
 
 
 def test_reader_schema_is_the_writers():

@@ -118,7 +118,8 @@ def test_overlong_error_in_json_lines_names_the_line(tmp_path):
 
 
 @pytest.mark.parametrize("cp,tp,sp,m", [(1, 1, False, 1), (2, 1, False, 4), (1, 4, True, 4), (2, 2, True, 4),
-                                        (2, 8, True, 16), (4, 4, True, 16), (3, 1, False, 6)])
+                                        (2, 8, True, 16), (4, 4, True, 16), (3, 1, False, 6),
+                                        (1, 4, False, 1), (2, 4, False, 4)])  # no SP: TP does not matter
 def test_padded_lengths_are_multiples_of_m(synthetic_parquet, tmp_path, cp, tp, sp, m):
     spec = PackSpec(pack_size=4096 - 4096 % (2 * cp), cp=cp, tp=tp, sp=sp)
     assert spec.pad_multiple == m
@@ -223,6 +224,35 @@ def test_pad_to_max_length_records_static_metadata(synthetic_parquet, tmp_path):
     assert summary.static["cu_seqlens_len"] == summary.bridge["max_samples_per_bin"] + 2
     assert summary.static["max_seqlen"] == max(summary.bridge["dataset_max_seqlen"],
                                                2048 - summary.bridge["min_packed_seqlen"])
+
+
+def test_the_reader_gives_each_pack_its_length_as_a_loader_builds_it(synthetic_parquet, tmp_path):
+    """``PackedReader.pack_len``: C for every pack of an output padded to max length, the pack's
+    own tokens otherwise."""
+    from packer_cli.shards.reader import PackedReader
+
+    for padded in (True, False):
+        out = tmp_path / f"o-{padded}"
+        pack([str(synthetic_parquet)], str(out), PackSpec(pack_size=2048, pad_to_max_length=padded))
+        reader = PackedReader(out)
+        lengths = [reader.pack_len(reader.row(i)) for i in range(len(reader))]
+        stored = [int(reader.row(i).tokens.size) for i in range(len(reader))]
+        assert lengths == ([2048] * len(reader) if padded else stored) and min(stored) < 2048
+
+
+def test_truncation_keeps_the_largest_multiple_of_m_when_c_is_not_one(tmp_path):
+    """C = 100, m = 8: a sample of 99 runtime tokens keeps 96 (the largest multiple of m that a
+    pack holds), not 99 padded to 104."""
+    import pyarrow as pa
+
+    path = tmp_path / "in.parquet"
+    rows = [list(range(1, 101)), list(range(1, 12))]
+    pq.write_table(pa.table({"input_ids": rows, "loss_mask": [[1] * len(r) for r in rows]}), path)
+    with pytest.warns(UserWarning, match="the last 4 are always padding"):
+        summary = pack([str(path)], str(tmp_path / "out"), PackSpec(pack_size=100, pad_seq_to_mult=8, shuffle=False))
+    got = packed_sequences(tmp_path / "out")
+    assert got[(0, 0)][0].tolist() == rows[0][:96] and got[(1, 0)][0].tolist() == rows[1][:10]
+    assert summary.counts["overlong"]["samples"] == 1 and summary.counts["overlong"]["tokens_lost"] == 3
 
 
 def test_dry_run_writes_nothing(synthetic_parquet, tmp_path):

@@ -707,6 +707,33 @@ def test_refine_and_validate_refuse_a_hand_made_plan_they_cannot_trust(plan, mes
         refine_plan(lengths, plan)
 
 
+def test_a_plan_listing_an_item_twice_or_stating_other_loads_is_refused():
+    """Two layouts the table above leaves out: an item listed twice in an order longer than the
+    items (every index in range, every pack within capacity), and loads that are not the packs'
+    sums (a plan made for other lengths)."""
+    twice = _hand_plan([0, 0, 1], [0, 1, 3], [3, 5], num_items=2)
+    with pytest.raises(ValueError, match="plan does not cover every item"):
+        validate_plan(twice, [3, 2])
+    with pytest.raises(ValueError, match="order is not a permutation of the items"):
+        refine_plan([3, 2], twice)
+    made = plan_packs([5, 4, 3], 8)
+    lower = _hand_plan(made.order, made.pack_offsets, np.asarray(made.pack_load) - 1, num_items=3, capacity=8)
+    with pytest.raises(ValueError, match="pack_load does not match the item lengths"):
+        validate_plan(lower, [5, 4, 3])
+    with pytest.raises(ValueError, match="the plan's pack loads are not the sums of these lengths"):
+        refine_plan([5, 4, 3], lower)
+
+
+def test_refine_finds_the_fewest_packs_of_one_length_from_one_pack_too_many():
+    """Six items of 3 at C = 10 fit three a pack: a plan of three packs of two is refined to two
+    (the test of whether a plan of one length is already optimal is exact, not one pack loose)."""
+    lengths = [3] * 6
+    three = _hand_plan(range(6), [0, 2, 4, 6], [6, 6, 6])
+    refined = refine_plan(lengths, three)
+    validate_plan(refined, lengths, 10)
+    assert refined.num_packs == 2 and sorted(refined.pack_load.tolist()) == [9, 9]
+
+
 def test_pack_of_item_refuses_an_index_outside_the_items():
     """It wrote ``out[order[k]]`` unchecked: an index of 2 among 2 items wrote past the array."""
     for order, offsets in (([0, 2], [0, 2]), ([0, 2_000_000_000], [0, 2]), ([0, 1], [0, 5])):
