@@ -603,17 +603,23 @@ def python_warning(line: str) -> None:
     for each message and place) a second run's warning was dropped, its text the same and its
     place a line of packer's."""
     frame = sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("packer_cli"):
+    while frame is not None and _is_packers(frame.f_globals.get("__name__")):
         frame = frame.f_back
     if frame is None:  # packer called from nowhere else (python -m): its own line, then
         warnings.warn(line, PackerWarning, stacklevel=2)
         return
+    module = frame.f_globals.get("__name__")
+    named = {"module": module} if isinstance(module, str) else {}  # None drops the warning: Python names it
     place = (line, PackerWarning, frame.f_code.co_filename, frame.f_lineno)
     try:  # the caller's globals let the warning show its line from a zip or an egg
-        warnings.warn_explicit(*place, module=frame.f_globals.get("__name__"), registry=None,
-                               module_globals=frame.f_globals)
-    except ImportError:  # a REPL, `python -c` or a script on stdin: asked for the source, Python's
-        warnings.warn_explicit(*place, registry=None)  # loader of __main__ raises instead of None
+        warnings.warn_explicit(*place, registry=None, module_globals=frame.f_globals, **named)
+    except ImportError:  # a REPL, `python -c`, stdin, `python -m`: the loader of __main__ raises
+        warnings.warn_explicit(*place, registry=None, **named)  # when asked for its source
+
+
+def _is_packers(module) -> bool:
+    """Whether a frame's module is packer's own (a user's ``packer_cli_jobs`` is not)."""
+    return isinstance(module, str) and (module == "packer_cli" or module.startswith("packer_cli."))
 
 
 @interrupts_kept

@@ -72,6 +72,32 @@ def test_a_warning_in_a_session_with_no_source_file_is_shown(tmp_path, how):
                           text=True, timeout=120)
     assert done.returncode == 0 and "packs 1" in done.stdout, done.stderr
     assert "PackerWarning: 1 sample has no target tokens" in done.stderr and "Error" not in done.stderr, done.stderr
+    strict = "import warnings\nwarnings.filterwarnings('error', module='__main__')\n" + script.replace("out", "out2")
+    argv = {"stdin": ["-"], "-c": ["-c", strict], "-i": ["-i"]}[how]  # a filter for __main__ applies there too
+    done = subprocess.run([sys.executable, *argv], input=strict if how != "-c" else None, capture_output=True,
+                          text=True, timeout=120)
+    assert "packer_cli.errors.PackerWarning: 1 sample has no target tokens" in done.stderr, done.stderr
+    assert "packs" not in done.stdout and not (tmp_path / "out2").exists()
+
+
+def test_a_warning_reaches_callers_packer_does_not_own(tmp_path, monkeypatch):
+    """Code run with globals that have no ``__name__`` (``exec(code, {})``: the warning was
+    dropped), and a user's module whose name merely starts with packer_cli (skipped as packer's
+    own: the warning named a line of importlib's)."""
+    import sys
+
+    path = _write(tmp_path / "in.jsonl", [{"input_ids": [1, 2, 3], "loss_mask": [1, 0, 0]}])
+    code = (f"from packer_cli import PackSpec, pack\n"
+            f"pack([{str(path)!r}], OUT, PackSpec(pack_size=16))\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exec(compile(code, "job.py", "exec"), {"OUT": str(tmp_path / "a")})
+        (tmp_path / "packer_cli_jobs.py").write_text(f"OUT = {str(tmp_path / 'b')!r}\n" + code)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.delitem(sys.modules, "packer_cli_jobs", raising=False)
+        __import__("packer_cli_jobs")
+    ours = [(w.filename, w.lineno) for w in caught if issubclass(w.category, PackerWarning)]
+    assert ours == [("job.py", 2), (str(tmp_path / "packer_cli_jobs.py"), 3)], ours
 
 
 @pytest.mark.parametrize("error", [
