@@ -110,6 +110,16 @@ def first_shard(out: Path) -> str:
     return manifest(out)["shards"][0]["name"]
 
 
+def assert_finds(out: Path, shard: str, edit, line) -> str:
+    """``edit`` applied to ``shard`` (checksums made to hold): verify exits 1 and prints
+    ``line()`` (called after the edit, which records where it changed what)."""
+    rewrite(out, shard, edit)
+    result = verify(out)
+    assert result.exit_code == 1
+    assert line() in result.output, result.output
+    return result.output
+
+
 # --- good outputs --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("policy", [OverlongPolicy.TRUNCATE, OverlongPolicy.SPLIT, OverlongPolicy.DROP])
@@ -610,11 +620,9 @@ def test_pack_over_capacity(broken):
         for col in ("seq_lens", "last_token", "source_index", "source_offset"):
             b[col].append(a[col].pop(0))
 
-    rewrite(broken, shard, move_sequence)
-    result = verify(broken)
-    assert result.exit_code == 1
-    assert (f"{shard} row {moved['row']} (pack {moved['row']}): the pack holds {moved['load']:,} runtime tokens (Σp), "
-            f"more than C = {C} [pack.capacity]") in result.output
+    assert_finds(broken, shard, move_sequence, lambda: (
+        f"{shard} row {moved['row']} (pack {moved['row']}): the pack holds {moved['load']:,} runtime tokens (Σp), "
+        f"more than C = {C} [pack.capacity]"))
 
 
 def test_padded_length_not_multiple_of_m(broken):
@@ -679,11 +687,9 @@ def test_padding_of_exactly_m_is_a_finding(broken):
                 where.update(row=i, seq=k, p=cu[k + 1] - cu[k], s=s[k])
                 return
 
-    rewrite(broken, shard, lower_by_m)
-    result = verify(broken)
-    assert result.exit_code == 1
-    assert (f"{shard} row {where['row']} (pack {where['row']}) seq {where['seq']}: padded length {where['p']} holds "
-            f"{where['s']} real tokens: more padding than m = 4 allows [pack.alignment]") in result.output
+    assert_finds(broken, shard, lower_by_m, lambda: (
+        f"{shard} row {where['row']} (pack {where['row']}) seq {where['seq']}: padded length {where['p']} holds "
+        f"{where['s']} real tokens: more padding than m = 4 allows [pack.alignment]"))
 
 
 def test_a_recorded_alignment_the_layout_does_not_give_is_the_metadatas_fault(broken):
