@@ -1090,3 +1090,12 @@ def test_the_first_value_out_of_range_is_a_bad_record(tmp_path, fmt, bad, option
     result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 64, *options)
     assert_one_line_error(result, 1, f"{path}: {where}: {says}")
     assert_nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("encoded", [b"\xed\xa0\x80", b"\xed\xbf\xbf"], ids=["first-surrogate", "last-surrogate"])
+def test_a_utf8_encoded_surrogate_in_a_field_not_packed_is_malformed(tmp_path, encoded):
+    """UTF-8 has no surrogates (ED A0..BF xx): orjson refuses them, and so must the scanner that
+    skips the fields packer does not read, or the record is packed from a file that is no JSON."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"input_ids": [1, 2, 3], "text": "ok"}\n{"input_ids": [4, 5, 6], "text": "' + encoded + b'"}\n')
+    assert_pack_refuses(tmp_path, path, f"{path}: line 2: malformed JSON: 'utf-8' codec can't decode byte 0xed")

@@ -70,6 +70,7 @@ def test_padded_pack_sets_padded_fields(monkeypatch):
     assert type(p) is PackedSeqParams
     assert p.cu_seqlens_q.tolist() == [0, 5, 8, 17] and p.cu_seqlens_q_padded.tolist() == [0, 8, 12, 24]
     assert p.cu_seqlens_kv_padded is p.cu_seqlens_q_padded and p.total_tokens == 24
+    assert p.cu_seqlens_kv is p.cu_seqlens_q  # the keys' real boundaries too: padding is never attended
 
 
 def test_tail_segment_when_padded_to_max_length():
@@ -189,7 +190,8 @@ def test_flash_attn_and_hf_kwargs():
     row = make_row([[1, 2, 3, 4], [5, 6, 7]], multiple=2, targets=[[0, 0, 1, 1], [1, 1, 1]])
     b = THDBatch.from_row(row, make_meta([row], pack_size=6, multiple=2))
     fa = b.flash_attn_kwargs()
-    assert fa["cu_seqlens_q"] is fa["cu_seqlens_k"] is b.cu_seqlens_padded and fa["max_seqlen_q"] == 4
+    assert fa["cu_seqlens_q"] is fa["cu_seqlens_k"] is b.cu_seqlens_padded
+    assert fa["max_seqlen_q"] == fa["max_seqlen_k"] == b.max_seqlen == 4
     hf = b.hf_kwargs()
     assert set(hf) == {"input_ids", "labels", "shift_labels", "position_ids", "use_cache", "cu_seq_lens_q",
                        "cu_seq_lens_k", "max_length_q", "max_length_k"} and hf["use_cache"] is False

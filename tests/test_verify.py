@@ -797,6 +797,41 @@ def test_a_piece_one_token_short_is_a_finding(synth, tmp_path):
             f"must have {C} [output.pieces]") in result.output, result.output
 
 
+def _resealed(out: Path, edit) -> None:
+    from packer_cli.shards.format import seal_metadata
+
+    doc = json.loads((out / "metadata.json").read_text())
+    edit(doc)
+    doc.pop("checksum")
+    (out / "metadata.json").write_text(json.dumps(seal_metadata(doc)))
+
+
+@pytest.mark.parametrize("edit, says, code", [
+    (lambda m: m["bad_records"][0].update(line=m["bad_records"][0]["line"] + 1),
+     "bad_records lists 1 records that differ from the 1 the source gives [source.counts]", 1),
+    (lambda m: m["source"].update(padding_dropped=3), "source.padding_dropped", 1),
+    (lambda m: m["source"]["inputs"][0].update(bytes=m["source"]["inputs"][0]["bytes"] + 100),
+     "bytes, the output recorded", 0),
+], ids=["bad-record-line", "padding-dropped", "input-bytes"])
+def test_recorded_source_facts_are_checked_against_the_source(tmp_path, edit, says, code):
+    """What the metadata records of the inputs (the bad records' places, the padding dropped,
+    each file's size), edited and re-sealed as a packer that got them wrong would have written
+    them: `verify --source` replays the inputs and says so (the size as a warning)."""
+    src = tmp_path / "in.jsonl"
+    records = [{"input_ids": [1, 2, 3, 4 + k], "loss_mask": [0, 1, 1, 1]} for k in range(10)]
+    records[7]["input_ids"][1] = -1  # line 8: a bad record, skipped
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = pack_to([src], tmp_path / "out", PackSpec(pack_size=C, cp=CP), SourceSpec(on_bad_record=BadRecordPolicy.SKIP))
+    assert verify(out, "--source", src).exit_code == 0
+    _resealed(out, edit)
+    result = verify(out, "--source", src)
+    assert result.exit_code == code
+    line = next((x for x in result.output.splitlines() if says in x), None)
+    assert line is not None, result.output
+    if code:
+        assert "[source.counts]" in line, line
+
+
 def test_json_report_and_limit(broken):
     shard = first_shard(broken)
 
