@@ -696,13 +696,11 @@ def test_a_recorded_alignment_the_layout_does_not_give_is_the_metadatas_fault(br
     """spec.pad_seq_to_mult edited to 8 (CP = 2 gives 4; no override recorded), the metadata
     re-sealed: verify names the metadata, and checks the packs against the layout's 4 (they
     are right), instead of blaming every pack's alignment on the edited 8."""
-    from packer_cli.shards.format import seal_metadata
+    def to_8(doc):
+        assert doc["spec"]["pad_seq_to_mult"] == 4 and doc["spec"]["pad_seq_to_mult_override"] is False
+        doc["spec"]["pad_seq_to_mult"] = 8
 
-    doc = json.loads((broken / "metadata.json").read_text())
-    assert doc["spec"]["pad_seq_to_mult"] == 4 and doc["spec"]["pad_seq_to_mult_override"] is False
-    doc["spec"]["pad_seq_to_mult"] = 8
-    doc.pop("checksum")
-    (broken / "metadata.json").write_text(json.dumps(seal_metadata(doc)))
+    _resealed(broken, to_8)
     result = verify(broken)
     assert result.exit_code == 1
     assert "spec.pad_seq_to_mult is 8 but CP=2, TP=1, SP=False give 4 [metadata.spec]" in result.output, result.output
@@ -798,6 +796,7 @@ def test_a_piece_one_token_short_is_a_finding(synth, tmp_path):
 
 
 def _resealed(out: Path, edit) -> None:
+    """``edit(doc)`` applied to the metadata, its checksum made to hold again."""
     from packer_cli.shards.format import seal_metadata
 
     doc = json.loads((out / "metadata.json").read_text())
