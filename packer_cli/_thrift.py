@@ -3,7 +3,7 @@
 Two views of a struct, from one strict reader:
 
 * :func:`read_struct` gives ``{field id: value}``: what the Parquet decoder needs of a page
-  header (``packer_cli.sources._parquet_thrift``);
+  header (``packer_cli._parquet_thrift``);
 * :func:`read_fields` gives ``[(field id, type, value), ...]`` in order, types kept, and
   :func:`write_fields` writes that back byte for byte: what rewriting a footer needs
   (``packer_cli.shards._parquet_stitch``), fields it does not know passing through unchanged.

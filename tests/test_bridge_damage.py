@@ -494,3 +494,90 @@ def test_an_unknown_codec_in_the_footer_is_a_finding_not_an_abort(copy):
         assert "its footer cannot be read: a column chunk names an unknown codec [bridge.file]" in \
             done.stdout + done.stderr, (done.stdout, done.stderr)
         assert "Traceback" not in done.stderr and "terminate called" not in done.stderr
+
+
+def _pages_hold_more_than_the_footer_states(out: Path, times: int, columns=None) -> list[list[int]]:
+    """Rewrite the split file with every list of ``columns`` (default: all) ``times`` times as
+    long, then its footer's value counts set back to the original's (which the manifest's
+    ``stored_tokens`` agrees with), so only the pages' headers tell; returns the original
+    counts, by row group and column."""
+    from packer_cli._thrift import write_fields
+    from packer_cli.shards._parquet_stitch import MAGIC, _parse
+
+    meta = pq.ParquetFile(out / DATA).metadata
+    stated = [[meta.row_group(g).column(c).num_values for c in range(meta.num_columns)]
+              for g in range(meta.num_row_groups)]
+    table = read(out)
+    longer = [pa.array([row * times for row in table.column(name).to_pylist()], table.schema.field(name).type)
+              if columns is None or name in columns else table.column(name) for name in table.column_names]
+    write(out, pa.table(longer, schema=table.schema))
+    view, start, footer = _parse((out / DATA).read_bytes())
+    for g, group in enumerate(next(value for fid, _, value in footer if fid == 4)[1]):
+        for c, chunk in enumerate(next(value for fid, _, value in group if fid == 1)[1]):
+            column_meta = next(value for fid, _, value in chunk if fid == 3)
+            column_meta[:] = [(fid, k, stated[g][c] if fid == 5 else value) for fid, k, value in column_meta]
+    tail = bytearray()
+    write_fields(tail, footer)
+    raw = bytes(view[:start]) + bytes(tail) + len(tail).to_bytes(4, "little") + MAGIC
+    (out / DATA).write_bytes(raw)
+    manifest_path = out / "training.manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["shards"][0].update(bytes=len(raw), xxh3_64=xxhash.xxh3_64(raw).hexdigest())
+    manifest_path.write_text(json.dumps(manifest))
+    return stated
+
+
+@pytest.mark.parametrize("decoder", ["packer", "arrow"])
+def test_pages_holding_more_values_than_the_footer_states_are_not_decoded(copy, monkeypatch, decoder):
+    """A footer agreeing with the manifest over pages that hold 20 times its values: pyarrow,
+    given the run, decoded every value the pages held (200 times took 0.8 GB on a 1.2 MB file)
+    before the rows were found wrong. The page headers are now counted first, whichever decoder
+    reads the file, and pyarrow is never asked to decode such a run."""
+    out = copy()
+    stated = _pages_hold_more_than_the_footer_states(out, times=20)
+    monkeypatch.setenv("PACKER_PARQUET_DECODER", decoder)
+
+    def never(*args, **kwargs):
+        raise AssertionError("pyarrow was asked to decode pages that hold more values than the footer states")
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", never)
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", never)
+    ids = stated[0][0]
+    said = f"column 'input_ids': its footer entry states {ids:,} values, its pages' headers {20 * ids:,}"
+    found = only(verify(out), "shard.unreadable")
+    assert (found.row, found.message) == (0, f"row group 0 is unreadable ({said})")
+    loss = stated[0][1]  # inspect reads no ids: the first column it reads is the loss mask
+    assert_cli_reports(out, f"column 'loss_mask': its footer entry states {loss:,} values, its pages' headers "
+                            f"{20 * loss:,}", commands=("inspect",))
+    with pytest.raises(DataError, match=f"^{out / DATA}: cannot read row group 0 \\({said}\\); run `packer verify`"):
+        PackedReader(str(out)).row(0)
+
+
+def test_inspect_walks_the_id_pages_when_a_packs_detail_reads_them(copy, monkeypatch):
+    """inspect never decodes the ids, so pages of ids that hold more values than the footer
+    states pass its summary; ``--pack`` reads them, and the headers are counted first there too."""
+    out = copy()
+    ids = _pages_hold_more_than_the_footer_states(out, times=20, columns=["input_ids"])[0][0]
+    assert runner.invoke(app, ["inspect", str(out)]).exit_code == 0
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", None)  # not called: it would raise TypeError
+    result = runner.invoke(app, ["inspect", str(out), "--pack", "1"])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert (f"row group 0: column 'input_ids': its footer entry states {ids:,} values, its pages' headers "
+            f"{20 * ids:,}") in result.output, result.output
+
+
+def test_page_headers_that_agree_with_the_footer_are_read_once_a_row_group(copy, monkeypatch):
+    """The loader walks a row group's page headers the first time it decodes the group only (a
+    shuffled read decodes one many times), and its rows are what pyarrow reads."""
+    import packer_cli.shards.bridge_reader as bridge_reader
+
+    walked = []
+    real = bridge_reader.pages_problem
+    monkeypatch.setattr(bridge_reader, "pages_problem",
+                        lambda fd, size, pf, group, columns: walked.append(group) or real(fd, size, pf, group, columns))
+    out = copy()
+    reader, table = PackedReader(str(out)), read(out)
+    order = [0, 5, 1, 9, 0, 5, 2, len(reader) - 1]
+    for i in order:  # the loss mask's labelled slots are Bridge's stored ones
+        assert reader.row(i).loss_mask.sum() == np.asarray(table.column("loss_mask")[i].values).sum() > 0
+    assert walked == list(dict.fromkeys(i // ROW_GROUP for i in order))  # each group once, in first-read order

@@ -16,7 +16,7 @@ import pytest
 from packer_cli._thrift import I16, I32, I64, read_fields, write_fields
 from packer_cli.sources import _parquet_pages as pages
 from packer_cli.sources import parquet_lists
-from packer_cli.sources._parquet_thrift import ThriftError, parse_page_header
+from packer_cli._parquet_thrift import ThriftError, parse_page_header
 from packer_cli.sources.parquet_lists import RowGroupRuns
 from test_parquet_decoder import _field, _footer_of, _layout_table, _random_layout, _set, _with_footer, list_array, token_table
 

@@ -29,9 +29,9 @@ import pyarrow.parquet as pq
 from packer_cli.errors import DataError, first_line
 from packer_cli.shards.bridge import (BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, SPLITS, bridge_metadata_name, data_name,
                                       split_manifest_name, split_metadata_name)
-from packer_cli.shards.bridge_reader import (BridgeRowError, file_eos, load_bridge_metadata,
-                                             native_columns, pad_id_of, read_split_manifest, resolve_split,
-                                             row_count_problem, schema_problem, stored_columns)
+from packer_cli.shards.bridge_reader import (BridgeRowError, file_eos, load_bridge_metadata, native_columns,
+                                             pad_id_of, read_row_groups, read_split_manifest, resolve_split,
+                                             row_count_problem, schema_problem, stored_columns, unreadable_group)
 from packer_cli.shards.reader import footer_name_problem
 
 if TYPE_CHECKING:
@@ -135,8 +135,7 @@ class BridgeStore:
             raise ShardError(name, problem)
         return pf
 
-    @staticmethod
-    def _read_run(name: str, pf, first: int, end: int, row: int, convert, tokens: bool = True,
+    def _read_run(self, name: str, pf, first: int, end: int, row: int, convert, tokens: bool = True,
                   runs: RowGroupRuns | None = None, then: tuple[int, int] | None = None):
         """Row groups ``first..end-1`` (starting at row ``row``) decoded as one native batch by
         ``convert`` (:func:`native_columns` with its settings); raises one of :data:`_UNREADABLE`
@@ -148,7 +147,7 @@ class BridgeStore:
         with them."""
         from packer_cli.audit.store import PackBatch
 
-        table = _row_groups(pf, runs, first, end, stored_columns(tokens))
+        table = _row_groups(os.path.join(self.out, name), pf, runs, first, end, stored_columns(tokens))
         if runs is not None and then is not None:
             runs.read_ahead(*then, stored_columns(tokens))
         native = convert(table, tokens=tokens)
@@ -157,18 +156,17 @@ class BridgeStore:
 
         def load(column: str):
             if column not in native:
-                native.update(BridgeStore._with_tokens(name, pf, first, end, row, convert))
+                native.update(self._with_tokens(name, pf, first, end, row, convert))
             return native[column]
 
         return PackBatch(name, row, table.num_rows, load)
 
-    @staticmethod
-    def _with_tokens(name: str, pf, first: int, end: int, row: int, convert) -> dict:
+    def _with_tokens(self, name: str, pf, first: int, end: int, row: int, convert) -> dict:
         """The native columns of a run read without its ids, read again with them."""
         from packer_cli.audit.store import ShardError
 
         try:
-            return convert(pf.read_row_groups(range(first, end), columns=stored_columns()))
+            return convert(read_row_groups(os.path.join(self.out, name), pf, range(first, end), stored_columns()))
         except BridgeRowError as bad:
             raise ShardError(name, bad.reason, row=row + bad.row) from None
         except _UNREADABLE as exc:
@@ -185,10 +183,11 @@ class BridgeStore:
             try:
                 batch = self._read_run(name, pf, g, g + 1, row, convert, tokens)
             except BridgeRowError as bad:  # the rows before it, then the ShardError naming it
-                yield from self._rows_before(name, pf.read_row_group(g, columns=stored_columns(tokens)), row,
+                table = read_row_groups(os.path.join(self.out, name), pf, range(g, g + 1), stored_columns(tokens))
+                yield from self._rows_before(name, table, row,
                                              partial(convert, tokens=tokens), bad)
             except _UNREADABLE as alone:
-                raise ShardError(name, f"row group {g} is unreadable ({first_line(alone)})", row=row) from None
+                raise ShardError(name, f"row group {g} is unreadable ({unreadable_group(alone)})", row=row) from None
             yield batch
             row += batch.num_rows
         raise ShardError(name, f"row groups {first}-{end - 1} are unreadable together ({first_line(exc)})", row=row)
@@ -278,11 +277,13 @@ def _runs_of(out: str, name: str, pf):
         return nullcontext()
 
 
-def _row_groups(pf, runs: RowGroupRuns | None, first: int, end: int, columns: list[str]) -> pa.Table:
+def _row_groups(path: str, pf, runs: RowGroupRuns | None, first: int, end: int, columns: list[str]) -> pa.Table:
     """Row groups ``first..end-1`` of ``columns``: decoded by packer's compiled decoder (``runs``),
     2-3 times faster than pyarrow on Bridge's small row groups, where it reads the file; else by
     pyarrow. A run the compiled decoder finds damaged is read by pyarrow too, whose error (or
-    reading: it is the reference) decides, so the audit's findings do not depend on the decoder."""
+    reading: it is the reference) decides, so the audit's findings do not depend on the decoder.
+    pyarrow is given a run only once its page headers hold the values its footer states
+    (:func:`~packer_cli.shards.bridge_reader.read_row_groups`): it decodes whatever they hold."""
     if runs is not None:
         try:
             batch = runs.read(first, end, columns)
@@ -290,4 +291,4 @@ def _row_groups(pf, runs: RowGroupRuns | None, first: int, end: int, columns: li
             batch = None
         if batch is not None:
             return pa.Table.from_batches([batch])
-    return pf.read_row_groups(range(first, end), columns=columns)
+    return read_row_groups(path, pf, range(first, end), columns)

@@ -49,11 +49,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from packer_cli import _parquet_thrift as thrift
 from packer_cli._arrow import from_numpy, memory_pool, numpy_dtype, to_numpy, unpack_bits
 from packer_cli.errors import env_choice
 from packer_cli.sources import _parquet_pages as pages
 from packer_cli.sources._parquet_footer import ChunkMeta, Footer, footer_problem, read_footer
-from packer_cli.sources import _parquet_thrift as thrift
 from packer_cli.sources._parquet_kernels import (EMPTY_CONTINUES, EMPTY_HAS_VALUES, LEVEL_ABOVE_MAX, MESSAGES, NULLS,
                                                  TRUNCATED, UNUSUAL, dictionary_decode, hybrid_decode,
                                                  level_checks, levels_all_equal, repetition_rows,
@@ -62,8 +62,6 @@ from packer_cli.sources._parquet_kernels import (EMPTY_CONTINUES, EMPTY_HAS_VALU
 ENV_DECODER = "PACKER_PARQUET_DECODER"
 DECODERS = ("packer", "arrow")  # the first is the default
 PARQUET_BUFFER = 4 << 20  # pyarrow's page-stream read size when it decodes
-_HEADER_PROBE = 1 << 10  # bytes read for a page header; retried with more if it is longer
-_MAX_HEADER = 16 << 20
 PAGES_AHEAD = 3  # pages of each column decoding ahead of the rows taken...
 AHEAD_BYTES = 32 << 20  # ...unless they already hold this many values' bytes (files of huge pages)
 SLAB_BYTES = 16 << 20  # consecutive pages decode into one array of up to this size (see _ColumnCursor)
@@ -422,16 +420,10 @@ class _ChunkPages:
 
     def skip(self) -> tuple[thrift.PageHeader, int, int]:
         """The next page's header, and where its payload starts and how long it is (then passed)."""
-        probe = _HEADER_PROBE
-        while True:
-            raw = os.pread(self.fd, min(probe, self.end - self.pos), self.pos)
-            try:
-                header = thrift.parse_page_header(raw)
-                break
-            except thrift.ThriftError as exc:
-                if not thrift.is_truncated(exc) or len(raw) < probe or probe >= _MAX_HEADER:
-                    raise _Corrupt(str(exc)) from None
-                probe *= 16
+        try:
+            header = thrift.read_page_header(self.fd, self.pos, self.end)
+        except thrift.ThriftError as exc:
+            raise _Corrupt(str(exc)) from None
         start = self.pos + header.size
         size = header.compressed_size
         if start + size > self.end:
