@@ -795,6 +795,39 @@ def test_a_piece_one_token_short_is_a_finding(synth, tmp_path):
             f"must have {C} [output.pieces]") in result.output, result.output
 
 
+@pytest.mark.parametrize("delta", [-1, 1], ids=["one-short", "one-long"])
+def test_a_sequence_of_another_length_than_its_source_sample_is_a_finding(broken, synth, delta):
+    """A real length lowered by one (its last token made padding) or raised by one (a padding
+    slot made real: it reads as a token equal to pad_id) leaves a well-formed pack (only the
+    metadata's counts see it); against the source it is one ``source.length`` finding at its
+    place, the sample's tokens not compared. Taking a longer piece as matched (``>=`` for ``==``) passed every test."""
+    shard = first_shard(broken)
+    at = {}
+
+    def change_length(rows):
+        for i, r in enumerate(rows):
+            cu, lens = r["cu_seqlens"], r["seq_lens"]
+            for k, s in enumerate(lens):
+                padding = cu[k + 1] - cu[k] - s
+                if s > 12 and r["source_offset"][k] == 0 and (padding <= 2 if delta < 0 else padding >= 1):
+                    end = cu[k] + s
+                    if delta < 0:
+                        r["tokens"][end - 1], r["loss_mask"][end - 1] = 0, 0
+                    lens[k] += delta
+                    at.update(index=r["source_index"][k], s=s, place=named(places_before[r["source_index"][k]]))
+                    return
+
+    places_before = places(broken)
+    rewrite(broken, shard, change_length)
+    alone = verify(broken).output  # the metadata's token counts disagree; the pack itself is well-formed
+    assert "[pack." not in alone and "[output." not in alone, alone
+    result = verify(broken, "--source", synth[0])
+    assert result.exit_code == 1
+    lines = [x for x in result.output.splitlines() if x.endswith("]") and "[source." in x]
+    assert lines == [f"{at['place']}: holds {at['s'] + delta} runtime tokens of source index {at['index']} offset 0, "
+                     f"the source and policy give {at['s']} [source.length]"], result.output
+
+
 def _resealed(out: Path, edit) -> None:
     """``edit(doc)`` applied to the metadata, its checksum made to hold again."""
     from packer_cli.shards.format import seal_metadata
