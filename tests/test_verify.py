@@ -625,6 +625,76 @@ def test_pack_over_capacity(broken):
         f"more than C = {C} [pack.capacity]"))
 
 
+@pytest.mark.parametrize("case", ["empty", "past-its-padding"])
+def test_a_real_length_outside_one_to_its_padded_length_is_a_finding(broken, case):
+    """A sequence of real length 0 (an empty segment: cu_seqlens repeated) or one more than its
+    padded length: no other check names either (the empty one is aligned, p = 0)."""
+    shard = first_shard(broken)
+    where = {}
+
+    def empty(rows):
+        r = rows[0]
+        r["cu_seqlens"].insert(1, r["cu_seqlens"][1])
+        for col, value in (("seq_lens", 0), ("last_token", 0), ("source_index", r["source_index"][0]),
+                           ("source_offset", 0)):
+            r[col].insert(1, value)
+        where.update(row=0, seq=1, says="real length 0 is below 1")
+
+    def past_its_padding(rows):
+        for i, r in enumerate(rows):
+            cu, lens = r["cu_seqlens"], r["seq_lens"]
+            k = next((k for k in range(len(lens)) if cu[k + 1] - cu[k] == lens[k]), None)
+            if k is not None:
+                lens[k] += 1
+                where.update(row=i, seq=k, says=f"real length {lens[k]} exceeds the padded length {lens[k] - 1}")
+                return
+
+    assert_finds(broken, shard, empty if case == "empty" else past_its_padding, lambda: (
+        f"{shard} row {where['row']} (pack {where['row']}) seq {where['seq']}: {where['says']} [pack.lengths]"))
+
+
+@pytest.mark.parametrize("column", ["last_token", "source_index", "source_offset"])
+def test_a_per_sequence_column_of_another_length_is_a_finding(broken, column):
+    """Each per-sequence list has one entry a sequence: one short is named, and the pack's
+    other checks (which index them by sequence) are not run on it."""
+    shard = first_shard(broken)
+    where = {}
+
+    def one_short(rows):
+        i = next(i for i, r in enumerate(rows) if len(r["seq_lens"]) > 1)
+        rows[i][column].pop()
+        where.update(row=i, n=len(rows[i]["seq_lens"]))
+
+    output = assert_finds(broken, shard, one_short, lambda: (
+        f"{shard} row {where['row']} (pack {where['row']}): {column} has {where['n'] - 1} entries but seq_lens has "
+        f"{where['n']} [pack.columns]"))
+    assert "Traceback" not in output
+
+
+def test_a_piece_of_no_kept_sample_is_a_finding_against_the_source(synth, tmp_path):
+    """Under --overlong drop, a packed sequence relabelled as a dropped sample: the index is in
+    range and unique, so only the source tells; the sample it stood for is then missing."""
+    src, outs = synth
+    out = Path(shutil.copytree(outs[OverlongPolicy.DROP], tmp_path / "out"))
+    packed = places(out)
+    dropped = next(i for i in range(300) if i not in packed)
+    shard = first_shard(out)
+    moved = {}
+
+    def relabel(rows):
+        r = rows[0]
+        moved.update(index=r["source_index"][0], place=named(packed[r["source_index"][0]]))
+        r["source_index"][0] = dropped
+
+    rewrite(out, shard, relabel)
+    result = verify(out, "--source", src)
+    assert result.exit_code == 1
+    assert (f"{moved['place']}: source index {dropped} offset 0 is not a piece of any kept source sample (out of "
+            f"range, a bad or too-short record, or dropped) [source.unexpected]") in result.output, result.output
+    assert (f"row {moved['index']}: sample (source index {moved['index']}) is not in the output, and not listed "
+            f"as dropped [source.missing]") in result.output, result.output
+
+
 def test_padded_length_not_multiple_of_m(broken):
     shard = first_shard(broken)
     where = {}
@@ -836,6 +906,33 @@ def _resealed(out: Path, edit) -> None:
     edit(doc)
     doc.pop("checksum")
     (out / "metadata.json").write_text(json.dumps(seal_metadata(doc)))
+
+
+@pytest.mark.parametrize("key", ["quality.efficiency", "quality.l2_bound", "bridge.max_samples_per_bin",
+                                 "bridge.dataset_max_seqlen", "bridge.min_packed_seqlen", "bridge.packing_factor",
+                                 "static.cu_seqlens_len", "static.max_seqlen", "static.pack_len",
+                                 "padded static.max_seqlen", "padded static.pack_len"])
+def test_a_recorded_figure_the_packs_do_not_give_is_a_finding(synth, broken, tmp_path, key):
+    """What a trainer sizes by (Bridge's keys, the static shapes) and the recorded quality are
+    recomputed from the packs: each one off, its checksum resealed, is one finding naming it.
+    Under --pad-to-max-length the tail padding is the last sequence's, so max_seqlen is at least
+    C less the least-filled pack's tokens (here above the longest sample's)."""
+    if key.startswith("padded "):
+        key = key.split()[1]
+        src = tmp_path / "seven.parquet"  # seven samples of 50 tokens: packs of 4 and 3 (208 and 156 tokens)
+        pq.write_table(pa.table({"input_ids": [list(range(1, 51))] * 7, "loss_mask": [[1] * 50] * 7}), src)
+        broken = pack_to([src], tmp_path / "padded", PackSpec(pack_size=C, cp=CP, pad_to_max_length=True))
+        assert verify(broken).exit_code == 0
+        bridge = json.loads((broken / "metadata.json").read_text())["bridge"]
+        assert C - bridge["min_packed_seqlen"] > bridge["dataset_max_seqlen"]
+    group, name = key.split(".")
+    old = json.loads((broken / "metadata.json").read_text())[group][name]
+    new = 1 if old is None else old + 1  # static.pack_len is None without --pad-to-max-length
+    _resealed(broken, lambda doc: doc[group].update({name: new}))
+    result = verify(broken)
+    assert result.exit_code == 1
+    assert [line for line in result.output.splitlines() if line.endswith("]")] == [
+        f"metadata.json: {key} is {new!r} but the data has {old!r} [metadata.{group}]"], result.output
 
 
 @pytest.mark.parametrize("edit, says, code", [
