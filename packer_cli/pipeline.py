@@ -63,7 +63,7 @@ from packer_cli.shards._staged import (SPILL_READ_MODES, choose_spill_read, grou
 from packer_cli.shards.bridge_output import BridgeOutput, foreign_names
 from packer_cli.shards.bridge_writer import ENCODERS, ENV_ENCODER
 from packer_cli.shards.format import (
-    FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, seal_metadata, write_json,
+    FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, MAX_LISTED_BAD, METADATA_FILE, seal_metadata, write_json,
 )
 from packer_cli.shards.writer import ShardFile, pack_record_batch
 from packer_cli.sources import SampleStream, discover_inputs
@@ -77,7 +77,6 @@ DEFAULT_SHARD_BYTES = 256 << 20
 # several times faster than writing them into new page-cache pages.
 DEFAULT_SPILL_MEMORY = 256 << 20
 BATCH_TOKENS = 4 << 20  # tokens per record batch (about 20 MB): at most 4 in flight (see _write_shards)
-MAX_LISTED_BAD = 1000
 
 
 def _target_counts(batch, cap: int):

@@ -212,6 +212,25 @@ def test_bad_and_short_records_are_accounted_for(tmp_path):
     assert result.exit_code == 1 and "counts.too_short_dropped is 0 but the source has 1" in result.output
 
 
+def test_more_bad_records_than_the_metadata_lists_pass(tmp_path):
+    """metadata.json lists the first 1,000 bad records and counts them all: 1,001 skipped ones
+    are a sound output, with and without the source (a check wanting every one listed failed
+    it), and one listed fewer is a finding."""
+    lines = [json.dumps({"input_ids": [1, 2, 3, 4, 5], "loss_mask": [0, 0, 1, 1, 1]})] * 20 + ["{not json"] * 1001
+    src = tmp_path / "train.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    out = pack_to([src], tmp_path / "out", PackSpec(pack_size=64), SourceSpec(on_bad_record=BadRecordPolicy.SKIP))
+    meta = json.loads((out / "metadata.json").read_text())
+    assert (meta["counts"]["bad_records"], len(meta["bad_records"])) == (1001, 1000)
+    assert verify(out).exit_code == 0
+    assert verify(out, "--source", src).exit_code == 0
+    _resealed(out, lambda doc: doc["bad_records"].pop())
+    result = verify(out)
+    assert result.exit_code == 1
+    assert ("metadata.json: bad_records lists 999 records but counts.bad_records is 1001 [metadata.counts]"
+            in result.output), result.output
+
+
 @pytest.mark.skipif(not GSM8K.exists(), reason=f"{GSM8K} not available")
 def test_real_data_passes_with_source(tmp_path):
     out = pack_to([GSM8K], tmp_path / "out", PackSpec(pack_size=4096, cp=2, tp=2, sp=True))
@@ -933,6 +952,69 @@ def test_a_recorded_figure_the_packs_do_not_give_is_a_finding(synth, broken, tmp
     assert result.exit_code == 1
     assert [line for line in result.output.splitlines() if line.endswith("]")] == [
         f"metadata.json: {key} is {new!r} but the data has {old!r} [metadata.{group}]"], result.output
+
+
+def _over(doc: dict) -> dict:
+    return doc["counts"]["overlong"]
+
+
+COUNT_EDITS = [  # (output, edit of the metadata, the finding it gives: {key} is the edited count's old value)
+    ("split", lambda d, at_cap: _over(d).update(samples=_over(d)["samples"] + 1),
+     "counts.overlong.samples is {new} but the data has {old}"),
+    ("split", lambda d, at_cap: _over(d).update(dropped=1), "counts.overlong.dropped is 1 but policy split drops 0"),
+    ("truncate", lambda d, at_cap: _over(d).update(dropped=1), "counts.overlong.dropped is 1 but policy truncate drops 0"),
+    ("split", lambda d, at_cap: _over(d).update(tokens_lost=1), "counts.overlong.tokens_lost is 1 but policy split loses 0"),
+    ("split", lambda d, at_cap: _over(d).update(target_tokens_lost=1),
+     "counts.overlong.target_tokens_lost is 1 but policy split loses 0"),
+    ("error", lambda d, at_cap: _over(d).update(samples=1), "counts.overlong.samples is 1 but policy error allows 0"),
+    ("drop", lambda d, at_cap: _over(d).update(dropped=_over(d)["dropped"] + 1),
+     "counts.overlong.dropped is {new} but overlong.samples says {old}"),
+    ("truncate", lambda d, at_cap: _over(d).update(samples=at_cap + 1),  # the first count past the cap's
+     "counts.overlong.samples is {new} but only {at_cap} sequences are at the truncation length"),
+    ("drop", lambda d, at_cap: d["counts"].update(no_target_samples=d["counts"]["no_target_samples"] + 1),
+     "counts.no_target_samples is {new} but the data has {old}"),
+    ("truncate", lambda d, at_cap: d["counts"].update(records=d["counts"]["records"] + 1),
+     "counts.records is {new} but samples_packed + too_short_dropped + bad_records + overlong.dropped = {old}"),
+    ("truncate", lambda d, at_cap: d["counts"].update(bad_records=1), "bad_records lists 0 records but counts.bad_records is 1"),
+    ("truncate", lambda d, at_cap: _over(d).update(policy="split"), "counts.overlong.policy is 'split' but the spec says "
+                                                            "'truncate'"),
+]
+
+
+@pytest.mark.parametrize("output, edit, says", COUNT_EDITS, ids=[
+    "split-samples", "split-dropped", "truncate-dropped", "split-tokens-lost", "split-targets-lost", "error-samples",
+    "drop-dropped", "truncate-samples", "no-target", "records", "bad-records", "policy"])
+def test_counts_the_policy_rules_out_are_findings(synth, tmp_path, output, edit, says):
+    """What the over-long policy implies of the recorded counts (split and truncate drop
+    nothing, split and error lose nothing, error allows no over-long sample, drop drops each
+    one, truncation leaves each at the cap), and records = packed + left out: each count edited,
+    its checksum resealed, is named. The sample counts must match the data exactly."""
+    if output == "error":  # no sample over C: seven of 50 tokens
+        src = tmp_path / "seven.parquet"
+        pq.write_table(pa.table({"input_ids": [list(range(1, 51))] * 7, "loss_mask": [[1] * 50] * 7}), src)
+        out = pack_to([src], tmp_path / "out", PackSpec(pack_size=C, cp=CP, overlong=OverlongPolicy.ERROR))
+    else:
+        out = Path(shutil.copytree(synth[1][OverlongPolicy(output)], tmp_path / "out"))
+    at_cap = sum(pa.ipc.open_file(str(out / e["name"])).read_all().column("seq_lens").combine_chunks()
+                 .flatten().to_numpy().tolist().count(C) for e in manifest(out)["shards"])
+    before = json.loads((out / "metadata.json").read_text())
+    _resealed(out, lambda doc: edit(doc, at_cap))
+    after = json.loads((out / "metadata.json").read_text())
+    changed = [(a, b) for a, b in _leaves(before["counts"], after["counts"]) if a != b]
+    old, new = changed[0] if changed else (None, None)
+    result = verify(out)
+    assert result.exit_code == 1
+    said = says.format(old=old, new=new, at_cap=at_cap)
+    assert f"metadata.json: {said} [metadata.counts]" in result.output, result.output
+
+
+def _leaves(a, b):
+    """Pairs of corresponding scalars of two nested dicts of one shape."""
+    if isinstance(a, dict):
+        for key in a:
+            yield from _leaves(a[key], b[key])
+    else:
+        yield a, b
 
 
 @pytest.mark.parametrize("edit, says, code", [

@@ -21,10 +21,9 @@ import numpy as np
 
 from packer_cli.audit.findings import FindingSink
 from packer_cli.audit.report import InspectReport
-from packer_cli.shards.format import METADATA_FILE
+from packer_cli.shards.format import MAX_LISTED_BAD, METADATA_FILE
 
 MISSING = object()
-MAX_LISTED_BAD = 1000
 
 
 def check_provenance(arr: dict, cap: int, policy: str, seqs, sink: FindingSink) -> dict:

@@ -35,9 +35,10 @@ import numpy as np
 
 from packer_cli._background import background
 from packer_cli.audit._kernels import fingerprints, segment_sums
-from packer_cli.audit._meta_checks import MAX_LISTED_BAD, _get, compare
+from packer_cli.audit._meta_checks import _get, compare
 from packer_cli.audit.findings import FindingSink
 from packer_cli.errors import PackerError
+from packer_cli.shards.format import MAX_LISTED_BAD
 from packer_cli.sources import SampleStream
 from packer_cli.spec import BadRecordPolicy, SourceSpec
 

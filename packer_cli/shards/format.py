@@ -25,6 +25,7 @@ READABLE_VERSIONS_TEXT = ", ".join(map(str, READABLE_VERSIONS))  # for messages:
 METADATA_FILE = "metadata.json"
 MANIFEST_FILE = "manifest.json"
 CHECKSUM = "xxh3_64"
+MAX_LISTED_BAD = 1000  # metadata.json's bad_records lists the first this many (counts.bad_records counts all)
 
 
 def is_readable_version(value) -> bool:
