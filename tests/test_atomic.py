@@ -347,3 +347,38 @@ def test_a_file_that_appeared_at_out_is_refused_where_it_is(tmp_path, monkeypatc
         replace_dir(str(make(tmp_path / "new.tmp", "new")), str(out),
                     still_replaceable=lambda path: check_replaceable(path, (), lambda name: True))
     assert out.read_text() == "someone's file"
+
+
+def test_another_runs_out_appearing_between_the_two_renames_is_replaced_in_turn(tmp_path, monkeypatch):
+    """Without a swap OUT is absent between the two renames, and another run can put its OUT
+    there: the second rename fails (directory not empty). The old OUT renamed aside is deleted
+    all the same and the replacement is tried again, replacing the other run's OUT in turn:
+    none is left behind as OUT.old-*, and no error."""
+    monkeypatch.setattr(_atomic, "_exchange", lambda a, b: False)  # a file system that cannot swap
+    out, new = make(tmp_path / "out", "old"), make(tmp_path / "new.tmp", "new")
+    rename, raced = os.rename, []
+
+    def another_run_first(src, dst):
+        if src == str(new) and dst == str(out) and not raced:
+            raced.append(dst)
+            make(out, "another run's")
+        rename(src, dst)
+
+    monkeypatch.setattr(_atomic.os, "rename", another_run_first)
+    assert replace_dir(str(new), str(out)) is None
+    assert raced and (out / "data").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_an_input_beside_out_in_a_directory_named_like_it_is_not_inside_it(tmp_path):
+    """--overwrite refuses an OUT that holds an input; ``out2/`` beside ``out/`` does not hold it
+    (a plain prefix test said it did, and refused to replace an empty ``out/``)."""
+    from packer_cli.shards._atomic import _input_inside, check_replaceable
+    from packer_cli.shards.bridge_output import foreign_names
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out2").mkdir()
+    beside = tmp_path / "out2" / "data.jsonl"
+    beside.write_text("{}\n")
+    check_replaceable(str(tmp_path / "out"), [str(beside)], foreign_names)
+    assert _input_inside(str(tmp_path / "out2"), [str(beside)]) == str(beside)

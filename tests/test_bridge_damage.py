@@ -581,3 +581,59 @@ def test_page_headers_that_agree_with_the_footer_are_read_once_a_row_group(copy,
     for i in order:  # the loss mask's labelled slots are Bridge's stored ones
         assert reader.row(i).loss_mask.sum() == np.asarray(table.column("loss_mask")[i].values).sum() > 0
     assert walked == list(dict.fromkeys(i // ROW_GROUP for i in order))  # each group once, in first-read order
+
+
+def test_bridge_reader_refuses_ids_and_versions_past_their_bounds(tmp_path):
+    """The first value past each bound the reader checks: an EOS id of 2**31 in the schema
+    metadata, a pad id of 2**31 in the spec, and a format version that is not the integer 1
+    (1.0, true); and the writer's column order, with two columns swapped."""
+    from packer_cli.shards.bridge import BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, split_manifest_name, split_metadata_name
+    from packer_cli.shards.bridge_reader import load_bridge_metadata, pad_id_of, schema_problem
+    from packer_cli.shards.bridge_writer import BRIDGE_SCHEMA
+
+    def schema(eos) -> pa.Schema:
+        return BRIDGE_SCHEMA.with_metadata({"packer_format": BRIDGE_FORMAT,
+                                            "packer_format_version": str(BRIDGE_FORMAT_VERSION), "eos_id": str(eos)})
+
+    assert schema_problem(schema(2**31 - 1)) is None
+    assert schema_problem(schema(2**31)) == "schema metadata eos_id is '2147483648', expected an id or ''"
+    assert pad_id_of({"spec": {"pad_id": 2**31 - 1}}) == 2**31 - 1
+    with pytest.raises(DataError, match=r"^spec\.pad_id is 2147483648, not a token id$"):
+        pad_id_of({"spec": {"pad_id": 2**31}})
+    fields = list(schema(2))
+    swapped = pa.schema([fields[1], fields[0], *fields[2:]], metadata=schema(2).metadata)
+    assert schema_problem(swapped) == ("schema differs from the megatron-bridge version 1 schema: column 0 is "
+                                       "loss_mask, expected input_ids")
+    for version in (1.0, True):
+        out = tmp_path / str(version)
+        out.mkdir()
+        for name in (split_metadata_name("training"), split_manifest_name("training")):
+            (out / name).write_text(json.dumps({"format": BRIDGE_FORMAT, "format_version": version,
+                                                "split": "training"}))
+        with pytest.raises(DataError, match=f"unsupported megatron-bridge version {version}; this packer reads "
+                                            f"version {BRIDGE_FORMAT_VERSION}"):
+            load_bridge_metadata(str(out), "training")
+
+
+def test_a_real_length_of_zero_is_left_to_the_pack_checks():
+    """A sequence of real length 0 has no stored padding to check: native_columns converts it
+    (pack.lengths names it), where checking its padding blamed Bridge's stored padding."""
+    from packer_cli.shards.bridge_reader import native_columns
+    from packer_cli.shards.bridge_writer import BRIDGE_SCHEMA
+
+    def one(values, kind):
+        return pa.array([values], pa.list_(kind))
+
+    table = pa.table([one([5, 7, 7], pa.int32()), one([0, 0, 0], pa.int8()), one([0], pa.int32()),
+                      one([0], pa.int32()), one([0], pa.int64()), one([0], pa.int32())], schema=BRIDGE_SCHEMA)
+    assert native_columns(table, 0, check_padding=True, eos=2)["seq_lens"][0].tolist() == [0]
+
+
+def test_a_pack_index_one_past_either_end_is_an_index_error(copy):
+    reader = PackedReader(str(copy()))
+    n = len(reader)
+    assert reader.row(n - 1).tokens.tolist() == reader.row(-1).tokens.tolist()
+    assert reader.row(-n).tokens.tolist() == reader.row(0).tokens.tolist()
+    for i in (n, -n - 1):
+        with pytest.raises(IndexError, match=f"pack {i} out of range for {n} packs"):
+            reader.row(i)

@@ -197,6 +197,24 @@ def test_stitcher_refuses_what_it_cannot_join():
         stitcher.add(other)
     with pytest.raises(StitchError, match="no Parquet parts"):
         ParquetStitcher(io.BytesIO()).finish()
+    with pytest.raises(StitchError, match="footer length out of range"):  # a footer overlapping the leading magic
+        split_file(b"PAR1" + b"\0" + (3).to_bytes(4, "little") + b"PAR1")
+    raw = good.to_pybytes()  # two bytes between the footer and its length: it does not end where it says
+    with pytest.raises(StitchError, match="Parquet footer does not end where its length says"):
+        split_file(raw[:-8] + b"\0\0" + (footer_len + 2).to_bytes(4, "little") + b"PAR1")
+    from packer_cli.shards._parquet_encode import encode_list_columns
+
+    def encoded(eos: int):
+        offsets, one = np.array([0, 3]), np.arange(2)
+        columns = [(offsets, np.array([1, 2, 3], np.int32)), (offsets, np.ones(3, np.int8)),
+                   (one, np.zeros(1, np.int32)), (one, np.array([2], np.int32)), (one, np.zeros(1, np.int64)),
+                   (one, np.zeros(1, np.int32))]
+        return encode_list_columns(columns, bridge_schema(eos), 1, PARQUET_ENCODINGS["plain-zstd"])
+
+    stitcher = ParquetStitcher(io.BytesIO())
+    stitcher.add_encoded(encoded(2))
+    with pytest.raises(StitchError, match="different schemas"):  # parts the writer encoded itself, too
+        stitcher.add_encoded(encoded(3))
 
 
 @pytest.mark.parametrize("encoding, ids_encoding, codec", [
@@ -236,3 +254,18 @@ def test_a_split_without_packs_is_still_a_parquet_file(tmp_path, monkeypatch, en
     assert meta.created_by.startswith("packer-cli" if encoder == "packer" else "parquet-cpp")
     assert entry["rows"] == 0 and entry["bytes"] == path.stat().st_size and entry["parquet_encoding"] == "plain-zstd"
     assert diagnostics == {"eos_scan_too_short": 0, "eos_scan_too_long": 0}
+
+
+@pytest.mark.parametrize("pad_multiple, counted", [(1, (0, 0)), (2, (0, 1))])
+def test_bridge_measures_a_padded_sequence_whose_last_label_is_not_eos_one_too_long(pad_multiple, counted):
+    """Bridge takes a real length to end at the last input that is not EOS once sequences are
+    padded (its pad_seq_to_mult > 1): of two sequences of 3 inputs whose last label (9) is not
+    EOS, the unpadded one (p = s) is measured exactly and the padded one (p = s + 1) one too
+    long; without padding nothing is counted."""
+    from packer_cli.shards.bridge_writer import bridge_step
+
+    tokens = np.array([5, 6, 7, 5, 6, 2, 0], np.int32)  # the second sequence's padding slot holds pad id 0
+    step = bridge_step(tokens, np.ones(7, np.int8), np.array([9, 9], np.int32), np.array([3, 3], np.int32),
+                       np.array([3, 4], np.int32), np.zeros(2, np.int64), np.zeros(2, np.int32), np.array([0, 2]),
+                       eos=2, pad_multiple=pad_multiple, row_group_size=1)
+    assert (step.eos_scan_too_short, step.eos_scan_too_long) == counted

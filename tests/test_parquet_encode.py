@@ -267,3 +267,56 @@ def test_row_groups_carry_no_ordinal_past_its_i16():
     part_group = [(1, LIST, (STRUCT, [])), (5, I64, 4), (7, I16, 0)]
     assert _field(_moved_group(part_group, _Relocation(0), ORDINAL_LIMIT - 1), 7) == ORDINAL_LIMIT - 1
     assert _field(_moved_group(part_group, _Relocation(0), ORDINAL_LIMIT), 7) is None
+
+
+def test_the_footers_sizes_and_counts_are_its_pages():
+    """Every size and count the footer states is what its pages hold: each column chunk's sizes
+    (page headers included), its encoding stats' page count, each row group's total byte size
+    (uncompressed) and total compressed size, and where it starts; and the pages are compressed
+    at the level the encoding names (zstd 1). pyarrow reads none of these back, so its reading
+    the same table could not tell them wrong."""
+    import zstandard
+
+    from packer_cli._thrift import read_fields
+    from packer_cli.shards._parquet_stitch import _field, _parse
+
+    rng = np.random.default_rng(0)
+    lengths = np.array([700_000, 5, 300_000, 9])  # rows 0 and 2 are pages of their own
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    ids = rng.integers(0, 50_000, offsets[-1]).astype(np.int32)
+    one = np.arange(lengths.size + 1)
+    columns = [(offsets, ids), (offsets, (ids % 2).astype(np.int8)), (one, np.zeros(lengths.size, np.int32)),
+               (one, lengths.astype(np.int32)), (one, np.arange(lengths.size, dtype=np.int64)),
+               (one, np.zeros(lengths.size, np.int32))]
+    data = encode_list_columns(columns, bridge_schema(2), 2, PARQUET_ENCODINGS["plain-zstd"]).file_bytes()
+    meta = pq.ParquetFile(io.BytesIO(data)).metadata
+    _, _, footer = _parse(data)
+    level_1 = zstandard.ZstdCompressor(level=1)
+    page_counts = []
+    for g, group in enumerate(_field(footer, 4)[1]):
+        stated, chunks = meta.row_group(g), _field(group, 1)[1]
+        uncompressed_sum = compressed_sum = 0
+        for c, chunk in enumerate(chunks):
+            column = stated.column(c)
+            pos, end = column.data_page_offset, column.data_page_offset + column.total_compressed_size
+            pages = uncompressed = 0
+            while pos < end:
+                header, body_at = read_fields(memoryview(data), pos, what="page header")
+                fields = {fid: value for fid, _, value in header}
+                page = data[body_at:body_at + fields[3]]
+                body = zstandard.ZstdDecompressor().decompress(page, max_output_size=fields[2])
+                assert level_1.compress(body) == page
+                uncompressed += body_at - pos + fields[2]
+                pages += 1
+                pos = body_at + fields[3]
+            assert pos == end
+            assert column.total_uncompressed_size == uncompressed
+            stats = _field(_field(chunk, 3), 13)[1]
+            assert [dict((fid, value) for fid, _, value in s)[3] for s in stats] == [pages]
+            uncompressed_sum += uncompressed
+            compressed_sum += column.total_compressed_size
+            page_counts.append(pages)
+        assert stated.total_byte_size == uncompressed_sum
+        assert _field(group, 6) == compressed_sum
+        assert _field(group, 5) == stated.column(0).data_page_offset
+    assert page_counts == [2, 2, 1, 1, 1, 1] * 2  # the ids and the mask of each group: two pages

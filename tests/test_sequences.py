@@ -96,3 +96,13 @@ def test_lengths_take_two_bytes_unless_a_sample_needs_more(longest, dtype):
     seq = items.resolve(np.arange(items.num_items, dtype=np.int32))
     assert list(zip(seq.sample.tolist(), seq.offset.tolist(), seq.length.tolist(), seq.padded.tolist(),
                     seq.src.tolist())) == want
+
+
+def test_a_sample_of_2_to_the_31_tokens_is_refused_and_one_less_is_kept():
+    """Token counts are stored as int32: 2**31 would be kept as -2**31, a negative length."""
+    log = SampleLog(4095)
+    lengths = np.array([10, 2**31 - 1], np.int64)
+    log.add(lengths, np.arange(2), np.minimum(lengths - 1, 5), np.zeros(2, np.int64))
+    assert log.lengths().tolist() == [10, 2**31 - 1]
+    with pytest.raises(DataError, match=r"^a sample of 2147483648 tokens is longer than packer supports \(2\*\*31 - 1\)$"):
+        SampleLog(4095).add(lengths + 1, np.arange(2), np.minimum(lengths, 5), np.zeros(2, np.int64))

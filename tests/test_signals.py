@@ -225,17 +225,16 @@ def _sigint_caught(pid: int) -> bool | None:
 
 
 def _wait_for_default_sigint(pid: int, timeout: float = 20.0) -> bool:
-    """Until the console script has given Ctrl-C its default action: the interpreter installs
-    its own handler first, and ``packer_cli._entry`` then removes it (true once seen)."""
-    seen_python_handler = False
+    """Until the console script has given Ctrl-C its default action (true once seen). Called
+    once the child said it is running Python code, so the interpreter's own handler is in place
+    and a default action means ``packer_cli._entry`` removed it. (Polling for the interpreter's
+    handler to appear and go missed that moment on a loaded machine.)"""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         caught = _sigint_caught(pid)
         if caught is None:
             return False
-        if caught:
-            seen_python_handler = True
-        elif seen_python_handler:
+        if not caught:
             return True
         time.sleep(0.0005)
     return False
@@ -248,10 +247,11 @@ def test_ctrl_c_while_starting_up_ends_quietly(big_parquet, tmp_path):
     interpreter's own start, before the console script runs, is Python's: the test sends its
     signals from the moment the script has taken over, however long a loaded machine took.)"""
     for delay in (0.0, 0.1, 0.25):
-        child = subprocess.Popen([sys.executable, "-c", "from packer_cli._entry import main; main()", "pack",
-                                  str(big_parquet), "-o", str(tmp_path / "out"), "--json"],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        script = "import sys; print('started', flush=True); from packer_cli._entry import main; main()"
+        child = subprocess.Popen([sys.executable, "-c", script, "pack", str(big_parquet), "-o", str(tmp_path / "out"),
+                                  "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  preexec_fn=_default_sigint)
+        assert child.stdout.readline() == "started\n"  # the interpreter is up, its SIGINT handler installed
         assert _wait_for_default_sigint(child.pid), "the console script never gave Ctrl-C its default action"
         time.sleep(delay)
         child.send_signal(signal.SIGINT)

@@ -82,21 +82,32 @@ def test_a_direct_write_refused_or_cut_short_continues_buffered(tmp_path, monkey
     stops at an unaligned offset: the rest of the file goes through the page cache."""
     if not _direct_supported(tmp_path):
         pytest.skip(f"{tmp_path}: this file system refuses O_DIRECT at open (tested above)")
+    import fcntl
+
     real_write = os.write
-    calls = []
+    calls, short = [], []
 
     def flaky_write(fd, data):
         calls.append(len(data))
         if len(calls) == 2:  # the second block
             if how == "refused":
                 raise OSError(errno.EINVAL, "Invalid argument")
-            return real_write(fd, memoryview(data)[:1000])
+            # a real short write: 1000 bytes land and the offset is left unaligned (with O_DIRECT
+            # still set, writing 1000 bytes would itself be refused, the case above again)
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
+            try:
+                short.append(real_write(fd, memoryview(data)[:1000]))
+                return short[-1]
+            finally:
+                fcntl.fcntl(fd, fcntl.F_SETFL, flags)
         return real_write(fd, data)
 
     monkeypatch.setattr(os, "write", flaky_write)
     pieces = _pieces(2, 5 * BLOCK + 99)
     f = _write(tmp_path / "out", pieces)
     assert not f.direct and len(calls) > 2
+    assert short == ([1000] if how == "short" else [])
     assert (tmp_path / "out").read_bytes() == b"".join(pieces)
 
 
