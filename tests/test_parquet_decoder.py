@@ -1784,3 +1784,40 @@ def test_pyarrow_reads_a_group_of_long_rows_in_batches_of_its_mean_row_budget(tm
         expected += [step] * (rows // step) + ([rows % step] if rows % step else [])
     assert [b.num_rows for b in batches] == expected
     assert max(expected) < 30  # not 1,000-row batches
+
+
+def test_a_footer_stating_dictionary_offset_zero_without_a_dictionary_reads_as_pyarrow_reads_it(tmp_path):
+    """Some writers state ``dictionary_page_offset = 0`` for a column chunk without dictionary:
+    pyarrow reads such a file, and so must packer's decoder (0 is no offset, not the file's start)."""
+    from packer_cli._thrift import I64
+
+    path = tmp_path / "t.parquet"
+    table = pa.table({"input_ids": [[1, 2, 3], [4, 5], [6, 7, 8, 9]] * 50,
+                      "loss_mask": [[1, 1, 0], [0, 1], [1, 1, 1, 1]] * 50})
+    pq.write_table(table, path, write_statistics=False, use_dictionary=False)
+    raw = path.read_bytes()
+    footer, footer_at = _footer_of(raw)
+    for group in _field(footer, 4)[1]:
+        for chunk in _field(group, 1)[1]:
+            meta = _field(chunk, 3)
+            assert all(fid != 11 for fid, _, _ in meta)
+            meta.append((11, I64, 0))
+            meta.sort(key=lambda field: field[0])
+    path.write_bytes(_with_footer(raw, footer_at, footer))
+    assert pq.read_table(path).equals(table)
+    batches = list(ListColumnReader(str(path), ["input_ids", "loss_mask"]))
+    assert pa.Table.from_batches(batches).equals(table.cast(batches[0].schema))
+
+
+def test_gzip_pages_without_their_trailer_are_refused_as_pyarrow_refuses_them(tmp_path):
+    """A gzip stream cut before its 8-byte trailer (CRC-32 and size) holds all the data but does
+    not end: pyarrow refuses the page, and so does packer's decoder, naming the column."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3], [4, 5], [6, 7, 8, 9]] * 50}), path, write_statistics=False,
+                   use_dictionary=False, compression="gzip")
+    bad = _rewrite_pages(path, tmp_path / "cut.parquet", lambda pages: [(h, p[:-8]) for h, p in pages])
+    with pytest.raises((pa.ArrowException, OSError)):
+        pq.read_table(bad)
+    with pytest.raises(ValueError, match=r"column 'input_ids': page does not decompress \(gzip: incomplete or "
+                                         r"truncated stream\)"):
+        list(ListColumnReader(str(bad), ["input_ids"]))

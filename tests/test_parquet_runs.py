@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packer_cli._thrift import I16, I32, I64, read_fields, write_fields
+from packer_cli._thrift import I16, I32, I64, STRUCT, read_fields, write_fields
 from packer_cli.sources import _parquet_pages as pages
 from packer_cli.sources import parquet_lists
 from packer_cli._parquet_thrift import ThriftError, parse_page_header
@@ -375,6 +375,24 @@ def test_header_fields_of_another_wire_type_are_refused(tmp_path):
     header, payload = firsts["v2"]
     flag = _page(_retyped(header, (8, 7), kind=I32, value=0), payload)  # is_compressed: false, as an i32
     assert parse_page_header(flag).is_compressed and _walk(flag, [(0, len(flag))]) is None
+    for name, sub in (("v1", 5), ("v2", 8), ("dictionary", 7)):  # the page's own header an i32, not a struct
+        header, payload = firsts[name]
+        bad = _page(_retyped(header, (sub,), kind=I32, value=0), payload)
+        with pytest.raises(ThriftError, match="without its header"):
+            parse_page_header(bad)
+        assert _walk(bad, [(0, len(bad))]) is None, name
+
+
+def test_a_data_page_header_given_twice_is_read_as_thrift_reads_it(tmp_path):
+    """Apache Thrift keeps a field's last value: a data page header (field 5) given again, the
+    second holding only the value count, is a header without its encodings, which pyarrow
+    refuses. Both readers refuse it (the walk read the first one's encodings and packed it)."""
+    header, payload = _first_pages(tmp_path)["v1"]
+    sub = next(value for fid, _, value in header if fid == 5)
+    twice = _page(header + [(5, STRUCT, [sub[0]])], payload)
+    with pytest.raises(ThriftError, match="missing or invalid encoding"):
+        parse_page_header(twice)
+    assert _walk(twice, [(0, len(twice))]) is None
 
 
 def test_a_page_header_pyarrow_refuses_is_refused(tmp_path):

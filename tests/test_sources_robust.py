@@ -485,6 +485,19 @@ def test_a_batch_the_footer_leaves_out_after_an_unframed_schema_is_a_data_error(
         records(path)
 
 
+def test_a_batch_the_footer_leaves_out_between_two_listed_ones_is_a_data_error(tmp_path):
+    """The footer lists batches 1 and 3 of 3: pyarrow reads 20 of 30 records, and the gap
+    before the second listed batch is what tells (a check that only refused overlapping
+    batches took the file, 10 records gone, exit 0)."""
+    path = tmp_path / "f.arrow"
+    path.write_bytes(_footer_blocks_rewritten(_undictionaried_file_bytes(), lambda kind, blocks: (
+        [blocks[0], blocks[2]] if kind == "batches" else blocks)))
+    assert pa.ipc.open_file(pa.memory_map(str(path))).read_all().num_rows == 20
+    with pytest.raises(DataError, match=r"footer does not describe its contents \(message 2 of 2 is at byte [\d,]+, "
+                                        r"the one before it ends at byte [\d,]+\)"):
+        records(path)
+
+
 def _without_schema_message(data: bytes) -> bytes:
     """``data`` (a pyarrow IPC file) as arrow-js writes one: no schema message after the magic
     (the footer holds the schema), the first batch at byte 8."""

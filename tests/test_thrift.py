@@ -115,6 +115,14 @@ def test_damaged_bytes_are_refused():
     deep = b"\x1c" * 20 + b"\x00" * 21  # structs nested 20 deep
     with pytest.raises(ThriftError, match="nests too deep"):
         read_fields(deep)
+    # at each bound: a varint of 10 bytes (64 bits) is read, one of 11 refused as Thrift refuses
+    # it; structs nested 16 deep are read, 17 refused
+    assert read_fields(b"\x15" + b"\x80" * 9 + b"\x00\x00")[0] == [(1, I32, 0)]
+    with pytest.raises(ThriftError, match="varint too long"):
+        read_fields(b"\x15" + b"\x80" * 10 + b"\x00\x00")
+    assert read_fields(b"\x1c" * 16 + b"\x00" * 17)[1] == 33
+    with pytest.raises(ThriftError, match="nests too deep"):
+        read_fields(b"\x1c" * 17 + b"\x00" * 18)
     with pytest.raises(Truncated):  # a list claiming more elements than there are bytes
         read_fields(b"\x19\xf5\xff\xff\x03")
 

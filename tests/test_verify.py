@@ -1241,16 +1241,18 @@ def test_source_replay_membership_is_isin(keys, of, shift):
     npt.assert_array_equal(_members(keys, of), np.isin(keys, of))
 
 
-@pytest.mark.parametrize("codec,named", [("zstd", "Zstandard"), ("lz4", "LZ4")])
-def test_a_compressed_shard_is_refused_before_its_batches_are_read(broken, codec, named):
+@pytest.mark.parametrize("codec,named,legacy", [("zstd", "Zstandard", False), ("lz4", "LZ4", False),
+                                                ("zstd", "Zstandard", True)], ids=["zstd", "lz4", "zstd-pre-1.0"])
+def test_a_compressed_shard_is_refused_before_its_batches_are_read(broken, codec, named, legacy):
     """Shards are uncompressed, to be memory-mapped: pyarrow decompresses a compressed batch whole
     as it reads it (70 KB of Zstandard held a 2^29-token pack, 2.3 GB to inspect), and such a
     shard passed verify. The same packs rewritten compressed, the manifest fixed: verify and
-    inspect name it, and the dataset refuses it."""
+    inspect name it, and the dataset refuses it; in Arrow's pre-1.0 framing (messages without
+    the continuation marker) too."""
     shard = sorted(broken.glob("packs-*.arrow"))[0]
     with pa.ipc.open_file(shard) as reader:
         table = reader.read_all()
-    options = pa.ipc.IpcWriteOptions(compression=codec)
+    options = pa.ipc.IpcWriteOptions(compression=codec, use_legacy_format=legacy)
     with pa.ipc.new_file(shard, table.schema, options=options) as writer:
         writer.write_table(table, max_chunksize=max(1, table.num_rows // 3))
     man = manifest(broken)
