@@ -584,3 +584,38 @@ def test_pack_detail_as_plain_text_keeps_every_cell_on_a_narrow_terminal(synth, 
     flat = "".join(text.split())
     for k in range(len(detail["real_len"])):
         assert (f"{detail['padded_len'][k]:,}{detail['target_tokens'][k]:,}") in flat
+
+
+def test_the_text_report_shows_the_json_reports_figures(synth):
+    """The table rows are the JSON's numbers: efficiency as a percentage of 100, and Σ T² the
+    pack-as-one-sequence sum (not the padded sequences')."""
+    out = synth[1]
+    d = json.loads(runner.invoke(app, ["inspect", str(out), "--json"]).output)
+    text = runner.invoke(app, ["inspect", str(out)], terminal_width=150).output
+    row = lambda label: next(line for line in text.splitlines() if label in line)  # noqa: E731
+    assert f"{100 * d['quality']['efficiency']:.2f}%" in row("efficiency (real / packs·C)")
+    assert f"{d['attention']['sum_sq_pack']:,}" in row("Σ T² (pack as one sequence)")
+    assert f"{d['attention']['sum_sq_real']:,}" in row("Σ s_i² (real sequences)")
+    assert d["attention"]["sum_sq_pack"] != d["attention"]["sum_sq_padded"]
+
+
+def test_pack_detail_counts_each_sequences_own_targets_and_finds_its_row(tmp_path):
+    """Every token a target (no mask field) and no padding between sequences: a sequence's
+    targets are its real length, not one more taken from the next sequence; and a pack's row is
+    counted in packs across a shard's several record batches."""
+    src = tmp_path / "train.jsonl"
+    rng = np.random.default_rng(4)
+    src.write_text("".join(json.dumps({"input_ids": rng.integers(1, 900, n).tolist()}) + "\n"
+                           for n in rng.integers(20, 200, 60)))
+    with pytest.MonkeyPatch.context() as mp:  # one shard of several record batches
+        mp.setattr(pipeline, "BATCH_TOKENS", 2048)
+        pipeline.pack([str(src)], str(tmp_path / "out"), PackSpec(pack_size=512), shard_bytes=1 << 30)
+    table = read_packs(tmp_path / "out")["table"]
+    assert len(json.loads((tmp_path / "out" / "manifest.json").read_text())["shards"]) == 1
+    with pa.ipc.open_file(str(tmp_path / "out" / "packs-00000.arrow")) as shard:
+        assert shard.num_record_batches > 2
+    n = table.num_rows - 2
+    detail = json.loads(runner.invoke(app, ["inspect", str(tmp_path / "out"), "--pack", str(n), "--json"]).output)
+    detail = detail["pack"]
+    assert (detail["pack"], detail["shard"], detail["row"]) == (n, "packs-00000.arrow", n)
+    assert detail["target_tokens"] == detail["real_len"] == table.column("seq_lens")[n].as_py()

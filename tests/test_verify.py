@@ -672,6 +672,34 @@ def test_a_real_length_outside_one_to_its_padded_length_is_a_finding(broken, cas
         f"{shard} row {where['row']} (pack {where['row']}) seq {where['seq']}: {where['says']} [pack.lengths]"))
 
 
+@pytest.mark.parametrize("case", ["no-sequence", "real-past-padded"])
+def test_inspect_refuses_a_pack_of_no_sequence_or_a_real_length_past_its_padded_one(broken, case):
+    """inspect, which reads only the lengths, refuses (exit 1, one line naming the row) a pack
+    whose ``cu_seqlens`` is ``[0]`` (no sequence) and a sequence whose real length is one past
+    its padded length, each for what it is."""
+    shard = first_shard(broken)
+    said = {}
+
+    def no_sequence(rows):  # its tokens kept (the manifest's totals still hold), no sequence over them
+        r = rows[0]
+        for col in ("seq_lens", "last_token", "source_index", "source_offset"):
+            r[col] = []
+        r["cu_seqlens"] = [0]
+        said.update(text="1 cu_seqlens entries for 0 sequences")
+
+    def real_past_padded(rows):
+        r = rows[0]
+        padded = r["cu_seqlens"][1] - r["cu_seqlens"][0]
+        r["seq_lens"][0] = padded + 1
+        said.update(text=f"a sequence has real length {padded + 1} and padded length {padded}")
+
+    rewrite(broken, shard, no_sequence if case == "no-sequence" else real_past_padded)
+    result = runner.invoke(app, ["inspect", str(broken)])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip() == (f"error: {broken}: {shard} row 0: malformed pack ({said['text']}); run "
+                                     f"`packer verify` for a full report"), result.output
+
+
 @pytest.mark.parametrize("column", ["last_token", "source_index", "source_offset"])
 def test_a_per_sequence_column_of_another_length_is_a_finding(broken, column):
     """Each per-sequence list has one entry a sequence: one short is named, and the pack's
