@@ -24,6 +24,9 @@ def test_attention_uses_sum_of_squares_of_real_lengths():
         (dict(hidden_size=8, num_heads=2, head_dim=4, gated_mlp=False), 24 * 64),
         # GQA (1 group of 2 heads), gated ffn 16: qkv 2·8·(2+2)·4 + proj 2·2·4·8 + mlp 2·8·16·3
         (dict(hidden_size=8, num_heads=2, head_dim=4, num_query_groups=1, ffn_hidden_size=16), 256 + 128 + 768),
+        # heads·head_dim ≠ h (Gemma's 3072 wide, 16 heads of 256): qkv 2·h·3·16·256, proj 2·16·256·h, mlp 2·h·4h·2
+        (dict(hidden_size=3072, num_heads=16, head_dim=256, gated_mlp=False),
+         2 * 3072 * 48 * 256 + 2 * 16 * 256 * 3072 + 16 * 3072 * 3072),
     ],
 )
 def test_linear_flops_per_token(kw, per_token):
@@ -38,6 +41,13 @@ def test_pack_and_training_flops():
     kw = dict(num_layers=2, hidden_size=8, num_heads=2, gated_mlp=False, vocab_size=10)
     assert training_flops(17, 115, **kw) == f.training
     assert isinstance(f.training, int)
+
+
+def test_an_explicit_head_dim_is_the_one_counted():
+    """A head_dim given is used, not hidden_size // num_heads (192 here, against 256)."""
+    f = pack_flops(100, 5000, num_layers=2, hidden_size=3072, num_heads=16, head_dim=256, gated_mlp=False)
+    assert f.attention == 2 * 2 * 5000 * 16 * 256
+    assert f.linear == linear_flops(100, 3072, 16, 256, num_layers=2, gated_mlp=False)
 
 
 def test_large_lengths_stay_exact():

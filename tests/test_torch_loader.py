@@ -153,6 +153,24 @@ def test_epochs_and_exact_resume():
         THDLoader(ds, seed=1, device="cpu").load_state_dict(state)
 
 
+@pytest.mark.parametrize("key, other", [("seed", {"seed": 1}), ("dp_size", {"dp_size": 4, "dp_rank": 1}),
+                                        ("dp_rank", {"dp_rank": 0}), ("shuffle", {"shuffle": False}),
+                                        ("batch_packs", {"batch_packs": 2})])
+def test_a_state_saved_by_a_loader_of_other_settings_is_refused(key, other):
+    """A state is a position in one rank's sequence of micro-batches: loaded by another rank
+    (or another seed, world size, order or micro-batch size), it would resume elsewhere."""
+    ds = _dataset(num_packs=12)
+    mine = dict(seed=9, dp_size=2, dp_rank=1, device="cpu", num_workers=0)
+    loader = THDLoader(ds, **mine)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    elsewhere = THDLoader(ds, **{**mine, **other})
+    with pytest.raises(ValueError, match=f"loader state has {key}="):
+        elsewhere.load_state_dict(state)
+    THDLoader(ds, **mine).load_state_dict(state)
+
+
 @pytest.mark.parametrize("change,says", [
     ({"position": -5}, "position must be an integer >= 0, got -5"),
     ({"position": 5.7}, "position must be an integer >= 0, got 5.7"),

@@ -212,6 +212,38 @@ def test_bad_and_short_records_are_accounted_for(tmp_path):
     assert result.exit_code == 1 and "counts.too_short_dropped is 0 but the source has 1" in result.output
 
 
+def test_what_an_older_packer_recorded_still_verifies(tmp_path):
+    """Two figures earlier packers recorded otherwise, which verify accepts as such: samples
+    without targets counted before truncation (here 0 where packer now counts the one
+    truncated to none; anything outside 0..1 is a finding), and the quality bounds taken over
+    the whole C where m does not divide it (C = 500, m = 8)."""
+    from packer_cli.audit import inspect_output
+
+    src = tmp_path / "train.jsonl"
+    rows = [{"input_ids": list(range(1, 201)), "loss_mask": [0] * 150 + [1] * 50}]  # its targets past C = 128
+    rows += [{"input_ids": list(range(1, 31 + k)), "loss_mask": [0] * 10 + [1] * (20 + k)} for k in range(9)]
+    src.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = pack_to([src], tmp_path / "out", PackSpec(pack_size=128))
+    assert json.loads((out / "metadata.json").read_text())["counts"]["no_target_samples"] == 1
+    _resealed(out, lambda doc: doc["counts"].update(no_target_samples=0))
+    assert verify(out).exit_code == 0
+    _resealed(out, lambda doc: doc["counts"].update(no_target_samples=2))
+    result = verify(out)
+    assert result.exit_code == 1
+    assert ("metadata.json: counts.no_target_samples is 2 but the data has 1 (0 of them not truncated) "
+            "[metadata.counts]") in result.output, result.output
+
+    src = tmp_path / "even.jsonl"  # 35 samples of 128 padded tokens: ⌈4480/500⌉ = 9 packs, ⌈4480/496⌉ = 10
+    src.write_text("".join(json.dumps({"input_ids": list(range(1, 125)), "loss_mask": [1] * 124}) + "\n"
+                           for _ in range(35)))
+    out = pack_to([src], tmp_path / "older", PackSpec(pack_size=500, pad_seq_to_mult=8))
+    older = inspect_output(str(out)).quality(whole_capacity=True)
+    now = json.loads((out / "metadata.json").read_text())["quality"]
+    assert (older["lower_bound"], now["lower_bound"]) == (9, 10)
+    _resealed(out, lambda doc: doc["quality"].update(older))
+    assert verify(out).exit_code == 0, verify(out).output
+
+
 def test_more_bad_records_than_the_metadata_lists_pass(tmp_path):
     """metadata.json lists the first 1,000 bad records and counts them all: 1,001 skipped ones
     are a sound output, with and without the source (a check wanting every one listed failed
