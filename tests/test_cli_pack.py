@@ -1480,3 +1480,38 @@ def test_running_out_of_memory_in_an_audit_names_the_output_exit_3(tmp_path, mon
     assert result.output.strip().splitlines()[-1] == (
         f"error: {out}: out of memory: Unable to allocate 8.00 GiB for an array (an address-space limit, "
         "ulimit -v, or the node's memory)"), result.output
+
+
+def test_the_pack_summary_rows_say_what_the_run_did(tmp_path):
+    """The dry run's table, row by row: SP is its own flag (TP 2 without --sp is SP off), a
+    labels field is named as HF labels, and alignment padding is a share of the packs' C."""
+    src = tmp_path / "train.jsonl"
+    write_jsonl(src, [{"input_ids": list(range(1, 40 + k)), "labels": [-100] * 10 + list(range(11, 40 + k))}
+                      for k in range(30)])
+    result = runner.invoke(app, ["pack", str(src), "--dry-run", "-C", "512", "--cp", "2", "--tp", "2", "--json"])
+    summary = json.loads(result.stdout)
+    c = summary["counts"]
+    text = runner.invoke(app, ["pack", str(src), "--dry-run", "-C", "512", "--cp", "2", "--tp", "2"],
+                         terminal_width=200).output
+    row = lambda label: next(line for line in text.splitlines() if label in line)  # noqa: E731
+    assert "C=512 m=4 CP=2 TP=2 SP=off ffd seed=0" in row("spec")
+    assert "HF labels 'labels'" in row("targets")
+    share = 100 * c["alignment_padding"] / (c["packs"] * 512)
+    assert f"{c['alignment_padding']:,} ({share:.2f}%)" in row("alignment padding")
+    assert 100 * c["alignment_padding"] / c["runtime_tokens"] != pytest.approx(share, abs=0.005)
+
+
+def test_an_input_reached_through_a_link_and_dot_dot_is_recorded_as_the_file_read(tmp_path, monkeypatch):
+    """``elsewhere/link/../data.jsonl`` with ``link -> ../real/sub`` is ``real/data.jsonl`` (the
+    kernel follows the link, then goes up): collapsing the '..' as text recorded
+    ``elsewhere/data.jsonl``, a file that does not exist, and verify --source of the recorded
+    inputs could not find it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "link").symlink_to("../real/sub")
+    write_jsonl(tmp_path / "real" / "data.jsonl", [GOOD, GOOD])
+    assert run("pack", "elsewhere/link/../data.jsonl", "-o", "out", "-C", 64).exit_code == 0
+    recorded = json.loads((tmp_path / "out" / "metadata.json").read_text())["source"]["inputs"][0]["path"]
+    assert recorded == os.path.realpath(tmp_path / "real" / "data.jsonl")
+    assert not (tmp_path / "elsewhere" / "data.jsonl").exists()

@@ -244,6 +244,23 @@ def test_what_an_older_packer_recorded_still_verifies(tmp_path):
     assert verify(out).exit_code == 0, verify(out).output
 
 
+def test_recorded_counts_and_gaps_are_the_datas(tmp_path):
+    """What pack records is what verify recomputes: a truncated sample with no target at all
+    counts once among the samples without targets (not also as one truncated to none), and the
+    gap to L2 is a share of L2 (a plan in input order, unshuffled, leaves one)."""
+    src = tmp_path / "train.jsonl"
+    rows = [{"input_ids": list(range(1, 201)), "loss_mask": [0] * 200}]  # over C = 128, no target anywhere
+    rows += [{"input_ids": list(range(1, 41 + 7 * k)), "loss_mask": [0] * 10 + [1] * (30 + 7 * k)} for k in range(12)]
+    src.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = pack_to([src], tmp_path / "out", PackSpec(pack_size=128, algorithm="sequential", shuffle=False))
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["counts"]["no_target_samples"] == 1
+    q = meta["quality"]
+    assert q["gap_to_l2"] > 0 and q["gap_to_l2_pct"] == pytest.approx(100 * q["gap_to_l2"] / q["l2_bound"])
+    assert verify(out).exit_code == 0
+    assert verify(out, "--source", src).exit_code == 0
+
+
 def test_more_bad_records_than_the_metadata_lists_pass(tmp_path):
     """metadata.json lists the first 1,000 bad records and counts them all: 1,001 skipped ones
     are a sound output, with and without the source (a check wanting every one listed failed
