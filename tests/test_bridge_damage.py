@@ -637,3 +637,40 @@ def test_a_pack_index_one_past_either_end_is_an_index_error(copy):
     for i in (n, -n - 1):
         with pytest.raises(IndexError, match=f"pack {i} out of range for {n} packs"):
             reader.row(i)
+
+
+def test_an_unusable_pack_size_names_no_file_of_that_size(copy):
+    """A Bridge split whose recorded pack size is -1024 (resealed): the spec is the finding; the
+    files are not then judged by names made of that size (``training_-1024.idx.parquet``,
+    ``-1024_metadata.jsonl``), which were three findings about files nobody wrote."""
+    from packer_cli.shards.format import seal_metadata
+
+    out = copy()
+    path = out / "training.metadata.json"
+    doc = json.loads(path.read_text())
+    doc["spec"]["pack_size"] = -1024
+    doc.pop("checksum")
+    path.write_text(json.dumps(seal_metadata(doc)))
+    report = verify(out)
+    assert {f.check for f in report.findings} == {"metadata.spec", "structure.files"}, [
+        f.line() for f in report.findings]
+    assert not any("-1024_" in f.line() or "_-1024" in f.line() for f in report.findings)
+
+
+def test_the_audit_stores_read_of_the_ids_checks_bridges_stored_padding(copy):
+    """Asked for the token ids by name (the store interface's columns), the Bridge store checks
+    the stored padding as verify's read does, not only when asked for every column."""
+    from packer_cli.audit.store import COLUMNS, ShardError
+    from packer_cli.shards.bridge_store import BridgeStore
+
+    out = copy()
+    table = read(out)
+    r, k, a, s, b = padded_sequence(table)
+    values, offsets = flat(table, "input_ids")
+    values[offsets[r] + b - 1] = DEMO_EOS + 1
+    write(out, with_column(table, "input_ids", values, offsets), table.schema.metadata)
+    store = BridgeStore.open(str(out))
+    for columns in (None, COLUMNS, ["tokens"]):
+        with pytest.raises(ShardError, match="in the stored padding, expected the eos id"):
+            for _ in store.read_shard(store.shard_names()[0], columns):
+                pass

@@ -186,6 +186,11 @@ def test_auto_stages_only_where_the_room_holds_staging_itself():
     assert _staged.choose_spill_read("auto", needs + 1, room=room, staged_needs=needs) == ("staged", room)
     assert _staged.choose_spill_read("auto", 10, room=0) == ("random", 0)  # no room at all: staging would not fit
     assert _staged.choose_spill_read("staged", 1 << 40, room=0, staged_needs=needs) == ("staged", None)  # as asked
+    # where the stage images outweigh the buffers: the current image and SPARE_IMAGES kept, three
+    needs = _staged.staged_memory(1_330_000_000, 4 * _staged.STAGE_TOKENS)
+    assert needs == 3 * -(-1_330_000_000 // 4) > _staged.WRITE_BUFFERS + 2 * _staged.SCATTER_CHUNK
+    room = reserve + 800_000_000  # room for two images, not three
+    assert _staged.choose_spill_read("auto", 1_330_000_000, room=room, staged_needs=needs) == ("random", room)
 
 
 def test_auto_reads_a_spill_held_in_memory_at_random(tmp_path, mixed_inputs, monkeypatch):
@@ -357,3 +362,29 @@ def test_cli_spill_read_option(mixed_inputs, tmp_path):
     assert result.exit_code == 0 and "spill read back" in result.output, result.output
     assert f"staged, {record['spill']['stages']:,} stages" in result.output
 
+
+
+def test_the_spill_file_is_deleted_once_the_stages_are_built(mixed_inputs, tmp_path, small_runs, monkeypatch):
+    """Pass two reads the stages only: the spill file goes as soon as they are built, so the
+    disk holds spill and stages together only while copying (the dry run's disk estimate
+    counts on it, docs/PACK.md)."""
+    from packer_cli.shards._gather import SPILL_FILE
+
+    seen = []
+    init, gather_run = _staged.StagedSpillReader.__init__, _staged.StagedSpillReader.gather_run
+
+    def watched_init(self, spill_dir, *args, **kwargs):
+        seen.append(spill_dir)
+        return init(self, spill_dir, *args, **kwargs)
+
+    def watched_gather_run(self, *args, **kwargs):
+        if len(seen) == 1:
+            seen.append(sorted(os.listdir(seen[0])))
+        return gather_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(_staged.StagedSpillReader, "__init__", watched_init)
+    monkeypatch.setattr(_staged.StagedSpillReader, "gather_run", watched_gather_run)
+    pack(mixed_inputs, str(tmp_path / "out"), PackSpec(pack_size=512), spill_read="staged", spill_memory=0,
+         spill_dir=str(tmp_path))
+    assert len(seen) == 2 and seen[1], seen  # the stages were there as pass two read them
+    assert SPILL_FILE not in seen[1]
