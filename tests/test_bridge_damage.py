@@ -674,3 +674,38 @@ def test_the_audit_stores_read_of_the_ids_checks_bridges_stored_padding(copy):
         with pytest.raises(ShardError, match="in the stored padding, expected the eos id"):
             for _ in store.read_shard(store.shard_names()[0], columns):
                 pass
+
+
+def test_an_entry_that_may_be_another_splits_is_not_taken_for_the_replaced_ones():
+    """One entry left and one other split whose values are unknown (Bridge wrote it, without
+    packer's metadata): the entry may be that split's, so replacing this split removes none
+    and says why (it removed the other split's entry, silently)."""
+    from packer_cli.shards.bridge_output import old_entry_index
+
+    entry = {"dataset_max_seqlen": 300, "max_samples_per_bin": 3, "packing_factor": 2.0,
+             "packing_efficiency": 90.0, "pack_size": C, "min_packed_seqlen": 100}
+    index, why = old_entry_index([entry], "training", [("validation", None)], dict(entry))
+    assert index is None and why, (index, why)
+    assert old_entry_index([entry, dict(entry, dataset_max_seqlen=9)], "training", [("validation", None)],
+                           dict(entry)) == (0, None)  # one more entry than splits that may hold one
+
+
+def test_an_entry_another_writer_added_while_the_split_was_packed_is_kept(copy, made, monkeypatch):
+    """Replacing a split removes its old entry from Bridge's metadata array by value, as the
+    array is when the run ends: an entry another writer put in front meanwhile stays (the old
+    entry's index alone pointed at the newcomer)."""
+    out = copy()
+    array = out / f"{C}_metadata.jsonl"
+    before = json.loads(array.read_text())
+    other = {"dataset_max_seqlen": 7, "max_samples_per_bin": 1, "packing_factor": 1.0, "packing_efficiency": 1.0,
+             "pack_size": C, "min_packed_seqlen": 9}
+    write_output = BridgeOutput.write
+
+    def another_writer_first(self, *args, **kwargs):
+        array.write_text(json.dumps([other] + json.loads(array.read_text())))
+        return write_output(self, *args, **kwargs)
+
+    monkeypatch.setattr(BridgeOutput, "write", another_writer_first)
+    pack([str(made["src"])], str(out), PackSpec(pack_size=C, cp=2, seed=1), overwrite=True,
+         output=BridgeOutput(eos_id=DEMO_EOS, row_group_size=ROW_GROUP))
+    assert json.loads(array.read_text()) == [other] + before  # the same plan: the same entry again
