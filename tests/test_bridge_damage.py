@@ -328,14 +328,21 @@ def test_loss_on_a_sequence_final_slot(copy):
         finding.line()
 
 
-def test_inspect_does_not_read_token_ids(copy):
-    """Like a native output's, a Bridge split's token values are verify's to check."""
-    out = copy()
+def _stored_padding_not_eos(out: Path) -> pa.Table:
+    """The split rewritten with one sequence's last stored padding slot holding EOS + 1 (the
+    manifest made to hold); returns the table as it was."""
     table = read(out)
     r, k, a, s, b = padded_sequence(table)
     values, offsets = flat(table, "input_ids")
     values[offsets[r] + b - 1] = DEMO_EOS + 1
     write(out, with_column(table, "input_ids", values, offsets), table.schema.metadata)
+    return table
+
+
+def test_inspect_does_not_read_token_ids(copy):
+    """Like a native output's, a Bridge split's token values are verify's to check."""
+    out = copy()
+    table = _stored_padding_not_eos(out)
     assert inspect_output(str(out)).packs == table.num_rows
     assert not verify(out).ok
 
@@ -664,11 +671,7 @@ def test_the_audit_stores_read_of_the_ids_checks_bridges_stored_padding(copy):
     from packer_cli.shards.bridge_store import BridgeStore
 
     out = copy()
-    table = read(out)
-    r, k, a, s, b = padded_sequence(table)
-    values, offsets = flat(table, "input_ids")
-    values[offsets[r] + b - 1] = DEMO_EOS + 1
-    write(out, with_column(table, "input_ids", values, offsets), table.schema.metadata)
+    _stored_padding_not_eos(out)
     store = BridgeStore.open(str(out))
     for columns in (None, COLUMNS, ["tokens"]):
         with pytest.raises(ShardError, match="in the stored padding, expected the eos id"):
