@@ -118,12 +118,15 @@ class BridgeStore:
                 first, row, rows = g + 1, row + rows, 0
         return batches
 
+    def _path(self, name: str) -> str:
+        return os.path.join(self.out, name)
+
     def _open(self, name: str):
         """The split's Parquet file, its schema checked (:func:`schema_problem`)."""
         from packer_cli.audit.store import ShardError
 
         try:
-            pf = pq.ParquetFile(os.path.join(self.out, name), memory_map=False)
+            pf = pq.ParquetFile(self._path(name), memory_map=False)
         except FileNotFoundError:
             raise ShardError(name, "missing") from None
         except (OSError, pa.ArrowException) as exc:
@@ -147,7 +150,7 @@ class BridgeStore:
         with them."""
         from packer_cli.audit.store import PackBatch
 
-        table = _row_groups(os.path.join(self.out, name), pf, runs, first, end, stored_columns(tokens))
+        table = _row_groups(self._path(name), pf, runs, first, end, stored_columns(tokens))
         if runs is not None and then is not None:
             runs.read_ahead(*then, stored_columns(tokens))
         native = convert(table, tokens=tokens)
@@ -166,7 +169,7 @@ class BridgeStore:
         from packer_cli.audit.store import ShardError
 
         try:
-            return convert(read_row_groups(os.path.join(self.out, name), pf, range(first, end), stored_columns()))
+            return convert(read_row_groups(self._path(name), pf, range(first, end), stored_columns()))
         except BridgeRowError as bad:
             raise ShardError(name, bad.reason, row=row + bad.row) from None
         except _UNREADABLE as exc:
@@ -183,9 +186,8 @@ class BridgeStore:
             try:
                 batch = self._read_run(name, pf, g, g + 1, row, convert, tokens)
             except BridgeRowError as bad:  # the rows before it, then the ShardError naming it
-                table = read_row_groups(os.path.join(self.out, name), pf, range(g, g + 1), stored_columns(tokens))
-                yield from self._rows_before(name, table, row,
-                                             partial(convert, tokens=tokens), bad)
+                yield from self._rows_before(name, pf.read_row_group(g, columns=stored_columns(tokens)), row,
+                                             partial(convert, tokens=tokens), bad)  # its pages just checked
             except _UNREADABLE as alone:
                 raise ShardError(name, f"row group {g} is unreadable ({unreadable_group(alone)})", row=row) from None
             yield batch

@@ -341,8 +341,8 @@ def _paged_levels_of(path: str, chunks: list[ChunkMeta]) -> list[int | None]:
         for i in todo:
             if levels[i] == -1:
                 try:
-                    levels[i] = _ChunkPages(f.fileno(), chunks[i], size).level_entries()
-                except _Corrupt:
+                    levels[i] = thrift.data_page_levels(f.fileno(), *spans[i])
+                except thrift.ThriftError:
                     levels[i] = None
     return levels
 
@@ -406,17 +406,6 @@ class _ChunkPages:
             except OSError:  # a file system that cannot map files: read the page instead
                 pass
         return header, os.pread(self.fd, size, start)
-
-    def level_entries(self) -> int:
-        """The level entries of the chunk's data pages by their headers alone (payloads unread):
-        what pyarrow should have decoded, which it does not check against a footer whose
-        row and value counts were all lowered together."""
-        levels = 0
-        while self.pos < self.end:
-            header, _, _ = self.skip()
-            if header.page_type in (thrift.DATA_PAGE, thrift.DATA_PAGE_V2):
-                levels += header.num_values
-        return levels
 
     def skip(self) -> tuple[thrift.PageHeader, int, int]:
         """The next page's header, and where its payload starts and how long it is (then passed)."""
