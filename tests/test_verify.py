@@ -1004,6 +1004,13 @@ def _resealed(out: Path, edit) -> None:
     (out / "metadata.json").write_text(json.dumps(seal_metadata(doc)))
 
 
+def _seven_short_samples(root: Path) -> Path:
+    """Seven samples of 50 tokens, every one a target."""
+    src = root / "seven.parquet"
+    pq.write_table(pa.table({"input_ids": [list(range(1, 51))] * 7, "loss_mask": [[1] * 50] * 7}), src)
+    return src
+
+
 @pytest.mark.parametrize("key", ["quality.efficiency", "quality.l2_bound", "bridge.max_samples_per_bin",
                                  "bridge.dataset_max_seqlen", "bridge.min_packed_seqlen", "bridge.packing_factor",
                                  "static.cu_seqlens_len", "static.max_seqlen", "static.pack_len",
@@ -1015,8 +1022,7 @@ def test_a_recorded_figure_the_packs_do_not_give_is_a_finding(synth, broken, tmp
     C less the least-filled pack's tokens (here above the longest sample's)."""
     if key.startswith("padded "):
         key = key.split()[1]
-        src = tmp_path / "seven.parquet"  # seven samples of 50 tokens: packs of 4 and 3 (208 and 156 tokens)
-        pq.write_table(pa.table({"input_ids": [list(range(1, 51))] * 7, "loss_mask": [[1] * 50] * 7}), src)
+        src = _seven_short_samples(tmp_path)  # packs of 4 and 3 (208 and 156 tokens)
         broken = pack_to([src], tmp_path / "padded", PackSpec(pack_size=C, cp=CP, pad_to_max_length=True))
         assert verify(broken).exit_code == 0
         bridge = json.loads((broken / "metadata.json").read_text())["bridge"]
@@ -1066,10 +1072,9 @@ def test_counts_the_policy_rules_out_are_findings(synth, tmp_path, output, edit,
     nothing, split and error lose nothing, error allows no over-long sample, drop drops each
     one, truncation leaves each at the cap), and records = packed + left out: each count edited,
     its checksum resealed, is named. The sample counts must match the data exactly."""
-    if output == "error":  # no sample over C: seven of 50 tokens
-        src = tmp_path / "seven.parquet"
-        pq.write_table(pa.table({"input_ids": [list(range(1, 51))] * 7, "loss_mask": [[1] * 50] * 7}), src)
-        out = pack_to([src], tmp_path / "out", PackSpec(pack_size=C, cp=CP, overlong=OverlongPolicy.ERROR))
+    if output == "error":  # no sample over C
+        out = pack_to([_seven_short_samples(tmp_path)], tmp_path / "out",
+                      PackSpec(pack_size=C, cp=CP, overlong=OverlongPolicy.ERROR))
     else:
         out = Path(shutil.copytree(synth[1][OverlongPolicy(output)], tmp_path / "out"))
     at_cap = sum(pa.ipc.open_file(str(out / e["name"])).read_all().column("seq_lens").combine_chunks()
