@@ -7,10 +7,12 @@ import pickle
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 
+import numpy as np
 import orjson
 import pytest
 
 from packer_cli import DataError, PackSpec, pack
+from packer_cli import plan as plan_module
 from packer_cli.audit.findings import Finding
 from packer_cli.audit._layout_checks import InconsistentOutput
 from packer_cli.audit.store import ShardError
@@ -159,5 +161,29 @@ def test_the_public_entry_points_keep_interrupts():
     from packer_cli.pipeline import pack as pipeline_pack
 
     for func in (pipeline_pack, plan.first_fit_decreasing, plan.best_fit_decreasing, plan.next_fit,
-                 plan.bridge_first_fit_shuffle, plan.plan_packs, plan.refine_plan, inspect_output, verify_output):
+                 plan.bridge_first_fit_shuffle, plan.plan_packs, plan.refine_plan, plan.validate_plan,
+                 plan.PackPlan.pack_of_item.func, inspect_output, verify_output):
         assert getattr(func, "__wrapped__", None) is not None, func.__name__
+
+
+@pytest.mark.parametrize("kernel, call", [
+    ("_layout_problem", lambda plan, lengths: plan_module.validate_plan(plan, lengths)),
+    ("_pack_of_item", lambda plan, lengths: plan.pack_of_item),
+])
+def test_a_ctrl_c_inside_a_plan_s_own_kernels_is_a_keyboard_interrupt(monkeypatch, kernel, call):
+    """Checking a plan and deriving its pack of each item run compiled code too: a Ctrl-C there
+    reached the caller as numba's ``SystemError`` (an ``except Exception`` took it for a failure)."""
+    from packer_cli.plan import _kernels
+
+    lengths = np.array([300, 200, 100], dtype=np.int32)
+    plan = plan_module.plan_packs(lengths, 512)
+
+    def interrupted(*args):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise SystemError("CPUDispatcher returned a result with an exception set") from exc
+
+    monkeypatch.setattr(_kernels, kernel, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        call(plan, lengths)

@@ -105,6 +105,7 @@ class PackPlan:
         return int(self.pack_load.shape[0])
 
     @cached_property
+    @interrupts_kept
     def pack_of_item(self) -> np.ndarray:
         """int32[N]: pack number of every item, -1 for skipped empty items.
 
@@ -225,6 +226,7 @@ def plan_packs(lengths, capacity, algorithm: str = "ffd", seed=0, *, refine: boo
     return plan
 
 
+@interrupts_kept
 def validate_plan(plan: PackPlan, lengths, capacity=None, *, skip_empty: bool = False) -> None:
     """Check a plan's invariants; raise ``ValueError`` on the first violation.
 
