@@ -265,6 +265,55 @@ def test_a_later_json_record_with_supervision_is_an_error_not_ignored(tmp_path, 
         read(path)
 
 
+# --- a padding mask that only some records have -------------------------------------------------
+
+@pytest.mark.parametrize("first", [
+    {"input_ids": [1, 2, 3]},
+    {"input_ids": [1, 2, 3], "labels": [-100, 2, 3]},
+    {"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]},
+], ids=["no supervision", "labels", "mask"])
+@pytest.mark.parametrize("key", ["attention_mask", "att\\u0065ntion_mask"], ids=["plain", "escaped key"])
+def test_a_later_json_record_with_a_padding_mask_is_an_error_not_ignored(tmp_path, first, key):
+    """The first record had no attention_mask, so masks were not read: a later record's padding
+    (here its two 0s) was packed as tokens, and trained on, without a word."""
+    later = dict(first, input_ids=[4, 5, 0, 0])
+    for name, values in first.items():
+        if name != "input_ids":
+            later[name] = values + [values[-1]]
+    later_line = orjson.dumps(later)[:-1] + b', "' + key.encode() + b'": [1, 1, 0, 0]}'
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(orjson.dumps(first) + b"\n" + orjson.dumps(first) + b"\n" + later_line + b"\n")
+    with pytest.raises(DataError, match=r"d\.jsonl: line 3: field 'attention_mask' is a padding mask, but the first "
+                                        r"record of the input has none, so the padding it marks would be packed"):
+        read(path)
+
+
+def test_a_later_null_padding_mask_is_no_mask_and_none_is_looked_for_when_not_asked(tmp_path):
+    path = jsonl(tmp_path / "d.jsonl", [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5, 6], "attention_mask": None},
+                                        {"input_ids": [7, 8, 9], "meta": {"attention_mask": [1, 0, 0]}}])
+    assert read(path) == ([1, 4, 7], 3)
+    jsonl(tmp_path / "d.jsonl", [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5, 0], "attention_mask": [1, 1, 0]}])
+    # SourceSpec(attention_field=None) packs the records as stored: the 0 is a token
+    stream = SampleStream(discover_inputs([path]), SourceSpec(attention_field=None))
+    assert sum(batch.lengths.sum() for batch in stream) == 6 and stream.padding == 0
+    # a padding mask of another name is looked for under that name alone
+    stream = SampleStream(discover_inputs([path]), SourceSpec(attention_field="pad_mask"))
+    assert sum(batch.lengths.sum() for batch in stream) == 6
+
+
+@pytest.mark.parametrize("name", ["b.parquet", "b.arrow", "b.stream.arrow"])
+def test_a_later_columnar_input_with_a_padding_mask_is_an_error_not_ignored(tmp_path, name):
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3]]}), tmp_path / "a.parquet")
+    ids = pa.array([[4, 5, 6], [7, 8, 9], [10, 11, 0]])
+    _columnar(tmp_path / name, pa.table({"input_ids": ids, "attention_mask": pa.nulls(3, pa.list_(pa.int8()))}))
+    assert read(tmp_path / "a.parquet", tmp_path / name) == ([1, 4, 7, 10], 4)  # nulls mark nothing
+    mask = pa.array([None, None, [1, 1, 0]], pa.list_(pa.int8()))
+    _columnar(tmp_path / name, pa.table({"input_ids": ids, "attention_mask": mask}))
+    with pytest.raises(DataError, match=rf"{re.escape(name)}: row 2: column 'attention_mask' is a padding mask, "
+                                        "but the first record of the input has none"):
+        read(tmp_path / "a.parquet", tmp_path / name)
+
+
 def test_supervision_names_elsewhere_in_a_record_are_not_supervision(tmp_path):
     path = jsonl(tmp_path / "d.jsonl", [{"input_ids": [1, 2, 3]},
                                         {"input_ids": [4, 5, 6], "note": "loss_mask"},

@@ -25,7 +25,7 @@ from packer_cli._cycles import input_file_read
 from packer_cli.errors import DataError, first_line, shown
 from packer_cli.sources._ipc_file import check_file_layout
 from packer_cli.sources.discover import InputFile
-from packer_cli.sources.normalize import readable_column
+from packer_cli.sources.normalize import SUPERVISION_KIND, readable_column
 from packer_cli.sources.parquet_lists import ListColumnReader
 
 BATCH_ROWS = 2048  # rows per batch: bounds decode memory in flight (a few batches are)
@@ -196,11 +196,17 @@ class _Prefixed(io.RawIOBase):
         super().close()
 
 
-def unexpected_supervision(where: str) -> DataError:
-    """A record or column with a supervision field in a stream whose first record has none."""
-    return DataError(f"{where} is a supervision field, but the first record of the input has none, so every "
-                     "token would be a target: give all records the same fields, or name the supervision "
-                     "field with --mask-field or --labels-field")
+def unexpected_field(where: str, name: str) -> DataError:
+    """A record or column with field ``name`` where the stream's first record has none: a
+    supervision field (every token would be a target) or the padding mask (the padding would
+    be packed as tokens). Read, either would have been applied; ignored, it silently is not."""
+    if name in SUPERVISION_KIND:
+        return DataError(f"{where} is a supervision field, but the first record of the input has none, so "
+                         "every token would be a target: give all records the same fields, or name the "
+                         "supervision field with --mask-field or --labels-field")
+    return DataError(f"{where} is a padding mask, but the first record of the input has none, so the padding "
+                     "it marks would be packed as tokens: give all records the same fields (a mask of 1s "
+                     "where a record has no padding)")
 
 
 def _as_json(value) -> str:
@@ -599,7 +605,7 @@ class _ScannedBatches:
         scanner gives up on such a record, and on others it cannot vouch for)."""
         for name in self.absent:
             if record.get(name) is not None:  # null carries no supervision
-                return unexpected_supervision(f"{self.path}: line {line}: field '{name}'")
+                return unexpected_field(f"{self.path}: line {line}: field '{name}'", name)
         return None
 
     def _mixed_batch(self, row0: int, part: "_ScannedPart") -> RawBatch:
@@ -821,7 +827,7 @@ def _supervision_columns(path: str, schema: pa.Schema, absent: tuple[str, ...]) 
     ambiguous)."""
     for name in absent:
         if schema.names.count(name) > 1:
-            raise unexpected_supervision(f"{path}: column '{name}'")
+            raise unexpected_field(f"{path}: column '{name}'", name)
     return tuple(name for name in absent if name in schema.names)
 
 
@@ -841,7 +847,7 @@ def _first_supervised_row(columns) -> int | None:
 def _supervised_column(path: str, names: tuple[str, ...], columns, row: int, row0: int) -> DataError:
     """The error for the first of ``names`` that holds a value at ``row`` (of rows ``row0..``)."""
     name = next(n for n, c in zip(names, columns) if c.is_valid()[row].as_py())
-    return unexpected_supervision(f"{path}: row {row0 + row}: column '{name}'")
+    return unexpected_field(f"{path}: row {row0 + row}: column '{name}'", name)
 
 
 def _parquet_supervised_row(path: str, names: tuple[str, ...]) -> tuple[int, str] | None:
@@ -883,7 +889,7 @@ def read_parquet(path: str, fields: list[str], arrow_only: bool = False,
         if stop is not None and row0 >= stop:
             break
     if supervised:
-        raise unexpected_supervision(f"{path}: row {supervised[0]}: column '{supervised[1]}'")
+        raise unexpected_field(f"{path}: row {supervised[0]}: column '{supervised[1]}'", supervised[1])
 
 
 def read_ipc(path: str, fields: list[str], absent: tuple[str, ...] = ()) -> Iterator[RawBatch]:
