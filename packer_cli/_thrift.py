@@ -24,7 +24,9 @@ from dataclasses import dataclass
 # compact-protocol types
 TRUE, FALSE, BYTE, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT = range(1, 13)
 
-_MAX_DEPTH = 16
+#: Structs nested inside the one read, at most: pyarrow's Thrift reader allows 64 levels in all, so
+#: a header or footer it reads is read here too (the recursion is 2 Python frames a level).
+_MAX_DEPTH = 63
 
 
 class ThriftError(ValueError):

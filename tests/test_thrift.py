@@ -112,17 +112,17 @@ def test_damaged_bytes_are_refused():
         read_fields(b"\x1d\x00", what="footer")
     with pytest.raises(ThriftError, match="varint too long"):
         read_fields(b"\x15" + b"\xff" * 11 + b"\x01\x00")
-    deep = b"\x1c" * 20 + b"\x00" * 21  # structs nested 20 deep
+    deep = b"\x1c" * 200 + b"\x00" * 201  # structs nested 200 deep
     with pytest.raises(ThriftError, match="nests too deep"):
         read_fields(deep)
     # at each bound: a varint of 10 bytes (64 bits) is read, one of 11 refused as Thrift refuses
-    # it; structs nested 16 deep are read, 17 refused
+    # it; structs nested 63 deep in the one read (64 levels) are read, 64 refused, as pyarrow does
     assert read_fields(b"\x15" + b"\x80" * 9 + b"\x00\x00")[0] == [(1, I32, 0)]
     with pytest.raises(ThriftError, match="varint too long"):
         read_fields(b"\x15" + b"\x80" * 10 + b"\x00\x00")
-    assert read_fields(b"\x1c" * 16 + b"\x00" * 17)[1] == 33
+    assert read_fields(b"\x1c" * 63 + b"\x00" * 64)[1] == 127
     with pytest.raises(ThriftError, match="nests too deep"):
-        read_fields(b"\x1c" * 17 + b"\x00" * 18)
+        read_fields(b"\x1c" * 64 + b"\x00" * 65)
     with pytest.raises(Truncated):  # a list claiming more elements than there are bytes
         read_fields(b"\x19\xf5\xff\xff\x03")
 
@@ -137,3 +137,31 @@ def test_written_items_stand_for_the_items():
     write_fields(via_bytes, [(4, LIST, (STRUCT, Written(len(items), bytes(written))))])
     assert via_bytes == direct
     assert read_fields(bytes(via_bytes))[0] == [(4, LIST, (STRUCT, items))]
+
+
+@pytest.mark.parametrize("nested", [63, 64])
+def test_the_nesting_limit_is_pyarrow_s(tmp_path, nested):
+    """A footer with an unknown field of structs nested inside it: what pyarrow reads is read, what
+    it refuses is refused (the limit was 16, and a header pyarrow read was refused)."""
+    import io
+    import struct
+
+    pq.write_table(pa.table({"a": [[1, 2], [3]]}), tmp_path / "base.parquet")
+    raw = (tmp_path / "base.parquet").read_bytes()
+    size = struct.unpack("<I", raw[-8:-4])[0]
+    footer = raw[-8 - size:-8]
+    # field 100 (long form: type, zigzag varint id), a struct holding structs nested `nested` deep in all
+    unknown = b"\x0c\xc8\x01" + b"\x1c" * (nested - 1) + b"\x00" * nested
+    damaged_footer = footer[:-1] + unknown + b"\x00"
+    data = raw[:-8 - size] + damaged_footer + struct.pack("<I", len(damaged_footer)) + b"PAR1"
+    try:
+        pq.read_table(io.BytesIO(data))
+        pyarrow_reads = True
+    except OSError:
+        pyarrow_reads = False
+    try:
+        fields, end = read_fields(damaged_footer, what="footer")
+        reads = end == len(damaged_footer) and fields[-1][:2] == (100, STRUCT)
+    except ThriftError:
+        reads = False
+    assert reads == pyarrow_reads == (nested == 63)
