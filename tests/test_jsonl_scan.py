@@ -320,6 +320,30 @@ def test_a_batch_of_long_records_closes_at_its_byte_budget(tmp_path, monkeypatch
     assert len(got) > 20
 
 
+@pytest.mark.parametrize("batch_rows", [8, 16])
+def test_a_batch_whose_second_half_needs_another_read_is_scanned_whole(tmp_path, monkeypatch, batch_rows):
+    """A later batch whose first half was in the buffer and whose second was not: the read that
+    brought the rest moved the buffer's bytes to its start, and the first half's end was left
+    where it had been. The halves then overlapped, and valid JSON Lines (8,000 records of 5,000
+    bytes, at the default settings) failed with 'Negative buffer resize'."""
+    from packer_cli.sources import readers
+
+    monkeypatch.setattr(readers, "BATCH_ROWS", batch_rows)
+    monkeypatch.setattr(readers, "SCAN_CHUNK", 256)  # 6 records a read: every later batch straddles one
+    monkeypatch.setattr(readers, "SPLIT_BYTES", 1)  # batches this small are scanned in two halves too
+    rows = [{"input_ids": [i, i + 1], "loss_mask": [0, 1]} for i in range(100)]
+    lines = [orjson.dumps(r) for r in rows]
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"".join(line.ljust(40) + b"\n" for line in lines))  # 40 bytes a record
+    fields = ["input_ids", "loss_mask"]
+    got = list(read_jsonl(str(path), fields, set()))
+    assert [b.row0 for b in got] == list(range(0, 100, batch_rows))
+    assert [r for b in got for r in b.batch.to_pylist()] == rows
+    assert np.concatenate([b.lines for b in got]).tolist() == list(range(1, 101))
+    want = list(read_jsonl_orjson(str(path), fields, set()))
+    assert [b.batch.to_pydict() for b in got] == [b.batch.to_pydict() for b in want]
+
+
 def test_records_the_scanner_gives_up_on_are_spliced_into_its_arrays(tmp_path):
     """Records the scanner cannot vouch for (an emoji escaped as a surrogate pair, as
     ``json.dumps`` writes it by default; a float of 18 digits; a malformed token list; a record

@@ -122,6 +122,33 @@ def test_unknown_type_and_missing_inputs(tmp_path):
         discover_inputs([str(tmp_path)])
 
 
+def test_a_later_input_without_records_is_an_error(tmp_path):
+    """Every input must hold a record, not only the first: a later file of blank lines was
+    passed over without a word (the check counted the records of all inputs so far)."""
+    from packer_cli.errors import DataError
+
+    (tmp_path / "a.jsonl").write_text('{"input_ids": [1, 2, 3]}\n')
+    (tmp_path / "b.jsonl").write_text("\n  \n")
+    with pytest.raises(DataError, match=r"b\.jsonl: empty input \(no records\)"):
+        collect([tmp_path / "a.jsonl", tmp_path / "b.jsonl"])
+
+
+def test_a_source_index_is_located_at_its_own_file_and_line(tmp_path, monkeypatch):
+    """Error messages name a sample by file and line (blank lines are not records). The first
+    record of a file was named as the previous file's row past its end ('a.jsonl: row 6'), and
+    the first record of a later batch by its row, not its line ('a.jsonl: row 4')."""
+    from packer_cli.sources import readers
+
+    monkeypatch.setattr(readers, "BATCH_ROWS", 4)  # a.jsonl is read in two batches
+    record = b'{"input_ids": [1, 2, 3]}\n'
+    (tmp_path / "a.jsonl").write_bytes(b"\n" + record * 3 + b"\n" + record * 3)
+    (tmp_path / "b.jsonl").write_bytes(record + b"  \n" + record)
+    *_, stream = collect([tmp_path / "a.jsonl", tmp_path / "b.jsonl"])
+    assert [stream.locate(k).replace(str(tmp_path) + "/", "") for k in range(9)] == [
+        "a.jsonl: line 2", "a.jsonl: line 3", "a.jsonl: line 4", "a.jsonl: line 6", "a.jsonl: line 7",
+        "a.jsonl: line 8", "b.jsonl: line 1", "b.jsonl: line 3", "source index 8"]
+
+
 def _footers_alive() -> int:
     import gc
 

@@ -195,8 +195,13 @@ def test_feather_version_1_is_named(tmp_path):
     (b'{"input_ids": [1, 99999999999999999999999, 3]}', "input_ids[1] = 99999999999999999999999 is out of range"),
     (b'{"input_ids": null}', "field 'input_ids' is null"),
     (b'{"tokens": [1, 2]}', "missing field 'input_ids'"),
+    # a record with two faults is named by its first field's, not the later one's
+    (b'{"input_ids": [1, "a", 3], "loss_mask": [0, "b", 1]}', 'input_ids[1] = "a" is not an integer'),
+    (b'{"input_ids": null, "loss_mask": [0, "b", 1]}', "field 'input_ids' is null"),
 ])
 def test_bad_values_are_named_for_what_they_are(tmp_path, line, message):
+    """A record with a null field and a bad value in a later one was named by the later one
+    (the null went unsaid); one with two bad values, by the later field's."""
     path = tmp_path / "d.jsonl"
     path.write_bytes(line + b"\n")
     with pytest.raises(DataError, match=r"d\.jsonl: line 1: " + re.escape(message)):
@@ -247,6 +252,76 @@ def test_a_later_columnar_input_with_a_null_mask_column_is_no_supervision(tmp_pa
     _columnar(tmp_path / name, pa.table({"input_ids": ids, "loss_mask": mask}))
     with pytest.raises(DataError, match=rf"{re.escape(name)}: row 2: column 'loss_mask' is a supervision field"):
         read(tmp_path / "a.parquet", tmp_path / name)
+
+
+@pytest.mark.parametrize("name", ["b.parquet", "b.arrow"])
+@pytest.mark.parametrize("values", ["values", "nulls"])
+def test_a_later_columnar_input_with_a_supervision_column_named_twice_is_an_error(tmp_path, name, values):
+    """Which of two 'loss_mask' columns would be the mask is ambiguous, so the file is refused
+    before any row is read, whatever they hold. It was a KeyError traceback (Arrow IPC), an error
+    naming only row 0 (Parquet), or, both columns all null, packed without a word (Parquet)."""
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3]]}), tmp_path / "a.parquet")
+    if values == "values":
+        masks = [pa.array([[0, 1, 1]]), pa.array([[0, 0, 1]])]
+    else:
+        masks = [pa.nulls(1, pa.list_(pa.int64()))] * 2
+    table = pa.Table.from_arrays([pa.array([[4, 5, 6]]), *masks], names=["input_ids", "loss_mask", "loss_mask"])
+    path = tmp_path / name
+    pq.write_table(table, path) if name.endswith(".parquet") else feather.write_feather(table, str(path))
+    with pytest.raises(DataError, match=rf"{re.escape(name)}: column 'loss_mask' is a supervision field, but the "
+                                        "first record of the input has none"):
+        read(tmp_path / "a.parquet", path)
+
+
+@pytest.mark.parametrize("name", ["b.parquet", "b.arrow"])
+def test_the_first_supervised_row_of_a_later_columnar_input_is_named(tmp_path, name):
+    """The mask holds values at rows 1 and 3, the labels at row 2: the first of them, row 1 of
+    'loss_mask', is named. The last value of a column, the later of two columns' first rows, or
+    (Parquet) the last column looked at was named instead."""
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3]]}), tmp_path / "a.parquet")
+    table = pa.table({"input_ids": [[4, 5], [6, 7], [8, 9], [1, 2]],
+                      "loss_mask": pa.array([None, [0, 1], None, [1, 1]], pa.list_(pa.int64())),
+                      "labels": pa.array([None, None, [1, 1], None], pa.list_(pa.int64()))})
+    path = tmp_path / name
+    pq.write_table(table, path) if name.endswith(".parquet") else feather.write_feather(table, str(path))
+    stream = SampleStream(discover_inputs([str(tmp_path / "a.parquet"), str(path)]), SourceSpec())
+    with pytest.raises(DataError, match=rf"{re.escape(name)}: row 1: column 'loss_mask' is a supervision field"):
+        list(stream)
+    assert stream.records == 2  # a.parquet's record and row 0, the one before it
+
+
+def test_a_supervision_value_far_into_a_later_parquet_input_names_its_row(tmp_path, monkeypatch):
+    """The mask column is searched in batches of 64 * ``BATCH_ROWS`` rows; the row named and the
+    rows read before it are counted across them. Past the first batch (131,072 rows at the
+    default) the row was counted from that batch's start, named wrong and read too few rows."""
+    from packer_cli.sources import readers
+
+    monkeypatch.setattr(readers, "BATCH_ROWS", 4)  # batches of 256 rows
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3]]}), tmp_path / "a.parquet")
+    mask = [None] * 1000
+    mask[700] = [0, 1]
+    pq.write_table(pa.table({"input_ids": [[4, 5]] * 1000, "loss_mask": pa.array(mask, pa.list_(pa.int64()))}),
+                   tmp_path / "b.parquet")
+    stream = SampleStream(discover_inputs([str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]), SourceSpec())
+    with pytest.raises(DataError, match=r"b\.parquet: row 700: column 'loss_mask' is a supervision field"):
+        list(stream)
+    assert stream.records == 1 + 700
+
+
+@pytest.mark.parametrize("name", ["b.parquet", "b.arrow", "b.stream.arrow"])
+def test_the_supervised_row_itself_is_not_read(tmp_path, name):
+    """The rows before a supervision value are read, the row holding it is not: it was read with
+    them (Parquet), so its own fault (here null tokens) was reported instead of the supervision
+    field, and with valid tokens it was counted and packed as a record before the error."""
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3]]}), tmp_path / "a.parquet")
+    mask = pa.array([None, [0, 1], None], pa.list_(pa.int64()))
+    path = tmp_path / name
+    for ids in (pa.array([[4, 5], None, [6, 7]]), pa.array([[4, 5], [8, 9], [6, 7]])):
+        _columnar(path, pa.table({"input_ids": ids, "loss_mask": mask}))
+        stream = SampleStream(discover_inputs([str(tmp_path / "a.parquet"), str(path)]), SourceSpec())
+        with pytest.raises(DataError, match=rf"{re.escape(name)}: row 1: column 'loss_mask' is a supervision field"):
+            list(stream)
+        assert stream.records == 2  # a.parquet's record and row 0
 
 
 @pytest.mark.parametrize("record", [
@@ -544,6 +619,21 @@ def test_the_first_record_decides_the_supervision_in_a_later_file(tmp_path, poli
         return
     targets = np.concatenate([batch.targets for batch in stream])
     assert stream.supervision.kind == "mask" and stream.records == 4 and targets.tolist() == [0, 1, 1, 1] * 2
+
+
+def test_an_empty_first_record_decides_the_supervision(tmp_path):
+    """The first record '{}' is an object without supervision (and a bad record, skipped here):
+    it decides that every token is a target, so the next file's mask is an error, as it is with
+    both records in one file. Having no fields, it was passed over as if the file held no record,
+    the next file's record decided instead, and its mask was read."""
+    (tmp_path / "a.jsonl").write_bytes(b"{}\n")
+    jsonl(tmp_path / "b.jsonl", [sample(10)])
+    stream = SampleStream(discover_inputs([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]),
+                          SourceSpec(on_bad_record="skip"))
+    with pytest.raises(DataError, match=r"b\.jsonl: line 1: field 'loss_mask' is a supervision field, but the first "
+                                        "record of the input has none"):
+        list(stream)
+    assert stream.supervision.kind == "all"
 
 
 @pytest.mark.parametrize("pattern", ["d/**/*.arrow", "d/ds/*.arrow", "d/ds/*", "d/ds/data-*"])

@@ -800,22 +800,25 @@ def test_uint64_in_range_still_reads(tmp_path):
     np.testing.assert_array_equal(tokens, [1, 2, 3])
 
 
-@pytest.mark.parametrize("value", [BIG, 2**64, -(2**63) - 1, 10**30])
+@pytest.mark.parametrize("value", [BIG, 2**63, 2**64, -(2**63) - 1, 10**30])
 def test_jsonl_value_beyond_int64_is_reported_as_in_the_file(tmp_path, value):
     # orjson reads integers past 64 bits as floats: 2**64 was quoted as 1.8446744073709552e+19,
-    # and -2**63 - 1, which rounds to -2**63, was called "not an integer"
+    # and -2**63 - 1, which rounds to -2**63, was called "not an integer"; 2**63 itself, one
+    # past the largest int64 (orjson reads it as an int), must be refused, not overflow the column
     path = tmp_path / "d.jsonl"
     path.write_text('{"input_ids": [1, 2, %d], "loss_mask": [0, 1, 1]}\n' % value)
     with pytest.raises(DataError, match=f"line 1: input_ids\\[2\\] = {value} is out of range"):
         records(path)
 
 
-def test_jsonl_answer_start_beyond_int64_is_a_bad_record(tmp_path):
+@pytest.mark.parametrize("value", [BIG, 2**63], ids=["2**63+5", "2**63"])
+def test_jsonl_answer_start_beyond_int64_is_a_bad_record(tmp_path, value):
     # orjson hands such a scalar back as a Python int; building the int64 column overflowed
+    # (an OverflowError traceback), at 2**63 itself too, the first integer past int64
     path = tmp_path / "d.jsonl"
-    path.write_text('{"input_ids": [5, 6, 7], "answer_start_idx": 1}\n{"input_ids": [5, 6, 7], "answer_start_idx": %d}\n' % BIG)
+    path.write_text('{"input_ids": [5, 6, 7], "answer_start_idx": 1}\n{"input_ids": [5, 6, 7], "answer_start_idx": %d}\n' % value)
     result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 16)
-    assert_one_line_error(result, 1, f"d.jsonl: line 2: answer_start_idx = {BIG} is out of range")
+    assert_one_line_error(result, 1, f"d.jsonl: line 2: answer_start_idx = {value} is out of range")
     assert_nothing_written(tmp_path)
     result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 16, "--on-bad-record", "skip", "--json")
     assert result.exit_code == 0, result.output
@@ -1044,6 +1047,26 @@ def test_tiny_ipc_record_batches_are_joined_and_large_ones_pass_alone(tmp_path):
     assert pa.Table.from_batches([b.batch for b in got]).equals(table)
 
 
+def test_joined_tiny_ipc_batches_stay_within_the_value_budget(tmp_path, monkeypatch):
+    """Small record batches are joined while the rows *and* the values fit: joined by rows alone,
+    twenty one-row batches of 400,000 tokens (each under an eighth of ``BATCH_VALUES``) became one
+    batch of 8M values, twice the bound on a batch's memory."""
+    from packer_cli.sources import readers
+
+    monkeypatch.setattr(readers, "BATCH_VALUES", 800)  # a row of 90 values is small (8 * 90 < 800)
+    ids = pa.ListArray.from_arrays(pa.array(np.arange(0, 20 * 90 + 1, 90, dtype=np.int32)),
+                                   pa.array(np.arange(20 * 90, dtype=np.int32)))
+    table = pa.table({"input_ids": ids})
+    path = tmp_path / "tiny.arrow"
+    with pa.ipc.new_file(str(path), table.schema) as writer:
+        for k in range(20):
+            writer.write_batch(table.slice(k, 1).to_batches()[0])
+    got = list(readers.read_ipc(str(path), ["input_ids"]))
+    assert [(b.row0, b.batch.num_rows, len(b.batch.column(0).flatten())) for b in got] == [
+        (0, 8, 720), (8, 8, 720), (16, 4, 360)]  # a ninth row of 90 would pass 800
+    assert pa.Table.from_batches([b.batch for b in got]).equals(table)
+
+
 def test_a_supervision_value_after_joined_tiny_batches_comes_after_their_rows(tmp_path):
     """The rows before a supervision value (where the first record had none) are read first,
     joined as usual, then the error, as a file of large batches has it."""
@@ -1064,18 +1087,22 @@ def test_a_supervision_value_after_joined_tiny_batches_comes_after_their_rows(tm
     assert read == [600]
 
 
-def test_a_damaged_last_offset_of_an_ipc_batch_names_the_batch_rows(tmp_path):
+@pytest.mark.parametrize("offset, rows", [(3000, "rows 0 to 2,999"), (2500, "rows 2,048 to 2,999")],
+                         ids=["last offset", "inside the last piece"])
+def test_a_damaged_last_offset_of_an_ipc_batch_names_the_batch_rows(tmp_path, offset, rows):
     """An offset past the values at the very end of a batch fails the cheap structural check
-    before any piece is cut; the message names the batch's rows too."""
+    before any piece is cut; the message names the batch's rows too. One inside the batch fails
+    its piece's check (rows 2,048 to 2,999 at the default 2,048 rows a piece), which named one
+    row past the piece, and past the file: 'rows 2,048 to 3,000'."""
     path = tmp_path / "long.arrow"
     table = _ipc_of_long_rows(path)
     raw = bytearray(path.read_bytes())
     offsets = table.column("input_ids").chunk(0).offsets.to_numpy()
     at = bytes(raw).find(offsets.tobytes())
-    raw[at + 4 * 3000:at + 4 * 3000 + 4] = np.int32(10**8).tobytes()  # the last offset
+    raw[at + 4 * offset:at + 4 * offset + 4] = np.int32(10**8).tobytes()
     path.write_bytes(bytes(raw))
     result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 1024)
-    assert_one_line_error(result, 1, "long.arrow: cannot read as Arrow IPC: rows 0 to 2,999: ")
+    assert_one_line_error(result, 1, f"long.arrow: cannot read as Arrow IPC: {rows}: ")
     assert_nothing_written(tmp_path)
 
 
