@@ -15,6 +15,7 @@ import pytest
 
 from naive import gather_packs
 from packer_cli._arrow import numpy_dtype
+from packer_cli.errors import BadRecord
 from packer_cli.shards._gather import (
     LAYOUT_FILE, ORDER_FILE, SPILL_FILE, SpillMemory, SpillReader, SpillWriter, _store_blocks, block_bytes,
     token_bits,
@@ -67,10 +68,19 @@ def test_normalize_fast_path_matches_vectorized(monkeypatch, value_type, list_ty
 
 
 def test_normalize_fast_path_declines_bad_batches():
+    """Batches with a bad record are left to the vectorized checks, which word the problem: a
+    mask whose rows' lengths differ from the tokens' but add up to the same total was taken as
+    clean, each row's targets read from its neighbour's mask values."""
     batch = pa.RecordBatch.from_pydict({"input_ids": pa.array([[1, 2], [3, -4]], type=pa.list_(pa.int32()))})
     assert normalize._fast_batch(batch, "input_ids", Supervision("all"), SourceSpec(), 0) is None
     big = pa.RecordBatch.from_pydict({"input_ids": pa.array([[1, 2], [3, 70000]], type=pa.list_(pa.int32()))})
     assert normalize._fast_batch(big, "input_ids", Supervision("all"), SourceSpec(vocab_size=32000), 0) is None
+    # each row's mask as long as another row's tokens: the same values in all, split elsewhere
+    shifted = pa.RecordBatch.from_pydict({"input_ids": [[1, 2], [3, 4, 5]], "loss_mask": [[0, 1, 1], [1, 1]]})
+    sup = Supervision("mask", "loss_mask")
+    assert normalize._fast_batch(shifted, "input_ids", sup, SourceSpec(), 0) is None
+    with pytest.raises(BadRecord, match=r"^x: row 0: loss_mask has 3 values but input_ids has 2$"):
+        normalize_batch(shifted, path="x", row0=0, index0=0, sup=sup, spec=SourceSpec())
 
 
 def _spill(tmp_path, tokens, targets, lengths, batches=3, memory: SpillMemory | None = None):
@@ -253,14 +263,18 @@ def test_last_tokens_reads_each_samples_last_token(tmp_path, budget):
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64])
 def test_validation_kernels_match_numpy(dtype):
-    """The vectorized checks (flags accumulated, no early exit) answer what the obvious NumPy does."""
+    """The vectorized checks (flags accumulated, no early exit) answer what the obvious NumPy does,
+    for every bit of the value: a mask value of 256 read through its low byte passed as 0."""
     from packer_cli.sources import _kernels
 
     info = np.iinfo(dtype)
     edges = [0, 1, 2, info.max, info.max - 1, info.min, info.min + 1 if info.min else 3]
     rng = np.random.default_rng(int(info.bits))
+    high = info.min if info.min else info.max // 2 + 1  # the top bit alone: its low byte is 0 (but in 8 bits)
     for values in [np.array(edges, dtype=dtype), np.zeros(0, dtype=dtype), rng.integers(0, 2, 1000).astype(dtype),
-                   np.concatenate([rng.integers(0, 2, 999).astype(dtype), np.array([info.max], dtype=dtype)])]:
+                   np.concatenate([rng.integers(0, 2, 999).astype(dtype), np.array([info.max], dtype=dtype)]),
+                   np.array([0, 1, high, high + 1, 1], dtype=dtype),
+                   np.array([1, 256 if info.bits > 8 else 2], dtype=dtype)]:
         wide = values.astype(np.float64)  # exact enough to compare with the small limits below
         assert _kernels.mask_is_binary(values) == bool(np.isin(values, [0, 1]).all())
         for limit in (1, 2, 128, 2**31):

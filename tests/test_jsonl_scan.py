@@ -268,6 +268,59 @@ def test_booleans_only_in_flag_fields(line):
     assert _scan_one(line) == (False, None)
 
 
+_SKIPPED = b'{"input_ids":[5,6],"loss_mask":[1,0],"answer_start_idx":0,"x":%s}'  # "x": a field not read
+
+
+@pytest.mark.parametrize("text, valid", [
+    (b"\xe0\xa0\x80", True),  # U+0800, the first code point of three bytes
+    (b"\xe0\x80\x80", False),  # overlong: U+0000 in three bytes
+    (b"\xe0\x9f\xbf", False),  # overlong: U+07FF in three bytes
+    (b"\xed\x9f\xbf", True),  # U+D7FF, the last before the surrogates
+    (b"\xf0\x90\x80\x80", True),  # U+10000, the first of four bytes
+    (b"\xf4\x8f\xbf\xbf", True),  # U+10FFFF, the last code point
+    (b"\xf4\x90\x80\x80", False),  # U+110000: past Unicode
+    (b"\xf4\xbf\xbf\xbf", False),
+], ids=["U+0800", "overlong-U+0000", "overlong-U+07FF", "U+D7FF", "U+10000", "U+10FFFF", "U+110000", "U+13FFFF"])
+def test_utf8_in_a_skipped_string_is_checked_as_orjson_checks_it(text, valid):
+    """The scanner validates the UTF-8 of the strings it skips, to the byte orjson does: an
+    overlong form (E0 80 80) or a code point past U+10FFFF (F4 90 80 80) was accepted, and the
+    record packed from a line that is no JSON."""
+    line = _SKIPPED % (b'"a' + text + b'z"')
+    ok, values = _scan_one(line)
+    assert ok is valid
+    if valid:
+        assert values == [[5, 6], [1, 0], 0]
+        assert orjson.loads(line)["x"] == "a" + text.decode() + "z"
+    else:
+        with pytest.raises(orjson.JSONDecodeError, match="not valid UTF-8"):
+            orjson.loads(line)
+
+
+@pytest.mark.parametrize("value", [b"[1}", b'{"a":1]', b"[[1]}", b'[{"a":[]]]'])
+def test_mismatched_brackets_in_a_skipped_value_are_given_up(value):
+    """A ``]`` closing an object or a ``}`` closing a list is malformed JSON: each closed
+    whatever was open, and the record was accepted."""
+    line = _SKIPPED % value
+    with pytest.raises(orjson.JSONDecodeError):
+        orjson.loads(line)
+    assert _scan_one(line) == (False, None)
+
+
+@pytest.mark.parametrize("depth", [1, 64, 65])
+def test_nesting_past_64_levels_is_given_up(depth):
+    """The scanner keeps 64 levels of nesting (``MAX_DEPTH``) and gives up on a record nested
+    deeper, which orjson reads. Past them it wrote beyond its 64-byte stack: a record nested
+    1,100 deep aborted the process ("munmap_chunk(): invalid pointer"). (65 levels write one byte
+    past it, which fails this test without taking the process down.)"""
+    for opening, closing in ((b"[", b"]"), (b'{"k":', b"}")):
+        line = _SKIPPED % (opening * depth + b"1" + closing * depth)
+        assert orjson.loads(line)["input_ids"] == [5, 6]
+        ok, values = _scan_one(line)
+        assert ok is (depth <= scan.MAX_DEPTH), (depth, opening)
+        if ok:
+            assert values == [[5, 6], [1, 0], 0]
+
+
 def test_reader_reads_boolean_masks_and_names_what_it_cannot(tmp_path):
     lines = [_LINE % m for m in (b"[true,false]", b"[true, 1]", b'[true, "1"]', b"[1, 0]")]
     lines.append(b'{"input_ids":[5,true],"loss_mask":[1,0],"answer_start_idx":0}')

@@ -114,6 +114,19 @@ def test_a_padding_mask_that_is_not_padding_is_a_bad_record(tmp_path, suffix, ma
     assert meta["source"]["padding_dropped"] == 2 and meta["counts"]["runtime_tokens"] == 2 * 3
 
 
+def test_an_attention_mask_named_as_the_loss_mask_is_not_also_padding(tmp_path):
+    """``--mask-field attention_mask`` makes the attention mask the supervision: its 0s are the
+    prompt, packed but no target. It was read as the padding mask too, and each sample's leading
+    0s were dropped as padding (4 tokens packed as 2)."""
+    path = _write(tmp_path / "in.jsonl", [{"input_ids": [5, 6, 7, 8], "attention_mask": [0, 0, 1, 1]}])
+    result = run("pack", path, "-o", tmp_path / "out", "-C", 16, "--mask-field", "attention_mask")
+    assert result.exit_code == 0, result.output
+    meta = _metadata(tmp_path / "out")
+    assert meta["source"]["supervision"] == {"kind": "mask", "field": "attention_mask"}
+    assert (meta["source"]["attention_field"], meta["source"]["padding_dropped"]) == (None, 0)
+    assert (meta["counts"]["runtime_tokens"], meta["counts"]["target_tokens"]) == (3, 2)
+
+
 def test_a_sample_of_padding_only_is_too_short(tmp_path):
     path = _write(tmp_path / "in.jsonl", [{"input_ids": [1, 2, 3], "attention_mask": [1, 1, 1]},
                                           {"input_ids": [0, 0, 0], "attention_mask": [0, 0, 0]},

@@ -811,10 +811,12 @@ def test_jsonl_value_beyond_int64_is_reported_as_in_the_file(tmp_path, value):
         records(path)
 
 
-@pytest.mark.parametrize("value", [BIG, 2**63], ids=["2**63+5", "2**63"])
+@pytest.mark.parametrize("value", [BIG, 2**63, 2**64 + 1], ids=["2**63+5", "2**63", "2**64+1"])
 def test_jsonl_answer_start_beyond_int64_is_a_bad_record(tmp_path, value):
     # orjson hands such a scalar back as a Python int; building the int64 column overflowed
-    # (an OverflowError traceback), at 2**63 itself too, the first integer past int64
+    # (an OverflowError traceback), at 2**63 itself too, the first integer past int64; the
+    # compiled scanner must give such a scalar up, not read its digits into a wrapping int64
+    # (2**64 + 1 would be read as 1 and the record packed)
     path = tmp_path / "d.jsonl"
     path.write_text('{"input_ids": [5, 6, 7], "answer_start_idx": 1}\n{"input_ids": [5, 6, 7], "answer_start_idx": %d}\n' % value)
     result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 16)
@@ -1113,10 +1115,12 @@ def test_a_damaged_last_offset_of_an_ipc_batch_names_the_batch_rows(tmp_path, of
     ({"input_ids": [5, 6, 100, 7], "loss_mask": [0, 0, 1, 1]}, ["--vocab-size", 100],
      "input_ids[2] = 100 is >= vocab size 100"),
     ({"input_ids": [5, 6, 7, 8], "loss_mask": [0, -1, 1, 1]}, [], "loss_mask[1] = -1 is not 0 or 1"),
-], ids=["id-equal-to-vocab-size", "mask-minus-one"])
+    ({"input_ids": [5, -1, 7, 8], "loss_mask": [0, 0, 1, 1]}, [], "input_ids[1] = -1 is negative"),
+], ids=["id-equal-to-vocab-size", "mask-minus-one", "id-minus-one"])
 def test_the_first_value_out_of_range_is_a_bad_record(tmp_path, fmt, bad, options, says):
-    """The boundary of each value check (an id equal to the vocab size, a mask of -1, not far-off
-    values): the clean batch's fast path hands such a batch to the checks, which must refuse it."""
+    """The boundary of each value check (an id equal to the vocab size, a mask of -1, an id of -1,
+    not far-off values): the clean batch's fast path hands such a batch to the checks, which must
+    refuse it."""
     rows = [GOOD, bad, GOOD]
     if fmt == "jsonl":
         path = tmp_path / "in.jsonl"
@@ -1130,6 +1134,43 @@ def test_the_first_value_out_of_range_is_a_bad_record(tmp_path, fmt, bad, option
     result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 64, *options)
     assert_one_line_error(result, 1, f"{path}: {where}: {says}")
     assert_nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("skip_one", [False, True], ids=["fast-path", "vectorized"])
+def test_the_largest_int32_id_is_kept(tmp_path, skip_one):
+    """2**31 - 1 fits in int32: a batch with a bad record in it (checked by the vectorized path,
+    not the clean batch's) refused it too, "input_ids[1] = 2147483647 does not fit in int32"."""
+    rows = [{"input_ids": [5, 2**31 - 1, 7], "loss_mask": [0, 1, 1]}]
+    if skip_one:
+        rows.append({"input_ids": [1, -2, 3], "loss_mask": [0, 1, 1]})
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stream = SampleStream(discover_inputs([str(path)]), SourceSpec(on_bad_record="skip"))
+    batches = list(stream)
+    assert np.concatenate([b.tokens for b in batches]).tolist() == [5, 2**31 - 1, 7]
+    assert [(b.row, b.reason) for batch in batches for b in batch.bad] == (
+        [(1, "input_ids[1] = -2 is negative")] if skip_one else [])
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+@pytest.mark.parametrize("column, second", [("loss_mask", [0, 1, 1]), ("answer_start_idx", 1)],
+                         ids=["loss_mask", "answer_start_idx"])
+def test_a_null_supervision_field_is_a_bad_record(tmp_path, fmt, column, second):
+    """A record whose supervision field is null (Parquet/Arrow null) is named so: a null loss mask
+    was "loss_mask has 0 values but input_ids has 3", and a null answer start was read as 0 and
+    the record packed with every token a target."""
+    table = pa.table({"input_ids": [[1, 2, 3], [4, 5, 6]], column: [None, second]})
+    path = tmp_path / f"d.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(table, path)
+    else:
+        with pa.ipc.new_file(path, table.schema) as writer:
+            writer.write_table(table)
+    assert_pack_refuses(tmp_path, path, f"d.{fmt}: row 0: field '{column}' is null")
+    result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 16, "--on-bad-record", "skip", "--json")
+    assert result.exit_code == 0, result.output
+    counts = orjson.loads(result.stdout)["counts"]
+    assert (counts["bad_records"], counts["samples_packed"], counts["target_tokens"]) == (1, 1, 2)
 
 
 @pytest.mark.parametrize("encoded", [b"\xed\xa0\x80", b"\xed\xbf\xbf"], ids=["first-surrogate", "last-surrogate"])
