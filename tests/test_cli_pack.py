@@ -1145,6 +1145,8 @@ def test_a_sync_failing_once_the_output_is_in_place_does_not_fail_the_run(synthe
 
 
 def test_a_parked_file_cut_short_is_named(tmp_path):
+    """A parked file holding fewer items than expected is named, and so is one holding more
+    (overwritten or appended to), which was taken as whole."""
     import numpy as np
 
     from packer_cli.shards._gather import SpillError, load_array, save_array
@@ -1155,6 +1157,9 @@ def test_a_parked_file_cut_short_is_named(tmp_path):
     with open(path, "r+b") as f:
         f.truncate(6)
     with pytest.raises(SpillError, match=r"reading the spill files failed: lengths.bin holds 3 items, 10 expected"):
+        load_array(path, np.uint16, 10)
+    save_array(path, np.arange(12, dtype=np.uint16))
+    with pytest.raises(SpillError, match=r"reading the spill files failed: lengths.bin holds 12 items, 10 expected"):
         load_array(path, np.uint16, 10)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -17,8 +18,8 @@ from naive import gather_packs
 from packer_cli._arrow import numpy_dtype
 from packer_cli.errors import BadRecord
 from packer_cli.shards._gather import (
-    LAYOUT_FILE, ORDER_FILE, SPILL_FILE, SpillMemory, SpillReader, SpillWriter, _store_blocks, block_bytes,
-    token_bits,
+    LAYOUT_FILE, ORDER_FILE, READ_SLACK, SPILL_FILE, SpillError, SpillMemory, SpillReader, SpillTally, SpillWriter,
+    _store_blocks, block_bytes, token_bits,
 )
 from packer_cli.shards.writer import ShardFile, file_checksum, pack_record_batch
 from packer_cli.sources import normalize
@@ -227,6 +228,129 @@ def test_pread_gather_matches_naive_gather(tmp_path, budget):
             for g, w in zip(got[:4], want):
                 np.testing.assert_array_equal(g, w)
             spill.recycle(got[4])
+
+
+def test_a_batch_after_one_that_went_to_the_file_goes_to_the_file_too(tmp_path):
+    """The memory part holds whole batches from the first up to the first that does not fit, and
+    every later one goes to the file: a small last batch that fit the room left went back into
+    memory, the memory part was no longer the spill's start, and the gather read the wrong
+    bytes (``pack --spill-memory`` exit 3, "reading the spill files failed")."""
+    rng = np.random.default_rng(8)
+    lengths = np.array([400, 800, 40])  # one sample a batch: big, bigger (does not fit), small (would fit)
+    tokens = rng.integers(1024, 2048, int(lengths.sum())).astype(np.int32)  # 11 bits: 12-byte blocks
+    targets = rng.integers(0, 2, tokens.size, dtype=np.uint8)
+    first, second, third = (n // 8 * block_bytes(11) for n in lengths)
+    budget = first + third
+    memory = SpillMemory(budget)
+    writer = _spill(tmp_path, tokens, targets, lengths, memory=memory)
+    tally = SpillTally(budget)  # a dry run's count
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    for a, b in zip(starts[:-1], starts[1:]):
+        tally.write(tokens[a:b], targets[a:b])
+    assert memory.used == tally.in_memory_bytes == first
+    assert (tmp_path / SPILL_FILE).stat().st_size == second + third
+    assert writer.total_bytes == tally.total_bytes == first + second + third
+    seq_len = lengths - 1
+    offsets = np.array([0, 3], dtype=np.int64)
+    with SpillReader(str(tmp_path), memory) as spill:
+        got = spill.gather(starts[:-1], seq_len, seq_len, offsets, 0)
+        want = gather_packs(tokens, targets, starts[:-1], np.arange(3), np.zeros(3, np.int64), seq_len, seq_len,
+                            offsets, 0)
+        for g, w in zip(got[:4], want):
+            np.testing.assert_array_equal(g, w)
+        np.testing.assert_array_equal(spill.last_tokens(lengths), tokens[starts[1:] - 1])
+
+
+def test_a_spill_file_cut_short_is_an_error_not_an_endless_read(tmp_path):
+    """A ``pread`` at the end of a truncated ``samples.bin`` reads 0 bytes: taken as progress,
+    the gather asked again forever (compiled code without the GIL: not even Ctrl-C stopped it).
+    The gather runs in a thread here, so such a loop fails the test instead of hanging it."""
+    tokens = np.arange(1000, dtype=np.int32)
+    _spill(tmp_path, tokens, np.ones(1000, np.uint8), np.array([1000]), batches=1)
+    seq = (np.array([0], np.int64), np.array([999]), np.array([999]), np.array([0, 1], np.int64), 0)
+    with SpillReader(str(tmp_path)) as spill:
+        np.testing.assert_array_equal(spill.gather(*seq)[0], tokens[:999])  # whole: read (and compiled) here
+        os.truncate(tmp_path / SPILL_FILE, 500)
+        outcome = []
+
+        def gather():
+            try:
+                spill.gather(*seq)
+                outcome.append("read")
+            except Exception as exc:
+                outcome.append(exc)
+
+        reading = threading.Thread(target=gather, daemon=True)
+        reading.start()
+        reading.join(timeout=30)
+        assert not reading.is_alive(), "the gather of a truncated spill never returned"
+    (error,) = outcome
+    assert type(error) is SpillError and str(error) == \
+        "reading the spill files failed (were they removed or truncated?)"
+
+
+@pytest.mark.parametrize("damage", ["end mark lost", "last two rows lost", "a stray item"])
+def test_a_damaged_layout_is_refused(tmp_path, damage):
+    """layout.bin that lost whole rows (its end mark) was taken as whole, and the last batch read
+    with the previous batch's width: wrong tokens, no error; one holding an item too many (not
+    rows of 3) failed with a bare ValueError from NumPy's reshape."""
+    narrow, wide = np.arange(100, 164, dtype=np.int32), np.arange(70000, 70064, dtype=np.int32)  # 7 and 17 bits
+    tokens = np.concatenate([narrow, wide])
+    _spill(tmp_path, tokens, np.ones(tokens.size, np.uint8), np.array([64, 64]), batches=2)
+    layout = np.fromfile(tmp_path / LAYOUT_FILE, dtype=np.int64)
+    assert layout.tolist() == [0, 0, 8, 64, 72, 17, 128, 216, 0]
+    layout = {"end mark lost": layout[:-3], "last two rows lost": layout[:-6],
+              "a stray item": np.append(layout, 0)}[damage]
+    layout.tofile(tmp_path / LAYOUT_FILE)
+    with pytest.raises(SpillError) as raised:
+        SpillReader(str(tmp_path)).close()
+    assert str(raised.value) == "reading the spill files failed: layout.bin is damaged (removed or truncated?)"
+
+
+@pytest.mark.parametrize("budget", [0, 1, mmap.PAGESIZE, 3 * mmap.PAGESIZE + 5])
+def test_the_memory_part_is_readable_past_its_budget(tmp_path, budget):
+    """The decoder loads 8 bytes where a token starts (4 for a flag byte), so it reads up to
+    READ_SLACK bytes past the last block: a memory part mapped at exactly its budget was read
+    past the end of its mapping once filled to a page-aligned budget (a segfault where the next
+    page is not mapped)."""
+    memory = SpillMemory(budget)
+    try:
+        assert memory.array.size >= memory.budget + READ_SLACK
+        assert not memory.array[memory.budget:memory.budget + READ_SLACK].any()  # readable, and zeros
+        n = memory.budget // block_bytes(15) * 8  # 15-bit ids filling the budget exactly, block by block
+        if n:
+            tokens = np.full(n, (1 << 15) - 1, dtype=np.int32)
+            _spill(tmp_path, tokens, np.ones(n, np.uint8), np.array([n]), batches=1, memory=memory)
+            assert memory.used == n // 8 * block_bytes(15) and (tmp_path / SPILL_FILE).stat().st_size == 0
+            with SpillReader(str(tmp_path), memory) as spill:
+                assert spill.last_tokens(np.array([n])).tolist() == [(1 << 15) - 1]
+    finally:
+        memory.release()
+
+
+def test_a_shard_abandoned_by_an_error_is_closed(tmp_path):
+    """Left by an exception before ``finish``, a shard is discarded: its file closed (20
+    abandoned shards held 20 file descriptors open)."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc/self/fd to see which files are open")
+
+    def open_files():
+        named = set()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                named.add(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:  # the listing's own descriptor, closed by now
+                pass
+        return named
+
+    batch = pack_record_batch(np.arange(3, dtype=np.int32), np.ones(3, np.uint8), np.array([0, 3], np.int32),
+                              np.array([3]), np.array([1]), np.array([0]), np.array([0]), np.array([0, 1]))
+    with pytest.raises(RuntimeError, match="^the gather failed$"):
+        with ShardFile(str(tmp_path), 0) as shard:
+            shard.write(batch, 3)
+            assert os.path.realpath(shard.path) in open_files()
+            raise RuntimeError("the gather failed")
+    assert os.path.realpath(shard.path) not in open_files()
 
 
 def test_hash_while_writing_equals_file_hash(tmp_path):

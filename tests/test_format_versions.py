@@ -25,7 +25,7 @@ from packer_cli.audit.store import open_store
 from packer_cli.cli import app
 from packer_cli.errors import DataError
 from packer_cli.shards.format import FORMAT_VERSION, MANIFEST_FILE, METADATA_FILE, pack_schema, seal_metadata
-from packer_cli.shards.reader import PackedReader
+from packer_cli.shards.reader import PackedReader, load_metadata
 from packer_cli.spec import PackSpec
 
 runner = CliRunner()
@@ -230,6 +230,15 @@ def test_versions_must_be_known_and_agree(packed, tmp_path):
         assert "'megatron-bridge' version 1 [structure.format]" in result.output, result.output  # not "version ?"
         with pytest.raises(DataError, match="this packer reads versions 1, 2"):
             PackedReader(str(future))
+
+    # another format's name (re-sealed): refused by the reader itself, not only by the layout checks
+    other = Path(shutil.copytree(v2, tmp_path / "other-format"))
+    _edit_json(other / METADATA_FILE, format="someone-elses-format")
+    said = f"{other}: unsupported data format 'someone-elses-format'; expected 'packer-thd'"
+    for read in (load_metadata, PackedReader, lambda out: PackedReader(out, check=False)):
+        with pytest.raises(DataError) as raised:
+            read(str(other))
+        assert str(raised.value) == said
 
 
 @pytest.mark.parametrize("keys, says", [

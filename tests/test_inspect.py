@@ -539,6 +539,23 @@ def test_counts_of_one_are_in_the_singular_in_both_summaries_and_errors(tmp_path
         PackedReader("out").row(1)
 
 
+def test_a_native_pack_index_one_past_either_end_is_an_index_error(synth):
+    """As for a Bridge split: a negative index counts from the end, -n being the first pack; on
+    a native output of several shards row(-n) was out of range, or every negative index failed
+    with NumPy's IndexError naming no pack."""
+    from packer_cli.shards.reader import PackedReader
+
+    reader = PackedReader(str(synth[1]))
+    n = len(reader)
+    assert len(reader._starts) > 3  # several record batches
+    for i in (-1, -2, -n // 2, -n):
+        assert reader.row(i).tokens.tolist() == reader.row(n + i).tokens.tolist(), i
+    assert reader.row(-1).tokens.tolist() != reader.row(0).tokens.tolist()
+    for i in (n, -n - 1):
+        with pytest.raises(IndexError, match=f"^pack {i} out of range for {n} packs$"):
+            reader.row(i)
+
+
 def test_a_recorded_policy_is_printed_as_text_by_any_console(synth, tmp_path):
     """The over-long row's label carries the metadata's policy, which a plain rich Console read
     as markup ('od[/b]' raised a MarkupError)."""
@@ -618,4 +635,8 @@ def test_pack_detail_counts_each_sequences_own_targets_and_finds_its_row(tmp_pat
     detail = json.loads(runner.invoke(app, ["inspect", str(tmp_path / "out"), "--pack", str(n), "--json"]).output)
     detail = detail["pack"]
     assert (detail["pack"], detail["shard"], detail["row"]) == (n, "packs-00000.arrow", n)
+    from packer_cli.shards.reader import PackedReader
+
+    # the reader's messages name the row as counted in the file too, not within its record batch
+    assert PackedReader(str(tmp_path / "out")).locate(n) == f"{tmp_path / 'out' / 'packs-00000.arrow'} row {n}"
     assert detail["target_tokens"] == detail["real_len"] == table.column("seq_lens")[n].as_py()

@@ -147,15 +147,21 @@ def test_bridge_manifest_entry_repeated(outputs, tmp_path):
 
 # -- D6: damage that used to raise an exception naming no file ----------------------------
 
-@pytest.mark.parametrize("content", [{"format": "packer-thd", "format_version": 2}, [1]],
-                         ids=["no-shards", "not-an-object"])
+@pytest.mark.parametrize("content", [{"format": "packer-thd", "format_version": 2}, [1],
+                                     {"format": "packer-thd", "format_version": 2, "shards": {}}],
+                         ids=["no-shards", "not-an-object", "shards-not-a-list"])
 def test_manifest_without_shards(outputs, tmp_path, content):
+    """Refused by the checks of the first open, and by a worker re-opening without them
+    (``check=False``), which failed with a bare KeyError, or read no packs at all."""
     out = copy(outputs, tmp_path)
     meta = json.loads((out / "metadata.json").read_text())
     if isinstance(content, dict):
         content["format_version"] = meta["format_version"]
     (out / "manifest.json").write_text(json.dumps(content))
     assert_refused(out, str(out), "manifest.json")
+    with pytest.raises(DataError) as raised:
+        PackedReader(str(out), check=False)
+    assert str(raised.value) == f"{out / 'manifest.json'}: no 'shards' list"
 
 
 @pytest.mark.parametrize("seal", [False, True], ids=["edited", "edited-and-resealed"])
@@ -416,6 +422,64 @@ def test_index_types_and_ranges(outputs):
     assert ds.micro_batch([0], np.int64(2), 1).cp_rank == 1
 
 
+def _flatbuffer_field(buf, table, index):
+    """Where field ``index`` of the flatbuffer table at ``table`` lies in ``buf`` (None: absent)."""
+    import struct
+
+    vtable = table - struct.unpack_from("<i", buf, table)[0]
+    if 4 + 2 * index >= struct.unpack_from("<H", buf, vtable)[0]:
+        return None
+    field = struct.unpack_from("<H", buf, vtable + 4 + 2 * index)[0]
+    return table + field if field else None
+
+
+def _first_batch_header(data):
+    """Offset and length in the shard ``data`` of its first record batch's header (its message:
+    continuation marker, length, flatbuffer), where the footer's first block says."""
+    import struct
+
+    footer_length = int.from_bytes(data[-10:-6], "little")
+    footer = data[len(data) - 10 - footer_length:len(data) - 10]
+    field = _flatbuffer_field(footer, int.from_bytes(footer[:4], "little"), 3)  # recordBatches
+    vector = field + int.from_bytes(footer[field:field + 4], "little")
+    offset, header_length, _ = struct.unpack_from("<qi4xq", footer, vector + 4)
+    return offset, header_length
+
+
+def _field_node_null_counts(data):
+    """Offsets in the shard ``data`` of the null counts its first record batch's header states,
+    one a field node (a column, then its list's values, in schema order)."""
+    offset, _ = _first_batch_header(data)
+    message = data[offset + 8:]
+    header = _flatbuffer_field(message, int.from_bytes(message[:4], "little"), 2)  # Message.header
+    batch = header + int.from_bytes(message[header:header + 4], "little")
+    field = _flatbuffer_field(message, batch, 1)  # RecordBatch.nodes: structs (length, null_count)
+    nodes = field + int.from_bytes(message[field:field + 4], "little")
+    count = int.from_bytes(message[nodes:nodes + 4], "little")
+    return [offset + 8 + nodes + 4 + 16 * k + 8 for k in range(count)]
+
+
+def test_a_null_count_stated_in_a_record_batch_header_is_a_data_error(outputs, tmp_path):
+    """A pack column has no validity bitmap: a header whose flipped bit states nulls in one
+    (the file keeps its size, so the layout checks pass) is refused when the shard is opened;
+    taken as written, the values of some were served changed, and others failed in NumPy."""
+    out = copy(outputs, tmp_path)
+    path = out / SHARD
+    data = path.read_bytes()
+    null_counts = _field_node_null_counts(data)
+    assert len(null_counts) == 14  # seven list columns and their values
+    for k, at in enumerate(null_counts):
+        assert data[at:at + 8] == bytes(8)
+        damaged = bytearray(data)
+        damaged[at] ^= 1 << 2  # 4 nulls
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(DataError) as raised:
+            PackedReader(str(out))
+        column = k // 2
+        assert str(raised.value).startswith(f"{path}: cannot open shard (In column {column}: Invalid: "), k
+        assert "Buffer #0 too small" in str(raised.value), k
+
+
 def test_a_damaged_record_batch_header_is_a_data_error(outputs, tmp_path):
     """Bits flipped in a shard's record batch header (the file keeps its size, so the layout
     checks pass): NumPy's views of buffers the header misdescribed failed with a bare
@@ -423,16 +487,7 @@ def test_a_damaged_record_batch_header_is_a_data_error(outputs, tmp_path):
     out = copy(outputs, tmp_path)
     path = out / SHARD
     data = path.read_bytes()
-    # The first record batch's header: where the footer's first block says.
-    import struct
-
-    footer_length = int.from_bytes(data[-10:-6], "little")
-    footer = data[len(data) - 10 - footer_length:len(data) - 10]
-    table = int.from_bytes(footer[:4], "little")
-    vtable = table - struct.unpack_from("<i", footer, table)[0]
-    field = struct.unpack_from("<H", footer, vtable + 4 + 2 * 3)[0]  # recordBatches
-    vector = table + field + int.from_bytes(footer[table + field:table + field + 4], "little")
-    offset, header_length, _ = struct.unpack_from("<qi4xq", footer, vector + 4)
+    offset, header_length = _first_batch_header(data)
     outcomes = set()
     for at in range(offset, offset + header_length):
         for bit in (2, 7):
@@ -475,6 +530,29 @@ def test_a_bridge_file_its_footer_contradicts_is_refused_at_open(outputs, tmp_pa
     out, data = _bridge_rewritten(outputs, tmp_path, compression="snappy")
     with pytest.raises(DataError, match=r"compressed with SNAPPY \[bridge\.file\]"):
         PackedDataset(out)
+
+
+def test_a_shard_holding_more_packs_than_its_manifest_records_is_refused(outputs, tmp_path):
+    """A shard rewritten with packs appended (the manifest's size and hash made to hold, so the
+    layout checks pass) served the extra packs; fewer packs are refused the same way."""
+    import xxhash
+
+    out = copy(outputs, tmp_path)
+    path = out / SHARD
+    table = pa.ipc.open_file(pa.memory_map(str(outputs / "native" / SHARD))).read_all()
+    rows = table.num_rows
+    for extra in (5, -1):
+        with pa.ipc.new_file(str(path), table.schema) as writer:
+            writer.write_table(pa.concat_tables([table, table.slice(0, extra)]) if extra > 0
+                               else table.slice(0, rows + extra))
+        data = path.read_bytes()
+        edit_json(out / "manifest.json", lambda m: {**m, "shards": [{**m["shards"][0], "bytes": len(data),
+                                                                       "xxh3_64": xxhash.xxh3_64_hexdigest(data)}]})
+        said = f"{path}: holds {rows + extra} packs, the manifest records {rows} (a damaged footer, or the file replaced)"
+        for check in (True, False):
+            with pytest.raises(DataError) as raised:
+                PackedReader(str(out), check=check)
+            assert str(raised.value) == said, check
 
 
 def test_a_bridge_file_holding_fewer_packs_than_its_manifest_is_refused_by_a_worker_too(outputs, tmp_path):
