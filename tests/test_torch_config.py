@@ -74,15 +74,19 @@ def test_context_parallel_seq_length_divisibility(seq_length, cp, ok):
 
 
 def test_context_parallel_finetuning_validations():
+    """Per-token loss and no average_in_collective are fine-tuning rules: pretraining with CP>1 and
+    average_in_collective=True was refused with the fine-tuning message."""
     _raises(CP_PER_TOKEN_LOSS, context_parallel_size=2, calculate_per_token_loss=False)
     _raises(CP_AVG_IN_COLLECTIVE, context_parallel_size=2, calculate_per_token_loss=True, average_in_collective=True)
     validate_training_config(context_parallel_size=2, calculate_per_token_loss=True, average_in_collective=False)
     # skipped for pretraining and for CP1
     validate_training_config(context_parallel_size=2, finetuning=False, calculate_per_token_loss=False)
+    validate_training_config(context_parallel_size=2, finetuning=False, average_in_collective=True)
     validate_training_config(context_parallel_size=1, calculate_per_token_loss=False, average_in_collective=True)
 
 
 def test_packed_sequence_micro_batch_size():
+    """Bridge's message, with the equivalent config worked out from the sizes given."""
     with pytest.raises(TrainingConfigError) as err:
         validate_training_config(offline_packing=True, micro_batch_size=4, global_batch_size=32, pack_size=512)
     msg = str(err.value)
@@ -90,6 +94,9 @@ def test_packed_sequence_micro_batch_size():
     assert "Set global batch size to 8 (currently 32)" in msg and "Set packed sequence length to 2048 (currently 512)" in msg
     validate_training_config(offline_packing=True, micro_batch_size=1)
     validate_training_config(offline_packing=False, micro_batch_size=4)  # no packing: no rule
+    # without a global batch size the micro-batch is the global one (it was taken as 1: "0 (currently 1)")
+    with pytest.raises(TrainingConfigError, match=r"Set global batch size to 1 \(currently 4\) \n"):
+        validate_training_config(offline_packing=True, micro_batch_size=4, pack_size=512)
 
 
 def test_in_batch_packing_micro_batch_size():
@@ -110,8 +117,10 @@ def test_offline_and_in_batch_are_mutually_exclusive():
 
 
 def test_pad_cu_seqlens_requires_fixed_token_width():
+    """Only a pad_to_max_length given as False is refused: one not given (None, unknown) was refused too."""
     _raises(PAD_CU_NEEDS_MAX_LENGTH, offline_packing=True, pad_cu_seqlens=True, pad_to_max_length=False)
     validate_training_config(offline_packing=True, pad_cu_seqlens=True, pad_to_max_length=True)
+    validate_training_config(offline_packing=True, pad_cu_seqlens=True)  # pad_to_max_length unknown: no check
 
 
 @pytest.mark.parametrize(
@@ -121,9 +130,12 @@ def test_pad_cu_seqlens_requires_fixed_token_width():
         (False, False, False, GRAPHS_NEED_MAX_LENGTH),  # mlp-only still needs fixed width
         (False, False, True, None),  # mlp-only does not need padded cu_seqlens
         (True, True, True, None),
+        (True, True, None, None),  # pad_to_max_length unknown: not checked (it was refused as False)
     ],
 )
 def test_cuda_graphs(captures_attention, pad_cu, pad_max, message):
+    """Graphs need a fixed width, and padded cu_seqlens when they capture attention; a width not
+    given (None) is not checked (it was refused as if False)."""
     kw = dict(
         offline_packing=True, cuda_graphs=True, cuda_graph_captures_attention=captures_attention,
         pad_cu_seqlens=pad_cu, pad_to_max_length=pad_max,
@@ -135,8 +147,11 @@ def test_cuda_graphs(captures_attention, pad_cu, pad_max, message):
 
 
 def test_data_multiple_must_match_topology():
+    """The offline data's padding multiple must be a multiple of the topology's, for offline packing only."""
     _raises("needs multiples of 8", offline_packing=True, data_pad_multiple=4, context_parallel_size=4)
     validate_training_config(offline_packing=True, data_pad_multiple=16, context_parallel_size=4)
+    # the offline data's multiple: ignored for in-batch packing (it was checked, and refused, there too)
+    validate_training_config(in_batch_packing=True, micro_batch_size=2, data_pad_multiple=4, context_parallel_size=4)
 
 
 def test_multi_token_prediction_is_not_a_config_packing_refuses():
@@ -159,9 +174,15 @@ def test_multi_token_prediction_is_not_a_config_packing_refuses():
     ],
 )
 def test_model_family_opt_outs(family, offline, in_batch, rejected):
+    """Bridge's opt-outs, and a message naming the path to turn off (an in-batch one said offline)."""
     kw = dict(model_family=family, offline_packing=offline, in_batch_packing=in_batch, micro_batch_size=1 if offline else 2)
     if rejected:
+        # the message names the packing path to turn off (in-batch was called offline)
+        path = "offline" if offline else "in-batch"
         _raises("Sequence packing is disabled for", **kw)
+        message = f"({family!r}): train without {path} packing for this model family."
+        with pytest.raises(TrainingConfigError, match=re.escape(message)):
+            validate_training_config(**kw)
     else:
         validate_training_config(**kw)
 

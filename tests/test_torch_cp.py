@@ -72,16 +72,23 @@ def test_int64_input_and_device_of_output():
     [
         ([0, 8], 8, 2, 2, "cp_rank"),
         ([0, 8], 8, 0, 0, "cp_rank"),
-        ([0, 6], 6, 2, 0, "divisible"),
+        ([0, 6], 6, 2, 0, r"^total_tokens=6 is not divisible by 2\*cp_size=4$"),
         ([8], 8, 2, 0, "at least 2"),
         ([0, 2, 8], 8, 2, 0, "segments do not split into 4 equal chunks"),
         ([0, 4, 8], 12, 2, 0, "segments do not split into 4 equal chunks"),
+        # boundaries that go back: chunks [2, -1, 2] add up to T/CP all the same
+        ([0, 8, 4, 12], 12, 2, 0, r"segments do not split into 4 equal chunks each covering total_tokens=12 \(a "
+                                  r"segment's chunk is negative: the boundaries decrease\): .*none below the one before"),
         ([0, 8], 8, 2.0, 0, "cp_size must be an integer"),
         ([0, 8], 8, 2, True, "cp_rank one of"),
         ([0, 8], 8.0, 2, 0, "total_tokens must be an integer"),
     ],
 )
 def test_bad_arguments(cu, total, cp, rank, match):
+    """Each is refused with this message. A total not divisible by 2*CP was reported as segments
+    that do not split (the total's own check was done modulo CP), and boundaries that go back,
+    whose negative chunks add up to T/CP, gave NumPy's 'repeats may not contain negative values'
+    (the negative-count check was dropped), and then 'the runs make 6 entries, not 6'."""
     with pytest.raises(ValueError, match=match):
         cp_partition_indices(torch.tensor(cu), total, cp, rank)
 
@@ -113,8 +120,11 @@ def test_without_context_parallelism_the_rank_holds_the_whole_row():
     ([0, 2, 8], 8, r"^cu_seqlens_padded\[1\] = 2 is not divisible by 2\*cp_size=4: .*--cp 2; in-batch, "
                    r"pad_to_multiple_of=pad_multiple\(cp=2\)\)$"),
     ([0, 4, 8], 12, "^cu_seqlens_padded ends at 8, but total_tokens is 12$"),
+    # several bad boundaries: the first is named, not the last (cu_seqlens_padded[2] = 6)
+    ([0, 2, 6, 8], 8, r"^cu_seqlens_padded\[1\] = 2 is not divisible by 2\*cp_size=4: "),
 ])
 def test_check_cp_boundaries_names_the_entry(cu, total, match):
+    """The message names the first bad boundary (it named the last when several were bad)."""
     check_cp_boundaries(torch.tensor([0, 4, 12]), 12, 2)
     check_cp_boundaries(torch.tensor([0, 3, 7]), 7, 1)  # no CP: any lengths
     for size in (0, 2.0, True):

@@ -66,10 +66,15 @@ def test_preserves_loss_mask_zeros():
 
 
 def test_position_ids_reset_and_extend():
+    """The padding continues from the row's last real position, whatever the positions before
+    it: it counted from the first position as if they stepped by one (a row starting at 5, or
+    one with a repeated position, got a jump or a repeat at the padding)."""
     pos = _pack([[1, 2, 0, 0], [3, 4, 5, 0]], positions=[[0, 1, 2, 3], [0, 1, 2, 3]])[4]
     assert pos.tolist() == [[0, 1, 0, 1, 2]]
     pos = _pack([[1, 2, 3, 0]], m=4, positions=[[0, 1, 2, 3]])[4]
     assert pos.tolist() == [[0, 1, 2, 3]]  # padding_extends_position_ids
+    pos = _pack([[1, 2, 3, 0], [4, 5, 6, 0]], m=4, positions=[[5, 6, 7, 0], [0, 1, 1, 0]])[4]
+    assert pos.tolist() == [[5, 6, 7, 8, 0, 1, 1, 2]]
 
 
 def test_empty_batch_warns(caplog):
@@ -90,6 +95,32 @@ def test_none_labels_and_dtypes():
     assert pos.tolist() == [[0, 1, 2, 0, 1, 2, 3]] and cu.tolist() == [0, 3, 7] and max_len.item() == 4
     t, lab, lm, _, p, _, _ = _pack([[1, 2, 3, 0]])
     assert (t.dtype, lab.dtype, lm.dtype, p.dtype) == (torch.long, torch.long, torch.float32, torch.long)
+    # int32 positions stay int32, padding included (they came back int64, the padding's arithmetic type)
+    p = pack_batch_sequences(torch.tensor([[1, 2, 3, 0], [4, 5, 0, 0]]), None, None, None,
+                             torch.arange(4, dtype=torch.int32).expand(2, 4), pad_to_multiple_of=4)[4]
+    assert p.dtype == torch.int32 and p.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3]]
+
+
+def test_padding_is_filled_with_the_pad_token_id():
+    """The added padding holds pad_token_id, not 0 (it was filled with 0 whatever the pad id)."""
+    tokens = torch.tensor([[1, 2, 3, 9, 9], [4, 5, 6, 7, 8]])
+    out = pack_batch_sequences(tokens, None, None, None, torch.arange(5).expand(2, 5), pad_token_id=9,
+                               pad_to_multiple_of=4)
+    assert out[0].tolist() == [[1, 2, 3, 9, 4, 5, 6, 7, 8, 9, 9, 9]] and out[5].tolist() == [0, 4, 12]
+
+
+def test_rows_keep_their_order_in_a_large_batch():
+    """Kept rows stay in batch order, empty rows dropped between them: with 17 rows or more an
+    unstable sort of the keep flags reordered them (no longer matching per-row data such as images)."""
+    b = 40
+    tokens = torch.zeros(b, 3, dtype=torch.long)
+    for i in range(b):
+        if i % 3:  # every third row is empty
+            tokens[i, : 1 + i % 2] = i
+    out = pack_batch_sequences(tokens, None, None, None, torch.arange(3).expand(b, 3))
+    expected = [i for i in range(b) if i % 3 for _ in range(1 + i % 2)]
+    assert out[0].tolist() == [expected]
+    assert out[5].tolist() == [0] + torch.cumsum(torch.tensor([1 + i % 2 for i in range(b) if i % 3]), 0).tolist()
 
 
 def test_padding_mask_gives_lengths_and_empty_rows_are_dropped():
@@ -150,6 +181,11 @@ def test_inputs_of_other_types_are_refused():
     import numpy as np
 
     assert pack_batch_sequences(tokens, None, None, None, positions, pad_token_id=np.int64(0))[0].shape == (1, 5)
+    # a pad id at either end of the tokens' dtype fits (the largest was refused as not fitting)
+    for dtype, pad in ((torch.int16, 32767), (torch.int16, -32768), (torch.int8, 127)):
+        t = torch.tensor([[5, 6, pad, pad], [7, pad, pad, pad]], dtype=dtype)
+        out = pack_batch_sequences(t, None, None, None, positions[:, :4], pad_token_id=pad, pad_to_multiple_of=4)
+        assert out[0].tolist() == [[5, 6, pad, pad, 7, pad, pad, pad]] and out[0].dtype == dtype
     # the padding is filled with the pad id: one the tokens cannot hold failed inside torch
     for dtype, pad in ((torch.int32, 2**31), (torch.int16, 40000), (torch.uint8, -1)):
         with pytest.raises(ValueError, match=f"pad_token_id {pad} does not fit the tokens' dtype {dtype}"):

@@ -97,14 +97,16 @@ def cp_partition_indices(
     except RuntimeError as exc:  # the runs do not fill the output: a segment is not a multiple of 2*CP
         raise ValueError(f"cu_seqlens_padded's segments do not split into {two_cp} equal chunks each covering "
                          f"total_tokens={total_tokens} ({exc}): every boundary must be divisible by "
-                         f"2*cp_size={two_cp} and the last one be total_tokens") from None
+                         f"2*cp_size={two_cp}, none below the one before, and the last one be total_tokens") from None
     return (shift + torch.arange(local, device=cu.device)).to(torch.int32)
 
 
 def _repeat(values: np.ndarray, counts: np.ndarray, size: int) -> np.ndarray:
     """``values[i]`` ``counts[i]`` times each; RuntimeError, as torch's ``repeat_interleave``
     raises, unless that makes exactly ``size`` entries."""
-    if (counts < 0).any() or int(counts.sum()) != size:
+    if (counts < 0).any():  # its sum may still be size: "the runs make 6 entries, not 6" said nothing
+        raise RuntimeError("a segment's chunk is negative: the boundaries decrease")
+    if int(counts.sum()) != size:
         raise RuntimeError(f"the runs make {int(counts.sum())} entries, not {size}")
     return np.repeat(values, counts)
 
