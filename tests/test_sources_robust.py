@@ -827,9 +827,8 @@ def test_jsonl_answer_start_beyond_int64_is_a_bad_record(tmp_path, value):
     assert orjson.loads(result.stdout)["counts"]["bad_records"] == 1
 
 
-def _bool_mask_with_a_null(tmp_path, fmt):
-    table = pa.table({"input_ids": [[1, 2, 3], [4, 5, 6]],
-                      "loss_mask": pa.array([[False, True, True], [True, None, True]], type=pa.list_(pa.bool_()))})
+def _columnar_file(tmp_path, table, fmt):
+    """``table`` written as ``d.parquet`` or ``d.arrow`` (an IPC file)."""
     path = tmp_path / f"d.{fmt}"
     if fmt == "parquet":
         pq.write_table(table, path)
@@ -837,6 +836,12 @@ def _bool_mask_with_a_null(tmp_path, fmt):
         with pa.ipc.new_file(path, table.schema) as writer:
             writer.write_table(table)
     return path
+
+
+def _bool_mask_with_a_null(tmp_path, fmt):
+    table = pa.table({"input_ids": [[1, 2, 3], [4, 5, 6]],
+                      "loss_mask": pa.array([[False, True, True], [True, None, True]], type=pa.list_(pa.bool_()))})
+    return _columnar_file(tmp_path, table, fmt)
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "arrow"])
@@ -1159,13 +1164,7 @@ def test_a_null_supervision_field_is_a_bad_record(tmp_path, fmt, column, second)
     """A record whose supervision field is null (Parquet/Arrow null) is named so: a null loss mask
     was "loss_mask has 0 values but input_ids has 3", and a null answer start was read as 0 and
     the record packed with every token a target."""
-    table = pa.table({"input_ids": [[1, 2, 3], [4, 5, 6]], column: [None, second]})
-    path = tmp_path / f"d.{fmt}"
-    if fmt == "parquet":
-        pq.write_table(table, path)
-    else:
-        with pa.ipc.new_file(path, table.schema) as writer:
-            writer.write_table(table)
+    path = _columnar_file(tmp_path, pa.table({"input_ids": [[1, 2, 3], [4, 5, 6]], column: [None, second]}), fmt)
     assert_pack_refuses(tmp_path, path, f"d.{fmt}: row 0: field '{column}' is null")
     result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 16, "--on-bad-record", "skip", "--json")
     assert result.exit_code == 0, result.output
