@@ -464,7 +464,7 @@ class _ScannedBatches:
         self.lo = self.hi = 0
         self.eof = False
         self.error: BaseException | None = None
-        self.pending: DataError | None = None  # a supervision field the batch before it ends at
+        self.pending: DataError | None = None  # an absent field the batch before it ends at
         self.blank_lines = 0  # blank lines let go of before the next batch's first record
 
     def _fill(self) -> None:
@@ -604,7 +604,7 @@ class _ScannedBatches:
         """The error for an ``absent`` field in the record on ``line``, if it has one (the
         scanner gives up on such a record, and on others it cannot vouch for)."""
         for name in self.absent:
-            if record.get(name) is not None:  # null carries no supervision
+            if record.get(name) is not None:  # null carries nothing
                 return unexpected_field(f"{self.path}: line {line}: field '{name}'", name)
         return None
 
@@ -821,19 +821,19 @@ def _require_fields(path: str, schema: pa.Schema, fields: list[str]) -> None:
                             "ambiguous")
 
 
-def _supervision_columns(path: str, schema: pa.Schema, absent: tuple[str, ...]) -> tuple[str, ...]:
-    """The ``absent`` (supervision) columns a columnar file has, each to be all null (see
-    :func:`_first_supervised_row`); one there twice is refused at once (which of them holds what is
-    ambiguous)."""
+def _absent_columns(path: str, schema: pa.Schema, absent: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``absent`` columns a columnar file has (supervision fields or the padding mask, which
+    the stream's first record lacks), each to be all null (see :func:`_first_valued_row`); one
+    there twice is refused at once (which of them holds what is ambiguous)."""
     for name in absent:
         if schema.names.count(name) > 1:
             raise unexpected_field(f"{path}: column '{name}'", name)
     return tuple(name for name in absent if name in schema.names)
 
 
-def _first_supervised_row(columns) -> int | None:
-    """The first row at which one of ``columns`` (supervision columns, where the first record
-    had none) holds a value, or None: a column of nulls carries no supervision, as a JSON null
+def _first_valued_row(columns) -> int | None:
+    """The first row at which one of ``columns`` (``absent`` columns, where the first record
+    had none) holds a value, or None: a column of nulls carries nothing, as a JSON null
     does not (such a column was refused, while the same records in JSON Lines read)."""
     first = None
     for column in columns:
@@ -844,21 +844,21 @@ def _first_supervised_row(columns) -> int | None:
     return first
 
 
-def _supervised_column(path: str, names: tuple[str, ...], columns, row: int, row0: int) -> DataError:
+def _valued_column(path: str, names: tuple[str, ...], columns, row: int, row0: int) -> DataError:
     """The error for the first of ``names`` that holds a value at ``row`` (of rows ``row0..``)."""
     name = next(n for n, c in zip(names, columns) if c.is_valid()[row].as_py())
     return unexpected_field(f"{path}: row {row0 + row}: column '{name}'", name)
 
 
-def _parquet_supervised_row(path: str, names: tuple[str, ...]) -> tuple[int, str] | None:
-    """(row, column) of the first value in a supervision column of a Parquet file, read before any
+def _parquet_valued_row(path: str, names: tuple[str, ...]) -> tuple[int, str] | None:
+    """(row, column) of the first value in an ``absent`` column of a Parquet file, read before any
     row is used (the columns are not among those read), or None."""
     found = None
     with pq.ParquetFile(path) as pf:
         for name in names:
             row0 = 0
             for batch in pf.iter_batches(batch_size=64 * BATCH_ROWS, columns=[name]):
-                row = _first_supervised_row([batch.column(0)])
+                row = _first_valued_row([batch.column(0)])
                 if row is not None:
                     found = min(found, (row0 + row, name)) if found else (row0 + row, name)
                     break
@@ -872,12 +872,12 @@ def read_parquet(path: str, fields: list[str], arrow_only: bool = False,
     pyarrow's for anything else or with ``arrow_only`` (see :mod:`.parquet_lists`). Pages are
     streamed, never whole row groups, so memory stays bounded by the batch size.
 
-    A supervision column that holds a value (see :func:`_first_supervised_row`) ends the file
+    An ``absent`` column that holds a value (see :func:`_first_valued_row`) ends the file
     there: the rows before it are read first, so that a bad record among them is reported
     first, as the record order has it."""
     schema = pq.read_schema(path)
     _require_fields(path, schema, fields)
-    supervised = _parquet_supervised_row(path, _supervision_columns(path, schema, absent))
+    supervised = _parquet_valued_row(path, _absent_columns(path, schema, absent))
     stop = supervised[0] if supervised else None
     row0 = 0
     for batch in ListColumnReader(path, fields, BATCH_ROWS, arrow_only=arrow_only, batch_values=BATCH_VALUES):
@@ -906,7 +906,7 @@ def _checked_ipc_pieces(path: str, fields: list[str], absent: tuple[str, ...]) -
     """The pieces (:func:`_ipc_pieces`) of each record batch, ``fields`` only, each checked."""
     batches, schema, mapped = _open_ipc(path)
     _require_fields(path, schema, fields)
-    absent = _supervision_columns(path, schema, absent)
+    absent = _absent_columns(path, schema, absent)
     row0 = 0
     for batch in batches:
         selected = _select(batch, fields)
@@ -916,7 +916,7 @@ def _checked_ipc_pieces(path: str, fields: list[str], absent: tuple[str, ...]) -
             raise pa.ArrowInvalid(f"rows {row0:,} to {row0 + batch.num_rows - 1:,}: {exc}") from None
         # a stream is read once: each batch checked as it comes
         columns = [readable_column(batch, name, path, row0) for name in absent]
-        supervised = _first_supervised_row(columns)
+        supervised = _first_valued_row(columns)
         rows = batch.num_rows if supervised is None else supervised
         for start, stop in _ipc_pieces(selected, rows):
             piece = selected.slice(start, stop - start)
@@ -931,7 +931,7 @@ def _checked_ipc_pieces(path: str, fields: list[str], absent: tuple[str, ...]) -
             row0 += piece.num_rows
             mapped.read(piece.nbytes)
         if supervised is not None:  # the rows before it went first: a bad record among them is reported first
-            raise _supervised_column(path, absent, columns, supervised, row0 - supervised)
+            raise _valued_column(path, absent, columns, supervised, row0 - supervised)
 
 
 def _first_list_offsets(batch: pa.RecordBatch) -> np.ndarray | None:
@@ -1013,7 +1013,8 @@ def read_file(file: InputFile, fields: list[str], scalar_fields: set[str],
 
     ``arrow_parquet`` decodes Parquet with pyarrow instead of packer's own decoder. ``absent``:
     fields no record may have (the supervision fields, when the stream's first record has none,
-    so that every token is a target: a record that has one is an error, not ignored).
+    so that every token is a target; the padding mask, when it has none: a record that has one
+    is an error, not ignored).
     ``flag_fields``: the loss mask, which JSON Lines may write with ``true``/``false`` (the
     Arrow formats' boolean lists are taken by :mod:`.normalize`).
     """
