@@ -1241,12 +1241,37 @@ def _hybrid_stream(levels: np.ndarray, bit_width: int, rng) -> bytes:
 def test_full_page_levels_read_as_runs_match_the_general_path():
     """The run-level reading of a page whose entries are all values (definition levels one run,
     repetition levels scanned 64 at a time) gives the general path's lead and row lengths, and
-    declines (None) every other page: empty lists, nulls, damaged or oddly ended streams."""
+    declines (None) every other page: empty lists, nulls, damaged or oddly ended streams.
+
+    Among them, definition levels bit-packed where a run's first byte happens to equal the
+    maximum level (levels ``max_def`` then 0s: empty lists): read without checking the run's
+    kind, the run passed as a repeated run of ``max_def`` (its group count taken as a value
+    count, its other bytes as further runs), the page as all values, and a valid page of empty
+    lists was refused as corrupt ("page is shorter than its values")."""
     from packer_cli.sources import parquet_lists as PL
 
+    def layout_of(max_def, empty_def):
+        return PL._ColumnLayout(name="x", leaf=0, arrow_type=pa.list_(pa.int32()), physical_dtype=np.dtype(np.int32),
+                                value_dtype=np.dtype(np.int32), max_def=max_def, empty_def=empty_def)
+
+    def both_ways(layout, rep_raw, def_raw, n):
+        """(the run-level reading, the general path's (lead, lengths), "not full" or "rejected")."""
+        width = layout.max_def.bit_length()
+        rep_span, def_span = (rep_raw, 0, rep_raw.size), (def_raw, 0, def_raw.size)
+        fast = PL._rows_of_full_page(layout, rep_span, def_span, n)
+        try:
+            r = np.empty(n, np.uint8)
+            PL._check(PL.hybrid_decode(*rep_span, 1, n, r))
+            d = np.empty(n, np.uint8)
+            PL._check(PL.hybrid_decode(*def_span, width, n, d))
+            lead, lengths, count = PL._row_lengths(layout, r, d)
+            general = (lead, lengths.tolist()) if count == n and (d == layout.max_def).all() else "not full"
+        except (PL._Corrupt, PL._Unsupported):
+            general = "rejected"
+        return fast, general
+
     rng = np.random.default_rng(5)
-    layout = PL._ColumnLayout(name="x", leaf=0, arrow_type=pa.list_(pa.int32()), physical_dtype=np.dtype(np.int32),
-                              value_dtype=np.dtype(np.int32), max_def=3, empty_def=1)
+    layout = layout_of(3, 1)
     outcomes = set()
     for trial in range(3000):
         n = int(rng.integers(0, 300))
@@ -1258,17 +1283,7 @@ def test_full_page_levels_read_as_runs_match_the_general_path():
         def_raw = np.frombuffer(_hybrid_stream(defs, 2, rng), np.uint8)
         if trial % 9 == 0 and rep_raw.size:  # damage: cut short, or a byte flipped
             rep_raw = rep_raw[:-1] if trial % 2 else rep_raw ^ (np.arange(rep_raw.size) == rng.integers(rep_raw.size))
-        rep_span, def_span = (rep_raw, 0, rep_raw.size), (def_raw, 0, def_raw.size)
-        fast = PL._rows_of_full_page(layout, rep_span, def_span, n)
-        try:
-            r = np.empty(n, np.uint8)
-            PL._check(PL.hybrid_decode(*rep_span, 1, n, r))
-            d = np.empty(n, np.uint8)
-            PL._check(PL.hybrid_decode(*def_span, 2, n, d))
-            lead, lengths, count = PL._row_lengths(layout, r, d)
-            general = (lead, lengths.tolist()) if count == n and (d == 3).all() else "not full"
-        except (PL._Corrupt, PL._Unsupported):
-            general = "rejected"
+        fast, general = both_ways(layout, rep_raw, def_raw, n)
         if fast is None:
             outcomes.add("declined")
             # a full page is only declined when a writer bit-packed its definition levels
@@ -1277,6 +1292,27 @@ def test_full_page_levels_read_as_runs_match_the_general_path():
             outcomes.add("read")
             assert (fast[0], fast[1].tolist()) == general, trial
     assert outcomes == {"declined", "read"}
+
+    # A bit-packed definition-level run whose first byte equals max_def (one row per entry).
+    cases = [
+        # max_def 1 (bit width 1): 07 = 3 groups bit-packed, 01 6c 01 = levels 1,0,0,0,0,0,0,0 |
+        # 0,0,1,1,0,1,1,0 | 1,0 (padding); misread: 3 x level 1, then 6c 01 = 54 x level 1
+        (1, 0, "07016c01", [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 1, 0], "not full"),
+        # max_def 2 (bit width 2): repeated runs of 5 x level 2, then 07 = 3 groups bit-packed, 02 aa
+        # aa aa 6a 02 = levels 2,0,0,0 | 2 x 12 | 2,2,2,1 | 2 (then padding); misread: 3 x level 2,
+        # then the varint aa aa aa 6a = millions x level 2
+        (2, 1, "02020202040202020702aaaaaa6a02", [2] * 6 + [0] * 3 + [2] * 15 + [1, 2], "rejected"),  # null lists
+    ]
+    for max_def, empty_def, stream, levels, want in cases:
+        n = len(levels)
+        def_raw = np.frombuffer(bytes.fromhex(stream), np.uint8)
+        decoded = np.empty(n, np.uint8)
+        assert PL.hybrid_decode(def_raw, 0, def_raw.size, max_def.bit_length(), n, decoded) == def_raw.size
+        assert decoded.tolist() == levels
+        rep_raw = np.frombuffer(bytes([n << 1, 0]), np.uint8)  # one run of level 0: a row per entry
+        fast, general = both_ways(layout_of(max_def, empty_def), rep_raw, def_raw, n)
+        assert (fast, general) == (None, want), stream
+        assert PL.levels_all_equal(def_raw, 0, def_raw.size, max_def.bit_length(), n, max_def) is False, stream
 
 
 def _single_runs(def_raw: np.ndarray) -> bool:
@@ -1467,15 +1503,16 @@ def _level_count(header: list) -> int:
     return 0 if sub is None else _field(_field(header, sub), 1)
 
 
-def _two_groups(tmp_path, bool_mask: bool, compression: str = "snappy") -> Path:
-    """Ten 3-token rows with an int8 (or boolean: pyarrow decodes it) mask, in two row groups."""
+def _two_groups(tmp_path, bool_mask: bool, compression: str = "snappy", dictionary: bool = True) -> Path:
+    """Ten 3-token rows with an int8 (or boolean: pyarrow decodes it) mask, in two row groups
+    (of PLAIN pages only, without ``dictionary``)."""
     rows = [[i, i + 1, i + 2] for i in range(10)]
     mask = pa.array([[1, 0, 1]] * 10, pa.list_(pa.int8()))
     if bool_mask:
         mask = mask.cast(pa.list_(pa.bool_()))
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table({"input_ids": pa.array(rows, pa.list_(pa.int32())), "loss_mask": mask}), path,
-                   row_group_size=5, compression=compression)
+                   row_group_size=5, compression=compression, use_dictionary=dictionary)
     return path
 
 
@@ -1498,14 +1535,27 @@ def test_footer_row_counts_checked_whichever_decoder_reads(tmp_path, monkeypatch
         list(reader)
 
 
-@pytest.mark.parametrize("how", ["compiled", "lz4", "bool mask", ENV])
+_PAGES_DISAGREE = {  # what packer's decoder says of each damage
+    "fewer rows": "column chunk holds more rows than its row group",
+    "more values": "the column chunk's pages end before the value count its footer states",
+    "fewer values": "pages hold more values than the column chunk",
+    "fewer rows and values": "pages hold more values than the column chunk",
+}
+
+
+@pytest.mark.parametrize("how", ["compiled", "compiled plain", "lz4", "bool mask", ENV])
 @pytest.mark.parametrize("damage", ["fewer rows", "more values", "fewer values", "fewer rows and values"])
 def test_a_footer_that_agrees_with_itself_but_not_the_pages_is_an_error(tmp_path, monkeypatch, how, damage):
     """The last group's row count and the file's both 3 lower (the footer adds up, the pages
     hold 3 rows more), or a column chunk's value count off by one: packer's decoder refused
     it, but wherever pyarrow decoded (LZ4 pages, a boolean mask, the variable) the file was
-    read 3 records short, exit 0, and verify --source passed (or read whole, the count wrong)."""
-    path = _two_groups(tmp_path, bool_mask=how == "bool mask", compression="lz4" if how == "lz4" else "zstd")
+    read 3 records short, exit 0, and verify --source passed (or read whole, the count wrong).
+    Without dictionary pages the run of small groups is first decoded whole (RowGroupRuns),
+    which read the file without error, its chunk's value count unchecked against its pages'.
+    packer's decoder words each damage: pages holding more values than the footer states
+    were said to "end before the value count its footer states"."""
+    path = _two_groups(tmp_path, bool_mask=how == "bool mask", compression="lz4" if how == "lz4" else "zstd",
+                       dictionary=how != "compiled plain")
     raw = path.read_bytes()
     footer, footer_at = _footer_of(raw)
     last = _field(footer, 4)[1][-1]
@@ -1529,8 +1579,11 @@ def test_a_footer_that_agrees_with_itself_but_not_the_pages_is_an_error(tmp_path
             raise OSError(19, "No such device")
 
         monkeypatch.setattr(mmap, "mmap", unmappable)
-    with pytest.raises(DataError, match=r"t\.parquet: cannot read as Parquet: row group 1: .*(value|row)"):
+    with pytest.raises(DataError, match=r"t\.parquet: cannot read as Parquet: row group 1: .*(value|row)") as info:
         pack([str(path)], str(tmp_path / "out"), PackSpec(pack_size=64))
+    if how.startswith("compiled"):
+        assert str(info.value) == (f"{path}: cannot read as Parquet: row group 1: column 'input_ids': "
+                                   f"{_PAGES_DISAGREE[damage]}")
     assert not (tmp_path / "out").exists()
 
 
@@ -1552,6 +1605,40 @@ def test_a_negative_row_count_in_a_data_page_v2_is_an_error(tmp_path):
         pq.read_table(bad)
     with pytest.raises(DataError, match=r"bad\.parquet: cannot read as Parquet: row group 0: .*invalid row count"):
         pack([str(bad)], str(tmp_path / "out"), PackSpec(pack_size=64))
+
+
+@pytest.mark.parametrize("group, level, says", [
+    (1, 0, "row group 1: column 'input_ids': the first value of a column chunk does not start a row"),
+    (0, 52, "row group 0: column 'input_ids': column chunk holds fewer rows than its row group"),
+], ids=["chunk starts inside a row", "chunk a row short"])
+def test_a_row_start_flipped_in_a_chunks_repetition_levels_is_named(tmp_path, group, level, says):
+    """One bit flipped in a chunk's repetition levels (a row start, level 0, made 1) of a file of
+    three 40-row groups read page by page (batches of 20 rows; groups 0 and 1 one run, one
+    cursor over both chunks) is named by its row group as soon as the cursor reaches it. The
+    first level of group 1's chunk (pyarrow refuses it: "must be 0"): the file was read without
+    error, that chunk's rows shifted by a value (its first row empty). Row 35's first level
+    (group 0's chunk then holds 39 rows; pyarrow reads 119): the short chunk was not caught at
+    its end; group 1's rows were yielded a row early, and the error came at the run's end,
+    naming row group 1."""
+    rows = [list(range(10 * i, 10 * i + 1 + i % 2)) for i in range(120)]  # 1, 2, 1, ... values: no 8 equal levels
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"input_ids": pa.array(rows, pa.list_(pa.int32()))}), path, row_group_size=40,
+                   compression="none", use_dictionary=False)
+    raw = bytearray(path.read_bytes())
+    _, data_at, end = _chunk_span(path, group, 0)
+    payload = end - _page_sizes(raw, data_at)["compressed"][2]  # the chunk's one page: u32 length, levels, ...
+    header, length = _read_varint(raw, payload + 4)
+    assert header == (8 << 1) | 1  # its 60 repetition levels one bit-packed run: level k is bit k
+    at = payload + 4 + length + level // 8  # level 52: rows 0-34 hold 35 + 17 values
+    assert raw[at] >> level % 8 & 1 == 0  # a row start
+    raw[at] |= 1 << level % 8
+    path.write_bytes(bytes(raw))
+    got = []
+    with pytest.raises(ValueError) as info:
+        for batch in ListColumnReader(str(path), ["input_ids"], batch_rows=20):
+            got += batch.column(0).to_pylist()
+    assert str(info.value) == says
+    assert got == rows[:20]  # (group 0's last row is complete once group 1's chunk is reached)
 
 
 def _dictionary_file(tmp_path) -> tuple[Path, list]:
