@@ -1329,7 +1329,8 @@ def _single_runs(def_raw: np.ndarray) -> bool:
 def test_dictionary_decode_finds_an_index_past_the_dictionary_anywhere():
     """One index past the dictionary, at any position of a stream of bit-packed and repeated-value
     runs (inside the word-at-a-time loop, in a run's byte-by-byte tail, in a repeated run), makes
-    dictionary_decode return INDEX_RANGE; without it the values are the dictionary's."""
+    dictionary_decode return INDEX_RANGE; without it the values are the dictionary's. Any index
+    is past an empty dictionary."""
     from packer_cli.sources import _parquet_kernels as K
 
     rng = np.random.default_rng(17)
@@ -1351,6 +1352,13 @@ def test_dictionary_decode_finds_an_index_past_the_dictionary_anywhere():
                 bad[rng.integers(n)] = dictionary.size if trial % 2 else rng.integers(dictionary.size, 1 << bit_width)
             raw = np.frombuffer(_hybrid_stream(bad, bit_width, rng), np.uint8)
             assert K.dictionary_decode(raw, 0, raw.size, bit_width, n, dictionary, out) == K.INDEX_RANGE, trial
+    # A dictionary page of no values: index 0 is past it too, in a bit-packed run (16 8-bit zeros,
+    # the run padded to three groups, so all are unpacked a word at a time) as in a repeated one.
+    # (The word loop once clamped each index to "size - 1", which wrapped to 2**64 - 1: it read
+    # past the empty dictionary, no error.)
+    empty, out = dictionary[:0], np.empty(16, np.int32)
+    for raw in (np.array([3 << 1 | 1] + [0] * 24, np.uint8), np.array([16 << 1, 0], np.uint8)):
+        assert K.dictionary_decode(raw, 0, raw.size, 8, 16, empty, out) == K.INDEX_RANGE, raw[0]
 
 
 def test_payloads_read_where_files_cannot_be_mapped(paged_parquet, monkeypatch):
@@ -1669,6 +1677,55 @@ def test_a_second_dictionary_page_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="^row group 0: column 'input_ids': a second dictionary page in the"):
         list(ListColumnReader(str(path), ["input_ids"]))
     with RowGroupRuns(str(path)) as runs, pytest.raises(ValueError, match="a second dictionary page"):
+        runs.read(0, 1, ["input_ids"])
+
+
+@pytest.mark.parametrize("off_by", [1, -1])
+def test_an_uncompressed_page_whose_stated_size_is_off_reads_as_pyarrow_reads_it(tmp_path, off_by):
+    """An uncompressed data page whose header states one byte more or fewer than it stores:
+    pyarrow trusts the stored bytes and reads the file, so ListColumnReader hands it to pyarrow
+    (the same rows) and RowGroupRuns leaves the run to it (None). Held to the stated size, the
+    page was refused ("page does not decompress to its stated size"): a file pyarrow reads was
+    an error."""
+    base = tmp_path / "base.parquet"
+    pq.write_table(pa.table({"input_ids": pa.array([[i, i + 1, 7] for i in range(40)], pa.list_(pa.int32()))}),
+                   base, use_dictionary=False, compression="none", write_statistics=False)
+
+    def misstate(pages):
+        for header, _ in pages:
+            if _field(header, 1) == 0:  # a data page: its uncompressed size off by one
+                _set(header, 2, _field(header, 2) + off_by)
+        return pages
+
+    path = _rewrite_pages(base, tmp_path / "misstated.parquet", misstate)
+    assert pq.read_table(path).num_rows == 40
+    reader, batches = read_with_packer(path, ["input_ids"])
+    assert_same_as_pyarrow(path, ["input_ids"], batches)
+    assert (reader.fast_rows, reader.arrow_rows) == (0, 40) and "sizes disagree" in reader.fallback_reason
+    with RowGroupRuns(str(path)) as runs:
+        assert runs.read(0, 1, ["input_ids"]) is None
+
+
+def test_a_dictionary_encoded_page_cut_after_its_levels_is_an_error(tmp_path):
+    """A dictionary-encoded data page whose values (the bit-width byte and the indices) are cut
+    off, its sizes following: pyarrow refuses it, and both readers say the values end early. They
+    once read the missing bit-width byte one past the page: an IndexError traceback."""
+    base, _ = _dictionary_file(tmp_path)
+
+    def cut_values(pages):
+        dictionary, (header, payload), *rest = pages
+        assert _field(header, 1) == 0  # a data page v1: each level run prefixed by its byte length
+        rep = int.from_bytes(payload[:4], "little")
+        levels_end = 8 + rep + int.from_bytes(payload[4 + rep:8 + rep], "little")
+        _set(header, 2, levels_end)  # the uncompressed size (the compressed one follows)
+        return [dictionary, (header, payload[:levels_end]), *rest]
+
+    path = _rewrite_pages(base, tmp_path / "cut.parquet", cut_values)
+    with pytest.raises((OSError, pa.ArrowException)):
+        pq.read_table(path)
+    with pytest.raises(ValueError, match="^row group 0: column 'input_ids': encoded values end early$"):
+        list(ListColumnReader(str(path), ["input_ids"]))
+    with RowGroupRuns(str(path)) as runs, pytest.raises(ValueError, match="^row groups 0-0: column 'input_ids': encoded"):
         runs.read(0, 1, ["input_ids"])
 
 

@@ -68,7 +68,9 @@ def test_footer_read_as_pyarrow_reads_it(tmp_path, options):
 def _damaged(footer, column, value, row=0):
     chunks = footer.chunks.copy()
     group_rows = footer.group_rows.copy()
-    if column == "group_rows":
+    if column == "group_rows" and isinstance(value, list):
+        group_rows[:] = value
+    elif column == "group_rows":
         group_rows[row] = value
     else:
         chunks[row, column] = value
@@ -77,6 +79,7 @@ def _damaged(footer, column, value, row=0):
 
 @pytest.mark.parametrize("column,value,says,damaged", [
     ("group_rows", -9, "row counts are negative", True),
+    ("group_rows", [-1, 121], "row counts are negative", True),
     ("group_rows", 61, "do not add up", True),
     (footer_module.TYPE, 5, "do not all state its schema's type INT64", True),
     (footer_module.CODEC, 22, "unknown codec", True),
@@ -85,12 +88,15 @@ def _damaged(footer, column, value, row=0):
     (footer_module.COMPRESSED, -1, "negative size or offset", True),
     (footer_module.DATA_OFFSET, -4, "negative size or offset", True),
     (footer_module.FILE_PATH, 5, "another file", False),
+    (footer_module.FILE_PATH, 1, "another file", False),
 ])
 def test_footer_problems_named(tmp_path, column, value, says, damaged):
     """What the decoder will not read by: each damage alone (the ids column's first chunk, or the
     first row group's count) is named, and is damage (an error) but for a chunk in another file
     (left to pyarrow); the same in a column the caller does not read (the names, leaf 0) does
-    not matter, but row counts always do."""
+    not matter, but row counts always do. A negative count is damage even where the counts add
+    up to the file's (-1 and 121 for 60 and 60 passed when only the sum was checked), and a
+    path one byte long is another file (only paths of 2 bytes or more were once)."""
     path = tmp_path / "t.parquet"
     pq.write_table(_table(np.random.default_rng(4), 120), path, row_group_size=60)
     _, footer = _read(path)
@@ -102,6 +108,34 @@ def test_footer_problems_named(tmp_path, column, value, says, damaged):
     assert problem is not None and says in problem.reason and problem.damaged == damaged, problem
     if column != "group_rows":
         assert footer_problem(_damaged(footer, column, value, 0), leaves) is None
+
+
+def _footer_edited(path, edit):
+    raw = path.read_bytes()
+    footer, footer_at = _footer_of(raw)
+    edit(footer)
+    path.write_bytes(_with_footer(raw, footer_at, footer))
+
+
+def test_row_groups_of_other_column_counts_are_not_read(tmp_path):
+    """Two row groups of three column chunks rewritten as four and two: the counts multiply to
+    pyarrow's six, but the walk does not read the footer (None: pyarrow names the row group
+    short of columns). Numbering each group's chunks without checking them against the schema
+    took that footer, and the file was refused as one whose chunks do not state their column's
+    type."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(_table(np.random.default_rng(6), 120), path, row_group_size=60)
+
+    def move_a_chunk(footer):
+        first, second = _field(footer, 4)[1]
+        _field(first, 1)[1].append(_field(second, 1)[1].pop(0))
+
+    _footer_edited(path, move_a_chunk)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert read_footer(fd, os.fstat(fd).st_size, 2, 3) is None
+    finally:
+        os.close(fd)
 
 
 def test_no_footer_is_a_problem_not_an_error(tmp_path):

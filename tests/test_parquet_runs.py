@@ -120,6 +120,19 @@ def test_each_codec_and_page_kind_read_equal(tmp_path, paths_taken, codec, page_
         assert paths_taken["paged"] >= 10
 
 
+def test_columns_apart_in_the_file_read_in_bulk(tmp_path, paths_taken):
+    """Two columns with an unread one between them in every row group (their chunks apart in the
+    file, read in one pread with the bytes between): every run reads equal to pyarrow, in bulk.
+    The buffer was once sized without the bytes between, its last read came up short, and every
+    such run fell to the page-at-a-time cursors."""
+    table = full_table(600, seed=9)
+    table = table.add_column(1, "name", pa.array([f"record {i}" for i in range(600)]))
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, compression="none", use_dictionary=False, row_group_size=64)
+    _assert_runs_equal_pyarrow(path, ["input_ids", "loss_mask"], np.random.default_rng(2))
+    assert paths_taken == {"bulk": paths_taken["bulk"], "paged": 0} and paths_taken["bulk"] >= 10
+
+
 def test_empty_lists_and_odd_pages_read_by_the_cursors(tmp_path, paths_taken, monkeypatch):
     """A page holding empty lists (its values are not where its level count puts them) and a run
     whose page headers the walk does not read are both read by the cursors, equal to pyarrow."""
