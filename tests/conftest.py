@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,20 @@ def spill_to_the_file(monkeypatch):
     spill takes. Tests of the memory part ask for it, and tests of the default restore
     ``DEFAULT_SPILL_MEMORY`` (runs in a fresh process keep the real default)."""
     monkeypatch.setattr(pipeline, "DEFAULT_SPILL_MEMORY", 0)
+
+
+@pytest.fixture(autouse=True)
+def stopping_signals_not_ignored():
+    """A runner started in the background (SIGINT ignored) or under ``nohup`` (SIGHUP ignored)
+    passes the ignored signals on to every child, which rightly keeps them ignored, as packer's
+    CLI does: a test delivering one then saw nothing happen, and failed. Each test runs with them
+    at their defaults, as from a terminal, and the runner's dispositions come back after it."""
+    ignored = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is signal.SIG_IGN]
+    for signum in ignored:
+        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+    yield
+    for signum in ignored:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

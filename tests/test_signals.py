@@ -410,11 +410,8 @@ def test_a_signal_once_the_output_is_in_place_is_no_failure(tmp_path, options, s
     failed on the existing OUT. It exits 0 with its summary and says the signal came late."""
     data = _small_jsonl(tmp_path / "in" / "data.jsonl")
     out = tmp_path / "out"
-    # a SIGINT this process inherited as ignored (a runner started in the background) the child
-    # would inherit too, and rightly ignore: it finished without a word, and the test failed
     child = subprocess.run([sys.executable, "-c", SIGNAL_AS_PUBLISHED.format(signal=sig), "pack", str(data), "-o",
-                            str(out), "--json", *options], capture_output=True, text=True, timeout=120,
-                           preexec_fn=_default_sigint)
+                            str(out), "--json", *options], capture_output=True, text=True, timeout=120)
     _assert_done_despite_a_late_signal(child, out, word)  # and no OUT.tmp-PID
 
 
