@@ -178,7 +178,7 @@ def test_a_column_named_twice_is_a_data_error(tmp_path, suffix, column):
     table = pa.Table.from_arrays([pa.array([[1, 2, 3]]), pa.array([[0, 1, 1]]), pa.array([[1, 2, 3]])],
                                  names=[column, other, column])
     path = tmp_path / f"dup.{suffix}"
-    pq.write_table(table, path) if suffix == "parquet" else feather.write_feather(table, str(path))
+    _columnar(path, table, rows=table.num_rows)
     with pytest.raises(DataError, match=rf"dup\.{suffix}: column '{column}' appears 2 times"):
         read(path)
 
@@ -228,14 +228,16 @@ def test_a_later_columnar_input_with_a_mask_is_an_error_not_ignored(tmp_path):
         read(first, second)
 
 
-def _columnar(path, table) -> None:
+def _columnar(path, table, rows: int = 2) -> None:
+    """``table`` as Parquet, an Arrow IPC stream or file (by ``path``'s name), in row groups or
+    record batches of ``rows`` rows."""
     if path.suffix == ".parquet":
-        pq.write_table(table, path, row_group_size=2)
+        pq.write_table(table, path, row_group_size=rows)
     elif path.name.endswith(".stream.arrow"):
         with pa.ipc.new_stream(str(path), table.schema) as writer:
-            writer.write_table(table, max_chunksize=2)
+            writer.write_table(table, max_chunksize=rows)
     else:
-        feather.write_feather(table, str(path), chunksize=2)
+        feather.write_feather(table, str(path), chunksize=rows)
 
 
 @pytest.mark.parametrize("name", ["b.parquet", "b.arrow", "b.stream.arrow"])
@@ -267,7 +269,7 @@ def test_a_later_columnar_input_with_a_supervision_column_named_twice_is_an_erro
         masks = [pa.nulls(1, pa.list_(pa.int64()))] * 2
     table = pa.Table.from_arrays([pa.array([[4, 5, 6]]), *masks], names=["input_ids", "loss_mask", "loss_mask"])
     path = tmp_path / name
-    pq.write_table(table, path) if name.endswith(".parquet") else feather.write_feather(table, str(path))
+    _columnar(path, table, rows=table.num_rows)
     with pytest.raises(DataError, match=rf"{re.escape(name)}: column 'loss_mask' is a supervision field, but the "
                                         "first record of the input has none"):
         read(tmp_path / "a.parquet", path)
@@ -283,7 +285,7 @@ def test_the_first_supervised_row_of_a_later_columnar_input_is_named(tmp_path, n
                       "loss_mask": pa.array([None, [0, 1], None, [1, 1]], pa.list_(pa.int64())),
                       "labels": pa.array([None, None, [1, 1], None], pa.list_(pa.int64()))})
     path = tmp_path / name
-    pq.write_table(table, path) if name.endswith(".parquet") else feather.write_feather(table, str(path))
+    _columnar(path, table, rows=table.num_rows)
     stream = SampleStream(discover_inputs([str(tmp_path / "a.parquet"), str(path)]), SourceSpec())
     with pytest.raises(DataError, match=rf"{re.escape(name)}: row 1: column 'loss_mask' is a supervision field"):
         list(stream)
