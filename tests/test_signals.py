@@ -198,10 +198,6 @@ def test_verify_whose_ctrl_c_was_swallowed_exits_as_interrupted_not_with_its_ver
     assert child.stdout == ""  # no verdict for a run the user stopped
 
 
-def _default_sigint():  # as in a terminal, whatever this test process inherited
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.mark.parametrize("inherited,expected", [("signal.default_int_handler", "signal.SIG_DFL"),
                                                 ("signal.SIG_IGN", "signal.SIG_IGN")], ids=["terminal", "ignored"])
 def test_the_console_script_gives_ctrl_c_its_default_action_until_a_command_runs(inherited, expected):
@@ -249,8 +245,7 @@ def test_ctrl_c_while_starting_up_ends_quietly(big_parquet, tmp_path):
     for delay in (0.0, 0.1, 0.25):
         script = "import sys; print('started', flush=True); from packer_cli._entry import main; main()"
         child = subprocess.Popen([sys.executable, "-c", script, "pack", str(big_parquet), "-o", str(tmp_path / "out"),
-                                  "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 preexec_fn=_default_sigint)
+                                  "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert child.stdout.readline() == "started\n"  # the interpreter is up, its SIGINT handler installed
         assert _wait_for_default_sigint(child.pid), "the console script never gave Ctrl-C its default action"
         time.sleep(delay)
