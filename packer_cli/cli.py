@@ -113,7 +113,7 @@ def pack_command(
     pad_id: Annotated[int, typer.Option(help="Token id used for alignment padding.")] = 0,
     refine: Annotated[bool, typer.Option("--refine/--no-refine", help="After ffd/bfd, re-fill non-full packs toward the L2 bound.")] = True,
     tokens_field: Annotated[str, typer.Option(help="Field holding the token ids.")] = "input_ids",
-    mask_field: Annotated[Optional[str], typer.Option(help="Force an input-aligned loss-mask field.")] = None,
+    mask_field: Annotated[Optional[list[str]], typer.Option(help="Force an input-aligned loss-mask field; repeated, a token is a target where every mask named is 1.")] = None,
     labels_field: Annotated[Optional[str], typer.Option(help="Force an HF-style labels field (-100 = ignored).")] = None,
     vocab_size: Annotated[Optional[int], typer.Option(help="Reject token ids >= this.")] = None,
     on_bad_record: Annotated[BadRecordPolicy, typer.Option(help="Stop on a bad record, or skip and count it.")] = BadRecordPolicy.ERROR,
@@ -140,7 +140,8 @@ def pack_command(
         seed=seed, shuffle=shuffle, overlong=overlong, pad_to_max_length=pad_to_max_length,
         pad_cu_seqlens=pad_cu_seqlens, pad_id=pad_id, refine=refine,
     )
-    source = SourceSpec(tokens_field=tokens_field, mask_field=mask_field, labels_field=labels_field,
+    source = SourceSpec(tokens_field=tokens_field, mask_field=mask_field[0] if mask_field else None,
+                        also_mask_fields=tuple(mask_field[1:]) if mask_field else (), labels_field=labels_field,
                         vocab_size=vocab_size, on_bad_record=on_bad_record)
     light_cache_loads()
     try:

@@ -72,6 +72,9 @@ def _targets_line(source: dict) -> str:
     if sup["kind"] == "all":
         return "every token (no supervision field read)"
     kind = {"mask": "loss mask", "labels": "HF labels", "answer": "answer start"}[sup["kind"]]
+    also = source.get("also_mask_fields") or ()
+    if also:  # a target where every mask is 1
+        return "loss masks " + " and ".join(f"'{name}'" for name in (sup["field"], *also))
     return f"{kind} '{sup['field']}'"
 
 

@@ -171,24 +171,175 @@ def _trl_record(ids, prompt: int, assistant_from: int):
 
 
 @pytest.mark.parametrize("fields, used", [
-    (("completion_mask",), "completion_mask"),
-    (("assistant_masks",), "assistant_masks"),
-    (("completion_mask", "assistant_masks"), "completion_mask"),
+    (("completion_mask",), ("completion_mask",)),
+    (("assistant_masks",), ("assistant_masks",)),
+    (("completion_mask", "assistant_masks"), ("completion_mask", "assistant_masks")),  # both, as TRL
 ])
 def test_trl_masks_are_supervision(tmp_path, fields, used):
-    full = [_trl_record(list(range(1, 21)), 5, 8), _trl_record(list(range(1, 11)), 3, 6)]
+    full = [_trl_record(list(range(1, 21)), 5, 8), _trl_record(list(range(1, 11)), 6, 3)]
     records = [{k: v for k, v in r.items() if k in ("input_ids", "attention_mask", *fields)} for r in full]
     path = _write(tmp_path / "in.parquet", records)
     result = run("pack", path, "-o", tmp_path / "out", "-C", 64)
     assert result.exit_code == 0, result.output
     meta = _metadata(tmp_path / "out")
-    assert meta["source"]["supervision"] == {"kind": "mask", "field": used}
-    # label j is a target iff token j+1 is: every masked token but a sample's first
-    assert meta["counts"]["target_tokens"] == sum(sum(r[used][1:]) for r in full)
-    ignored = [f for f in fields if f != used]
-    assert ("were not read" in result.output or "was not read" in result.output) == bool(ignored)
-    for name in ignored:
-        assert f"'{name}'" in result.output
+    assert meta["source"]["supervision"] == {"kind": "mask", "field": used[0]}
+    assert meta["source"]["also_mask_fields"] == list(used[1:])
+    # label j is a target iff token j+1 is: a token where every mask is 1, but a sample's first
+    targets = [np.logical_and.reduce([r[name] for name in used]) for r in full]
+    assert meta["counts"]["target_tokens"] == sum(int(t[1:].sum()) for t in targets)
+    if used[1:]:  # from token 8 of the first sample, 6 of the second: where both masks start
+        assert meta["counts"]["target_tokens"] == 12 + 4
+    assert "not read" not in result.output
+    assert run("verify", tmp_path / "out", "--source", path).exit_code == 0
+
+
+def _both_trl_masks(n: int = 40, seed: int = 3):
+    """TRL's conversational prompt-completion records with ``assistant_only_loss``: a completion
+    mask, and an assistant mask that leaves out parts of the completion (a turn's header)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        length = int(rng.integers(4, 60))
+        prompt = int(rng.integers(1, length - 1))
+        assistant = (rng.random(length) < 0.7).astype(int)
+        out.append({"input_ids": rng.integers(1, 5000, length).tolist(),
+                    "completion_mask": [0] * prompt + [1] * (length - prompt), "assistant_masks": assistant.tolist()})
+    return out
+
+
+def _packed_targets(out: Path) -> dict[int, list[int]]:
+    """Each packed sample's loss mask (runtime: label j is trained iff token j+1 is a target), by source index."""
+    return {index: mask.astype(int).tolist() for (index, _), (_, _, mask, _) in packed_sequences(out).items()}
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_both_trl_masks_apply_together_as_trl_applies_them(tmp_path, suffix):
+    """A token is a target where the completion mask and the assistant mask are both 1, which
+    is what TRL's trainer builds its labels from; packing the same records with each mask alone
+    gives more targets."""
+    records = _both_trl_masks()
+    path = _write(tmp_path / f"in{suffix}", records)
+    result = run("pack", path, "-o", tmp_path / "out", "-C", 128)
+    assert result.exit_code == 0, result.output
+    assert "loss masks 'completion_mask' and 'assistant_masks'" in " ".join(result.output.replace("│", " ").split())
+    got = _packed_targets(tmp_path / "out")
+    for i, r in enumerate(records):
+        both = [c & a for c, a in zip(r["completion_mask"], r["assistant_masks"])]
+        assert got[i] == both[1:], i
+    total = sum(sum(m) for m in got.values())
+    for name in ("completion_mask", "assistant_masks"):  # one mask alone trains on more
+        assert run("pack", path, "-o", tmp_path / name, "-C", 128, "--mask-field", name).exit_code == 0
+        assert _metadata(tmp_path / name)["counts"]["target_tokens"] > total
+    forced = run("pack", path, "-o", tmp_path / "forced", "-C", 128,
+                 "--mask-field", "assistant_masks", "--mask-field", "completion_mask")
+    assert forced.exit_code == 0, forced.output
+    assert _packed_targets(tmp_path / "forced") == got
+    assert _metadata(tmp_path / "forced")["source"]["supervision"]["field"] == "assistant_masks"
+    result = run("verify", tmp_path / "out", "--source", path)
+    assert result.exit_code == 0, result.output
+
+
+def test_both_trl_masks_take_the_fast_path_and_agree_with_the_checked_one(monkeypatch):
+    records = _both_trl_masks(30, seed=5)
+    batch = pa.RecordBatch.from_pylist(records)
+    sup = normalize.detect_supervision(batch.schema.names, SourceSpec())
+    assert (sup.field, sup.also, sup.ignored) == ("completion_mask", ("assistant_masks",), ())
+    fast = normalize._fast_batch(batch, "input_ids", sup, SourceSpec(), 0)
+    assert fast is not None, "records with both masks take the fast path"
+    monkeypatch.setattr(normalize, "_fast_batch", lambda *a: None)
+    slow = normalize_batch(batch, path="x", row0=0, index0=0, sup=sup, spec=SourceSpec())
+    for name in ("tokens", "targets", "lengths", "source_index"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name), err_msg=name)
+    both = np.concatenate([np.array(r["completion_mask"]) & np.array(r["assistant_masks"]) for r in records])
+    np.testing.assert_array_equal(fast.targets, both)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+@pytest.mark.parametrize("fault, reason", [
+    (lambda r: r.update(assistant_masks=r["assistant_masks"][:-1]), "assistant_masks has {n1} values but input_ids has {n}"),
+    (lambda r: r["assistant_masks"].__setitem__(2, 2), "assistant_masks[2] = 2 is not 0 or 1"),
+    (lambda r: r.update(assistant_masks=None), "field 'assistant_masks' is null"),
+    (lambda r: r["completion_mask"].__setitem__(1, 7), "completion_mask[1] = 7 is not 0 or 1"),
+])
+def test_a_bad_second_mask_is_a_bad_record_named_by_its_field(tmp_path, suffix, fault, reason):
+    records = _both_trl_masks(10, seed=7)
+    fault(records[4])
+    path = _write(tmp_path / f"in{suffix}", records)
+    result = run("pack", path, "-o", tmp_path / "out", "-C", 128)
+    assert result.exit_code != 0
+    n = len(records[4]["input_ids"])
+    where = "line 5" if suffix == ".jsonl" else "row 4"
+    assert f"{where}: {reason.format(n=n, n1=n - 1)}" in result.output, result.output
+    assert not (tmp_path / "out").exists()
+    skipped = run("pack", path, "-o", tmp_path / "skip", "-C", 128, "--on-bad-record", "skip")
+    assert skipped.exit_code == 0, skipped.output
+    assert sorted(_packed_targets(tmp_path / "skip")) == [i for i in range(10) if i != 4]
+
+
+def test_a_loss_mask_outranks_both_trl_masks_and_labels_do_not_join_them(tmp_path):
+    records = _both_trl_masks(6, seed=2)
+    for r in records:
+        r["labels"] = r["input_ids"]  # every token, were it read
+    path = _write(tmp_path / "in.jsonl", records)
+    result = run("pack", path, "-o", tmp_path / "out", "-C", 128)
+    assert result.exit_code == 0, result.output
+    assert "the records' 'labels' was not read" in result.output
+    assert _metadata(tmp_path / "out")["source"]["also_mask_fields"] == ["assistant_masks"]
+    for r in records:
+        r["loss_mask"] = [1] * len(r["input_ids"])
+    path = _write(tmp_path / "with_loss_mask.jsonl", records)
+    result = run("pack", path, "-o", tmp_path / "lm", "-C", 128)
+    assert result.exit_code == 0, result.output
+    assert "the records' 'completion_mask', 'assistant_masks', 'labels' were not read" in result.output
+    meta = _metadata(tmp_path / "lm")
+    assert (meta["source"]["supervision"]["field"], meta["source"]["also_mask_fields"]) == ("loss_mask", [])
+    assert meta["counts"]["target_tokens"] == sum(len(r["input_ids"]) - 1 for r in records)
+
+
+def test_an_output_that_applied_one_trl_mask_verifies_so_and_a_changed_record_is_found(tmp_path):
+    """An output of a packer that read one TRL mask records no ``also_mask_fields``: its source
+    is replayed with that mask alone and verifies. Recording the wrong masks is found."""
+    records = _both_trl_masks(12, seed=9)
+    path = _write(tmp_path / "in.parquet", records)
+    assert run("pack", path, "-o", tmp_path / "one", "-C", 128, "--mask-field", "completion_mask").exit_code == 0
+    doc = _metadata(tmp_path / "one")
+    assert doc["source"]["also_mask_fields"] == []
+    del doc["source"]["also_mask_fields"], doc["checksum"]
+    (tmp_path / "one" / "metadata.json").write_text(json.dumps(seal_metadata(dict(doc))))
+    result = run("verify", tmp_path / "one", "--source", path)
+    assert result.exit_code == 0, result.output
+    doc["source"]["also_mask_fields"] = ["assistant_masks"]  # masks the output's targets were not built with
+    (tmp_path / "one" / "metadata.json").write_text(json.dumps(seal_metadata(dict(doc))))
+    result = run("verify", tmp_path / "one", "--source", path)
+    assert result.exit_code == 1
+    assert "is 1 but the source" in result.output and "(source.targets)" in result.output, result.output
+    for wrong in ("assistant_masks", [""], [3]):
+        doc["source"]["also_mask_fields"] = wrong
+        (tmp_path / "one" / "metadata.json").write_text(json.dumps(seal_metadata(dict(doc))))
+        result = run("verify", tmp_path / "one")
+        assert result.exit_code == 1 and "source.also_mask_fields" in result.output, (wrong, result.output)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(also_mask_fields=("assistant_masks",)), "also-mask-fields needs a mask-field to apply them with"),
+    (dict(mask_field="m", also_mask_fields="assistant_masks"), "also-mask-fields must be a list of field names"),
+    (dict(mask_field="m", also_mask_fields=("a", "")), "also-mask-fields must be field names (UTF-8 text), got ''"),
+    (dict(mask_field="m", also_mask_fields=("a", "m")), "mask field 'm' is named twice"),
+    (dict(mask_field="m", also_mask_fields=("a", "a")), "mask field 'a' is named twice"),
+])
+def test_also_mask_fields_are_checked(kwargs, message):
+    with pytest.raises(ConfigError) as err:
+        SourceSpec(**kwargs).validate()
+    assert message in str(err.value)
+    assert SourceSpec(mask_field="m", also_mask_fields=["a"]).validate().also_mask_fields == ("a",)
+
+
+def test_a_second_mask_that_is_the_tokens_field_is_refused(tmp_path):
+    path = _write(tmp_path / "in.jsonl", _both_trl_masks(3))
+    result = run("pack", path, "-o", tmp_path / "out", "-C", 128, "--mask-field", "completion_mask",
+                 "--mask-field", "input_ids")
+    assert result.exit_code != 0
+    assert "field 'input_ids' is the tokens field (--tokens-field) and cannot also be the mask field" in result.output
 
 
 def test_loss_mask_outranks_labels_with_a_warning(tmp_path):

@@ -35,6 +35,11 @@ def _opt_str(v) -> bool:
     return v is None or isinstance(v, str)
 
 
+def _also_masks_ok(v) -> bool:
+    """``source.also_mask_fields``: the names of the masks applied with the supervision mask."""
+    return isinstance(v, list) and all(isinstance(name, str) and name for name in v)
+
+
 class _Checker:
     def __init__(self, sink: FindingSink):
         self.sink = sink
@@ -102,7 +107,8 @@ def check_schema(meta: dict, sink: FindingSink) -> None:
             "vocab_size": lambda v: v is None or (type(v) is int and v > 0),
             "on_bad_record": lambda v: v in [p.value for p in BadRecordPolicy],  # a list: v may be unhashable
         })
-        _optional(c, meta["source"], "source", {"attention_field": _opt_str, "padding_dropped": _count})
+        _optional(c, meta["source"], "source", {"attention_field": _opt_str, "padding_dropped": _count,
+                                                "also_mask_fields": _also_masks_ok})
     counts = meta.get("counts")
     if "counts" in meta:
         c.section(counts, "counts", {**{k: _count for k in COUNT_KEYS}, "overlong": None})

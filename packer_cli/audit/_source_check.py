@@ -67,6 +67,8 @@ def recorded_source_spec(meta: dict) -> SourceSpec:
     sup = src["supervision"]
     kind, name = sup["kind"], sup.get("field")
     return SourceSpec(tokens_field=src["tokens_field"], mask_field=name if kind == "mask" else None,
+                      # the masks applied with it; an output of a packer that applied none records none
+                      also_mask_fields=src.get("also_mask_fields", []) if kind == "mask" else (),
                       labels_field=name if kind == "labels" else None, all_targets=kind == "all",
                       vocab_size=src.get("vocab_size"),
                       # an output of a packer that did not read padding masks records none
@@ -278,9 +280,11 @@ def _compare_counts(meta, replay: _Replay, stream, files, sink: FindingSink) -> 
         sink.add("source.counts", f"bad_records lists {len(recorded)} records that differ from the "
                  f"{len(replay.bad_listed)} the source gives", shard="metadata.json")
     sup = meta["source"]["supervision"]
-    if stream.supervision and (stream.supervision.kind, stream.supervision.field) != (sup["kind"], sup.get("field")):
+    recorded = (sup["kind"], sup.get("field"), tuple(meta["source"].get("also_mask_fields", ())))
+    if stream.supervision and (stream.supervision.kind, stream.supervision.field, stream.supervision.also) != recorded:
+        also = "".join(f" and {name!r}" for name in recorded[2])
         sink.add("source.spec", f"targets come from {stream.supervision.describe()} in the source, but the "
-                 f"output recorded {sup['kind']} {sup.get('field')!r}", shard="metadata.json")
+                 f"output recorded {sup['kind']} {sup.get('field')!r}{also}", shard="metadata.json")
     recorded_attention = meta["source"].get("attention_field")
     if stream.attention != recorded_attention:
         sink.add("source.spec", f"the source's padding mask is {stream.attention!r}, but the output recorded "

@@ -77,16 +77,16 @@ class SampleStream:
         names = self._first_record_fields()
         self.supervision = sup = detect_supervision(names, self.spec)
         self.attention = attention = detect_attention(names, self.spec, sup)
-        fields = [self.spec.tokens_field] + ([sup.field] if sup.field else []) + ([attention] if attention else [])
+        fields = [self.spec.tokens_field, *sup.fields] + ([attention] if attention else [])
         scalar = {sup.field} if sup.kind == "answer" else set()
-        flags = {name for name in (sup.field if sup.kind == "mask" else None, attention) if name}
+        flags = {*(sup.fields if sup.kind == "mask" else ()), *([attention] if attention else [])}
         # The first record decided that every token is a target, or that no padding is marked; a
         # later record with a supervision field or a padding mask would have it ignored, so it is
         # an error instead.
         looked_for = sup.kind == "all" and not self.spec.all_targets
         absent = tuple(n for n in SUPERVISION_FIELDS if n != self.spec.tokens_field) if looked_for else ()
         unread_mask = self.spec.attention_field
-        if attention is None and unread_mask not in (None, self.spec.tokens_field, sup.field, *absent):
+        if attention is None and unread_mask not in (None, self.spec.tokens_field, *sup.fields, *absent):
             absent += (unread_mask,)
         for file in self.files:
             before = self.records

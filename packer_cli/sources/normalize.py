@@ -11,7 +11,8 @@ Supervision comes from one of (detected from the field names, or forced):
 
 ======================  =======================================================
 ``loss_mask``           input-aligned 0/1, 1 = this token is a target (also TRL's
-                        ``completion_mask`` and ``assistant_masks``, in that order)
+                        ``completion_mask`` and ``assistant_masks``: both, when a record
+                        has both, a target where both are 1, as TRL applies them)
 ``labels``              HF style, unshifted: -100 = ignored, otherwise the token id
 ``answer_start_idx``    targets from that index on
 (none)                  every token is a target
@@ -48,11 +49,22 @@ class Supervision:
 
     kind: str
     field: str | None = None
+    also: tuple[str, ...] = ()
+    """Further mask fields (kind mask): a token is a target only where ``field`` and each of these are 1."""
     ignored: tuple[str, ...] = dataclass_field(default=(), compare=False)
     """Other supervision fields the first record has, which this one outranks (not read)."""
 
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """Every field the targets are read from."""
+        return (self.field, *self.also) if self.field else ()
+
     def describe(self) -> str:
-        return "every token" if self.kind == "all" else f"{self.kind} field '{self.field}'"
+        if self.kind == "all":
+            return "every token"
+        if self.also:
+            return "mask fields " + " and ".join(f"'{name}'" for name in self.fields)
+        return f"{self.kind} field '{self.field}'"
 
 
 #: The fields detected as supervision, in order of preference, with their kind: a loss mask
@@ -61,26 +73,29 @@ class Supervision:
 SUPERVISION_KIND = {"loss_mask": "mask", "completion_mask": "mask", "assistant_masks": "mask",
                     "labels": "labels", "answer_start_idx": "answer"}
 SUPERVISION_FIELDS = tuple(SUPERVISION_KIND)
+#: TRL's masks, which its trainer applies together (a token is trained where both are 1): a
+#: conversational prompt-completion dataset tokenized with ``assistant_only_loss`` has both.
+TRL_MASKS = ("completion_mask", "assistant_masks")
 
 
 def detect_supervision(names: list[str], spec: SourceSpec) -> Supervision:
     """Pick the supervision source from the available field names (or the forced one)."""
     sup = _pick_supervision(names, spec)
-    if sup.field is not None and sup.field == spec.tokens_field:  # one column read twice would mean no supervision
+    if spec.tokens_field in sup.fields:  # one column read twice would mean no supervision
         if spec.mask_field or spec.labels_field:
             option = "--mask-field" if spec.mask_field else "--labels-field"
             fix = f"{option} must name another column"
         else:
             option = "auto-detected"
             fix = "name the supervision column with --mask-field or --labels-field"
-        raise ConfigError(f"field '{sup.field}' is the tokens field (--tokens-field) and cannot also be "
+        raise ConfigError(f"field '{spec.tokens_field}' is the tokens field (--tokens-field) and cannot also be "
                           f"the {sup.kind} field ({option}); {fix}")
     return sup
 
 
 def _pick_supervision(names: list[str], spec: SourceSpec) -> Supervision:
     if spec.mask_field:
-        return Supervision("mask", spec.mask_field)
+        return Supervision("mask", spec.mask_field, also=spec.also_mask_fields)
     if spec.labels_field:
         return Supervision("labels", spec.labels_field)
     if spec.all_targets:
@@ -88,6 +103,8 @@ def _pick_supervision(names: list[str], spec: SourceSpec) -> Supervision:
     present = [name for name in SUPERVISION_FIELDS if name in names]
     if not present:
         return Supervision("all")
+    if tuple(present[:2]) == TRL_MASKS:
+        return Supervision("mask", TRL_MASKS[0], also=TRL_MASKS[1:], ignored=tuple(present[2:]))
     return Supervision(SUPERVISION_KIND[present[0]], present[0], ignored=tuple(present[1:]))
 
 
@@ -95,7 +112,7 @@ def detect_attention(names: list[str], spec: SourceSpec, sup: Supervision) -> st
     """The padding mask field to read: ``spec.attention_field`` when the first record has it and
     it is neither the tokens nor the supervision field."""
     name = spec.attention_field
-    return name if name and name in names and name not in (spec.tokens_field, sup.field) else None
+    return name if name and name in names and name not in (spec.tokens_field, *sup.fields) else None
 
 
 @dataclass
@@ -196,6 +213,8 @@ def _targets(batch: pa.RecordBatch, sup: Supervision, tokens, offsets, lengths, 
     """Input-aligned uint8 target flags, same length as ``tokens``."""
     if sup.kind == "all":
         return np.ones(tokens.size, dtype=np.uint8)
+    if sup.also:
+        return _all_masks(batch, sup, tokens, offsets, lengths, path, row0, bad, name)
     if sup.field not in batch.schema.names:
         raise DataError(f"{path}: row {row0}: missing field '{sup.field}' (fields: {', '.join(batch.schema.names)})")
     col = readable_column(batch, sup.field, path, row0)
@@ -221,6 +240,14 @@ def _targets(batch: pa.RecordBatch, sup: Supervision, tokens, offsets, lengths, 
         lambda j, flat: f"{sup.field}[{j}] = {mask[flat]} is neither -100 nor the token id {tokens[flat]}",
     )
     return (mask != IGNORE_INDEX).astype(np.uint8)
+
+
+def _all_masks(batch: pa.RecordBatch, sup: Supervision, tokens, offsets, lengths, path, row0, bad, name):
+    """Targets where every one of ``sup``'s masks is 1, each mask checked as a lone one is."""
+    targets = np.ones(tokens.size, dtype=np.uint8)
+    for field_name in sup.fields:
+        targets &= _targets(batch, Supervision("mask", field_name), tokens, offsets, lengths, path, row0, bad, name)
+    return targets
 
 
 def _aligned_values(col, field_name: str, n_tokens: int, lengths, path, row0, bad, name, flags: bool) -> np.ndarray:
@@ -313,7 +340,7 @@ def _fast_batch(batch: pa.RecordBatch, name: str, sup: Supervision, spec: Source
     from packer_cli.sources import _kernels
 
     names = batch.schema.names
-    if name not in names or (sup.field and sup.field not in names) or not _fast_types(batch.schema, name, sup):
+    if name not in names or any(f not in names for f in sup.fields) or not _fast_types(batch.schema, name, sup):
         return None
     if attention and (attention not in names or not _is_list(batch.schema.field(attention).type)):
         return None
@@ -371,7 +398,15 @@ def _fast_targets(batch: pa.RecordBatch, sup: Supervision, values, offsets, leng
         return None
     mask = sup_parts[0]
     if sup.kind == "mask":
-        return mask.astype(np.uint8, copy=False) if _kernels.mask_is_binary(mask) else None
+        if not _kernels.mask_is_binary(mask):
+            return None
+        targets = mask.astype(np.uint8, copy=False)
+        for also in sup.also:  # the masks applied with it: a target where every one is 1
+            parts = _clean_list(batch.column(also))
+            if parts is None or not np.array_equal(parts[1], offsets) or not _kernels.mask_is_binary(parts[0]):
+                return None
+            targets = targets & parts[0].astype(np.uint8, copy=False)
+        return targets
     targets = np.empty(values.size, dtype=np.uint8)
     return targets if _kernels.labels_to_targets(mask, values, targets) else None
 
@@ -410,7 +445,7 @@ def _fast_types(schema: pa.Schema, name: str, sup: Supervision) -> bool:
     if sup.kind == "all":
         return True
     t = schema.field(sup.field).type
-    return pa.types.is_integer(t) if sup.kind == "answer" else _is_list(t)
+    return pa.types.is_integer(t) if sup.kind == "answer" else all(_is_list(schema.field(f).type) for f in sup.fields)
 
 
 def normalize_batch(

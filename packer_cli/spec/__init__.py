@@ -282,6 +282,9 @@ class SourceSpec:
     """List of token ids."""
     mask_field: str | None = None
     """Force an input-aligned loss mask field (1 = token is a training target)."""
+    also_mask_fields: tuple[str, ...] = ()
+    """Further 0/1 mask fields applied with ``mask_field``: a token is a target only where every
+    mask is 1 (as TRL applies ``completion_mask`` and ``assistant_masks`` together)."""
     labels_field: str | None = None
     """Force an HF-style labels field (unshifted, -100 = ignored)."""
     all_targets: bool = False
@@ -310,6 +313,7 @@ class SourceSpec:
                                   "Parquet and Arrow files are)")
         if self.mask_field and self.labels_field:
             raise ConfigError("--mask-field and --labels-field are mutually exclusive")
+        self._check_also_masks()
         if self.all_targets and (self.mask_field or self.labels_field):
             raise ConfigError("all_targets excludes a mask or labels field")
         if self.vocab_size is not None and not 1 <= self.vocab_size <= 2**63:
@@ -317,3 +321,20 @@ class SourceSpec:
             # metadata's JSON (its checksum too) holds no larger integer
             raise ConfigError(f"vocab-size must be from 1 to 2**63, got {self.vocab_size}")
         return self
+
+    def _check_also_masks(self) -> None:
+        """``also_mask_fields``: field names (a list is kept as a tuple), each once, beside a
+        ``mask_field`` they are applied with."""
+        also = self.also_mask_fields
+        if isinstance(also, str) or not isinstance(also, (tuple, list)):
+            raise ConfigError(f"also-mask-fields must be a list of field names, got {also!r}")
+        for value in also:
+            if not (isinstance(value, str) and value and is_utf8(value)):
+                raise ConfigError(f"also-mask-fields must be field names (UTF-8 text), got {value!r}")
+        object.__setattr__(self, "also_mask_fields", tuple(also))
+        if also and not self.mask_field:
+            raise ConfigError("also-mask-fields needs a mask-field to apply them with")
+        names = [self.mask_field, *also]
+        twice = next((name for name in names if names.count(name) > 1), None)
+        if twice is not None:
+            raise ConfigError(f"mask field '{twice}' is named twice (--mask-field)")
