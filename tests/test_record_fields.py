@@ -239,6 +239,21 @@ def test_both_trl_masks_apply_together_as_trl_applies_them(tmp_path, suffix):
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_both_trl_masks_may_be_booleans(tmp_path, suffix):
+    """``true``/``false`` (JSON) or ``list<bool>`` (Arrow) in either mask read as 1/0."""
+    records = _both_trl_masks(12, seed=4)
+    path = _write(tmp_path / f"ints{suffix}", records)
+    assert run("pack", path, "-o", tmp_path / "ints", "-C", 128).exit_code == 0
+    for r in records:
+        r["assistant_masks"] = [bool(v) for v in r["assistant_masks"]]
+        r["completion_mask"] = [bool(v) for v in r["completion_mask"]]
+    path = _write(tmp_path / f"bools{suffix}", records)
+    result = run("pack", path, "-o", tmp_path / "bools", "-C", 128)
+    assert result.exit_code == 0, result.output
+    assert _packed_targets(tmp_path / "bools") == _packed_targets(tmp_path / "ints")
+
+
 def test_both_trl_masks_take_the_fast_path_and_agree_with_the_checked_one(monkeypatch):
     records = _both_trl_masks(30, seed=5)
     batch = pa.RecordBatch.from_pylist(records)
