@@ -115,6 +115,7 @@ def pack_command(
     tokens_field: Annotated[str, typer.Option(help="Field holding the token ids.")] = "input_ids",
     mask_field: Annotated[Optional[list[str]], typer.Option(help="Force an input-aligned loss-mask field; repeated, a token is a target where every mask named is 1.")] = None,
     labels_field: Annotated[Optional[str], typer.Option(help="Force an HF-style labels field (-100 = ignored).")] = None,
+    all_targets: Annotated[bool, typer.Option("--all-targets", help="Train on every token: read no supervision field (TRL's completion_only_loss=False).")] = False,
     vocab_size: Annotated[Optional[int], typer.Option(help="Reject token ids >= this.")] = None,
     on_bad_record: Annotated[BadRecordPolicy, typer.Option(help="Stop on a bad record, or skip and count it.")] = BadRecordPolicy.ERROR,
     shard_size: Annotated[str, typer.Option(help="Approximate shard size.")] = "256MB",
@@ -142,6 +143,7 @@ def pack_command(
     )
     source = SourceSpec(tokens_field=tokens_field, mask_field=mask_field[0] if mask_field else None,
                         also_mask_fields=tuple(mask_field[1:]) if mask_field else (), labels_field=labels_field,
+                        all_targets=all_targets,
                         vocab_size=vocab_size, on_bad_record=on_bad_record)
     light_cache_loads()
     try:

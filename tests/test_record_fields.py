@@ -349,6 +349,27 @@ def test_also_mask_fields_are_checked(kwargs, message):
     assert SourceSpec(mask_field="m", also_mask_fields=["a"]).validate().also_mask_fields == ("a",)
 
 
+def test_all_targets_reads_no_supervision_field(tmp_path):
+    """``--all-targets`` trains on every token whatever supervision the records carry (TRL's
+    ``completion_only_loss=False``), and ``verify --source`` replays it so."""
+    records = _both_trl_masks(15, seed=6)
+    for r in records:
+        r["labels"] = [-100] * len(r["input_ids"])
+    path = _write(tmp_path / "in.parquet", records)
+    result = run("pack", path, "-o", tmp_path / "out", "-C", 128, "--all-targets")
+    assert result.exit_code == 0, result.output
+    assert "not read" not in result.output
+    meta = _metadata(tmp_path / "out")
+    assert meta["source"]["supervision"] == {"kind": "all", "field": None}
+    assert meta["counts"]["target_tokens"] == sum(len(r["input_ids"]) - 1 for r in records)
+    assert all(all(m) for m in _packed_targets(tmp_path / "out").values())
+    assert run("verify", tmp_path / "out", "--source", path).exit_code == 0
+    for option in ("--mask-field", "--labels-field"):
+        result = run("pack", path, "-o", tmp_path / "x", "-C", 128, "--all-targets", option, "labels")
+        assert result.exit_code != 0 and not (tmp_path / "x").exists()
+        assert "--all-targets excludes --mask-field and --labels-field" in result.output, result.output
+
+
 def test_a_second_mask_that_is_the_tokens_field_is_refused(tmp_path):
     path = _write(tmp_path / "in.jsonl", _both_trl_masks(3))
     result = run("pack", path, "-o", tmp_path / "out", "-C", 128, "--mask-field", "completion_mask",
@@ -438,7 +459,7 @@ def test_an_output_recorded_as_every_token_replays_so(tmp_path):
     assert summary.counts["target_tokens"] == 19
     result = run("verify", tmp_path / "out", "--source", path)
     assert result.exit_code == 0, result.output
-    with pytest.raises(ConfigError, match="all_targets"):
+    with pytest.raises(ConfigError, match="--all-targets excludes --mask-field and --labels-field"):
         SourceSpec(all_targets=True, mask_field="loss_mask").validate()
 
 

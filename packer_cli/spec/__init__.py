@@ -315,7 +315,7 @@ class SourceSpec:
             raise ConfigError("--mask-field and --labels-field are mutually exclusive")
         self._check_also_masks()
         if self.all_targets and (self.mask_field or self.labels_field):
-            raise ConfigError("all_targets excludes a mask or labels field")
+            raise ConfigError("--all-targets excludes --mask-field and --labels-field")
         if self.vocab_size is not None and not 1 <= self.vocab_size <= 2**63:
             # token ids are 64-bit signed integers: 2**63 already admits every one, and the
             # metadata's JSON (its checksum too) holds no larger integer
