@@ -123,3 +123,75 @@ def test_a_producer_blocked_in_the_kernel_does_not_hold_the_consumer(monkeypatch
             raise RuntimeError("consumer failed")
     assert time.perf_counter() - start < 5
     release.set()
+
+
+def test_a_producer_raising_a_base_exception_hands_it_to_the_consumer():
+    """SystemExit (or any BaseException) in the producer reaches the consumer; the consumer must
+    not wait for an item that never comes."""
+    def exiting():
+        yield 1
+        raise SystemExit(3)
+
+    got = []
+    runner = threading.Thread(target=lambda: got.append(_drain(background(exiting()))), daemon=True)
+    runner.start()
+    runner.join(10)
+    assert not runner.is_alive(), "the consumer hung"
+    assert got == [([1], SystemExit)]
+
+
+def _drain(items):
+    seen = []
+    try:
+        for item in items:
+            seen.append(item)
+    except BaseException as exc:  # noqa: BLE001 - the test looks at it
+        return seen, type(exc)
+    return seen, None
+
+
+def test_closing_background_closes_the_producer_the_caller_still_holds():
+    ran_finally = threading.Event()
+
+    def producer():
+        try:
+            yield from range(100)
+        finally:
+            ran_finally.set()
+
+    held = producer()
+    with closing(background(held, depth=1)) as items:
+        assert next(items) == 0
+    assert ran_finally.wait(5), "the producer's finally did not run"
+
+
+def test_stopping_a_map_on_a_shared_pool_waits_for_its_started_items():
+    """The pipeline removes the spill the items read once the map is closed: an item still
+    running then would read a file that is gone."""
+    started, done = [], []
+
+    def slow(x):
+        started.append(x)
+        time.sleep(0.3)
+        done.append(x)
+        return x
+
+    with ThreadPoolExecutor(3) as pool:
+        gen = ordered_map(slow, range(10), ahead=3, pool=pool)
+        assert next(gen) == 0
+        gen.close()
+        assert {1, 2} <= set(done) and sorted(done) == sorted(started), "the started items are done when close() returns"
+
+
+def test_stopping_a_map_with_its_own_pool_cancels_the_queued_items():
+    calls = []
+
+    def slow(x):
+        calls.append(x)
+        time.sleep(0.2)
+        return x
+
+    gen = ordered_map(slow, range(10), workers=1, ahead=4)
+    assert next(gen) == 0
+    gen.close()  # item 1 may have started on the one worker; 2.. are queued and never run
+    assert calls in ([0], [0, 1]), calls

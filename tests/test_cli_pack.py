@@ -90,6 +90,17 @@ def test_a_bad_records_reason_quotes_a_long_value_shortened(tmp_path):
     assert (tmp_path / "out" / "metadata.json").stat().st_size < 10_000
 
 
+@pytest.mark.parametrize("width, whole", [(58, True), (59, False)])
+def test_a_quoted_value_of_60_characters_is_whole_and_one_more_is_cut(tmp_path, width, whole):
+    value = "x" * width  # quoted: width + 2 characters
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 2, raw_line3=orjson.dumps({"input_ids": [1, value], "loss_mask": [0, 1]}).decode())
+    result = run("pack", path, "-o", tmp_path / "out")
+    assert result.exit_code == 1
+    quoted = f'input_ids[1] = "{value}" is not an integer'
+    assert (quoted in result.output) == whole, result.output
+    assert ("(61 characters) is not an integer" in result.output) == (not whole), result.output
+
+
 def test_skip_bad_records_counts_and_lists_them(tmp_path):
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 4, raw_line3='{"input_ids": [1, -4]}')
     result = run("pack", path, "-o", tmp_path / "out", "--on-bad-record", "skip", "--json")
@@ -1453,6 +1464,8 @@ def test_columns_zero_counts_as_unset(tmp_path):
     good = write_jsonl(tmp_path / "good.jsonl", [GOOD] * 3)
     child = _packer_child(["pack", good, "-o", tmp_path / "out"], tmp_path, COLUMNS="0")
     assert child.returncode == 0 and "samples packed" in child.stderr + child.stdout, child.stderr
+    child = _packer_child(["verify", tmp_path / "out"], tmp_path, COLUMNS="0", LINES="0")
+    assert child.returncode == 0 and child.stdout.startswith("verify: OK"), (child.stdout, child.stderr)
 
 
 def test_numba_disable_jit_is_refused_in_one_line(tmp_path):

@@ -556,7 +556,10 @@ def test_a_non_utf8_file_name_on_any_stdout_encoding(synthetic_parquet, tmp_path
                             env={**os.environ, "PYTHONIOENCODING": encoding})
     assert result.returncode == 1 and b"Traceback" not in result.stderr, result.stderr
     report = result.stdout.decode(encoding, errors="surrogateescape")
-    assert "x\\udcff: unexpected file" in report or "x\udcff: unexpected file" in report, report
+    if encoding == "ascii":  # one byte a character: the name's byte goes out raw, as `ls` shows it
+        assert "x\udcff: unexpected file" in report, report
+    else:  # a raw byte would break UTF-16 and UTF-32: its escape
+        assert "x\\udcff: unexpected file" in report, report
 
 
 def test_a_numba_variable_numba_cannot_parse_is_one_warning_line(synthetic_parquet, tmp_path):

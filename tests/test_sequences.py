@@ -56,6 +56,42 @@ def test_error_policy_names_the_first_overlong_sample():
         build_items(log.lengths(), log.totals, spec, locate=lambda k: f"sample {k}")
 
 
+@pytest.mark.parametrize("lengths, first", [
+    ([5] * 8 + [50, 60], 8),  # the first over-long sample in the second batch of 7
+    ([5, 50] + [5] * 6 + [60], 1),  # over-long samples in two batches: the first is named
+])
+def test_error_policy_names_the_first_overlong_sample_across_batches(lengths, first):
+    lengths = np.array(lengths, dtype=np.int32)
+    spec = PackSpec(pack_size=32, overlong=OverlongPolicy.ERROR)
+    log = _log(lengths, spec.max_sequence_length)
+    assert log.totals.first_over == first
+    with pytest.raises(DataError, match=rf"^sample {first}: sample has {lengths[first] - 1} runtime tokens"):
+        build_items(log.lengths(), log.totals, spec, locate=lambda k: f"sample {k}")
+
+
+def test_error_policy_names_the_capacity_of_a_pack_size_no_multiple_of_m():
+    """C = 18 with m = 4: a sequence fills at most 16 tokens, and 17 runtime tokens are more than that."""
+    lengths = np.array([5, 18], dtype=np.int32)
+    spec = PackSpec(pack_size=18, pad_seq_to_mult=4, overlong=OverlongPolicy.ERROR)
+    log = _log(lengths, spec.max_sequence_length)
+    with pytest.raises(DataError) as err:
+        build_items(log.lengths(), log.totals, spec, locate=lambda k: f"sample {k}")
+    assert str(err.value) == ("sample 1: sample has 17 runtime tokens, more than the 16 a pack of 18 can hold "
+                              "(alignment 4); use --overlong truncate|drop|split")
+
+
+@pytest.mark.parametrize("longest", [60, 70_000])
+def test_lengths_past_the_first_block_come_back_whole(longest):
+    """The counts' array starts at 65,536 entries and doubles: each one survives the growth."""
+    lengths = np.random.default_rng(1).integers(2, 60, 200_003)
+    lengths[150_000] = longest
+    log = SampleLog(1 << 20)
+    for a in range(0, lengths.size, 9_999):
+        part = lengths[a:a + 9_999]
+        log.add(part, np.arange(a, a + part.size), np.ones(part.size, np.int64), np.zeros(part.size, np.int64))
+    np.testing.assert_array_equal(log.lengths(), lengths)
+
+
 def test_totals_count_targets_and_overlong_samples():
     cap = 10
     lengths = np.array([5, 20, 12, 3], dtype=np.int64)

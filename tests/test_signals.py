@@ -680,6 +680,20 @@ def test_a_signal_during_a_kernel_load_is_raised_once_the_load_is_done():
     assert result.stdout.strip() == "interrupted after ['signalled', 'loaded']"
 
 
+def test_the_first_signal_is_the_one_recorded(monkeypatch):
+    """SIGTERM, then Ctrl-C during the cleanup it set off: the run stopped for SIGTERM, so its
+    exit status is 143, not 130."""
+    from packer_cli import errors
+
+    monkeypatch.setattr(errors, "_signal_received", None)
+    monkeypatch.setattr(errors, "_raising", True)
+    monkeypatch.setattr(errors, "_arrivals", None)
+    with pytest.raises(errors.Interrupted) as first:
+        errors.raise_interrupted(signal.SIGTERM)
+    errors.raise_interrupted(signal.SIGINT)  # recorded only: not raised, not what stopped the run
+    assert first.value.signum == errors.signal_received() == signal.SIGTERM
+
+
 def test_deferred_interrupts_are_raised_once_and_not_on_other_threads(monkeypatch):
     import threading
 
