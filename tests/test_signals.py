@@ -701,11 +701,14 @@ def test_deferred_interrupts_are_raised_once_and_not_on_other_threads(monkeypatc
 
     monkeypatch.setattr(errors, "_signal_received", None)
     monkeypatch.setattr(errors, "_raising", True)
+    after_inner = []
     with pytest.raises(errors.Interrupted):
         with errors.interrupts_deferred():
             with errors.interrupts_deferred():
                 errors.raise_interrupted(signal.SIGTERM)  # held: nested blocks raise at the outer end
             assert errors.interrupted()
+            after_inner.append(True)  # the inner block's end raised nothing: the outer one is still native code
+    assert after_inner == [True]
     with errors.interrupts_deferred():  # already raised once: not again
         errors.raise_interrupted(signal.SIGINT)
     monkeypatch.setattr(errors, "_signal_received", None)
