@@ -1519,6 +1519,47 @@ def test_the_pack_summary_rows_say_what_the_run_did(tmp_path):
     assert 100 * c["alignment_padding"] / c["runtime_tokens"] != pytest.approx(share, abs=0.005)
 
 
+def test_every_summary_row_shows_the_runs_own_figure(tmp_path):
+    """A real run's table against its ``--json`` summary, on records that give each row a figure
+    of its own: an answer start for the targets, right padding dropped by the attention mask, a
+    1-token record (too short), two bad lines (skipped), an over-long sample without targets
+    (dropped: it is not also a sample without targets), and runtime lengths 33, 20, 33, 20, 33,
+    20, 33 at C = 64 in input order, where ⌈Σp/C⌉ = 3 and L2 = 4 differ."""
+    def record(runtime: int, answer: int, padding: int = 0):
+        ids = list(range(1, runtime + 2))
+        return {"input_ids": ids + [0] * padding, "answer_start_idx": answer,
+                "attention_mask": [1] * len(ids) + [0] * padding}
+
+    records = [record(n, 5, padding=3 * (k % 2)) for k, n in enumerate([33, 20, 33, 20, 33, 20, 33])]
+    records += [{"input_ids": [7], "answer_start_idx": 0, "attention_mask": [1]}, record(80, 81)]
+    lines = [orjson.dumps(r).decode() for r in records]
+    lines[3:3] = ['{"input_ids": [1, "x"]}', "{not json"]
+    src = tmp_path / "train.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    args = ["pack", str(src), "-C", "64", "--algorithm", "sequential", "--no-refine", "--no-shuffle",
+            "--overlong", "drop", "--on-bad-record", "skip", "--spill-memory", "1MB"]
+    summary = json.loads(runner.invoke(app, [*args, "-o", str(tmp_path / "a"), "--json"]).stdout)
+    c, q = summary["counts"], summary["quality"]
+    assert (q["lower_bound"], q["l2_bound"], c["packs"]) == (3, 4, 4)
+    assert (c["too_short_dropped"], c["bad_records"], c["overlong"]["dropped"]) == (1, 2, 1)
+    assert c["no_target_samples"] == 0 and summary["source"]["padding_dropped"] == 9
+    result = runner.invoke(app, [*args, "-o", str(tmp_path / "b")], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    row = lambda label: next(line for line in result.output.splitlines() if label in line)  # noqa: E731
+    assert "answer start 'answer_start_idx'" in row("targets")
+    assert "9 tokens" in row("padding dropped (attention_mask)")
+    assert f"3 / +1 ({100 / 3:.3f}%)" in row("lower bound")
+    assert "4 / +0 (0.000%)" in row("L2 bound")
+    tail = c["tail_padding"]
+    assert f"{tail:,} ({100 * tail / (4 * 64):.2f}%)" in row("tail padding")
+    assert "1 / 1" in row("dropped (too short / over-long)")
+    assert "2" in row("bad records skipped") and "0" in row("samples without targets")
+    assert "all in memory" in row("spill read back")
+    assert run("verify", tmp_path / "b", "--source", src).exit_code == 0
+    result = runner.invoke(app, [*args[:-2], "-o", str(tmp_path / "c"), "--spill-memory", "0"], terminal_width=200)
+    assert "in memory" not in row("spill read back")
+
+
 def test_an_input_reached_through_a_link_and_dot_dot_is_recorded_as_the_file_read(tmp_path, monkeypatch):
     """``elsewhere/link/../data.jsonl`` with ``link -> ../real/sub`` is ``real/data.jsonl`` (the
     kernel follows the link, then goes up): collapsing the '..' as text recorded

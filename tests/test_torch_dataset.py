@@ -35,6 +35,17 @@ def test_static_follows_metadata_and_fails_early():
         PackedDataset(InMemoryReader(ROWS, plain), static=True)
 
 
+def test_hand_made_metadata_records_the_padded_longest_sequence():
+    """``make_meta`` records ``dataset_max_seqlen`` as packer does, over the padded lengths: a
+    static pack whose sequence is padded from 7 to 8 tokens is then accepted, not refused as
+    longer than the recorded longest."""
+    rows = [make_row([list(range(1, 9))], multiple=4), make_row([list(range(1, 6)), [1, 2, 3, 4]], multiple=4)]
+    meta = make_meta(rows, pack_size=8, multiple=4, pad_to_max_length=True, pad_cu_seqlens=True)
+    assert meta["bridge"]["dataset_max_seqlen"] == 8
+    ds = PackedDataset(InMemoryReader(rows, meta))
+    assert ds.static and ds[0].cu_seqlens_padded.tolist()[:2] == [0, 8]
+
+
 @pytest.fixture(scope="module")
 def packed_dir(tmp_path_factory):
     packer = pytest.importorskip("packer_cli")
