@@ -35,6 +35,13 @@ def test_static_follows_metadata_and_fails_early():
         PackedDataset(InMemoryReader(ROWS, plain), static=True)
 
 
+@pytest.mark.parametrize("sample", [[5], []])
+def test_a_hand_made_pack_refuses_a_sample_of_fewer_than_2_tokens(sample):
+    """A sample of one token has no label: no sequence packer would write (it drops such samples)."""
+    with pytest.raises(ValueError, match="a sample needs at least 2 tokens"):
+        make_row([[1, 2, 3], sample])
+
+
 def test_hand_made_metadata_records_the_padded_longest_sequence():
     """``make_meta`` records ``dataset_max_seqlen`` as packer does, over the padded lengths: a
     static pack whose sequence is padded from 7 to 8 tokens is then accepted, not refused as
