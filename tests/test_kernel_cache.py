@@ -1,11 +1,15 @@
 """The kernel cache notices changes in what a cached kernel calls, not only in its own file."""
 from __future__ import annotations
 
+import errno
+import importlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import uuid
+import warnings
 
 import numpy as np
 import pytest
@@ -144,6 +148,72 @@ def test_the_seed_is_not_taken_from_an_open_directory_nor_mixed_with_another(tmp
     assert _run_cached_in(tmp_path, elsewhere) == {"value": 6, "hits": 0, "misses": 1}  # compiled
 
 
+def _another_owner(monkeypatch, tree) -> None:
+    """``tree`` and what is in it owned, as ``os.lstat`` says, by a user who is neither this one
+    nor root (without root's power to give files away)."""
+    real = os.lstat
+    other = os.getuid() + 1
+
+    def lstat(path, *args, **kwargs):
+        st = real(path, *args, **kwargs)
+        if os.path.abspath(path).startswith(str(tree)):
+            return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, other, *st[5:]))
+        return st
+
+    monkeypatch.setattr(os, "lstat", lstat)
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="trust is decided by POSIX owners and modes")
+@pytest.mark.parametrize("case", ["writable by its group", "owned by another user", "its files writable by others"])
+def test_the_seed_is_taken_only_from_kernels_no_one_else_could_have_written(tmp_path, monkeypatch, case):
+    """A cached kernel is a pickle, which runs code as it loads: the kernels beside the sources
+    are copied into the user's cache only where no one but their owner (this user or root)
+    could have written them, their directory or themselves."""
+    pkg = _warm_package(tmp_path)
+    tree = pkg / "__pycache__"
+    for path in tree.glob("caller.*"):
+        path.chmod(0o644)
+    seed = _kernel_cache._seed_from_tree.__wrapped__  # not the process's memo of what it seeded
+    as_built = tmp_path / "as-built"
+    as_built.mkdir()
+    seed(str(pkg / "caller.py"), str(as_built))
+    assert _kernel_files(as_built) == _kernel_files(tree) != []  # trusted as built: copied
+    if case == "writable by its group":
+        tree.chmod(0o775)
+    elif case == "owned by another user":
+        _another_owner(monkeypatch, tree)
+    else:
+        for path in tree.glob("caller.*"):
+            path.chmod(0o666)
+    user_cache = tmp_path / "user-cache"
+    user_cache.mkdir()
+    seed(str(pkg / "caller.py"), str(user_cache))
+    assert _kernel_files(user_cache) == []
+
+
+@pytest.mark.parametrize("failing", ["open", "replace"], ids=["writing", "renaming"])
+def test_a_seed_copy_that_fails_is_skipped_and_leaves_nothing_behind(tmp_path, monkeypatch, failing):
+    """A full disk while a kernel is copied into the user's cache: the copy is given up (the
+    kernel compiles instead) rather than the error escaping from numba's locator, which killed
+    the import of every module holding a kernel, and no temporary file is left in that cache."""
+    src = tmp_path / "caller.total-5.py311.nbi"
+    src.write_bytes(b"a kernel's index")
+    src.chmod(0o644)
+    user_cache = tmp_path / "user-cache"
+    user_cache.mkdir()
+    real = getattr(os, failing)
+
+    def no_space(path, *args, **kwargs):
+        if os.path.basename(path).startswith(".seed-"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, failing, no_space)
+    assert _kernel_cache._copy_trusted(str(src), str(user_cache / src.name)) is False
+    monkeypatch.undo()
+    assert os.listdir(user_cache) == []
+
+
 def test_packer_kernels_reach_their_helpers():
     from packer_cli.plan._refine_kernels import _rebuild
     from packer_cli.shards._gather import _pread_gather_kernel
@@ -174,6 +244,96 @@ def test_reach_digest_follows_constants_and_options(monkeypatch):
     assert _kernel_cache.reach_digest(_rebuild.py_func) != before
 
 
+@pytest.fixture
+def kernels_here(tmp_path, monkeypatch):
+    """``load(files)``: the files written as a package under ``tmp_path`` (``kpkg`` in them
+    renamed to a name of its own) and its ``caller`` module imported in this process, the walk
+    following its modules as packer's own. Its kernels are not compiled (numba compiles on the
+    first call)."""
+    name = f"kpkg_{uuid.uuid4().hex}"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(_kernel_cache, "_ROOTS", [*_kernel_cache._ROOTS, str(tmp_path)])
+
+    def load(files: dict[str, str]):
+        pkg = tmp_path / name
+        pkg.mkdir(exist_ok=True)
+        for file, text in {"__init__.py": "", **files}.items():
+            (pkg / file).write_text(textwrap.dedent(text).replace("kpkg", name))
+        return importlib.import_module(f"{name}.caller"), pkg
+
+    yield load
+    for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        del sys.modules[module]
+
+
+def _inner(body: str) -> str:
+    return f"from numba import njit\n\n@njit\ndef inner(n):\n    return {body}\n"
+
+
+def _step(body: str) -> str:  # a long licence header first: the code lies past the first 4 KB
+    return ("# licence header\n" * 300
+            + f"from numba import njit\nfrom kpkg.deep import inner\n\n@njit\ndef step(n):\n    return {body}\n")
+
+
+def test_the_digest_follows_module_kernels_to_their_callees_and_whole_files(kernels_here):
+    """``helper.step(n)`` reaches ``helper.py`` whole, not only its head (an edit below a long
+    header loaded the old machine code), and what ``step`` calls in a third module (an edit
+    there loaded the old machine code too)."""
+    caller, pkg = kernels_here({"caller.py": """
+        from numba import njit
+        from kpkg import helper
+
+        @njit
+        def total(n):
+            return helper.step(n)
+    """, "helper.py": _step("inner(n)"), "deep.py": _inner("n * 2")})
+    before = _kernel_cache.reach_digest(caller.total.py_func)
+    assert (pkg / "helper.py").stat().st_size > 4096
+    (pkg / "helper.py").write_text(_step("inner(n) + 1").replace("kpkg", pkg.name))
+    after_helper = _kernel_cache.reach_digest(caller.total.py_func)
+    assert after_helper != before
+    (pkg / "deep.py").write_text(_inner("n * 10"))
+    assert _kernel_cache.reach_digest(caller.total.py_func) != after_helper
+
+
+def test_the_digest_holds_tuple_and_numpy_scalar_constants_of_another_module(kernels_here, monkeypatch):
+    """Constants imported from another module (``from consts import TABLE``) are compiled into
+    the kernel's machine code while its own file stays the same: a changed tuple or NumPy
+    scalar must make the cached kernel stale."""
+    caller, _ = kernels_here({"consts.py": "import numpy as np\nTABLE = (1, 2, 3)\nFACTOR = np.int64(2)\n",
+                              "caller.py": """
+        from numba import njit
+        from kpkg.consts import FACTOR, TABLE
+
+        @njit
+        def total(n):
+            return n * TABLE[1] * FACTOR
+    """})
+    before = _kernel_cache.reach_digest(caller.total.py_func)
+    monkeypatch.setattr(caller, "TABLE", (1, 10, 3))
+    assert _kernel_cache.reach_digest(caller.total.py_func) != before
+    monkeypatch.undo()
+    assert _kernel_cache.reach_digest(caller.total.py_func) == before
+    monkeypatch.setattr(caller, "FACTOR", np.int64(10))
+    assert _kernel_cache.reach_digest(caller.total.py_func) != before
+
+
+def test_the_digest_holds_a_kernels_own_options(kernels_here, monkeypatch):
+    """packer's kernels take their options from another module (``@njit(**NJIT_FLAGS)``): turning
+    bounds checks on there must not load the machine code compiled without them."""
+    caller, _ = kernels_here({"flags.py": "FLAGS = {'boundscheck': False}\n", "caller.py": """
+        from numba import njit
+        from kpkg.flags import FLAGS
+
+        @njit(**FLAGS)
+        def total(a, i):
+            return a[i]
+    """})
+    before = _kernel_cache.reach_digest(caller.total.py_func)
+    monkeypatch.setitem(caller.total.targetoptions, "boundscheck", True)
+    assert _kernel_cache.reach_digest(caller.total.py_func) != before
+
+
 def test_locators_installed_for_packer_only():
     from numba.core import caching
 
@@ -196,6 +356,29 @@ def test_a_failing_walk_leaves_numbas_own_stamp(monkeypatch):
     _kernel_cache._process_reach_digest.cache_clear()
     try:
         assert _kernel_cache._process_reach_digest(_collect.py_func) == "unreached"
+    finally:
+        _kernel_cache._process_reach_digest.cache_clear()
+
+
+def test_an_interrupt_behind_a_failing_walk_is_raised_not_remembered(monkeypatch):
+    """A Ctrl-C that C code turned into another error (a SystemError with the interrupt as its
+    context) while the digest is worked out stops the run, instead of the kernel loading
+    under numba's own stamp and the process remembering it as 'unreached'."""
+    from packer_cli.plan._refine_kernels import _collect
+
+    def interrupted(py_func):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise SystemError("<built-in method> returned a result with an exception set") from None
+
+    monkeypatch.setattr(_kernel_cache, "reach_digest", interrupted)
+    _kernel_cache._process_reach_digest.cache_clear()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _kernel_cache._process_reach_digest(_collect.py_func)
+        monkeypatch.undo()
+        assert _kernel_cache._process_reach_digest(_collect.py_func) == _kernel_cache.reach_digest(_collect.py_func)
     finally:
         _kernel_cache._process_reach_digest.cache_clear()
 
@@ -267,6 +450,9 @@ def _not_private(kind: str, path, tmp_path) -> None:
     if kind == "open to others":
         path.mkdir()
         path.chmod(0o777)
+    elif kind == "open to its group":
+        path.mkdir()
+        path.chmod(0o770)
     elif kind == "a link":
         (tmp_path / "elsewhere").mkdir(mode=0o700)
         path.symlink_to(tmp_path / "elsewhere")
@@ -278,7 +464,7 @@ def _not_private(kind: str, path, tmp_path) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "getuid"), reason="the private directory is keyed on a POSIX user id")
-@pytest.mark.parametrize("kind", ["open to others", "a link", "another user's", "a file"])
+@pytest.mark.parametrize("kind", ["open to others", "open to its group", "a link", "another user's", "a file"])
 def test_a_temporary_directory_that_is_not_private_is_not_used(tmp_path, kind):
     """A cached kernel is a pickle: a directory someone else could write into would let them
     run code in packer's process."""
@@ -294,6 +480,28 @@ def test_a_temporary_directory_that_is_not_private_is_not_used(tmp_path, kind):
     assert "set NUMBA_CACHE_DIR to a writable directory" in result["warnings"][0]
     if kind == "a link":
         assert os.listdir(tmp_path / "elsewhere") == []
+
+
+TWO_KERNELS = KERNEL + textwrap.dedent("""
+
+    @njit(cache=True)
+    def other(n):
+        return 3 * n
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="the private directory is keyed on a POSIX user id")
+def test_compiling_in_memory_is_said_once_a_process_naming_the_directory_refused(tmp_path):
+    """A command loads dozens of kernels: nowhere to cache them is one warning, not one a kernel,
+    and it names the private directory that was refused, for the user to look at."""
+    env = _read_only_install(tmp_path)
+    (tmp_path / "kpkg" / "caller.py").write_text(TWO_KERNELS)
+    private = tmp_path / "tmp" / f"packer-kernels-{os.getuid()}"
+    _not_private("open to others", private, tmp_path)
+    result = _run_nowhere(tmp_path, env)
+    assert (result["value"], result["cache"]) == (6, "NullCache")
+    assert len(result["warnings"]) == 1, result["warnings"]
+    assert f"a private {private}): they compile in memory" in result["warnings"][0]
 
 
 NO_TEMP_DIR = NOWHERE.replace("tempfile.tempdir = sys.argv[2]\n", (
@@ -344,3 +552,26 @@ def test_the_cli_prints_packers_warnings_as_one_line(tmp_path):
     assert "UserWarning: something else" in lines[1]  # others keep Python's format
     assert lines[-1].startswith("error: ") and result.returncode == 2
     assert "KernelCacheWarning" not in result.stderr
+
+
+def test_numbas_own_warnings_at_import_are_passed_on(monkeypatch):
+    """packer rewrites numba's NUMBA_* RuntimeWarnings as one line; any other warning numba gives
+    as it is imported (a deprecation it announces) reaches the user as numba gave it."""
+    import types
+
+    import numba
+
+    noisy, said = types.ModuleType("numba"), []
+
+    def __getattr__(name):  # numba warns once while ``from numba import njit`` runs
+        if not said:
+            said.append(name)
+            warnings.warn("numba: this NumPy is not supported yet", FutureWarning)
+        return getattr(numba, name)
+
+    noisy.__getattr__ = __getattr__
+    monkeypatch.setitem(sys.modules, "numba", noisy)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert _kernel_cache._import_numba() is numba.njit
+    assert [(w.category, str(w.message)) for w in caught] == [(FutureWarning, "numba: this NumPy is not supported yet")]

@@ -519,6 +519,30 @@ def test_ipc_files_without_a_schema_message_read(tmp_path):
         records(path)
 
 
+def _without_dictionaries_field(data: bytes) -> bytes:
+    """``data`` (a pyarrow IPC file) with its footer's ``dictionaries`` field left out, as a
+    flatbuffers writer may leave out an empty vector (File.fbs: the field is optional)."""
+    import struct
+
+    out = bytearray(data)
+    start = len(data) - 10 - int.from_bytes(data[-10:-6], "little")
+    table = start + int.from_bytes(data[start:start + 4], "little")
+    entry = table - struct.unpack_from("<i", data, table)[0] + 4 + 2 * 2  # Footer.dictionaries
+    assert struct.unpack_from("<H", data, entry)[0] != 0  # pyarrow writes it, empty
+    struct.pack_into("<H", out, entry, 0)
+    return bytes(out)
+
+
+def test_ipc_files_whose_footer_leaves_out_the_dictionaries_read(tmp_path):
+    """The footer's dictionaries are optional; a file without them is read by pyarrow, and its
+    record batches must still be found by the layout check (it found none and refused the file
+    as damaged or joined)."""
+    path = tmp_path / "f.arrow"
+    path.write_bytes(_without_dictionaries_field(_undictionaried_file_bytes()))
+    assert pa.ipc.open_file(pa.memory_map(str(path))).read_all().num_rows == 30
+    assert records(path) == 30
+
+
 def _aligned_schema(data: bytes, to: int = 64) -> bytes:
     """``data`` (a pyarrow IPC file) laid out as arrow-rs writes it with 64-byte alignment: zero
     padding after the magic up to byte ``to``, where the framed schema message starts (every
