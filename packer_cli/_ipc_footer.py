@@ -37,11 +37,12 @@ def footer_blocks(footer: bytes, slots: tuple[int, ...] = (DICTIONARIES, RECORD_
 #: Message.header_type of a record batch (MessageHeader in Message.fbs), the Message table's
 #: header_type, header and custom_metadata fields, RecordBatch's compression field,
 #: BodyCompression's codec, KeyValue's key and value.
-_RECORD_BATCH_HEADER, _HEADER_TYPE, _HEADER, _CUSTOM_METADATA = 3, 1, 2, 4
+_VERSION, _RECORD_BATCH_HEADER, _HEADER_TYPE, _HEADER, _CUSTOM_METADATA = 0, 3, 1, 2, 4
 _COMPRESSION, _CODEC, _KEY, _VALUE = 3, 0, 0, 1
 _CODECS = {0: "LZ4", 1: "Zstandard"}
 #: How Arrow 0.17 marked a compressed body (metadata version V4, no compression field), which
-#: pyarrow still honours.
+#: pyarrow still honours, in a V4 message only (MetadataVersion V4 = 3).
+_V4 = 3
 _EXPERIMENTAL_COMPRESSION = b"ARROW:experimental_compression"
 _EXPERIMENTAL_CODECS = {b"lz4": "LZ4", b"lz4_frame": "LZ4", b"zstd": "Zstandard"}
 
@@ -65,6 +66,9 @@ def first_compressed_batch(source) -> tuple[int, str] | None:
             body = batch + compression + u32(flat, batch + compression)
             codec = _field(flat, body, _CODEC)
             return number, _CODECS.get(flat[body + codec] if codec else 0, "an unknown codec")
+        version = _field(flat, message, _VERSION)
+        if not version or struct.unpack_from("<h", flat, message + version)[0] != _V4:
+            continue
         marked = _custom_value(flat, message, _EXPERIMENTAL_COMPRESSION)
         if marked is not None:
             return number, _EXPERIMENTAL_CODECS.get(marked, "an unknown codec")

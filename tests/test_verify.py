@@ -1409,6 +1409,71 @@ def test_a_shard_compressed_the_arrow_0_17_way_is_refused(broken):
         PackedReader(str(broken))
 
 
+def test_a_current_shard_carrying_the_arrow_0_17_mark_is_read_as_pyarrow_reads_it(broken):
+    """The mark means compression only in a V4 message, as Arrow's reader has it: a V5 shard
+    whose batches carry it, uncompressed, is read whole by pyarrow and is not refused."""
+    from packer_cli._ipc_footer import first_compressed_batch
+    from packer_cli.shards.reader import PackedReader
+
+    shard = sorted(broken.glob("packs-*.arrow"))[0]
+    with pa.ipc.open_file(shard) as reader:
+        table = reader.read_all()
+    with pa.ipc.new_file(shard, table.schema) as writer:  # V5, no compression
+        for batch in table.to_batches(max_chunksize=max(1, table.num_rows // 2)):
+            writer.write_batch(batch, custom_metadata={"ARROW:experimental_compression": "zstd"})
+    _fix_manifest(broken, shard)
+    with pa.ipc.open_file(shard) as reader:
+        assert reader.num_record_batches > 1 and reader.read_all().equals(table)
+    with pa.memory_map(str(shard)) as source:
+        assert first_compressed_batch(source) is None
+    result = verify(broken)
+    assert result.exit_code == 0, result.output
+    assert len(PackedReader(str(broken))) > 0
+
+
+def _with_a_later_batch_compressed(shard: Path) -> None:
+    """``shard`` rewritten in two record batches of which only the second is compressed
+    (Zstandard), which pyarrow reads: batch 1 of a compressed copy put after batch 0 of an
+    uncompressed one, the footer's block for it made to match."""
+    import struct
+
+    with pa.ipc.open_file(shard) as reader:
+        table = reader.read_all()
+
+    def written(**options) -> bytearray:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema, options=pa.ipc.IpcWriteOptions(**options)) as writer:
+            writer.write_table(table, max_chunksize=(table.num_rows + 1) // 2)
+        return bytearray(sink.getvalue().to_pybytes())
+
+    plain, packed = written(), written(compression="zstd")
+    _, (_, (offset, metadata_length, body_length)) = _footer_of(plain)
+    _, (_, (packed_offset, packed_metadata, packed_body)) = _footer_of(packed)
+    tail = plain[offset + metadata_length + body_length:]  # the end-of-stream marker, the footer, the magic
+    data = plain[:offset] + packed[packed_offset:packed_offset + packed_metadata + packed_body] + tail
+    at = offset + packed_metadata + packed_body + bytes(tail).index(struct.pack("<qi4xq", offset, metadata_length,
+                                                                                   body_length))
+    struct.pack_into("<qi4xq", data, at, offset, packed_metadata, packed_body)
+    shard.write_bytes(data)
+    with pa.ipc.open_file(shard) as reader:
+        assert reader.num_record_batches > 1 and reader.read_all().equals(table)  # pyarrow reads it
+
+
+def test_a_shard_whose_later_batch_is_compressed_is_refused(broken):
+    """Every record batch is checked, not the first alone: a shard whose second batch is
+    compressed passed verify and was decompressed whole by the dataset."""
+    shard = sorted(broken.glob("packs-*.arrow"))[0]
+    _with_a_later_batch_compressed(shard)
+    _fix_manifest(broken, shard)
+    says = f"{shard.name}: record batch 1 is compressed (Zstandard)"
+    result = verify(broken)
+    assert result.exit_code == 1 and says in result.output, result.output
+    from packer_cli.shards.reader import PackedReader
+
+    with pytest.raises(DataError, match=re.escape(says)):
+        PackedReader(str(broken))
+
+
 @pytest.mark.parametrize("damage", ["negative metadata length", "fewer batches listed"])
 def test_a_damaged_shard_footer_is_one_finding(broken, damage):
     """A flipped byte in a shard's footer, the manifest untouched: a negative Block length made
