@@ -1574,3 +1574,108 @@ def test_an_input_reached_through_a_link_and_dot_dot_is_recorded_as_the_file_rea
     recorded = json.loads((tmp_path / "out" / "metadata.json").read_text())["source"]["inputs"][0]["path"]
     assert recorded == os.path.realpath(tmp_path / "real" / "data.jsonl")
     assert not (tmp_path / "elsewhere" / "data.jsonl").exists()
+
+
+def test_skipped_and_too_short_records_are_counted_over_every_input(tmp_path):
+    """Each input is read in batches of its own: the counts took only the last batch's bad and
+    too-short records (2 inputs: 1 each instead of 2), and verify failed the output."""
+    short = {"input_ids": [5], "loss_mask": [1]}
+    paths = [write_jsonl(tmp_path / f"{name}.jsonl", [GOOD] * 4 + [short], raw_line3='{"input_ids": [1, -4]}')
+             for name in "ab"]
+    result = run("pack", *paths, "-o", tmp_path / "out", "--on-bad-record", "skip", "--json")
+    assert result.exit_code == 0, result.output
+    counts = json.loads(result.stdout)["counts"]
+    assert (counts["bad_records"], counts["too_short_dropped"], counts["samples_packed"]) == (2, 2, 8)
+    meta = json.loads((tmp_path / "out" / "metadata.json").read_text())
+    assert [b["path"] for b in meta["bad_records"]] == [str(p) for p in paths]
+    assert run("verify", tmp_path / "out").exit_code == 0
+
+
+def test_nothing_left_to_pack_counts_the_other_inputs(tmp_path, monkeypatch):
+    """Two inputs, none packable: the error names the first and '1 more input' (it said 2)."""
+    monkeypatch.chdir(tmp_path)
+    for name in "ab":
+        (tmp_path / f"{name}.jsonl").write_text('{"input_ids": [1, "x"]}\n')
+    result = run("pack", "a.jsonl", "b.jsonl", "-o", "out", "--on-bad-record", "skip")
+    assert result.exit_code == 1, result.output
+    assert "error: a.jsonl and 1 more input: no samples left to pack: of 2 records, 2 bad (skipped); " in result.output
+    assert_nothing_written(tmp_path)
+
+
+def test_an_existing_empty_out_needs_overwrite(tmp_path):
+    """An empty directory at OUT is still the user's: it was taken without --overwrite."""
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
+    (tmp_path / "out").mkdir()
+    result = run("pack", path, "-o", tmp_path / "out")
+    assert result.exit_code == 2 and "already exists; pass --overwrite" in result.output, result.output
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_a_fifo_at_out_is_refused_as_no_directory(tmp_path, overwrite):
+    """A FIFO (no regular file) at OUT was told 'pass --overwrite', and with --overwrite that it
+    'appeared while this run was packing'."""
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
+    os.mkfifo(tmp_path / "out")
+    result = run("pack", path, "-o", tmp_path / "out", *overwrite)
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: {tmp_path / 'out'} exists and is not a directory", result.output
+    assert (tmp_path / "out").is_fifo()
+
+
+def test_the_space_warning_charges_each_file_system_only_what_goes_there():
+    """With --spill-dir on another file system, the staged copy was charged to OUT's and the
+    shards to the spill's: a spurious 'would fail for space' where each had room enough."""
+    from packer_cli.pipeline import _short_of_space
+
+    def needs(spill_free, out_free, staged):
+        places = {"spill": {"path": "/scratch", "bytes": spill_free, "device": 1},
+                  "output": {"path": "/out", "bytes": out_free, "device": 2}}
+        return {"spill_disk_bytes": 10_000_000, "spill_index_bytes": 0, "stage_bytes": 12_000_000 if staged else 0,
+                "output_bytes": 5_000_000, "free": places}
+
+    assert _short_of_space(needs(22_000_000, 5_000_000, staged=True)) == []  # spill + stage there, shards here
+    assert _short_of_space(needs(10_000_000, 5_000_000, staged=False)) == []
+    [short] = _short_of_space(needs(10_000_000, 4_900_000, staged=False))
+    assert short.startswith("/out: ")
+    [short] = _short_of_space(needs(21_900_000, 5_000_000, staged=True))
+    assert short.startswith("/scratch: ")
+
+
+def test_a_dry_run_charges_the_spill_to_out_s_file_system_without_a_spill_dir(synthetic_parquet, tmp_path,
+                                                                               monkeypatch):
+    """Without --spill-dir the spill is written beside OUT: a disk with room for the shards but
+    not for the spill besides was not warned about."""
+    statvfs = os.statvfs
+    args = ("pack", synthetic_parquet, "-o", tmp_path / "out", "--dry-run", "--spill-memory", "0")
+    disk = json.loads(run(*args, "--json").stdout)["disk"]
+    assert disk["spill_disk_bytes"] > 0 and disk["stage_bytes"] == 0
+    assert {what: free["path"] for what, free in disk["free"].items()} == {"spill": str(tmp_path), "output": str(tmp_path)}
+
+    class Tight:
+        f_frsize, f_bavail = 1, disk["output_bytes"] + disk["spill_disk_bytes"] // 2
+
+    monkeypatch.setattr(os, "statvfs", lambda path: Tight() if str(path) == str(tmp_path) else statvfs(path))
+    result = run(*args)
+    warning = [line for line in result.output.splitlines() if "would fail for space" in line]
+    assert result.exit_code == 0 and len(warning) == 1 and str(tmp_path) in warning[0], result.output
+
+
+def test_a_dry_run_estimates_the_spill_with_the_default_memory_cut(synthetic_parquet, tmp_path, monkeypatch):
+    """In a container the default --spill-memory is cut to a quarter of the room: the dry run
+    estimated with the whole default (no spill on disk) where the run wrote one."""
+    from conftest import DEFAULT_SPILL_MEMORY
+
+    from packer_cli import pipeline
+    from packer_cli.shards import _gather
+
+    monkeypatch.setattr(pipeline, "DEFAULT_SPILL_MEMORY", DEFAULT_SPILL_MEMORY)
+    monkeypatch.setattr(pipeline, "page_cache_room", lambda: 8 << 20)  # a quarter: 2 MiB of the spill
+    dry = json.loads(run("pack", synthetic_parquet, "--dry-run", "--json").stdout)["disk"]
+    written = []
+    close = _gather.SpillWriter.close
+    monkeypatch.setattr(_gather.SpillWriter, "close", lambda self: (
+        written.append(os.path.getsize(os.path.join(self._dir, _gather.SPILL_FILE))), close(self))[1])
+    real = json.loads(run("pack", synthetic_parquet, "-o", tmp_path / "out", "--json").stdout)["spill"]
+    assert 0 < real["memory_bytes"] < real["bytes"]
+    assert dry["spill_disk_bytes"] == written[0] > 0

@@ -702,3 +702,24 @@ def test_a_path_that_is_not_utf8_is_a_one_line_config_error(tmp_path, command):
         if flags:
             assert json.loads(result.stdout)["exit_code"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_spill_that_cannot_be_deleted_is_not_published_inside_out(synthetic_parquet, tmp_path, monkeypatch):
+    """The spill is built inside the temporary output: one that could not be deleted (EIO) was
+    published in OUT as _spill/, exit 0, and verify then failed the output."""
+    import errno
+
+    from packer_cli.shards._gather import SPILL_FILE
+
+    unlink = os.unlink
+
+    def failing(path, *args, **kwargs):
+        if os.path.basename(str(path)) == SPILL_FILE:
+            raise OSError(errno.EIO, "Input/output error", path)
+        return unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", failing)
+    result = _pack_in_process("pack", synthetic_parquet, "-o", tmp_path / "out", "--spill-memory", "0")
+    assert result.exit_code == 3, result.output
+    assert result.output.startswith(f"error: {tmp_path / 'out'}: writing the output failed: [Errno 5] "), result.output
+    assert not (tmp_path / "out").exists()

@@ -323,3 +323,34 @@ def test_sequential_keeps_the_pieces_of_split_samples_in_input_order(tmp_path, c
     assert summary.counts["overlong"]["samples"] > 5
     keys = list(packed_sequences(tmp_path / "out"))  # in output order
     assert keys == sorted(keys) and len({k[0] for k in keys}) == len(lengths)
+
+
+def test_a_shard_whose_estimate_reaches_shard_size_exactly_closes():
+    """--shard-size is where a shard ends: one whose estimated size equals it exactly took one
+    more run (twice the size asked for)."""
+    from packer_cli import pipeline
+
+    load = np.full(8, pipeline.BATCH_TOKENS // 2, dtype=np.int64)  # two packs a run of BATCH_TOKENS tokens
+    offsets, order = np.arange(9, dtype=np.int64), np.arange(8, dtype=np.int32)  # one sequence a pack
+    _, sizes = pipeline._runs_of_packs(offsets, load, order, pipeline.BATCH_TOKENS)
+    assert len(sizes) == 4 and len(set(sizes.tolist())) == 1
+    shards = pipeline._shard_runs(offsets, load, order, int(sizes[0]))
+    assert shards == [[(0, 2)], [(2, 4)], [(4, 6)], [(6, 8)]]
+    assert pipeline._shard_runs(offsets, load, order, int(sizes[0]) + 1) == [[(0, 2), (2, 4)], [(4, 6), (6, 8)]]
+
+
+def test_a_seed_gives_numpys_permutation_of_the_planned_packs(synthetic_parquet, tmp_path):
+    """The pack order a seed gives is part of the output: the same seed must shuffle the same
+    way in every version (a changed permutation went unnoticed)."""
+    import pyarrow as pa
+
+    def packs(d):
+        t = pa.ipc.open_file(pa.memory_map(str(d / "packs-00000.arrow"))).read_all()
+        return [tuple(x) for x in t.column("source_index").to_pylist()]
+
+    pack([str(synthetic_parquet)], str(tmp_path / "plain"), PackSpec(pack_size=2048, shuffle=False))
+    plain = packs(tmp_path / "plain")
+    for seed in (0, 7):
+        pack([str(synthetic_parquet)], str(tmp_path / f"s{seed}"), PackSpec(pack_size=2048, seed=seed))
+        order = np.random.default_rng(seed).permutation(len(plain))
+        assert packs(tmp_path / f"s{seed}") == [plain[i] for i in order]
