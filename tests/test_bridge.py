@@ -1231,3 +1231,121 @@ def test_a_large_footer_read_for_the_file_checks_is_freed_at_once(small, tmp_pat
         gc.unfreeze()
     assert not sink.findings()
     assert left == (0 if swept_from == 1 else 1)
+
+
+# -- survivors of a mutation review of bridge_output.py ---------------------------------------------
+def test_a_user_s_parquet_with_some_of_bridge_s_columns_is_not_replaced_by_overwrite(tmp_path):
+    """A user's own Parquet file under a split's data name, holding input_ids but not Bridge's
+    other columns, is not a packer output: --overwrite refuses and leaves it as it was."""
+    data = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2], [12, 13, 2])
+    out = tmp_path / "out"
+    out.mkdir()
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3]], "text": ["my own data"]}), out / "training_64.idx.parquet")
+    before = (out / "training_64.idx.parquet").read_bytes()
+    with pytest.raises(ConfigError, match=r"holds files packer did not write \(training_64.idx.parquet\)"):
+        bridge_pack([data], out, PackSpec(pack_size=64), overwrite=True)
+    assert (out / "training_64.idx.parquet").read_bytes() == before
+
+
+def test_a_large_jsonl_under_the_metadata_name_is_another_tool_s(tmp_path):
+    """A metadata array too large to parse (over 16 MiB) is never taken for packer's own, even
+    with packer's indented format key near its top: --overwrite must not replace it."""
+    from packer_cli.shards.bridge import BRIDGE_FORMAT
+    from packer_cli.shards.bridge_output import foreign_names
+
+    big = tmp_path / "512_metadata.jsonl"
+    big.write_text('{\n  "format": "%s",\n  "x": "%s"\n}\n' % (BRIDGE_FORMAT, "y" * (17 << 20)))
+    assert foreign_names(str(tmp_path), ["512_metadata.jsonl"]) == ["512_metadata.jsonl"]
+
+
+def test_a_dry_run_with_row_groups_past_a_stage_completes(tmp_path):
+    """Row groups of more tokens than a staged read's stage (70,000 packs of 512) are a plan a
+    dry run reports, not a 'slice step cannot be zero' traceback."""
+    data = write_tiny(tmp_path / "t.jsonl", *[[k + 3, k + 4, 2] for k in range(30)])
+    said = []
+    summary = pack([str(data)], None, PackSpec(pack_size=512), dry_run=True, warn=said.append,
+                   output=BridgeOutput(split="training", row_group_size=70_000))
+    assert summary.counts["packs"] >= 1 and summary.output["row_group_size"] == 70_000
+
+
+def test_a_row_group_size_of_zero_is_refused(tmp_path):
+    """0 is no number of packs (it would silently mean the default): a usage error."""
+    data = write_tiny(tmp_path / "t.jsonl", [5, 6, 2])
+    with pytest.raises(ConfigError, match="row-group-size must be a number of packs from 1"):
+        pack([str(data)], None, PackSpec(pack_size=64), dry_run=True, output=BridgeOutput(row_group_size=0))
+
+
+def test_a_split_packed_with_another_pad_cu_seqlens_is_refused(tmp_path):
+    """Bridge applies one pad_cu_seqlens to both splits: a validation split without it cannot
+    join a training split packed with it (both --pad-to-max-length)."""
+    data = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2], [12, 13, 2])
+    out = tmp_path / "out"
+    bridge_pack([data], out, PackSpec(pack_size=64, pad_to_max_length=True, pad_cu_seqlens=True))
+    listing = sorted(os.listdir(out))
+    with pytest.raises(ConfigError, match="packed with --pad-cu-seqlens, this run without it"):
+        bridge_pack([data], out, PackSpec(pack_size=64, pad_to_max_length=True), split="validation")
+    assert sorted(os.listdir(out)) == listing
+
+
+def test_default_row_groups_stay_whole_across_write_steps(tmp_path, monkeypatch):
+    """With the default row-group size, a split that takes several write steps is still row
+    groups of default_row_group_size packs (all but the last), not one group per step."""
+    from packer_cli.shards import bridge_writer
+
+    monkeypatch.setattr(bridge_writer, "BATCH_TOKENS", 3000)  # steps of ~12 packs, as a large input has
+    data = write_tiny(tmp_path / "t.jsonl", *[[(k + i) % 900 + 3 for i in range(4 + k % 40)] + [2]
+                                              for k in range(3000)])
+    summary = bridge_pack([data], tmp_path / "out", PackSpec(pack_size=256))
+    rows = default_row_group_size(256)
+    meta = pq.ParquetFile(tmp_path / "out" / "training_256.idx.parquet").metadata
+    sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    assert sum(sizes) == summary.counts["packs"] > 12
+    assert all(s == rows for s in sizes[:-1]) and 1 <= sizes[-1] <= rows, sizes
+
+
+def test_samples_not_ending_with_a_given_eos_counts_the_first_too(tmp_path):
+    """samples_not_ending_with_eos counts every sample whose last token is not the given EOS id,
+    the first sample of the input included."""
+    samples = [[k + 3, k + 4, k + 5, 2] for k in range(20)]
+    samples[0][-1], samples[5][-1] = 7, 9
+    data = write_tiny(tmp_path / "t.jsonl", *samples)
+    summary = bridge_pack([data], tmp_path / "out", PackSpec(pack_size=64), eos_id=2)
+    assert summary.output["samples_not_ending_with_eos"] == sum(s[-1] != 2 for s in samples)
+
+
+def test_one_trailing_eos_input_is_worded_in_the_singular(tmp_path):
+    """The warning for exactly one sequence with trailing EOS inputs reads '1 sequence ends its'."""
+    doubled = write_samples(tmp_path / "eos2.parquet", 100, seed=6, last={5: [DEMO_EOS, DEMO_EOS]})
+    warnings = []
+    summary = bridge_pack([doubled], tmp_path / "out", PackSpec(pack_size=512, cp=2), warn=warnings.append)
+    assert summary.output["eos_scan_too_short"] == 1
+    assert [w for w in warnings if w.startswith(f"1 sequence ends its inputs with the EOS id {DEMO_EOS}:")]
+
+
+def test_row_groups_of_exactly_16_mi_tokens_are_warned_about(tmp_path):
+    """The memory warning starts at 16 Mi tokens a row group: 128 packs of 131,072 is warned about."""
+    data = write_tiny(tmp_path / "t.jsonl", [5, 6, 2])
+    said = []
+    pack([str(data)], None, PackSpec(pack_size=1 << 17), dry_run=True, warn=said.append,
+         output=BridgeOutput(row_group_size=128))
+    assert [line for line in said if "--row-group-size 128: row groups of 16,777,216 tokens" in line], said
+
+
+def test_a_file_appearing_at_out_just_before_the_final_rename_is_refused(tmp_path, monkeypatch):
+    """A file put at OUT between the last check and the rename of a new layout is refused as
+    for a native output (another run?), not 'writing the output failed: Not a directory'."""
+    from packer_cli.shards import bridge_output
+
+    data = write_tiny(tmp_path / "t.jsonl", [5, 6, 7, 8, 9, 10, 11, 2])
+    out = tmp_path / "out"
+    rename = os.rename
+
+    def appears_first(src, dst, *args, **kwargs):
+        if str(dst) == str(out) and not os.path.lexists(dst):
+            out.write_text("a user's file\n")
+        return rename(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(bridge_output.os, "rename", appears_first)
+    with pytest.raises(ConfigError, match="appeared while this run was packing"):
+        bridge_pack([data], out, PackSpec(pack_size=16))
+    assert out.read_text() == "a user's file\n"
