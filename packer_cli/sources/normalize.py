@@ -393,34 +393,39 @@ def _fast_targets(batch: pa.RecordBatch, sup: Supervision, values, offsets, leng
         targets = np.empty(values.size, dtype=np.uint8)
         _kernels.answer_targets(offsets, start, targets)
         return targets
+    if sup.kind == "mask":  # with the masks applied with it: a target where every one is 1
+        masks = [_binary_mask(batch.column(name), offsets) for name in sup.fields]
+        if any(mask is None for mask in masks):
+            return None
+        targets = masks[0].astype(np.uint8, copy=False)
+        for mask in masks[1:]:
+            targets = targets & mask.astype(np.uint8, copy=False)
+        return targets
     sup_parts = _clean_list(batch.column(sup.field))
     if sup_parts is None or not np.array_equal(sup_parts[1], offsets):
         return None
-    mask = sup_parts[0]
-    if sup.kind == "mask":
-        if not _kernels.mask_is_binary(mask):
-            return None
-        targets = mask.astype(np.uint8, copy=False)
-        for also in sup.also:  # the masks applied with it: a target where every one is 1
-            parts = _clean_list(batch.column(also))
-            if parts is None or not np.array_equal(parts[1], offsets) or not _kernels.mask_is_binary(parts[0]):
-                return None
-            targets = targets & parts[0].astype(np.uint8, copy=False)
-        return targets
     targets = np.empty(values.size, dtype=np.uint8)
-    return targets if _kernels.labels_to_targets(mask, values, targets) else None
+    return targets if _kernels.labels_to_targets(sup_parts[0], values, targets) else None
+
+
+def _binary_mask(column, offsets):
+    """The flat values of a 0/1 list ``column`` whose rows line up with ``offsets``; None for
+    anything the full path must word (nulls, another row length, a value not 0 or 1)."""
+    from packer_cli.sources import _kernels
+
+    parts = _clean_list(column)
+    if parts is None or not np.array_equal(parts[1], offsets) or not _kernels.mask_is_binary(parts[0]):
+        return None
+    return parts[0]
 
 
 def _fast_padding(column, offsets):
     """(which tokens are real, each row's length without its padding, the padding's tokens) by
     the attention mask ``column``; None for anything the full path must word (a hole, a value
     not 0 or 1)."""
-    from packer_cli.sources import _kernels
-
-    parts = _clean_list(column)
-    if parts is None or not np.array_equal(parts[1], offsets) or not _kernels.mask_is_binary(parts[0]):
+    mask = _binary_mask(column, offsets)
+    if mask is None:
         return None
-    mask = parts[0]
     first, last, zeros, holes = _spans(mask, offsets)
     if holes:
         return None
