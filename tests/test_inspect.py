@@ -640,3 +640,30 @@ def test_pack_detail_counts_each_sequences_own_targets_and_finds_its_row(tmp_pat
     # the reader's messages name the row as counted in the file too, not within its record batch
     assert PackedReader(str(tmp_path / "out")).locate(n) == f"{tmp_path / 'out' / 'packs-00000.arrow'} row {n}"
     assert detail["target_tokens"] == detail["real_len"] == table.column("seq_lens")[n].as_py()
+
+
+def test_pack_detail_of_exactly_detail_table_rows_sequences_is_still_a_table(synth, monkeypatch):
+    """A pack of exactly DETAIL_TABLE_ROWS sequences is drawn as a table (with borders); only a
+    pack of more is listed as plain text."""
+    from packer_cli.audit import _render
+
+    src, out = synth
+    detail = json.loads(runner.invoke(app, ["inspect", str(out), "--pack", "7", "--json"]).output)["pack"]
+    monkeypatch.setattr(_render, "DETAIL_TABLE_ROWS", len(detail["real_len"]))
+    text = runner.invoke(app, ["inspect", str(out), "--pack", "7"], terminal_width=200).output
+    head = next(line for line in text.splitlines() if "source index" in line)
+    assert "┃" in head or "│" in head, text
+    monkeypatch.setattr(_render, "DETAIL_TABLE_ROWS", len(detail["real_len"]) - 1)
+    text = runner.invoke(app, ["inspect", str(out), "--pack", "7"], terminal_width=200).output
+    head = next(line for line in text.splitlines() if "source index" in line)
+    assert "┃" not in head and "│" not in head, text
+
+
+def test_an_empty_histogram_bucket_draws_no_bar():
+    """A histogram row counting nothing shows no bar, while the smallest non-zero count still
+    shows a sliver and the largest the full width."""
+    from packer_cli.audit._render import bar
+
+    assert bar(0, 1000) == ""
+    assert bar(1, 10**6) == "▏"
+    assert bar(1000, 1000, 10) == "█" * 10

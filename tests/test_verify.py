@@ -1501,3 +1501,83 @@ def test_a_damaged_shard_footer_is_one_finding(broken, damage):
 
     with pytest.raises(DataError, match=re.escape(said)):
         PackedReader(str(broken))
+
+
+def test_limit_zero_lists_only_how_many_problems_each_check_found(broken):
+    """`verify --limit 0` lists no problem of a check, only its "N more … not shown" line with
+    all N of them, and still fails with exit 1 (no traceback for a check counted wholesale)."""
+    shard = first_shard(broken)
+
+    def zero_cu(rows):
+        for r in rows:
+            r["cu_seqlens"][0] = 1
+
+    rewrite(broken, shard, zero_cu)
+    result = runner.invoke(app, ["verify", str(broken), "--json", "--limit", "0"])
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.output)
+    rows = len(pa.ipc.open_file(str(broken / shard)).read_all())
+    assert doc["errors"]["pack.cu_seqlens"] == rows and doc["exit_code"] == 1
+    assert all(f["omitted"] is not None for f in doc["findings"]), doc["findings"]
+    assert {"check": "pack.cu_seqlens", "message": f"{rows} more pack.cu_seqlens problems not shown", "shard": None,
+            "row": None, "pack": None, "seq": None, "severity": "error", "omitted": rows} in doc["findings"]
+
+
+def test_warnings_left_out_by_the_limit_stay_warnings():
+    """The "N more … not shown" line of a warning check is printed as a warning ("warning: ",
+    severity "warning" in the JSON), and warnings, listed or not, are no errors (verify OK)."""
+    from packer_cli.audit.findings import FindingSink
+
+    sink = FindingSink(limit=1)
+    for k in range(3):
+        sink.warn("source.bytes", f"size {k} differs", shard="in.jsonl")
+    first, more = sink.findings()
+    assert first.line() == "warning: in.jsonl: size 0 differs [source.bytes]"
+    assert more.line() == "warning: 2 more source.bytes problems not shown [source.bytes]"
+    assert (more.severity, more.omitted) == ("warning", 2)
+    assert sink.counts() == {} and sink.counts("warning") == {"source.bytes": 3}
+
+
+def test_one_problem_left_out_is_singular_and_row_zero_is_named():
+    """A finding at row 0, pack 0, sequence 0 names all three places, and one problem past the
+    limit reads "1 more … problem not shown"."""
+    from packer_cli.audit.findings import FindingSink
+
+    sink = FindingSink(limit=1)
+    sink.add("pack.capacity", "over", shard="packs-00000.arrow", row=0, pack=0, seq=0)
+    sink.add("pack.capacity", "over", shard="packs-00000.arrow", row=1, pack=1, seq=0)
+    assert [f.line() for f in sink.findings()] == [
+        "packs-00000.arrow row 0 (pack 0) seq 0: over [pack.capacity]",
+        "1 more pack.capacity problem not shown [pack.capacity]"]
+    assert sink.count("pack.capacity") == 2
+
+
+def test_the_limit_lists_exactly_that_many_problems_per_check():
+    """`--limit N` lists exactly the first N problems of each check, found one by one or handed
+    over at once, then one line with the number left out."""
+    from packer_cli.audit.findings import FindingSink
+
+    sink = FindingSink(limit=2)
+    for k in range(5):
+        sink.add("a", f"a{k}", row=k)
+    sink.add_many("b", np.arange(5), lambda i: (f"b{i}", {"row": int(i)}))
+    sink.add_many("c", np.arange(2), lambda i: (f"c{i}", {"row": int(i)}))  # exactly N: no "0 more" line
+    assert [f.line() for f in sink.findings()] == [
+        "row 0: a0 [a]", "row 1: a1 [a]", "row 0: b0 [b]", "row 1: b1 [b]", "row 0: c0 [c]", "row 1: c1 [c]",
+        "3 more a problems not shown [a]", "3 more b problems not shown [b]"]
+    assert sink.counts() == {"a": 5, "b": 5, "c": 2}
+
+
+def test_no_progress_bar_is_written_when_stderr_is_not_a_terminal(monkeypatch):
+    """With stderr a pipe or a file (a log, CI), no progress bar is written to it."""
+    import io
+    import sys
+
+    from packer_cli.progress import Progress
+
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    with Progress(enabled=True) as progress:
+        task = progress.task("verify", 10, "packs")
+        progress.advance(task, 10)
+    assert err.getvalue() == ""
