@@ -1125,14 +1125,21 @@ def test_recorded_source_facts_are_checked_against_the_source(tmp_path, edit, sa
         assert "[source.counts]" in line, line
 
 
-def test_json_report_and_limit(broken):
-    shard = first_shard(broken)
+def _every_cu_seqlens_starting_at_1(out: Path) -> str:
+    """``out``'s first shard with every row's cu_seqlens starting at 1 (a problem in each row);
+    the shard's name."""
+    shard = first_shard(out)
 
-    def zero_cu(rows):
+    def start_at_1(rows):
         for r in rows:
             r["cu_seqlens"][0] = 1
 
-    rewrite(broken, shard, zero_cu)
+    rewrite(out, shard, start_at_1)
+    return shard
+
+
+def test_json_report_and_limit(broken):
+    shard = _every_cu_seqlens_starting_at_1(broken)
     result = runner.invoke(app, ["verify", str(broken), "--json", "--limit", "3"])
     assert result.exit_code == 1
     doc = json.loads(result.output)
@@ -1506,13 +1513,7 @@ def test_a_damaged_shard_footer_is_one_finding(broken, damage):
 def test_limit_zero_lists_only_how_many_problems_each_check_found(broken):
     """`verify --limit 0` lists no problem of a check, only its "N more … not shown" line with
     all N of them, and still fails with exit 1 (no traceback for a check counted wholesale)."""
-    shard = first_shard(broken)
-
-    def zero_cu(rows):
-        for r in rows:
-            r["cu_seqlens"][0] = 1
-
-    rewrite(broken, shard, zero_cu)
+    shard = _every_cu_seqlens_starting_at_1(broken)
     result = runner.invoke(app, ["verify", str(broken), "--json", "--limit", "0"])
     assert result.exit_code == 1, result.output
     doc = json.loads(result.output)
