@@ -877,8 +877,8 @@ def read_parquet(path: str, fields: list[str], arrow_only: bool = False,
     first, as the record order has it."""
     schema = pq.read_schema(path)
     _require_fields(path, schema, fields)
-    supervised = _parquet_valued_row(path, _absent_columns(path, schema, absent))
-    stop = supervised[0] if supervised else None
+    valued = _parquet_valued_row(path, _absent_columns(path, schema, absent))
+    stop = valued[0] if valued else None
     row0 = 0
     for batch in ListColumnReader(path, fields, BATCH_ROWS, arrow_only=arrow_only, batch_values=BATCH_VALUES):
         if stop is not None and row0 + batch.num_rows > stop:
@@ -888,8 +888,8 @@ def read_parquet(path: str, fields: list[str], arrow_only: bool = False,
         row0 += batch.num_rows
         if stop is not None and row0 >= stop:
             break
-    if supervised:
-        raise unexpected_field(f"{path}: row {supervised[0]}: column '{supervised[1]}'", supervised[1])
+    if valued:
+        raise unexpected_field(f"{path}: row {valued[0]}: column '{valued[1]}'", valued[1])
 
 
 def read_ipc(path: str, fields: list[str], absent: tuple[str, ...] = ()) -> Iterator[RawBatch]:
@@ -916,8 +916,8 @@ def _checked_ipc_pieces(path: str, fields: list[str], absent: tuple[str, ...]) -
             raise pa.ArrowInvalid(f"rows {row0:,} to {row0 + batch.num_rows - 1:,}: {exc}") from None
         # a stream is read once: each batch checked as it comes
         columns = [readable_column(batch, name, path, row0) for name in absent]
-        supervised = _first_valued_row(columns)
-        rows = batch.num_rows if supervised is None else supervised
+        valued = _first_valued_row(columns)
+        rows = batch.num_rows if valued is None else valued
         for start, stop in _ipc_pieces(selected, rows):
             piece = selected.slice(start, stop - start)
             # IPC buffers are taken as written: check offsets and bounds before trusting them. A
@@ -930,8 +930,8 @@ def _checked_ipc_pieces(path: str, fields: list[str], absent: tuple[str, ...]) -
             yield piece
             row0 += piece.num_rows
             mapped.read(piece.nbytes)
-        if supervised is not None:  # the rows before it went first: a bad record among them is reported first
-            raise _valued_column(path, absent, columns, supervised, row0 - supervised)
+        if valued is not None:  # the rows before it went first: a bad record among them is reported first
+            raise _valued_column(path, absent, columns, valued, row0 - valued)
 
 
 def _first_list_offsets(batch: pa.RecordBatch) -> np.ndarray | None:
@@ -1015,8 +1015,8 @@ def read_file(file: InputFile, fields: list[str], scalar_fields: set[str],
     fields no record may have (the supervision fields, when the stream's first record has none,
     so that every token is a target; the padding mask, when it has none: a record that has one
     is an error, not ignored).
-    ``flag_fields``: the loss mask, which JSON Lines may write with ``true``/``false`` (the
-    Arrow formats' boolean lists are taken by :mod:`.normalize`).
+    ``flag_fields``: the 0/1 masks (supervision and padding), which JSON Lines may write with
+    ``true``/``false`` (the Arrow formats' boolean lists are taken by :mod:`.normalize`).
     """
     paths = file.parts or (file.path,)
     for path in paths:
