@@ -305,6 +305,18 @@ def test_refine_plan_refuses_a_plan_made_for_other_lengths():
         refine_plan([5] * 6, plan, max_rounds=None)
 
 
+def test_refine_plan_takes_a_round_count_of_zero_but_not_a_bool():
+    """``max_rounds=0`` (no round: the plan as it is) is a valid count; ``True`` is no count,
+    though ``bool`` is an ``int`` subclass, and is refused like ``None``."""
+    from packer_cli.plan import plan_packs, refine_plan
+
+    plan = plan_packs([6, 5, 4, 5], 10, "sequential")
+    assert refine_plan([6, 5, 4, 5], plan, max_rounds=0).num_packs == plan.num_packs
+    for value in (True, False):
+        with pytest.raises(ValueError, match=f"max_rounds must be an integer >= 0, got {value}"):
+            refine_plan([6, 5, 4, 5], plan, max_rounds=value)
+
+
 def test_one_bridge_output_serves_two_runs_at_once(data, tmp_path):
     """The object held the run's state (OUT, spec): two threads sharing it sent one run's
     layout into the other's OUT and reported success for an output that was not there."""

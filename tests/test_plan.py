@@ -956,3 +956,91 @@ def test_length_histogram_counts_every_chunk_up_to_its_own_largest_value(values,
 
     big = np.concatenate([np.full((1 << 20) * copies, 7, np.int32), np.asarray(values, np.int32)])
     npt.assert_array_equal(histogram(big, size), np.bincount(big, minlength=size))
+
+
+def test_refine_max_rounds_zero_keeps_the_plan_and_one_rebuilds_only_the_first_pool(monkeypatch):
+    """``max_rounds`` bounds the rounds: 0 runs none (the plan comes back as it was), 1 only the
+    first (every rebuild is of the whole pool of non-full packs, none of a later round's smaller
+    pool), while these lengths get later rounds, and fewer packs, when they are allowed."""
+    from packer_cli.plan import refine as R
+
+    capacity = 2048
+    lengths = _narrow_fifth(capacity, 0, 2000)
+    base = plan_packs(lengths, capacity)
+    first_pool = int(np.diff(base.pack_offsets)[base.pack_load < capacity].sum())
+    pools = []
+    real_rebuild = R._rebuild_sorted
+    monkeypatch.setattr(R, "_rebuild_sorted", lambda items, *a: pools.append(items.size) or real_rebuild(items, *a))
+    plans = {}
+    for rounds in (0, 1, 2):
+        pools.clear()
+        plans[rounds] = refine_plan(lengths, base, max_rounds=rounds)
+        validate_plan(plans[rounds], lengths, capacity)
+        if rounds == 0:
+            assert pools == []
+        elif rounds == 1:
+            assert pools and set(pools) == {first_pool}
+        else:
+            assert any(size < first_pool for size in pools)
+    npt.assert_array_equal(plans[0].order, base.order)
+    npt.assert_array_equal(plans[0].pack_offsets, base.pack_offsets)
+    assert plans[0].algorithm == "ffd+refine"
+    assert plans[2].num_packs < plans[1].num_packs < base.num_packs
+
+
+def test_refine_returns_a_plan_it_cannot_improve_as_it_was():
+    """The pass keeps a re-packing only when it has fewer packs: a first-fit-decreasing plan that
+    stays at its number of packs comes back with its order and packs unchanged, not re-shuffled
+    into as many packs."""
+    rng = np.random.default_rng(0)
+    unchanged = 0
+    for _ in range(300):
+        lengths = rng.integers(20, 60, int(rng.integers(5, 40)))
+        base = plan_packs(lengths, 100)
+        refined = refine_plan(lengths, base)
+        validate_plan(refined, lengths, 100)
+        if refined.num_packs == base.num_packs:
+            unchanged += 1
+            npt.assert_array_equal(refined.order, base.order)
+            npt.assert_array_equal(refined.pack_offsets, base.pack_offsets)
+    assert unchanged > 0
+
+
+def test_refine_merges_two_non_full_packs_and_keeps_full_ones_of_one_length():
+    """Two non-full packs are enough to gain from (two items alone that fit one pack), and a
+    plan of one length is judged optimal on its non-full packs only: full packs beside two
+    half-full ones still leave a pack to gain."""
+    merged = refine_plan([6, 4], _hand_plan([0, 1], [0, 1, 2], [6, 4], num_items=2))
+    validate_plan(merged, [6, 4], 10)
+    assert merged.num_packs == 1
+    lengths = [5] * 6
+    refined = refine_plan(lengths, _hand_plan(range(6), [0, 2, 4, 5, 6], [10, 10, 5, 5]))
+    validate_plan(refined, lengths, 10)
+    assert refined.num_packs == 3 and refined.pack_load.tolist() == [10, 10, 10]
+
+
+def test_refine_fewer_keeps_the_packing_with_fewer_packs_the_first_on_a_tie():
+    """The look-ahead keeps the best packing of several later-round results: the one with fewer
+    packs, the one found first when they tie (so the result does not depend on more than the
+    order of the settings)."""
+    from packer_cli.plan.refine import _fewer
+
+    seq = np.arange(6, dtype=np.int32)
+    two, three = (seq, np.array([0, 3, 6])), (seq, np.array([0, 2, 4, 6]))
+    other_two = (seq[::-1].copy(), np.array([0, 3, 6]))
+    assert _fewer(None, three) is three
+    assert _fewer(three, two) is two and _fewer(two, three) is two
+    assert _fewer(two, other_two) is two
+
+
+def test_exact_fill_rebuild_tries_third_items_from_two_below_the_room():
+    # A third item of room - 1 leaves 1 for a pair, which no pair sums to: the candidates start
+    # at room - 2, so a single try (the wide and balanced settings allow four) closes the room
+    # 9 left by 11 with 3 + 3 + 3 even though an 8 is there.
+    from packer_cli.plan._refine_kernels import _rebuild
+
+    lengths = np.array([11, 8, 3, 3, 3], np.int64)
+    pool = np.arange(lengths.size, dtype=np.int32)
+    sequence, ends, num = _rebuild(lengths, pool, 20, 9, 1, False)
+    got = [sequence[ends[q]:ends[q + 1]].tolist() for q in range(num)]
+    assert got == naive.exact_fill_rebuild(lengths, pool, 20, 9, 1) == [[0, 2, 3, 4], [1]]
