@@ -694,6 +694,10 @@ BAD_PLANS = [
     (_hand_plan([0, 0, 1, 1, 2, 2], [0, 2, 4, 6], [6, 6, 6]), "order is not a permutation"),
     (_hand_plan([0, 1, 2, 3, 4, 6], [0, 2, 4, 6], [6, 6, 6]), "order is not a permutation"),
     (_hand_plan(range(6), [0, 2, 2, 6], [6, 0, 12]), "pack 1 is empty"),
+    # two empty packs: the message names the first
+    (_hand_plan(range(6), [0, 2, 2, 4, 4, 6], [6, 0, 6, 0, 6]), "pack 1 is empty"),
+    # offsets of two packs, loads of one
+    (_hand_plan(range(6), [0, 3, 6], [18], capacity=20), "pack_offsets are inconsistent"),
     (_hand_plan(range(6), [0, 4, 6], [12, 6]), "pack 0 holds 12 tokens, above capacity 10"),
 ]
 
@@ -1044,3 +1048,107 @@ def test_exact_fill_rebuild_tries_third_items_from_two_below_the_room():
     sequence, ends, num = _rebuild(lengths, pool, 20, 9, 1, False)
     got = [sequence[ends[q]:ends[q + 1]].tolist() for q in range(num)]
     assert got == naive.exact_fill_rebuild(lengths, pool, 20, 9, 1) == [[0, 2, 3, 4], [1]]
+
+
+@pytest.mark.parametrize(
+    "func", [first_fit_decreasing, best_fit_decreasing, next_fit, lower_bound, martello_toth_l2]
+)
+def test_validation_names_the_first_length_below_one_and_the_value_it_holds(func):
+    """Several lengths below 1: the message names the first of them (the docstring's "first
+    offending index") with its own value, not the last one or the smallest length."""
+    with pytest.raises(ValueError, match=r"^lengths\[1\] = -1 is below 1"):
+        func([5, -1, 3, -7, 0], 10)
+    with pytest.raises(ValueError, match=r"^lengths\[2\] = 0 is below 1"):
+        func([5, 4, 0, -9], 10)
+
+
+def test_validation_with_skip_empty_names_the_first_negative_length():
+    with pytest.raises(ValueError, match=r"^lengths\[1\] = -1 is below 0"):
+        plan_packs([5, -1, 0, -7], 10, skip_empty=True)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_int32_lengths_are_left_untouched_and_planned_as_int64_ones(algorithm):
+    """int32 lengths are used as they are (no copy): no algorithm may sort or shuffle them in
+    place, which would change the caller's array and plan other lengths than were given."""
+    lengths = np.random.default_rng(8).integers(1, 100, 500).astype(np.int32)
+    kept = lengths.copy()
+    plan = plan_packs(lengths, 100, algorithm, seed=3)
+    npt.assert_array_equal(lengths, kept)
+    validate_plan(plan, kept, 100)
+    want = plan_packs(kept.astype(np.int64), 100, algorithm, seed=3)
+    npt.assert_array_equal(plan.order, want.order)
+    npt.assert_array_equal(plan.pack_offsets, want.pack_offsets)
+
+
+def test_bridge_first_fit_shuffle_leaves_int32_lengths_untouched():
+    lengths = np.random.default_rng(9).integers(1, 40, 300).astype(np.int32)
+    kept = lengths.copy()
+    pack, order = bridge_first_fit_shuffle(lengths, 40, 11)
+    npt.assert_array_equal(lengths, kept)
+    want_pack, want_order = naive.bridge_first_fit_shuffle(kept, 40, 11)
+    npt.assert_array_equal(pack, want_pack)
+    npt.assert_array_equal(order, want_order)
+
+
+def test_bridge_first_fit_shuffle_returns_int32_arrays_for_no_items_too():
+    for lengths in ([], np.zeros(0, np.int32), [4, 2]):
+        pack, order = bridge_first_fit_shuffle(lengths, 10, 3)
+        assert pack.dtype == np.int32 and order.dtype == np.int32
+
+
+@pytest.mark.parametrize("capacity, n", [(100, 300), (1000, 1500)])
+def test_ffd_opening_more_packs_than_its_first_tree_holds_matches_naive(monkeypatch, capacity, n):
+    """Items just over half a pack go one to a pack, about twice ceil(sum / C), which the FFD
+    search tree is first sized from: the planner must retry with a larger tree (the tree search
+    at its last leaf and the retry are otherwise never run)."""
+    from packer_cli.plan import _kernels as K
+
+    calls = []
+    ffd = K._ffd_positions
+    monkeypatch.setattr(K, "_ffd_positions", lambda *args: calls.append(1) or ffd(*args))
+    rng = np.random.default_rng(n)
+    lengths = np.concatenate([np.full(n, capacity // 2 + 1), rng.integers(1, 3, n // 10)])  # a few 1s and 2s
+    lengths = rng.permutation(lengths)
+    want = naive.first_fit_decreasing(lengths, capacity)
+    npt.assert_array_equal(first_fit_decreasing(lengths, capacity), want)
+    assert len(calls) > 1  # the first tree was too small
+    plan = plan_packs(lengths, capacity, "ffd")
+    validate_plan(plan, lengths, capacity)
+    npt.assert_array_equal(plan.pack_of_item, want)
+
+
+def test_validate_plan_names_the_pack_above_the_capacity():
+    lengths = [5, 5, 9]
+    plan = plan_packs(lengths, 10, "ffd")
+    assert plan.pack_load.tolist() == [9, 10]  # 9 alone, then 5 + 5
+    with pytest.raises(ValueError, match=r"pack 1 holds 10 tokens, above capacity 9"):
+        validate_plan(plan, lengths, 9)
+
+
+def test_validate_plan_refuses_a_plan_of_another_number_of_items():
+    """A plan that says it covers 4 items, checked against 3 lengths, is no plan of them (its
+    pack_of_item has 4 entries), though its order and packs fit the 3."""
+    good = plan_packs([3, 3, 3], 10)
+    more = PackPlan(order=good.order, pack_offsets=good.pack_offsets, pack_load=good.pack_load, num_items=4,
+                    capacity=10)
+    with pytest.raises(ValueError, match="plan does not cover every item"):
+        validate_plan(more, [3, 3, 3])
+
+
+@pytest.mark.parametrize("capacity", range(3, 42, 2))
+def test_l2_counts_items_of_half_an_odd_capacity_rounded_up_as_big(capacity):
+    """At an odd C an item of (C + 1) / 2 is over half a pack: three of them need three packs,
+    where their sum alone says two."""
+    big = (capacity + 1) // 2
+    for lengths in ([big] * 3, [big] * 5 + [1] * 3, [big, big, big - 1, big - 1]):
+        assert martello_toth_l2(lengths, capacity) == naive.martello_toth_l2(lengths, capacity)
+    assert martello_toth_l2([big] * 3, capacity) == 3
+
+
+def test_validate_plan_refuses_an_explicit_capacity_of_zero():
+    """capacity=None means the plan's own; 0 is a capacity given, and out of range."""
+    plan = plan_packs([3, 4], 10)
+    validate_plan(plan, [3, 4])
+    with pytest.raises(ValueError, match="capacity = 0 must be >= 1"):
+        validate_plan(plan, [3, 4], 0)
