@@ -382,3 +382,185 @@ def test_an_input_beside_out_in_a_directory_named_like_it_is_not_inside_it(tmp_p
     beside.write_text("{}\n")
     check_replaceable(str(tmp_path / "out"), [str(beside)], foreign_names)
     assert _input_inside(str(tmp_path / "out2"), [str(beside)]) == str(beside)
+
+
+def test_a_drawn_temporary_name_that_exists_is_drawn_again(tmp_path, monkeypatch):
+    """A drawn name already taken (another run with our process id drew the same random part)
+    is drawn again, never handed back: that run's files would be built over and deleted."""
+    from packer_cli.shards._atomic import make_temporary
+
+    draws = iter(["0123abcd", "4567ef01"])
+    monkeypatch.setattr(_atomic.secrets, "token_hex", lambda nbytes: next(draws))
+    theirs = tmp_path / f"out.tmp-{os.getpid()}-0123abcd"
+    theirs.mkdir()
+    (theirs / "shard").write_text("theirs")
+    ours = make_temporary(str(tmp_path / "out"))
+    assert ours == str(tmp_path / f"out.tmp-{os.getpid()}-4567ef01") and os.listdir(ours) == []
+    assert (theirs / "shard").read_text() == "theirs"
+
+
+def test_an_interrupt_as_the_temporary_is_made_leaves_nothing(tmp_path, monkeypatch):
+    """A Ctrl-C raised as mkdir returns: the caller never learns the name, so the empty
+    directory is removed here (else it stayed as OUT.tmp-*, named by every later run)."""
+    from packer_cli.shards._atomic import make_temporary
+
+    mkdir = os.mkdir
+
+    def mkdir_then_interrupt(path, *args, **kwargs):
+        mkdir(path, *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_atomic.os, "mkdir", mkdir_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        make_temporary(str(tmp_path / "out"))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_failing_sync_of_out_s_parent_once_in_place_does_not_fail_the_replacement(tmp_path, monkeypatch, overwrite):
+    """OUT's parent is synced after the rename: the new output is in place by then, and failing
+    the run ('not written', its clean-up) for an output that is there was wrong."""
+    import errno
+
+    if overwrite:
+        make(tmp_path / "out", "old")
+    fsync = os.fsync
+
+    def failing_for_the_parent(fd):
+        if os.readlink(f"/proc/self/fd/{fd}") == str(tmp_path):
+            raise OSError(errno.EIO, "Input/output error")
+        return fsync(fd)
+
+    monkeypatch.setattr(_atomic.os, "fsync", failing_for_the_parent)
+    assert replace_dir(str(make(tmp_path / "new.tmp", "new")), str(tmp_path / "out"), overwrite) is None
+    assert (tmp_path / "out" / "data").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_the_temporary_output_is_synced_before_it_is_renamed_into_place(tmp_path, monkeypatch):
+    """The new directory's own entries (the files created in it) are made durable before the
+    rename publishes it, and OUT's parent after it."""
+    events = []
+    fsync, rename = os.fsync, os.rename
+    monkeypatch.setattr(_atomic.os, "fsync", lambda fd: (events.append(("sync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                         fsync(fd))[1])
+    monkeypatch.setattr(_atomic.os, "rename", lambda a, b: (events.append(("rename", str(a))), rename(a, b))[1])
+    new = make(tmp_path / "new.tmp", "new")
+    replace_dir(str(new), str(tmp_path / "out"), overwrite=False)
+    assert events == [("sync", str(new)), ("rename", str(new)), ("sync", str(tmp_path))]
+
+
+def test_a_foreign_out_that_appeared_while_packing_is_not_met_with_advice_to_overwrite(tmp_path):
+    """Without --overwrite, an OUT of someone else's files that appeared meanwhile: advising
+    --overwrite sent the user round in a circle (it refuses such an OUT too)."""
+    from packer_cli.shards.bridge_output import foreign_names
+
+    out = make(tmp_path / "out", "notes")
+    with pytest.raises(ConfigError) as raised:
+        replace_dir(str(make(tmp_path / "new.tmp", "new")), str(out), overwrite=False, foreign_names=foreign_names)
+    assert str(raised.value) == (f"{out} already exists (it appeared while this run was packing: another run?); "
+                                 "it holds files packer did not write (data): choose another directory")
+    assert (out / "data").read_text() == "notes" and (tmp_path / "new.tmp" / "data").read_text() == "new"
+
+
+def test_a_file_written_into_out_before_it_is_renamed_aside_is_kept(tmp_path, monkeypatch):
+    """Where OUT cannot be swapped in one step, the OUT renamed aside is judged again under its
+    new name: a file written into OUT between the judgement in place and that rename was
+    deleted with the old output."""
+    from packer_cli.shards._atomic import check_replaceable
+    from packer_cli.shards.bridge_output import foreign_names
+
+    monkeypatch.setattr(_atomic, "_exchange", lambda a, b: False)  # a file system that cannot swap
+    out, new = tmp_path / "out", make(tmp_path / "new.tmp", "new")
+    out.mkdir()
+    rename = os.rename
+
+    def written_into_first(src, dst):
+        if src == str(out):
+            (out / "notes.txt").write_text("the user's")
+        rename(src, dst)
+
+    monkeypatch.setattr(_atomic.os, "rename", written_into_first)
+    with pytest.raises(ConfigError, match=r"holds files packer did not write \(notes.txt\)"):
+        replace_dir(str(new), str(out), still_replaceable=lambda path: check_replaceable(path, (), foreign_names,
+                                                                                          shown=str(out)))
+    assert (out / "notes.txt").read_text() == "the user's" and (new / "data").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.tmp", "out"]
+
+
+def test_a_run_waiting_on_out_s_lock_locks_the_directory_that_replaced_it(tmp_path):
+    """The lock is taken on the directory at OUT; where OUT was replaced while this run waited,
+    the lock it got was on the old one, and OUT (the new one) was another run's to replace or
+    join in the middle of this one's block."""
+    import fcntl
+    import time
+
+    from packer_cli.shards._atomic import locked
+
+    out = tmp_path / "out"
+    out.mkdir()
+    seen = []
+
+    def waiter():
+        with locked(str(out)):
+            fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                seen.append("unlocked")
+            except BlockingIOError:
+                seen.append("locked")
+            finally:
+                os.close(fd)
+
+    with locked(str(out)):
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        time.sleep(0.3)  # the waiter blocks on the old OUT's lock
+        os.rename(out, tmp_path / "old")
+        out.mkdir()
+    thread.join()
+    assert seen == ["locked"]
+
+
+def test_a_failure_renaming_the_old_out_aside_is_the_error_reported(tmp_path, monkeypatch):
+    """Where OUT cannot be swapped and renaming it aside fails (busy, no permission), that is the
+    error: a put-back of the name never made ('No such file or directory') hid why."""
+    import errno
+
+    monkeypatch.setattr(_atomic, "_exchange", lambda a, b: False)  # a file system that cannot swap
+    out, new = make(tmp_path / "out", "old"), make(tmp_path / "new.tmp", "new")
+    rename = os.rename
+
+    def busy(src, dst):
+        if src == str(out):
+            raise OSError(errno.EBUSY, "Device or resource busy", src)
+        rename(src, dst)
+
+    monkeypatch.setattr(_atomic.os, "rename", busy)
+    with pytest.raises(OSError) as raised:
+        replace_dir(str(new), str(out))
+    assert raised.value.errno == errno.EBUSY
+    assert (out / "data").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["new.tmp", "out"]
+
+
+def test_out_s_lock_lets_one_run_in_at_a_time(tmp_path):
+    """Runs replacing or joining one OUT take turns: a second run waits until the first leaves."""
+    import time
+
+    from packer_cli.shards._atomic import locked
+
+    out = tmp_path / "out"
+    out.mkdir()
+    events = []
+
+    def second():
+        with locked(str(out)):
+            events.append("second in")
+
+    with locked(str(out)):
+        events.append("first in")
+        thread = threading.Thread(target=second)
+        thread.start()
+        time.sleep(0.3)
+        events.append("first out")
+    thread.join()
+    assert events == ["first in", "first out", "second in"]

@@ -582,6 +582,17 @@ def test_an_out_name_longer_than_its_directory_allows_exits_2_first(tmp_path, dr
     assert_nothing_written(tmp_path)
 
 
+@pytest.mark.parametrize("dry", [[], ["--dry-run"]], ids=["real", "dry-run"])
+def test_an_out_name_exactly_as_long_as_its_directory_allows_packs(tmp_path, dry):
+    """The longest name a directory allows is a valid OUT: only a longer one is refused."""
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 10)
+    longest = os.pathconf(tmp_path, "PC_NAME_MAX")
+    out = tmp_path / ("o" * longest)
+    result = run("pack", path, "-o", out, *dry)
+    assert result.exit_code == 0, result.output
+    assert out.is_dir() == (not dry)
+
+
 def test_dry_run_and_json(tmp_path):
     path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 10)
     result = run("pack", path, "--dry-run", "--json", "--pack-size", "6")

@@ -388,3 +388,118 @@ def test_the_spill_file_is_deleted_once_the_stages_are_built(mixed_inputs, tmp_p
          spill_dir=str(tmp_path))
     assert len(seen) == 2 and seen[1], seen  # the stages were there as pass two read them
     assert SPILL_FILE not in seen[1]
+
+
+def test_a_cgroup_v2_limit_at_a_namespaced_root_is_counted():
+    """In a container with its own cgroup namespace, /proc/self/cgroup reads "0::/" and the
+    container's limit is memory.max at the root of /sys/fs/cgroup: that group counts too."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch) / "cg"
+        _write(root / "cgroup.controllers", "memory cpu\n")
+        _write(root / "memory.max", str(2 << 30))
+        _write(root / "memory.stat", f"anon {512 << 20}\nfile {300 << 20}\nshmem {256 << 20}\n")
+        proc = Path(scratch) / "cgroup"
+        proc.write_text("0::/\n")
+        assert _staged._cgroup_rooms(str(proc), str(root)) == [(2 << 30) - (768 << 20)]
+
+
+def test_page_cache_room_is_the_tightest_of_free_memory_and_every_cgroup(monkeypatch):
+    monkeypatch.setattr(_staged, "_mem_available", lambda: 64 << 30)
+    monkeypatch.setattr(_staged, "_cgroup_rooms", lambda: [8 << 30, 2 << 30])
+    assert _staged.page_cache_room() == 2 << 30
+    monkeypatch.setattr(_staged, "_cgroup_rooms", lambda: [-(1 << 20)])  # a group over its limit: no room
+    assert _staged.page_cache_room() == 0
+    monkeypatch.setattr(_staged, "_mem_available", lambda: None)
+    monkeypatch.setattr(_staged, "_cgroup_rooms", lambda: [])
+    assert _staged.page_cache_room() is None
+
+
+def test_a_spill_cut_short_where_a_sample_starts_fails_the_staged_copy_cleanly(mixed_inputs, tmp_path, monkeypatch):
+    """Cut at the first block of a sample (here: the whole file part), no sample runs past the
+    end: the copy stops with samples not copied, which is the same error."""
+    choose = _staged.choose_spill_read
+
+    def truncate_then_choose(mode, spill_bytes, room=None, spill_dir=None, staged_needs=0):
+        for spill in tmp_path.rglob(_gather.SPILL_FILE):
+            os.truncate(spill, 0)
+        return choose(mode, spill_bytes, room, spill_dir, staged_needs)
+
+    monkeypatch.setattr(pipeline, "choose_spill_read", truncate_then_choose)
+    with pytest.raises(OutputError, match="copying the spill into its stages failed"):
+        pack(mixed_inputs, str(tmp_path / "out"), PackSpec(pack_size=512), spill_read="staged", spill_memory=0)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_pack_of_more_items_than_a_chunk_of_the_plan_order_is_read_whole(mixed_inputs, tmp_path, small_runs,
+                                                                            monkeypatch):
+    """The plan order is read ORDER_CHUNK items at a time, but a pack at least: a pack holding
+    more items than that (tiny samples, a huge pack size) must not make an empty chunk (and no
+    progress, for ever)."""
+    assign = _staged._assign_stages
+
+    def no_empty_chunk(items, *args):
+        assert items.size > 0, "an empty chunk of the plan order: no progress"
+        return assign(items, *args)
+
+    monkeypatch.setattr(_staged, "ORDER_CHUNK", 1)
+    monkeypatch.setattr(_staged, "_assign_stages", no_empty_chunk)
+    spec = PackSpec(pack_size=512, overlong=OverlongPolicy.SPLIT)
+    staged = pack(mixed_inputs, str(tmp_path / "staged"), spec, spill_read="staged")
+    pack(mixed_inputs, str(tmp_path / "random"), spec, spill_read="random")
+    assert staged.spill["read"] == "staged" and _files(tmp_path / "staged") == _files(tmp_path / "random")
+
+
+def test_at_most_spare_images_are_kept_for_the_next_stages(mixed_inputs, tmp_path, small_runs, monkeypatch):
+    """staged_memory counts the current image and SPARE_IMAGES kept; one more kept is one more
+    stage's bytes resident, beyond what auto judged the room by."""
+    kept = []
+    run_done = _staged.StagedSpillReader._run_done
+
+    def watched(self, stage):
+        run_done(self, stage)
+        kept.append(len(self._spare))
+
+    def fresh_buffer(self):  # no stage takes a spare: finished stages pile up, as where several end at once
+        return np.empty(int(self._stage_bytes.max(initial=0)) + _gather.READ_SLACK, dtype=np.uint8)
+
+    monkeypatch.setattr(_staged.StagedSpillReader, "_run_done", watched)
+    monkeypatch.setattr(_staged.StagedSpillReader, "_image_buffer", fresh_buffer)
+    summary = pack(mixed_inputs, str(tmp_path / "out"), PackSpec(pack_size=512), spill_read="staged", warn=None)
+    assert summary.spill["stages"] > _staged.SPARE_IMAGES + 2
+    assert max(kept) == _staged.SPARE_IMAGES
+
+
+def test_an_interrupted_staged_copy_closes_its_files(mixed_inputs, tmp_path, monkeypatch):
+    """A Ctrl-C while the spill is copied into its stages: the reader is not made, so nothing
+    else can close the spill and stage files it opened (a library caller kept them open)."""
+    def fds():
+        return set(os.listdir("/proc/self/fd"))
+
+    def interrupted(self, *args):
+        raise KeyboardInterrupt
+
+    pack(mixed_inputs, str(tmp_path / "warm"), PackSpec(pack_size=512), spill_read="staged", warn=None)
+    monkeypatch.setattr(_staged.StagedSpillReader, "_scatter_spill", interrupted)
+    before = fds()
+    with pytest.raises(KeyboardInterrupt):
+        pack(mixed_inputs, str(tmp_path / "out"), PackSpec(pack_size=512), spill_read="staged")
+    assert fds() <= before
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_stage_image_has_room_for_the_last_token_s_8_byte_load(mixed_inputs, tmp_path, small_runs, monkeypatch):
+    """The gather loads a token as 8 bytes: a stage image's buffer holds READ_SLACK bytes past the
+    largest stage, so the last token of a full one is not read past the allocation."""
+    sizes = []
+    image_buffer = _staged.StagedSpillReader._image_buffer
+
+    def watched(self):
+        buffer = image_buffer(self)
+        sizes.append((buffer.size, int(self._stage_bytes.max())))
+        return buffer
+
+    monkeypatch.setattr(_staged.StagedSpillReader, "_image_buffer", watched)
+    pack(mixed_inputs, str(tmp_path / "out"), PackSpec(pack_size=512), spill_read="staged", warn=None)
+    assert sizes and all(size >= largest + _gather.READ_SLACK for size, largest in sizes)
