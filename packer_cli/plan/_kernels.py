@@ -424,8 +424,9 @@ def _bfd_positions(counts, capacity, max_packs, bits, offsets):
     least remaining room that still fits, ties to the lowest pack number;
     otherwise a new pack is opened. After pack ``p`` drops from ``r`` to
     ``r - L`` free tokens, the next item of the same length ``L`` goes to ``p``
-    again when ``r - L >= L`` and no lower-numbered pack has exactly ``r - L``
-    free (buckets in ``[L, r)`` were empty), which skips most heap work.
+    again while ``r - L >= L``, with no search: ``r`` was the least room of at
+    least ``L`` (or no pack had ``L``), so no pack has a room in ``[L, r)`` and
+    ``p`` is still the best fit. That skips most heap work.
 
     Like :func:`_ffd_positions` it works from the histogram alone and returns
     the pack of each placement position.
@@ -479,9 +480,6 @@ def _bfd_positions(counts, capacity, max_packs, bits, offsets):
                 pos += 1
                 room -= length
                 if pos == end or room < length:
-                    break
-                other = bucket_root[room]
-                if other >= 0 and other < pack:
                     break
             if room > 0:
                 old_root = bucket_root[room]
