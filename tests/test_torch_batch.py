@@ -318,3 +318,64 @@ def test_a_batch_moved_off_the_cpu_keeps_host_copies_of_its_boundaries(multiple)
     import pickle
     again = pickle.loads(pickle.dumps(b))
     assert again.host_cu_seqlens is None and torch.equal(again.cu_seqlens_cpu, b.cu_seqlens)
+
+
+def test_static_packs_of_an_unaligned_output_keep_one_boundary_vector():
+    """pad_seq_to_mult=1: no pack can have alignment padding, so static batches carry one vector
+    (cu_seqlens_padded is cu_seqlens, no padded PackedSeqParams fields: TE keeps FlashAttention);
+    only m > 1 makes every static pack carry two."""
+    rows = [make_row([[1, 2, 3, 4], [5, 6, 7]]), make_row([[1, 2, 3, 4, 5, 6, 7, 8, 9]])]
+    meta = make_meta(rows, pack_size=12, multiple=1, pad_to_max_length=True, pad_cu_seqlens=True)
+    batches = [THDBatch.from_row(r, meta, static=True) for r in rows]
+    assert [b.cu_seqlens.tolist() for b in batches] == [[0, 3, 5, 12], [0, 8, 12, 12]]
+    assert not any(b.has_padding for b in batches)
+    assert all(b.packed_seq_params().cu_seqlens_q_padded is None for b in batches)
+
+
+def test_hf_kwargs_refuse_a_transformers_without_a_loss_module(monkeypatch):
+    """Before 4.46 transformers had no transformers.loss: each model shifted the labels inline,
+    so the pre-shifted labels would be shifted again."""
+    import sys
+    import types
+
+    from packer_cli.torch import batch as batch_module
+
+    fake = types.ModuleType("transformers")
+    fake.__version__ = "4.45.2"
+    monkeypatch.setitem(sys.modules, "transformers", fake)
+    monkeypatch.setitem(sys.modules, "transformers.loss", None)  # its import raises ImportError
+    monkeypatch.delitem(sys.modules, "transformers.loss.loss_utils", raising=False)
+    batch_module._hf_loss_takes_shift_labels.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match=r"transformers 4\.45\.2 shifts the labels itself"):
+            _batch(SAMPLES_539, multiple=4).hf_kwargs()
+    finally:
+        batch_module._hf_loss_takes_shift_labels.cache_clear()
+
+
+def test_static_max_seqlen_of_a_full_pack_is_no_multiple_of_pack_size_when_m_is_pack_size():
+    """A sequence fills a pack and pad_seq_to_mult == pack_size: the served max_seqlen is
+    pack_size + 1, not pack_size + m = 2 * pack_size, which is the length of a 2-pack static row
+    (Megatron-core's unfused THD RoPE would rotate each sequence from its offset in the row)."""
+    rows = [make_row([list(range(1, 10))], multiple=8), make_row([list(range(1, 6))], multiple=8)]
+    meta = make_meta(rows, pack_size=8, multiple=8, pad_to_max_length=True, pad_cu_seqlens=True)
+    batches = [THDBatch.from_row(r, meta, static=True) for r in rows]
+    assert {b.max_seqlen for b in batches} == {9}
+    row = THDBatch.concat(batches)
+    assert row.num_tokens == 16 and row.max_seqlen % 8 != 0
+
+
+def test_concat_of_a_concatenated_row_counts_every_stored_pack():
+    ab = THDBatch.concat([_batch([[1, 2, 3]]), _batch([[4, 5, 6, 7]])])
+    abc = THDBatch.concat([ab, _batch([[8, 9]])])
+    assert (ab.num_packs, abc.num_packs, abc.num_seqs) == (2, 3, 3)
+
+
+def test_total_tokens_of_a_cp_slice_are_the_whole_pack(monkeypatch):
+    """Boundaries and seq_idx stay whole under CP, so Megatron's total_tokens is the pack's T, not
+    the T/CP tokens the rank holds."""
+    monkeypatch.setattr("packer_cli.torch.params.packed_seq_params_class", lambda: PackedSeqParams)
+    b = _batch(SAMPLES_539, multiple=4, cp=2)
+    for r in range(2):
+        p = b.for_cp_rank(2, r).packed_seq_params(with_total_tokens=True)
+        assert p.total_tokens == 24 == int(p.cu_seqlens_q_padded[-1])

@@ -373,6 +373,15 @@ def _row(**changes):
      "padding slot at token 6 holds 7 with loss 0"),
     (dict(tokens=_padded_at(np.arange(1, 17, dtype=np.int32), 7, 6), seq_lens=np.array([6, 8], np.int32)),
      "padding slot at token 6 holds 0 with loss 1"),
+    # a zero-length sequence: its last_token would overwrite the previous sequence's last label
+    (dict(cu_seqlens=np.array([0, 8, 8, 16], np.int32), seq_lens=np.array([7, 0, 8], np.int32),
+          last_token=np.array([9, 5, 9], np.int32), source_index=np.array([0, 1, 2]), source_offset=np.array([0, 0, 0])),
+     r"need 1 <= seq_lens <= physical lengths, got \[7, 0, 8\]"),
+    (dict(loss_mask=_padded_at(np.array([1] * 15 + [-1], np.int8), 7)), "loss_mask holds -1 at token 15, not 0 or 1"),
+    # a float mask inside [0, 1] but not 0 or 1 (a range check passes it): weights of 0.5 and 1.5
+    (dict(loss_mask=_padded_at(np.array([1] * 14 + [0.5, 1], np.float32), 7)), "loss_mask holds 0.5 at token 14, not 0 or 1"),
+    (dict(loss_mask=_padded_at(np.array([1.5] + [1] * 15, np.float64), 7)), "loss_mask holds 1.5 at token 0, not 0 or 1"),
+    (dict(loss_mask=_padded_at(np.array([1] * 15 + [np.nan], np.float32), 7)), "loss_mask holds nan at token 15, not 0 or 1"),
 ])
 def test_build_refuses_rows_that_would_train_wrongly(changes, says):
     """A boundary off the recorded alignment (tokens shifted; CP slicing would also fail), a loss

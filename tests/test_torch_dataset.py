@@ -274,3 +274,22 @@ def test_a_split_asked_of_a_native_output_says_it_has_none(packed_dir):
     assert len(PackedDataset(packed_dir)) > 0
     with pytest.raises(ConfigError, match="this is a native output, which has no splits: leave split out"):
         PackedDataset(packed_dir, split="training")[0]
+
+
+def test_a_recorded_min_packed_seqlen_of_0_opens():
+    """min_packed_seqlen's range is 0..pack_size (Bridge takes the smallest across entries, and
+    pack_size - 0 bounds every segment): a 0 is no impossible shape, unlike a 0 max_samples_per_bin."""
+    meta = make_meta(ROWS, pack_size=8, multiple=2, pad_to_max_length=True, pad_cu_seqlens=True)
+    meta["bridge"]["min_packed_seqlen"] = 0
+    ds = PackedDataset(InMemoryReader(ROWS, meta))
+    assert ds.static and {ds[i].max_seqlen for i in range(2)} == {8 + 2}  # bound 8 == C: served as C + m
+
+
+@pytest.mark.parametrize("key,value", [("dataset_max_seqlen", 2**40), ("max_samples_per_bin", 2**27)])
+def test_an_impossible_static_shape_of_an_open_reader_is_refused_at_open(key, value):
+    """Only a Bridge layout opened by path has its splits' keys checked again: a native output's
+    or an open reader's key is checked once, when the dataset opens (2**27 made every pack's boundaries 134M entries)."""
+    meta = make_meta(ROWS, pack_size=8, multiple=2, pad_to_max_length=True, pad_cu_seqlens=True)
+    meta["bridge"][key] = value
+    with pytest.raises(DataError, match=rf"bridge: {key} = {value} is impossible for packs of 8 tokens"):
+        PackedDataset(InMemoryReader(ROWS, meta))

@@ -574,7 +574,7 @@ def test_a_numpy_seed_is_stored_as_an_int_and_large_seeds_do_not_collide():
 
 def test_unshuffled_packs_that_are_never_served_are_named():
     ds = _dataset(num_packs=26)
-    with pytest.warns(UserWarning, match=r"shuffle=False\): the last 8 of 26 packs make no whole micro-batch"):
+    with pytest.warns(UserWarning, match=r"shuffle=False\): the last 8 packs of 26 make no whole micro-batch for every DP rank and are never served"):
         THDLoader(ds, shuffle=False, batch_packs=3, dp_size=3, cp_size=1, device="cpu", num_workers=0)
 
 
@@ -626,3 +626,10 @@ def test_a_numpy_flag_is_stored_as_a_bool():
     assert type(loader.state_dict()["shuffle"]) is bool  # a checkpoint loads with torch.load(weights_only=True)
     with pytest.raises(ValueError, match="static must be True, False or None, got 'false'"):
         PackedDataset(_dataset(num_packs=4).reader, static="false")
+
+
+def test_a_single_unshuffled_pack_that_is_never_served_is_named():
+    ds = _dataset(num_packs=11)
+    with pytest.warns(UserWarning, match=r"shuffle=False\): the last pack of 11 makes no whole micro-batch for every DP rank and is never served"):
+        loader = THDLoader(ds, shuffle=False, dp_size=2, dp_rank=1, device="cpu", num_workers=0)
+    assert len(loader) == 5

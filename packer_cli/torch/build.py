@@ -109,8 +109,8 @@ def _check_row(row: Any, tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s
         raise ValueError(f"malformed pack: sequence {k} has {s[k]} real tokens in {p[k]}, more padding than "
                          f"pad_seq_to_mult={multiple} allows")
     _check_padding(tokens, loss, cu, s, p, pad_id)
-    if loss.size and loss.dtype != np.bool_ and (int(loss.max()) > 1 or (loss.dtype.kind != "u" and int(loss.min()) < 0)):
-        bad = int(np.flatnonzero((loss > 1) | (loss < 0))[0])
+    if loss.size and loss.dtype != np.bool_ and _not_zero_or_one(loss):
+        bad = int(np.flatnonzero((loss != 0) & (loss != 1))[0])
         raise ValueError(f"malformed pack: loss_mask holds {loss[bad]} at token {bad}, not 0 or 1")
     if tokens.size and tokens.dtype.kind == "i" and int(tokens.min()) < 0:  # pack refuses them in its inputs
         bad = int(np.flatnonzero(tokens < 0)[0])
@@ -119,6 +119,15 @@ def _check_row(row: Any, tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s
     if last is not None and len(last) and int(np.min(last)) < 0:
         k = int(np.flatnonzero(np.asarray(last) < 0)[0])
         raise ValueError(f"malformed pack: sequence {k} has the last_token {last[k]}, a negative id")
+
+
+def _not_zero_or_one(loss: np.ndarray) -> bool:
+    """Whether an integer or float mask holds a value other than 0 and 1. Integers are judged by
+    their range alone (two reductions); a float mask needs each value compared, else 0.5 or 1.5
+    (or NaN) would pass a range check and weight the loss."""
+    if loss.dtype.kind in "iu":
+        return int(loss.max()) > 1 or (loss.dtype.kind == "i" and int(loss.min()) < 0)
+    return bool(((loss != 0) & (loss != 1)).any())
 
 
 def _check_padding(tokens: np.ndarray, loss: np.ndarray, cu: np.ndarray, s: np.ndarray, p: np.ndarray,
