@@ -454,3 +454,62 @@ def test_a_bridge_manifest_without_a_fact_every_packer_wrote_is_a_finding(copy, 
     result = run("verify", out, "--split", "training")
     assert result.exit_code == 1 and f"{key} is None" in result.output, result.output
     assert "the file's input_ids hold" in result.output or "the file has" in result.output, result.output
+
+
+@pytest.mark.parametrize("kind", ["native", "bridge"])
+@pytest.mark.parametrize("key", ["too_short_dropped", "bad_records"])
+def test_a_count_recorded_as_a_boolean_is_a_finding(copy, kind, key):
+    """true is an int to Python: a count no data check recomputes, recorded as true and the
+    checksum sealed again, is still a mistyped field."""
+    out = copy(kind)
+    edit_metadata(out, metadata_name(kind), lambda doc: doc["counts"].update({key: True}))
+    assert_refused(out, f"counts.{key} has an unexpected value True", "training" if kind == "bridge" else None)
+
+
+def test_a_recorded_vocab_size_of_0_is_a_schema_finding(copy):
+    """vocab_size 0 (a vocabulary of no id) is a mistyped field, named as such, not only as every
+    token being past it."""
+    out = copy("native")
+    edit_metadata(out, "metadata.json", lambda doc: doc["source"].update(vocab_size=0))
+    assert_refused(out, "source.vocab_size has an unexpected value 0")
+
+
+def _one_bad_record_on_line(line):
+    def edit(doc):
+        doc["bad_records"] = [{"path": "x.jsonl", "row": 0, "line": line, "reason": "not JSON"}]
+        doc["counts"]["bad_records"] += 1
+        doc["counts"]["records"] += 1
+    return edit
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda doc: doc["source"].update(tokens_field=""), "source.tokens_field has an unexpected value ''"),
+    (lambda doc: doc.update(packer_version="1"), "metadata.packer_version has an unexpected value '1'"),
+    (_one_bad_record_on_line(-1), "metadata.bad_records has an unexpected value"),
+    (lambda doc: doc["counts"]["overlong"].pop("policy"), "counts.overlong.policy is missing [metadata.schema]"),
+    (lambda doc: doc["bridge"].update(pack_size=True), "bridge.pack_size has an unexpected value True"),
+], ids=["tokens-field-empty", "version-without-minor", "bad-record-line-negative", "overlong-policy-missing",
+        "bridge-figure-a-boolean"])
+def test_a_recorded_fact_of_an_impossible_value_is_a_schema_finding(copy, edit, says):
+    """Fields no data check recomputes (the tokens field, the packer version, a listed bad
+    record's line) edited to values no run writes, or removed, the checksum sealed again: each
+    is named by the schema check, which inspect runs too."""
+    out = copy("native")
+    edit_metadata(out, "metadata.json", edit)
+    assert_refused(out, says)
+
+
+def test_a_listed_bad_record_of_no_line_passes(copy):
+    """The positive side of the rule above: a bad record without a line (a Parquet row) is
+    recorded with line null, and the output verifies."""
+    out = copy("native")
+    edit_metadata(out, "metadata.json", _one_bad_record_on_line(None))
+    assert run("verify", out).exit_code == 0
+
+
+def test_a_bridge_split_eos_id_below_0_is_a_finding(copy):
+    """output.eos_id is an id (what the stored padding is checked against): -1, sealed again,
+    is named by the schema check, which inspect runs too."""
+    out = copy("bridge")
+    edit_metadata(out, "training.metadata.json", lambda doc: doc["output"].update(eos_id=-1))
+    assert_refused(out, "output.eos_id has an unexpected value -1", "training")

@@ -404,3 +404,25 @@ def test_a_shard_that_cannot_be_read_is_a_finding(copy, made, monkeypatch):
     assert result.exit_code == 1, result.output
     assert f"{first}: cannot be read (Permission denied) [shard.unreadable]" in result.output
     assert result.output.count("[shard.unreadable]") == 1  # the rows of a file that cannot be read are not tried
+
+
+@pytest.mark.parametrize("what", ["a directory", "a FIFO"])
+def test_a_listed_shard_that_is_not_a_regular_file_is_named_for_what_it_is(copy, what):
+    """A shard replaced by a directory or a FIFO of its name is reported as not a regular file
+    (shard.missing), not measured as a truncated shard: a directory has a size of its own, a FIFO
+    one of 0. Run as processes, so a FIFO opened for reading fails by timeout, not a hang."""
+    import os
+    import subprocess
+    import sys
+
+    out = copy("native")
+    shard = out / _shards(out)[0]["name"]
+    shard.unlink()
+    shard.mkdir() if what == "a directory" else os.mkfifo(shard)
+    says = (f"{shard.name}: listed in manifest.json but not a regular file (a directory, FIFO, socket or device) "
+            "[shard.missing]")
+    for command in ("verify", "inspect"):
+        result = subprocess.run([sys.executable, "-m", "packer_cli.cli", command, str(out)], capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode == 1, (command, result.stdout, result.stderr)
+        assert says in result.stdout + result.stderr and "[shard.size]" not in result.stdout + result.stderr

@@ -255,3 +255,20 @@ def test_a_shards_schema_names_the_format_and_its_version(packed, tmp_path, keys
     _rewrite_shard(out, manifest, table.replace_schema_metadata(keys))
     result = runner.invoke(app, ["verify", str(out)])
     assert result.exit_code == 1 and f"{entry['name']}: {says}" in result.output, result.output
+
+
+def test_a_version_1_mask_value_2_alone_in_its_sequence_is_a_finding(packed, tmp_path):
+    """The mask check ORs a sequence's values: a 2 beside 1s gives 3, but a 2 in a sequence
+    whose other positions are 0 gives 2, which must be caught as well (any value above 1)."""
+    _, _, v1 = packed
+    out, manifest, table = _copy_with_first_shard(v1, tmp_path / "v1")
+    entry = manifest["shards"][0]
+    rows = table.to_pylist()
+    r = rows[0]
+    start, real = r["cu_seqlens"][0], r["seq_lens"][0]
+    r["loss_mask"][start:start + real] = [2] + [0] * (real - 1)
+    _rewrite_shard(out, manifest, pa.Table.from_pylist(rows, schema=pack_schema(1)))
+    result = runner.invoke(app, ["verify", str(out)])
+    assert result.exit_code == 1
+    line = next((x for x in result.output.splitlines() if "[pack.loss_mask]" in x), None)
+    assert line is not None and f"{entry['name']} row 0 (pack 0) seq 0" in line, result.output

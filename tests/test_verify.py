@@ -925,8 +925,10 @@ def _first_padding_slot(rows, value: int):
     (_set_first("tokens", -5), "seq 0: a token id is negative [pack.tokens]"),
     (_set_first("tokens", 5000), "seq 0: token id 5000 is >= the vocab size 5000 [pack.tokens]"),
     (lambda rows: _first_padding_slot(rows, 77), ": 1 padding tokens differ from pad id 0 [pack.padding]"),
+    (_set_first("source_index", -1), "seq 0: source index -1 is negative [pack.source]"),
+    (_set_first("source_offset", -256), "seq 0: source offset -256 is negative [pack.source]"),
 ], ids=["index-equal-to-records", "last-token-negative", "last-token-equal-to-vocab", "token-negative",
-        "token-equal-to-vocab", "padding-token"])
+        "token-equal-to-vocab", "padding-token", "index-negative", "offset-negative"])
 def test_one_value_just_out_of_range_is_a_finding(with_vocab, tmp_path, edit, says):
     """Each per-sequence range check at its boundary (the first value out of range, not a far one):
     one value edited, the checksums made to hold, verify names it."""
@@ -1582,3 +1584,130 @@ def test_no_progress_bar_is_written_when_stderr_is_not_a_terminal(monkeypatch):
         task = progress.task("verify", 10, "packs")
         progress.advance(task, 10)
     assert err.getvalue() == ""
+
+
+def test_findings_after_an_unsound_pack_name_their_own_row(broken):
+    """A shard whose first pack has a column of the wrong length (left out of the sequence
+    checks) and whose second has cu_seqlens starting at 4 (left out of the token scan): the
+    findings of the packs after them must still name their own row and sequence, not the one
+    at the same position among the packs or sequences that were checked."""
+    shard = first_shard(broken)
+    where = {}
+
+    def damage(rows):
+        rows[0]["source_offset"].pop()
+        rows[1]["cu_seqlens"][0] = 4
+        over = next(i for i in range(2, len(rows)) if len(rows[i]["seq_lens"]) > 1 and any(
+            rows[i]["cu_seqlens"][k + 1] - rows[i]["cu_seqlens"][k] > s for k, s in enumerate(rows[i]["seq_lens"])))
+        r = rows[over]
+        cu, s = r["cu_seqlens"], r["seq_lens"]
+        k = next(k for k in range(len(s)) if cu[k + 1] - cu[k] > s[k])
+        r["loss_mask"][cu[k] + s[k]] = 1
+        grow = (C - len(r["tokens"])) // 4 * 4 + 4  # padding of the last sequence, past C
+        r["tokens"] += [0] * grow
+        r["loss_mask"] += [0] * grow
+        cu[-1] += grow
+        down = next(i for i in range(over + 1, len(rows)) if len(rows[i]["seq_lens"]) > 1)
+        rows[down]["cu_seqlens"][1] = rows[down]["cu_seqlens"][2] + 4
+        where.update(over=over, seq=k, load=len(r["tokens"]), down=down, to=rows[down]["cu_seqlens"][2])
+
+    rewrite(broken, shard, damage)
+    result = verify(broken)
+    assert result.exit_code == 1
+    for line in (f"{shard} row 0 (pack 0): source_offset has ",
+                 f"{shard} row 1 (pack 1): cu_seqlens starts at 4, not 0 [pack.cu_seqlens]",
+                 f"{shard} row {where['over']} (pack {where['over']}): the pack holds {where['load']:,} runtime tokens "
+                 f"(Σp), more than C = {C} [pack.capacity]",
+                 f"{shard} row {where['over']} (pack {where['over']}) seq {where['seq']}: loss mask is 1 on 1 of its ",
+                 f"{shard} row {where['down']} (pack {where['down']}) seq 1: cu_seqlens decreases from "
+                 f"{where['to'] + 4} to {where['to']} [pack.cu_seqlens]"):
+        assert line in result.output, result.output
+
+
+@pytest.mark.parametrize("case", ["start-below-0", "end-short"])
+def test_cu_seqlens_not_spanning_exactly_the_packs_tokens_is_a_finding(broken, case):
+    """cu_seqlens must start at 0 and end at the pack's runtime length: a start of -4 (aligned,
+    only the first boundary moved) and an end 4 tokens short (those tokens in no sequence, the
+    real length lowered with it so no length check fires) are each named."""
+    shard = first_shard(broken)
+    where = {}
+
+    def below_0(rows):
+        rows[0]["cu_seqlens"][0] = -4
+        where.update(row=0, says="cu_seqlens starts at -4, not 0")
+
+    def end_short(rows):
+        i = next(i for i, r in enumerate(rows) if r["seq_lens"][-1] > 8)
+        r = rows[i]
+        r["cu_seqlens"][-1] -= 4
+        r["seq_lens"][-1] -= 4
+        where.update(row=i, says=f"cu_seqlens ends at {r['cu_seqlens'][-1]} but the pack has {len(r['tokens'])} "
+                                 f"runtime tokens")
+
+    assert_finds(broken, shard, below_0 if case == "start-below-0" else end_short, lambda: (
+        f"{shard} row {where['row']} (pack {where['row']}): {where['says']} [pack.cu_seqlens]"))
+
+
+def test_a_real_length_past_an_empty_segment_is_a_finding(broken):
+    """A sequence of padded length 0 (cu_seqlens repeated) that claims 3 real tokens: its real
+    length exceeds its padded one, and only pack.lengths says so (p = 0 is aligned)."""
+    shard = first_shard(broken)
+
+    def empty_but_3_real(rows):
+        r = rows[0]
+        r["cu_seqlens"].insert(1, r["cu_seqlens"][1])
+        for col, value in (("seq_lens", 3), ("last_token", 1), ("source_index", r["source_index"][0]),
+                           ("source_offset", 0)):
+            r[col].insert(1, value)
+
+    assert_finds(broken, shard, empty_but_3_real, lambda: (
+        f"{shard} row 0 (pack 0) seq 1: real length 3 exceeds the padded length 0 [pack.lengths]"))
+
+
+def test_a_broken_metadata_checksum_is_named_against_metadata_json(synth, tmp_path):
+    """The checksum finding names the file whose checksum broke (metadata.json), not the manifest."""
+    out = Path(shutil.copytree(synth[1][OverlongPolicy.TRUNCATE], tmp_path / "seal"))
+    meta = json.loads((out / "metadata.json").read_text())
+    meta["spec"]["seed"] += 1
+    (out / "metadata.json").write_text(json.dumps(meta))
+    result = verify(out)
+    assert result.exit_code == 1
+    lines = [line for line in result.output.splitlines() if line.endswith("[metadata.checksum]")]
+    assert len(lines) == 1 and lines[0].startswith("metadata.json: checksum.xxh3_64 is "), result.output
+
+
+def test_a_split_output_whose_pack_size_is_no_multiple_of_m_passes(synth, tmp_path):
+    """At C = 258 and m = 4 a sequence is at most ⌊C/m⌋·m = 256 long, and a split sample's pieces
+    sit at offsets 0, 256, 512, …: verify checks them against 256, not against C."""
+    src = synth[0]
+    out = pack_to([src], tmp_path / "c258", PackSpec(pack_size=258, pad_seq_to_mult=4, overlong=OverlongPolicy.SPLIT))
+    offsets = {o for e in manifest(out)["shards"]
+               for o in pa.ipc.open_file(str(out / e["name"])).read_all().column("source_offset").combine_chunks()
+               .flatten().to_pylist()}
+    assert 256 in offsets and 258 not in offsets
+    for args in ([out], [out, "--source", src]):
+        result = verify(*args)
+        assert result.exit_code == 0, result.output
+
+
+def test_extra_directory_is_named_a_directory(broken):
+    """An unlisted directory is reported as one (the check looks inside the output, not the
+    current directory)."""
+    (broken / "notes").mkdir()
+    result = verify(broken)
+    assert result.exit_code == 1
+    assert "notes: unexpected directory, not listed in manifest.json [structure.files]" in result.output, result.output
+
+
+@pytest.mark.parametrize("key", ["bridge.pack_size", "static.cu_seqlens_len", "bridge.max_samples_per_bin"])
+def test_a_recorded_integer_figure_written_as_a_float_is_a_finding(broken, key):
+    """A trainer sizes its buffers by these: 256.0 where the packs give 256 (same value, another
+    type), its checksum resealed, is a finding naming the key, not equal enough to pass."""
+    group, name = key.split(".")
+    old = json.loads((broken / "metadata.json").read_text())[group][name]
+    assert type(old) is int
+    _resealed(broken, lambda doc: doc[group].update({name: float(old)}))
+    result = verify(broken)
+    assert result.exit_code == 1
+    assert f"metadata.json: {key} is {float(old)!r} but the data has {old!r} [metadata.{group}]" in result.output, \
+        result.output

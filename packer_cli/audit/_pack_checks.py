@@ -184,8 +184,8 @@ def check_batch(batch: PackBatch, first_pack: int, lim: Limits, sink: FindingSin
     if lim.records is not None:
         sink.add_many("pack.source", np.flatnonzero(index >= lim.records), seq_msg(
             lambda j: f"source index {index[j]} is beyond the {lim.records:,} records the run read"))
-    sink.add_many("pack.source", np.flatnonzero((offset < 0) | (offset % lim.cap != 0)),
-                  seq_msg(lambda j: f"source offset {offset[j]} is not a multiple of {lim.cap}"))
+    sink.add_many("pack.source", np.flatnonzero((offset < 0) | (offset % lim.cap != 0)), seq_msg(
+        lambda j: f"source offset {offset[j]} is " + ("negative" if offset[j] < 0 else f"not a multiple of {lim.cap}")))
     sink.add_many("pack.tokens", np.flatnonzero(last_tok < 0),
                   seq_msg(lambda j: f"last_token {last_tok[j]} is negative"))
 
