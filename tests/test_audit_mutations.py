@@ -406,6 +406,32 @@ def test_a_bridge_splits_recorded_file_facts_must_hold(copy, where, changes):
     assert result.exit_code == 1 and "[bridge.file]" in result.output, result.output
 
 
+def test_a_recorded_file_fact_of_another_type_is_a_finding(copy):
+    """The output record's row_group_size as a float (equal in value to the manifest's integer)
+    is not what packer writes: named, with the manifest's value."""
+    out = copy("bridge")
+    size = json.loads((out / "training.manifest.json").read_text())["shards"][0]["row_group_size"]
+    edit_metadata(out, "training.metadata.json", lambda doc: doc["output"].update(row_group_size=float(size)))
+    result = run("verify", out, "--split", "training")
+    assert result.exit_code == 1
+    assert (f"training.metadata.json: output.row_group_size is {float(size)}, the manifest's is {size} "
+            f"[bridge.file]") in result.output, result.output
+
+
+def test_a_recorded_file_fact_the_footer_contradicts_names_the_manifest(copy):
+    """A stored token count the file's footer does not give is the manifest entry's fault: the
+    finding names the manifest, not the data file."""
+    out = copy("bridge")
+    path = out / "training.manifest.json"
+    doc = json.loads(path.read_text())
+    true = doc["shards"][0]["stored_tokens"]
+    doc["shards"][0]["stored_tokens"] = true + 1
+    path.write_text(json.dumps(doc))
+    result = run("verify", out, "--split", "training")
+    assert result.exit_code == 1
+    assert (f"training.manifest.json: stored_tokens is {true + 1}, the file's input_ids hold {true} values "
+            f"[bridge.file]") in result.output, result.output
+
 @pytest.mark.parametrize("key", ["format", "split", "files", "row_group_size"])
 def test_a_bridge_output_record_missing_a_key_is_a_finding(copy, key):
     """A missing key of the output record raised KeyError (a traceback from verify and inspect)."""

@@ -141,7 +141,7 @@ def test_bridge_array_missing_or_malformed(copy, made, text, says):
     assert_fails(out, made["train"], ARRAY, split="training")
 
 
-@pytest.mark.parametrize("key,value", [("pack_size", 2 * C), ("max_samples_per_bin", 1), ("dataset_max_seqlen", 8),
+@pytest.mark.parametrize("key,value", [("pack_size", 2 * C), ("pack_size", C // 2), ("max_samples_per_bin", 1), ("dataset_max_seqlen", 8),
                                        ("min_packed_seqlen", 1), ("packing_factor", 0.5),
                                        ("packing_efficiency", 12.5)])
 def test_edited_bridge_array_entry(copy, made, key, value):
@@ -174,6 +174,40 @@ def test_bridge_array_entry_of_a_mistyped_key(copy, made):
     assert result.exit_code == 1
     assert "entry 0: max_samples_per_bin is '63', expected an integer [bridge.array]" in result.output, result.output
 
+
+@pytest.mark.parametrize("key,value,expected", [("packing_efficiency", -0.5, "a number"),
+                                                ("max_samples_per_bin", True, "an integer")])
+def test_bridge_array_entry_of_a_value_no_bridge_key_takes_is_named_in_every_splits_audit(copy, made, key, value,
+                                                                                         expected):
+    """A ratio below 0, or a boolean where a count belongs (JSON's true, which Python calls an
+    int): the array is damaged whichever split is verified (the other split's entry intact)."""
+    out = copy("bridge")
+    array = load(out / ARRAY)
+    k = array.index(load(out / "training.metadata.json")["bridge"])
+    array[k][key] = value
+    save(out / ARRAY, array)
+    for split in ("training", "validation"):
+        result = run("verify", out, "--split", split)
+        assert result.exit_code == 1, result.output
+        assert f"entry {k}: {key} is {value!r}, expected {expected} [bridge.array]" in result.output, result.output
+
+
+def test_the_edited_entry_named_is_the_closest_to_the_split_not_a_stale_one(copy, made):
+    """This split's entry edited and a stale one before it: the split's entry is the one that
+    differs least from its values, and the stale one is what is left over."""
+    out = copy("bridge")
+    array = load(out / ARRAY)
+    train = load(out / "training.metadata.json")["bridge"]
+    k = array.index(train)
+    true = train["max_samples_per_bin"]
+    array[k] = dict(train, max_samples_per_bin=true + 5)
+    stale = dict(train, max_samples_per_bin=true + 7, dataset_max_seqlen=8, min_packed_seqlen=1)
+    save(out / ARRAY, [stale, *array])
+    result = run("verify", out, "--split", "training")
+    assert result.exit_code == 1
+    assert (f"{ARRAY}: entry {k + 1}, the training split's: max_samples_per_bin is {true + 5} but the data has "
+            f"{true} [bridge.entry]") in result.output, result.output
+    assert "holds 3 entries for the 2 splits here" in result.output, result.output
 
 def test_bridge_array_with_a_stale_or_missing_entry(copy, made):
     out = copy("bridge")

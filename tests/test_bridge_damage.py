@@ -9,6 +9,7 @@ column and the damaged row (the pack index: a split has one file).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -502,6 +503,82 @@ def test_an_unknown_codec_in_the_footer_is_a_finding_not_an_abort(copy):
             done.stdout + done.stderr, (done.stdout, done.stderr)
         assert "Traceback" not in done.stderr and "terminate called" not in done.stderr
 
+
+@pytest.mark.parametrize("chunk, codec", [("last", 22), ("first", 8)], ids=["a-later-chunk", "codec-8"])
+def test_an_unknown_codec_in_any_column_chunk_is_a_finding(copy, chunk, codec):
+    """Every column chunk's codec is looked at before pyarrow's accessors are asked (not only
+    the first chunk's), and 8, the first number past LZ4_RAW (7), is unknown to both readers."""
+    import subprocess
+    import sys
+
+    out = copy()
+    raw = bytearray((out / DATA).read_bytes())
+    footer_start = len(raw) - 8 - int.from_bytes(raw[-8:-4], "little")
+    marks = [footer_start + m.start() for m in re.finditer(re.escape(b"element\x15\x0c"), raw[footer_start:])]
+    assert len(marks) > 1  # several column chunks (row groups of ROW_GROUP rows)
+    at = (marks[-1] if chunk == "last" else marks[0]) + len(b"element\x15")
+    raw[at] = 2 * codec  # zigzag
+    (out / DATA).write_bytes(bytes(raw))
+    manifest_path = out / "training.manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["shards"][0].update(bytes=len(raw), xxh3_64=xxhash.xxh3_64(bytes(raw)).hexdigest())
+    manifest_path.write_text(json.dumps(manifest))
+    assert _footer_read_both_ways(out / DATA) == ["a column chunk names an unknown codec"] * 2
+    done = subprocess.run([sys.executable, "-m", "packer_cli.cli", "verify", str(out)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
+    assert "its footer cannot be read: a column chunk names an unknown codec [bridge.file]" in done.stdout, done.stdout
+
+def _write_groups(out: Path, table: pa.Table, sizes: list[int], compression="zstd") -> None:
+    """Rewrite the split file with row groups of ``sizes`` rows (and ``compression``, one codec
+    or one per column), making the manifest's size and checksum hold."""
+    assert sum(sizes) == table.num_rows
+    with pq.ParquetWriter(out / DATA, table.schema, compression=compression) as writer:
+        at = 0
+        for n in sizes:
+            writer.write_table(table.slice(at, n), row_group_size=n)
+            at += n
+    manifest_path = out / "training.manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    raw = (out / DATA).read_bytes()
+    manifest["shards"][0].update(bytes=len(raw), xxh3_64=xxhash.xxh3_64(raw).hexdigest())
+    manifest_path.write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("layout", ["one-before-the-last-short", "the-last-long"])
+def test_row_groups_other_than_the_recorded_size_are_a_finding(copy, layout):
+    """Every row group but the last holds row_group_size rows, and the last one 1 to that many:
+    a file whose next-to-last group is short, or whose last group is longer, is named."""
+    out = copy()
+    table = read(out)
+    n = table.num_rows
+    sizes = [ROW_GROUP] * (n // ROW_GROUP) + ([n % ROW_GROUP] if n % ROW_GROUP else [])
+    assert len(sizes) > 2
+    if layout == "the-last-long":  # (one group fewer: row_groups is named too)
+        sizes[-2:] = [sizes[-2] + sizes[-1]]
+    elif sizes[-1] < ROW_GROUP:  # as many groups as recorded: this finding alone
+        sizes[-2:] = [sizes[-2] - 1, sizes[-1] + 1]
+    else:
+        sizes[-1:] = [sizes[-1] - 1, 1]
+    _write_groups(out, table, sizes)
+    found = [f.message for f in verify(out).findings if f.check == "bridge.file"]
+    assert any(m.startswith(f"row_group_size is {ROW_GROUP}, the file's groups hold ") for m in found), found
+
+
+def test_columns_of_another_codec_than_the_recorded_encoding_are_a_finding(copy):
+    """The recorded encoding's codec must be every column's: one column compressed otherwise
+    (the others as recorded) is named."""
+    out = copy()
+    table = read(out)
+    encoding = json.loads((out / "training.manifest.json").read_text())["shards"][0]["parquet_encoding"]
+    assert encoding.endswith("zstd")
+    schema = pq.ParquetFile(out / DATA).schema  # codecs are set per leaf column (a list's "x.list.element")
+    leaves = [schema.column(c).path for c in range(len(schema))]
+    codecs = {leaf: "zstd" for leaf in leaves} | {leaves[-1]: "snappy"}
+    _write_groups(out, table, [min(ROW_GROUP, table.num_rows - at) for at in range(0, table.num_rows, ROW_GROUP)],
+                  compression=codecs)
+    found = [f.message for f in verify(out).findings if f.check == "bridge.file"]
+    assert f"parquet_encoding is {encoding}, the file's columns are compressed with SNAPPY, ZSTD" in found, found
 
 def _pages_hold_more_than_the_footer_states(out: Path, times: int, columns=None) -> list[list[int]]:
     """Rewrite the split file with every list of ``columns`` (default: all) ``times`` times as

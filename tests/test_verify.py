@@ -261,6 +261,24 @@ def test_recorded_counts_and_gaps_are_the_datas(tmp_path):
     assert verify(out, "--source", src).exit_code == 0
 
 
+def test_a_loss_mask_on_the_first_token_alone_is_no_target_against_the_source(tmp_path):
+    """A sample's first token is never a label: one whose loss mask marks only it has no target,
+    and a dropped over-long one loses no target token; `verify --source` counts both as pack did,
+    so the sound output passes (a replay counting that first flag failed it)."""
+    src = tmp_path / "train.jsonl"
+    rows = [{"input_ids": list(range(1, 11)), "loss_mask": [1] + [0] * 9}]
+    rows += [{"input_ids": list(range(1, 21 + k)), "loss_mask": [0] * 5 + [1] * (15 + k)} for k in range(5)]
+    rows += [{"input_ids": list(range(1, 301)), "loss_mask": [1] + [0] * 299}]  # over C = 128: dropped
+    src.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = pack_to([src], tmp_path / "out", PackSpec(pack_size=128, overlong=OverlongPolicy.DROP))
+    counts = json.loads((out / "metadata.json").read_text())["counts"]
+    assert (counts["no_target_samples"], counts["overlong"]["target_tokens_lost"]) == (1, 0)
+    result = verify(out, "--source", src)
+    assert result.exit_code == 0, result.output
+    _resealed(out, lambda doc: doc["counts"].update(no_target_samples=0))
+    result = verify(out, "--source", src)
+    assert "counts.no_target_samples is 0 but the source has 1 [source.counts]" in result.output, result.output
+
 def test_more_bad_records_than_the_metadata_lists_pass(tmp_path):
     """metadata.json lists the first 1,000 bad records and counts them all: 1,001 skipped ones
     are a sound output, with and without the source (a check wanting every one listed failed
@@ -405,6 +423,25 @@ def test_token_changed_in_source_of_a_bridge_output(synth, tmp_path):
     line = next(x for x in result.output.splitlines() if "[source.tokens]" in x)
     assert re.search(rf"token position 11 is {picked['value'] - 1} but the source \(.*changed.parquet: "
                      rf"row {picked['k']}\) has {picked['value']}", line), line
+
+
+def test_the_first_of_several_changed_tokens_of_a_sample_is_named(synth, tmp_path):
+    """Two tokens of one sample changed in the source: the finding names the first that differs."""
+    src, outs = synth
+    picked = {}
+
+    def edit(columns):
+        ids = columns["input_ids"]
+        picked["values"] = (ids[40][3], ids[40][7])
+        ids[40][3] += 1
+        ids[40][7] += 1
+
+    result = verify(outs[OverlongPolicy.TRUNCATE], "--source", _edited_source(src, tmp_path, edit))
+    assert result.exit_code == 1
+    lines = [x for x in result.output.splitlines() if "[source.tokens]" in x]
+    first = picked["values"][0]
+    assert len(lines) == 1 and re.search(rf"token position 3 is {first} but the source \(.*changed.parquet: row 40\) "
+                                         rf"has {first + 1} \[source.tokens\]", lines[0]), result.output
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps (Linux)")
@@ -791,6 +828,27 @@ def test_a_piece_of_no_kept_sample_is_a_finding_against_the_source(synth, tmp_pa
             f"as dropped [source.missing]") in result.output, result.output
 
 
+def test_a_piece_past_the_last_source_sample_is_a_finding_against_the_source(synth, tmp_path):
+    """A packed sequence relabelled with an index past the source's last record (the highest key
+    of the sorted table, after every window) is named as no kept sample's piece."""
+    src, outs = synth
+    out = Path(shutil.copytree(outs[OverlongPolicy.DROP], tmp_path / "out"))
+    packed = places(out)
+    shard = first_shard(out)
+    moved = {}
+
+    def relabel(rows):
+        r = rows[0]
+        moved.update(index=r["source_index"][0], place=named(packed[r["source_index"][0]]))
+        r["source_index"][0] = 300  # the source has records 0..299
+
+    rewrite(out, shard, relabel)
+    result = verify(out, "--source", src)
+    assert result.exit_code == 1
+    assert (f"{moved['place']}: source index 300 offset 0 is not a piece of any kept source sample (out of "
+            f"range, a bad or too-short record, or dropped) [source.unexpected]") in result.output, result.output
+    assert f"sample (source index {moved['index']}) is not in the output" in result.output, result.output
+
 def test_padded_length_not_multiple_of_m(broken):
     shard = first_shard(broken)
     where = {}
@@ -1091,6 +1149,20 @@ def test_counts_the_policy_rules_out_are_findings(synth, tmp_path, output, edit,
     said = says.format(old=old, new=new, at_cap=at_cap)
     assert f"metadata.json: {said} [metadata.counts]" in result.output, result.output
 
+
+def test_an_over_long_source_sample_under_the_error_policy_is_named(tmp_path):
+    """An output packed under --overlong error holds no sample over the cap: one in the source
+    (the source changed since) is named with its place, its length and the policy."""
+    out = pack_to([_seven_short_samples(tmp_path)], tmp_path / "out",
+                  PackSpec(pack_size=C, cp=CP, overlong=OverlongPolicy.ERROR))
+    longer = tmp_path / "longer.parquet"
+    ids = [list(range(1, 51))] * 7
+    ids[3] = list(range(1, C + 3))  # C + 2 tokens: C + 1 runtime tokens, one more than the cap
+    pq.write_table(pa.table({"input_ids": ids, "loss_mask": [[1] * len(x) for x in ids]}), longer)
+    result = verify(out, "--source", longer)
+    assert result.exit_code == 1
+    assert (f"longer.parquet: row 3: sample has {C + 1} runtime tokens, more than {C}, but the policy is error "
+            f"[source.counts]") in result.output, result.output
 
 def _leaves(a, b):
     """Pairs of corresponding scalars of two nested dicts of one shape."""
