@@ -263,7 +263,7 @@ def inspect_command(
         _fail_audit(exc, json_out, out)
     except MemoryError as exc:  # pyarrow's ArrowMemoryError too
         _fail_audit(out_of_memory(out, exc), json_out, out)
-    _print_reports(reports, json_out, Console())
+    _print_reports(reports, json_out, Console(soft_wrap=True))  # OUT's path whole in the title
 
 
 def _no_empty_paths(given: list[tuple[str, Optional[str]]]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from packer_cli._console import Console
 from packer_cli.errors import counted
 from packer_cli.plan.bounds import usable_capacity
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
@@ -14,8 +15,7 @@ def _pct(x: float) -> str:
 
 def pack_summary_table(summary) -> Table:
     c, q, s = summary.counts, summary.quality, summary.spec
-    title = "packer pack — dry run (nothing written)" if summary.dry_run else f"packer pack → {summary.out}"
-    table = Table(title=Text(title, style="table.title"), show_header=False, title_justify="left")  # OUT as text
+    table = Table(show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value", justify="right")
     rows = [
@@ -101,5 +101,20 @@ def _spill_line(spill: dict) -> str:
     return f"{how} ({size}{room})"
 
 
+class TitleLine:
+    """A report's title naming OUT, as a line of its own above its table. A table's title wraps
+    at the table's width, which broke a long path across lines padded with spaces where the
+    console had room for it, so it no longer pasted back as one. Printed with soft wrapping (as
+    the CLI prints) the line is whole and the terminal wraps it; otherwise it folds at the
+    console's width. OUT is text, never markup ("run[v2]" is no style)."""
+
+    def __init__(self, title: str):
+        self.title = title
+
+    def __rich_console__(self, console, options):
+        yield Text(self.title, style="table.title", overflow="ignore" if options.no_wrap else "fold")
+
+
 def print_pack_summary(summary, console: Console | None = None) -> None:
-    (console or Console()).print(pack_summary_table(summary))
+    title = "packer pack — dry run (nothing written)" if summary.dry_run else f"packer pack → {summary.out}"
+    (console or Console(soft_wrap=True)).print(Group(TitleLine(title), pack_summary_table(summary)))

@@ -1327,6 +1327,17 @@ def test_a_dry_run_warns_where_the_run_would_not_fit(synthetic_parquet, tmp_path
     assert "would fail for space" not in result.output
 
 
+def test_a_long_out_path_is_printed_whole_on_the_summary_title_line(tmp_path):
+    """The summary's title wrapped at the table's width, breaking a long OUT over lines padded
+    with spaces: it is one line, whole (a terminal wraps it where it must)."""
+    data = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 3)
+    out = tmp_path / ("d" * 70) / ("e" * 40) / "out"
+    out.parent.mkdir(parents=True)
+    r = run("pack", data, "-o", out, "--pack-size", "8")
+    assert r.exit_code == 0, r.output
+    assert f"packer pack → {out}\n" in r.output, r.output
+
+
 @pytest.mark.parametrize("name", ["run[v2]", "od[/b]"])
 def test_bracketed_names_are_printed_as_names_not_styles(tmp_path, monkeypatch, name):
     """rich reads "[v2]" as a style (dropped from the title) and "[/b]" as a closing tag

@@ -473,6 +473,28 @@ def test_a_report_printed_by_any_console_names_its_output_as_it_is(synth, tmp_pa
     assert f"packer inspect → {out}" in buf.getvalue() and "pack 0 (packs-00000.arrow row 0" in buf.getvalue()
 
 
+def test_a_long_out_path_is_printed_whole_on_the_title_line(synth, tmp_path):
+    """The title was the table's, wrapped at the table's width: a long OUT came out broken over
+    lines padded with spaces even where the console had room for it. The CLI prints it whole on
+    one line (the terminal wraps it); a plain console of room enough holds it on one line too, and
+    a narrow one folds it at its own width."""
+    from rich.console import Console as RichConsole
+
+    out = tmp_path / ("d" * 70) / ("e" * 40) / "out"
+    shutil.copytree(synth[1], out)
+    result = runner.invoke(app, ["inspect", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"packer inspect → {out}\n" in result.output, result.output
+    buf = io.StringIO()
+    RichConsole(file=buf, width=400).print(inspect_output(str(out)))
+    assert buf.getvalue().startswith(f"packer inspect → {out}\n"), buf.getvalue()
+    buf = io.StringIO()
+    RichConsole(file=buf, width=60).print(inspect_output(str(out)))
+    lines = buf.getvalue().splitlines()
+    head = "".join(line.strip() for line in lines[:lines.index(next(line for line in lines if line.startswith("┌")))])
+    assert head == f"packer inspect →{out}" and max(map(len, lines)) <= 60
+
+
 def test_equal_reports_compare_equal(synth):
     """The generated == met the histograms' arrays: "truth value of an array is ambiguous"."""
     report = inspect_output(str(synth[1]))

@@ -8,7 +8,7 @@ from rich.text import Text
 
 from packer_cli.audit._histogram import buckets
 from packer_cli.errors import counted
-from packer_cli.report import lower_bound_label
+from packer_cli.report import TitleLine, lower_bound_label
 
 BLOCKS = " ▏▎▍▌▋▊▉█"
 
@@ -70,9 +70,7 @@ def _stat(summary: dict, key: str) -> str:
 def summary_table(report, d: dict) -> Table:
     s, t, q, r = d["spec"], d["totals"], d["quality"], d["recorded"]
     spp = d["sequences_per_pack"]
-    # names from the user and values from the metadata as plain text: "run[v2]" is no style
-    table = Table(title=Text(f"packer inspect → {report.out}", style="table.title"), show_header=False,
-                  title_justify="left")
+    table = Table(show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value", justify="right")
     over = r.get("overlong") if isinstance(r.get("overlong"), dict) else {}
@@ -168,7 +166,7 @@ def render_inspect(report) -> Group:
     # a bucket holds the loads lo..hi (inclusive, as the other histograms' labels): its fills are lo/C..hi/C
     fill = lambda lo, hi: f"{100 * lo / C:.1f}–{100 * hi / C:.1f}%" if hi > lo else f"{100 * lo / C:.1f}%"  # noqa: E731
     parts = [
-        summary_table(report, d), attention_table(d),
+        TitleLine(f"packer inspect → {report.out}"), summary_table(report, d), attention_table(d),
         Histogram("sequence length (real runtime tokens)", report.real_hist),
         Histogram("pack fill (Σp / C)", report.load_hist, label=fill),
         Histogram("sequences per pack", report.seqs_hist),
