@@ -60,6 +60,13 @@ BAD = [
     (dict(spec=dict(refine=None)), "refine must be True or False, got None"),
     (dict(source=dict(vocab_size="100")), "vocab-size must be an integer, got '100'"),
     (dict(source=dict(tokens_field="")), "tokens-field must be a field name, got ''"),
+    # the other fields may be None (not read); the tokens field may not (else a traceback when reading)
+    (dict(source=dict(tokens_field=None)), "tokens-field must be a field name, got None"),
+    # 0 would have been recorded as an override of m = 1, a negative one taken as the alignment
+    (dict(spec=dict(pad_seq_to_mult=0)),
+     "pad-seq-to-mult 0 must be a positive multiple of 1, the alignment required by CP=1, TP=1, SP=off"),
+    (dict(spec=dict(pad_seq_to_mult=-4)),
+     "pad-seq-to-mult -4 must be a positive multiple of 1, the alignment required by CP=1, TP=1, SP=off"),
     # past 2**63 the run failed after packing everything, when the metadata's JSON was written
     (dict(source=dict(vocab_size=2**64)), "vocab-size must be from 1 to 2**63, got 18446744073709551616"),
     (dict(source=dict(vocab_size=0)), "vocab-size must be from 1 to 2**63, got 0"),
@@ -91,6 +98,9 @@ LIMITS = [  # (the last value taken, the first refused, what is said): each boun
      "eos-id must be a non-negative int32, got 2147483648"),
     (dict(output=dict(row_group_size=2**31 - 1)), dict(output=dict(row_group_size=2**31)),
      "row-group-size must be a number of packs from 1 to 2**31 - 1, got 2147483648"),
+    # the 2*CP rule holds only with context parallelism: an odd pack size is fine with CP = 1
+    (dict(spec=dict(pack_size=63)), dict(spec=dict(pack_size=63, cp=2)),
+     "pack-size 63 must be divisible by 2*CP = 4 with context parallelism; use --pack-size 60 or 64"),
 ]
 BAD += [(bad, message) for _, bad, message in LIMITS]
 
@@ -107,7 +117,8 @@ def test_unusable_arguments_are_config_errors(data, tmp_path, kwargs, message):
 
 
 @pytest.mark.parametrize("good", [good for good, _, _ in LIMITS], ids=["seed", "pad-id", "pack-size",
-                                                                       "pad-to-max-length", "eos-id", "row-group-size"])
+                                                                       "pad-to-max-length", "eos-id", "row-group-size",
+                                                                       "odd-pack-size-without-cp"])
 def test_each_bound_takes_its_last_value(good):
     """A bound one off (``<=`` for ``<``) took the first value past it, and the run failed later
     with a traceback (a seed of 2**32 in NumPy, a pack size of 2**24 + 1 in the planner's

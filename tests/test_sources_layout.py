@@ -103,6 +103,15 @@ def test_a_double_star_glob_spans_directories(tmp_path):
     assert read(tmp_path / "data" / "**" / "*.jsonl") == ([100, 200, 300], 3)
 
 
+def test_a_double_star_glob_skips_hidden_directories_as_a_walk_does(tmp_path):
+    jsonl(tmp_path / "data" / "f1.jsonl", [sample(100)])
+    jsonl(tmp_path / "data" / "x" / "f2.jsonl", [sample(200)])
+    jsonl(tmp_path / "data" / ".cache" / "stale.jsonl", [sample(900)])
+    jsonl(tmp_path / "data" / "x" / ".old" / "y" / "stale.jsonl", [sample(901)])
+    assert read(tmp_path / "data" / "**" / "*.jsonl") == ([100, 200], 2)
+    assert read(tmp_path / "data") == ([100, 200], 2)
+
+
 @pytest.mark.parametrize("pattern", ["d/**/*.jsonl", "d/sub/**/*.jsonl", "d/**/sub/**/*.jsonl", "d/**/a.*"])
 def test_a_double_star_glob_refuses_a_link_back_to_a_directory_above_it(tmp_path, monkeypatch, pattern):
     """glob followed d/sub/up -> d round and round: a.jsonl was read ~40 times (two such links:
@@ -132,6 +141,19 @@ def test_a_packer_output_inside_an_input_directory_is_refused(tmp_path, fmt):
     assert read(data / "a.jsonl")[1] == 5  # named on its own, the input still reads
 
 
+@pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
+def test_a_packer_output_named_as_the_input_is_refused(tmp_path, fmt):
+    """The output directory itself as INPUT (not only one inside an input directory): its shards
+    are packs, not samples, and a Bridge layout's Parquet file would be packed again."""
+    jsonl(tmp_path / "a.jsonl", [sample(100 * i, 8) for i in range(1, 6)])
+    result = runner.invoke(app, ["pack", str(tmp_path / "a.jsonl"), "-o", str(tmp_path / "out"), "-C", "16",
+                                 "--format", fmt])
+    assert result.exit_code == 0, result.output
+    for given in (tmp_path / "out", tmp_path / "out" / ""):
+        with pytest.raises(DataError, match=r"out/?: a packer output, not input"):
+            discover_inputs([str(given)])
+
+
 def test_an_output_inside_an_input_directory_is_refused_before_anything_is_written(tmp_path):
     data = tmp_path / "data"
     jsonl(data / "a.jsonl", [sample(100, 8)])
@@ -158,6 +180,16 @@ def test_an_output_where_an_input_pattern_reads_is_refused(tmp_path, monkeypatch
     else:
         assert pack([pattern], "data/packed", PackSpec(pack_size=16)).counts["records"] == 1
         assert pack([pattern], "again", PackSpec(pack_size=16)).counts["records"] == 1  # the pattern misses it
+
+
+def test_an_output_in_a_hidden_directory_a_double_star_skips_is_not_refused(tmp_path, monkeypatch):
+    """'data/**/*' never reads below data/.cache (a '**' skips hidden directories), so an OUT
+    there is no input of a later run: it is written, not refused."""
+    monkeypatch.chdir(tmp_path)
+    jsonl(tmp_path / "data" / "a.jsonl", [sample(100, 8)])
+    (tmp_path / "data" / ".cache").mkdir()
+    assert pack(["data/**/*"], "data/.cache/packed", PackSpec(pack_size=16)).counts["records"] == 1
+    assert pack(["data/**/*"], "again", PackSpec(pack_size=16)).counts["records"] == 1  # the pattern misses it
 
 
 # --- files --------------------------------------------------------------------------------------
@@ -531,6 +563,32 @@ def test_a_state_file_is_searched_whole(tmp_path):
     state = {"note": "x" * (1 << 20), "_data_files": [{"filename": "data-00000-of-00001.arrow"}]}
     (tmp_path / "ds" / "state.json").write_text(json.dumps(state, sort_keys=False))
     assert read(ds) == ([200], 1)
+
+
+def test_a_marker_key_across_the_first_mib_of_a_state_file_is_seen(tmp_path):
+    """The key '"_data_files"' split by the 1 MiB read boundary (some of it in each read) must be
+    found as well: missed, the datasets directory was walked as loose files, its cache file read."""
+    ds = datasets_dir(tmp_path / "ds", [200])
+    table = pa.Table.from_pylist([sample(900)])
+    with pa.ipc.new_stream(os.path.join(ds, "cache-1234.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    head = '{"note": "'
+    for before in (1, 5, 12):  # bytes of the key in the first MiB
+        note = "x" * ((1 << 20) - len(head) - len('", ') - before)
+        text = head + note + '", "_data_files": [{"filename": "data-00000-of-00001.arrow"}]}'
+        assert text.index('"_data_files"') == (1 << 20) - before
+        (tmp_path / "ds" / "state.json").write_text(text)
+        assert read(ds) == ([200], 1), before
+
+
+def test_a_missing_datasets_file_is_named(tmp_path):
+    """The error names the data file state.json lists and the directory lacks."""
+    ds = datasets_dir(tmp_path / "ds", [200])
+    state = {"_data_files": [{"filename": "data-00000-of-00001.arrow"}, {"filename": "data-00001-of-00002.arrow"}]}
+    (tmp_path / "ds" / "state.json").write_text(json.dumps(state))
+    with pytest.raises(DataError, match=r"ds: datasets file data-00001-of-00002\.arrow listed in state\.json "
+                                        r"is missing$"):
+        discover_inputs([ds])
 
 
 def test_an_indices_mapping_is_refused(tmp_path):

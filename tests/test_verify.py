@@ -931,6 +931,21 @@ def test_a_recorded_alignment_the_layout_does_not_give_is_the_metadatas_fault(br
     assert "[pack.alignment]" not in result.output, result.output
 
 
+def test_a_recorded_alignment_without_its_override_flag_is_the_metadatas_fault(broken):
+    """The same edit with spec.pad_seq_to_mult_override gone as well: a missing flag means no
+    override (as as_dict writes it for a layout's own alignment), so the packs are still checked
+    against the layout's 4 and the metadata is named, not every pack's alignment."""
+    def to_8(doc):
+        doc["spec"]["pad_seq_to_mult"] = 8
+        del doc["spec"]["pad_seq_to_mult_override"]
+
+    _resealed(broken, to_8)
+    result = verify(broken)
+    assert result.exit_code == 1
+    assert "spec.pad_seq_to_mult is 8 but CP=2, TP=1, SP=False give 4 [metadata.spec]" in result.output, result.output
+    assert "[pack.alignment]" not in result.output, result.output
+
+
 def test_loss_on_padding(broken):
     shard = first_shard(broken)
     where = {}
