@@ -472,6 +472,16 @@ def _footer_read_both_ways(path) -> list:
     return said
 
 
+def _write_resealed(out, raw: bytearray) -> None:
+    """Write the damaged data file and make the manifest's size and checksum hold for it, so that
+    only the footer's own checks can find the damage."""
+    (out / DATA).write_bytes(bytes(raw))
+    manifest_path = out / "training.manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["shards"][0].update(bytes=len(raw), xxh3_64=xxhash.xxh3_64(bytes(raw)).hexdigest())
+    manifest_path.write_text(json.dumps(manifest))
+
+
 def test_an_unknown_codec_in_the_footer_is_a_finding_not_an_abort(copy):
     # One flipped bit turned a column chunk's codec from ZSTD (6) into 22: pyarrow's
     # ColumnChunkMetaData.compression threw a C++ exception Python cannot catch, and verify and
@@ -487,11 +497,7 @@ def test_an_unknown_codec_in_the_footer_is_a_finding_not_an_abort(copy):
     # compact protocol: path_in_schema ends "...element", then field 4 (codec, i32: 0x15) zigzag(6) = 12
     at = raw.index(b"element\x15\x0c", footer_start) + len(b"element\x15")
     raw[at] = 44  # zigzag(22)
-    (out / DATA).write_bytes(bytes(raw))
-    manifest_path = out / "training.manifest.json"
-    manifest = json.loads(manifest_path.read_text())
-    manifest["shards"][0].update(bytes=len(raw), xxh3_64=xxhash.xxh3_64(bytes(raw)).hexdigest())
-    manifest_path.write_text(json.dumps(manifest))
+    _write_resealed(out, raw)
     # both ways of reading the footer first: compiled (verify, inspect) and pure Python (the PyTorch side)
     assert _footer_read_both_ways(out / DATA) == ["a column chunk names an unknown codec"] * 2
     assert _footer_read_both_ways(copy_of_good) == [None, None]
@@ -518,11 +524,7 @@ def test_an_unknown_codec_in_any_column_chunk_is_a_finding(copy, chunk, codec):
     assert len(marks) > 1  # several column chunks (row groups of ROW_GROUP rows)
     at = (marks[-1] if chunk == "last" else marks[0]) + len(b"element\x15")
     raw[at] = 2 * codec  # zigzag
-    (out / DATA).write_bytes(bytes(raw))
-    manifest_path = out / "training.manifest.json"
-    manifest = json.loads(manifest_path.read_text())
-    manifest["shards"][0].update(bytes=len(raw), xxh3_64=xxhash.xxh3_64(bytes(raw)).hexdigest())
-    manifest_path.write_text(json.dumps(manifest))
+    _write_resealed(out, raw)
     assert _footer_read_both_ways(out / DATA) == ["a column chunk names an unknown codec"] * 2
     done = subprocess.run([sys.executable, "-m", "packer_cli.cli", "verify", str(out)], capture_output=True,
                           text=True, timeout=300)
