@@ -689,3 +689,35 @@ def test_an_empty_histogram_bucket_draws_no_bar():
     assert bar(0, 1000) == ""
     assert bar(1, 10**6) == "▏"
     assert bar(1000, 1000, 10) == "█" * 10
+
+
+def test_numbers_count_every_record_batch_of_a_shard(tmp_path, synth):
+    """One shard of several record batches: every batch is summed into the shard's report,
+    not only the last one read."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline, "BATCH_TOKENS", 20_000)
+        out = tmp_path / "out"
+        pipeline.pack([str(synth[0])], str(out), PackSpec(pack_size=512, cp=2, tp=2, sp=True), shard_bytes=1 << 30)
+    assert len(json.loads((out / "manifest.json").read_text())["shards"]) == 1
+    with pa.ipc.open_file(str(out / "packs-00000.arrow")) as shard:
+        assert shard.num_record_batches > 2
+    check_against_source(inspect_output(str(out)), synth[0], out, 512, 4)
+
+
+def test_pack_detail_of_a_padded_output_gives_the_pack_size(tmp_path, synth):
+    """With pad_to_max_length a pack runs C positions at runtime: its detail says C, not the
+    tokens stored."""
+    out = pack_to(synth[0], tmp_path / "out", PackSpec(pack_size=512, cp=2, pad_to_max_length=True))
+    loads = read_packs(out)["loads"]
+    n = int(np.flatnonzero(loads < 512)[0])
+    detail = json.loads(runner.invoke(app, ["inspect", str(out), "--pack", str(n), "--json"]).output)["pack"]
+    assert detail["pack"] == n and detail["pack_len"] == 512 and sum(detail["padded_len"]) == loads[n]
+
+
+def test_a_negative_pack_is_out_of_range(synth):
+    """--pack -1 is no pack (not the last one, nor a row read at offset -1 of the first batch)."""
+    packs = read_packs(synth[1])["loads"].size
+    result = runner.invoke(app, ["inspect", str(synth[1]), "--pack", "-1"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: --pack -1 is out of range: {synth[1]} has {packs} packs (0..{packs - 1})")

@@ -1789,3 +1789,161 @@ def test_a_recorded_integer_figure_written_as_a_float_is_a_finding(broken, key):
     assert result.exit_code == 1
     assert f"metadata.json: {key} is {float(old)!r} but the data has {old!r} [metadata.{group}]" in result.output, \
         result.output
+
+
+def test_the_verdict_counts_every_problem_of_a_check_and_the_report_its_packs_and_sequences(broken, synth):
+    """A check with many problems is said with their number, not the number of checks; a good
+    output's report carries the packs and sequences it read."""
+    shard = _every_cu_seqlens_starting_at_1(broken)
+    rows = len(pa.ipc.open_file(str(broken / shard)).read_all())
+    bad = verify_output(str(broken))
+    assert bad.exit_code == 1 and bad.errors["pack.cu_seqlens"] == rows > 1
+    n = sum(bad.errors.values())
+    assert bad.verdict().startswith(f"verify: FAILED: {n:,} problems in {len(bad.errors)} checks (")
+    assert f"verify: FAILED: {n:,} problems in" in verify(broken).output
+    good = synth[1][OverlongPolicy.TRUNCATE]
+    table = pa.concat_tables(pa.ipc.open_file(str(good / e["name"])).read_all() for e in manifest(good)["shards"])
+    report = verify_output(str(good))
+    assert report.ok and report.packs == table.num_rows > 1
+    assert report.sequences == len(table.column("seq_lens").combine_chunks().flatten())
+    assert report.tokens == len(table.column("tokens").combine_chunks().flatten())
+    assert report.bytes == sum((good / e["name"]).stat().st_size for e in manifest(good)["shards"])
+    one = VerifyReport(out="o", errors={"pack.lengths": 1})
+    assert one.verdict().startswith("verify: FAILED: 1 problem in 1 check (pack.lengths); ")
+
+
+def test_a_shard_that_cannot_be_read_is_not_also_said_to_hold_no_packs(broken):
+    """Rows and tokens of a shard read only in part (or not at all) are not compared with its
+    manifest entry: "0 packs, but manifest.json records N" is no second problem."""
+    shard = sorted(broken.glob("packs-*.arrow"))[0]
+    with pa.ipc.open_file(shard) as reader:
+        table = reader.read_all()
+    table = table.drop_columns(["source_offset"]).replace_schema_metadata(table.schema.metadata)
+    with pa.ipc.new_file(shard, table.schema) as writer:
+        writer.write_table(table)
+    result = verify(broken)
+    assert result.exit_code == 1 and f"{shard.name}: schema differs" in result.output, result.output
+    assert "[shard.rows]" not in result.output and "[shard.tokens]" not in result.output, result.output
+
+
+def test_the_rate_is_tokens_over_seconds_for_a_run_under_a_second(synth):
+    """A verify of well under a second still says its rate: tokens / seconds, not 0."""
+    assert VerifyReport(out="o", tokens=1_000, seconds=0.5).tokens_per_s == 2_000.0
+    assert "(2k tokens/s)" in VerifyReport(out="o", tokens=1_000, seconds=0.5).verdict()
+    assert VerifyReport(out="o", tokens=1_000, seconds=0.0).tokens_per_s == 0.0
+
+
+def test_inspect_names_the_row_of_a_bad_first_sequence_past_the_first_pack(broken):
+    """The sequence at fault is the first of pack 2: inspect names row 2, not the pack before it."""
+    shard = first_shard(broken)
+    said = {}
+
+    def real_past_padded(rows):
+        r = rows[2]
+        padded = r["cu_seqlens"][1] - r["cu_seqlens"][0]
+        r["seq_lens"][0] = padded + 1
+        said.update(text=f"a sequence has real length {padded + 1} and padded length {padded}")
+
+    rewrite(broken, shard, real_past_padded)
+    result = runner.invoke(app, ["inspect", str(broken)])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip() == (f"error: {broken}: {shard} row 2: malformed pack ({said['text']}); run "
+                                     f"`packer verify` for a full report"), result.output
+
+
+def test_a_null_token_inside_a_pack_is_a_corrupted_record_batch(broken):
+    """A shard whose schema is the pack schema but whose token values hold a null (Arrow does
+    not enforce ``not null`` on a list's items) is unreadable, not read as whatever the null's
+    slot holds."""
+    shard = first_shard(broken)
+    path = broken / shard
+    with pa.ipc.open_file(str(path)) as reader:
+        table = reader.read_all().combine_chunks()
+    tokens = table.column("tokens").chunk(0)
+    values = tokens.values.to_pylist()
+    values[1] = None
+    nulled = pa.ListArray.from_arrays(tokens.offsets, pa.array(values, pa.int32()),
+                                      type=PACK_SCHEMA.field("tokens").type)
+    table = table.set_column(0, PACK_SCHEMA.field("tokens"), nulled)
+    with pa.ipc.new_file(str(path), table.schema) as writer:
+        writer.write_table(table)
+    man = manifest(broken)
+    entry = next(e for e in man["shards"] if e["name"] == shard)
+    entry.update(bytes=path.stat().st_size, xxh3_64=xxhash.xxh3_64(path.read_bytes()).hexdigest())
+    (broken / "manifest.json").write_text(json.dumps(man))
+    result = verify(broken)
+    assert result.exit_code == 1, result.output
+    assert f"{shard} row 0: record batch 0 is corrupted (column tokens holds nulls) [shard.unreadable]" in result.output, \
+        result.output
+
+
+def test_the_rows_of_a_shard_whose_checksum_cannot_be_read_are_not_tried(broken, monkeypatch):
+    """A shard that cannot be read to hash it is one finding; its packs are not read (nor counted)."""
+    from packer_cli.audit import verify as verify_module
+
+    first, checksum = first_shard(broken), verify_module.file_checksum
+    rows = len(pa.ipc.open_file(str(broken / first)).read_all())
+    whole = verify_output(str(broken)).packs
+
+    def refuse(path):
+        if path.endswith(first):
+            raise PermissionError(13, "Permission denied")
+        return checksum(path)
+
+    monkeypatch.setattr(verify_module, "file_checksum", refuse)
+    report = verify_output(str(broken))
+    assert report.errors["shard.unreadable"] == 1 and report.packs == whole - rows > 0
+
+
+def test_an_empty_source_list_compares_no_source(synth):
+    """``sources=[]`` (no --source path given through the API) verifies the output alone."""
+    report = verify_output(str(synth[1][OverlongPolicy.TRUNCATE]), sources=[])
+    assert report.ok and report.source is None
+
+
+def test_a_finding_in_a_later_record_batch_of_a_shard_names_its_pack(synth, tmp_path):
+    """Packs are counted across a shard's record batches: a problem in the third batch names
+    the pack by its index in the output, not by its row within its batch."""
+    out = tmp_path / "out"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline, "BATCH_TOKENS", 4_000)
+        pipeline.pack([str(synth[0])], str(out), PackSpec(pack_size=C, cp=CP), shard_bytes=1 << 30)
+    shard = first_shard(out)
+    path = out / shard
+    with pa.ipc.open_file(str(path)) as reader:
+        batches = [reader.get_batch(b) for b in range(reader.num_record_batches)]
+    assert len(batches) > 2 and len(manifest(out)["shards"]) == 1
+    target = batches[2]
+    rows = target.to_pylist()
+    rows[1]["cu_seqlens"][0] = 1
+    batches[2] = pa.RecordBatch.from_pylist(rows, schema=target.schema)
+    with pa.ipc.new_file(str(path), batches[0].schema) as writer:
+        for b in batches:
+            writer.write_batch(b)
+    man = manifest(out)
+    man["shards"][0].update(bytes=path.stat().st_size, xxh3_64=xxhash.xxh3_64(path.read_bytes()).hexdigest())
+    (out / "manifest.json").write_text(json.dumps(man))
+    row = batches[0].num_rows + batches[1].num_rows + 1
+    result = verify(out)
+    assert result.exit_code == 1
+    assert f"{shard} row {row} (pack {row}): cu_seqlens starts at 1, not 0 [pack.cu_seqlens]" in result.output, \
+        result.output
+
+
+def test_inspect_of_a_compressed_shard_points_at_verify(broken):
+    """inspect's error for a shard it cannot read names the output and points at `packer verify`,
+    whatever the reason's own words (here "packer-thd shards are uncompressed")."""
+    shard = sorted(broken.glob("packs-*.arrow"))[0]
+    with pa.ipc.open_file(shard) as reader:
+        table = reader.read_all()
+    with pa.ipc.new_file(shard, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+        writer.write_table(table)
+    man = manifest(broken)
+    entry = next(e for e in man["shards"] if e["name"] == shard.name)
+    entry.update(bytes=shard.stat().st_size, xxh3_64=xxhash.xxh3_64(shard.read_bytes()).hexdigest())
+    (broken / "manifest.json").write_text(json.dumps(man))
+    result = runner.invoke(app, ["inspect", str(broken)])
+    assert result.exit_code == 1, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith(f"error: {broken}: {shard.name}: record batch 0 is compressed (Zstandard)"), line
+    assert line.endswith("; run `packer verify` for a full report"), line
