@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -379,3 +380,39 @@ def test_total_tokens_of_a_cp_slice_are_the_whole_pack(monkeypatch):
     for r in range(2):
         p = b.for_cp_rank(2, r).packed_seq_params(with_total_tokens=True)
         assert p.total_tokens == 24 == int(p.cu_seqlens_q_padded[-1])
+
+
+def test_total_tokens_is_set_only_when_asked(monkeypatch):
+    """A class with a total_tokens field (the stand-in, newer Megatron-core) gets None by default:
+    int(None) made every plain packed_seq_params() call a TypeError."""
+    monkeypatch.setattr("packer_cli.torch.params.packed_seq_params_class", lambda: PackedSeqParams)
+    b = _batch(SAMPLES_539, multiple=4)
+    assert b.packed_seq_params().total_tokens is None
+    p = b.packed_seq_params(with_total_tokens=True)
+    assert type(p.total_tokens) is int and p.total_tokens == b.num_tokens == 24
+
+
+def test_a_megatron_class_with_cp_partition_mode_is_told_zigzag(monkeypatch):
+    """Newer Megatron-core has cp_partition_mode; our CP slices are TE's zig-zag, so that is the
+    mode it must be given (its own default would slice the rows differently)."""
+
+    @dataclasses.dataclass
+    class NewerPackedSeqParams(PackedSeqParams):
+        cp_partition_mode: str = "contiguous"
+
+    monkeypatch.setattr("packer_cli.torch.params.packed_seq_params_class", lambda: NewerPackedSeqParams)
+    p = _batch(SAMPLES_539, multiple=4, cp=2).packed_seq_params()
+    assert type(p) is NewerPackedSeqParams and p.cp_partition_mode == "zigzag"
+    monkeypatch.setattr("packer_cli.torch.params.packed_seq_params_class", lambda: PackedSeqParams)
+    assert not hasattr(_batch(SAMPLES_539, multiple=4, cp=2).packed_seq_params(), "cp_partition_mode")
+
+
+def test_make_packed_seq_params_gives_host_ints_for_max_seqlen():
+    """TE reads max_seqlen_q/kv as Python ints (a tensor means a .item() sync, which CUDA graphs
+    forbid); a NumPy int or a 0-d tensor given is turned into one."""
+    from packer_cli.torch.params import make_packed_seq_params
+
+    cu = torch.tensor([0, 5, 8, 17], dtype=torch.int32)
+    for given in (np.int64(9), torch.tensor(9)):
+        p = make_packed_seq_params(cu, None, given)
+        assert type(p.max_seqlen_q) is int and type(p.max_seqlen_kv) is int and p.max_seqlen_q == p.max_seqlen_kv == 9

@@ -1,5 +1,6 @@
 """FLOPs from host statistics: attention grows with Σ s_i², not T²."""
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -53,3 +54,26 @@ def test_an_explicit_head_dim_is_the_one_counted():
 def test_large_lengths_stay_exact():
     s = 131072  # s² overflows int32
     assert attention_flops(s * s, 64, 128) == 2 * s * s * 64 * 128
+
+
+def test_pack_flops_counts_the_models_query_groups_and_ffn_width():
+    """pack_flops/training_flops pass GQA groups and the FFN width on: dropped, a Llama-like model
+    was counted as MHA with a 4h MLP."""
+    kw = dict(num_layers=2, hidden_size=8, num_heads=2, head_dim=4, num_query_groups=1, ffn_hidden_size=16, vocab_size=10)
+    f = pack_flops(17, 115, **kw)
+    # per layer and token: qkv 2·8·(2+2)·4 + proj 2·2·4·8 + gated mlp 2·8·16·3; logits 2·8·10
+    assert f.linear == 17 * (2 * (256 + 128 + 768) + 2 * 8 * 10)
+    assert f.linear == linear_flops(17, 8, 2, 4, num_layers=2, num_query_groups=1, ffn_hidden_size=16, vocab_size=10)
+    assert training_flops(17, 115, **kw) == 3 * (f.attention + f.linear)
+
+
+def test_numpy_statistics_count_as_exact_python_ints():
+    """Statistics summed with NumPy (np.int32 token counts, np.int64 Σs²) are Python ints first:
+    NumPy arithmetic wrapped past 2**63 or refused a per-token count above int32."""
+    big = attention_flops(np.int64(2**40), 128, 128, num_layers=256)
+    assert type(big) is int and big == 2**63
+    per_token = linear_flops(1, 4096, 32, 128, num_layers=32, ffn_hidden_size=14336, num_query_groups=8, vocab_size=128256)
+    assert per_token > 2**31
+    n = linear_flops(np.int32(100_000), 4096, 32, 128, num_layers=32, ffn_hidden_size=14336, num_query_groups=8,
+                     vocab_size=128256)
+    assert type(n) is int and n == 100_000 * per_token

@@ -62,7 +62,7 @@ def test_sampler_gives_micro_batch_k_to_rank_k_mod_dp_size():
         assert got == [order[2 * k: 2 * k + 2].tolist() for k in range(r, 9, 3)]  # 9 whole micro-batches
 
 
-@pytest.mark.parametrize("kwargs", [dict(dp_size=2, dp_rank=2), dict(batch_packs=2.5), dict(dp_size=0),
+@pytest.mark.parametrize("kwargs", [dict(dp_size=2, dp_rank=2), dict(batch_packs=2.5), dict(dp_size=0), dict(batch_packs=0),
                                     dict(dp_size=2.0, dp_rank=1), dict(batch_packs="2"), dict(dp_rank=-1)])
 def test_sampler_rejects_bad_sharding(kwargs):
     with pytest.raises(ValueError, match="bad sharding"):
@@ -633,3 +633,25 @@ def test_a_single_unshuffled_pack_that_is_never_served_is_named():
     with pytest.warns(UserWarning, match=r"shuffle=False\): the last pack of 11 makes no whole micro-batch for every DP rank and is never served"):
         loader = THDLoader(ds, shuffle=False, dp_size=2, dp_rank=1, device="cpu", num_workers=0)
     assert len(loader) == 5
+
+
+def test_sampler_len_is_what_a_resumed_pass_yields():
+    """len() of a sampler started mid-epoch (start = micro-batches already consumed) counts the
+    micro-batches it still yields, the tail of the same order."""
+    s = MicroBatchSampler(23, batch_packs=2, dp_size=3, dp_rank=1, seed=5)
+    full = list(s)
+    for start in range(len(full) + 1):
+        s.start = start
+        assert len(s) == len(list(s)) == len(full) - start and list(s) == full[start:]
+
+
+def test_epoch_order_is_that_of_the_epoch_asked_for():
+    """epoch_order(e) is epoch e's shard whatever epoch the sampler is at (the loader asks for
+    the current one; callers checking another epoch's order got the current one's)."""
+    s = MicroBatchSampler(40, batch_packs=2, dp_size=2, dp_rank=1, seed=9)
+    passes = []
+    for epoch in range(3):
+        s.epoch = epoch
+        passes.append(list(s))
+    s.epoch = 7
+    assert [s.epoch_order(e).tolist() for e in range(3)] == passes and passes[0] != passes[1]
