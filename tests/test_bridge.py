@@ -1290,16 +1290,20 @@ def test_a_split_packed_with_another_pad_cu_seqlens_is_refused(tmp_path):
 def test_default_row_groups_stay_whole_across_write_steps(tmp_path, monkeypatch):
     """With the default row-group size, a split that takes several write steps is still row
     groups of default_row_group_size packs (all but the last), not one group per step."""
-    from packer_cli.shards import bridge_writer
+    from packer_cli.shards import bridge, bridge_writer
 
-    monkeypatch.setattr(bridge_writer, "BATCH_TOKENS", 3000)  # steps of ~12 packs, as a large input has
+    # A default of 8 packs a group and steps of 3 groups (24 packs) in ~12 steps, as a large input
+    # has at the real sizes (this input's ~280 packs would be one default group of 455 otherwise).
+    monkeypatch.setattr(bridge, "ROW_GROUP_BYTES", 8 * bridge.STORED_TOKEN_BYTES * 256)
+    monkeypatch.setattr(bridge_writer, "BATCH_TOKENS", 3 * 8 * 256)
+    rows = default_row_group_size(256)
+    assert rows == 8 and bridge_writer.packs_per_step(rows, 256) == 24
     data = write_tiny(tmp_path / "t.jsonl", *[[(k + i) % 900 + 3 for i in range(4 + k % 40)] + [2]
                                               for k in range(3000)])
     summary = bridge_pack([data], tmp_path / "out", PackSpec(pack_size=256))
-    rows = default_row_group_size(256)
     meta = pq.ParquetFile(tmp_path / "out" / "training_256.idx.parquet").metadata
     sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-    assert sum(sizes) == summary.counts["packs"] > 12
+    assert sum(sizes) == summary.counts["packs"] > 10 * 24
     assert all(s == rows for s in sizes[:-1]) and 1 <= sizes[-1] <= rows, sizes
 
 
@@ -1349,3 +1353,65 @@ def test_a_file_appearing_at_out_just_before_the_final_rename_is_refused(tmp_pat
     with pytest.raises(ConfigError, match="appeared while this run was packing"):
         bridge_pack([data], out, PackSpec(pack_size=16))
     assert out.read_text() == "a user's file\n"
+
+
+def test_store_batches_past_the_second_start_at_the_rows_before_them(small, tmp_path, monkeypatch):
+    """Each batch a Bridge split is read in starts at the pack after the previous batch's last
+    (the third and later too), and batch_at finds each by that row, and no batch by a row
+    inside one."""
+    from packer_cli.audit.store import ShardError
+    from packer_cli.shards import bridge_store
+
+    bridge_pack([small], tmp_path / "bridge", PackSpec(pack_size=512, cp=2), row_group_size=5)
+    monkeypatch.setattr(bridge_store, "BATCH_TOKENS", 512 * 12)  # batches of 3 row groups
+    store = bridge_store.BridgeStore.open(str(tmp_path / "bridge"))
+    name = store.shard_names()[0]
+    batches = list(store.read_shard(name))
+    assert len(batches) >= 4
+    starts = [b.first_row for b in batches]
+    assert starts == np.concatenate([[0], np.cumsum([b.num_rows for b in batches])[:-1]]).tolist()
+    assert sum(b.num_rows for b in batches) == len(bridge_rows(tmp_path / "bridge" / "training_512.idx.parquet"))
+    for k in (1, 2, len(batches) - 1):
+        again = store.batch_at(name, starts[k])
+        assert again.first_row == starts[k] and again.num_rows == batches[k].num_rows
+        assert (again.row(0).tokens == batches[k].row(0).tokens).all()
+    with pytest.raises(ShardError, match=f"no batch starts at row {starts[2] + 1}"):
+        store.batch_at(name, starts[2] + 1)
+
+
+@pytest.mark.parametrize("last,listed", [
+    ([100] * 5 + [7] * 3 + [9], "100 (5 samples), 7 (3 samples), 9 (1 sample))"),
+    ([100] * 5 + [7] * 3 + [9] + [11] * 2, "100 (5 samples), 7 (3 samples), 11 (2 samples), ...)"),
+])
+def test_the_missing_terminator_error_lists_the_commonest_last_tokens(last, listed):
+    """Without --eos-id and with samples ending in different tokens, the error names the three
+    most common last tokens, most common first, and '...' only when there are more than three."""
+    from packer_cli.shards.bridge_writer import resolve_eos
+
+    with pytest.raises(ConfigError) as caught:
+        resolve_eos(None, np.array(last), True)
+    assert f"different tokens ({listed}; pass --eos-id" in str(caught.value)
+
+
+def test_a_given_group_size_stays_whole_across_many_write_steps(tmp_path, monkeypatch):
+    """A split written in many steps (each a few row groups) is row groups of exactly
+    --row-group-size packs but the last: no short group where one step ends."""
+    from packer_cli.shards import bridge_writer
+
+    monkeypatch.setattr(bridge_writer, "BATCH_TOKENS", 3000)  # steps of 2 groups of 4 packs of 256
+    data = write_tiny(tmp_path / "t.jsonl", *[[(k + i) % 900 + 3 for i in range(4 + k % 40)] + [2]
+                                              for k in range(3000)])
+    summary = bridge_pack([data], tmp_path / "out", PackSpec(pack_size=256), row_group_size=4)
+    meta = pq.ParquetFile(tmp_path / "out" / "training_256.idx.parquet").metadata
+    sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    assert bridge_writer.packs_per_step(4, 256) < summary.counts["packs"] == sum(sizes)
+    assert all(s == 4 for s in sizes[:-1]) and 1 <= sizes[-1] <= 4, sizes
+
+
+@pytest.mark.parametrize("version,writes", [("15.0.2", False), ("16.0.0", True), ("17.0.0", True)])
+def test_integer_byte_streams_are_written_from_pyarrow_16_on(monkeypatch, version, writes):
+    """split-zstd needs BYTE_STREAM_SPLIT for integers, which pyarrow writes from 16.0 on."""
+    from packer_cli.shards import bridge_writer
+
+    monkeypatch.setattr(bridge_writer.pa, "__version__", version)
+    assert bridge_writer.writes_integer_byte_streams() is writes

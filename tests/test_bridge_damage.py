@@ -791,3 +791,37 @@ def test_an_entry_another_writer_added_while_the_split_was_packed_is_kept(copy, 
     pack([str(made["src"])], str(out), PackSpec(pack_size=C, cp=2, seed=1), overwrite=True,
          output=BridgeOutput(eos_id=DEMO_EOS, row_group_size=ROW_GROUP))
     assert json.loads(array.read_text()) == [other] + before  # the same plan: the same entry again
+
+
+def test_source_findings_in_the_pack_just_before_a_damaged_second_row(copy, made):
+    """When the damaged row is the second of its row group, the group's first pack is still
+    read as a batch of its own and checked against the source."""
+    out = copy()
+    table = read(out)
+    values, offsets = flat(table, "input_ids")
+    values[offsets[2 * ROW_GROUP] + 1] += 1      # the first row of row group 2
+    starts, seq_off = flat(table, "seq_start_id")
+    starts[seq_off[2 * ROW_GROUP + 1]] = 1       # its second row is damaged
+    table = with_column(with_column(table, "input_ids", values, offsets), "seq_start_id", starts, seq_off)
+    write(out, table, table.schema.metadata)
+    report = verify(out, made["src"])
+    assert only(report, "shard.unreadable").row == 2 * ROW_GROUP + 1
+    rows = [f.row for f in report.findings if f.check == "source.tokens"]
+    assert rows == [2 * ROW_GROUP], [f.line() for f in report.findings]
+
+
+def test_a_pack_size_of_zero_names_no_file_of_that_size(copy):
+    """A recorded pack size of 0 (resealed) is unusable like a negative one: the files are not
+    judged by names made of it (``training_0.idx.parquet``, ``0_metadata.jsonl``)."""
+    from packer_cli.shards.format import seal_metadata
+
+    out = copy()
+    path = out / "training.metadata.json"
+    doc = json.loads(path.read_text())
+    doc["spec"]["pack_size"] = 0
+    doc.pop("checksum")
+    path.write_text(json.dumps(seal_metadata(doc)))
+    report = verify(out)
+    assert {f.check for f in report.findings} == {"metadata.spec", "structure.files"}, [
+        f.line() for f in report.findings]
+    assert not any("0_metadata.jsonl" in f.line() or "_0.idx" in f.line() for f in report.findings)

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from packer_cli._arrow import list_array
 from packer_cli._kernel_cache import njit
-from packer_cli.errors import ConfigError, env_choice
+from packer_cli.errors import ConfigError, counted, env_choice
 from packer_cli.shards.bridge import BRIDGE_FORMAT, BRIDGE_FORMAT_VERSION, PARQUET_ENCODING_NAMES
 from packer_cli.shards._parquet_encode import EncodedPart, encode_list_columns
 from packer_cli.shards._parquet_stitch import ParquetStitcher
@@ -78,7 +78,7 @@ def resolve_eos(eos_id: int | None, last_tokens: np.ndarray, needs_padding: bool
         return None, "not needed"
     values, counts = np.unique(last_tokens, return_counts=True)
     top = np.argsort(counts)[::-1][:3]
-    seen = ", ".join(f"{int(values[k])} ({int(counts[k])} samples)" for k in top)
+    seen = ", ".join(f"{int(values[k])} ({counted(int(counts[k]), 'sample')})" for k in top)
     raise ConfigError(
         "alignment padding must use the end-of-sequence id (Bridge finds real lengths by scanning "
         f"for it), but samples end with different tokens ({seen}{', ...' if values.size > 3 else ''}); "
