@@ -725,22 +725,23 @@ def test_a_pack_index_one_past_either_end_is_an_index_error(copy):
             reader.row(i)
 
 
-def test_an_unusable_pack_size_names_no_file_of_that_size(copy):
-    """A Bridge split whose recorded pack size is -1024 (resealed): the spec is the finding; the
-    files are not then judged by names made of that size (``training_-1024.idx.parquet``,
-    ``-1024_metadata.jsonl``), which were three findings about files nobody wrote."""
+@pytest.mark.parametrize("size", [-1024, 0])
+def test_an_unusable_pack_size_names_no_file_of_that_size(copy, size):
+    """A Bridge split whose recorded pack size is -1024 or 0 (resealed): the spec is the finding;
+    the files are not then judged by names made of that size (``training_-1024.idx.parquet``,
+    ``0_metadata.jsonl``), which were findings about files nobody wrote."""
     from packer_cli.shards.format import seal_metadata
 
     out = copy()
     path = out / "training.metadata.json"
     doc = json.loads(path.read_text())
-    doc["spec"]["pack_size"] = -1024
+    doc["spec"]["pack_size"] = size
     doc.pop("checksum")
     path.write_text(json.dumps(seal_metadata(doc)))
     report = verify(out)
     assert {f.check for f in report.findings} == {"metadata.spec", "structure.files"}, [
         f.line() for f in report.findings]
-    assert not any("-1024_" in f.line() or "_-1024" in f.line() for f in report.findings)
+    assert not any(f"{size}_metadata.jsonl" in f.line() or f"_{size}.idx" in f.line() for f in report.findings)
 
 
 def test_the_audit_stores_read_of_the_ids_checks_bridges_stored_padding(copy):
@@ -808,20 +809,3 @@ def test_source_findings_in_the_pack_just_before_a_damaged_second_row(copy, made
     assert only(report, "shard.unreadable").row == 2 * ROW_GROUP + 1
     rows = [f.row for f in report.findings if f.check == "source.tokens"]
     assert rows == [2 * ROW_GROUP], [f.line() for f in report.findings]
-
-
-def test_a_pack_size_of_zero_names_no_file_of_that_size(copy):
-    """A recorded pack size of 0 (resealed) is unusable like a negative one: the files are not
-    judged by names made of it (``training_0.idx.parquet``, ``0_metadata.jsonl``)."""
-    from packer_cli.shards.format import seal_metadata
-
-    out = copy()
-    path = out / "training.metadata.json"
-    doc = json.loads(path.read_text())
-    doc["spec"]["pack_size"] = 0
-    doc.pop("checksum")
-    path.write_text(json.dumps(seal_metadata(doc)))
-    report = verify(out)
-    assert {f.check for f in report.findings} == {"metadata.spec", "structure.files"}, [
-        f.line() for f in report.findings]
-    assert not any("0_metadata.jsonl" in f.line() or "_0.idx" in f.line() for f in report.findings)
