@@ -1120,6 +1120,45 @@ def test_a_layout_of_two_pack_sizes_is_named_whole(tmp_path):
             bridge_pack([data], tmp_path / "both", PackSpec(pack_size=C), split="validation")
 
 
+
+def test_a_metadata_array_of_another_pack_size_alone_is_named(tmp_path):
+    """2048_metadata.jsonl names the layout's pack size as the data files do: -C 4096 into a
+    directory holding only it is refused, not written beside it."""
+    data = write_samples(tmp_path / "s.parquet", 40, seed=1)
+    bridge_pack([data], tmp_path / "src", PackSpec(pack_size=2048))
+    (tmp_path / "out").mkdir()
+    shutil.copy(tmp_path / "src" / "2048_metadata.jsonl", tmp_path / "out")
+    with pytest.raises(ConfigError, match="holds Bridge files for pack size 2048; .* --pack-size 2048"):
+        bridge_pack([data], tmp_path / "out", PackSpec(pack_size=4096), split="validation")
+    assert sorted(os.listdir(tmp_path / "out")) == ["2048_metadata.jsonl"]
+
+
+def test_the_layout_helpers_tell_splits_and_names_apart(tmp_path):
+    """Which split a file belongs to, which files say packer wrote a split, and which names are a layout's."""
+    from packer_cli.shards.bridge import (data_only_split, is_bridge_dir, is_layout_name, lost_metadata,
+                                          packer_splits_in, split_has_files)
+
+    data_only = tmp_path / "data_only"
+    data_only.mkdir()
+    (data_only / "validation_2048.idx.parquet").touch()
+    assert data_only_split(str(data_only), "training") is None
+    assert data_only_split(str(data_only), "validation") == "validation_2048.idx.parquet"
+    assert split_has_files(str(data_only), "validation") and not split_has_files(str(data_only), "training")
+    assert packer_splits_in(data_only) == [] and not is_bridge_dir(data_only)
+
+    lost = tmp_path / "lost"
+    lost.mkdir()
+    (lost / "training.manifest.json").touch()
+    assert packer_splits_in(lost) == ["training"] and is_bridge_dir(lost)
+    assert lost_metadata(str(lost), "training").startswith("missing, but training.manifest.json is here")
+    (lost / "training.metadata.json").mkdir()
+    assert lost_metadata(str(lost), "training").startswith("not a regular file, but training.manifest.json")
+    assert lost_metadata(str(lost), "validation") is None
+
+    for name in ("training_2048.idx.parquet", "2048_metadata.jsonl", "validation.manifest.json"):
+        assert is_layout_name(name)
+        assert not is_layout_name(name + ".bak") and not is_layout_name("old." + name)
+
 @pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
 def test_a_directory_of_other_files_is_not_said_to_want_overwrite(tmp_path, fmt):
     """"pass --overwrite to replace it", and --overwrite then refused it (files packer did not write)."""

@@ -272,3 +272,15 @@ def test_a_version_1_mask_value_2_alone_in_its_sequence_is_a_finding(packed, tmp
     assert result.exit_code == 1
     line = next((x for x in result.output.splitlines() if "[pack.loss_mask]" in x), None)
     assert line is not None and f"{entry['name']} row 0 (pack 0) seq 0" in line, result.output
+
+
+def test_the_metadata_checksum_is_xxh3_64_of_its_canonical_json(packed):
+    """FORMAT.md: checksum.xxh3_64 is the xxh3_64 of metadata.json's canonical JSON (sorted keys,
+    compact) without "checksum": every field sealed, computed here without packer's own helper,
+    as another tool would check it."""
+    _, v2, _ = packed
+    meta = json.loads((v2 / METADATA_FILE).read_text())
+    body = {k: v for k, v in meta.items() if k != "checksum"}
+    assert {"spec", "counts", "format_version"} <= body.keys()
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    assert meta["checksum"] == {"xxh3_64": xxhash.xxh3_64_hexdigest(canonical)}

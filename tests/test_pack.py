@@ -354,3 +354,16 @@ def test_a_seed_gives_numpys_permutation_of_the_planned_packs(synthetic_parquet,
         pack([str(synthetic_parquet)], str(tmp_path / f"s{seed}"), PackSpec(pack_size=2048, seed=seed))
         order = np.random.default_rng(seed).permutation(len(plain))
         assert packs(tmp_path / f"s{seed}") == [plain[i] for i in order]
+
+
+
+def test_only_packer_s_own_file_names_are_output_file_names():
+    """A native output's names, shard numbers past 99999 included; a user's backup beside them is not one."""
+    from packer_cli.shards.format import is_output_file_name, shard_name
+
+    for index in (0, 99999, 100000, 1234567):
+        assert is_output_file_name(shard_name(index))
+    assert is_output_file_name("metadata.json") and is_output_file_name("manifest.json")
+    for name in ("packs-00000.arrow.bak", "packs-00000.arrow~", "old-packs-00000.arrow", "packs-0000.arrow",
+                 "metadata.json.bak"):
+        assert not is_output_file_name(name), name

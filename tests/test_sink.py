@@ -203,3 +203,19 @@ def test_use_direct_io_follows_the_request_else_the_file_system(tmp_path, monkey
     assert _sink.use_direct_io("/mnt/shared/out", True) and not _sink.use_direct_io("/work/out", False)
     monkeypatch.setattr(_sink, "MOUNTINFO", str(tmp_path / "missing"))  # no /proc: nothing is known
     assert _sink.file_system_type("/work/out") is None and not _sink.use_direct_io("/work/out", None)
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
+@pytest.mark.parametrize("total", [0, BLOCK + 1])
+def test_close_syncs_the_file_before_it_is_closed(tmp_path, monkeypatch, direct, total):
+    """close() makes the bytes durable (the output is renamed into place only after): the file's
+    own descriptor is fsynced, after its last write and before it is closed."""
+    synced, real_fsync = [], os.fsync
+    monkeypatch.setattr(_sink.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    f = OutputFile(str(tmp_path / "out"), block=BLOCK, direct=direct)
+    fd = f._fd
+    f.write(b"\x01" * total)
+    assert synced == []
+    f.close()
+    assert synced == [fd]
+    assert (tmp_path / "out").read_bytes() == b"\x01" * total

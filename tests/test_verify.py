@@ -1330,6 +1330,18 @@ def test_any_metadata_edit_breaks_its_checksum(synth, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("metadata.json: checksum.xxh3_64 is "), result.output
 
 
+
+@pytest.mark.parametrize("checksum", [{}, {"sha256": "00"}], ids=["empty", "another-hash"])
+def test_a_metadata_checksum_without_its_xxh3_64_key_is_one_line(broken, checksum):
+    """checksum present but holding no xxh3_64: a finding naming metadata.json, not a KeyError."""
+    meta = json.loads((broken / "metadata.json").read_text())
+    meta["checksum"] = checksum
+    (broken / "metadata.json").write_text(json.dumps(meta))
+    result = verify(broken)
+    assert result.exit_code == 1, result.output
+    assert any(line.startswith("metadata.json: has no checksum.xxh3_64") for line in result.output.splitlines()), \
+        result.output
+
 # --- the fingerprint the source check compares ------------------------------------------------
 
 _M64 = (1 << 64) - 1
