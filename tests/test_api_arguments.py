@@ -266,6 +266,7 @@ def test_verify_limit_zero_lists_no_problem_and_counts_them_all(data, tmp_path):
     (["pack", "nope.jsonl", "-o", "OUT", "--json"], 1),
     (["inspect", "OUT", "--pack", "abc", "--json"], 2),
     (["verify", "OUT", "--limit", "x", "--json"], 2),
+    (["--json", "inspect", "OUT"], 2),  # --json where the group takes no such option: still a document
 ])
 def test_json_failures_print_a_document_on_stdout(data, tmp_path, argv, code):
     """A pipeline reading stdout got an empty page from pack and from typer's own checks."""
@@ -276,11 +277,14 @@ def test_json_failures_print_a_document_on_stdout(data, tmp_path, argv, code):
     assert child.returncode == code, child.stderr
     doc = json.loads(child.stdout)
     assert doc["ok"] is False and doc["exit_code"] == code and doc["error"] in child.stderr
+    # the document's error is the stderr line's message, without its "error: " prefix
+    assert child.stderr.strip().splitlines()[-1] == f"error: {doc['error']}", (child.stderr, doc)
 
 
 @pytest.mark.parametrize("size,bytes_", [("512B", 512), ("4kib", 4096), ("1.5K", 1536), ("0", 0), ("1e3", 1000),
                                          ("1_000", 1000), ("9007199254740993", 9007199254740993),
-                                         ("8M", 8 << 20), (str(2**63 - 1), 2**63 - 1)])
+                                         ("8M", 8 << 20), (str(2**63 - 1), 2**63 - 1),
+                                         ("1T", 1 << 40), ("2TB", 2 << 40), ("3GiB", 3 << 30), ("1GB", 1 << 30)])
 def test_sizes_take_a_byte_suffix(size, bytes_):
     from packer_cli.cli import parse_size
 
@@ -295,6 +299,15 @@ def test_a_size_beyond_any_file_or_address_space_is_refused_as_given(size):
 
     with pytest.raises(ConfigError, match=rf"--spill-memory: '{size}' is more than 9,223,372,036,854,775,807 bytes"):
         parse_size(size, "--spill-memory")
+
+
+@pytest.mark.parametrize("size", ["inf", "-inf", "1e400", "Infinity"])
+def test_an_infinite_size_is_not_a_size(size):
+    """float() takes these; int() of them raises OverflowError, which must not escape as a traceback."""
+    from packer_cli.cli import parse_size
+
+    with pytest.raises(ConfigError, match=rf"--shard-size: not a size: '{size}'"):
+        parse_size(size, "--shard-size")
 
 
 def test_a_size_below_one_byte_names_the_option():

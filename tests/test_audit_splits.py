@@ -115,3 +115,20 @@ def test_a_split_with_only_its_data_file_is_named_as_not_verified(two_splits, tm
     assert runner.invoke(app, ["inspect", str(out)]).exit_code == 0  # the validation split's summary
     r = runner.invoke(app, ["verify", str(out), "--split", "training"])
     assert r.exit_code == 1 and "training_2048.idx.parquet: the training split's data file is here without" in r.output
+
+
+@pytest.mark.parametrize("damaged_split", ["training", "validation"])
+def test_verify_of_every_split_fails_when_any_one_split_has_problems(two_splits, tmp_path, damaged_split):
+    """The exit status of ``verify`` over several splits is the worst split's, whichever split
+    it is: a damaged split listed after a sound one must not be reported as exit 0."""
+    import shutil
+
+    out = tmp_path / "bridge"
+    shutil.copytree(two_splits[1], out)
+    data = next(out.glob(f"{damaged_split}_*.idx.parquet"))
+    data.write_bytes(data.read_bytes()[:-100])
+    r = runner.invoke(app, ["verify", str(out), "--json"])
+    assert r.exit_code == 1, r.output
+    doc = json.loads(r.stdout)
+    assert {name: rep["ok"] for name, rep in doc["splits"].items()} == {
+        "training": damaged_split != "training", "validation": damaged_split != "validation"}

@@ -1701,3 +1701,66 @@ def test_a_dry_run_estimates_the_spill_with_the_default_memory_cut(synthetic_par
     real = json.loads(run("pack", synthetic_parquet, "-o", tmp_path / "out", "--json").stdout)["spill"]
     assert 0 < real["memory_bytes"] < real["bytes"]
     assert dry["spill_disk_bytes"] == written[0] > 0
+
+
+def test_every_pack_option_reaches_the_spec_the_run_records(tmp_path):
+    """Each option given on the command line is the one the run used and recorded: an option
+    passed to the wrong PackSpec/SourceSpec field, or dropped, packed with its default."""
+    records = [{"input_ids": list(range(1, n + 1)), "loss_mask": [0, 0] + [1] * (n - 2), "m2": [1] * n,
+                "m3": [1] * n} for n in (5, 9, 14, 20, 27, 33, 12, 7)]
+    src = write_jsonl(tmp_path / "data.jsonl", records)
+    out = tmp_path / "out"
+    result = run("pack", src, "-o", out, "-C", "64", "--cp", "2", "--tp", "4", "--sp", "--seed", "5",
+                 "--no-refine", "--no-shuffle", "--pad-id", "7", "--vocab-size", "100", "--pad-to-max-length",
+                 "--pad-cu-seqlens", "--mask-field", "loss_mask", "--mask-field", "m2", "--mask-field", "m3",
+                 "--algorithm", "bfd", "--overlong", "drop", "--on-bad-record", "skip", "--spill-read", "staged",
+                 "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    spec, source = summary["spec"], summary["source"]
+    assert {k: spec[k] for k in ("pack_size", "cp", "tp", "sp", "seed", "refine", "shuffle", "pad_id",
+                                 "pad_to_max_length", "pad_cu_seqlens", "algorithm", "overlong")} == {
+        "pack_size": 64, "cp": 2, "tp": 4, "sp": True, "seed": 5, "refine": False, "shuffle": False, "pad_id": 7,
+        "pad_to_max_length": True, "pad_cu_seqlens": True, "algorithm": "bfd", "overlong": "drop"}
+    assert source["supervision"] == {"kind": "mask", "field": "loss_mask"}
+    assert source["also_mask_fields"] == ["m2", "m3"]
+    assert (source["vocab_size"], source["on_bad_record"]) == (100, "skip")
+    assert summary["spill"]["read"] == "staged"
+    recorded = json.loads((out / "metadata.json").read_text())
+    assert recorded["spec"] == spec and recorded["source"]["also_mask_fields"] == ["m2", "m3"]
+    assert run("verify", out, "--source", src).exit_code == 0
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--split", "validation"], "--split applies only to --format megatron-bridge"),
+    (["--eos-id", "2"], "--eos-id applies only to --format megatron-bridge"),
+    (["--row-group-size", "8"], "--row-group-size applies only to --format megatron-bridge"),
+    (["--parquet-encoding", "plain-snappy"], "--parquet-encoding applies only to --format megatron-bridge"),
+    (["--eos-id", "2", "--row-group-size", "8", "--format", "native"],
+     "--eos-id, --row-group-size apply only to --format megatron-bridge"),
+], ids=["split", "eos-id", "row-group-size", "parquet-encoding", "two"])
+def test_bridge_options_on_a_native_output_are_refused_by_name(tmp_path, args, message):
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 4)
+    for dry in ([], ["--dry-run"]):
+        result = run("pack", path, "-o", tmp_path / "out", "--pack-size", 16, *args, *dry)
+        assert (result.exit_code, result.output) == (2, f"error: {message}\n"), result.output
+    assert_nothing_written(tmp_path)
+
+
+def test_json_output_asks_for_no_progress_display(tmp_path, monkeypatch):
+    """--json is for a program reading stdout: the run shows no progress bars (on a terminal's
+    stderr they would interleave with the pipeline's own output); without it, it may."""
+    from packer_cli import pipeline
+
+    asked = []
+
+    class Recording(pipeline.Progress):
+        def __init__(self, enabled: bool = True):
+            asked.append(enabled)
+            super().__init__(enabled)
+
+    monkeypatch.setattr(pipeline, "Progress", Recording)
+    path = write_jsonl(tmp_path / "data.jsonl", [GOOD] * 4)
+    assert run("pack", path, "-o", tmp_path / "a", "--pack-size", 16, "--json").exit_code == 0
+    assert run("pack", path, "-o", tmp_path / "b", "--pack-size", 16).exit_code == 0
+    assert asked == [False, True]

@@ -721,3 +721,14 @@ def test_a_negative_pack_is_out_of_range(synth):
     assert result.exit_code == 2, result.output
     assert result.output.strip().splitlines()[-1] == (
         f"error: --pack -1 is out of range: {synth[1]} has {packs} packs (0..{packs - 1})")
+
+
+def test_a_single_output_is_reported_without_a_split_heading(synth):
+    """A native output is one report: no ``split: ...`` rule above it (that heads each split of a
+    Bridge layout holding several), for inspect and verify alike."""
+    out = synth[1]
+    for command, first in (("inspect", "packer inspect"), ("verify", "verify: OK")):
+        result = runner.invoke(app, [command, str(out)], terminal_width=140)
+        assert result.exit_code == 0, result.output
+        assert "split:" not in result.output, result.output
+        assert result.output.splitlines()[0].startswith(first), result.output
