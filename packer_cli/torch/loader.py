@@ -201,11 +201,10 @@ class THDLoader:
                           f"{counted(s.batch_packs, 'pack')} for each of {counted(s.dp_size, 'DP rank')}; every "
                           f"epoch is empty", stacklevel=2)
         elif s.dropped and not shuffle:  # shuffled, the dropped packs change with the epoch
-            last = "the last pack" if s.dropped == 1 else f"the last {s.dropped} packs"
-            verb = "makes" if s.dropped == 1 else "make"
-            warnings.warn(f"THDLoader(shuffle=False): {last} of {len(dataset)} {verb} no whole "
-                          f"micro-batch for every DP rank and {'is' if s.dropped == 1 else 'are'} never served "
-                          f"(batch_packs={s.batch_packs}, "
+            last, make, are = (("the last pack", "makes", "is") if s.dropped == 1 else
+                               (f"the last {s.dropped} packs", "make", "are"))
+            warnings.warn(f"THDLoader(shuffle=False): {last} of {len(dataset)} {make} no whole micro-batch for "
+                          f"every DP rank and {are} never served (batch_packs={s.batch_packs}, "
                           f"dp_size={s.dp_size})", stacklevel=2)
         self._position = 0  # micro-batches handed to the caller in the current epoch
         # set_epoch() chose the epoch the next pass serves; otherwise a pass that consumed the
