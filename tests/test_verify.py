@@ -730,20 +730,22 @@ def test_pack_over_capacity(broken):
         f"more than C = {C} [pack.capacity]"))
 
 
-@pytest.mark.parametrize("case", ["empty", "past-its-padding"])
+@pytest.mark.parametrize("case", ["empty", "empty-but-3-real", "past-its-padding"])
 def test_a_real_length_outside_one_to_its_padded_length_is_a_finding(broken, case):
-    """A sequence of real length 0 (an empty segment: cu_seqlens repeated) or one more than its
-    padded length: no other check names either (the empty one is aligned, p = 0)."""
+    """A sequence of real length 0 in an empty segment (cu_seqlens repeated), one claiming 3 real
+    tokens in such a segment, or one more than its padded length: no other check names any of
+    them (an empty segment is aligned, p = 0)."""
     shard = first_shard(broken)
     where = {}
 
-    def empty(rows):
+    def empty(rows, real=0):
         r = rows[0]
         r["cu_seqlens"].insert(1, r["cu_seqlens"][1])
-        for col, value in (("seq_lens", 0), ("last_token", 0), ("source_index", r["source_index"][0]),
-                           ("source_offset", 0)):
+        for col, value in (("seq_lens", real), ("last_token", 1 if real else 0),
+                           ("source_index", r["source_index"][0]), ("source_offset", 0)):
             r[col].insert(1, value)
-        where.update(row=0, seq=1, says="real length 0 is below 1")
+        where.update(row=0, seq=1, says=f"real length {real} exceeds the padded length 0" if real else
+                     "real length 0 is below 1")
 
     def past_its_padding(rows):
         for i, r in enumerate(rows):
@@ -754,7 +756,8 @@ def test_a_real_length_outside_one_to_its_padded_length_is_a_finding(broken, cas
                 where.update(row=i, seq=k, says=f"real length {lens[k]} exceeds the padded length {lens[k] - 1}")
                 return
 
-    assert_finds(broken, shard, empty if case == "empty" else past_its_padding, lambda: (
+    edit = {"empty": empty, "empty-but-3-real": lambda rows: empty(rows, real=3)}.get(case, past_its_padding)
+    assert_finds(broken, shard, edit, lambda: (
         f"{shard} row {where['row']} (pack {where['row']}) seq {where['seq']}: {where['says']} [pack.lengths]"))
 
 
@@ -1748,22 +1751,6 @@ def test_cu_seqlens_not_spanning_exactly_the_packs_tokens_is_a_finding(broken, c
 
     assert_finds(broken, shard, below_0 if case == "start-below-0" else end_short, lambda: (
         f"{shard} row {where['row']} (pack {where['row']}): {where['says']} [pack.cu_seqlens]"))
-
-
-def test_a_real_length_past_an_empty_segment_is_a_finding(broken):
-    """A sequence of padded length 0 (cu_seqlens repeated) that claims 3 real tokens: its real
-    length exceeds its padded one, and only pack.lengths says so (p = 0 is aligned)."""
-    shard = first_shard(broken)
-
-    def empty_but_3_real(rows):
-        r = rows[0]
-        r["cu_seqlens"].insert(1, r["cu_seqlens"][1])
-        for col, value in (("seq_lens", 3), ("last_token", 1), ("source_index", r["source_index"][0]),
-                           ("source_offset", 0)):
-            r[col].insert(1, value)
-
-    assert_finds(broken, shard, empty_but_3_real, lambda: (
-        f"{shard} row 0 (pack 0) seq 1: real length 3 exceeds the padded length 0 [pack.lengths]"))
 
 
 def test_a_split_output_whose_pack_size_is_no_multiple_of_m_passes(synth, tmp_path):
