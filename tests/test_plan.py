@@ -1118,6 +1118,28 @@ def test_ffd_opening_more_packs_than_its_first_tree_holds_matches_naive(monkeypa
     npt.assert_array_equal(plan.pack_of_item, want)
 
 
+@pytest.mark.parametrize("size", [1, 2, 8, 16])
+def test_tree_search_matches_a_scan_of_the_leaves_from_any_start(size):
+    """The FFD tree search, against a plain scan of the leaves, for every start leaf up to and
+    including ``size`` (past the last leaf: nothing found). It runs as plain Python, where NumPy
+    checks every read: compiled code has no bounds checks, so a search that read past the tree
+    there would return whatever lies beyond it, and only sometimes a wrong pack."""
+    from packer_cli.plan import _kernels as K
+
+    search = K._tree_find_first.py_func
+    rng = np.random.default_rng(size)
+    for _ in range(20):
+        tree = np.zeros(2 * size, np.int32)
+        for leaf, value in enumerate(rng.integers(0, 10, size)):
+            K._tree_set.py_func(tree, size, leaf, value)
+        leaves = tree[size:]
+        for lo in range(size + 1):
+            for need in range(0, 11):
+                fits = np.flatnonzero(leaves[lo:] >= need)
+                want = lo + int(fits[0]) if fits.size else -1
+                assert search(tree, size, lo, need) == want, (leaves.tolist(), lo, need)
+
+
 def test_validate_plan_names_the_pack_above_the_capacity():
     lengths = [5, 5, 9]
     plan = plan_packs(lengths, 10, "ffd")
