@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the whole test suite against the lowest dependency versions packer declares
 # (scripts/lowest.txt), in .venv-lowest, without pandas, torch or datasets: the tests that need
-# those skip. Extra arguments go to pytest. .ci/run calls this after scripts/test.sh.
+# those skip; numba's bounds checks are on (below). Extra arguments go to pytest. .ci/run calls this after scripts/test.sh.
 #
 # If pip cannot install those versions (an index without them), it says so and exits 0: that
 # is this machine's index, not packer. Set PACKER_LOWEST_REQUIRED=1 to make it an error.
@@ -33,7 +33,12 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$ROOT" ] || [ scripts/lowest.txt
 fi
 # Its own kernel cache: numba keeps one index per kernel, so two numba versions sharing the
 # package's __pycache__ would each throw the other's machine code away and compile again.
-export NUMBA_CACHE_DIR="$VENV/numba-cache"
+# Every kernel is compiled afresh here anyway, so they are compiled with bounds checks: a read or
+# write outside an array is an IndexError in this pass, where the main one (like a user's run)
+# reads whatever lies beyond it or crashes only sometimes. numba's cache does not tell kernels
+# compiled with checks from those without, hence a directory of their own.
+export NUMBA_BOUNDSCHECK=1
+export NUMBA_CACHE_DIR="$VENV/numba-cache-boundscheck"
 # The demo test sets up and runs the main .venv (scripts/test.sh covers it), not this one.
 exec "$VENV/bin/python" -m pytest -q -n "${PYTEST_WORKERS:-2}" -p no:cacheprovider \
   --deselect tests/test_scripts.py::test_demo_script_runs "$@"
