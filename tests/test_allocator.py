@@ -66,6 +66,14 @@ def test_a_users_own_malloc_settings_are_kept(env):
     assert not _allocator.user_tuned_malloc({"GLIBC_TUNABLES": "glibc.rtld.nns=2", "HOME": "/"})
 
 
+@pytest.mark.parametrize("name", ["MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_MMAP_THRESHOLD_",
+                                  "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_"])
+def test_every_malloc_variable_glibc_reads_is_a_users_own_setting(name):
+    # the environment variables glibc's malloc reads at start (glibc manual, "Memory Allocation
+    # Tunables"): each one set, even to glibc's default, is the user's choice and left alone
+    assert _allocator.user_tuned_malloc({name: "1"})
+
+
 def test_the_command_line_applies_it_before_any_command():
     script = textwrap.dedent("""
         import sys

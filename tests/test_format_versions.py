@@ -180,6 +180,34 @@ def test_a_version_1_mask_value_other_than_0_or_1_is_a_finding(packed, tmp_path)
     assert f"{entry['name']} row 0 (pack 0)" in line, line
 
 
+@pytest.mark.parametrize("value", [2, 128, 255])
+@pytest.mark.parametrize("where", ["mid-sequence", "padding"])
+def test_a_version_1_mask_value_other_than_0_or_1_is_found_wherever_it_is(packed, tmp_path, value, where):
+    """A uint8 mask value other than 0/1 is a finding at its pack whatever its bits (one above the
+    lowest, or the sign bit of an int8) and wherever it sits: at a real position that is not its
+    sequence's last (the mask is OR-ed over every real position), or in the alignment padding
+    (loss on padding, not only where the value is 1)."""
+    _, _, v1 = packed
+    if where == "padding" and json.loads((v1 / METADATA_FILE).read_text())["spec"]["cp"] == 1:
+        pytest.skip("m = 1: no alignment padding")
+    out, manifest, table = _copy_with_first_shard(v1, tmp_path / "v1")
+    entry = manifest["shards"][0]
+    rows = table.to_pylist()
+    r = rows[0]
+    cu, s = r["cu_seqlens"], r["seq_lens"]
+    if where == "padding":
+        k = next(k for k in range(len(s)) if cu[k + 1] - cu[k] > s[k])
+        r["loss_mask"][cu[k] + s[k]], check = value, "[pack.padding]"
+    else:
+        k = next(k for k in range(len(s)) if s[k] > 2)
+        r["loss_mask"][cu[k] + s[k] // 2], check = value, "[pack.loss_mask]"
+    _rewrite_shard(out, manifest, pa.Table.from_pylist(rows, schema=pack_schema(1)))
+    result = runner.invoke(app, ["verify", str(out)])
+    assert result.exit_code == 1
+    line = next((x for x in result.output.splitlines() if check in x), None)
+    assert line is not None and f"{entry['name']} row 0 (pack 0) seq {k}:" in line, result.output
+
+
 def _copy_with_first_shard(src: Path, dst: Path) -> tuple[Path, dict, pa.Table]:
     """A copy of the output ``src`` at ``dst``, its manifest, and its first shard's table."""
     out = Path(shutil.copytree(src, dst))

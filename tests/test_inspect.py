@@ -90,6 +90,7 @@ def check_against_source(report: InspectReport, src: Path, out: Path, C: int, m:
     assert t["target_tokens"] == e["targets"].sum()
     assert t["alignment_padding"] == p.sum() - s.sum() and t["tail_padding"] == P * C - p.sum()
     assert t["tail_padding_pct"] == pytest.approx(100 * (P * C - p.sum()) / (P * C))
+    assert t["alignment_padding_pct"] == pytest.approx(100 * (p.sum() - s.sum()) / (P * C))  # of capacity too
     assert q["efficiency"] == pytest.approx(s.sum() / (P * C)) and q["fill"] == pytest.approx(p.sum() / (P * C))
     assert q["lower_bound"] == -(-p.sum() // C) and q["gap_to_lower_bound"] == P - -(-p.sum() // C)
     assert q["l2_bound"] == martello_toth_l2(p, C) and q["gap_to_l2"] == P - q["l2_bound"]
@@ -153,6 +154,15 @@ def test_pack_detail(synth):
     assert detail["target_tokens"] == [e["sample_targets"][i] for i in row["source_index"]]
     text = runner.invoke(app, ["inspect", str(out), "--pack", str(n)], terminal_width=140).output
     assert f"pack {n} (" in text and all(str(i) in text for i in row["source_index"])
+
+
+def test_a_report_with_a_packs_detail_round_trips_with_it(synth):
+    """from_dict is to_dict's inverse for the ``--pack`` document too: the detail comes back."""
+    report = inspect_output(str(synth[1]), pack=7)
+    assert report.detail is not None and report.detail.pack == 7
+    back = InspectReport.from_dict(json.loads(json.dumps(report.to_dict())))
+    assert back.detail == report.detail
+    assert back.to_dict() == report.to_dict()
 
 
 def test_reads_only_the_columns_it_needs(synth, monkeypatch):

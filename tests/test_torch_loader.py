@@ -333,6 +333,26 @@ def test_prefetch_serves_the_batch_before_the_next_ones_error(stand_in_cuda):
     assert served == [0, 1]
 
 
+@pytest.mark.parametrize("error", [RuntimeError("DataLoader worker (pid 7) exited unexpectedly"),
+                                   MemoryError("out of memory copying the next batch"), OSError(5, "Input/output error")],
+                         ids=["worker", "memory", "io"])
+def test_prefetch_serves_the_batch_before_an_error_of_any_kind_in_the_next(stand_in_cuda, error):
+    # not only packer's own errors: a worker's failure or a failed copy of batch k+1 also waits
+    # until batch k has been served, as the CPU path raises it
+    cuda_prefetch, FakeBatch, log = stand_in_cuda
+
+    def source():
+        yield FakeBatch(0)
+        raise error
+
+    served = []
+    with pytest.raises(type(error)) as raised:
+        for b in cuda_prefetch(source(), torch.device("cuda")):
+            served.append(b.k)
+    assert raised.value is error
+    assert served == [0]
+
+
 def test_a_damaged_pack_is_raised_at_its_own_position_and_skipped_alone(stand_in_cuda, monkeypatch):
     # the whole loader on the (stand-in) CUDA path: the error comes after the good packs
     # before it, like on the CPU, so advancing the position by one skips the damaged pack only

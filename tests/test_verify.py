@@ -966,9 +966,24 @@ def test_loss_on_padding(broken):
     rewrite(broken, shard, set_loss)
     result = verify(broken)
     assert result.exit_code == 1
-    assert re.search(rf"{shard} row {where['row']} \(pack {where['row']}\) seq {where['seq']}: loss mask is 1 on 1 of "
+    assert re.search(rf"{shard} row {where['row']} \(pack {where['row']}\) seq {where['seq']}: loss mask is non-zero on 1 of "
                      r"its \d padding positions \[pack.padding\]", result.output)
     assert "[metadata.counts]" not in result.output  # targets count real positions only
+
+
+def test_a_loss_mask_one_value_too_long_is_its_packs_finding_alone(broken, synth):
+    """A pack whose loss mask has one value more than its tokens is a ``pack.columns`` finding;
+    the sound packs after it in the same record batch are still read at their own mask offsets
+    (those of the loss mask column, not of the tokens): no padding, loss mask or target finding
+    for them, with or without --source."""
+    shard = first_shard(broken)
+    rewrite(broken, shard, lambda rows: rows[0]["loss_mask"].append(0))
+    for args in ([], ["--source", synth[0]]):
+        result = verify(broken, *args)
+        assert result.exit_code == 1
+        assert f"{shard} row 0 (pack 0): loss_mask has " in result.output, result.output
+        findings = [x for x in result.output.splitlines() if "[pack." in x or "[source.targets]" in x]
+        assert all("[pack.columns]" in x for x in findings), result.output
 
 
 @pytest.fixture(scope="module")
@@ -1001,10 +1016,11 @@ def _first_padding_slot(rows, value: int):
     (_set_first("tokens", -5), "seq 0: a token id is negative [pack.tokens]"),
     (_set_first("tokens", 5000), "seq 0: token id 5000 is >= the vocab size 5000 [pack.tokens]"),
     (lambda rows: _first_padding_slot(rows, 77), ": 1 padding tokens differ from pad id 0 [pack.padding]"),
+    (lambda rows: _first_padding_slot(rows, -1), ": 1 padding tokens differ from pad id 0 [pack.padding]"),
     (_set_first("source_index", -1), "seq 0: source index -1 is negative [pack.source]"),
     (_set_first("source_offset", -256), "seq 0: source offset -256 is negative [pack.source]"),
 ], ids=["index-equal-to-records", "last-token-negative", "last-token-equal-to-vocab", "token-negative",
-        "token-equal-to-vocab", "padding-token", "index-negative", "offset-negative"])
+        "token-equal-to-vocab", "padding-token", "padding-token-below-pad-id", "index-negative", "offset-negative"])
 def test_one_value_just_out_of_range_is_a_finding(with_vocab, tmp_path, edit, says):
     """Each per-sequence range check at its boundary (the first value out of range, not a far one):
     one value edited, the checksums made to hold, verify names it."""
@@ -1017,6 +1033,20 @@ def test_one_value_just_out_of_range_is_a_finding(with_vocab, tmp_path, edit, sa
     assert result.exit_code == 1
     line = next((x for x in result.output.splitlines() if x.endswith(says)), None)
     assert line is not None and line.startswith(f"{shard} row "), result.output
+
+
+def test_padding_is_checked_against_the_recorded_pad_id(synth, tmp_path):
+    """An output packed with pad_id=7 passes (its padding holds 7, not 0), and a padding slot
+    holding 0, the usual pad id but not this output's, is a finding at its place."""
+    out = pack_to([synth[0]], tmp_path / "out", PackSpec(pack_size=C, cp=CP, pad_id=7))
+    result = verify(out, "--source", synth[0])
+    assert result.exit_code == 0, result.output
+    shard, at = first_shard(out), {}
+    rewrite(out, shard, lambda rows: at.update(zip(("row", "seq"), _first_padding_slot(rows, 0))))
+    result = verify(out)
+    assert result.exit_code == 1
+    assert (f"{shard} row {at['row']} (pack {at['row']}) seq {at['seq']}: 1 padding tokens differ from pad id 7 "
+            "[pack.padding]") in result.output, result.output
 
 
 def test_a_piece_one_token_short_is_a_finding(synth, tmp_path):
@@ -1723,7 +1753,7 @@ def test_findings_after_an_unsound_pack_name_their_own_row(broken):
                  f"{shard} row 1 (pack 1): cu_seqlens starts at 4, not 0 [pack.cu_seqlens]",
                  f"{shard} row {where['over']} (pack {where['over']}): the pack holds {where['load']:,} runtime tokens "
                  f"(Σp), more than C = {C} [pack.capacity]",
-                 f"{shard} row {where['over']} (pack {where['over']}) seq {where['seq']}: loss mask is 1 on 1 of its ",
+                 f"{shard} row {where['over']} (pack {where['over']}) seq {where['seq']}: loss mask is non-zero on 1 of its ",
                  f"{shard} row {where['down']} (pack {where['down']}) seq 1: cu_seqlens decreases from "
                  f"{where['to'] + 4} to {where['to']} [pack.cu_seqlens]"):
         assert line in result.output, result.output

@@ -201,7 +201,7 @@ def check_batch(batch: PackBatch, first_pack: int, lim: Limits, sink: FindingSin
     sel = np.flatnonzero(keep)
     msg = lambda text: lambda i: (text(i), where(row[sel[i]], k[sel[i]]))  # noqa: E731
     sink.add_many("pack.padding", np.flatnonzero(scan["pad_loss"] > 0),
-                  msg(lambda i: f"loss mask is 1 on {scan['pad_loss'][i]} of its {p[sel[i]] - s[sel[i]]} "
+                  msg(lambda i: f"loss mask is non-zero on {scan['pad_loss'][i]} of its {p[sel[i]] - s[sel[i]]} "
                                 f"padding positions"))
     sink.add_many("pack.padding", np.flatnonzero(scan["pad_tok"] > 0),
                   msg(lambda i: f"{scan['pad_tok'][i]} padding tokens differ from pad id {lim.pad_id}"))
