@@ -144,28 +144,6 @@ def test_many_row_groups_and_statistics_join_exactly():
     assert [meta.row_group(k).num_rows for k in range(3)] == [2, 2, 2]
 
 
-def test_page_index_offsets_are_moved_too():
-    """With page indexes (written before each part's footer) the joined file still reads, and
-    every column chunk's offset and column index point inside the file at the right pages."""
-    rng = np.random.default_rng(5)
-    tables = [bridge_table(rng, 30) for _ in range(3)]
-    schema = bridge_schema(1)
-    parts = []
-    for table in tables:
-        sink = pa.BufferOutputStream()
-        with pq.ParquetWriter(sink, schema, write_page_index=True) as writer:
-            writer.write_table(table, row_group_size=10)
-        parts.append(sink.getvalue())
-    joined = stitched(parts)
-    back = pq.ParquetFile(pa.BufferReader(joined))
-    assert back.read().equals(pa.concat_tables(tables).replace_schema_metadata(back.schema_arrow.metadata))
-    for k in range(back.metadata.num_row_groups):  # each group read alone: its offsets are right
-        want = pa.concat_tables(tables).slice(10 * k, 10)
-        assert back.read_row_group(k).equals(want.replace_schema_metadata(back.schema_arrow.metadata))
-    chunk = back.metadata.row_group(8).column(0)
-    assert chunk.has_offset_index and chunk.has_column_index and chunk.data_page_offset < len(joined)
-
-
 def test_footer_round_trips_through_the_typed_thrift_reader():
     rng = np.random.default_rng(9)
     part = encode_parquet(bridge_table(rng, 50), bridge_schema(2), 7).to_pybytes()
@@ -269,3 +247,85 @@ def test_bridge_measures_a_padded_sequence_whose_last_label_is_not_eos_one_too_l
                        np.array([3, 4], np.int32), np.zeros(2, np.int64), np.zeros(2, np.int32), np.array([0, 2]),
                        eos=2, pad_multiple=pad_multiple, row_group_size=1)
     assert (step.eos_scan_too_short, step.eos_scan_too_long) == counted
+
+
+def with_inline_copies(part: bytes) -> bytes:
+    """``part`` laid out as pyarrow before 18 writes a file (packer supports 14 on): each column
+    chunk's footer entry copied right after the chunk's pages, where its ``file_offset`` points.
+    The pyarrow under test may write none, so the layout is made by hand from its file."""
+    from packer_cli._thrift import STRUCT
+    from packer_cli.shards._parquet_stitch import _field, _parse, _replace
+
+    view, _, footer = _parse(part)
+    out, groups = bytearray(b"PAR1"), []
+    for group in _field(footer, 4)[1]:
+        chunks, group_start = [], len(out)
+        for chunk in _field(group, 1)[1]:
+            meta = _field(chunk, 3)
+            start = _field(meta, 11) or _field(meta, 9)  # the dictionary page comes first
+            moved = len(out) - start
+            meta = [(fid, kind, value + moved if fid in (9, 11) and value else value) for fid, kind, value in meta]
+            out += view[start:start + _field(meta, 7)]
+            chunk = _replace(_replace(chunk, 2, len(out)), 3, meta)
+            write_fields(out, chunk)
+            chunks.append(chunk)
+        groups.append(_replace(_replace(group, 1, (STRUCT, chunks)), 5, group_start))
+    tail = bytearray()
+    write_fields(tail, _replace(footer, 4, (STRUCT, groups)))
+    return bytes(out + tail + len(tail).to_bytes(4, "little") + b"PAR1")
+
+
+def test_inline_chunk_copies_of_old_pyarrow_are_rewritten_with_every_position_moved():
+    """Parts of pyarrow before 18 carry a copy of each column chunk's footer entry after its
+    pages. Joined, each copy is rewritten in place with its moved positions, as one writer would
+    have written it; a moved position past 8 KiB takes a byte more, so every position after a
+    grown copy moves by the growth of all the copies before it (and not by its own)."""
+    from packer_cli.shards._parquet_stitch import _field, _parse
+
+    rng = np.random.default_rng(4)
+    tables = [bridge_table(rng, 120) for _ in range(3)]
+    schema = bridge_schema(5)
+    parts = [with_inline_copies(encode_parquet(t, schema, 40).to_pybytes()) for t in tables]
+    for part, table in zip(parts, tables):  # the hand-made layout is a file pyarrow reads
+        back = pq.read_table(pa.BufferReader(part))
+        assert back.equals(table.replace_schema_metadata(back.schema.metadata))
+    joined = stitched(parts)
+    _, footer_start, footer = _parse(joined)
+    assert footer_start > sum(_parse(part)[1] - 4 for part in parts) + 4, "no copy grew: the case is not exercised"
+    back = pq.ParquetFile(pa.BufferReader(joined))
+    whole = pa.concat_tables(tables).replace_schema_metadata(back.schema_arrow.metadata)
+    assert back.read().equals(whole)
+    for g, group in enumerate(_field(footer, 4)[1]):
+        assert back.read_row_group(g).equals(whole.slice(40 * g, 40))
+        for chunk in _field(group, 1)[1]:
+            copy, _ = read_fields(memoryview(joined)[:footer_start], _field(chunk, 2))
+            assert copy == chunk, f"row group {g}: the copy at its file_offset is not its footer entry"
+
+
+def page_indexed_parts(tables, schema, rows: int) -> list[bytes]:
+    parts = []
+    for table in tables:
+        sink = pa.BufferOutputStream()
+        with pq.ParquetWriter(sink, schema, write_page_index=True) as writer:
+            writer.write_table(table, row_group_size=rows)
+        parts.append(sink.getvalue().to_pybytes())
+    return parts
+
+
+def test_parts_with_a_page_index_are_refused():
+    """An offset index lists its pages' positions in the part that wrote it; joined as they are,
+    every part after the first would point readers that use the index (DuckDB, Spark,
+    parquet-rs) into another part's bytes. packer's parts have none, and one that does is
+    refused, first or later, before any of its bytes are written."""
+    rng = np.random.default_rng(6)
+    tables = [bridge_table(rng, 30) for _ in range(2)]
+    indexed = page_indexed_parts(tables, bridge_schema(1), 10)
+    assert pq.ParquetFile(pa.BufferReader(indexed[0])).metadata.row_group(0).column(0).has_offset_index
+    for parts in (indexed, [encode_parquet(tables[0], bridge_schema(1), 10).to_pybytes(), indexed[1]]):
+        sink = io.BytesIO()
+        stitcher = ParquetStitcher(sink)
+        with pytest.raises(StitchError, match="Parquet parts with a page index cannot be joined"):
+            for part in parts:
+                before = sink.tell()
+                stitcher.add(part)
+        assert sink.tell() == before  # the refused part wrote nothing

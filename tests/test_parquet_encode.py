@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from packer_cli import __version__
@@ -66,6 +66,11 @@ def numpy_levels(lengths: np.ndarray, full: int, empty: int) -> tuple[np.ndarray
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.one_of(st.integers(0, 3), st.integers(0, 300), st.just(70_000)), min_size=1, max_size=60),
        st.sampled_from([(3, 1), (2, 0), (1, 0)]))
+# runs whose varint header (count << 1) is exactly 0x80 or 0x4000 take a byte more: 64 ones
+# (a row of 65 values), 64 present values, 64 empty rows, 8192 ones
+@example(lengths=[65], levels=(3, 1))
+@example(lengths=[1] * 64 + [0] * 64, levels=(2, 0))
+@example(lengths=[8193, 2], levels=(1, 0))
 def test_level_runs_expand_to_parquets_levels(lengths, levels):
     lengths = np.array(lengths, dtype=np.int64)
     full, empty = levels
@@ -320,3 +325,34 @@ def test_the_footers_sizes_and_counts_are_its_pages():
         assert _field(group, 6) == compressed_sum
         assert _field(group, 5) == stated.column(0).data_page_offset
     assert page_counts == [2, 2, 1, 1, 1, 1] * 2  # the ids and the mask of each group: two pages
+
+
+@pytest.mark.parametrize("width", [1, 4, 8])
+def test_a_page_takes_rows_up_to_exactly_a_page_of_values_of_its_width(width):
+    """A page is filled greedily up to :data:`PAGE_BYTES` of values of the column's own width (the
+    int8 loss mask holds 8 times as many values a page as the int64 source indexes), and rows
+    that fill it exactly still share it."""
+    per_page = PAGE_BYTES // width
+    lengths = np.array([per_page // 2, per_page - per_page // 2, 1, per_page, 3])
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    assert _page_rows(starts, width) == [0, 2, 3, 4, 5]
+
+
+def test_lists_declared_not_null_keep_their_empty_rows_empty():
+    """Bridge's columns are nullable lists; the encoder derives each column's levels from the
+    Parquet schema, so a list (or element) declared not null gets its own: an empty row reads
+    back empty, never as a null element or a value of the next row."""
+    schema = pa.schema([
+        pa.field("ids", pa.list_(pa.field("element", pa.int32(), nullable=False)), nullable=False),
+        pa.field("idx", pa.list_(pa.int64()), nullable=False),
+        pa.field("mask", pa.list_(pa.field("element", pa.int8(), nullable=False))),
+    ])
+    rows = [[1, 2], [], [3], [], [], [4, 5, 6]]
+    lengths = np.array([len(r) for r in rows])
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    flat = np.array([v for r in rows for v in r])
+    columns = [(offsets, flat.astype(np.int32)), (offsets, flat.astype(np.int64)), (offsets, flat.astype(np.int8))]
+    table = pa.table([pa.array(rows, type=f.type) for f in schema], schema=schema)
+    got = pq.read_table(io.BytesIO(ours(columns, schema, 4, "plain-zstd")))
+    assert got.equals(pq.read_table(pa.BufferReader(encode_parquet(table, schema, 4))))
+    assert [got.column(c).to_pylist() for c in range(3)] == [rows] * 3

@@ -542,3 +542,66 @@ def test_runs_without_rows_and_of_empty_lists(tmp_path):
     pq.write_table(pa.table({"a": pa.array([[], [], [1], [], [], []], pa.list_(pa.int32()))}), lists,
                    row_group_size=2)
     _assert_runs_equal_pyarrow(lists, ["a"], np.random.default_rng(1))
+
+
+def test_a_page_header_longer_than_the_first_read_is_read_whole(tmp_path):
+    """A header with long statistics runs past the 1 KiB read first (exactly 1 KiB came back):
+    it is read again with more, up to 16 MiB, and not refused as truncated."""
+    import os
+
+    from packer_cli._parquet_thrift import HEADER_PROBE, read_page_header
+    from packer_cli._thrift import BINARY
+
+    path = tmp_path / "header"
+    for stats in (HEADER_PROBE // 2, HEADER_PROBE, 20 * HEADER_PROBE):
+        header = [(1, I32, 0), (2, I32, 8), (3, I32, 8),
+                  (5, STRUCT, [(1, I32, 2), (2, I32, 0), (3, I32, 3), (4, I32, 3),
+                               (5, STRUCT, [(5, BINARY, b"\xff" * stats), (6, BINARY, b"\x00")])])]
+        raw = bytearray()
+        write_fields(raw, header)
+        size = len(raw)
+        path.write_bytes(bytes(raw) + bytes(8) + bytes(HEADER_PROBE * 40))  # its payload, then more of the file
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            got = read_page_header(fd, 0, size + 8)
+        finally:
+            os.close(fd)
+        assert (got.size, got.num_values, got.compressed_size) == (size, 2, 8)
+
+
+@pytest.mark.parametrize("version", ["1.0", "2.0"])
+def test_data_page_levels_counts_the_values_of_either_page_version(tmp_path, version):
+    """What a column chunk's pages hold, by their headers alone, is the footer's value count,
+    for data pages v1 and v2 alike (a dictionary page holds none of the chunk's values)."""
+    import os
+
+    from packer_cli._parquet_thrift import data_page_levels
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(token_table(300, seed=3), path, row_group_size=120, data_page_version=version,
+                   data_page_size=256)
+    meta = pq.ParquetFile(path).metadata
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for g in range(meta.num_row_groups):
+            for c in range(meta.num_columns):
+                chunk = meta.row_group(g).column(c)
+                start = chunk.dictionary_page_offset or chunk.data_page_offset
+                assert data_page_levels(fd, start, start + chunk.total_compressed_size) == chunk.num_values
+    finally:
+        os.close(fd)
+
+
+def test_header_integers_past_an_i32_or_negative_are_refused(tmp_path):
+    """A required i32 field holding 2**31 (the varint reads into 64 bits; Thrift refuses it as
+    past an i32), or a negative page type, size, count or encoding (only a v2 page's null count
+    may be negative: pyarrow takes one): the Python reader refuses the header, the walk declines it."""
+    for name, (header, payload) in _first_pages(tmp_path).items():
+        for path in _REQUIRED_I32[name]:
+            for value in (2**31, -1, -2**31):
+                if value < 0 and (name, path) == ("v2", (8, 2)):
+                    continue
+                bad = _page(_retyped(header, path, value=value), payload)
+                with pytest.raises(ThriftError, match="missing or invalid"):
+                    parse_page_header(bad)
+                assert _walk(bad, [(0, len(bad))]) is None, (name, path, value)

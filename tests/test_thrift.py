@@ -165,3 +165,25 @@ def test_the_nesting_limit_is_pyarrow_s(tmp_path, nested):
     except ThriftError:
         reads = False
     assert reads == pyarrow_reads == (nested == 63)
+
+
+@pytest.mark.parametrize("fields", [
+    [(1, MAP, (0, 0, [])), (2, I32, 5)],  # an empty map is its size alone (no key/value type byte)
+    [(1, MAP, (I32, BINARY, [])), (2, MAP, (BINARY, I32, [(b"k", 1)])), (3, I32, 7)],
+    [(-2, I32, 1), (3, BINARY, b"x")],  # a negative field id (long form, zigzag like any integer)
+    [(-300, I64, -1), (-299, TRUE, None)],
+])
+def test_empty_maps_and_negative_field_ids_round_trip(fields):
+    """Unknown fields pass through a rewritten footer unchanged whatever they hold: an empty map
+    (Thrift writes no type byte for it) must not swallow the next field, and a long-form field
+    id is zigzag-encoded, so a negative one is read back as written, not as another field."""
+    out = bytearray()
+    write_fields(out, fields)
+    back, end = read_fields(bytes(out))
+    assert end == len(out)
+    assert [(fid, kind) for fid, kind, _ in back] == [(fid, kind) for fid, kind, _ in fields]
+    assert [value for _, kind, value in back if kind != MAP] == [value for _, kind, value in fields if kind != MAP]
+    assert [value[2] for _, kind, value in back if kind == MAP] == [value[2] for _, kind, value in fields if kind == MAP]
+    again = bytearray()
+    write_fields(again, back)
+    assert again == out

@@ -20,6 +20,11 @@ they are rewritten in place with the moved positions, as a single writer would h
 them; a moved position can take more bytes to encode, so every position after a copy moves by
 the copies' growth before it as well (:class:`_Relocation`).
 
+Parts with a page index (``write_page_index=True``) are refused: an offset index lists its
+pages' absolute positions in its own body, which this does not rewrite, and packer's parts
+are written without one (readers that use it, DuckDB, Spark or parquet-rs, would otherwise
+read another part's bytes as the pages of every part after the first).
+
 The footer is rewritten through the typed view of :mod:`packer_cli._thrift`: a struct is a
 list of ``(field id, type, value)`` in their order, so fields this module does not know pass
 through unchanged.
@@ -43,7 +48,8 @@ _GROUP_COLUMNS, _GROUP_FILE_OFFSET, _GROUP_ORDINAL = 1, 5, 7  # RowGroup
 #: -32768 and some refuse it, so a file with more row groups carries no ordinal past this.
 ORDINAL_LIMIT = 2**15
 _CHUNK_META = 3                                           # ColumnChunk
-_CHUNK_OFFSETS = (2, 4, 6)  # file_offset, offset_index_offset, column_index_offset
+_CHUNK_FILE_OFFSET = 2
+_CHUNK_PAGE_INDEX = (4, 6)  # offset_index_offset, column_index_offset
 _META_OFFSETS = (9, 10, 11, 14)  # data_page, index_page, dictionary_page, bloom_filter offsets
 
 
@@ -92,7 +98,7 @@ def _moved(fields: list, offsets: tuple[int, ...], relocate: _Relocation) -> lis
 
 
 def _moved_chunk(chunk: list, relocate: _Relocation) -> list:
-    chunk = _moved(chunk, _CHUNK_OFFSETS, relocate)
+    chunk = _moved(chunk, (_CHUNK_FILE_OFFSET,), relocate)
     meta = _field(chunk, _CHUNK_META)
     return chunk if meta is None else _replace(chunk, _CHUNK_META, _moved(meta, _META_OFFSETS, relocate))
 
@@ -112,7 +118,7 @@ def _inline_copies(view: memoryview, footer_start: int, groups: list) -> list[tu
     copies = []
     for group in groups:
         for chunk in _field(group, _GROUP_COLUMNS)[1]:
-            start = _field(chunk, _CHUNK_OFFSETS[0])
+            start = _field(chunk, _CHUNK_FILE_OFFSET)
             if not start or not len(MAGIC) <= start < footer_start:
                 continue  # 0 (pyarrow 18 on): no copy
             try:
@@ -167,11 +173,15 @@ class ParquetStitcher:
 
     def add(self, part) -> None:
         view, footer_start, footer = _parse(part)
+        groups = _field(footer, _FILE_ROW_GROUPS)[1]
+        if any(_field(chunk, fid) for group in groups for chunk in _field(group, _GROUP_COLUMNS)[1]
+               for fid in _CHUNK_PAGE_INDEX):
+            raise StitchError("Parquet parts with a page index cannot be joined (its offset index holds the part's "
+                              "own page positions)")
         if self._first is None:
             self._first = footer
         elif _schema(footer) != _schema(self._first):
             raise StitchError("Parquet parts have different schemas")
-        groups = _field(footer, _FILE_ROW_GROUPS)[1]
         relocate = _Relocation(self._position - len(MAGIC))  # the part's pages start right after its magic
         done = len(MAGIC)
         for start, end, chunk in _inline_copies(view, footer_start, groups):
