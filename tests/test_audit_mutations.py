@@ -9,6 +9,7 @@ JSON document.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -324,6 +325,36 @@ def test_a_bridge_split_whose_metadata_names_another_split_is_refused(copy, key)
     edit_metadata(out, "training.metadata.json", rename)
     assert_refused(out, f"training.metadata.json: {key} is 'validation', but the file is the training split's",
                    "training")
+
+
+@pytest.mark.parametrize("edit, says", [
+    ({"split": "validation"}, "training.manifest.json: split is 'validation', but the file is the training split's"),
+    ({"format_version": 2}, "training.manifest.json: format_version is 2; this packer reads version 1"),
+], ids=["split", "version"])
+def test_a_bridge_split_manifest_of_another_split_or_version_is_refused(copy, edit, says):
+    """A split's manifest is checked as its metadata is: one naming another split (copied into
+    this one's place) or a later format version is refused by verify, inspect and a reader that
+    skips the layout checks (a DataLoader worker's)."""
+    from packer_cli.errors import DataError
+    from packer_cli.shards.reader import PackedReader
+
+    out = copy("bridge")
+    manifest = out / "training.manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), **edit}))
+    assert_refused(out, says, "training")
+    with pytest.raises(DataError, match=re.escape(says)):
+        PackedReader(out, "training", check=False)
+
+
+def test_a_mistyped_recorded_eos_id_leaves_the_packs_checked(copy):
+    """``output.eos_id: true`` is a metadata.schema finding; the split file's own eos_id is not
+    compared with it (True == 1 in Python), so its packs are still read and checked."""
+    out = copy("bridge")
+    edit_metadata(out, "training.metadata.json", lambda doc: doc["output"].update(eos_id=True))
+    result = run("verify", out, "--split", "training", "--json")
+    assert result.exit_code == 1, result.output
+    checks = {finding["check"] for finding in json.loads(result.stdout)["findings"]}
+    assert checks == {"metadata.schema"}, result.stdout
 
 
 # --- over-long counts the policy rules out ---------------------------------------------------

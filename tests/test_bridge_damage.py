@@ -65,6 +65,11 @@ def write(out: Path, table: pa.Table, metadata: dict | None = None) -> None:
     if metadata is not None:
         table = table.replace_schema_metadata(metadata)
     pq.write_table(table, out / DATA, row_group_size=ROW_GROUP, compression="zstd")  # as the manifest records
+    _reseal(out)
+
+
+def _reseal(out: Path) -> None:
+    """Make the manifest's size and checksum hold for the split file as it now is."""
     manifest_path = out / "training.manifest.json"
     manifest = json.loads(manifest_path.read_text())
     raw = (out / DATA).read_bytes()
@@ -156,6 +161,10 @@ def _missing(table):
     return table.drop_columns(["packer_source_offset"])
 
 
+def _twice(table):
+    return table.append_column("packer_source_offset", table.column("packer_source_offset"))
+
+
 def _large(table):
     values, offsets = flat(table, "packer_seq_lens")
     arr = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pa.array(values, pa.int32()))
@@ -168,6 +177,7 @@ SCHEMA_DAMAGE = {
     "mask-bool": (_bool_mask, "column loss_mask is list<bool>, expected list<int8>"),
     "extra-column": (_extra, "unexpected column extra"),
     "missing-column": (_missing, "missing column packer_source_offset"),
+    "column-twice": (_twice, "column packer_source_offset appears 2 times"),
     "large-list": (_large, "column packer_seq_lens is large_list<int32>, expected list<int32>"),
 }
 
@@ -195,6 +205,8 @@ SCHEMA_METADATA = {
     "eos-other": ({b"eos_id": b"7"}, f"schema metadata eos_id is '7', but training.metadata.json records "
                                      f"output.eos_id {DEMO_EOS}"),
     "eos-not-an-id": ({b"eos_id": b"x"}, "schema metadata eos_id is 'x', expected an id or ''"),
+    "eos-leading-zero": ({b"eos_id": b"0" + str(DEMO_EOS).encode()},
+                         f"schema metadata eos_id is '0{DEMO_EOS}', expected an id or ''"),
     "no-metadata": (None, "schema metadata packer_format is missing, expected 'megatron-bridge'"),
 }
 
@@ -208,6 +220,8 @@ def test_schema_metadata_must_be_what_the_writer_writes(copy, case):
     write(out, table, meta)
     assert only(verify(out), "shard.unreadable").message.endswith(text)
     assert_cli_reports(out, text)
+    with pytest.raises(DataError, match=re.escape(text)):  # a loader that skips the layout checks too
+        PackedReader(out, check=False)
 
 
 def test_nulls_in_a_list_column_are_a_finding(copy):
@@ -242,17 +256,19 @@ def test_a_null_row_is_a_finding(copy):
     assert finding.row == r and "packer_source_index is null" in finding.message, finding.line()
 
 
-def test_int64_ids_beyond_int32_are_a_finding(copy):
-    """packer 0.2.0 stored ids as int64 (still read); an id beyond int32 cannot be a native token."""
+@pytest.mark.parametrize("wide, at", [(2**32 + 5, 2), (2**31, 0)], ids=["wraps-to-5", "first-past-int32"])
+def test_int64_ids_beyond_int32_are_a_finding(copy, wide, at):
+    """packer 0.2.0 stored ids as int64 (still read); an id beyond int32 cannot be a native token:
+    2**32 + 5 would wrap to 5, 2**31 (the first past the bound, as the row's first id) to -2**31."""
     out = copy()
     table = read(out)
     values, offsets = flat(table, "input_ids")
     values = values.astype(np.int64)
     r = 7
-    values[offsets[r] + 2] = 2**32 + 5  # would wrap to 5 as int32
+    values[offsets[r] + at] = wide
     write(out, with_column(table, "input_ids", values, offsets, pa.int64()), table.schema.metadata)
     finding = only(verify(out), "shard.unreadable")
-    assert finding.row == r and "input_ids holds id 4294967301" in finding.message, finding.line()
+    assert finding.row == r and f"input_ids holds id {wide}" in finding.message, finding.line()
 
 
 # -- 2: per-row list lengths -----------------------------------------------------------------------
@@ -426,6 +442,42 @@ def test_native_columns_names_the_first_bad_row():
         native_columns(edge, pad_id=0)  # the first start past the row: no stored slot left for it
 
 
+def test_native_columns_names_the_first_of_several_nulls():
+    """Nulls in two rows (null values, null rows): the error names the first row that holds one,
+    a null value that is its row's first value included."""
+    from packer_cli.shards.bridge_reader import native_columns
+
+    ids = pa.array([[5, 6, 7, 2], [None, 6, 2, 8, 9, 2], [1, None, 3]], pa.list_(pa.int32()))
+    mask = pa.array([[1, 1, 0, 0], [1, 0, 0, 1, 0, 0], [1, 1, 0]], pa.list_(pa.int8()))
+    table = pa.table({"input_ids": ids, "loss_mask": mask,
+                      "seq_start_id": pa.array([[0], [0, 3], [0]], pa.list_(pa.int32())),
+                      "packer_seq_lens": pa.array([[2], [2, 2], [2]], pa.list_(pa.int32())),
+                      "packer_source_index": pa.array([[0], None, None], pa.list_(pa.int64())),
+                      "packer_source_offset": pa.array([[0], [0, 0], [0]], pa.list_(pa.int32()))})
+    with pytest.raises(ValueError, match=r"^row 1: input_ids holds a null value$"):
+        native_columns(table, pad_id=0)
+    with pytest.raises(ValueError, match=r"^row 1: packer_source_index is null$"):
+        native_columns(table, pad_id=0, tokens=False)
+
+
+@pytest.mark.parametrize("r", [1, 2])
+def test_a_row_holding_no_sequence_is_named(r):
+    """A row whose seq_start_id (and so each packer column) is empty has no sequence to convert:
+    named, whether another row follows it (its tokens went to the row before) or not."""
+    from packer_cli.shards.bridge_reader import native_columns
+
+    starts = [[0], [0, 3], [0]]
+    starts[r] = []
+    per_seq = lambda value, kind: pa.array([[value] * len(row) for row in starts], pa.list_(kind))  # noqa: E731
+    table = pa.table({"input_ids": pa.array([[5, 6, 7, 2], [5, 6, 2, 8, 9, 2], [1, 2, 3]], pa.list_(pa.int32())),
+                      "loss_mask": pa.array([[1, 1, 0, 0], [1, 0, 0, 1, 0, 0], [1, 1, 0]], pa.list_(pa.int8())),
+                      "seq_start_id": pa.array(starts, pa.list_(pa.int32())),
+                      "packer_seq_lens": per_seq(2, pa.int32()), "packer_source_index": per_seq(0, pa.int64()),
+                      "packer_source_offset": per_seq(0, pa.int32())})
+    with pytest.raises(ValueError, match=f"^row {r}: seq_start_id is empty"):
+        native_columns(table, pad_id=0)
+
+
 def test_reader_schema_is_the_writers():
     """bridge_reader keeps its own copy of the column types (the writer's module loads numba)."""
     from packer_cli.shards.bridge_reader import COLUMN_TYPES
@@ -476,10 +528,20 @@ def _write_resealed(out, raw: bytearray) -> None:
     """Write the damaged data file and make the manifest's size and checksum hold for it, so that
     only the footer's own checks can find the damage."""
     (out / DATA).write_bytes(bytes(raw))
-    manifest_path = out / "training.manifest.json"
-    manifest = json.loads(manifest_path.read_text())
-    manifest["shards"][0].update(bytes=len(raw), xxh3_64=xxhash.xxh3_64(bytes(raw)).hexdigest())
-    manifest_path.write_text(json.dumps(manifest))
+    _reseal(out)
+
+
+def _rewrite_footer(out: Path, edit) -> None:
+    """Apply ``edit`` to the split file's parsed footer (packer's typed Thrift view, in place) and
+    write the file back with it, resealed: the pages stay as they are."""
+    from packer_cli._thrift import write_fields
+    from packer_cli.shards._parquet_stitch import MAGIC, _parse
+
+    view, start, footer = _parse((out / DATA).read_bytes())
+    edit(footer)
+    tail = bytearray()
+    write_fields(tail, footer)
+    _write_resealed(out, bytearray(bytes(view[:start]) + bytes(tail) + len(tail).to_bytes(4, "little") + MAGIC))
 
 
 def test_an_unknown_codec_in_the_footer_is_a_finding_not_an_abort(copy):
@@ -540,11 +602,7 @@ def _write_groups(out: Path, table: pa.Table, sizes: list[int], compression="zst
         for n in sizes:
             writer.write_table(table.slice(at, n), row_group_size=n)
             at += n
-    manifest_path = out / "training.manifest.json"
-    manifest = json.loads(manifest_path.read_text())
-    raw = (out / DATA).read_bytes()
-    manifest["shards"][0].update(bytes=len(raw), xxh3_64=xxhash.xxh3_64(raw).hexdigest())
-    manifest_path.write_text(json.dumps(manifest))
+    _reseal(out)
 
 
 @pytest.mark.parametrize("layout", ["one-before-the-last-short", "the-last-long"])
@@ -587,9 +645,6 @@ def _pages_hold_more_than_the_footer_states(out: Path, times: int, columns=None)
     long, then its footer's value counts set back to the original's (which the manifest's
     ``stored_tokens`` agrees with), so only the pages' headers tell; returns the original
     counts, by row group and column."""
-    from packer_cli._thrift import write_fields
-    from packer_cli.shards._parquet_stitch import MAGIC, _parse
-
     meta = pq.ParquetFile(out / DATA).metadata
     stated = [[meta.row_group(g).column(c).num_values for c in range(meta.num_columns)]
               for g in range(meta.num_row_groups)]
@@ -597,19 +652,14 @@ def _pages_hold_more_than_the_footer_states(out: Path, times: int, columns=None)
     longer = [pa.array([row * times for row in table.column(name).to_pylist()], table.schema.field(name).type)
               if columns is None or name in columns else table.column(name) for name in table.column_names]
     write(out, pa.table(longer, schema=table.schema))
-    view, start, footer = _parse((out / DATA).read_bytes())
-    for g, group in enumerate(next(value for fid, _, value in footer if fid == 4)[1]):
-        for c, chunk in enumerate(next(value for fid, _, value in group if fid == 1)[1]):
-            column_meta = next(value for fid, _, value in chunk if fid == 3)
-            column_meta[:] = [(fid, k, stated[g][c] if fid == 5 else value) for fid, k, value in column_meta]
-    tail = bytearray()
-    write_fields(tail, footer)
-    raw = bytes(view[:start]) + bytes(tail) + len(tail).to_bytes(4, "little") + MAGIC
-    (out / DATA).write_bytes(raw)
-    manifest_path = out / "training.manifest.json"
-    manifest = json.loads(manifest_path.read_text())
-    manifest["shards"][0].update(bytes=len(raw), xxh3_64=xxhash.xxh3_64(raw).hexdigest())
-    manifest_path.write_text(json.dumps(manifest))
+
+    def state_the_original_counts(footer):
+        for g, group in enumerate(next(value for fid, _, value in footer if fid == 4)[1]):
+            for c, chunk in enumerate(next(value for fid, _, value in group if fid == 1)[1]):
+                column_meta = next(value for fid, _, value in chunk if fid == 3)
+                column_meta[:] = [(fid, k, stated[g][c] if fid == 5 else value) for fid, k, value in column_meta]
+
+    _rewrite_footer(out, state_the_original_counts)
     return stated
 
 
@@ -637,6 +687,48 @@ def test_pages_holding_more_values_than_the_footer_states_are_not_decoded(copy, 
                             f"{20 * loss:,}", commands=("inspect",))
     with pytest.raises(DataError, match=f"^{out / DATA}: cannot read row group 0 \\({said}\\); run `packer verify`"):
         PackedReader(str(out)).row(0)
+
+
+def test_pages_holding_fewer_values_than_the_footer_states_are_a_finding(copy):
+    """The other way round: a footer stating twice the ids the pages hold. pyarrow decodes what
+    the pages hold, so only the page headers tell; the loader refuses the row group too."""
+    out = copy()
+    ids = pq.ParquetFile(out / DATA).metadata.row_group(0).column(0).num_values
+
+    def state_twice_the_ids(footer):
+        for group in next(value for fid, _, value in footer if fid == 4)[1]:
+            chunk = next(value for fid, _, value in group if fid == 1)[1][0]  # input_ids
+            column_meta = next(value for fid, _, value in chunk if fid == 3)
+            column_meta[:] = [(fid, k, 2 * value if fid == 5 else value) for fid, k, value in column_meta]
+
+    _rewrite_footer(out, state_twice_the_ids)
+    said = f"column 'input_ids': its footer entry states {2 * ids:,} values, its pages' headers {ids:,}"
+    found = only(verify(out), "shard.unreadable")
+    assert (found.row, found.message) == (0, f"row group 0 is unreadable ({said})")
+    with pytest.raises(DataError, match=f"^{out / DATA}: cannot read row group 0 \\({said}\\)"):
+        PackedReader(str(out), check=False).row(0)
+
+
+def test_a_negative_row_count_another_group_makes_up_for_is_a_finding(copy):
+    """Row group 0 claiming -n rows and row group 1 n more than it holds: the counts still add up
+    to the footer's total, but a negative one is damage all the same (inspect summarized the
+    split as healthy and the loader raised IndexError on pack 5)."""
+    out = copy()
+    meta = pq.ParquetFile(out / DATA).metadata
+    first, second = meta.row_group(0).num_rows, meta.row_group(1).num_rows
+
+    def move_rows_to_the_second_group(footer):
+        groups = next(value for fid, _, value in footer if fid == 4)[1]
+        for g, rows in ((0, -first), (1, second + 2 * first)):
+            groups[g] = [(fid, k, rows if fid == 3 else value) for fid, k, value in groups[g]]
+
+    _rewrite_footer(out, move_rows_to_the_second_group)
+    assert pq.ParquetFile(out / DATA).metadata.num_rows == meta.num_rows
+    text = f"its footer's row groups hold -{first}, {second + 2 * first}, "
+    assert text in only(verify(out), "shard.unreadable").message
+    assert_cli_reports(out, text)
+    with pytest.raises(DataError, match=f"{DATA}: {text}"):
+        PackedReader(str(out), check=False)
 
 
 def test_inspect_walks_the_id_pages_when_a_packs_detail_reads_them(copy, monkeypatch):
@@ -686,6 +778,8 @@ def test_bridge_reader_refuses_ids_and_versions_past_their_bounds(tmp_path):
     assert pad_id_of({"spec": {"pad_id": 2**31 - 1}}) == 2**31 - 1
     with pytest.raises(DataError, match=r"^spec\.pad_id is 2147483648, not a token id$"):
         pad_id_of({"spec": {"pad_id": 2**31}})
+    with pytest.raises(DataError, match=r"^spec\.pad_id is True, not a token id$"):  # a bool is no id
+        pad_id_of({"spec": {"pad_id": True}})
     fields = list(schema(2))
     swapped = pa.schema([fields[1], fields[0], *fields[2:]], metadata=schema(2).metadata)
     assert schema_problem(swapped) == ("schema differs from the megatron-bridge version 1 schema: column 0 is "
@@ -713,6 +807,39 @@ def test_a_real_length_of_zero_is_left_to_the_pack_checks():
     table = pa.table([one([5, 7, 7], pa.int32()), one([0, 0, 0], pa.int8()), one([0], pa.int32()),
                       one([0], pa.int32()), one([0], pa.int64()), one([0], pa.int32())], schema=BRIDGE_SCHEMA)
     assert native_columns(table, 0, check_padding=True, eos=2)["seq_lens"][0].tolist() == [0]
+
+
+def _two_rows(ids, mask, lens) -> pa.Table:
+    """Two rows of one sequence each (two in the second row where ``lens[1]`` has two), Bridge's schema."""
+    from packer_cli.shards.bridge_writer import BRIDGE_SCHEMA
+
+    starts = [[0], [0] if len(lens[1]) == 1 else [0, 3]]
+    return pa.table([pa.array(ids, pa.list_(pa.int32())), pa.array(mask, pa.list_(pa.int8())),
+                     pa.array(starts, pa.list_(pa.int32())), pa.array(lens, pa.list_(pa.int32())),
+                     pa.array([[0] * len(r) for r in lens], pa.list_(pa.int64())),
+                     pa.array([[0] * len(r) for r in lens], pa.list_(pa.int32()))], schema=BRIDGE_SCHEMA)
+
+
+def test_a_negative_real_length_is_left_to_the_pack_checks():
+    """A real length of -100 is kept in seq_lens for pack.lengths to name, and clipped for the
+    conversion (unclipped it indexed 97 slots before the table: IndexError, a malformed group)."""
+    from packer_cli.shards.bridge_reader import native_columns
+
+    table = _two_rows([[5, 6, 7, 2], [5, 6, 2, 8, 9, 2]], [[1, 1, 0, 0], [1, 0, 0, 1, 0, 0]], [[2], [-100, 2]])
+    for check in (False, True):
+        cols = native_columns(table, 0, check_padding=check, eos=2)
+        assert cols["seq_lens"][0].tolist() == [2, -100, 2]
+        assert cols["tokens"][0].tolist() == [5, 6, 0, 0, 0, 8, 9]
+        assert cols["last_token"][0].tolist() == [7, 5, 2]  # the clipped length 0's last token: the seq's first
+
+
+def test_stored_padding_checks_name_the_first_bad_row_whichever_the_kind():
+    """Row 0's stored padding is not the EOS id, row 1's final slot has loss: row 0 is named."""
+    from packer_cli.shards.bridge_reader import native_columns
+
+    table = _two_rows([[5, 6, 7, 9, 2], [5, 6, 7, 2, 2]], [[1, 1, 0, 0, 0], [1, 1, 0, 0, 1]], [[2], [2]])
+    with pytest.raises(ValueError, match=r"^row 0: seq 0: input_ids holds 9 in the stored padding, expected the eos id 2$"):
+        native_columns(table, 0, check_padding=True, eos=2)
 
 
 def test_a_pack_index_one_past_either_end_is_an_index_error(copy):
