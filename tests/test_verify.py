@@ -473,9 +473,9 @@ def test_what_verify_keeps_per_sequence(synth, monkeypatch, policy):
     seen, sorts = {}, []
     check = _meta_checks.check_provenance
 
-    def spying_check(arr, *args):
+    def spying_check(arr, *args, **kwargs):
         seen[len(seen)] = {k: (v.dtype.itemsize, v.size) for k, v in arr.items()}
-        return check(arr, *args)
+        return check(arr, *args, **kwargs)
 
     monkeypatch.setattr(verify_module, "check_provenance", spying_check)
     lexsort = np.lexsort
@@ -1781,6 +1781,65 @@ def test_cu_seqlens_not_spanning_exactly_the_packs_tokens_is_a_finding(broken, c
 
     assert_finds(broken, shard, below_0 if case == "start-below-0" else end_short, lambda: (
         f"{shard} row {where['row']} (pack {where['row']}): {where['says']} [pack.cu_seqlens]"))
+
+
+@pytest.mark.parametrize("damage", ["malformed-pack", "shard-cut-short"])
+def test_packs_not_read_soundly_are_named_once_not_again_as_the_metadatas_fault(broken, synth, damage):
+    """Every figure the whole output determines (counts, quality, Bridge's keys) differs from the
+    recorded one once a pack is left out of the data, whether it failed the pack checks (its
+    cu_seqlens running past its tokens) or its shard could not be read: the metadata is not
+    compared then, one warning says why, and with --source a sample of such a pack is named as
+    not in the packs read rather than missing from the output."""
+    shard = first_shard(broken)
+    lost = {}
+
+    def past_the_tokens(rows):
+        rows[3]["cu_seqlens"][-1] += 8
+        lost.update(packs=1, indices=rows[3]["source_index"])
+
+    if damage == "malformed-pack":
+        rewrite(broken, shard, past_the_tokens)
+        expected = {"pack.cu_seqlens", "pack.alignment"}
+    else:
+        rows = pa.ipc.open_file(str(broken / shard)).read_all()
+        lost.update(packs=rows.num_rows, indices=[i for r in rows.column("source_index").to_pylist() for i in r])
+        with open(broken / shard, "r+b") as f:  # cut in half: the Arrow file's footer is gone
+            f.truncate(f.seek(0, 2) // 2)
+        expected = {"shard.size", "shard.checksum", "shard.unreadable"}
+    packs = sum(e["rows"] for e in manifest(broken)["shards"])
+    for args in ([], ["--source", synth[0]]):
+        result = runner.invoke(app, ["verify", str(broken), *map(str, args), "--json", "--limit", "100000"])
+        assert result.exit_code == 1, result.output
+        findings = json.loads(result.stdout)["findings"]
+        errors = {f["check"] for f in findings if f["severity"] == "error"}
+        assert errors == expected | ({"source.missing"} if args else set()), result.stdout
+        warning = [f["message"] for f in findings if f["severity"] == "warning" and f["check"] == "metadata.counts"]
+        assert warning == [f"{lost['packs']:,} of the {packs:,} packs could not be read soundly (the findings "
+                           "above), so the recorded counts, quality and Bridge figures were not compared with "
+                           "the data"], result.stdout
+        if args:
+            missing = sorted(int(re.search(r"source index (\d+)", f["message"])[1]) for f in findings
+                             if f["check"] == "source.missing")
+            assert missing == sorted(lost["indices"])
+            could_not = f"{lost['packs']:,} pack{'s' if lost['packs'] > 1 else ''} could not be"
+            assert all(f"is not in the packs read ({could_not}), and not listed as dropped" in f["message"]
+                       for f in findings if f["check"] == "source.missing")
+
+
+def test_a_split_samples_piece_in_a_malformed_pack_is_not_called_missing(synth, tmp_path):
+    """With the pack holding a split sample's first piece left out (malformed), its later pieces
+    start at cap, not 0: that is the left-out pack, not a missing piece, and is not named."""
+    out = Path(shutil.copytree(synth[1][OverlongPolicy.SPLIT], tmp_path / "split"))
+    shard = first_shard(out)
+    rows = pa.ipc.open_file(str(out / shard)).read_all().to_pylist()
+    later = {i for e in manifest(out)["shards"] for r in pa.ipc.open_file(str(out / e["name"])).read_all().to_pylist()
+             for i, o in zip(r["source_index"], r["source_offset"]) if o > 0}
+    row = next(k for k, r in enumerate(rows) if any(i in later and o == 0
+                                                     for i, o in zip(r["source_index"], r["source_offset"])))
+    rewrite(out, shard, lambda rows: rows[row]["cu_seqlens"].__setitem__(-1, rows[row]["cu_seqlens"][-1] + 8))
+    result = verify(out)
+    assert result.exit_code == 1
+    assert "[pack.cu_seqlens]" in result.output and "[output.pieces]" not in result.output, result.output
 
 
 def test_a_split_output_whose_pack_size_is_no_multiple_of_m_passes(synth, tmp_path):

@@ -26,8 +26,10 @@ from packer_cli.shards.format import MAX_LISTED_BAD, METADATA_FILE
 MISSING = object()
 
 
-def check_provenance(arr: dict, cap: int, policy: str, seqs, sink: FindingSink) -> dict:
-    """Duplicate and piece checks; returns per-sample facts the metadata check needs."""
+def check_provenance(arr: dict, cap: int, policy: str, seqs, sink: FindingSink, complete: bool = True) -> dict:
+    """Duplicate and piece checks; returns per-sample facts the metadata check needs. With
+    ``complete`` false (some packs were not read) a gap between a sample's pieces may be a piece
+    in a pack that was not read, and is not named."""
     at_cap = int((arr["real"] == cap).sum())
     # sequences without targets that no truncation made: what earlier outputs recorded at least
     untruncated = int(((arr["targets"] == 0) & (arr["real"] < cap)).sum())
@@ -56,7 +58,7 @@ def check_provenance(arr: dict, cap: int, policy: str, seqs, sink: FindingSink) 
     if policy == "split":
         group = np.cumsum(new) - 1
         rank = np.arange(idx.size) - starts[group]
-        sink.add_many("output.pieces", np.flatnonzero(off != rank * cap), lambda j: (
+        sink.add_many("output.pieces", np.flatnonzero((off != rank * cap) & complete), lambda j: (
             f"piece of source index {idx[j]} at offset {off[j]} should be at {rank[j] * cap} "
             f"(a piece is missing)", at(j)))
         not_last = np.flatnonzero(~np.concatenate([new[1:], [True]]) & (real != cap)) if idx.size else []

@@ -83,6 +83,7 @@ class _Replay:
         self.lim, self.seqs, self.sink, self.stream, self.store = lim, seqs, sink, stream, store
         self._reread: tuple = (None, None)  # (batch id, PackBatch): the last batch read again
         self.policy = meta["spec"].get("overlong")
+        self.not_found = "is not in the output"
         # The table is sorted by one key, (index, offset) packed into an int64 (offsets are
         # int32 in the shards); a negative index or offset, or an index past 2^32, is no
         # sample's piece, and verify's other checks name it.
@@ -161,7 +162,7 @@ class _Replay:
         found = (p_key[pos] == e_key) if p_key.size else np.zeros(e_key.size, dtype=bool)
         piece = lambda i: f"piece at offset {e_off[i]} of " if pieces[e_sample[i]] > 1 else ""  # noqa: E731
         sink.add_many("source.missing", np.flatnonzero(~found), lambda i: (
-            f"{self.stream.locate(int(e_idx[i]))}: {piece(i)}sample (source index {e_idx[i]}) is not in the output, "
+            f"{self.stream.locate(int(e_idx[i]))}: {piece(i)}sample (source index {e_idx[i]}) {self.not_found}, "
             f"and not listed as dropped", {}))
         fe = np.flatnonzero(found)
         q = a + pos[fe]
@@ -216,11 +217,12 @@ class _Replay:
         return values[at:at + length]
 
 
-def check_source(files, meta: dict, lim, arr: dict, seqs, sink: FindingSink, store) -> dict:
+def check_source(files, meta: dict, lim, arr: dict, seqs, sink: FindingSink, store, unread: int = 0) -> dict:
     """Replay ``files`` with the recorded source spec and compare; returns a summary.
 
     ``arr`` (the per-sequence facts, with fingerprints) is sorted in place and kept; ``store``
-    reads a batch again when a finding needs its values."""
+    reads a batch again when a finding needs its values. ``unread`` packs could not be read:
+    a sample not found may be in one of them, and its finding says so."""
     try:
         spec = recorded_source_spec(meta)
     except (PackerError, KeyError, TypeError, ValueError) as exc:
@@ -228,6 +230,8 @@ def check_source(files, meta: dict, lim, arr: dict, seqs, sink: FindingSink, sto
         return incomplete_source(files, 0)
     stream = SampleStream(files, spec, arrow_parquet=True)  # not the decoder pack read the inputs with
     replay = _Replay(meta, lim, arr, seqs, sink, stream, store)
+    replay.not_found = ("is not in the output" if not unread else
+                        f"is not in the packs read ({unread:,} {'pack' if unread == 1 else 'packs'} could not be)")
     window, tokens, lo, records = [], 0, 0, 0
     try:
         # The inputs are read and decoded on a second thread while this one compares: the

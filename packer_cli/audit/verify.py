@@ -37,6 +37,7 @@ from packer_cli.audit.store import ShardError
 from packer_cli.errors import ConfigError, PackerError, counted, interrupts_kept, reading_document
 from packer_cli.sources.discover import input_paths, path_argument
 from packer_cli.spec import is_int
+from packer_cli.shards.format import METADATA_FILE
 from packer_cli.shards.writer import file_checksum
 
 
@@ -246,14 +247,22 @@ def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20
             first_pack += recorded_count(entry, "rows") or 0
     if lim is not None and entries is not None:
         arr = seqs.arrays()
-        facts = check_provenance(arr, lim.cap, meta["spec"].get("overlong"), seqs, sink)
-        check_metadata(meta, stats or InspectReport(out=out, spec=meta["spec"], recorded={}), facts, sink)
-        if layout.bridge_array is not None:
-            _check_bridge_values(store, layout.bridge_array, stats, sink)
+        # Packs of a shard that could not be read, or that failed the pack checks, are not in
+        # the data below: what the whole output determines cannot be compared with a part of it.
+        unread = max(0, first_pack - stats.packs) if stats is not None else 0
+        facts = check_provenance(arr, lim.cap, meta["spec"].get("overlong"), seqs, sink, complete=not unread)
+        if unread:
+            sink.warn("metadata.counts", f"{unread:,} of the {first_pack:,} packs could not be read soundly (the "
+                      "findings above), so the recorded counts, quality and Bridge figures were not compared with "
+                      "the data", shard=METADATA_FILE)
+        else:
+            check_metadata(meta, stats or InspectReport(out=out, spec=meta["spec"], recorded={}), facts, sink)
+            if layout.bridge_array is not None:
+                _check_bridge_values(store, layout.bridge_array, stats, sink)
         if files is not None:
             from packer_cli.audit._source_check import check_source
 
-            report.source = check_source(files, meta, lim, arr, seqs, sink, store)
+            report.source = check_source(files, meta, lim, arr, seqs, sink, store, unread=unread)
     elif files is not None:
         sink.add("source.skipped", "the output itself is unusable, so the source was not compared")
         report.source = _not_compared(files)
