@@ -79,11 +79,12 @@ def recorded_source_spec(meta: dict) -> SourceSpec:
 class _Replay:
     """State of one source replay: the sorted packed table, counters and the sink."""
 
-    def __init__(self, meta, lim, arr, seqs, sink: FindingSink, stream: SampleStream, store):
+    def __init__(self, meta, lim, arr, seqs, sink: FindingSink, stream: SampleStream, store, unread: int):
         self.lim, self.seqs, self.sink, self.stream, self.store = lim, seqs, sink, stream, store
         self._reread: tuple = (None, None)  # (batch id, PackBatch): the last batch read again
         self.policy = meta["spec"].get("overlong")
-        self.not_found = "is not in the output"
+        self.not_found = ("is not in the output" if not unread else
+                          f"is not in the packs read ({unread:,} {'pack' if unread == 1 else 'packs'} could not be)")
         # The table is sorted by one key, (index, offset) packed into an int64 (offsets are
         # int32 in the shards); a negative index or offset, or an index past 2^32, is no
         # sample's piece, and verify's other checks name it.
@@ -229,9 +230,7 @@ def check_source(files, meta: dict, lim, arr: dict, seqs, sink: FindingSink, sto
         sink.add("source.spec", f"metadata.json does not record a usable source spec ({exc})", shard="metadata.json")
         return incomplete_source(files, 0)
     stream = SampleStream(files, spec, arrow_parquet=True)  # not the decoder pack read the inputs with
-    replay = _Replay(meta, lim, arr, seqs, sink, stream, store)
-    replay.not_found = ("is not in the output" if not unread else
-                        f"is not in the packs read ({unread:,} {'pack' if unread == 1 else 'packs'} could not be)")
+    replay = _Replay(meta, lim, arr, seqs, sink, stream, store, unread)
     window, tokens, lo, records = [], 0, 0, 0
     try:
         # The inputs are read and decoded on a second thread while this one compares: the
