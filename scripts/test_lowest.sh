@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the whole test suite against the lowest dependency versions packer declares
 # (scripts/lowest.txt), in .venv-lowest, without pandas, torch or datasets: the tests that need
-# those skip; numba's bounds checks are on (below). Extra arguments go to pytest. .ci/run calls this after scripts/test.sh.
+# those skip; numba's bounds checks are on (below). Extra arguments go to pytest. .ci/run calls
+# this after scripts/test.sh.
 #
 # If pip cannot install those versions (an index without them), it says so and exits 0: that
 # is this machine's index, not packer. Set PACKER_LOWEST_REQUIRED=1 to make it an error.
