@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from packer_cli._arrow import list_array
 from packer_cli._thrift import read_fields, write_fields
-from packer_cli.shards._parquet_stitch import ParquetStitcher, StitchError, split_file
+from packer_cli.shards._parquet_stitch import ParquetStitcher, StitchError, _parse, split_file
 from packer_cli.shards.bridge import PARQUET_ENCODING_NAMES
 from packer_cli.shards.bridge_writer import (
     BRIDGE_SCHEMA, PARQUET_ENCODINGS, bridge_schema, encode_parquet, to_bridge_rows, writes_integer_byte_streams,
@@ -180,6 +180,13 @@ def test_stitcher_refuses_what_it_cannot_join():
     raw = good.to_pybytes()  # two bytes between the footer and its length: it does not end where it says
     with pytest.raises(StitchError, match="Parquet footer does not end where its length says"):
         split_file(raw[:-8] + b"\0\0" + (footer_len + 2).to_bytes(4, "little") + b"PAR1")
+    view, footer_start, footer = _parse(raw)
+    for fid in (3, 4):  # FileMetaData's row count, its row groups
+        tail = bytearray()
+        write_fields(tail, [field for field in footer if field[0] != fid])
+        with pytest.raises(StitchError, match="Parquet footer lacks its row count, its row groups or their column"):
+            ParquetStitcher(io.BytesIO()).add(bytes(view[:footer_start]) + tail + len(tail).to_bytes(4, "little")
+                                              + b"PAR1")
     from packer_cli.shards._parquet_encode import encode_list_columns
 
     def encoded(eos: int):
@@ -254,7 +261,7 @@ def with_inline_copies(part: bytes) -> bytes:
     chunk's footer entry copied right after the chunk's pages, where its ``file_offset`` points.
     The pyarrow under test may write none, so the layout is made by hand from its file."""
     from packer_cli._thrift import STRUCT
-    from packer_cli.shards._parquet_stitch import _field, _parse, _replace
+    from packer_cli.shards._parquet_stitch import _field, _replace
 
     view, _, footer = _parse(part)
     out, groups = bytearray(b"PAR1"), []
@@ -280,7 +287,7 @@ def test_inline_chunk_copies_of_old_pyarrow_are_rewritten_with_every_position_mo
     pages. Joined, each copy is rewritten in place with its moved positions, as one writer would
     have written it; a moved position past 8 KiB takes a byte more, so every position after a
     grown copy moves by the growth of all the copies before it (and not by its own)."""
-    from packer_cli.shards._parquet_stitch import _field, _parse
+    from packer_cli.shards._parquet_stitch import _field
 
     rng = np.random.default_rng(4)
     tables = [bridge_table(rng, 120) for _ in range(3)]

@@ -151,7 +151,16 @@ def _parse(data) -> tuple[memoryview, int, list]:
         raise StitchError(str(exc)) from None
     if end != footer_len:
         raise StitchError("Parquet footer does not end where its length says")
+    groups = _field(footer, _FILE_ROW_GROUPS)
+    if (type(_field(footer, _FILE_ROWS)) is not int or not _structs(groups)
+            or not all(_structs(_field(group, _GROUP_COLUMNS)) for group in groups[1])):
+        raise StitchError("Parquet footer lacks its row count, its row groups or their column chunks")
     return view, footer_start, footer
+
+
+def _structs(value) -> bool:
+    """Whether a typed Thrift value is a list of structs."""
+    return isinstance(value, tuple) and len(value) == 2 and value[0] == STRUCT
 
 
 class ParquetStitcher:
