@@ -316,33 +316,20 @@ def test_prefetch_order_of_operations(stand_in_cuda):
     ]  # fmt: skip
 
 
-def test_prefetch_serves_the_batch_before_the_next_ones_error(stand_in_cuda):
-    # fetching batch k+1 happens before batch k is handed over; its error must wait, or a
-    # loop that skips a damaged pack by its position never trains the good pack before it
-    cuda_prefetch, FakeBatch, log = stand_in_cuda
-
-    def source():
-        yield FakeBatch(0)
-        yield FakeBatch(1)
-        raise DataError("pack 2 is damaged")
-
-    served = []
-    with pytest.raises(DataError, match="pack 2"):
-        for b in cuda_prefetch(source(), torch.device("cuda")):
-            served.append(b.k)
-    assert served == [0, 1]
-
-
-@pytest.mark.parametrize("error", [RuntimeError("DataLoader worker (pid 7) exited unexpectedly"),
+@pytest.mark.parametrize("error", [DataError("pack 2 is damaged"),
+                                   RuntimeError("DataLoader worker (pid 7) exited unexpectedly"),
                                    MemoryError("out of memory copying the next batch"), OSError(5, "Input/output error")],
-                         ids=["worker", "memory", "io"])
-def test_prefetch_serves_the_batch_before_an_error_of_any_kind_in_the_next(stand_in_cuda, error):
-    # not only packer's own errors: a worker's failure or a failed copy of batch k+1 also waits
+                         ids=["damaged-pack", "worker", "memory", "io"])
+def test_prefetch_serves_the_batch_before_the_next_ones_error(stand_in_cuda, error):
+    # fetching batch k+1 happens before batch k is handed over; its error must wait, or a
+    # loop that skips a damaged pack by its position never trains the good pack before it.
+    # Not only packer's own errors: a worker's failure or a failed copy of batch k+1 also waits
     # until batch k has been served, as the CPU path raises it
     cuda_prefetch, FakeBatch, log = stand_in_cuda
 
     def source():
         yield FakeBatch(0)
+        yield FakeBatch(1)
         raise error
 
     served = []
@@ -350,7 +337,7 @@ def test_prefetch_serves_the_batch_before_an_error_of_any_kind_in_the_next(stand
         for b in cuda_prefetch(source(), torch.device("cuda")):
             served.append(b.k)
     assert raised.value is error
-    assert served == [0]
+    assert served == [0, 1]
 
 
 def test_a_damaged_pack_is_raised_at_its_own_position_and_skipped_alone(stand_in_cuda, monkeypatch):
