@@ -8,6 +8,8 @@ both readers on every variant.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -166,7 +168,6 @@ def test_nulls_and_other_types_are_left_to_pyarrow(tmp_path):
     pq.write_table(token_table(50, seed=1), good)
     with RowGroupRuns(str(good)) as runs:
         assert runs.read(0, 1, ["input_ids"]) is not None
-    import os
     os.environ["PACKER_PARQUET_DECODER"] = "arrow"
     try:
         with RowGroupRuns(str(good)) as runs:
@@ -547,8 +548,6 @@ def test_runs_without_rows_and_of_empty_lists(tmp_path):
 def test_a_page_header_longer_than_the_first_read_is_read_whole(tmp_path):
     """A header with long statistics runs past the 1 KiB read first (exactly 1 KiB came back):
     it is read again with more, up to 16 MiB, and not refused as truncated."""
-    import os
-
     from packer_cli._parquet_thrift import HEADER_PROBE, read_page_header
     from packer_cli._thrift import BINARY
 
@@ -573,8 +572,6 @@ def test_a_page_header_longer_than_the_first_read_is_read_whole(tmp_path):
 def test_data_page_levels_counts_the_values_of_either_page_version(tmp_path, version):
     """What a column chunk's pages hold, by their headers alone, is the footer's value count,
     for data pages v1 and v2 alike (a dictionary page holds none of the chunk's values)."""
-    import os
-
     from packer_cli._parquet_thrift import data_page_levels
 
     path = tmp_path / "t.parquet"
