@@ -166,28 +166,17 @@ def test_version_1_batches_match_in_the_torch_dataset(packed):
             assert getattr(a, name).equal(getattr(b, name)), name
 
 
-def test_a_version_1_mask_value_other_than_0_or_1_is_a_finding(packed, tmp_path):
-    _, _, v1 = packed
-    out, manifest, table = _copy_with_first_shard(v1, tmp_path / "v1")
-    entry = manifest["shards"][0]
-    rows = table.to_pylist()
-    k = next(j for j, v in enumerate(rows[0]["loss_mask"]) if v == 1)
-    rows[0]["loss_mask"][k] = 2
-    _rewrite_shard(out, manifest, pa.Table.from_pylist(rows, schema=pack_schema(1)))
-    result = runner.invoke(app, ["verify", str(out)])
-    assert result.exit_code == 1
-    line = next(x for x in result.output.splitlines() if "[pack.loss_mask]" in x)
-    assert f"{entry['name']} row 0 (pack 0)" in line, line
-
-
 @pytest.mark.parametrize("value", [2, 128, 255])
-@pytest.mark.parametrize("packed, where", [(1, "mid-sequence"), (2, "mid-sequence"), (2, "padding")],
-                         ids=["m1-mid-sequence", "m4-mid-sequence", "m4-padding"], indirect=["packed"])
+@pytest.mark.parametrize("packed, where", [(1, "first-target"), (2, "first-target"), (1, "mid-sequence"),
+                                           (2, "mid-sequence"), (2, "padding")],
+                         ids=["m1-first-target", "m4-first-target", "m1-mid-sequence", "m4-mid-sequence", "m4-padding"],
+                         indirect=["packed"])
 def test_a_version_1_mask_value_other_than_0_or_1_is_found_wherever_it_is(packed, tmp_path, value, where):
     """A uint8 mask value other than 0/1 is a finding at its pack whatever its bits (one above the
-    lowest, or the sign bit of an int8) and wherever it sits: at a real position that is not its
-    sequence's last (the mask is OR-ed over every real position), or in the alignment padding
-    (loss on padding, not only where the value is 1; only m = 4 has alignment padding)."""
+    lowest, or the sign bit of an int8) and wherever it sits: at the shard's first target, at a
+    real position that is not its sequence's last (the mask is OR-ed over every real position),
+    or in the alignment padding (loss on padding, not only where the value is 1; only m = 4 has
+    alignment padding)."""
     _, _, v1 = packed
     out, manifest, table = _copy_with_first_shard(v1, tmp_path / "v1")
     entry = manifest["shards"][0]
@@ -197,6 +186,10 @@ def test_a_version_1_mask_value_other_than_0_or_1_is_found_wherever_it_is(packed
     if where == "padding":
         k = next(k for k in range(len(s)) if cu[k + 1] - cu[k] > s[k])
         r["loss_mask"][cu[k] + s[k]], check = value, "[pack.padding]"
+    elif where == "first-target":
+        at = r["loss_mask"].index(1)
+        k = next(k for k in range(len(s)) if cu[k] <= at < cu[k] + s[k])
+        r["loss_mask"][at], check = value, "[pack.loss_mask]"
     else:
         k = next(k for k in range(len(s)) if s[k] > 2)
         r["loss_mask"][cu[k] + s[k] // 2], check = value, "[pack.loss_mask]"
