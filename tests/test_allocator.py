@@ -59,19 +59,18 @@ def test_freed_arrays_are_reused_without_new_page_faults():
     assert faults * 20 < default_faults
 
 
+# the environment variables glibc's malloc reads at start (glibc manual, "Memory Allocation
+# Tunables"): each one set, even to glibc's default, is the user's choice and left alone
+GLIBC_MALLOC_VARIABLES = ["MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
+                          "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_"]
+
+
 @pytest.mark.parametrize("env", [{"MALLOC_ARENA_MAX": "2"}, {"MALLOC_TRIM_THRESHOLD_": "0"},
-                                 {"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}])
+                                 {"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"},
+                                 *({name: "1"} for name in GLIBC_MALLOC_VARIABLES)])
 def test_a_users_own_malloc_settings_are_kept(env):
     assert _allocator.user_tuned_malloc(env)
     assert not _allocator.user_tuned_malloc({"GLIBC_TUNABLES": "glibc.rtld.nns=2", "HOME": "/"})
-
-
-@pytest.mark.parametrize("name", ["MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_MMAP_THRESHOLD_",
-                                  "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_"])
-def test_every_malloc_variable_glibc_reads_is_a_users_own_setting(name):
-    # the environment variables glibc's malloc reads at start (glibc manual, "Memory Allocation
-    # Tunables"): each one set, even to glibc's default, is the user's choice and left alone
-    assert _allocator.user_tuned_malloc({name: "1"})
 
 
 def test_the_command_line_applies_it_before_any_command():
