@@ -420,16 +420,24 @@ def test_damaged_seq_start_id_names_its_row(copy, made, case):
     assert_cli_reports(out, f"row {r}: ", text)
 
 
+def bridge_rows(ids, mask, starts, lens=2, index=0, offset=0) -> pa.Table:
+    """Bridge's columns (its schema) from Python lists, a list a row; ``lens``, ``index`` and
+    ``offset`` are each a list of rows, or one value for every sequence."""
+    from packer_cli.shards.bridge_writer import BRIDGE_SCHEMA
+
+    def per_seq(given):
+        return given if isinstance(given, list) else [[given] * len(row) for row in starts]
+
+    return pa.table([pa.array(ids, pa.list_(pa.int32())), pa.array(mask, pa.list_(pa.int8())),
+                     pa.array(starts, pa.list_(pa.int32())), pa.array(per_seq(lens), pa.list_(pa.int32())),
+                     pa.array(per_seq(index), pa.list_(pa.int64())), pa.array(per_seq(offset), pa.list_(pa.int32()))],
+                    schema=BRIDGE_SCHEMA)
+
+
 def test_native_columns_names_the_first_bad_row():
     from packer_cli.shards.bridge_reader import native_columns
 
-    ids = pa.array([[5, 6, 7, 2], [5, 6, 2, 8, 9, 2], [1, 2, 3]], pa.list_(pa.int32()))
-    mask = pa.array([[1, 1, 0, 0], [1, 0, 0, 1, 0, 0], [1, 1, 0]], pa.list_(pa.int8()))
-    starts = pa.array([[0], [0, 3], [0]], pa.list_(pa.int32()))
-    lens = pa.array([[2], [2, 2], [2]], pa.list_(pa.int32()))
-    table = pa.table({"input_ids": ids, "loss_mask": mask, "seq_start_id": starts, "packer_seq_lens": lens,
-                      "packer_source_index": pa.array([[0], [1, 2], [3]], pa.list_(pa.int64())),
-                      "packer_source_offset": pa.array([[0], [0, 0], [0]], pa.list_(pa.int32()))})
+    table = bridge_rows([[5, 6, 7, 2], [5, 6, 2, 8, 9, 2], [1, 2, 3]], [[1, 1, 0, 0], [1, 0, 0, 1, 0, 0], [1, 1, 0]], [[0], [0, 3], [0]], index=[[0], [1, 2], [3]])
     cols = native_columns(table, pad_id=0)
     assert cols["tokens"][0].tolist() == [5, 6, 0, 5, 6, 8, 9, 1, 2]
     bad = table.set_column(2, "seq_start_id", pa.array([[0], [0, 7], [0]], pa.list_(pa.int32())))
@@ -447,13 +455,8 @@ def test_native_columns_names_the_first_of_several_nulls():
     a null value that is its row's first value included."""
     from packer_cli.shards.bridge_reader import native_columns
 
-    ids = pa.array([[5, 6, 7, 2], [None, 6, 2, 8, 9, 2], [1, None, 3]], pa.list_(pa.int32()))
-    mask = pa.array([[1, 1, 0, 0], [1, 0, 0, 1, 0, 0], [1, 1, 0]], pa.list_(pa.int8()))
-    table = pa.table({"input_ids": ids, "loss_mask": mask,
-                      "seq_start_id": pa.array([[0], [0, 3], [0]], pa.list_(pa.int32())),
-                      "packer_seq_lens": pa.array([[2], [2, 2], [2]], pa.list_(pa.int32())),
-                      "packer_source_index": pa.array([[0], None, None], pa.list_(pa.int64())),
-                      "packer_source_offset": pa.array([[0], [0, 0], [0]], pa.list_(pa.int32()))})
+    table = bridge_rows([[5, 6, 7, 2], [None, 6, 2, 8, 9, 2], [1, None, 3]], [[1, 1, 0, 0], [1, 0, 0, 1, 0, 0], [1, 1, 0]], [[0], [0, 3], [0]],
+                        index=[[0], None, None])
     with pytest.raises(ValueError, match=r"^row 1: input_ids holds a null value$"):
         native_columns(table, pad_id=0)
     with pytest.raises(ValueError, match=r"^row 1: packer_source_index is null$"):
@@ -468,12 +471,7 @@ def test_a_row_holding_no_sequence_is_named(r):
 
     starts = [[0], [0, 3], [0]]
     starts[r] = []
-    per_seq = lambda value, kind: pa.array([[value] * len(row) for row in starts], pa.list_(kind))  # noqa: E731
-    table = pa.table({"input_ids": pa.array([[5, 6, 7, 2], [5, 6, 2, 8, 9, 2], [1, 2, 3]], pa.list_(pa.int32())),
-                      "loss_mask": pa.array([[1, 1, 0, 0], [1, 0, 0, 1, 0, 0], [1, 1, 0]], pa.list_(pa.int8())),
-                      "seq_start_id": pa.array(starts, pa.list_(pa.int32())),
-                      "packer_seq_lens": per_seq(2, pa.int32()), "packer_source_index": per_seq(0, pa.int64()),
-                      "packer_source_offset": per_seq(0, pa.int32())})
+    table = bridge_rows([[5, 6, 7, 2], [5, 6, 2, 8, 9, 2], [1, 2, 3]], [[1, 1, 0, 0], [1, 0, 0, 1, 0, 0], [1, 1, 0]], starts)
     with pytest.raises(ValueError, match=f"^row {r}: seq_start_id is empty"):
         native_columns(table, pad_id=0)
 
@@ -799,25 +797,9 @@ def test_a_real_length_of_zero_is_left_to_the_pack_checks():
     """A sequence of real length 0 has no stored padding to check: native_columns converts it
     (pack.lengths names it), where checking its padding blamed Bridge's stored padding."""
     from packer_cli.shards.bridge_reader import native_columns
-    from packer_cli.shards.bridge_writer import BRIDGE_SCHEMA
 
-    def one(values, kind):
-        return pa.array([values], pa.list_(kind))
-
-    table = pa.table([one([5, 7, 7], pa.int32()), one([0, 0, 0], pa.int8()), one([0], pa.int32()),
-                      one([0], pa.int32()), one([0], pa.int64()), one([0], pa.int32())], schema=BRIDGE_SCHEMA)
+    table = bridge_rows([[5, 7, 7]], [[0, 0, 0]], [[0]], lens=0)
     assert native_columns(table, 0, check_padding=True, eos=2)["seq_lens"][0].tolist() == [0]
-
-
-def _two_rows(ids, mask, lens) -> pa.Table:
-    """Two rows of one sequence each (two in the second row where ``lens[1]`` has two), Bridge's schema."""
-    from packer_cli.shards.bridge_writer import BRIDGE_SCHEMA
-
-    starts = [[0], [0] if len(lens[1]) == 1 else [0, 3]]
-    return pa.table([pa.array(ids, pa.list_(pa.int32())), pa.array(mask, pa.list_(pa.int8())),
-                     pa.array(starts, pa.list_(pa.int32())), pa.array(lens, pa.list_(pa.int32())),
-                     pa.array([[0] * len(r) for r in lens], pa.list_(pa.int64())),
-                     pa.array([[0] * len(r) for r in lens], pa.list_(pa.int32()))], schema=BRIDGE_SCHEMA)
 
 
 def test_a_negative_real_length_is_left_to_the_pack_checks():
@@ -825,7 +807,8 @@ def test_a_negative_real_length_is_left_to_the_pack_checks():
     conversion (unclipped it indexed 97 slots before the table: IndexError, a malformed group)."""
     from packer_cli.shards.bridge_reader import native_columns
 
-    table = _two_rows([[5, 6, 7, 2], [5, 6, 2, 8, 9, 2]], [[1, 1, 0, 0], [1, 0, 0, 1, 0, 0]], [[2], [-100, 2]])
+    table = bridge_rows([[5, 6, 7, 2], [5, 6, 2, 8, 9, 2]], [[1, 1, 0, 0], [1, 0, 0, 1, 0, 0]], [[0], [0, 3]],
+                        lens=[[2], [-100, 2]])
     for check in (False, True):
         cols = native_columns(table, 0, check_padding=check, eos=2)
         assert cols["seq_lens"][0].tolist() == [2, -100, 2]
@@ -837,7 +820,7 @@ def test_stored_padding_checks_name_the_first_bad_row_whichever_the_kind():
     """Row 0's stored padding is not the EOS id, row 1's final slot has loss: row 0 is named."""
     from packer_cli.shards.bridge_reader import native_columns
 
-    table = _two_rows([[5, 6, 7, 9, 2], [5, 6, 7, 2, 2]], [[1, 1, 0, 0, 0], [1, 1, 0, 0, 1]], [[2], [2]])
+    table = bridge_rows([[5, 6, 7, 9, 2], [5, 6, 7, 2, 2]], [[1, 1, 0, 0, 0], [1, 1, 0, 0, 1]], [[0], [0]])
     with pytest.raises(ValueError, match=r"^row 0: seq 0: input_ids holds 9 in the stored padding, expected the eos id 2$"):
         native_columns(table, 0, check_padding=True, eos=2)
 
