@@ -39,12 +39,13 @@ from packer_cli.torch.build import StaticShapeError
 from packer_cli.torch.config import TrainingConfigError, pad_multiple, validate_training_config
 from packer_cli.torch.cp import check_cp_boundaries, cp_partition_indices
 from packer_cli.torch.dataset import PackedDataset
-from packer_cli.torch.flops import PackFlops, attention_flops, pack_flops, training_flops
+from packer_cli.torch.flops import FlopsCost, PackFlops, attention_flops, flops_cost, pack_flops, training_flops
 from packer_cli.torch.in_batch import pack_batch_sequences
 from packer_cli.torch.loader import THDLoader
 from packer_cli.torch.params import PackedSeqParams
 
 __all__ = [
+    "FlopsCost",
     "PackFlops",
     "PackedDataset",
     "PackedSeqParams",
@@ -55,6 +56,7 @@ __all__ = [
     "attention_flops",
     "check_cp_boundaries",
     "cp_partition_indices",
+    "flops_cost",
     "pack_batch_sequences",
     "pack_flops",
     "pad_multiple",

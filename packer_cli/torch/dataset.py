@@ -20,9 +20,10 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
+import numpy as np
 from torch.utils.data import Dataset
 
-from packer_cli.errors import DataError, counted
+from packer_cli.errors import DataError, counted, first_line
 from packer_cli.torch._ints import flag, integer
 from packer_cli.torch.batch import THDBatch
 from packer_cli.torch.build import build_thd_batch, concat_batches, static_shape
@@ -225,6 +226,40 @@ class PackedDataset(Dataset):
             raise ValueError("a micro-batch needs at least one pack index")
         batch = concat_batches([self[i] for i in indices])
         return batch.for_cp_rank(cp_size, cp_rank)
+
+    def pack_statistics(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(num_real_tokens, seqlen_sq_sum)`` of every pack: two int64 arrays of ``len(self)``
+        holding what each pack's :class:`THDBatch` reports, read from the sequence lengths alone
+        (what a balancing :class:`~packer_cli.torch.THDLoader` weighs packs by).
+
+        An output directory is read one record batch (Bridge: one run of row groups) at a time,
+        its ``seq_lens`` column only: a few milliseconds for 30,000 packs. An open reader is read
+        pack by pack."""
+        if self.out_dir is None:
+            lengths = [np.asarray(self.reader.row(i).seq_lens, dtype=np.int64) for i in range(self._len)]
+            return (np.array([s.sum() for s in lengths], dtype=np.int64),
+                    np.array([(s * s).sum() for s in lengths], dtype=np.int64))
+        from packer_cli.audit.store import open_store  # the audit side: only a balancing loader needs it
+
+        tokens: list[np.ndarray] = []
+        squares: list[np.ndarray] = []
+        try:
+            store = open_store(self.out_dir, self.split)
+            for name in store.shard_names():
+                for batch in store.read_shard(name, columns=("seq_lens",)):
+                    values, offsets = batch.column("seq_lens")
+                    lengths = values[offsets[0]:offsets[-1]].astype(np.int64)
+                    starts = offsets - offsets[0]
+                    for per_pack, column in ((lengths, tokens), (lengths * lengths, squares)):
+                        running = np.concatenate(([0], np.cumsum(per_pack)))
+                        column.append(running[starts[1:]] - running[starts[:-1]])
+        except DataError as exc:  # a shard error names the file only
+            raise DataError(f"{self.out_dir}: {first_line(exc)}; run `packer verify` for a full report") from None
+        statistics = tuple(np.concatenate(c) if c else np.zeros(0, np.int64) for c in (tokens, squares))
+        if statistics[0].size != self._len:  # the layout checks compared the counts; a race would not
+            raise DataError(f"{self.out_dir}: its shards hold {counted(statistics[0].size, 'pack')}, the dataset "
+                            f"{counted(self._len, 'pack')}: the output changed after the dataset was opened")
+        return statistics  # type: ignore[return-value]
 
     @property
     def pad_multiple(self) -> int | None:

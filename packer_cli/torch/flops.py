@@ -116,3 +116,32 @@ def pack_flops(
 def training_flops(num_real_tokens: int, seqlen_sq_sum: int, **model: int | bool | None) -> int:
     """Forward + backward FLOPs of a micro-batch (``3 ×`` :func:`pack_flops`)."""
     return pack_flops(num_real_tokens, seqlen_sq_sum, **model).training  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class FlopsCost:
+    """Training FLOPs of packs as a cost for ``THDLoader(balance=...)``, from arrays of their
+    ``num_real_tokens`` and ``seqlen_sq_sum``: ``per_token · tokens + per_square · Σs²``.
+
+    Built by :func:`flops_cost` from a model's shape; the two coefficients are
+    :func:`training_flops` of one token and of one unit of ``Σ s_i²``, which it is linear in."""
+
+    per_token: int
+    per_square: int
+
+    def __call__(self, num_real_tokens, seqlen_sq_sum):
+        import numpy as np
+
+        return (self.per_token * np.asarray(num_real_tokens, dtype=np.float64)
+                + self.per_square * np.asarray(seqlen_sq_sum, dtype=np.float64))
+
+
+def flops_cost(**model: int | bool | None) -> FlopsCost:
+    """The cost of a pack in training FLOPs for the model ``model`` describes (the keywords of
+    :func:`pack_flops`), for balancing data-parallel ranks::
+
+        THDLoader(ds, dp_size=dp, dp_rank=rank, micro_batches_per_step=8,
+                  balance=flops_cost(num_layers=32, hidden_size=4096, num_heads=32, head_dim=128,
+                                     ffn_hidden_size=14336, num_query_groups=8, vocab_size=128256))
+    """
+    return FlopsCost(per_token=training_flops(1, 0, **model), per_square=training_flops(0, 1, **model))

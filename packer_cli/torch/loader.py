@@ -33,9 +33,11 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import warnings
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -46,11 +48,14 @@ from packer_cli.torch.config import validate_training_config
 from packer_cli.torch.cp import cp_rank_arguments
 from packer_cli.torch.dataset import PackedDataset
 from packer_cli.torch.prefetch import cuda_prefetch
-from packer_cli.torch.sampler import MicroBatchSampler
+from packer_cli.torch.sampler import MicroBatchSampler, checked_costs
 
 
 #: ``THDLoader(on_damaged=...)``: raise the DataError, or step on a lossless stand-in.
 ON_DAMAGED = ("raise", "lossless")
+
+#: ``THDLoader(balance=...)`` by name: a pack's real tokens, or its attention work ``Σ s_i²``.
+BALANCE = ("tokens", "attention")
 
 
 class _Damaged:
@@ -81,6 +86,23 @@ class _MicroBatches(Dataset):
             return self.dataset.micro_batch(indices, self.cp_size, self.cp_rank)
         except DataError as exc:
             return _Damaged(str(exc))
+
+
+def _pack_costs(dataset: PackedDataset, balance: Any) -> np.ndarray | None:
+    """The cost of every pack ``balance`` names (None: no balancing)."""
+    if balance is None:
+        return None
+    if isinstance(balance, str) and balance in BALANCE:
+        tokens, squares = dataset.pack_statistics()
+        return tokens if balance == "tokens" else squares
+    if isinstance(balance, str) or not callable(balance):
+        raise ValueError(f"balance must be None, {', '.join(map(repr, BALANCE))} or a callable "
+                         f"(num_real_tokens, seqlen_sq_sum) -> cost a pack, got {balance!r}")
+    costs = balance(*dataset.pack_statistics())
+    try:
+        return checked_costs(costs, len(dataset))
+    except ValueError as exc:
+        raise ValueError(f"THDLoader(balance={balance!r}): {exc}") from None
 
 
 def _as_is(batch: THDBatch) -> THDBatch:
@@ -124,6 +146,14 @@ class THDLoader:
             so that every data-parallel rank still takes ``len(loader)`` steps. Only the rank
             holding the pack sees the damage; with ``"raise"`` its peers would wait for it in
             their next collective.
+        balance: None, or what each step's packs are balanced over the DP ranks by, so no
+            rank waits at the gradient all-reduce for one dealt the costly packs: ``"tokens"``
+            (real tokens a pack), ``"attention"`` (``Σ s_i²``), or a callable taking the arrays
+            of :meth:`PackedDataset.pack_statistics` and returning a cost a pack, such as
+            :func:`~packer_cli.torch.flops.flops_cost` of the model (what a step's time
+            follows). The ranks get other packs of the same step; see :class:`MicroBatchSampler`.
+        micro_batches_per_step: micro-batches each rank takes per optimizer step (its gradient
+            accumulation): the packs balanced together. Only with ``balance``.
     """
 
     def __init__(
@@ -144,6 +174,8 @@ class THDLoader:
         pin_memory: bool = True,
         prefetch_factor: int = 2,
         on_damaged: str = "raise",
+        balance: str | Callable[[np.ndarray, np.ndarray], Any] | None = None,
+        micro_batches_per_step: int = 1,
     ) -> None:
         if not isinstance(dataset, PackedDataset):  # a path or a Subset failed as a bare AttributeError
             raise TypeError(f"THDLoader needs a PackedDataset, got {type(dataset).__name__}: "
@@ -191,10 +223,18 @@ class THDLoader:
         self.dataset = dataset
         self.device = torch.device(device)
         self.cp_size, self.cp_rank = cp_size, cp_rank
+        costs = _pack_costs(dataset, balance)
         self.sampler = MicroBatchSampler(
-            len(dataset), batch_packs=batch_packs, dp_size=dp_size, dp_rank=dp_rank, seed=seed, shuffle=shuffle
+            len(dataset), batch_packs=batch_packs, dp_size=dp_size, dp_rank=dp_rank, seed=seed, shuffle=shuffle,
+            costs=costs, micro_batches_per_step=micro_batches_per_step,
         )
         s = self.sampler
+        if costs is not None and (s.dp_size == 1 or s.micro_batches_per_step * s.batch_packs == 1):
+            why = ("one DP rank has no other to balance against" if s.dp_size == 1 else
+                   "each rank takes one pack a step (micro_batches_per_step=1, batch_packs=1), and the step lasts "
+                   "as long as its costliest pack whichever rank takes it; pass micro_batches_per_step, the "
+                   "gradient accumulation")
+            warnings.warn(f"THDLoader(balance={balance!r}): {why}: balancing gains nothing", stacklevel=2)
         if s.per_epoch == 0:  # a loop over it would run empty epochs without a word
             packs = counted(len(dataset), "pack")
             warnings.warn(f"THDLoader: {packs} {'makes' if len(dataset) == 1 else 'make'} no micro-batch of "
@@ -253,7 +293,17 @@ class THDLoader:
             "dp_size": s.dp_size,
             "dp_rank": s.dp_rank,
             "shuffle": s.shuffle,
+            "balance": self._balance_state(),
         }
+
+    def _balance_state(self) -> dict[str, Any] | None:
+        """What defines a balanced order beyond the permutation: the step's size and a digest of
+        the costs (a state saved balancing by other costs would resume in another order)."""
+        s = self.sampler
+        if s.costs is None:
+            return None
+        digest = hashlib.blake2b(s.costs.tobytes(), digest_size=8).hexdigest()
+        return {"micro_batches_per_step": s.micro_batches_per_step, "costs": digest}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue after the last micro-batch recorded in ``state``."""
@@ -267,6 +317,10 @@ class THDLoader:
         for key in ("seed", "num_packs", "batch_packs", "dp_size", "dp_rank", "shuffle"):
             if key in state and state[key] != getattr(s, key):
                 raise ValueError(f"loader state has {key}={state[key]!r} but this loader has {getattr(s, key)!r}")
+        saved, mine = state.get("balance"), self._balance_state()  # a state from before balancing has none
+        if saved != mine:
+            raise ValueError(f"loader state has balance={saved!r} but this loader has {mine!r}: the ranks' "
+                             "packs of each step would differ from those of the run that saved it")
         missing = [key for key in ("epoch", "position") if key not in state]
         if missing:
             raise ValueError(f"loader state has no {' or '.join(missing)}")

@@ -14,6 +14,15 @@ cut into micro-batches of ``batch_packs`` packs; micro-batch ``k`` goes to DP ra
 
 Example: 10 packs, ``batch_packs=2``, ``dp_size=2`` -> 2 micro-batches per rank per epoch
 (the last 2 packs of the permutation are dropped).
+
+With ``costs`` (one per pack, e.g. its training FLOPs) the packs of each training step, the
+``micro_batches_per_step`` rounds of ``dp_size`` micro-batches that end in one gradient
+all-reduce, are dealt to the ranks again so that every rank's share costs about the same
+(:func:`packer_cli.plan.balance.balance_ranks`): the step then lasts as long as the balanced
+share, not as long as the unluckiest rank's. A step still holds exactly the packs it held
+unbalanced and each rank still gets ``micro_batches_per_step * batch_packs`` of them, in
+the permutation's order; only which rank takes which changes. The last step of an epoch may
+have fewer rounds, and is balanced over those.
 """
 
 from __future__ import annotations
@@ -44,6 +53,10 @@ class MicroBatchSampler:
         dp_size, dp_rank: data-parallel world size and rank.
         seed: base seed; the permutation of epoch ``e`` depends on ``(seed, e)`` only.
         shuffle: False keeps pack order (useful for evaluation).
+        costs: None, or the cost of every pack (finite, ``>= 0``): balance each step's packs
+            over the ranks by it.
+        micro_batches_per_step: micro-batches each rank takes per optimizer step (gradient
+            accumulation); the packs balanced together are one step's. Used with ``costs``.
     """
 
     def __init__(
@@ -55,6 +68,8 @@ class MicroBatchSampler:
         dp_rank: int = 0,
         seed: int = 0,
         shuffle: bool = True,
+        costs: np.ndarray | None = None,
+        micro_batches_per_step: int = 1,
     ) -> None:
         counts = [integer(v) for v in (batch_packs, dp_size, dp_rank)]  # a float fails later, in the slicing
         if None in counts or counts[0] < 1 or counts[1] < 1 or not 0 <= counts[2] < counts[1]:
@@ -66,8 +81,14 @@ class MicroBatchSampler:
         self.batch_packs, self.dp_size, self.dp_rank = counts
         self.seed = seed_value  # a plain int: a checkpoint holding state_dict() loads with weights_only
         self.shuffle = flag(shuffle, "shuffle")
+        steps = integer(micro_batches_per_step)
+        if steps is None or steps < 1:
+            raise ValueError(f"micro_batches_per_step must be an integer >= 1, got {micro_batches_per_step!r}")
+        self.micro_batches_per_step = steps
+        self.costs = None if costs is None else checked_costs(costs, num_packs)
         self.epoch = 0
         self.start = 0  # micro-batches of this epoch already consumed by this rank
+        self._balanced: tuple[int, np.ndarray] | None = None  # (epoch, its order): one balancing an epoch
 
     @property
     def per_epoch(self) -> int:
@@ -89,9 +110,42 @@ class MicroBatchSampler:
         else:
             order = np.arange(self.num_packs)
         used = self.per_epoch * self.batch_packs * self.dp_size
+        if self.costs is not None:
+            return self._balanced_order(epoch, order[:used])
         groups = order[:used].reshape(self.per_epoch, self.dp_size, self.batch_packs)
         return groups[:, self.dp_rank, :]
+
+    def _balanced_order(self, epoch: int, order: np.ndarray) -> np.ndarray:
+        """This rank's ``[per_epoch, batch_packs]`` packs when each step's are balanced."""
+        if self._balanced is not None and self._balanced[0] == epoch:
+            return self._balanced[1]
+        from packer_cli.plan.balance import balance_ranks  # numba: only a balancing loader pays for it
+
+        step_packs = self.micro_batches_per_step * self.batch_packs * self.dp_size
+        whole = order.size - order.size % step_packs
+        ranks = np.empty(order.size, np.int64)
+        ranks[:whole] = balance_ranks(self.costs[order[:whole]], self.dp_size, step_packs // self.dp_size)
+        if whole < order.size:  # the epoch's last step, with fewer rounds
+            rest = order[whole:]
+            ranks[whole:] = balance_ranks(self.costs[rest], self.dp_size, rest.size // self.dp_size)
+        # Boolean selection keeps the permutation's order inside every step, and every step gives
+        # each rank the same number of packs, so this rank's micro-batches follow step by step.
+        mine = order[ranks == self.dp_rank].reshape(self.per_epoch, self.batch_packs)
+        self._balanced = (epoch, mine)
+        return mine
 
     def __iter__(self) -> Iterator[list[int]]:
         # Evaluated now, not lazily: later changes to epoch/start do not affect this pass.
         return iter(self.epoch_order(self.epoch)[self.start :].tolist())
+
+
+def checked_costs(costs, num_packs: int) -> np.ndarray:
+    """``costs`` as a float64 array of one finite cost ``>= 0`` a pack; ValueError otherwise."""
+    arr = np.asarray(costs)
+    if arr.dtype.kind not in "iuf" or arr.shape != (num_packs,):
+        raise ValueError(f"costs must be {num_packs} numbers, one a pack; got {arr.dtype} of shape {arr.shape}")
+    arr = arr.astype(np.float64)
+    bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0))
+    if bad.size:
+        raise ValueError(f"costs must be finite and >= 0; pack {int(bad[0])} costs {float(arr[bad[0]])!r}")
+    return arr
