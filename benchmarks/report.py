@@ -108,6 +108,32 @@ def _loader_section(res: dict, loader: dict) -> str:
     return "\n".join(out)
 
 
+def _balance_section(rows: list[dict], command: str) -> str:
+    """Data-parallel balance: the slowest rank's share of a step, dealt against balanced."""
+    out = ["## Data-parallel balance (bench_balance.py)\n",
+           "A step lasts as long as its costliest rank. Each epoch's packs (`ffd` + refine of each distribution; "
+           "`long32k`: lognormal lengths of median 1,500 up to C = 32,768) are dealt to `dp` ranks taking `k` "
+           "micro-batches of one pack a step: `dealt` is `THDLoader(balance=None)` (micro-batch j to rank j mod dp, "
+           "as torch's `DistributedSampler`), `balanced` the same steps' packs dealt by `THDLoader(balance=...)`. "
+           "Figures are the mean over steps of the costliest rank's cost over the ranks' mean (1.000: no rank "
+           "waits) and `speedup`, dealt over balanced: by attention work Σs², and by training FLOPs of a "
+           "Llama-3-8B and a Llama-3-70B shape (a step's time following its FLOPs; not measured on GPUs).\n"]
+    table = []
+    for r in _all(rows, "balance"):
+        cells = [r["dist"], f"{r['capacity']:,}", f"{r['dp']} × {r['k']}", f"{r['steps']:,}"]
+        for cost in ("attention", "8B", "70B"):
+            c = r[cost]
+            cells.append(f"{c['dealt']:.3f} → {c['balanced']:.3f} ({c['speedup']:.3f}×)")
+        table.append(cells)
+    out.append(_table(["lengths", "C", "dp × k", "steps", "Σs²", "8B FLOPs", "70B FLOPs"], table) + "\n")
+    times = _all(rows, "balance_time")
+    if times:
+        out.append("Balancing an epoch of 1,048,576 packs (`balance_ranks`, one core): " + ", ".join(
+            f"{t['seconds']:.3f} s at {t['dp']} × {t['k']}" for t in times) + ".\n")
+    out.append(f"Command: `{command}`\n")
+    return "\n".join(out)
+
+
 def _spill_section(rows: list[dict], command: str) -> str:
     """How pass two read the spill back, at random or staged, with and without room for it."""
     parts = ["## Spill read back at random or staged (bench_spill.py)\n",
@@ -559,6 +585,8 @@ def render(res: dict, targets: dict) -> str:
 
     if loader:
         out.append(_loader_section(res, loader))
+    if res.get("balance"):
+        out.append(_balance_section(res["balance"], next(s["command"] for s in res["steps"] if s["step"] == "balance")))
 
     out.append("## Steps\n")
     out.append(_table(["step", "seconds", "exit", "command"],

@@ -24,10 +24,10 @@ OUT = os.path.join(HERE, "_out")
 
 FULL = {"samples": 200_000, "jsonl_samples": 200_000, "plan_n": 1_000_000, "python_n": 100_000,
         "quality_n": 1_000_000, "disk_gb": 2.0, "memory_times": 10, "audit_tokens": 200e6, "runs": 5,
-        "spill_times": 5, "spill_limit_mb": 1200}
+        "spill_times": 5, "spill_limit_mb": 1200, "balance_n": 200_000}
 QUICK = {"samples": 50_000, "jsonl_samples": 10_000, "plan_n": 200_000, "python_n": 20_000,
          "quality_n": 200_000, "disk_gb": 0.5, "memory_times": 10, "audit_tokens": 20e6, "runs": 5,
-         "spill_times": 10, "spill_limit_mb": 900}
+         "spill_times": 10, "spill_limit_mb": 900, "balance_n": 50_000}
 
 TARGETS = {"e2e_vs_trl": 5.0, "e2e_vs_disk": 0.5, "jsonl_vs_read_json": 2.0, "audit_tokens_per_s": 100e6}
 
@@ -55,7 +55,7 @@ def last(rows: list[dict], what: str = "summary") -> dict:
 
 
 #: The steps ``--only`` may name (``data`` always runs: the others read its files).
-STEPS = ("plan", "quality", "e2e", "jsonl", "memory", "spill", "audit", "loader")
+STEPS = ("plan", "quality", "e2e", "jsonl", "memory", "spill", "audit", "loader", "balance")
 
 
 def main() -> None:
@@ -111,6 +111,8 @@ def main() -> None:
                                           "--repeat", runs], log)
     if "loader" in wanted:
         results["loader"] = step("loader", ["bench_loader.py", "--input", parquet, "--runs", runs], log)
+    if "balance" in wanted:
+        results["balance"] = step("balance", ["bench_balance.py", "--n", str(cfg["balance_n"])], log)
     results["total_seconds"] = time.perf_counter() - started
     results["load_avg_end"] = os.getloadavg()
     with open(os.path.join(OUT, "results.json"), "w") as f:

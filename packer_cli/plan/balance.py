@@ -3,8 +3,9 @@
 Under data parallelism every rank waits for the slowest at the step's gradient all-reduce, so a
 step lasts as long as the rank whose packs cost the most. Packs of ``C`` tokens all cost about
 the same in the token-wise layers, but attention grows with ``Σ sᵢ²``: at ``C = 32768`` one pack
-holding a single 32k-token sample does about 20 times the attention work of one holding
-a hundred 300-token samples. Dealt at random, some rank gets the expensive ones.
+holding a single 32k-token sample does over 100 times the attention work of one holding
+a hundred 300-token samples (32768² against 100 · 300²). Dealt at random, some rank gets the
+expensive ones.
 
 :func:`balance_ranks` deals each step's packs again: *longest processing time first* with a
 cardinality limit. The step's packs are taken by decreasing cost (ties by position), and each
