@@ -250,3 +250,18 @@ def test_shared_data_steps_balanced_by_attention(shared_files, tmp_path):
         loads = _step_loads(orders, squares, 4)
         ratios[balance] = float((loads.max(axis=1) / loads.mean(axis=1)).mean())
     assert ratios["attention"] < 1.05 < 1.2 < ratios[None]  # 1.033 and 1.283
+
+
+def test_pack_statistics_of_an_output_changed_after_opening(synthetic_parquet, tmp_path):
+    out = tmp_path / "out"
+    packer.pack([str(synthetic_parquet)], str(out), packer.PackSpec(pack_size=2048))
+    ds = PackedDataset(out)
+    packer.pack([str(synthetic_parquet)], str(out), packer.PackSpec(pack_size=4096), overwrite=True)
+    with pytest.raises(packer.DataError, match=r"its shards hold \d+ packs, the dataset \d+ packs: the output "
+                                               "changed after the dataset was opened"):
+        ds.pack_statistics()
+    ds = PackedDataset(out)
+    shard = next(out.glob("*.arrow"))
+    shard.write_bytes(b"\0" * shard.stat().st_size)
+    with pytest.raises(packer.DataError, match=f"^{out}: {shard.name}: cannot open as Arrow IPC .*; run `packer verify`"):
+        ds.pack_statistics()
