@@ -254,14 +254,46 @@ def test_shared_data_steps_balanced_by_attention(shared_files, tmp_path):
 
 def test_pack_statistics_of_an_output_changed_after_opening(synthetic_parquet, tmp_path):
     out = tmp_path / "out"
-    packer.pack([str(synthetic_parquet)], str(out), packer.PackSpec(pack_size=2048))
+    packer.pack([str(synthetic_parquet)], str(out), packer.PackSpec(pack_size=2048, seed=1))
     ds = PackedDataset(out)
-    packer.pack([str(synthetic_parquet)], str(out), packer.PackSpec(pack_size=4096), overwrite=True)
-    with pytest.raises(packer.DataError, match=r"its shards hold \d+ packs, the dataset \d+ packs: the output "
-                                               "changed after the dataset was opened"):
+    served = [ds[i].seqlen_sq_sum for i in range(len(ds))]
+    # the same packs in another order: as many packs, other statistics at each index
+    packer.pack([str(synthetic_parquet)], str(out), packer.PackSpec(pack_size=2048, seed=2), overwrite=True)
+    assert len(PackedDataset(out)) == len(ds) and [ds[i].seqlen_sq_sum for i in range(len(ds))] == served
+    with pytest.raises(packer.DataError, match=f"^{out}: the output changed after the dataset was opened"):
         ds.pack_statistics()
+    with pytest.raises(packer.DataError, match="the output changed after the dataset was opened"):
+        THDLoader(ds, dp_size=2, device="cpu", num_workers=0, balance="attention", micro_batches_per_step=2)
     ds = PackedDataset(out)
     shard = next(out.glob("*.arrow"))
     shard.write_bytes(b"\0" * shard.stat().st_size)
     with pytest.raises(packer.DataError, match=f"^{out}: {shard.name}: cannot open as Arrow IPC .*; run `packer verify`"):
         ds.pack_statistics()
+
+
+def test_costs_whose_sums_overflow_are_balanced_as_at_any_scale():
+    costs = np.random.default_rng(5).uniform(0.5, 1.0, 8 * 16)
+    ranks = balance_ranks(costs, 8, 16)
+    huge = costs / costs.max() * 1.0e308  # finite, but any two of them sum to inf
+    with np.errstate(over="ignore"):
+        assert np.isfinite(huge).all() and not np.isfinite(huge[0] + huge[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nor does it warn of the overflow it avoids
+        assert balance_ranks(huge, 8, 16).tolist() == ranks.tolist()
+
+
+@pytest.mark.parametrize("make", [
+    lambda tokens, squares: torch.tensor(squares, dtype=torch.bfloat16, requires_grad=True),
+    lambda tokens, squares: torch.tensor(squares, dtype=torch.float64),
+])
+def test_costs_as_torch_tensors(outputs, make):
+    ds = PackedDataset(outputs["native"])
+    loader = THDLoader(ds, dp_size=2, device="cpu", num_workers=0, balance=make, micro_batches_per_step=2)
+    expected = make(*ds.pack_statistics()).detach().double().numpy()
+    assert loader.sampler.costs.tolist() == expected.tolist()
+
+
+def test_costs_that_are_not_numbers_are_one_line_errors(outputs):
+    with pytest.raises(ValueError, match=r"^THDLoader\(balance=.*\): costs must be \d+ numbers, one a pack: "):
+        THDLoader(PackedDataset(outputs["native"]), dp_size=2, device="cpu", num_workers=0,
+                  balance=lambda tokens, squares: [[1.0], [1.0, 2.0]] * (len(tokens) // 2), micro_batches_per_step=2)

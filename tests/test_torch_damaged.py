@@ -576,3 +576,32 @@ def test_a_bridge_file_holding_fewer_packs_than_its_manifest_is_refused_by_a_wor
         PackedDataset(out)
     with pytest.raises(DataError, match=rf"{data.name}: holds {rows - 1} packs, the split's manifest records {rows}"):
         BridgeReader(str(out), check=False)
+
+
+@pytest.mark.parametrize("length", [0, -2**30, 10**6, 64], ids=["zero", "negative", "huge", "pack-overfull"])
+def test_a_balancing_loader_weighs_a_damaged_pack_as_nothing(outputs, tmp_path, length):
+    """A damaged pack's impossible lengths (one of 64 tokens makes the 64-token pack overfull)
+    neither stop a balancing loader from being built nor weigh on the balance; the pack itself is
+    refused where it is served (here replaced by a lossless stand-in)."""
+    out = copy(outputs, tmp_path)
+    sound = PackedDataset(outputs / "native").pack_statistics()
+    _patch_int32(out / SHARD, "seq_lens", "values", 0, length)  # pack 0's first sequence
+    ds = PackedDataset(out)
+    tokens, squares = ds.pack_statistics()
+    assert (tokens[0], squares[0]) == (0, 0)
+    assert tokens[1:].tolist() == sound[0][1:].tolist() and squares[1:].tolist() == sound[1][1:].tolist()
+    served = 0
+    with pytest.warns(UserWarning, match=f"{out / SHARD} row 0"):
+        for rank in range(2):
+            loader = THDLoader(ds, dp_size=2, dp_rank=rank, cp_size=2, device="cpu", num_workers=0, seed=1,
+                               on_damaged="lossless", balance="tokens", micro_batches_per_step=2)
+            served += sum(1 for _ in loader) - len(loader)
+    assert served == 0
+
+
+def test_a_shard_swapped_after_opening_is_refused_when_balancing(outputs, tmp_path):
+    out = copy(outputs, tmp_path)
+    ds = PackedDataset(out)
+    shutil.copyfile(outputs / "other" / SHARD, out / SHARD)  # another output's packs, fewer of them
+    with pytest.raises(DataError, match=r"its shards hold \d+ packs, the dataset \d+ packs: the output changed after"):
+        ds.pack_statistics()

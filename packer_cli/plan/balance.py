@@ -112,4 +112,10 @@ def balance_ranks(costs, ranks: int, per_rank: int) -> np.ndarray:
     if not np.isfinite(arr).all() or (arr < 0).any():
         bad = int(np.flatnonzero(~np.isfinite(arr) | (arr < 0))[0])
         raise ValueError(f"costs must be finite and >= 0; item {bad} costs {float(arr[bad])!r}")
+    with np.errstate(over="ignore"):
+        overflows = arr.size > 0 and not np.isfinite(arr.sum())
+    if overflows:
+        # Finite costs whose sums overflow: the ranks' running loads would turn to inf and every
+        # later pack go to the lowest rank. Scaled to at most 1 a pack, no sum can overflow.
+        arr = arr / arr.max()
     return _balance_groups(arr, int(ranks), int(per_rank))

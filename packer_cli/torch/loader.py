@@ -92,13 +92,12 @@ def _pack_costs(dataset: PackedDataset, balance: Any) -> np.ndarray | None:
     """The cost of every pack ``balance`` names (None: no balancing)."""
     if balance is None:
         return None
-    if isinstance(balance, str) and balance in BALANCE:
-        tokens, squares = dataset.pack_statistics()
-        return tokens if balance == "tokens" else squares
-    if isinstance(balance, str) or not callable(balance):
+    named = isinstance(balance, str) and balance in BALANCE
+    if not named and (isinstance(balance, str) or not callable(balance)):
         raise ValueError(f"balance must be None, {', '.join(map(repr, BALANCE))} or a callable "
                          f"(num_real_tokens, seqlen_sq_sum) -> cost a pack, got {balance!r}")
-    costs = balance(*dataset.pack_statistics())
+    tokens, squares = dataset.pack_statistics()
+    costs = (tokens if balance == "tokens" else squares) if named else balance(tokens, squares)
     try:
         return checked_costs(costs, len(dataset))
     except ValueError as exc:

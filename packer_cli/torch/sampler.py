@@ -31,6 +31,7 @@ from typing import Iterator
 
 import numpy as np
 
+from packer_cli.errors import first_line
 from packer_cli.torch._ints import flag, integer
 
 
@@ -141,7 +142,12 @@ class MicroBatchSampler:
 
 def checked_costs(costs, num_packs: int) -> np.ndarray:
     """``costs`` as a float64 array of one finite cost ``>= 0`` a pack; ValueError otherwise."""
-    arr = np.asarray(costs)
+    if hasattr(costs, "detach"):  # a torch tensor: any dtype, on any device, with grad or not
+        costs = costs.detach().cpu().double().numpy()
+    try:
+        arr = np.asarray(costs)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"costs must be {num_packs} numbers, one a pack: {first_line(exc)}") from None
     if arr.dtype.kind not in "iuf" or arr.shape != (num_packs,):
         raise ValueError(f"costs must be {num_packs} numbers, one a pack; got {arr.dtype} of shape {arr.shape}")
     arr = arr.astype(np.float64)
