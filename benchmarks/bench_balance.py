@@ -14,8 +14,8 @@ this plans the packs (``ffd`` + refine, what ``pack`` does), takes each pack's r
 
 It reports the mean over steps of ``max / mean`` of the ranks' step cost (1.0: no rank waits),
 for three costs: attention work ``Σ s²``, and the training FLOPs of Llama-3-8B-shaped and
-Llama-3-70B-shaped models (:func:`packer_cli.torch.flops.flops_cost`'s coefficients, computed
-here without torch). ``speedup`` is dealt over balanced: the step time saved where a step's time
+Llama-3-70B-shaped models (:func:`packer_cli.torch.flops.flops_cost`, which needs torch
+installed). ``speedup`` is dealt over balanced: the step time saved where a step's time
 follows its FLOPs. Also the seconds ``balance_ranks`` takes for 1M packs.
 
     python benchmarks/bench_balance.py --n 200000
@@ -30,17 +30,14 @@ import numpy as np
 from _util import emit
 from bench_data import length_distributions
 
-#: (layers, hidden, heads, head_dim, ffn, kv groups, vocab) of the two model shapes.
-MODELS = {"8B": (32, 4096, 32, 128, 14336, 8, 128256), "70B": (80, 8192, 64, 128, 28672, 8, 128256)}
+#: The two model shapes, as :func:`packer_cli.torch.flops.flops_cost` takes them.
+MODELS = {
+    "8B": dict(num_layers=32, hidden_size=4096, num_heads=32, head_dim=128, ffn_hidden_size=14336,
+               num_query_groups=8, vocab_size=128256),
+    "70B": dict(num_layers=80, hidden_size=8192, num_heads=64, head_dim=128, ffn_hidden_size=28672,
+                num_query_groups=8, vocab_size=128256),
+}
 SETUPS = ((8, 4), (64, 8), (256, 4))  # (dp ranks, micro-batches a step)
-
-
-def flops_coefficients(layers, hidden, heads, head_dim, ffn, groups, vocab) -> tuple[float, float]:
-    """Training FLOPs per real token and per unit of ``Σ s²`` (``packer_cli.torch.flops``'s rule)."""
-    per_token = layers * (2 * hidden * (heads + 2 * groups) * head_dim + 2 * heads * head_dim * hidden
-                          + 2 * hidden * ffn * 3) + 2 * hidden * vocab
-    per_square = 2 * heads * head_dim * layers
-    return 3.0 * per_token, 3.0 * per_square
 
 
 def long32k(n: int, seed: int) -> tuple[np.ndarray, int]:
@@ -71,10 +68,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     from packer_cli.plan.balance import balance_ranks
+    from packer_cli.torch.flops import flops_cost
 
     distributions = length_distributions(args.n, args.seed)
     distributions["long32k"] = long32k(args.n, args.seed)
-    coefficients = {name: flops_coefficients(*shape) for name, shape in MODELS.items()}
+    models = {name: flops_cost(**shape) for name, shape in MODELS.items()}
     for name, (lengths, capacity) in distributions.items():
         tokens, squares = pack_statistics(lengths, capacity)
         for dp, k in SETUPS:
@@ -87,7 +85,7 @@ def main() -> None:
             row = {"what": "balance", "dist": name, "capacity": capacity, "packs": int(tokens.size), "dp": dp,
                    "k": k, "steps": steps}
             for cost_name, costs in (("attention", squares),
-                                     *((m, a * tokens + b * squares) for m, (a, b) in coefficients.items())):
+                                     *((m, cost(tokens, squares)) for m, cost in models.items())):
                 step_costs = costs[order].reshape(steps, group)
                 balanced = balance_ranks(step_costs.ravel(), dp, k).reshape(steps, group)
                 before, after = step_factor(step_costs, dealt, dp), step_factor(step_costs, balanced, dp)
