@@ -233,3 +233,75 @@ def test_costs_that_are_not_numbers_are_one_line_errors(outputs):
     with pytest.raises(ValueError, match=r"^THDLoader\(balance=.*\): costs must be \d+ numbers, one a pack: "):
         THDLoader(PackedDataset(outputs["native"]), dp_size=2, device="cpu", num_workers=0,
                   balance=lambda tokens, squares: [[1.0], [1.0, 2.0]] * (len(tokens) // 2), micro_batches_per_step=2)
+
+
+@pytest.mark.filterwarnings(r"ignore:THDLoader\(shuffle=False\)")  # packs left over, as the test expects
+@pytest.mark.parametrize("batch_packs, per_step", [(1, 1), (1, 3), (2, 2)])
+def test_epoch_scope_makes_each_step_of_packs_of_about_the_same_cost(outputs, batch_packs, per_step):
+    ds = PackedDataset(outputs["native"])
+    squares = ds.pack_statistics()[1].astype(np.float64)
+    dp = 4
+    step_packs = dp * per_step * batch_packs
+
+    def orders(epoch, scope, balance="attention", shuffle=True):
+        return [THDLoader(ds, dp_size=dp, dp_rank=r, batch_packs=batch_packs, seed=5, device="cpu", num_workers=0,
+                          shuffle=shuffle, balance=balance, micro_batches_per_step=per_step,
+                          balance_scope=scope).sampler.epoch_order(epoch) for r in range(dp)]
+
+    grouped, dealt = orders(0, "epoch"), orders(0, "step", None)
+    served = np.concatenate([o.ravel() for o in grouped])
+    assert sorted(served.tolist()) == sorted(np.concatenate([o.ravel() for o in dealt]).tolist())
+    # the whole steps do not interleave in cost: each is a run of the epoch's packs by decreasing cost
+    per_micro = len(grouped[0])
+    steps = [squares[np.concatenate([o[first:first + per_step].ravel() for o in grouped])]
+             for first in range(0, per_micro - per_micro % per_step, per_step)]
+    assert all(step.size == step_packs for step in steps)
+    by_cost = sorted(steps, key=lambda step: (-step.max(), -step.min()))  # equal costs may straddle two steps
+    assert all(costlier.min() >= cheaper.max() for costlier, cheaper in zip(by_cost, by_cost[1:]))
+    assert [step.max() for step in steps] != [step.max() for step in by_cost]  # served in a seeded order
+    def step_maxima(rank_orders):  # what tells the steps' order apart, whatever the ties inside
+        return [float(squares[np.concatenate([o[f:f + per_step].ravel() for o in rank_orders])].max())
+                for f in range(0, per_micro - per_micro % per_step, per_step)]
+
+    assert step_maxima(orders(1, "epoch")) != step_maxima(grouped)  # each epoch serves its steps in its own order
+    firsts = step_maxima(orders(0, "epoch", shuffle=False))
+    assert firsts == sorted(firsts, reverse=True)
+    # so even one pack a rank a step is balanced
+    ratio = {name: float((loads.max(axis=1) / loads.mean(axis=1)).mean())
+             for name, loads in (("dealt", _step_loads(dealt, squares, per_step)),
+                                 ("grouped", _step_loads(grouped, squares, per_step)))}
+    assert ratio["grouped"] < 1.03 < 1.3 < ratio["dealt"]
+
+
+def test_epoch_scope_resumes_exactly_and_is_part_of_the_state(outputs):
+    ds = PackedDataset(outputs["native"])
+
+    def loader(**kwargs):
+        return THDLoader(ds, dp_size=2, dp_rank=1, seed=8, device="cpu", num_workers=0, balance="attention",
+                         **kwargs)
+
+    served = [b.seqlen_sq_sum for b in loader(balance_scope="epoch")]
+    first = loader(balance_scope="epoch")
+    it = iter(first)
+    head = [next(it).seqlen_sq_sum for _ in range(5)]
+    state = first.state_dict()
+    assert state["balance"]["scope"] == "epoch"
+    resumed = loader(balance_scope="epoch")
+    resumed.load_state_dict(state)
+    resumed.set_epoch(state["epoch"])
+    assert head + [b.seqlen_sq_sum for b in resumed] == served
+    with pytest.raises(ValueError, match="loader state has balance="):
+        loader(micro_batches_per_step=2).load_state_dict(state)
+
+
+def test_balance_scope_arguments(outputs):
+    ds = PackedDataset(outputs["native"])
+    with pytest.raises(ValueError, match="balance_scope must be one of 'step', 'epoch', got 'global'"):
+        THDLoader(ds, dp_size=2, device="cpu", num_workers=0, balance="attention", balance_scope="global")
+    with pytest.raises(ValueError, match=r"balance_scope='epoch' needs the packs' costs \(THDLoader's balance=\)"):
+        THDLoader(ds, dp_size=2, device="cpu", num_workers=0, balance_scope="epoch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one pack a rank a step gains with this scope
+        THDLoader(ds, dp_size=2, device="cpu", num_workers=0, balance="attention", balance_scope="epoch")
+    with pytest.warns(UserWarning, match="one DP rank has no other"):
+        THDLoader(ds, device="cpu", num_workers=0, balance="attention", balance_scope="epoch")

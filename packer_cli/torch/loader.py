@@ -153,6 +153,10 @@ class THDLoader:
             follows). The ranks get other packs of the same step; see :class:`MicroBatchSampler`.
         micro_batches_per_step: micro-batches each rank takes per optimizer step (its gradient
             accumulation): the packs balanced together. Only with ``balance``.
+        balance_scope: ``"step"`` keeps each step's packs and deals them again; ``"epoch"``
+            also makes each step of packs of about the same cost (sorted, then the steps served
+            in a seeded order), which balances a step of one pack a rank too. Only with
+            ``balance``.
     """
 
     def __init__(
@@ -175,6 +179,7 @@ class THDLoader:
         on_damaged: str = "raise",
         balance: str | Callable[[np.ndarray, np.ndarray], Any] | None = None,
         micro_batches_per_step: int = 1,
+        balance_scope: str = "step",
     ) -> None:
         if not isinstance(dataset, PackedDataset):  # a path or a Subset failed as a bare AttributeError
             raise TypeError(f"THDLoader needs a PackedDataset, got {type(dataset).__name__}: "
@@ -225,14 +230,15 @@ class THDLoader:
         costs = _pack_costs(dataset, balance)
         self.sampler = MicroBatchSampler(
             len(dataset), batch_packs=batch_packs, dp_size=dp_size, dp_rank=dp_rank, seed=seed, shuffle=shuffle,
-            costs=costs, micro_batches_per_step=micro_batches_per_step,
+            costs=costs, micro_batches_per_step=micro_batches_per_step, balance_scope=balance_scope,
         )
         s = self.sampler
-        if costs is not None and (s.dp_size == 1 or s.micro_batches_per_step * s.batch_packs == 1):
+        one_each = s.micro_batches_per_step * s.batch_packs == 1 and s.balance_scope == "step"
+        if costs is not None and (s.dp_size == 1 or one_each):
             why = ("one DP rank has no other to balance against" if s.dp_size == 1 else
                    "each rank takes one pack a step (micro_batches_per_step=1, batch_packs=1), and the step lasts "
                    "as long as its costliest pack whichever rank takes it; pass micro_batches_per_step, the "
-                   "gradient accumulation")
+                   "gradient accumulation, or balance_scope='epoch'")
             warnings.warn(f"THDLoader(balance={balance!r}): {why}: balancing gains nothing", stacklevel=2)
         if s.per_epoch == 0:  # a loop over it would run empty epochs without a word
             packs = counted(len(dataset), "pack")
@@ -302,7 +308,7 @@ class THDLoader:
         if s.costs is None:
             return None
         digest = hashlib.blake2b(s.costs.tobytes(), digest_size=8).hexdigest()
-        return {"micro_batches_per_step": s.micro_batches_per_step, "costs": digest}
+        return {"micro_batches_per_step": s.micro_batches_per_step, "scope": s.balance_scope, "costs": digest}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue after the last micro-batch recorded in ``state``."""

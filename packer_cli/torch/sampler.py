@@ -23,6 +23,13 @@ share, not as long as the unluckiest rank's. A step still holds exactly the pack
 unbalanced and each rank still gets ``micro_batches_per_step * batch_packs`` of them, in
 the permutation's order; only which rank takes which changes. The last step of an epoch may
 have fewer rounds, and is balanced over those.
+
+That cannot help a step of one pack a rank (``micro_batches_per_step * batch_packs == 1``): it
+lasts as long as its costliest pack whoever takes it. ``balance_scope="epoch"`` also chooses
+which packs make a step: the epoch's packs sorted by cost are cut into steps, so a step holds
+packs of about the same cost, and the steps are served in a seeded order (a step's packs are
+then alike, as with Hugging Face's ``group_by_length``; the default, ``"step"``, keeps the
+permutation's steps).
 """
 
 from __future__ import annotations
@@ -58,6 +65,8 @@ class MicroBatchSampler:
             over the ranks by it.
         micro_batches_per_step: micro-batches each rank takes per optimizer step (gradient
             accumulation); the packs balanced together are one step's. Used with ``costs``.
+        balance_scope: ``"step"`` (deal each step's packs again) or ``"epoch"`` (also make
+            each step of packs of about the same cost). Used with ``costs``.
     """
 
     def __init__(
@@ -71,6 +80,7 @@ class MicroBatchSampler:
         shuffle: bool = True,
         costs: np.ndarray | None = None,
         micro_batches_per_step: int = 1,
+        balance_scope: str = "step",
     ) -> None:
         counts = [integer(v) for v in (batch_packs, dp_size, dp_rank)]  # a float fails later, in the slicing
         if None in counts or counts[0] < 1 or counts[1] < 1 or not 0 <= counts[2] < counts[1]:
@@ -87,6 +97,12 @@ class MicroBatchSampler:
             raise ValueError(f"micro_batches_per_step must be an integer >= 1, got {micro_batches_per_step!r}")
         self.micro_batches_per_step = steps
         self.costs = None if costs is None else checked_costs(costs, num_packs)
+        if balance_scope not in BALANCE_SCOPES:
+            raise ValueError(f"balance_scope must be one of {', '.join(map(repr, BALANCE_SCOPES))}, "
+                             f"got {balance_scope!r}")
+        if balance_scope != "step" and costs is None:
+            raise ValueError(f"balance_scope={balance_scope!r} needs the packs' costs (THDLoader's balance=)")
+        self.balance_scope = balance_scope
         self.epoch = 0
         self.start = 0  # micro-batches of this epoch already consumed by this rank
         self._balanced: tuple[int, np.ndarray] | None = None  # (epoch, its order): one balancing an epoch
@@ -124,6 +140,8 @@ class MicroBatchSampler:
 
         step_packs = self.micro_batches_per_step * self.batch_packs * self.dp_size
         whole = order.size - order.size % step_packs
+        if self.balance_scope == "epoch":
+            order = self._grouped(epoch, order, step_packs, whole)
         ranks = np.empty(order.size, np.int64)
         ranks[:whole] = balance_ranks(self.costs[order[:whole]], self.dp_size, step_packs // self.dp_size)
         if whole < order.size:  # the epoch's last step, with fewer rounds
@@ -135,9 +153,24 @@ class MicroBatchSampler:
         self._balanced = (epoch, mine)
         return mine
 
+    def _grouped(self, epoch: int, order: np.ndarray, step_packs: int, whole: int) -> np.ndarray:
+        """``order``'s packs by decreasing cost (ties in ``order``'s own order, which the epoch's
+        permutation sets) cut into steps; the whole steps in a seeded order of their own, the
+        epoch's shorter last step, its cheapest packs, last."""
+        order = order[np.argsort(-self.costs[order], kind="stable")]
+        if self.shuffle and whole:
+            steps = np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(epoch, 1)))
+            order[:whole] = order[:whole].reshape(-1, step_packs)[steps.permutation(whole // step_packs)].ravel()
+        return order
+
     def __iter__(self) -> Iterator[list[int]]:
         # Evaluated now, not lazily: later changes to epoch/start do not affect this pass.
         return iter(self.epoch_order(self.epoch)[self.start :].tolist())
+
+
+#: ``balance_scope``: what balancing may change: which rank takes which pack of a step, or also
+#: which packs make a step.
+BALANCE_SCOPES = ("step", "epoch")
 
 
 def checked_costs(costs, num_packs: int) -> np.ndarray:
