@@ -109,23 +109,32 @@ def _loader_section(res: dict, loader: dict) -> str:
 
 
 def _balance_section(rows: list[dict], command: str) -> str:
-    """Data-parallel balance: the slowest rank's share of a step, dealt against balanced."""
+    """Data-parallel balance: the slowest rank's share of a step, dealt, balanced, and the peer's."""
     out = ["## Data-parallel balance (bench_balance.py)\n",
-           "A step lasts as long as its costliest rank. Each epoch's packs (`ffd` + refine of each distribution; "
-           "`long32k`: lognormal lengths of median 1,500 up to C = 32,768) are dealt to `dp` ranks taking `k` "
-           "micro-batches of one pack a step: `dealt` is `THDLoader(balance=None)` (micro-batch j to rank j mod dp, "
-           "as torch's `DistributedSampler`), `balanced` the same steps' packs dealt by `THDLoader(balance=...)`. "
-           "Figures are the mean over steps of the costliest rank's cost over the ranks' mean (1.000: no rank "
-           "waits) and `speedup`, dealt over balanced: by attention work Σs², and by training FLOPs of a "
-           "Llama-3-8B and a Llama-3-70B shape (a step's time following its FLOPs; not measured on GPUs).\n"]
+           "A step lasts as long as its costliest rank. Each distribution is planned as `pack` plans it "
+           "(`long32k`: lognormal lengths of median 1,500 up to C = 32,768) and one epoch is served to `dp` ranks "
+           "taking `k` micro-batches of one pack a step by `THDLoader`'s sampler: `dealt` is `balance=None` "
+           "(micro-batch j to rank j mod dp, as torch's `DistributedSampler`), `step` is `balance=...` (each step's "
+           "packs dealt again), `epoch` is `balance_scope=\"epoch\"` (each step made of packs of about the same cost). "
+           "The peer is LightBinPack's `pack(variant=\"square\", dp_size=dp)`, groups of dp bins balanced in Σs², "
+           "with its own packs (a group a round, bin r to rank r). Each figure is the mean over steps of the "
+           "costliest rank's cost over the ranks' mean (1.000: no rank waits), balanced by the cost measured: "
+           "attention work Σs², and the training FLOPs of a Llama-3-8B shape (a step's time following its "
+           "FLOPs; not measured on GPUs; the 70B shape is in results.json).\n"]
     table = []
     for r in _all(rows, "balance"):
         cells = [r["dist"], f"{r['capacity']:,}", f"{r['dp']} × {r['k']}", f"{r['steps']:,}"]
-        for cost in ("attention", "8B", "70B"):
+        for cost in ("attention", "8B"):
             c = r[cost]
-            cells.append(f"{c['dealt']:.3f} → {c['balanced']:.3f} ({c['speedup']:.3f}×)")
+            cells.append(f"{c['dealt']:.3f} / {c['step']:.3f} / {c['epoch']:.3f}")
+        peer = r.get("lightbinpack_square")
+        if peer:
+            cells.append(f"{peer['attention']:.3f} / {peer['8B']:.3f}; {peer['packs'] - r['packs']:+,} packs")
+        else:
+            cells.append("–")
         table.append(cells)
-    out.append(_table(["lengths", "C", "dp × k", "steps", "Σs²", "8B FLOPs", "70B FLOPs"], table) + "\n")
+    out.append(_table(["lengths", "C", "dp × k", "steps", "Σs²: dealt / step / epoch", "8B FLOPs: dealt / step / epoch",
+                       "LightBinPack square: Σs² / 8B; packs vs packer"], table) + "\n")
     times = _all(rows, "balance_time")
     if times:
         out.append("Balancing an epoch of 1,048,576 packs (`balance_ranks`, one core): " + ", ".join(
@@ -587,6 +596,10 @@ def render(res: dict, targets: dict) -> str:
         out.append(_loader_section(res, loader))
     if res.get("balance"):
         out.append(_balance_section(res["balance"], next(s["command"] for s in res["steps"] if s["step"] == "balance")))
+        rerun = res.get("balance_rerun")
+        if rerun:  # the step alone, run again after the full run (its figures are seeded, not timed but for one line)
+            out.append(f"This section's step was run again on its own at commit `{rerun['commit'][:12]}` "
+                       f"({rerun['date']}), after the full run.\n")
 
     out.append("## Steps\n")
     out.append(_table(["step", "seconds", "exit", "command"],
