@@ -27,6 +27,7 @@ for 1M packs.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
 import warnings
 
@@ -104,11 +105,7 @@ def main() -> None:
     from packer_cli.plan.balance import balance_ranks
     from packer_cli.torch.flops import flops_cost
 
-    try:
-        import lightbinpack  # noqa: F401
-        peer = True
-    except ImportError:
-        peer = False
+    peer = importlib.util.find_spec("lightbinpack") is not None
     distributions = length_distributions(args.n, args.seed)
     distributions["long32k"] = long32k(args.n, args.seed)
     models = {name: flops_cost(**shape) for name, shape in MODELS.items()}
