@@ -1,5 +1,6 @@
 """Balancing each step's packs over the data-parallel ranks (``THDLoader(balance=...)``); the kernel
 itself is tested in test_plan_balance.py, without torch."""
+import re
 import warnings
 
 import numpy as np
@@ -296,8 +297,10 @@ def test_epoch_scope_resumes_exactly_and_is_part_of_the_state(outputs):
 
 def test_balance_scope_arguments(outputs):
     ds = PackedDataset(outputs["native"])
-    with pytest.raises(ValueError, match="balance_scope must be one of 'step', 'epoch', got 'global'"):
-        THDLoader(ds, dp_size=2, device="cpu", num_workers=0, balance="attention", balance_scope="global")
+    for scope in ("global", 0, -3, 1.5, True):
+        with pytest.raises(ValueError, match=f"balance_scope must be 'step', 'epoch' or a number of steps >= 1, "
+                                             f"got {re.escape(str(scope) if isinstance(scope, int) and scope is not True else repr(scope))}$"):
+            THDLoader(ds, dp_size=2, device="cpu", num_workers=0, balance="attention", balance_scope=scope)
     with pytest.raises(ValueError, match=r"balance_scope='epoch' needs the packs' costs \(THDLoader's balance=\)"):
         THDLoader(ds, dp_size=2, device="cpu", num_workers=0, balance_scope="epoch")
     with warnings.catch_warnings():
@@ -305,3 +308,43 @@ def test_balance_scope_arguments(outputs):
         THDLoader(ds, dp_size=2, device="cpu", num_workers=0, balance="attention", balance_scope="epoch")
     with pytest.warns(UserWarning, match="one DP rank has no other"):
         THDLoader(ds, device="cpu", num_workers=0, balance="attention", balance_scope="epoch")
+
+
+def test_a_window_of_steps_sorts_within_each_window_and_makes_new_steps_each_epoch(outputs):
+    ds = PackedDataset(outputs["native"])
+    squares = ds.pack_statistics()[1].astype(np.float64)
+    dp, window = 4, 4
+    n = len(ds) - len(ds) % dp
+
+    def steps(scope, epoch):
+        orders = [THDLoader(ds, dp_size=dp, dp_rank=r, seed=2, device="cpu", num_workers=0, balance="attention",
+                            balance_scope=scope).sampler.epoch_order(epoch)[:, 0] for r in range(dp)]
+        return [frozenset(int(o[i]) for o in orders) for i in range(len(orders[0]))]
+
+    permutation = np.random.default_rng([2, 0]).permutation(len(ds))[:n]
+    windows = [set(permutation[f:f + window * dp].tolist()) for f in range(0, n, window * dp)]
+    for step in steps(window, 0):  # every step is made within one window of the permutation
+        assert sum(step <= w for w in windows) == 1
+    # the steps' make-up: about the same each epoch when the whole epoch is sorted, new with windows
+    kept = {scope: len(set(steps(scope, 0)) & set(steps(scope, 1))) / len(steps(scope, 0))
+            for scope in ("epoch", window)}
+    assert kept[window] < 0.2 < 0.8 < kept["epoch"]
+
+    def ratio(scope):
+        orders = [THDLoader(ds, dp_size=dp, dp_rank=r, seed=2, device="cpu", num_workers=0,
+                            balance=None if scope is None else "attention",
+                            **({} if scope is None else {"balance_scope": scope})).sampler.epoch_order(0)
+                  for r in range(dp)]
+        loads = _step_loads(orders, squares, 1)
+        return float((loads.max(axis=1) / loads.mean(axis=1)).mean())
+
+    assert ratio("epoch") <= ratio(64) < 1.05 < ratio(window) < ratio(None)  # 1.010, 1.026, 1.247, 1.719
+
+
+def test_a_window_given_as_a_numpy_integer_is_a_plain_int_in_the_state(outputs, tmp_path):
+    loader = THDLoader(PackedDataset(outputs["native"]), dp_size=2, device="cpu", num_workers=0, balance="attention",
+                       balance_scope=np.int64(4))
+    torch.save(loader.state_dict(), tmp_path / "state.pt")
+    state = torch.load(tmp_path / "state.pt", weights_only=True)  # what a checkpoint loads; NumPy scalars fail it
+    assert type(state["balance"]["scope"]) is int and state["balance"]["scope"] == 4
+    loader.load_state_dict(state)

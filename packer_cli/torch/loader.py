@@ -154,9 +154,10 @@ class THDLoader:
         micro_batches_per_step: micro-batches each rank takes per optimizer step (its gradient
             accumulation): the packs balanced together. Only with ``balance``.
         balance_scope: ``"step"`` keeps each step's packs and deals them again; ``"epoch"``
-            also makes each step of packs of about the same cost (sorted, then the steps served
-            in a seeded order), which balances a step of one pack a rank too. Only with
-            ``balance``.
+            also makes each step of packs of about the same cost (the epoch sorted, then the
+            steps served in a seeded order), which balances a step of one pack a rank too; a
+            number of steps ``W`` does the same sorting each window of ``W`` steps, so the
+            steps' make-up changes with the epoch. Only with ``balance``.
     """
 
     def __init__(
@@ -179,7 +180,7 @@ class THDLoader:
         on_damaged: str = "raise",
         balance: str | Callable[[np.ndarray, np.ndarray], Any] | None = None,
         micro_batches_per_step: int = 1,
-        balance_scope: str = "step",
+        balance_scope: str | int = "step",
     ) -> None:
         if not isinstance(dataset, PackedDataset):  # a path or a Subset failed as a bare AttributeError
             raise TypeError(f"THDLoader needs a PackedDataset, got {type(dataset).__name__}: "
@@ -238,7 +239,7 @@ class THDLoader:
             why = ("one DP rank has no other to balance against" if s.dp_size == 1 else
                    "each rank takes one pack a step (micro_batches_per_step=1, batch_packs=1), and the step lasts "
                    "as long as its costliest pack whichever rank takes it; pass micro_batches_per_step, the "
-                   "gradient accumulation, or balance_scope='epoch'")
+                   "gradient accumulation, or balance_scope='epoch' (or a number of steps)")
             warnings.warn(f"THDLoader(balance={balance!r}): {why}: balancing gains nothing", stacklevel=2)
         if s.per_epoch == 0:  # a loop over it would run empty epochs without a word
             packs = counted(len(dataset), "pack")
