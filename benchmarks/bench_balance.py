@@ -10,7 +10,8 @@ step, through ``THDLoader``'s own sampler (``MicroBatchSampler``), three ways:
 * ``dealt``: ``balance=None``, micro-batch ``j`` to rank ``j mod dp`` (torch's
   ``DistributedSampler``'s rule);
 * ``step``: ``balance=...``, each step's packs dealt again (``balance_scope="step"``);
-* ``epoch``: ``balance_scope="epoch"``, each step made of packs of about the same cost.
+* ``epoch``: ``balance_scope="epoch"``, each step made of packs of about the same cost;
+* ``16``, ``64``: ``balance_scope=16`` / ``64``, the same within windows of that many steps.
 
 The peer is LightBinPack's ``pack(variant="square", dp_size=dp)``, which packs the lengths into
 groups of ``dp`` bins balanced in ``Σ s²`` (a group is one round: bin ``r`` to rank ``r``, ``k``
@@ -64,7 +65,7 @@ def step_factor(rank_costs: np.ndarray, k: int) -> float:
     return float((loads.max(axis=1) / loads.mean(axis=1)).mean())
 
 
-def served(costs: np.ndarray | None, dp: int, k: int, scope: str, seed: int, weights: np.ndarray) -> np.ndarray:
+def served(costs: np.ndarray | None, dp: int, k: int, scope: str | int, seed: int, weights: np.ndarray) -> np.ndarray:
     """``[micro-batches, ranks]`` costs ``weights`` of what each rank is served in epoch 0."""
     from packer_cli.torch.sampler import MicroBatchSampler
 
@@ -122,8 +123,8 @@ def main() -> None:
             costs = {"attention": squares, **{m: cost(tokens, squares) for m, cost in models.items()}}
             for cost_name, cost in costs.items():
                 row[cost_name] = {"dealt": round(step_factor(served(None, dp, k, "step", args.seed, cost), k), 4)}
-                for scope in ("step", "epoch"):
-                    row[cost_name][scope] = round(step_factor(served(cost, dp, k, scope, args.seed, cost), k), 4)
+                for scope in ("step", 16, 64, "epoch"):
+                    row[cost_name][str(scope)] = round(step_factor(served(cost, dp, k, scope, args.seed, cost), k), 4)
             if peer:
                 peer_pack_of, peer_packs, grid, seconds = lightbinpack_square(lengths, capacity, dp)
                 peer_tokens, peer_squares = pack_statistics(lengths, peer_pack_of, peer_packs)

@@ -115,7 +115,7 @@ def _balance_section(rows: list[dict], command: str) -> str:
            "(`long32k`: lognormal lengths of median 1,500 up to C = 32,768) and one epoch is served to `dp` ranks "
            "taking `k` micro-batches of one pack a step by `THDLoader`'s sampler: `dealt` is `balance=None` "
            "(micro-batch j to rank j mod dp, as torch's `DistributedSampler`), `step` is `balance=...` (each step's "
-           "packs dealt again), `epoch` is `balance_scope=\"epoch\"` (each step made of packs of about the same cost). "
+           "packs dealt again), `W=64` is `balance_scope=64` (each step made of packs of about the same cost within windows of 64 steps of the permutation), `epoch` is `balance_scope=\"epoch\"` (the same over the whole epoch). "
            "The peer is LightBinPack's `pack(variant=\"square\", dp_size=dp)`, groups of dp bins balanced in Σs², "
            "with its own packs (a group a round, bin r to rank r). Each figure is the mean over steps of the "
            "costliest rank's cost over the ranks' mean (1.000: no rank waits), balanced by the cost measured: "
@@ -126,14 +126,14 @@ def _balance_section(rows: list[dict], command: str) -> str:
         cells = [r["dist"], f"{r['capacity']:,}", f"{r['dp']} × {r['k']}", f"{r['steps']:,}"]
         for cost in ("attention", "8B"):
             c = r[cost]
-            cells.append(f"{c['dealt']:.3f} / {c['step']:.3f} / {c['epoch']:.3f}")
+            cells.append(f"{c['dealt']:.3f} / {c['step']:.3f} / {c['64']:.3f} / {c['epoch']:.3f}")
         peer = r.get("lightbinpack_square")
         if peer:
             cells.append(f"{peer['attention']:.3f} / {peer['8B']:.3f}; {peer['packs'] - r['packs']:+,} packs")
         else:
             cells.append("–")
         table.append(cells)
-    out.append(_table(["lengths", "C", "dp × k", "steps", "Σs²: dealt / step / epoch", "8B FLOPs: dealt / step / epoch",
+    out.append(_table(["lengths", "C", "dp × k", "steps", "Σs²: dealt / step / W=64 / epoch", "8B FLOPs: dealt / step / W=64 / epoch",
                        "LightBinPack square: Σs² / 8B; packs vs packer"], table) + "\n")
     times = _all(rows, "balance_time")
     if times:

@@ -32,7 +32,7 @@ then alike, as with Hugging Face's ``group_by_length``; the default, ``"step"``,
 permutation's steps). Sorted whole, the epoch makes about the same steps every epoch (only
 their order changes); ``balance_scope=W``, a number of steps, sorts each window of ``W`` steps
 of the permutation instead, so the steps' make-up changes with the epoch too, at some cost in
-balance (at 8 ranks of one pack a step, 32k context, 8B FLOPs: 1.23 dealt, 1.012 with 16,
+balance (at 8 ranks of one pack a step, 32k context, 8B FLOPs: 1.24 dealt, 1.012 with 16,
 1.003 with 64, 1.000 with the whole epoch).
 """
 
