@@ -348,3 +348,9 @@ def test_a_window_given_as_a_numpy_integer_is_a_plain_int_in_the_state(outputs, 
     state = torch.load(tmp_path / "state.pt", weights_only=True)  # what a checkpoint loads; NumPy scalars fail it
     assert type(state["balance"]["scope"]) is int and state["balance"]["scope"] == 4
     loader.load_state_dict(state)
+
+
+@pytest.mark.parametrize("scope", ["step", "epoch", 3])
+def test_too_few_packs_for_one_micro_batch_a_rank_make_an_empty_balanced_epoch(scope):
+    sampler = MicroBatchSampler(5, dp_size=8, dp_rank=7, costs=np.ones(5), balance_scope=scope)
+    assert sampler.epoch_order(0).shape == (0, 1) and list(sampler) == []

@@ -167,11 +167,17 @@ class MicroBatchSampler:
         ``balance_scope`` steps apart (ties in ``order``'s own order, which the epoch's
         permutation sets), cut into steps; the whole steps in a seeded order of their own, the
         epoch's shorter last step last (sorted whole, it holds the epoch's cheapest packs)."""
+        if order.size == 0:
+            return order
         window = order.size if self.balance_scope == "epoch" else self.balance_scope * step_packs
         order = order.copy()
-        for first in range(0, order.size, max(window, 1)):  # a few thousand windows at most: steps / W
-            part = order[first:first + window]
-            order[first:first + window] = part[np.argsort(-self.costs[part], kind="stable")]
+        full = order.size - order.size % window
+        if full:  # the whole windows, sorted together as the rows of one array
+            windows = order[:full].reshape(-1, window)
+            by_cost = np.argsort(-self.costs[windows], axis=1, kind="stable")
+            order[:full] = np.take_along_axis(windows, by_cost, axis=1).ravel()
+        rest = order[full:]
+        order[full:] = rest[np.argsort(-self.costs[rest], kind="stable")]
         if self.shuffle and whole:
             steps = np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(epoch, 1)))
             order[:whole] = order[:whole].reshape(-1, step_packs)[steps.permutation(whole // step_packs)].ravel()
