@@ -131,6 +131,8 @@ class MicroBatchSampler:
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """``[per_epoch, batch_packs]`` pack indices of this rank for ``epoch``."""
+        if self._balanced is not None and self._balanced[0] == epoch:  # balanced once an epoch
+            return self._balanced[1]
         if self.shuffle:
             order = _rng(self.seed, epoch).permutation(self.num_packs)
         else:
@@ -143,8 +145,6 @@ class MicroBatchSampler:
 
     def _balanced_order(self, epoch: int, order: np.ndarray) -> np.ndarray:
         """This rank's ``[per_epoch, batch_packs]`` packs when each step's are balanced."""
-        if self._balanced is not None and self._balanced[0] == epoch:
-            return self._balanced[1]
         from packer_cli.plan.balance import balance_ranks  # numba: only a balancing loader pays for it
 
         step_packs = self.micro_batches_per_step * self.batch_packs * self.dp_size
