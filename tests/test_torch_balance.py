@@ -48,11 +48,12 @@ def test_pack_statistics_of_an_open_reader():
     assert [(ds[i].num_real_tokens, ds[i].seqlen_sq_sum) for i in range(3)] == list(zip(tokens, squares))
 
 
-def _step_loads(orders, costs, per_step):
-    """``[steps, ranks]``: what each rank's micro-batches of each whole step cost."""
+def _waits(orders, costs, per_step):
+    """For each whole step, the costliest rank's share over the ranks' mean (1.0: no rank waits)."""
     loads = np.stack([costs[order].sum(axis=1) for order in orders], axis=1)  # [micro-batches, ranks]
     steps = loads.shape[0] // per_step
-    return loads[:steps * per_step].reshape(steps, per_step, -1).sum(axis=1)
+    loads = loads[:steps * per_step].reshape(steps, per_step, -1).sum(axis=1)  # [steps, ranks]
+    return loads.max(axis=1) / loads.mean(axis=1)
 
 
 @pytest.mark.parametrize("batch_packs, per_step", [(1, 4), (2, 3)])
@@ -76,9 +77,7 @@ def test_balanced_steps_hold_the_same_packs_and_wait_less(outputs, batch_packs, 
             assert sorted(sum(now, [])) == sorted(sum(before, []))
             assert [len(x) for x in now] == [len(x) for x in before]
         # the slowest rank of a step waits for less: max over mean of the ranks' attention work
-        ratio = {name: (loads.max(axis=1) / loads.mean(axis=1))
-                 for name, loads in (("dealt", _step_loads(dealt, squares, per_step)),
-                                     ("balanced", _step_loads(balanced, squares, per_step)))}
+        ratio = {"dealt": _waits(dealt, squares, per_step), "balanced": _waits(balanced, squares, per_step)}
         assert (ratio["balanced"] <= ratio["dealt"] + 1e-12).all()
         assert ratio["balanced"].mean() < 1.15 < ratio["dealt"].mean()
     assert not all((a == b).all() for a, b in zip(orders("attention", 0), orders("attention", 1)))
@@ -195,8 +194,7 @@ def test_shared_data_steps_balanced_by_attention(shared_files, tmp_path):
     for balance in (None, "attention"):
         orders = [THDLoader(ds, dp_size=8, dp_rank=r, seed=0, device="cpu", num_workers=0, balance=balance,
                             micro_batches_per_step=4).sampler.epoch_order(0) for r in range(8)]
-        loads = _step_loads(orders, squares, 4)
-        ratios[balance] = float((loads.max(axis=1) / loads.mean(axis=1)).mean())
+        ratios[balance] = float(_waits(orders, squares, 4).mean())
     assert ratios["attention"] < 1.05 < 1.2 < ratios[None]  # 1.033 and 1.283
 
 
@@ -215,7 +213,8 @@ def test_pack_statistics_of_an_output_changed_after_opening(synthetic_parquet, t
     ds = PackedDataset(out)
     shard = next(out.glob("*.arrow"))
     shard.write_bytes(b"\0" * shard.stat().st_size)
-    with pytest.raises(packer.DataError, match=f"^{out}: {shard.name}: cannot open as Arrow IPC .*; run `packer verify`"):
+    with pytest.raises(packer.DataError,
+                       match=f"^{out}: {shard.name}: cannot open as Arrow IPC .*; run `packer verify`"):
         ds.pack_statistics()
 
 
@@ -268,9 +267,8 @@ def test_epoch_scope_makes_each_step_of_packs_of_about_the_same_cost(outputs, ba
     firsts = step_maxima(orders(0, "epoch", shuffle=False))
     assert firsts == sorted(firsts, reverse=True)
     # so even one pack a rank a step is balanced
-    ratio = {name: float((loads.max(axis=1) / loads.mean(axis=1)).mean())
-             for name, loads in (("dealt", _step_loads(dealt, squares, per_step)),
-                                 ("grouped", _step_loads(grouped, squares, per_step)))}
+    ratio = {name: float(_waits(got, squares, per_step).mean())
+             for name, got in (("dealt", dealt), ("grouped", grouped))}
     assert ratio["grouped"] < 1.03 < 1.3 < ratio["dealt"]
 
 
@@ -297,9 +295,9 @@ def test_epoch_scope_resumes_exactly_and_is_part_of_the_state(outputs):
 
 def test_balance_scope_arguments(outputs):
     ds = PackedDataset(outputs["native"])
-    for scope in ("global", 0, -3, 1.5, True):
+    for scope, shown in (("global", "'global'"), (0, "0"), (-3, "-3"), (1.5, "1.5"), (True, "True")):
         with pytest.raises(ValueError, match=f"balance_scope must be 'step', 'epoch' or a number of steps >= 1, "
-                                             f"got {re.escape(str(scope) if isinstance(scope, int) and scope is not True else repr(scope))}$"):
+                                             f"got {re.escape(shown)}$"):
             THDLoader(ds, dp_size=2, device="cpu", num_workers=0, balance="attention", balance_scope=scope)
     with pytest.raises(ValueError, match=r"balance_scope='epoch' needs the packs' costs \(THDLoader's balance=\)"):
         THDLoader(ds, dp_size=2, device="cpu", num_workers=0, balance_scope="epoch")
@@ -335,8 +333,7 @@ def test_a_window_of_steps_sorts_within_each_window_and_makes_new_steps_each_epo
                             balance=None if scope is None else "attention",
                             **({} if scope is None else {"balance_scope": scope})).sampler.epoch_order(0)
                   for r in range(dp)]
-        loads = _step_loads(orders, squares, 1)
-        return float((loads.max(axis=1) / loads.mean(axis=1)).mean())
+        return float(_waits(orders, squares, 1).mean())
 
     assert ratio("epoch") <= ratio(64) < 1.05 < ratio(window) < ratio(None)  # 1.010, 1.026, 1.247, 1.719
 
