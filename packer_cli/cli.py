@@ -112,6 +112,7 @@ def pack_command(
     pad_cu_seqlens: Annotated[bool, typer.Option("--pad-cu-seqlens", help="Record static-shape metadata (needs --pad-to-max-length).")] = False,
     pad_id: Annotated[int, typer.Option(help="Token id used for alignment padding.")] = 0,
     refine: Annotated[bool, typer.Option("--refine/--no-refine", help="After ffd/bfd, re-fill non-full packs toward the L2 bound.")] = True,
+    window: Annotated[Optional[int], typer.Option(metavar="N", help="ffd/bfd: plan each run of N input records on its own; packs never mix runs and keep their order (with --no-shuffle: the input order at run granularity, for curricula).", show_default=False)] = None,
     tokens_field: Annotated[str, typer.Option(help="Field holding the token ids.")] = "input_ids",
     mask_field: Annotated[Optional[list[str]], typer.Option(help="Force an input-aligned loss-mask field; repeated, a token is a target where every mask named is 1.")] = None,
     labels_field: Annotated[Optional[str], typer.Option(help="Force an HF-style labels field (-100 = ignored).")] = None,
@@ -139,7 +140,7 @@ def pack_command(
     spec = PackSpec(
         pack_size=pack_size, cp=cp, tp=tp, sp=sp, pad_seq_to_mult=pad_seq_to_mult, algorithm=algorithm,
         seed=seed, shuffle=shuffle, overlong=overlong, pad_to_max_length=pad_to_max_length,
-        pad_cu_seqlens=pad_cu_seqlens, pad_id=pad_id, refine=refine,
+        pad_cu_seqlens=pad_cu_seqlens, pad_id=pad_id, refine=refine, window=window,
     )
     source = SourceSpec(tokens_field=tokens_field, mask_field=mask_field[0] if mask_field else None,
                         also_mask_fields=tuple(mask_field[1:]) if mask_field else (), labels_field=labels_field,

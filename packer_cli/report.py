@@ -13,6 +13,15 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}%"
 
 
+def window_label(spec: dict) -> str:
+    """' in windows of N records' for a windowed plan (``--window``), else '' (a damaged
+    metadata.json's value, which verify reports, is shown as it is)."""
+    window = spec.get("window")
+    if window is None:
+        return ""
+    return f" in windows of {window:,} records" if type(window) is int else f" window={window!r}"
+
+
 def pack_summary_table(summary) -> Table:
     c, q, s = summary.counts, summary.quality, summary.spec
     table = Table(show_header=False)
@@ -20,7 +29,7 @@ def pack_summary_table(summary) -> Table:
     table.add_column("value", justify="right")
     rows = [
         ("spec", f"C={s['pack_size']} m={s['pad_seq_to_mult']} CP={s['cp']} TP={s['tp']} "
-                 f"SP={'on' if s['sp'] else 'off'} {s['algorithm']} seed={s['seed']}"),
+                 f"SP={'on' if s['sp'] else 'off'} {s['algorithm']}{window_label(s)} seed={s['seed']}"),
         ("records read", f"{c['records']:,}"),
         ("targets", _targets_line(summary.source)),
         *_padding_rows(summary.source),

@@ -66,7 +66,7 @@ def _optional(c: _Checker, node, path: str, rules: dict) -> None:
 
 
 def _spec_rules() -> dict:
-    template = PackSpec(pack_size=1).as_dict()
+    template = PackSpec(pack_size=1).as_dict()  # without the optional keys (_OPTIONAL_SPEC)
     rules = {}
     for key, value in template.items():
         kind = type(value)
@@ -89,6 +89,10 @@ def _bad_ok(listed) -> bool:
         and (e.get("line") is None or _count(e.get("line"))) and isinstance(e.get("reason"), str) for e in listed)
 
 
+#: spec keys recorded only when set (``window``: a windowed plan)
+_OPTIONAL_SPEC = {"window": lambda v: type(v) is int and v >= 1}
+
+
 def check_schema(meta: dict, sink: FindingSink) -> None:
     """Errors for missing or mistyped fields of metadata.json."""
     c = _Checker(sink)
@@ -99,6 +103,7 @@ def check_schema(meta: dict, sink: FindingSink) -> None:
     })
     if "spec" in meta:  # each section present must be an object (a missing one is reported above)
         c.section(meta["spec"], "spec", _spec_rules())
+        _optional(c, meta["spec"], "spec", _OPTIONAL_SPEC)
     if "source" in meta:
         c.section(meta["source"], "source", {
             "inputs": _inputs_ok, "tokens_field": lambda v: isinstance(v, str) and v != "",

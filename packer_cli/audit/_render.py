@@ -8,7 +8,7 @@ from rich.text import Text
 
 from packer_cli.audit._histogram import buckets
 from packer_cli.errors import counted
-from packer_cli.report import TitleLine, lower_bound_label
+from packer_cli.report import TitleLine, lower_bound_label, window_label
 
 BLOCKS = " ▏▎▍▌▋▊▉█"
 
@@ -77,7 +77,7 @@ def summary_table(report, d: dict) -> Table:
     gap = lambda b, g, p: "n/a" if b is None else f"{b:,} / +{g:,} ({p:.3f}%)"  # noqa: E731
     rows = [
         ("spec", f"C={s.get('pack_size')} m={s.get('pad_seq_to_mult')} CP={s.get('cp')} TP={s.get('tp')} "
-                 f"SP={'on' if s.get('sp') else 'off'} {s.get('algorithm')} seed={s.get('seed')} "
+                 f"SP={'on' if s.get('sp') else 'off'} {s.get('algorithm')}{window_label(s)} seed={s.get('seed')} "
                  f"overlong={s.get('overlong')}"),
         ("packs", f"{t['packs']:,}"),
         ("sequences", f"{t['sequences']:,}"),

@@ -155,8 +155,10 @@ def _ffd_positions(counts, capacity, tree):
 
     Parameters
     ----------
-    counts : int64[capacity + 1]
-        Histogram of the item lengths; ``counts[0]`` (empty items) is ignored.
+    counts : int64[top + 1]
+        Histogram of the item lengths, ``top <= capacity`` (no item longer than
+        ``top``: a window of short items need not count up to the capacity);
+        ``counts[0]`` (empty items) is ignored.
     capacity : int
         Pack capacity.
     tree : int32[2 * size]
@@ -176,7 +178,7 @@ def _ffd_positions(counts, capacity, tree):
     pack_of_position = np.empty(n, np.int32)
     num_packs = 0
     pos = 0
-    for length in range(capacity, 0, -1):
+    for length in range(counts.shape[0] - 1, 0, -1):
         end = pos + counts[length]
         pack = 0
         while pos < end:
@@ -433,8 +435,9 @@ def _bfd_positions(counts, capacity, max_packs, bits, offsets):
 
     Parameters
     ----------
-    counts : int64[capacity + 1]
-        Histogram of the item lengths; ``counts[0]`` is ignored.
+    counts : int64[top + 1]
+        Histogram of the item lengths, ``top <= capacity`` (as for
+        :func:`_ffd_positions`); ``counts[0]`` is ignored.
     capacity : int
         Pack capacity.
     max_packs : int
@@ -459,7 +462,7 @@ def _bfd_positions(counts, capacity, max_packs, bits, offsets):
     pack_of_position = np.empty(n, np.int32)
     num_packs = 0
     pos = 0
-    for length in range(capacity, 0, -1):
+    for length in range(counts.shape[0] - 1, 0, -1):
         end = pos + counts[length]
         while pos < end:
             r = _bitset_next(bits, offsets, length)

@@ -63,9 +63,11 @@ def _run_bfd_positions(counts: np.ndarray, capacity: int, max_packs: int):
     return K._bfd_positions(counts, capacity, max_packs, bits, offsets)
 
 
-def _decreasing_positions(arr: np.ndarray, capacity: int, algorithm: str):
-    """(histogram, pack_of_position, num_packs) of FFD or BFD; empty items are skipped."""
-    counts = K._length_histogram(arr, capacity)
+def _decreasing_positions(arr: np.ndarray, capacity: int, algorithm: str, top: int | None = None):
+    """(histogram, pack_of_position, num_packs) of FFD or BFD; empty items are skipped.
+    ``top``: the longest item, when known to be below ``capacity`` (a histogram of ``top + 1``
+    entries: each window of a windowed plan then costs its own longest item, not the capacity)."""
+    counts = K._length_histogram(arr, capacity if top is None else top)
     total = int(arr.sum(dtype=np.int64))
     if algorithm == "ffd":
         pack_of_position, num_packs = _run_ffd_positions(counts, capacity, total)

@@ -144,10 +144,10 @@ def _empty_plan(num_items: int, capacity: int, algorithm: str) -> PackPlan:
     return _make_plan(z, np.zeros(1, np.int64), z.copy(), num_items, capacity, algorithm)
 
 
-def _plan_decreasing(arr: np.ndarray, capacity: int, algorithm: str) -> PackPlan:
+def _plan_decreasing(arr: np.ndarray, capacity: int, algorithm: str, top: int | None = None) -> PackPlan:
     """FFD/BFD straight into the grouped layout: histogram → pack of each placement
     position → (in place) slot of each position → item of each slot."""
-    counts, slots, num_packs = _decreasing_positions(arr, capacity, algorithm)
+    counts, slots, num_packs = _decreasing_positions(arr, capacity, algorithm, top)
     offsets, load = K._positions_to_slots(slots, counts, num_packs)
     order = np.empty(slots.shape[0], np.int32)
     K._scatter_items(arr, counts, slots, order)
@@ -176,9 +176,62 @@ def _plan_compacted(arr: np.ndarray, capacity: int, algorithm: str, seed) -> Pac
     return _make_plan(order, offsets, load, arr.shape[0], capacity, algorithm)
 
 
+def _window_starts(window, window_starts, num_items: int, algorithm: str) -> np.ndarray | None:
+    """The item indices where windows begin (int64, first 0, strictly increasing, all below
+    ``num_items``), from ``window`` (items a window) or ``window_starts``; None: one window."""
+    if window is None and window_starts is None:
+        return None
+    if window is not None and window_starts is not None:
+        raise ValueError("give window or window_starts, not both")
+    if algorithm not in ("ffd", "bfd"):
+        raise ValueError(f"windows apply to ffd and bfd, not {algorithm!r} (which keeps the input order itself)"
+                         if algorithm == "sequential" else f"windows apply to ffd and bfd, not {algorithm!r}")
+    if window is not None:
+        if isinstance(window, (bool, np.bool_)) or not isinstance(window, (int, np.integer)):
+            raise TypeError(f"window must be an integer, got {type(window).__name__}")
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        return np.arange(0, max(num_items, 1), int(window), dtype=np.int64)
+    starts = _plan_array("window_starts", window_starts).astype(np.int64, copy=False)
+    if starts.size == 0 or starts[0] != 0:
+        raise ValueError("window_starts must begin with 0")
+    if (np.diff(starts) <= 0).any() or (num_items and starts[-1] >= num_items) or (not num_items and starts.size > 1):
+        raise ValueError(f"window_starts must be strictly increasing item indices below {max(num_items, 1)}")
+    return starts
+
+
+def _plan_windows(arr: np.ndarray, capacity: int, algorithm: str, starts: np.ndarray, refine: bool) -> PackPlan:
+    """FFD/BFD (each window refined on its own with ``refine``) over each window of items
+    ``arr[starts[w]:starts[w + 1]]``: no pack mixes windows, and the packs are numbered window
+    by window, so the plan's pack order follows the windows' order."""
+    from .refine import _refine
+
+    order = np.empty(int(np.count_nonzero(arr)), np.int32)
+    offsets, loads = [np.zeros(1, np.int64)], []
+    placed, refine_seconds = 0, 0.0
+    ends = np.append(starts[1:], arr.shape[0])
+    for a, b in zip(starts.tolist(), ends.tolist()):
+        part = arr[a:b]
+        top = int(part.max())
+        if not top:
+            continue
+        plan = _plan_decreasing(part, capacity, algorithm, top)
+        if refine:
+            plan = _refine(part, plan, in_place=True)
+            refine_seconds += plan.refine_seconds
+        n = plan.order.shape[0]
+        np.add(plan.order, a, out=order[placed:placed + n])
+        offsets.append(plan.pack_offsets[1:] + placed)
+        loads.append(plan.pack_load)
+        placed += n
+    load = np.concatenate(loads) if loads else np.zeros(0, np.int32)
+    return _make_plan(order, np.concatenate(offsets), load, arr.shape[0], capacity,
+                      algorithm + ("+refine" if refine else ""), refine_seconds=refine_seconds if refine else None)
+
+
 @interrupts_kept
 def plan_packs(lengths, capacity, algorithm: str = "ffd", seed=0, *, refine: bool = False,
-               skip_empty: bool = False) -> PackPlan:
+               skip_empty: bool = False, window=None, window_starts=None) -> PackPlan:
     """Assign items to packs of ``capacity`` tokens.
 
     Parameters
@@ -202,6 +255,16 @@ def plan_packs(lengths, capacity, algorithm: str = "ffd", seed=0, *, refine: boo
         Accept items of length 0 and leave them out of every pack (their
         ``pack_of_item`` is -1). The other items are planned exactly as if the
         empty ones were not there.
+    window : int, optional
+        ``"ffd"``/``"bfd"`` only: plan each run of ``window`` consecutive items
+        on its own (refined on its own with ``refine``). No pack mixes windows,
+        and packs are numbered window by window, so pack order follows item
+        order at window granularity (an order-preserving mode for curricula
+        that packs far tighter than ``"sequential"``). None: one global plan.
+    window_starts : array-like of int, optional
+        Windows of unequal size instead of ``window``: the item indices where
+        windows begin, strictly increasing from 0 (``pack()`` windows by input
+        records, whose split pieces follow their sample).
 
     Returns
     -------
@@ -213,8 +276,11 @@ def plan_packs(lengths, capacity, algorithm: str = "ffd", seed=0, *, refine: boo
         if not _is_bool(flag):  # refine="no" is truthy: it refined
             raise ValueError(f"{name} must be True or False, got {flag!r}")
     arr, capacity = check_lengths(lengths, capacity, allow_zero=skip_empty)
+    starts = _window_starts(window, window_starts, arr.shape[0], algorithm)
     if arr.shape[0] == 0:
         plan = _empty_plan(0, capacity, algorithm)
+    elif starts is not None and starts.size > 1:
+        return _plan_windows(arr, capacity, algorithm, starts, refine)
     elif algorithm in ("ffd", "bfd"):
         plan = _plan_decreasing(arr, capacity, algorithm)
     else:

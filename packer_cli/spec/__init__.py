@@ -176,6 +176,12 @@ class PackSpec:
     refine: bool = True
     """After ffd/bfd, re-fill the non-full packs toward the Martello–Toth L2 bound (never more
     packs; ignored by the order-defined first-fit-shuffle and sequential algorithms)."""
+    window: int | None = None
+    """ffd/bfd only: plan each run of this many input records on its own (records numbered as
+    source indices, bad and dropped ones included; a split sample's pieces stay in its window).
+    No pack mixes windows and packs are numbered window by window, so with ``shuffle=False``
+    they follow the input order at window granularity: an order-preserving mode for curricula
+    that packs far tighter than ``sequential``. None: one global plan (the default)."""
 
     def __post_init__(self):
         object.__setattr__(self, "algorithm", _as_enum(Algorithm, "algorithm", self.algorithm))
@@ -207,7 +213,7 @@ class PackSpec:
         :func:`bridge_pack_size_problem`)."""
         _check_types(self, ints=("pack_size", "cp", "tp", "seed", "pad_id"),
                      bools=("sp", "shuffle", "pad_to_max_length", "pad_cu_seqlens", "refine"),
-                     optional_ints=("pad_seq_to_mult",))
+                     optional_ints=("pad_seq_to_mult", "window"))
         for name in ("pack_size", "cp", "tp"):
             value = getattr(self, name)
             if value < 1:  # an int: _check_types saw to that
@@ -246,6 +252,13 @@ class PackSpec:
             )
         if self.pad_cu_seqlens and not self.pad_to_max_length:
             raise ConfigError("--pad-cu-seqlens requires --pad-to-max-length (as in Megatron-Bridge)")
+        if self.window is not None:
+            if self.window < 1:
+                raise ConfigError(f"window must be a positive number of records, got {self.window}")
+            if self.algorithm not in (Algorithm.FFD, Algorithm.BFD):
+                raise ConfigError(f"--window applies to ffd and bfd, not {self.algorithm.value}"
+                                  + (" (which keeps the input order itself)" if self.algorithm is Algorithm.SEQUENTIAL
+                                     else ""))
         if not 0 <= self.seed < 2**32:
             raise ConfigError(f"seed must be in [0, 2**32), got {self.seed}")
         if not 0 <= self.pad_id < 2**31:
@@ -261,6 +274,8 @@ class PackSpec:
             pad_seq_to_mult=self.pad_multiple,
             pad_seq_to_mult_override=self.pad_seq_to_mult is not None,
         )
+        if self.window is None:  # recorded only when set: a global plan's metadata is as it always was
+            del record["window"]
         return record
 
     @classmethod

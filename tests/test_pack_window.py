@@ -1,0 +1,140 @@
+"""``pack --window N``: FFD/BFD planned per window of N input records, packs in window order."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from packer_cli import PackSpec, pack
+from packer_cli._sequences import SourceMap
+from packer_cli.audit.verify import verify_output
+from packer_cli.cli import app
+from packer_cli.demo import demo_table
+from packer_cli.errors import ConfigError
+from packer_cli.pipeline import _first_samples_at, _window_starts
+from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, SourceSpec
+
+
+def source_map(positions) -> SourceMap:
+    sources = SourceMap()
+    sources.add(np.asarray(positions, dtype=np.int64))
+    return sources.finish()
+
+
+@settings(max_examples=200, deadline=None)
+@given(gaps=st.lists(st.integers(0, 4), min_size=1, max_size=60), window=st.integers(1, 12),
+       pieces=st.lists(st.integers(0, 3), max_size=60))
+def test_window_starts_are_the_first_item_of_each_window_of_records(gaps, window, pieces):
+    positions = np.cumsum(np.array(gaps) + 1) - 1  # kept samples' record positions, skipped ones between
+    n = positions.size
+    sources = source_map(positions)
+    probe = np.arange(0, positions[-1] + window + 2)
+    brute = [int(np.searchsorted(positions, p, side="left")) for p in probe]  # first kept at or after p
+    assert _first_samples_at(sources, n, probe).tolist() == brute
+    # later pieces of split samples (items n + e): extra_sample names each one's sample, in order
+    extra = np.repeat(np.arange(n), (pieces + [0] * n)[:n]).astype(np.int64)
+    stream = [(int(positions[k]), k) for k in range(n) for _ in range(1 + int((pieces + [0] * n)[k]))]
+    windows = [p // window for p, _ in stream]
+    expected = [i for i in range(len(stream)) if i == 0 or windows[i] != windows[i - 1]]
+    assert _window_starts(sources, n, extra, window).tolist() == expected
+
+
+def pack_rows(out) -> list[dict]:
+    """The output's packs in output order (each: source_index, source_offset, seq_lens lists)."""
+    rows = []
+    for entry in json.loads((out / "manifest.json").read_text())["shards"]:
+        table = pa.ipc.open_file(pa.memory_map(str(out / entry["name"]))).read_all()
+        rows += table.select(["source_index", "source_offset", "seq_lens"]).to_pylist()
+    return rows
+
+
+def write_records(path, table: pa.Table, bad_every: int) -> None:
+    """JSON Lines of the table's records, every ``bad_every``-th one malformed (a record position
+    that ``--on-bad-record skip`` leaves out, but which still counts in the windows)."""
+    lines = []
+    for i, record in enumerate(table.to_pylist()):
+        lines.append(b'{"input_ids": [1, 2,' if i % bad_every == 5 else orjson.dumps(record))
+    path.write_bytes(b"\n".join(lines) + b"\n")
+
+
+@pytest.mark.parametrize("algorithm,overlong", [(Algorithm.FFD, OverlongPolicy.SPLIT),
+                                                (Algorithm.BFD, OverlongPolicy.DROP),
+                                                (Algorithm.FFD, OverlongPolicy.TRUNCATE)])
+@pytest.mark.filterwarnings("ignore:.*no target tokens")
+def test_packs_follow_the_input_in_windows_of_records(tmp_path, algorithm, overlong):
+    table = demo_table(1500, seed=4, max_len=3000)
+    path = tmp_path / "in.jsonl"
+    write_records(path, table, bad_every=97)
+    window = 113
+    spec = PackSpec(pack_size=1024, cp=2, algorithm=algorithm, overlong=overlong, shuffle=False, window=window)
+    summary = pack([str(path)], str(tmp_path / "out"), spec, SourceSpec(on_bad_record=BadRecordPolicy.SKIP))
+    assert summary.counts["bad_records"] == 16  # records 5, 102, ..., 1460
+    if overlong is OverlongPolicy.SPLIT:
+        assert summary.counts["overlong"]["samples"] > 10  # pieces to keep in their sample's window
+    rows = pack_rows(tmp_path / "out")
+    pack_windows = [{s // window for s in row["source_index"]} for row in rows]
+    assert all(len(w) == 1 for w in pack_windows)  # no pack mixes windows of records
+    order = [min(w) for w in pack_windows]
+    assert order == sorted(order) and len(set(order)) == -(-1500 // window)  # in input order, every window
+    meta = json.loads((tmp_path / "out" / "metadata.json").read_text())
+    assert meta["spec"]["window"] == window
+    report = verify_output(str(tmp_path / "out"), [str(path)])
+    assert report.ok, report.findings
+
+
+def test_windows_cost_packs_between_the_global_plan_and_next_fit(synthetic_parquet, tmp_path):
+    runs = {}
+    for name, kwargs in [("global", {}), ("w500", {"window": 500}), ("w50", {"window": 50}),
+                         ("sequential", {"algorithm": Algorithm.SEQUENTIAL})]:
+        summary = pack([str(synthetic_parquet)], None, PackSpec(pack_size=2048, **kwargs), dry_run=True)
+        runs[name] = summary.counts["packs"]
+        assert summary.counts["packs"] >= summary.quality["l2_bound"]
+    assert runs["global"] <= runs["w500"] <= runs["w50"] < runs["sequential"]
+    assert runs["w50"] > runs["global"]  # small windows do cost packs
+
+
+def test_a_global_plan_records_no_window_and_a_windowed_one_verifies(synthetic_parquet, tmp_path):
+    pack([str(synthetic_parquet)], str(tmp_path / "g"), PackSpec(pack_size=2048))
+    assert "window" not in json.loads((tmp_path / "g" / "metadata.json").read_text())["spec"]
+    pack([str(synthetic_parquet)], str(tmp_path / "w"), PackSpec(pack_size=2048, window=700))
+    meta_path = tmp_path / "w" / "metadata.json"
+    assert verify_output(str(tmp_path / "w"), [str(synthetic_parquet)]).ok
+    meta = json.loads(meta_path.read_text())
+    meta["spec"]["window"] = "700"
+    meta_path.write_text(json.dumps(meta))
+    report = verify_output(str(tmp_path / "w"))
+    assert not report.ok and any("window" in f.message and f.check.startswith("metadata") for f in report.findings)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"window": 0}, "window must be a positive number of records, got 0"),
+    ({"window": 2.0}, "window must be an integer"),
+    ({"window": 10, "algorithm": Algorithm.SEQUENTIAL}, "applies to ffd and bfd, not sequential"),
+    ({"window": 10, "algorithm": Algorithm.FIRST_FIT_SHUFFLE}, "applies to ffd and bfd, not first-fit-shuffle"),
+])
+def test_pack_refuses_unusable_windows_before_reading(tmp_path, kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        pack([str(tmp_path / "absent.jsonl")], str(tmp_path / "out"), PackSpec(pack_size=64, **kwargs))
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_command_line_takes_window_and_shows_it(synthetic_parquet, tmp_path):
+    runner = CliRunner(env={"COLUMNS": "200"})  # the summary table's spec line on one line
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["pack", str(synthetic_parquet), "-o", str(out), "-C", "2048", "--window", "250",
+                                 "--no-shuffle"])
+    assert result.exit_code == 0, result.output
+    assert "ffd in windows of 250 records" in result.output
+    assert "in windows of 250 records" in runner.invoke(app, ["inspect", str(out)]).output
+    result = runner.invoke(app, ["pack", str(synthetic_parquet), "-o", str(tmp_path / "o2"), "--window", "9",
+                                 "--algorithm", "sequential"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        "error: --window applies to ffd and bfd, not sequential (which keeps the input order itself)"]
+    assert not (tmp_path / "o2").exists()

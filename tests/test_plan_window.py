@@ -1,0 +1,120 @@
+"""``plan_packs(window=...)``: FFD/BFD planned window by window (``pack --window``), against the
+linear-scan references of ``naive.py`` run on each window. Needs no torch."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import naive
+from packer_cli.plan import plan_packs, validate_plan
+
+SLOW = {"ffd": naive.first_fit_decreasing, "bfd": naive.best_fit_decreasing}
+
+
+def windowed_reference(lengths, capacity, algorithm, starts):
+    """(order, offsets): each window planned by the slow scan over its non-empty items, its
+    packs numbered after the earlier windows' packs, items in placement order within a pack."""
+    order, offsets = [], [0]
+    ends = list(starts[1:]) + [len(lengths)]
+    for a, b in zip(starts, ends):
+        kept = [i for i in range(a, b) if lengths[i] > 0]
+        if not kept:
+            continue
+        sub = [lengths[i] for i in kept]
+        pack_of = SLOW[algorithm](sub, capacity)
+        placement = naive._decreasing(sub)
+        sub_order, sub_offsets = naive.pack_layout(pack_of, placement)
+        order += [kept[j] for j in sub_order]
+        offsets += [offsets[-1] + int(x) for x in sub_offsets[1:]]
+    return order, offsets
+
+
+@st.composite
+def windowed_instances(draw):
+    capacity = draw(st.integers(1, 40))
+    lengths = draw(st.lists(st.integers(0, capacity), min_size=1, max_size=90))
+    if not any(lengths):
+        lengths[0] = 1
+    n = len(lengths)
+    if draw(st.booleans()):
+        window = draw(st.integers(1, n + 3))
+        starts = list(range(0, n, window))
+        return lengths, capacity, {"window": window}, starts
+    cuts = draw(st.lists(st.integers(1, max(n - 1, 1)), max_size=6, unique=True)) if n > 1 else []
+    starts = [0] + sorted(cuts)
+    return lengths, capacity, {"window_starts": np.array(starts)}, starts
+
+
+@pytest.mark.parametrize("algorithm", ["ffd", "bfd"])
+@settings(max_examples=150, deadline=None)
+@given(inst=windowed_instances())
+def test_a_windowed_plan_is_each_window_planned_on_its_own_in_window_order(algorithm, inst):
+    lengths, capacity, kwargs, starts = inst
+    arr = np.array(lengths, dtype=np.int32)
+    plan = plan_packs(arr, capacity, algorithm, skip_empty=True, **kwargs)
+    validate_plan(plan, arr, skip_empty=True)
+    order, offsets = windowed_reference(lengths, capacity, algorithm, starts)
+    assert plan.order.tolist() == order
+    assert plan.pack_offsets.tolist() == offsets
+    window_of = np.searchsorted(np.array(starts), np.arange(len(lengths)), side="right") - 1
+    pack_windows = [set(window_of[plan.pack_items(p)].tolist()) for p in range(plan.num_packs)]
+    assert all(len(w) == 1 for w in pack_windows)  # no pack mixes windows
+    firsts = [min(w) for w in pack_windows]
+    assert firsts == sorted(firsts)  # packs in window order
+
+
+@pytest.mark.parametrize("algorithm", ["ffd", "bfd"])
+def test_each_window_is_refined_on_its_own(algorithm):
+    arr = np.random.default_rng(0).integers(200, 530, 3000).astype(np.int32)  # triples: FFD leaves room
+    window = 1000
+    got = plan_packs(arr, 1024, algorithm, refine=True, window=window)
+    validate_plan(got, arr)
+    assert got.algorithm == f"{algorithm}+refine" and got.refine_seconds >= 0
+    order, loads = [], []
+    for a in range(0, arr.size, window):
+        part = plan_packs(arr[a:a + window], 1024, algorithm, refine=True)
+        order += (part.order + a).tolist()
+        loads += part.pack_load.tolist()
+    assert got.order.tolist() == order and got.pack_load.tolist() == loads
+    unrefined = plan_packs(arr, 1024, algorithm, window=window)
+    assert got.num_packs < unrefined.num_packs  # the refine pass ran, per window (1,144 → 1,115)
+
+
+@pytest.mark.parametrize("algorithm", ["ffd", "bfd"])
+def test_one_window_over_everything_is_the_global_plan(algorithm):
+    arr = np.random.default_rng(1).integers(0, 500, 3000).astype(np.int32)
+    whole = plan_packs(arr, 512, algorithm, skip_empty=True, refine=True)
+    for kwargs in ({"window": 3000}, {"window": 10**9}, {"window_starts": [0]}):
+        got = plan_packs(arr, 512, algorithm, skip_empty=True, refine=True, **kwargs)
+        assert got.order.tolist() == whole.order.tolist()
+        assert got.pack_offsets.tolist() == whole.pack_offsets.tolist()
+
+
+def test_a_window_of_long_items_plans_as_the_full_capacity_histogram_does():
+    """A window's histogram stops at its longest item (not the capacity): the same packs."""
+    rng = np.random.default_rng(8)
+    capacity = 131_072
+    arr = np.concatenate([rng.integers(1, 300, 500), rng.integers(60_000, capacity + 1, 500)]).astype(np.int32)
+    for algorithm in ("ffd", "bfd"):
+        got = plan_packs(arr, capacity, algorithm, window=500)
+        order, offsets = windowed_reference(arr.tolist(), capacity, algorithm, [0, 500])
+        assert got.order.tolist() == order and got.pack_offsets.tolist() == offsets
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"algorithm": "sequential", "window": 5}, ValueError, "keeps the input order itself"),
+    ({"algorithm": "first-fit-shuffle", "window": 5}, ValueError, "windows apply to ffd and bfd"),
+    ({"window": 0}, ValueError, "window must be >= 1"),
+    ({"window": 2.5}, TypeError, "window must be an integer"),
+    ({"window": True}, TypeError, "window must be an integer"),
+    ({"window": 4, "window_starts": [0, 4]}, ValueError, "not both"),
+    ({"window_starts": [1, 4]}, ValueError, "begin with 0"),
+    ({"window_starts": []}, ValueError, "begin with 0"),
+    ({"window_starts": [0, 6, 6]}, ValueError, "strictly increasing"),
+    ({"window_starts": [0, 10]}, ValueError, "below 10"),
+    ({"window_starts": [0.0, 4.0]}, TypeError, "must hold integers"),
+])
+def test_windows_are_refused_as_documented(kwargs, error, match):
+    kwargs = {"algorithm": "ffd", **kwargs}
+    with pytest.raises(error, match=match):
+        plan_packs(np.full(10, 3, np.int32), 10, **kwargs)
