@@ -143,6 +143,30 @@ def _balance_section(rows: list[dict], command: str) -> str:
     return "\n".join(out)
 
 
+def _order_section(rows: list[dict], command: str) -> str:
+    """Order-preserving packing: packs over L2 and order kept, global / windows / next fit / TRL."""
+    out = ["## Order-preserving packing (bench_order.py)\n",
+           "Packs over the Martello–Toth bound L2 (and seconds to plan) when the packs must keep the input "
+           "order, as `pack --no-shuffle` writes them: `global` is the default FFD + refine (no order kept), "
+           "`window:W` is `--window W` (FFD + refine per window of W records, packs in window order), "
+           "`sequential` is next fit in input order. `rho` is Spearman's rank correlation between a sequence's "
+           "input position and its pack's (1: the input order). The peer is TRL's `pack_dataset(strategy=\"bfd\")`, "
+           "which packs each 1,000-row `map` batch on its own; `bfd W=1000 no refine` is packer's BFD in the same "
+           "windows without the refine pass, which should give TRL's packs exactly.\n"]
+    table = []
+    for r in _all(rows, "order"):
+        gap = lambda k: "–" if r.get(k) is None else f"+{r[k] - r['L2']:,} ({(r[k] - r['L2']) / r['L2'] * 100:.2f} %)"  # noqa: E731
+        secs = lambda k: "" if r.get(k + ".seconds") is None else f", {r[k + '.seconds']:.3f} s"  # noqa: E731
+        rho = lambda k: "" if r.get(k + ".rho") is None else f", rho {r[k + '.rho']:.3f}"  # noqa: E731
+        table.append([r["dist"], f"{r['n']:,}", r["capacity"], f"{r['L2']:,}",
+                      *(gap(k) + secs(k) + rho(k) for k in ("global", "window:1000", "window:10000", "sequential")),
+                      gap("trl.bfd") + secs("trl.bfd"), gap("bfd.window:1000.norefine") + secs("bfd.window:1000.norefine")])
+    out.append(_table(["lengths", "n", "C", "L2", "global", "window 1,000", "window 10,000", "sequential",
+                       "TRL bfd", "bfd W=1000 no refine"], table) + "\n")
+    out.append(f"Command: `{command}`\n")
+    return "\n".join(out)
+
+
 def _spill_section(rows: list[dict], command: str) -> str:
     """How pass two read the spill back, at random or staged, with and without room for it."""
     parts = ["## Spill read back at random or staged (bench_spill.py)\n",
@@ -594,6 +618,11 @@ def render(res: dict, targets: dict) -> str:
 
     if loader:
         out.append(_loader_section(res, loader))
+    if res.get("order"):
+        out.append(_order_section(res["order"], next(s["command"] for s in res["steps"] if s["step"] == "order")))
+        if rerun := res.get("order_added"):  # a step the full run did not have yet, run on its own after it
+            out.append(f"This step was added after the full run and run on its own at commit `{rerun['commit'][:12]}` "
+                       f"({rerun['date']}).\n")
     if res.get("balance"):
         out.append(_balance_section(res["balance"], next(s["command"] for s in res["steps"] if s["step"] == "balance")))
         rerun = res.get("balance_rerun")

@@ -24,10 +24,10 @@ OUT = os.path.join(HERE, "_out")
 
 FULL = {"samples": 200_000, "jsonl_samples": 200_000, "plan_n": 1_000_000, "python_n": 100_000,
         "quality_n": 1_000_000, "disk_gb": 2.0, "memory_times": 10, "audit_tokens": 200e6, "runs": 5,
-        "spill_times": 5, "spill_limit_mb": 1200, "balance_n": 200_000}
+        "spill_times": 5, "spill_limit_mb": 1200, "balance_n": 200_000, "order_n": 200_000}
 QUICK = {"samples": 50_000, "jsonl_samples": 10_000, "plan_n": 200_000, "python_n": 20_000,
          "quality_n": 200_000, "disk_gb": 0.5, "memory_times": 10, "audit_tokens": 20e6, "runs": 5,
-         "spill_times": 10, "spill_limit_mb": 900, "balance_n": 50_000}
+         "spill_times": 10, "spill_limit_mb": 900, "balance_n": 50_000, "order_n": 50_000}
 
 TARGETS = {"e2e_vs_trl": 5.0, "e2e_vs_disk": 0.5, "jsonl_vs_read_json": 2.0, "audit_tokens_per_s": 100e6}
 
@@ -55,7 +55,7 @@ def last(rows: list[dict], what: str = "summary") -> dict:
 
 
 #: The steps ``--only`` may name (``data`` always runs: the others read its files).
-STEPS = ("plan", "quality", "e2e", "jsonl", "memory", "spill", "audit", "loader", "balance")
+STEPS = ("plan", "quality", "order", "e2e", "jsonl", "memory", "spill", "audit", "loader", "balance")
 
 
 def main() -> None:
@@ -106,6 +106,8 @@ def main() -> None:
     if "quality" in wanted:
         results["quality"] = step("quality", ["bench_quality.py", "--n", str(cfg["quality_n"]), "--python-n",
                                               str(cfg["quality_n"] if not args.quick else cfg["python_n"])], log)
+    if "order" in wanted:
+        results["order"] = step("order", ["bench_order.py", "--n", str(cfg["order_n"])], log)
     if "audit" in wanted and os.path.exists(os.path.join(HERE, "bench_audit.py")):
         results["audit"] = step("audit", ["bench_audit.py", "--tokens", str(cfg["audit_tokens"]),
                                           "--repeat", runs], log)
