@@ -138,3 +138,45 @@ def test_the_command_line_takes_window_and_shows_it(synthetic_parquet, tmp_path)
     assert result.output.strip().splitlines() == [
         "error: --window applies to ffd and bfd, not sequential (which keeps the input order itself)"]
     assert not (tmp_path / "o2").exists()
+
+
+def _resealed(out, edit) -> None:
+    """``edit(doc)`` applied to the metadata (a Bridge layout's split's), its checksum made to hold
+    again (what verify's data checks must catch without the metadata's own checksum)."""
+    from packer_cli.shards.format import seal_metadata
+
+    path = out / "metadata.json" if (out / "metadata.json").exists() else out / "training.metadata.json"
+    doc = json.loads(path.read_text())
+    edit(doc)
+    doc.pop("checksum")
+    path.write_text(json.dumps(seal_metadata(doc)))
+
+
+@pytest.mark.parametrize("fmt", ["native", "megatron-bridge"])
+def test_verify_finds_packs_that_mix_windows_or_leave_their_order(synthetic_parquet, tmp_path, fmt):
+    runner = CliRunner()
+    args = ["pack", str(synthetic_parquet), "-C", "2048", "--format", fmt]
+    for name, extra in [("ordered", ["--window", "400", "--no-shuffle"]), ("global", ["--no-shuffle"]),
+                        ("shuffled", ["--window", "400"])]:
+        assert runner.invoke(app, [*args, "-o", str(tmp_path / name), *extra]).exit_code == 0
+
+    def findings(name):
+        result = runner.invoke(app, ["verify", str(tmp_path / name), "--json", "--limit", "1000"])
+        report = json.loads(result.stdout)
+        return result.exit_code, [f for f in report["findings"] if f["check"] == "pack.window"]
+
+    assert findings("ordered") == (0, [])
+    assert runner.invoke(app, ["verify", str(tmp_path / "shuffled")]).exit_code == 0  # each pack in one window
+
+    _resealed(tmp_path / "global", lambda doc: doc["spec"].update(window=400))  # FFD over all 3,000 records
+    code, found = findings("global")
+    assert code == 1 and len(found) > 50
+    assert "mixes windows of 400 records: source indices" in found[0]["message"]
+
+    _resealed(tmp_path / "shuffled", lambda doc: doc["spec"].update(shuffle=False))  # windows, but shuffled
+    code, found = findings("shuffled")
+    assert code == 1 and found and all("after a pack of window" in f["message"] for f in found)
+
+    _resealed(tmp_path / "ordered", lambda doc: doc["spec"].update(window=200))  # each pack in one window of 400
+    code, found = findings("ordered")
+    assert code == 1 and any("mixes windows of 200 records" in f["message"] for f in found)

@@ -37,6 +37,10 @@ class Limits:
     vocab: int | None
     records: int | None = None
     """Records the run read (metadata counts.records): every source index must be below it."""
+    window: int | None = None
+    """``spec.window``: no pack may hold records of two windows of this many records."""
+    ordered: bool = False
+    """The packs are in plan order (``spec.shuffle`` off): with ``window``, windows never go back."""
 
 
 @dataclass
@@ -236,7 +240,7 @@ def _limits(meta: dict | None, sink: FindingSink) -> Limits | None:
     counts = meta.get("counts") if isinstance(meta.get("counts"), dict) else {}
     records = counts.get("records") if type(counts.get("records")) is int else None
     return Limits(C=spec.pack_size, m=spec.pad_multiple, cap=spec.max_sequence_length, pad_id=spec.pad_id,
-                  vocab=vocab, records=records)
+                  vocab=vocab, records=records, window=spec.window, ordered=not spec.shuffle)
 
 
 def _check_padding_ids(meta: dict, spec: PackSpec, vocab: int | None, sink: FindingSink) -> None:

@@ -11,6 +11,8 @@ For every pack (row) of a batch, in this order:
 6. ``pack.source``    — 0 ≤ source index < records read, offset ≥ 0 and a multiple of ⌊C/m⌋·m.
 7. ``pack.padding``   — loss mask 0 and token = pad id on all alignment padding;
    ``pack.loss_mask`` — mask values are 0/1; ``pack.tokens`` — ids ≥ 0 (and < vocab if recorded).
+8. ``pack.window``    — with ``spec.window`` W: a pack's source indices lie in one window of W
+   records, and with ``spec.shuffle`` off no pack's window comes before an earlier pack's.
 
 Only packs whose boundaries are sound (1–2 hold, 1 ≤ s ≤ p) go on to the token scan (7) and
 into the statistics the metadata is compared with, so a corrupted ``cu_seqlens`` can never
@@ -69,6 +71,8 @@ class Sequences:
     """Per batch checked to the end: its id, the rows of its sound packs (whose sequences
     were collected) and how many sequences each holds."""
     _packs: tuple | None = None
+    window_reached: int = -1
+    """The latest window of records the packs checked so far reached (``pack.window``)."""
 
     def where(self, batch: int, row: int, seq: int | None = None) -> dict:
         b = self.batches[batch]
@@ -124,6 +128,26 @@ def _column_problems(batch: PackBatch) -> tuple[np.ndarray, list[str]]:
     for violated, _ in rules:
         bad |= violated
     return bad, rules
+
+
+def _check_windows(index: np.ndarray, counts: np.ndarray, lim: Limits, seqs: Sequences, sink: FindingSink,
+                   where) -> None:
+    """``pack.window`` over a batch's packs of sound shape (``counts`` sequences each, their
+    source indices ``index`` in pack order): each within one window of ``lim.window`` records,
+    and, in plan order, never in a window before the latest one already reached."""
+    starts = _excl_cumsum(counts)
+    window = np.maximum(index, 0) // lim.window  # a negative index is pack.source's finding
+    low, high = np.minimum.reduceat(window, starts), np.maximum.reduceat(window, starts)
+    low_index, high_index = np.minimum.reduceat(index, starts), np.maximum.reduceat(index, starts)
+    sink.add_many("pack.window", np.flatnonzero(low != high), lambda j: (
+        f"the pack mixes windows of {lim.window:,} records: source indices {low_index[j]:,} and {high_index[j]:,}",
+        where(j)))
+    if lim.ordered:
+        reached = np.maximum.accumulate(np.concatenate([[seqs.window_reached], high]))
+        sink.add_many("pack.window", np.flatnonzero(low < reached[:-1]), lambda j: (
+            f"the pack holds records of window {low[j]:,} after a pack of window {reached[j]:,} "
+            f"(windows of {lim.window:,} records, packs not shuffled)", where(j)))
+        seqs.window_reached = int(reached[-1])
 
 
 def check_batch(batch: PackBatch, first_pack: int, lim: Limits, sink: FindingSink, seqs: Sequences,
@@ -188,6 +212,9 @@ def check_batch(batch: PackBatch, first_pack: int, lim: Limits, sink: FindingSin
         lambda j: f"source offset {offset[j]} is " + ("negative" if offset[j] < 0 else f"not a multiple of {lim.cap}")))
     sink.add_many("pack.tokens", np.flatnonzero(last_tok < 0),
                   seq_msg(lambda j: f"last_token {last_tok[j]} is negative"))
+
+    if lim.window is not None and good.size:
+        _check_windows(index, counts, lim, seqs, sink, lambda j: where(good[j]))
 
     # Packs whose boundaries are sound go on to the token scan and into the statistics.
     seq_ok = (s >= 1) & (s <= p)
