@@ -180,3 +180,43 @@ def test_verify_finds_packs_that_mix_windows_or_leave_their_order(synthetic_parq
     _resealed(tmp_path / "ordered", lambda doc: doc["spec"].update(window=200))  # each pack in one window of 400
     code, found = findings("ordered")
     assert code == 1 and any("mixes windows of 200 records" in f["message"] for f in found)
+
+
+def _expected_window_findings(out, window: int, ordered: bool) -> list[tuple[str, int, str]]:
+    """(shard, row, kind) of every pack.window finding, by the rule read plainly off the shards:
+    a pack mixes windows where its source indices' windows differ, and (ordered) it goes back
+    where its lowest window is below the highest any earlier pack reached, across shards."""
+    expected, reached = [], -1
+    for entry in json.loads((out / "manifest.json").read_text())["shards"]:
+        table = pa.ipc.open_file(pa.memory_map(str(out / entry["name"]))).read_all()
+        for row, indices in enumerate(table.column("source_index").to_pylist()):
+            windows = [i // window for i in indices]
+            if min(windows) != max(windows):
+                expected.append((entry["name"], row, "mixes"))
+            if ordered and min(windows) < reached:
+                expected.append((entry["name"], row, "after"))
+            reached = max(reached, max(windows))
+    return sorted(expected)
+
+
+def test_verify_s_window_findings_are_the_rule_s_across_batches_and_shards(synthetic_parquet, tmp_path,
+                                                                          monkeypatch):
+    """Record batches of 64k tokens and shards of one batch: the order a window reached carries
+    over from batch to batch and shard to shard."""
+    from packer_cli import pipeline
+
+    monkeypatch.setattr(pipeline, "BATCH_TOKENS", 1 << 16)
+    shuffled, ordered_out = tmp_path / "shuffled", tmp_path / "ordered"
+    pack([str(synthetic_parquet)], str(shuffled), PackSpec(pack_size=2048, window=400), shard_bytes=1)
+    pack([str(synthetic_parquet)], str(ordered_out), PackSpec(pack_size=2048, window=400, shuffle=False),
+         shard_bytes=1)
+    assert len(list(shuffled.glob("packs-*.arrow"))) > 10
+    cases = [(shuffled, 400, True), (shuffled, 150, False), (shuffled, 150, True), (shuffled, 1000, True),
+             (ordered_out, 150, True), (ordered_out, 150, False), (ordered_out, 7, True)]
+    for out, window, ordered in cases:
+        _resealed(out, lambda doc: doc["spec"].update(window=window, shuffle=not ordered))
+        report = verify_output(str(out), limit=10_000)
+        got = sorted((f.shard, f.row, "mixes" if "mixes" in f.message else "after")
+                     for f in report.findings if f.check == "pack.window")
+        assert got == _expected_window_findings(out, window, ordered)
+        assert got and report.ok == (not got)
