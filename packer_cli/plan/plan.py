@@ -216,7 +216,9 @@ def _plan_windows(arr: np.ndarray, capacity: int, algorithm: str, starts: np.nda
         if not top:
             continue
         plan = _plan_decreasing(part, capacity, algorithm, top)
-        if refine:
+        if refine and plan.num_packs > -(-int(plan.pack_load.sum(dtype=np.int64)) // capacity):
+            # (a window already at ceil(Σ/C) packs has nothing to gain: most windows of a few
+            # records, whose refine calls cost far more than planning them)
             plan = _refine(part, plan, in_place=True)
             refine_seconds += plan.refine_seconds
         n = plan.order.shape[0]
