@@ -179,10 +179,21 @@ def layouts(draw):
         dictionary_pagesize_limit=draw(st.sampled_from([None, 64, 1024])),
         write_batch_size=draw(st.sampled_from([None, 37, 500])),
     )
+    if draw(st.booleans()):
+        _delta_values(options, columns)
     rg = draw(st.one_of(st.integers(1, 300), st.integers(300, 10_000)))
     options["row_group_size"] = max(rg, n_rows // 200, 1)  # at most ~200 row groups: keeps writing fast
     batch_rows = draw(st.one_of(st.integers(1, 64), st.integers(1, 5000)))
     return seed, n_rows, max_len, columns, fields, options, batch_rows
+
+
+def _delta_values(options: dict, columns: list[dict]) -> None:
+    """Store every column's values as DELTA_BINARY_PACKED (Spark's and DuckDB's v2 writers do):
+    no dictionary; the key is the leaf's path, which pyarrow's nested-type naming decides (it
+    silently ignores ``{"c0": ...}`` for a list column)."""
+    leaf = "element" if options["use_compliant_nested_type"] else "item"
+    options["use_dictionary"] = False
+    options["column_encoding"] = {f"{c['name']}.list.{leaf}": "DELTA_BINARY_PACKED" for c in columns}
 
 
 def _layout_table(seed, n_rows, max_len, columns, budget=300_000):
@@ -221,6 +232,8 @@ def _random_layout(seed: int):
         dictionary_pagesize_limit=pick([None, 64, 1024]), write_batch_size=pick([None, 37, 500]),
         row_group_size=max(int(pick([1, 50, 700, 10_000])), n_rows // 200, 1),
     )
+    if seed % 4 == 1:  # a quarter of the seeds: every column's values DELTA_BINARY_PACKED
+        _delta_values(options, columns)
     batch_rows = int(pick([1, 2, 97, 2048, 5000]))
     return int(seed), n_rows, int(pick([0, 3, 20, 300, 3000])), columns, fields, options, batch_rows
 
@@ -231,6 +244,10 @@ def check_layout(tmp_path, layout):
     table = _layout_table(seed, n_rows, max_len, columns)
     path = tmp_path / "t.parquet"
     pq.write_table(table, path, **options)
+    if "column_encoding" in options and n_rows and table.column(0).combine_chunks().values is not None:
+        encodings = {e for g in range(pq.ParquetFile(path).metadata.num_row_groups)
+                     for e in pq.ParquetFile(path).metadata.row_group(g).column(0).encodings}
+        assert "DELTA_BINARY_PACKED" in encodings or not len(table.column(0).combine_chunks().values)
     reader, batches = read_with_packer(path, fields, batch_rows)
     assert_same_as_pyarrow(path, fields, batches)
     assert (reader.fast_rows, reader.arrow_rows) == (n_rows, 0), reader.fallback_reason
@@ -332,9 +349,6 @@ def _fallback_tables():
                                                                    validity=~null_rows)), {}
     yield "null_elements", base.set_column(0, "input_ids", list_array(lengths, with_null_elements,
                                                                       pa.int32())), {}
-    # the key must be the leaf's path: pyarrow silently ignores {"input_ids": ...} for a list column
-    yield "DELTA_BINARY_PACKED", base, {"use_dictionary": False,
-                                        "column_encoding": {"input_ids.list.element": "DELTA_BINARY_PACKED"}}
     yield "scalar_column", base.append_column("answer_start_idx", pa.array(rng.integers(0, 9, 300))), {}
     nested = pa.ListArray.from_arrays(pa.array(np.arange(301, dtype=np.int32)), ids)
     yield "list_of_lists", base.append_column("nested", nested), {}
@@ -370,7 +384,7 @@ PYARROW_AS_REFERENCE = pytest.mark.skipif(PYARROW_MAJOR < 26, reason=f"pyarrow {
 @pytest.mark.parametrize("case", list(FALLBACK_CASES))
 @pytest.mark.parametrize("batch_rows", [7, 2048])
 def test_unsupported_layout_falls_back_with_same_data(tmp_path, case, batch_rows):
-    """Nulls, DELTA_BINARY_PACKED pages, scalar, nested, float and other
+    """Nulls, scalar, nested, float and other
     non-integer columns (also INT32/INT64 physical ones: timestamp, date, time, decimal): pyarrow
     takes over, says why, and the data is exactly pq.read_table's."""
     table, opts = FALLBACK_CASES[case]
@@ -744,15 +758,19 @@ def _level_edits(table: pa.Table, tmp_path: Path) -> list[tuple[str, bytes]]:
 
 
 def _corrupt_variants(tmp_path: Path) -> list[tuple[str, Path, list[str]]]:
-    """(what was done, the damaged file, the fields to read): ~120 variants from 4 valid files
-    (5 with a file of BYTE_STREAM_SPLIT ids where pyarrow writes it)."""
+    """(what was done, the damaged file, the fields to read): ~170 variants from 6 valid files
+    (7 with a file of BYTE_STREAM_SPLIT ids where pyarrow writes it; two of DELTA_BINARY_PACKED)."""
     table = token_table(300, seed=12, max_len=40, vocab=300)
     variants = []
     bases = [("none", True), ("none", False), ("snappy", True), ("snappy", False)]
     bases += [("none", "split")] if PYARROW_MAJOR >= 16 else []
+    bases += [("none", "delta"), ("snappy", "delta")]
     for k, (codec, dictionary) in enumerate(bases):
-            base = tmp_path / f"base-{codec}-{int(bool(dictionary))}-{dictionary == 'split'}.parquet"
-            split = {"column_encoding": {"input_ids.list.element": "BYTE_STREAM_SPLIT"}} if dictionary == "split" else {}
+            base = tmp_path / f"base-{codec}-{int(bool(dictionary))}-{dictionary}.parquet"
+            encoding = {"split": {"input_ids.list.element": "BYTE_STREAM_SPLIT"},
+                        "delta": {"input_ids.list.element": "DELTA_BINARY_PACKED",
+                                  "loss_mask.list.element": "DELTA_BINARY_PACKED"}}.get(dictionary)
+            split = {"column_encoding": encoding} if encoding else {}
             pq.write_table(table, base, compression=codec, use_dictionary=dictionary is True, data_page_size=512,
                            row_group_size=150, **split)
             raw = base.read_bytes()

@@ -8,8 +8,8 @@ the dictionary lookup or the plain copy, in compiled code without the GIL.
 
 :class:`ListColumnReader` yields record batches equal to what pyarrow reads. It decodes itself
 what it fully understands — ``list``/``large_list`` of integers without nulls, data pages v1 and
-v2, PLAIN, BYTE_STREAM_SPLIT and dictionary encodings, uncompressed, Snappy, Zstandard or gzip
-pages — and hands
+v2, PLAIN, BYTE_STREAM_SPLIT, DELTA_BINARY_PACKED and dictionary encodings, uncompressed,
+Snappy, Zstandard or gzip pages — and hands
 the rest of the file to pyarrow the moment anything else appears (a null, another encoding or
 codec, another type), so the output never depends on which decoder ran. Corrupt pages raise
 :class:`ValueError` naming the row group and column; nothing is read out of bounds. The footer's
@@ -54,6 +54,7 @@ from packer_cli._arrow import from_numpy, memory_pool, numpy_dtype, to_numpy, un
 from packer_cli.errors import env_choice
 from packer_cli.sources import _parquet_pages as pages
 from packer_cli.sources._parquet_footer import ChunkMeta, Footer, footer_problem, read_footer
+from packer_cli.sources._parquet_delta import delta_decode
 from packer_cli.sources._parquet_kernels import (EMPTY_CONTINUES, EMPTY_HAS_VALUES, LEVEL_ABOVE_MAX, MESSAGES, NULLS,
                                                  TRUNCATED, UNUSUAL, dictionary_decode, hybrid_decode,
                                                  level_checks, levels_all_equal, repetition_rows,
@@ -524,6 +525,11 @@ def _stored_values(data, at: int, n: int, dtype: np.dtype, encoding: int) -> np.
     return joined.view(dtype).reshape(n)
 
 
+#: The value encodings decoded here (pyarrow reads the others: DELTA_BYTE_ARRAY and the like
+#: are not used for integers).
+_DECODED = (*_PLAIN_VALUES, thrift.PLAIN_DICTIONARY, thrift.RLE_DICTIONARY, thrift.DELTA_BINARY_PACKED)
+
+
 def _decode_values(layout: _ColumnLayout, header: thrift.PageHeader, span, count: int,
                    dictionary: np.ndarray | None, out: np.ndarray) -> np.ndarray:
     """The page's ``count`` values, decoded into ``out[:count]``."""
@@ -537,6 +543,15 @@ def _decode_values(layout: _ColumnLayout, header: thrift.PageHeader, span, count
             _check(UNUSUAL)
         stored = _stored_values(data, lo, count, layout.physical_dtype, header.encoding)
         np.copyto(out, stored, casting="unsafe")  # wraps like pyarrow's cast
+        return out
+    if header.encoding == thrift.DELTA_BINARY_PACKED:
+        width = layout.physical_dtype.itemsize
+        if out.dtype == layout.physical_dtype:
+            _check(delta_decode(data, lo, hi, count, 8 * width, out))
+        else:  # decoded in the stored type, then cast as pyarrow casts (wrapping)
+            stored = np.empty(count, dtype=layout.physical_dtype)
+            _check(delta_decode(data, lo, hi, count, 8 * width, stored))
+            np.copyto(out, stored, casting="unsafe")
         return out
     if count:
         if dictionary is None:
@@ -570,7 +585,7 @@ def _decode_page(layout: _ColumnLayout, codec: str, header: thrift.PageHeader, p
                  dictionary: np.ndarray | None, out: np.ndarray) -> _Page:
     """Decode one data page on its own (no state from other pages: pages decode in parallel),
     its values into ``out`` (room for ``header.num_values``)."""
-    if header.encoding not in (*_PLAIN_VALUES, thrift.PLAIN_DICTIONARY, thrift.RLE_DICTIONARY):
+    if header.encoding not in _DECODED:
         raise _Unsupported(f"values encoded as {thrift.ENCODING_NAMES.get(header.encoding, header.encoding)}")
     split = _split_v1 if header.page_type == thrift.DATA_PAGE else _split_v2
     rep_span, def_span, value_span = split(codec, header, payload)
