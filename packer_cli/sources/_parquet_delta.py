@@ -1,5 +1,5 @@
-"""Compiled decoding of Parquet's DELTA_BINARY_PACKED integers (what Spark's and DuckDB's Parquet v2
-writers, among others, store integer columns as).
+"""Compiled decoding of Parquet's DELTA_BINARY_PACKED integers (which Parquet v2 writers such as
+parquet-mr's, Spark's and DuckDB's use for integer columns, e.g. once a dictionary grows too large).
 
 A stream is a header and blocks::
 
