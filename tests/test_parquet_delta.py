@@ -160,3 +160,21 @@ def test_files_of_delta_pages_are_read_by_packer_equal_to_pyarrow(tmp_path, valu
         got = pa.Table.from_batches(list(reader))
         assert (reader.fast_rows, reader.arrow_rows, reader.fallback_reason) == (700, 0, None)
         assert got.equals(pq.read_table(path, columns=["input_ids", "loss_mask"]))
+
+
+def test_pack_of_a_delta_file_writes_the_shards_of_the_same_table_dictionary_encoded(tmp_path, synthetic_parquet):
+    import json
+
+    from packer_cli import PackSpec, pack
+
+    table = pq.read_table(synthetic_parquet)
+    delta = tmp_path / "delta.parquet"
+    pq.write_table(table, delta, use_dictionary=False, row_group_size=700,
+                   column_encoding={"input_ids.list.element": "DELTA_BINARY_PACKED",
+                                    "loss_mask.list.element": "DELTA_BINARY_PACKED"})
+    digests = []
+    for name, path in (("dict", synthetic_parquet), ("delta", delta)):
+        pack([str(path)], str(tmp_path / name), PackSpec(pack_size=2048, cp=2))
+        manifest = json.loads((tmp_path / name / "manifest.json").read_text())
+        digests.append([s["xxh3_64"] for s in manifest["shards"]])
+    assert digests[0] == digests[1]
