@@ -71,23 +71,27 @@ def _bits_at(buf, base, bit, width, hi):
     return value
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _header(buf, pos, hi):
+    """The header's four varints (block size, miniblocks a block, value count, the zigzag first
+    value) and the position after them; position -1 when the stream ends inside them."""
+    fields = np.zeros(4, np.uint64)
+    for k in range(4):
+        fields[k], pos = _uvarint(buf, pos, hi)
+        if pos < 0:
+            break
+    return fields, pos
+
+
 @njit(cache=True, nogil=True)
 def delta_decode(buf, lo, hi, n, bits, out):
     """Decode the ``n`` values of the DELTA_BINARY_PACKED stream ``buf[lo:hi]`` of a ``bits``-bit
     (32 or 64) physical type into ``out[:n]`` (int32 or int64). Returns ``hi``, TRUNCATED or
     UNUSUAL."""
-    block, pos = _uvarint(buf, lo, hi)
+    header, pos = _header(buf, lo, hi)
     if pos < 0:
         return TRUNCATED
-    minis, pos = _uvarint(buf, pos, hi)
-    if pos < 0:
-        return TRUNCATED
-    total, pos = _uvarint(buf, pos, hi)
-    if pos < 0:
-        return TRUNCATED
-    first, pos = _uvarint(buf, pos, hi)
-    if pos < 0:
-        return TRUNCATED
+    block, minis, total, first = header[0], header[1], header[2], header[3]
     if (block == 0 or block % np.uint64(128) or minis == 0 or block % minis
             or (block // minis) % np.uint64(32) or total != np.uint64(n)):
         return UNUSUAL
