@@ -178,3 +178,77 @@ def test_pack_of_a_delta_file_writes_the_shards_of_the_same_table_dictionary_enc
         manifest = json.loads((tmp_path / name / "manifest.json").read_text())
         digests.append([s["xxh3_64"] for s in manifest["shards"]])
     assert digests[0] == digests[1]
+
+
+def _delta_file(path, value_type, rows: int, seed: int) -> tuple[int, int]:
+    """A one-page file of DELTA_BINARY_PACKED values (data page v2, uncompressed, so a byte of the
+    file is a byte of the stream) and the span of its first page's values in the file."""
+    from packer_cli._parquet_thrift import parse_page_header
+
+    rng = np.random.default_rng(seed)
+    parts = [rng.integers(0, 50_000, int(k)) for k in rng.integers(1, 200, rows)]  # token ids
+    parts[2] = rng.integers(0, 2**30, 150)  # a row of wide deltas
+    lengths = [len(p) for p in parts]
+    values = np.concatenate(parts)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    table = pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=value_type))})
+    pq.write_table(table, path, use_dictionary=False, compression="none", data_page_version="2.0",
+                   column_encoding={"input_ids.list.element": "DELTA_BINARY_PACKED"})
+    chunk = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    raw = path.read_bytes()
+    header = parse_page_header(raw[chunk.data_page_offset:chunk.data_page_offset + 4096])
+    start = chunk.data_page_offset + header.size + header.rep_bytes + header.def_bytes
+    return start, chunk.data_page_offset + header.size + header.compressed_size
+
+
+@pytest.mark.parametrize("value_type", [pa.int32(), pa.int64()])
+def test_a_damaged_stream_is_an_error_or_pyarrow_s_reading_never_other_data(tmp_path, value_type):
+    """Every byte of a page's DELTA stream changed three ways (its low bit, its high bit, all its
+    bits): packer's reader raises ValueError, or returns exactly what pyarrow returns for the same
+    bytes. A varint that lost its high bits, or a miniblock size that wrapped, had read as other
+    data without an error where pyarrow refuses the page (and a wrapped size read out of bounds)."""
+    path = tmp_path / "base.parquet"
+    start, end = _delta_file(path, value_type, rows=6, seed=1)
+    raw = path.read_bytes()
+    problems = []
+    for at in range(start, end):
+        for mask in (0x01, 0x80, 0xFF):
+            damaged = bytearray(raw)
+            damaged[at] ^= mask
+            variant = tmp_path / "variant.parquet"
+            variant.write_bytes(bytes(damaged))
+            try:
+                want = pq.read_table(variant).column("input_ids")
+            except (pa.ArrowException, OSError, ValueError):
+                want = None
+            try:
+                got = pa.Table.from_batches(list(ListColumnReader(str(variant), ["input_ids"]))).column("input_ids")
+            except ValueError:
+                continue
+            if want is None or not got.equals(want):
+                problems.append(f"byte {at - start} ^ {mask:#x}: packer read data "
+                                + ("pyarrow refuses" if want is None else "other than pyarrow's"))
+    assert not problems, problems[:10]
+
+
+def _varints(*values: int) -> bytes:
+    return b"".join(uvarint(v) for v in values)
+
+
+@pytest.mark.parametrize("stream,n,bits,why", [
+    # a block size of 2**63: the miniblock size wrapped negative and the read went out of bounds
+    (_varints(2**63, 1, 300, zigzag(5, 64), 0) + bytes([1]) + bytes(64), 300, 32, "block size over 32 bits"),
+    # 2**61 + 128 in 4 miniblocks: 32 bits a value made the miniblock 1,024 bits long, a stream that
+    # ended where the page does and read as data pyarrow refuses
+    (_varints(2**61 + 128, 4, 33, zigzag(100, 64), zigzag(1, 64)) + bytes([32, 0, 0, 0]) + bytes(128), 33, 32,
+     "block size over 32 bits, a wrapped miniblock size"),
+    (_varints(128, 4, 2**32 + 2, 0), 2, 32, "value count over 32 bits"),
+    (bytes([0x80, 0x81, 0x80, 0x80, 0x80, 0x00]) + _varints(4, 2, 0), 2, 32, "a 6-byte varint in a header"),
+    (_varints(128, 4, 2) + bytes([0x80, 0x80, 0x80, 0x80, 0x10]), 2, 32, "a first value past 32 bits"),
+    (_varints(128, 4, 2, 0) + bytes([0x80, 0x80, 0x80, 0x80, 0x80, 0x01]) + bytes([1, 0, 0, 0]) + bytes(4), 2, 32,
+     "a min delta of 6 bytes in a 32-bit column"),
+    (_varints(128, 4, 2) + bytes([0xFF] * 9 + [0x03]), 2, 64, "a 64-bit first value with bits past 64"),
+    (_varints(128, 4, 2, 0, 0) + bytes([1, 0, 0, 33]) + bytes(4), 2, 32, "an unused miniblock 33 bits wide"),
+])
+def test_streams_pyarrow_refuses_are_left_to_it(stream, n, bits, why):
+    assert decode(stream, n, bits)[0] == UNUSUAL, why

@@ -12,11 +12,14 @@ little-endian at its bit width, and is stored whole (a last one short of values 
 Value ``i`` is value ``i - 1`` plus its delta, in the wrapping arithmetic of the column's
 physical type (32 or 64 bits). Miniblocks after the last value may be left out.
 
-Every read is checked against the end of the values: a truncated stream returns an error code,
-never reads out of bounds. A stream the format allows but writers do not produce (a block size
-that is not a multiple of 128, a bit width above the type's, another value count than the
-page's, bytes left after the last miniblock) returns UNUSUAL: pyarrow then reads the file and
-judges it.
+Every read is checked against the end of the values, and every position only grows: a
+truncated stream returns an error code, never reads out of bounds. A stream writers do not
+produce returns UNUSUAL, and pyarrow then reads the file and judges it: a block size that is not
+a multiple of 128, miniblocks of other than a multiple of 32 values, a bit width above the
+type's (in any miniblock of a block, used or not), another value count than the page's, bytes
+left after the last miniblock, or a varint wider than pyarrow reads it (header fields 32 bits,
+the first value and min deltas the column's 32 or 64 bits, in at most 5 or 10 bytes): a value
+that silently lost its high bits would read as other data where pyarrow stops.
 """
 from __future__ import annotations
 
@@ -30,19 +33,22 @@ _ONE = np.uint64(1)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _uvarint(buf, pos, hi):
-    """(the unsigned varint at ``pos`` as uint64, position after it); position -1 when it runs
-    past ``hi`` or takes more than 10 bytes."""
+def _uvarint(buf, pos, hi, bits):
+    """(the unsigned varint at ``pos`` as uint64, position after it, status): status 0, TRUNCATED
+    when it runs past ``hi``, or UNUSUAL when it does not fit ``bits`` (32 or 64) bits in the
+    bytes that takes (5 or 10), as pyarrow's reader reads a varint of the column's type."""
     value = np.uint64(0)
-    for k in range(10):
+    for k in range((bits + 6) // 7):
         if pos >= hi:
-            break
+            return value, pos, TRUNCATED
         byte = np.uint64(buf[pos])
         pos += 1
         value |= (byte & np.uint64(0x7F)) << np.uint64(7 * k)
         if byte < np.uint64(0x80):
-            return value, pos
-    return np.uint64(0), -1
+            if 7 * k + 7 > bits and byte >> np.uint64(bits - 7 * k) != np.uint64(0):
+                return value, pos, UNUSUAL  # bits past the type's width in its last byte
+            return value, pos, 0
+    return value, pos, UNUSUAL  # longer than the type's varints
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -72,15 +78,16 @@ def _bits_at(buf, base, bit, width, hi):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _header(buf, pos, hi):
-    """The header's four varints (block size, miniblocks a block, value count, the zigzag first
-    value) and the position after them; position -1 when the stream ends inside them."""
+def _header(buf, pos, hi, bits):
+    """The header's four varints (block size, miniblocks a block and value count, each 32-bit;
+    the zigzag first value, of the column's ``bits``), the position after them and a status."""
     fields = np.zeros(4, np.uint64)
+    status = 0
     for k in range(4):
-        fields[k], pos = _uvarint(buf, pos, hi)
-        if pos < 0:
+        fields[k], pos, status = _uvarint(buf, pos, hi, bits if k == 3 else 32)
+        if status:
             break
-    return fields, pos
+    return fields, pos, status
 
 
 @njit(cache=True, nogil=True)
@@ -88,9 +95,9 @@ def delta_decode(buf, lo, hi, n, bits, out):
     """Decode the ``n`` values of the DELTA_BINARY_PACKED stream ``buf[lo:hi]`` of a ``bits``-bit
     (32 or 64) physical type into ``out[:n]`` (int32 or int64). Returns ``hi``, TRUNCATED or
     UNUSUAL."""
-    header, pos = _header(buf, lo, hi)
-    if pos < 0:
-        return TRUNCATED
+    header, pos, status = _header(buf, lo, hi, bits)
+    if status:
+        return status
     block, minis, total, first = header[0], header[1], header[2], header[3]
     if (block == 0 or block % np.uint64(128) or minis == 0 or block % minis
             or (block // minis) % np.uint64(32) or total != np.uint64(n)):
@@ -103,20 +110,21 @@ def delta_decode(buf, lo, hi, n, bits, out):
         out[0] = np.int64(last << sign) >> np.int64(sign)  # sign-extended from the type's width
     i = 1
     while i < n:
-        min_delta, pos = _uvarint(buf, pos, hi)
-        if pos < 0:
-            return TRUNCATED
+        min_delta, pos, status = _uvarint(buf, pos, hi, bits)
+        if status:
+            return status
         step = _unzigzag(min_delta)
         widths = pos
         pos += np.int64(minis)
         if pos > hi:
             return TRUNCATED
+        for m in range(np.int64(minis)):  # every width of the block, as pyarrow checks them all
+            if np.int64(buf[widths + m]) > bits:
+                return UNUSUAL
         for m in range(np.int64(minis)):
             if i >= n:
                 break
             width = np.int64(buf[widths + m])
-            if width > bits:
-                return UNUSUAL
             take = min(per_mini, n - i)
             if pos + (take * width + 7) // 8 > hi:
                 return TRUNCATED
