@@ -232,6 +232,33 @@ def _first_fit(seq_lengths, capacity, tree):
     return pack_of_position, num_packs
 
 
+@njit(**NJIT_FLAGS)
+def _best_fit(seq_lengths, capacity):
+    """Plain best fit in the given order (least remaining room that fits, ties to the lowest
+    pack), by scanning the open packs: O(M * packs), for the few items of a small window, where
+    :func:`_bfd_positions`' tables over the capacity would cost more.
+
+    Returns ``(pack_of_position int32[M], num_packs)``.
+    """
+    m = seq_lengths.shape[0]
+    room = np.empty(m, np.int64)
+    pack_of_position = np.empty(m, np.int32)
+    num_packs = 0
+    for k in range(m):
+        length = seq_lengths[k]
+        best = -1
+        for p in range(num_packs):
+            if room[p] >= length and (best < 0 or room[p] < room[best]):
+                best = p
+        if best < 0:
+            best = num_packs
+            room[best] = capacity
+            num_packs += 1
+        room[best] -= length
+        pack_of_position[k] = best
+    return pack_of_position, num_packs
+
+
 # ---------------------------------------------------------------------------
 # Hierarchical bitset (64-ary): "first set bit >= pos" in O(log64 n) with few
 # branches. Level 0 holds one bit per index; a bit at level l + 1 is set iff

@@ -12,7 +12,7 @@ from packer_cli.errors import counted, interrupts_kept
 
 from . import _kernels as K
 from ._validate import check_lengths
-from .algorithms import _decreasing_positions, _run_bridge, _run_next_fit
+from .algorithms import _decreasing_positions, _run_bridge, _run_next_fit, _tree
 
 __all__ = ["ALGORITHMS", "PackPlan", "plan_packs", "validate_plan"]
 
@@ -200,6 +200,50 @@ def _window_starts(window, window_starts, num_items: int, algorithm: str) -> np.
     return starts
 
 
+#: A window is planned from its sorted items rather than from its length histogram when that is
+#: cheaper: FFD's histogram pass costs its longest item, so a window of fewer than 1/32 of that
+#: many items is sorted and placed by first fit (a tree over its packs); BFD's tables span the
+#: capacity, so a window of at most sqrt(capacity) items is placed by a scan of its open packs.
+#: Either way the packs are the same (tests force each path).
+SORTED_FFD_RATIO = 32
+
+
+def _plan_sorted_window(part: np.ndarray, capacity: int, algorithm: str) -> PackPlan:
+    """FFD/BFD of one window's items sorted by decreasing length (ties by index), in the grouped
+    layout ``_plan_decreasing`` gives."""
+    kept = np.flatnonzero(part)
+    order = kept[np.argsort(-part[kept], kind="stable")].astype(np.int32)
+    lengths = part[order]
+    if algorithm == "ffd":
+        pack_of, num_packs = K._first_fit(lengths, capacity, _tree(max(order.size, 1)))
+    else:
+        pack_of, num_packs = K._best_fit(lengths, capacity)
+    grouped, offsets, load = K._group_by_pack(order, pack_of, lengths, num_packs)
+    return _make_plan(grouped, offsets, load, part.shape[0], capacity, algorithm)
+
+
+def _plan_window(part: np.ndarray, capacity: int, algorithm: str, top: int) -> PackPlan:
+    items = int(np.count_nonzero(part))
+    if (items * SORTED_FFD_RATIO < top) if algorithm == "ffd" else (items * items <= capacity):
+        return _plan_sorted_window(part, capacity, algorithm)
+    return _plan_decreasing(part, capacity, algorithm, top)
+
+
+#: A window is refined only where it holds at least capacity / REFINE_ITEMS_RATIO sequences: the
+#: refine pass's rebuilds keep tables that span the capacity (about 40 ms each at C = 2**24), so
+#: windows of a few sequences at a large capacity cost far more to refine than to plan.
+REFINE_ITEMS_RATIO = 256
+
+
+def _refine_pays(plan: PackPlan, capacity: int) -> bool:
+    """Whether refining one window's plan can gain and is worth its cost: it is above
+    ceil(Σ/C) packs (at that bound nothing can improve it: most windows of a few records) and
+    holds enough sequences for the pass's tables over the capacity (``REFINE_ITEMS_RATIO``)."""
+    if plan.order.shape[0] * REFINE_ITEMS_RATIO < capacity:
+        return False
+    return plan.num_packs > -(-int(plan.pack_load.sum(dtype=np.int64)) // capacity)
+
+
 def _plan_windows(arr: np.ndarray, capacity: int, algorithm: str, starts: np.ndarray, refine: bool) -> PackPlan:
     """FFD/BFD (each window refined on its own with ``refine``) over each window of items
     ``arr[starts[w]:starts[w + 1]]``: no pack mixes windows, and the packs are numbered window
@@ -215,10 +259,8 @@ def _plan_windows(arr: np.ndarray, capacity: int, algorithm: str, starts: np.nda
         top = int(part.max())
         if not top:
             continue
-        plan = _plan_decreasing(part, capacity, algorithm, top)
-        if refine and plan.num_packs > -(-int(plan.pack_load.sum(dtype=np.int64)) // capacity):
-            # (a window already at ceil(Σ/C) packs has nothing to gain: most windows of a few
-            # records, whose refine calls cost far more than planning them)
+        plan = _plan_window(part, capacity, algorithm, top)
+        if refine and _refine_pays(plan, capacity):
             plan = _refine(part, plan, in_place=True)
             refine_seconds += plan.refine_seconds
         n = plan.order.shape[0]
