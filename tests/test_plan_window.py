@@ -118,3 +118,53 @@ def test_windows_are_refused_as_documented(kwargs, error, match):
     kwargs = {"algorithm": "ffd", **kwargs}
     with pytest.raises(error, match=match):
         plan_packs(np.full(10, 3, np.int32), 10, **kwargs)
+
+
+@pytest.mark.parametrize("algorithm", ["ffd", "bfd"])
+@settings(max_examples=200, deadline=None)
+@given(capacity=st.integers(1, 5000), data=st.data())
+def test_a_window_sorted_or_counted_gives_the_same_packs(algorithm, capacity, data):
+    """A window is placed from its sorted items (first fit over a tree of packs, or a scan of the
+    open packs for best fit) or from its length histogram, whichever is cheaper: both are the
+    reference's packs, numbered and ordered alike."""
+    from packer_cli.plan.plan import _plan_decreasing, _plan_sorted_window
+
+    size = st.integers(0, capacity) | st.integers(max(0, capacity - 3), capacity) | st.just(capacity // 3)
+    lengths = data.draw(st.lists(size, min_size=1, max_size=120))
+    if not any(lengths):
+        lengths[0] = capacity
+    part = np.array(lengths, dtype=np.int32)
+    order, offsets = windowed_reference(lengths, capacity, algorithm, [0])
+    for plan in (_plan_sorted_window(part, capacity, algorithm),
+                 _plan_decreasing(part, capacity, algorithm, int(part.max()))):
+        assert plan.order.tolist() == order and plan.pack_offsets.tolist() == offsets
+        assert plan.pack_load.tolist() == [int(part[order[a:b]].sum()) for a, b in zip(offsets, offsets[1:])]
+
+
+@pytest.mark.parametrize("algorithm", ["ffd", "bfd"])
+def test_small_windows_of_long_items_at_a_huge_capacity(algorithm):
+    """Windows of 10 items at C = 2**24 (placed from their sorted items: tables over the capacity or
+    the longest item had cost 40-90 ms a window) give the reference's packs."""
+    capacity = 2**24
+    rng = np.random.default_rng(2)
+    arr = rng.integers(capacity // 10, capacity // 2, 2000).astype(np.int32)
+    got = plan_packs(arr, capacity, algorithm, window=10, refine=True)
+    validate_plan(got, arr)
+    unrefined = plan_packs(arr, capacity, algorithm, window=10)
+    order, offsets = windowed_reference(arr.tolist(), capacity, algorithm, list(range(0, 2000, 10)))
+    assert unrefined.order.tolist() == order and unrefined.pack_offsets.tolist() == offsets
+    assert got.num_packs <= unrefined.num_packs
+
+
+def test_windows_of_fewer_than_capacity_over_256_sequences_are_not_refined():
+    """The refine pass's tables span the capacity: a window of fewer than C/256 sequences is left
+    as planned (at C = 1024, windows of 3 sequences), one of at least C/256 is refined."""
+    from packer_cli.plan.plan import REFINE_ITEMS_RATIO
+
+    arr = np.random.default_rng(0).integers(200, 530, 3000).astype(np.int32)
+    small = 1024 // REFINE_ITEMS_RATIO - 1  # 3 sequences a window
+    assert plan_packs(arr, 1024, "ffd", window=small, refine=True).order.tolist() == \
+        plan_packs(arr, 1024, "ffd", window=small).order.tolist()
+    large = 1024 // REFINE_ITEMS_RATIO * 3  # 12: windows of four packs, where a triple of items fits
+    refined = plan_packs(arr, 1024, "ffd", window=large, refine=True)
+    assert refined.num_packs < plan_packs(arr, 1024, "ffd", window=large).num_packs
