@@ -204,7 +204,7 @@ def _window_starts(window, window_starts, num_items: int, algorithm: str) -> np.
 #: cheaper: FFD's histogram pass costs its longest item, so a window of fewer than 1/32 of that
 #: many items is sorted and placed by first fit (a tree over its packs); BFD's tables span the
 #: capacity, so a window of at most sqrt(capacity) items is placed by a scan of its open packs.
-#: Either way the packs are the same (tests force each path).
+#: Either way the packs are the same (tests compare both ways on every window).
 SORTED_FFD_RATIO = 32
 
 
@@ -301,7 +301,9 @@ def plan_packs(lengths, capacity, algorithm: str = "ffd", seed=0, *, refine: boo
         empty ones were not there.
     window : int, optional
         ``"ffd"``/``"bfd"`` only: plan each run of ``window`` consecutive items
-        on its own (refined on its own with ``refine``). No pack mixes windows,
+        on its own (with ``refine``, refined on its own where it holds at least
+        ``capacity / 256`` items and is above ceil(Σ/C) packs: the pass's
+        tables span the capacity). No pack mixes windows,
         and packs are numbered window by window, so pack order follows item
         order at window granularity (an order-preserving mode for curricula
         that packs far tighter than ``"sequential"``). None: one global plan.
