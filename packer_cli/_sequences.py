@@ -90,6 +90,25 @@ class SourceMap:
         run = np.searchsorted(self.starts, samples, side="right") - 1
         return samples + self.shifts[run]
 
+    @property
+    def num_samples(self) -> int:
+        """Kept samples added so far."""
+        return self._kept
+
+    def first_kept_at(self, positions) -> np.ndarray:
+        """The inverse, for each stream position: the first kept sample at or after it
+        (``num_samples`` past the last); skipped records leave gaps between the runs."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if not self.starts.size:
+            return np.minimum(positions, self._kept)
+        run_first = self.starts + self.shifts  # each run's first position, increasing
+        run = np.searchsorted(run_first, positions, side="right") - 1
+        inside = run >= 0
+        run = np.maximum(run, 0)
+        k = np.where(inside, positions - self.shifts[run], 0)
+        run_end = np.append(self.starts[1:], self._kept)[run]
+        return np.where(k < run_end, k, run_end)  # in a gap after the run: the next run's first sample
+
 
 class _Counts:
     """A growing array of token counts: uint16 (2 bytes a sample) until a count needs more.

@@ -139,27 +139,13 @@ def _take(batch, counts: dict, bad_listed: list, log: SampleLog, cap: int, spill
         spill.write(batch.tokens, batch.targets, batch.max_token)
 
 
-def _first_samples_at(sources: SourceMap, num_samples: int, positions: np.ndarray) -> np.ndarray:
-    """For each stream position, the first kept sample at or after it (``num_samples`` past the
-    last): ``sources`` numbers kept samples in runs ``position = k + shift``, and skipped records
-    leave gaps between the runs."""
-    if not sources.starts.size:
-        return np.minimum(positions, num_samples)
-    run_first = sources.starts + sources.shifts  # each run's first position, increasing
-    run = np.searchsorted(run_first, positions, side="right") - 1
-    inside = run >= 0
-    run = np.maximum(run, 0)
-    k = np.where(inside, positions - sources.shifts[run], 0)
-    run_end = np.append(sources.starts[1:], num_samples)[run]
-    return np.where(k < run_end, k, run_end)  # in a gap after the run: the next run's first sample
-
-
-def _window_starts(sources: SourceMap, num_samples: int, extra_sample: np.ndarray, window: int) -> np.ndarray:
+def _window_starts(sources: SourceMap, extra_sample: np.ndarray, window: int) -> np.ndarray:
     """The stream-ordered item index where each window of ``window`` input records begins: record
     positions count bad and dropped records too, and a split sample's later pieces (items
     ``num_samples + e``, placed after their own first piece in stream order) stay in its window."""
+    num_samples = sources.num_samples
     last = int(sources[[num_samples - 1]][0])
-    samples = _first_samples_at(sources, num_samples, np.arange(window, last + 1, window, dtype=np.int64))
+    samples = sources.first_kept_at(np.arange(window, last + 1, window, dtype=np.int64))
     samples = np.unique(samples[samples < num_samples])
     starts = samples + np.searchsorted(extra_sample, samples, side="left")  # the pieces of earlier samples
     return np.concatenate([[0], starts[starts > 0]]).astype(np.int64)
@@ -171,7 +157,7 @@ def _plan(padded: np.ndarray, spec: PackSpec, progress: Progress, extra_sample: 
     stream_order = None
     window_starts = None
     if spec.window is not None:
-        window_starts = _window_starts(sources, padded.size - extra_sample.size, extra_sample, spec.window)
+        window_starts = _window_starts(sources, extra_sample, spec.window)
     if (spec.algorithm.value == "sequential" or spec.window is not None) and extra_sample.size:
         # Items N + e, the later pieces of split samples, come after every sample's first
         # piece; in input order each follows its own first piece. Two sorted runs: the stable

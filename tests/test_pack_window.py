@@ -17,7 +17,7 @@ from packer_cli.audit.verify import verify_output
 from packer_cli.cli import app
 from packer_cli.demo import demo_table
 from packer_cli.errors import ConfigError
-from packer_cli.pipeline import _first_samples_at, _window_starts
+from packer_cli.pipeline import _window_starts
 from packer_cli.spec import Algorithm, BadRecordPolicy, OverlongPolicy, SourceSpec
 
 
@@ -36,13 +36,14 @@ def test_window_starts_are_the_first_item_of_each_window_of_records(gaps, window
     sources = source_map(positions)
     probe = np.arange(0, positions[-1] + window + 2)
     brute = [int(np.searchsorted(positions, p, side="left")) for p in probe]  # first kept at or after p
-    assert _first_samples_at(sources, n, probe).tolist() == brute
+    assert sources.num_samples == n
+    assert sources.first_kept_at(probe).tolist() == brute
     # later pieces of split samples (items n + e): extra_sample names each one's sample, in order
     extra = np.repeat(np.arange(n), (pieces + [0] * n)[:n]).astype(np.int64)
     stream = [(int(positions[k]), k) for k in range(n) for _ in range(1 + int((pieces + [0] * n)[k]))]
     windows = [p // window for p, _ in stream]
     expected = [i for i in range(len(stream)) if i == 0 or windows[i] != windows[i - 1]]
-    assert _window_starts(sources, n, extra, window).tolist() == expected
+    assert _window_starts(sources, extra, window).tolist() == expected
 
 
 def pack_rows(out) -> list[dict]:
