@@ -58,6 +58,12 @@ def _unzigzag(z):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _signed(bits, sign):
+    """The value of a physical type held in the low ``64 - sign`` of ``bits``, sign-extended."""
+    return np.int64(bits << sign) >> np.int64(sign)
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _bits_at(buf, base, bit, width, hi):
     """The ``width`` bits (1..64) at bit ``bit`` of the bytes from ``base`` (all inside ``hi``)."""
     at = base + (bit >> 3)
@@ -107,7 +113,7 @@ def delta_decode(buf, lo, hi, n, bits, out):
     sign = np.uint64(64 - bits)
     last = _unzigzag(first) & keep
     if n:
-        out[0] = np.int64(last << sign) >> np.int64(sign)  # sign-extended from the type's width
+        out[0] = _signed(last, sign)
     i = 1
     while i < n:
         min_delta, pos, status = _uvarint(buf, pos, hi, bits)
@@ -135,12 +141,12 @@ def delta_decode(buf, lo, hi, n, bits, out):
                     bit = np.uint64(j * width)
                     delta = (load_u64(base + (bit >> np.uint64(3))) >> (bit & np.uint64(7))) & mask
                     last = (last + step + delta) & keep
-                    out[i + j] = np.int64(last << sign) >> np.int64(sign)
+                    out[i + j] = _signed(last, sign)
             else:
                 for j in range(take):
                     delta = _bits_at(buf, pos, j * width, width, hi) if width else np.uint64(0)
                     last = (last + step + delta) & keep
-                    out[i + j] = np.int64(last << sign) >> np.int64(sign)
+                    out[i + j] = _signed(last, sign)
             i += take
             pos += (per_mini * width) // 8  # the whole miniblock, padding included
     if pos != hi:  # a last miniblock padded short, or bytes after the values
