@@ -103,12 +103,11 @@ class MicroBatchSampler:
         self.micro_batches_per_step = steps
         self.costs = None if costs is None else checked_costs(costs, num_packs)
         window = integer(balance_scope)
+        if (window is None and balance_scope not in BALANCE_SCOPES) or (window is not None and window < 1):
+            shown = repr(balance_scope) if window is None else window
+            raise ValueError(f"balance_scope must be 'step', 'epoch' or a number of steps >= 1, got {shown}")
         if window is not None:
-            if window < 1:
-                raise ValueError(f"balance_scope must be 'step', 'epoch' or a number of steps >= 1, got {window}")
             balance_scope = window  # a plain int, for the loader's state
-        elif balance_scope not in BALANCE_SCOPES:
-            raise ValueError(f"balance_scope must be 'step', 'epoch' or a number of steps >= 1, got {balance_scope!r}")
         if balance_scope != "step" and costs is None:
             raise ValueError(f"balance_scope={balance_scope!r} needs the packs' costs (THDLoader's balance=)")
         self.balance_scope = balance_scope
