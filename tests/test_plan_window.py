@@ -173,3 +173,96 @@ def test_windows_of_fewer_than_capacity_over_256_sequences_are_not_refined():
     # the pass would gain in windows of 200 too: they are left alone for its cost, not its gain
     assert sum(plan_packs(arr[a:a + 200], capacity, "ffd", refine=True).num_packs for a in range(0, 3000, 200)) \
         < plan_packs(arr, capacity, "ffd", window=200).num_packs
+
+
+def per_window_plan(arr, capacity, algorithm, starts, refine):
+    """(order, offsets, loads) of each window planned by the per-window path alone (the sorted or
+    histogram placement ``_plan_window`` picks, refined where ``_refine_pays``): what the
+    compiled loop over runs of small windows must reproduce."""
+    from packer_cli.plan.plan import _plan_window, _refine_pays
+    from packer_cli.plan.refine import _refine
+
+    order, offsets, loads = [], [0], []
+    for a, b in zip(starts, [*starts[1:], arr.size]):
+        part = arr[a:b]
+        if not part.any():
+            continue
+        plan = _plan_window(part, capacity, algorithm, int(part.max()))
+        if refine and _refine_pays(plan, capacity):
+            plan = _refine(part, plan)
+        order += (plan.order + a).tolist()
+        offsets += (plan.pack_offsets[1:] + offsets[-1]).tolist()
+        loads += plan.pack_load.tolist()
+    return order, offsets, loads
+
+
+@st.composite
+def mixed_windows(draw):
+    """Windows of a few items (the compiled loop), of hundreds (the histogram pass) and of
+    enough sequences for the refine pass to be handed back, in any order."""
+    capacity = draw(st.sampled_from([7, 64, 1024, 4096, 65_536]))
+    sizes = draw(st.lists(st.integers(1, 12) | st.integers(13, 80) | st.integers(250, 700), min_size=1,
+                          max_size=12))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    kind = draw(st.sampled_from(["triples", "uniform", "short", "with empty"]))
+    n = sum(sizes)
+    if kind == "triples":  # FFD leaves room that the refine pass can take back
+        arr = rng.integers(capacity // 5 + 1, capacity // 2 + 2, n)
+    elif kind == "uniform":
+        arr = rng.integers(1, capacity + 1, n)
+    elif kind == "short":  # long windows of short items: the sorted path by the FFD ratio
+        arr = rng.integers(1, max(2, capacity // 64), n)
+    else:
+        arr = rng.integers(0, capacity + 1, n) * (rng.random(n) < 0.7)
+    arr = np.clip(arr, 0, capacity).astype(np.int32)
+    if not arr.any():
+        arr[0] = 1
+    return arr, capacity, np.cumsum([0, *sizes[:-1]]).tolist()
+
+
+@pytest.mark.parametrize("algorithm", ["ffd", "bfd"])
+@settings(max_examples=120, deadline=None)
+@given(inst=mixed_windows(), refine=st.booleans())
+def test_the_compiled_loop_plans_each_window_as_the_per_window_path(algorithm, inst, refine):
+    """Runs of small windows go through one compiled loop, which hands back windows the
+    histogram pass or the refine pass takes: the plan is the per-window path's, window by window."""
+    arr, capacity, starts = inst
+    got = plan_packs(arr, capacity, algorithm, refine=refine, skip_empty=True, window_starts=starts)
+    validate_plan(got, arr, skip_empty=True)
+    order, offsets, loads = per_window_plan(arr, capacity, algorithm, starts, refine)
+    assert got.order.tolist() == order
+    assert got.pack_offsets.tolist() == offsets
+    assert got.pack_load.tolist() == loads
+
+
+@pytest.mark.parametrize("algorithm", ["ffd", "bfd"])
+def test_refined_windows_amid_small_ones_are_handed_back_and_refined(algorithm):
+    """Windows of 40 triples at C = 1,024 (at least C/256 items, FFD above ceil(Σ/C)): the
+    compiled loop stops at each and the refine pass shortens it; the packs are those of each
+    window refined on its own."""
+    arr = np.random.default_rng(3).integers(200, 530, 4000).astype(np.int32)
+    got = plan_packs(arr, 1024, algorithm, refine=True, window=40)
+    plain = plan_packs(arr, 1024, algorithm, window=40)
+    assert got.num_packs < plain.num_packs
+    order, offsets, loads = per_window_plan(arr, 1024, algorithm, list(range(0, 4000, 40)), True)
+    assert got.order.tolist() == order and got.pack_offsets.tolist() == offsets
+
+
+@pytest.mark.parametrize("algorithm", ["ffd", "bfd"])
+def test_windows_of_one_or_two_records_over_many_items(algorithm):
+    """Windows of 1 and 2 items over 200k lengths (each its own pack, or two sharing one where
+    they fit), planned in one compiled loop: every item placed once, the reference's packs."""
+    arr = np.random.default_rng(4).integers(0, 4097, 200_000).astype(np.int32)
+    for window in (1, 2):
+        got = plan_packs(arr, 4096, algorithm, window=window, skip_empty=True)
+        validate_plan(got, arr, skip_empty=True)
+        pairs = arr[: arr.size // window * window].reshape(-1, window)
+        if window == 1:
+            expected = int(np.count_nonzero(arr))
+        else:
+            nonzero = np.count_nonzero(pairs, axis=1)
+            expected = int((nonzero == 1).sum() + np.where(pairs.sum(axis=1) <= 4096, 1, 2)[nonzero == 2].sum())
+        assert got.num_packs == expected
+        kept = np.flatnonzero(arr)  # by window, then longest first, ties by index
+        assert got.order.tolist() == kept[np.lexsort((kept, -arr[kept], kept // window))].tolist()
+

@@ -751,3 +751,122 @@ def _bind_buckets(positions, seq_lengths, bin_of_position, bucket_items, bucket_
         order[k] = item
         pack_of_item[item] = bin_of_position[pos]
     return order, pack_of_item
+
+
+# ---------------------------------------------------------------------------
+# Small windows
+# ---------------------------------------------------------------------------
+
+
+@njit(**NJIT_FLAGS)
+def _sort_decreasing(lengths, a, b, idx, scratch_len):
+    """Put the local indices of the non-empty items of ``lengths[a:b]`` into ``idx[:m]`` by
+    decreasing length, ties by index (FFD's placement order), and their lengths into
+    ``scratch_len[:m]``; returns ``m``. Insertion sort for a few items, a stable merge sort
+    beyond."""
+    m = 0
+    for i in range(a, b):
+        if lengths[i]:
+            idx[m] = i - a
+            scratch_len[m] = lengths[i]
+            m += 1
+    if m <= 32:
+        for k in range(1, m):
+            item, length = idx[k], scratch_len[k]
+            j = k - 1
+            while j >= 0 and scratch_len[j] < length:  # strict: equal lengths keep index order
+                idx[j + 1] = idx[j]
+                scratch_len[j + 1] = scratch_len[j]
+                j -= 1
+            idx[j + 1] = item
+            scratch_len[j + 1] = length
+    else:
+        by_length = np.argsort(-scratch_len[:m], kind="mergesort")
+        items = idx[:m][by_length]
+        sorted_lengths = scratch_len[:m][by_length]
+        idx[:m] = items
+        scratch_len[:m] = sorted_lengths
+    return m
+
+
+@njit(**NJIT_FLAGS)
+def _plan_small_windows(lengths, starts, w, stop, capacity, bfd, refine_ratio, refine,
+                        order, offsets, load, placed, packs, idx, scratch_len, pack_of, room, tree):
+    """Plan windows ``w, w + 1, …, stop - 1`` of ``lengths`` (window ``v`` is
+    ``lengths[starts[v]:starts[v + 1]]``, the last running to the end) each on its own from its
+    items sorted by decreasing length (FFD: first fit over a tree of its packs; BFD: best fit by
+    a scan of its open packs), appending to the grouped layout: items to ``order[placed:]``
+    (global indices), packs to ``offsets[packs + 1:]`` (global ends) and ``load[packs:]``.
+
+    With ``refine``, stops at a window the refine pass may shorten (above ceil(Σ/C) packs and
+    at least ``capacity / refine_ratio`` items, as ``plan._refine_pays`` judges): the caller
+    plans that one; what was written past the returned ``placed``/``packs`` is its to
+    overwrite. The work arrays hold the widest window: ``idx``, ``scratch_len``, ``pack_of``
+    (int32), ``room`` (int64) that many entries, ``tree`` twice the power of two at or above
+    it. Returns ``(window reached, placed, packs)``, the window reached ``stop`` when all are
+    planned.
+    """
+    num_windows = starts.shape[0]
+    n = lengths.shape[0]
+    while w < stop:
+        a = starts[w]
+        b = starts[w + 1] if w + 1 < num_windows else n
+        items = 0
+        total = 0
+        for i in range(a, b):
+            if lengths[i]:
+                items += 1
+                total += lengths[i]
+        if items == 0:
+            w += 1
+            continue
+        _sort_decreasing(lengths, a, b, idx, scratch_len)
+        num = 0
+        if bfd:
+            for k in range(items):
+                length = scratch_len[k]
+                best = -1
+                for p in range(num):
+                    if room[p] >= length and (best < 0 or room[p] < room[best]):
+                        best = p
+                if best < 0:
+                    best = num
+                    room[best] = capacity
+                    num += 1
+                room[best] -= length
+                pack_of[k] = best
+        else:
+            size = 1
+            while size < items:
+                size <<= 1
+            tree[1:2 * size] = capacity
+            for k in range(items):
+                length = scratch_len[k]
+                p = _tree_find_first(tree, size, 0, length)
+                _tree_set(tree, size, p, tree[size + p] - length)
+                pack_of[k] = p
+                if p >= num:
+                    num = p + 1
+        if refine and items * refine_ratio >= capacity and num > (total + capacity - 1) // capacity:
+            return w, placed, packs
+        # Group by pack (stable: placement order within a pack), straight into the output.
+        for p in range(num):
+            offsets[packs + p + 1] = 0
+            load[packs + p] = 0
+        for k in range(items):
+            p = pack_of[k]
+            offsets[packs + p + 1] += 1
+            load[packs + p] += scratch_len[k]
+        end = placed
+        for p in range(num):
+            count = offsets[packs + p + 1]
+            offsets[packs + p + 1] = end  # the pack's start, for now
+            end += count
+        for k in range(items):
+            at = packs + pack_of[k] + 1
+            order[offsets[at]] = a + idx[k]
+            offsets[at] += 1  # ends at the pack's end
+        placed = end
+        packs += num
+        w += 1
+    return w, placed, packs

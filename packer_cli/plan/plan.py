@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 from functools import cached_property
@@ -204,8 +205,19 @@ def _window_starts(window, window_starts, num_items: int, algorithm: str) -> np.
 #: cheaper: FFD's histogram pass costs its longest item, so a window of fewer than 1/32 of that
 #: many items is sorted and placed by first fit (a tree over its packs); BFD's tables span the
 #: capacity, so a window of at most sqrt(capacity) items is placed by a scan of its open packs.
-#: Either way the packs are the same (tests compare both ways on every window).
+#: A window of at most SORTED_ITEMS items is always placed so (a compiled loop plans runs of
+#: such windows without a Python round each). Either way the packs are the same (tests compare
+#: both ways on every window).
 SORTED_FFD_RATIO = 32
+SORTED_ITEMS = 256
+
+
+def _sorted_is_cheaper(items, top, capacity: int, algorithm: str):
+    """Whether windows of ``items`` non-empty items, the longest ``top``, are planned from their
+    sorted items (scalars, or arrays elementwise)."""
+    if algorithm == "ffd":
+        return (items <= SORTED_ITEMS) | (items * SORTED_FFD_RATIO < top)
+    return (items <= SORTED_ITEMS) | (items * items <= capacity)
 
 
 def _plan_sorted_window(part: np.ndarray, capacity: int, algorithm: str) -> PackPlan:
@@ -223,8 +235,7 @@ def _plan_sorted_window(part: np.ndarray, capacity: int, algorithm: str) -> Pack
 
 
 def _plan_window(part: np.ndarray, capacity: int, algorithm: str, top: int) -> PackPlan:
-    items = int(np.count_nonzero(part))
-    if (items * SORTED_FFD_RATIO < top) if algorithm == "ffd" else (items * items <= capacity):
+    if _sorted_is_cheaper(int(np.count_nonzero(part)), top, capacity, algorithm):
         return _plan_sorted_window(part, capacity, algorithm)
     return _plan_decreasing(part, capacity, algorithm, top)
 
@@ -244,32 +255,83 @@ def _refine_pays(plan: PackPlan, capacity: int) -> bool:
     return plan.num_packs > -(-int(plan.pack_load.sum(dtype=np.int64)) // capacity)
 
 
+def _small_window_scratch(arr: np.ndarray, starts: np.ndarray, capacity: int, algorithm: str):
+    """Work arrays for ``K._plan_small_windows``, sized to the widest window the sorted path can
+    take (``_sorted_is_cheaper``), or the widest window if that is narrower."""
+    widest = int(np.diff(starts, append=arr.shape[0]).max())
+    cap = capacity // SORTED_FFD_RATIO + 1 if algorithm == "ffd" else math.isqrt(capacity) + 1
+    m = max(1, min(widest, max(cap, SORTED_ITEMS)))
+    return (np.empty(m, np.int32), np.empty(m, arr.dtype), np.empty(m, np.int32), np.empty(m, np.int64),
+            _tree(m))
+
+
+def _histogram_windows(arr: np.ndarray, starts: np.ndarray, capacity: int, algorithm: str) -> np.ndarray:
+    """The windows planned from their length histogram (not ``_sorted_is_cheaper``), ascending;
+    empty windows are not among them."""
+    items = np.add.reduceat(arr != 0, starts)
+    top = np.maximum.reduceat(arr, starts)
+    return np.flatnonzero(~_sorted_is_cheaper(items, top, capacity, algorithm))
+
+
 def _plan_windows(arr: np.ndarray, capacity: int, algorithm: str, starts: np.ndarray, refine: bool) -> PackPlan:
     """FFD/BFD (each window refined on its own with ``refine``) over each window of items
     ``arr[starts[w]:starts[w + 1]]``: no pack mixes windows, and the packs are numbered window
-    by window, so the plan's pack order follows the windows' order."""
+    by window, so the plan's pack order follows the windows' order.
+
+    Runs of windows placed from their sorted items and not refined are planned by one compiled
+    loop (``K._plan_small_windows``); it hands back each window it leaves to this function's
+    per-window path (the histogram pass, the refine pass). Windows of a few items thus cost
+    about a microsecond each rather than the tens of a Python round."""
     from .refine import _refine
 
-    order = np.empty(int(np.count_nonzero(arr)), np.int32)
-    offsets, loads = [np.zeros(1, np.int64)], []
-    placed, refine_seconds = 0, 0.0
-    ends = np.append(starts[1:], arr.shape[0])
-    for a, b in zip(starts.tolist(), ends.tolist()):
-        part = arr[a:b]
-        top = int(part.max())
-        if not top:
-            continue
-        plan = _plan_window(part, capacity, algorithm, top)
+    histogram_windows = _histogram_windows(arr, starts, capacity, algorithm)  # before the layout: its peak
+    items = int(np.count_nonzero(arr))
+    order = np.empty(items, np.int32)
+    offsets = np.zeros(items + 1, np.int64)  # packs <= items
+    load = np.empty(items, np.int32)
+    scratch = _small_window_scratch(arr, starts, capacity, algorithm)
+    placed = packs = 0
+    refine_seconds = 0.0
+
+    def plan_window(w: int) -> None:  # the per-window path: histogram and refine passes
+        nonlocal placed, packs, refine_seconds
+        a = int(starts[w])
+        part = arr[a:int(starts[w + 1])] if w + 1 < starts.shape[0] else arr[a:]
+        plan = _plan_window(part, capacity, algorithm, int(part.max()))
         if refine and _refine_pays(plan, capacity):
             plan = _refine(part, plan, in_place=True)
             refine_seconds += plan.refine_seconds
-        n = plan.order.shape[0]
+        n, k = plan.order.shape[0], plan.num_packs
         np.add(plan.order, a, out=order[placed:placed + n])
-        offsets.append(plan.pack_offsets[1:] + placed)
-        loads.append(plan.pack_load)
+        np.add(plan.pack_offsets[1:], placed, out=offsets[packs + 1:packs + 1 + k])
+        load[packs:packs + k] = plan.pack_load
         placed += n
-    load = np.concatenate(loads) if loads else np.zeros(0, np.int32)
-    return _make_plan(order, np.concatenate(offsets), load, arr.shape[0], capacity,
+        packs += k
+
+    def plan_sorted_windows(w: int, stop: int) -> None:  # the compiled loop, and what it hands back
+        nonlocal placed, packs
+        while w < stop:
+            w, placed, packs = K._plan_small_windows(arr, starts, w, stop, capacity, algorithm == "bfd",
+                                                     REFINE_ITEMS_RATIO, refine, order, offsets, load, placed,
+                                                     packs, *scratch)
+            if w < stop:
+                plan_window(w)
+                w += 1
+
+    # The windows the histogram pass is cheaper for are judged here at once, so a run of them
+    # costs no call into the compiled loop.
+    w = 0
+    for hist in histogram_windows:
+        plan_sorted_windows(w, int(hist))
+        plan_window(int(hist))
+        w = int(hist) + 1
+    plan_sorted_windows(w, starts.shape[0])
+    try:  # in place where nothing else refers to them: no second copy at the peak
+        offsets.resize(packs + 1)
+        load.resize(packs)
+    except ValueError:  # referred to elsewhere (a debugger holding the frame's locals, say)
+        offsets, load = offsets[:packs + 1].copy(), load[:packs].copy()
+    return _make_plan(order, offsets, load, arr.shape[0], capacity,
                       algorithm + ("+refine" if refine else ""), refine_seconds=refine_seconds if refine else None)
 
 
