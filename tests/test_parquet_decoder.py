@@ -1,9 +1,9 @@
 """The compiled Parquet list decoder (``parquet_lists.ListColumnReader``) reads exactly what pyarrow reads.
 
 * every layout the fast path supports (list / large_list of int8..int64 / uint8..uint32; PLAIN and
-  dictionary pages, data page v1 and v2, no compression / Snappy / Zstandard / gzip, tiny pages, many
-  row groups) is decoded by packer itself, row for row equal to ``pq.read_table``; LZ4 and Brotli pages
-  go to pyarrow;
+  dictionary pages, data page v1 and v2, no compression / Snappy / Zstandard / gzip / LZ4_RAW, tiny
+  pages, many row groups) is decoded by packer itself, row for row equal to ``pq.read_table``; Brotli
+  pages (and legacy LZ4: tests/test_parquet_lz4.py) go to pyarrow;
 * layouts it does not support (nulls, other encodings, other types, deeper nesting) fall back to pyarrow
   for the remaining rows, say why, and still give the same data;
 * ``PACKER_PARQUET_DECODER=arrow`` forces pyarrow throughout;
@@ -44,8 +44,8 @@ REPO = Path(__file__).resolve().parents[1]
 ALLOWED_ERRORS = (ValueError, pa.ArrowException, OSError)
 
 FAST_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32()]
-CODECS = ["none", "snappy", "zstd", "gzip"]  # decoded by packer
-ARROW_CODECS = ["lz4", "brotli"]  # handed to pyarrow (see parquet_lists: their sizes cannot be checked)
+CODECS = ["none", "snappy", "zstd", "gzip", "lz4"]  # decoded by packer ("lz4": LZ4_RAW pages)
+ARROW_CODECS = ["brotli"]  # handed to pyarrow (see parquet_lists._CODECS)
 
 
 @pytest.fixture(autouse=True, params=["small pages inline", "every page on the threads"])
@@ -292,7 +292,7 @@ def test_each_codec_and_page_kind_decoded_fast(tmp_path, codec, page_version, di
 
 @pytest.mark.parametrize("codec", ARROW_CODECS)
 def test_codecs_left_to_pyarrow_read_equal(tmp_path, codec):
-    """LZ4 and Brotli pages go to pyarrow from the first row, with the reason given."""
+    """Brotli pages go to pyarrow from the first row, with the reason given."""
     table = token_table(300, seed=4)
     path = tmp_path / "t.parquet"
     pq.write_table(table, path, compression=codec, data_page_size=512, row_group_size=100)
@@ -1569,18 +1569,18 @@ _PAGES_DISAGREE = {  # what packer's decoder says of each damage
 }
 
 
-@pytest.mark.parametrize("how", ["compiled", "compiled plain", "lz4", "bool mask", ENV])
+@pytest.mark.parametrize("how", ["compiled", "compiled plain", "brotli", "bool mask", ENV])
 @pytest.mark.parametrize("damage", ["fewer rows", "more values", "fewer values", "fewer rows and values"])
 def test_a_footer_that_agrees_with_itself_but_not_the_pages_is_an_error(tmp_path, monkeypatch, how, damage):
     """The last group's row count and the file's both 3 lower (the footer adds up, the pages
     hold 3 rows more), or a column chunk's value count off by one: packer's decoder refused
-    it, but wherever pyarrow decoded (LZ4 pages, a boolean mask, the variable) the file was
+    it, but wherever pyarrow decoded (Brotli pages, a boolean mask, the variable) the file was
     read 3 records short, exit 0, and verify --source passed (or read whole, the count wrong).
     Without dictionary pages the run of small groups is first decoded whole (RowGroupRuns),
     which read the file without error, its chunk's value count unchecked against its pages'.
     packer's decoder words each damage: pages holding more values than the footer states
     were said to "end before the value count its footer states"."""
-    path = _two_groups(tmp_path, bool_mask=how == "bool mask", compression="lz4" if how == "lz4" else "zstd",
+    path = _two_groups(tmp_path, bool_mask=how == "bool mask", compression="brotli" if how == "brotli" else "zstd",
                        dictionary=how != "compiled plain")
     raw = path.read_bytes()
     footer, footer_at = _footer_of(raw)

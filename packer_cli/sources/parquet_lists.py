@@ -9,7 +9,7 @@ the dictionary lookup or the plain copy, in compiled code without the GIL.
 :class:`ListColumnReader` yields record batches equal to what pyarrow reads. It decodes itself
 what it fully understands — ``list``/``large_list`` of integers without nulls, data pages v1 and
 v2, PLAIN, BYTE_STREAM_SPLIT, DELTA_BINARY_PACKED and dictionary encodings, uncompressed,
-Snappy, Zstandard or gzip pages — and hands
+Snappy, Zstandard, gzip or LZ4_RAW pages — and hands
 the rest of the file to pyarrow the moment anything else appears (a null, another encoding or
 codec, another type), so the output never depends on which decoder ran. Corrupt pages raise
 :class:`ValueError` naming the row group and column; nothing is read out of bounds. The footer's
@@ -59,6 +59,7 @@ from packer_cli.sources._parquet_kernels import (EMPTY_CONTINUES, EMPTY_HAS_VALU
                                                  TRUNCATED, UNUSUAL, dictionary_decode, hybrid_decode,
                                                  level_checks, levels_all_equal, repetition_rows,
                                                  row_lengths, usual_page_rows)
+from packer_cli.sources._parquet_lz4 import MAX_EXTRA, MAX_RATIO, MESSAGES as LZ4_MESSAGES, lz4_block_decode
 
 ENV_DECODER = "PACKER_PARQUET_DECODER"
 DECODERS = ("packer", "arrow")  # the first is the default
@@ -79,7 +80,9 @@ RUN_VALUES = 4 << 20
 #: close it before ``batch_rows``. 2,048 rows of 100k tokens in one row group were one batch of
 #: 200M tokens, 1.9 GB at the peak.
 BATCH_VALUES = 4 << 20
-_CODECS = ("UNCOMPRESSED", "SNAPPY", "ZSTD", "GZIP")
+#: The codecs decompressed here. pyarrow decompresses the others: legacy LZ4 (Hadoop's framing
+#: or a bare block, which pyarrow tells apart by trying), BROTLI and LZO.
+_CODECS = ("UNCOMPRESSED", "SNAPPY", "ZSTD", "GZIP", "LZ4_RAW")
 _MAP_PAYLOAD = 256 << 10  # page payloads this large are mapped, smaller ones read
 SMALL_PAGE = 32 << 10  # page payloads smaller than this decode on the reading thread...
 SMALL_PAGE_VALUES = 1 << 16  # ...unless they hold more level entries than this
@@ -209,6 +212,8 @@ def _decompress(codec: str, data: bytes, size: int) -> bytes | pa.Buffer:
             out = _SNAPPY[0].decompress(data, decompressed_size=size, memory_pool=memory_pool())
         elif codec == "ZSTD":
             out = _unzstd(data, size)
+        elif codec == "LZ4_RAW":
+            out = _unlz4(data, size)
         else:  # GZIP: zlib or gzip framing
             out = _gunzip(data, size)
     except (_Corrupt, _Unsupported):
@@ -228,6 +233,22 @@ def _unzstd(data, size: int) -> bytes:
         return _zstd().decompress(data, max_output_size=size, allow_extra_data=False)
     except Exception as exc:  # zstandard.ZstdError
         raise _Unsupported(f"a Zstandard page that is not one whole frame ({exc})") from None
+
+
+def _unlz4(data, size: int) -> pa.Buffer:
+    """An LZ4_RAW page: one LZ4 block, decoded by :func:`lz4_block_decode` into exactly ``size``
+    bytes. (pyarrow's ``Codec.decompress`` returns the size asked for whatever the block
+    produced: a short or damaged block would read as data with garbage after it.) A block the
+    format's end-of-block rules forbid, some of which liblz4 reads, is pyarrow's to judge."""
+    if size > MAX_RATIO * len(data) + MAX_EXTRA:  # no block that short decodes to that much
+        raise _Corrupt("page does not decompress to its stated size")
+    out = pa.allocate_buffer(size, memory_pool=memory_pool())  # as the other codecs' pages
+    status = lz4_block_decode(np.frombuffer(data, dtype=np.uint8), 0, len(data), np.frombuffer(out, dtype=np.uint8))
+    if status == UNUSUAL:
+        raise _Unsupported("an LZ4 page outside the block format's end-of-block rules")
+    if status < 0:
+        raise _Corrupt(f"page does not decompress (lz4_raw: {LZ4_MESSAGES[status]})")
+    return out
 
 
 def _gunzip(data, size: int) -> bytes:
