@@ -13,9 +13,12 @@ import pytest
 from packer_cli.demo import demo_table
 
 from packer_cli import pipeline
+from packer_cli.sources import parquet_lists
 
 #: The spill memory ``pack`` holds by default (256 MiB), before the fixture below sets it to 0.
 DEFAULT_SPILL_MEMORY = pipeline.DEFAULT_SPILL_MEMORY
+#: The page size (level entries) below which the Parquet decoder hands a file to pyarrow.
+DEFAULT_TINY_PAGE_VALUES = parquet_lists.TINY_PAGE_VALUES
 
 
 @pytest.fixture(autouse=True)
@@ -25,6 +28,15 @@ def spill_to_the_file(monkeypatch):
     spill takes. Tests of the memory part ask for it, and tests of the default restore
     ``DEFAULT_SPILL_MEMORY`` (runs in a fresh process keep the real default)."""
     monkeypatch.setattr(pipeline, "DEFAULT_SPILL_MEMORY", 0)
+
+
+@pytest.fixture(autouse=True)
+def tiny_pages_decoded_by_packer(monkeypatch):
+    """The test files' Parquet pages are tiny (many page boundaries in a few hundred rows), which
+    in real files packer's decoder hands to pyarrow as faster (``TINY_PAGE_VALUES``): in-process
+    reads here keep them, so the decoder's paths are what the tests exercise. Tests of the
+    hand-over restore ``DEFAULT_TINY_PAGE_VALUES`` (runs in a fresh process keep it)."""
+    monkeypatch.setattr(parquet_lists, "TINY_PAGE_VALUES", 0)
 
 
 @pytest.fixture(autouse=True)

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import re
@@ -1983,3 +1984,152 @@ def test_gzip_pages_without_their_trailer_are_refused_as_pyarrow_refuses_them(tm
     with pytest.raises(ValueError, match=r"column 'input_ids': page does not decompress \(gzip: incomplete or "
                                          r"truncated stream\)"):
         list(ListColumnReader(str(bad), ["input_ids"]))
+
+
+# --- page headers read from windows of a chunk ----------------------------------------------------
+
+def _windows(monkeypatch, first: int, later: int, alone: int = 64 << 10) -> None:
+    """Set the windows ``_ChunkPages`` reads small pages' headers from (0, 0: none, every page
+    read alone and its header parsed in Python), and the payload from which a page is read alone."""
+    from packer_cli.sources import parquet_lists
+
+    monkeypatch.setattr(parquet_lists, "FIRST_WINDOW", first)
+    monkeypatch.setattr(parquet_lists, "HEADER_WINDOW", later)
+    monkeypatch.setattr(parquet_lists, "ALONE_PAYLOAD", alone)
+
+
+def _one_group_file(path, codec="snappy", dictionary=True, page_size=512, version="1.0", rows=3000, seed=21):
+    """One row group larger than a batch, so the page cursors (not whole runs) read it."""
+    pq.write_table(token_table(rows, seed=seed, max_len=50), path, compression=codec, use_dictionary=dictionary,
+                   data_page_size=page_size, data_page_version=version, row_group_size=rows)
+    return path
+
+
+@pytest.mark.parametrize("first,later", [(64, 3200), (300, 16384), (32 << 10, 256 << 10)],
+                         ids=["windows of a page or two", "windows of a few pages", "default windows"])
+@pytest.mark.parametrize("codec,dictionary,version", [("snappy", True, "1.0"), ("none", False, "2.0"),
+                                                      ("zstd", True, "2.0"), ("lz4", False, "1.0")])
+def test_small_pages_read_from_windows_equal_pyarrow(tmp_path, monkeypatch, first, later, codec, dictionary,
+                                                     version):
+    """Pages straddling window ends, windows of one page, a first window too short for the
+    dictionary page: all read equal to pyarrow on the fast path, the headers of pages lying
+    whole in a window walked by compiled code (Python parses only the others)."""
+    from packer_cli import _parquet_thrift as thrift
+
+    path = _one_group_file(tmp_path / "t.parquet", codec, dictionary, version=version)
+    _windows(monkeypatch, first, later, alone=1 << 30)  # (pages of ~1.5 KB: each window's last straddles its end)
+    parsed = []
+    real = thrift.read_page_header
+    monkeypatch.setattr(thrift, "read_page_header", lambda *a: parsed.append(a) or real(*a))
+    reader, batches = read_with_packer(path, ["input_ids", "loss_mask"], 256)
+    assert_same_as_pyarrow(path, ["input_ids", "loss_mask"], batches)
+    assert (reader.fast_rows, reader.arrow_rows) == (3000, 0)
+    raw = np.fromfile(path, dtype=np.uint8)
+    num_pages = too_long = 0
+    for column in (0, 1):
+        start, _, end = _chunk_span(path, 0, column)
+        walked = pages_walk(raw, np.array([start]), np.array([end]))
+        spans = np.diff(np.concatenate([[start], walked[:, 2]]))  # header and payload of each page (2: HI)
+        num_pages += spans.size
+        too_long += int((spans > later).sum())
+    assert num_pages > 60 and too_long < num_pages
+    # Read alone: each chunk's first page (where the first window is short of it) and the pages
+    # no window holds; a page straddling a window's end starts the next window.
+    assert len(parsed) <= too_long + 2, (len(parsed), too_long, num_pages)
+
+
+def pages_walk(raw, lo, hi):
+    from packer_cli.sources._parquet_pages import walk
+
+    return walk(raw, lo, hi)
+
+
+def _outcome(path) -> str:
+    """What ListColumnReader makes of a file: its error, or a digest of its rows."""
+    try:
+        reader = ListColumnReader(str(path), ["input_ids", "loss_mask"], batch_rows=256)
+        table = pa.Table.from_batches(list(reader))
+    except (ValueError, pa.ArrowException, OSError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return f"rows {table.num_rows}, fast {reader.fast_rows}, " + hashlib.sha256(
+        b"".join(np.asarray(c.combine_chunks().values).tobytes() for c in table.columns)).hexdigest()
+
+
+def test_a_damaged_header_reads_the_same_from_a_window_as_alone(tmp_path, monkeypatch):
+    """Every byte of the first pages' headers of both columns, flipped three ways: the reading
+    (its error, or its rows) is the same with the headers walked from windows as with every header
+    parsed in Python, so the walk never reads a header other than the parser does (it leaves any
+    header it does not read, damaged or odd, to the parser, which words the error)."""
+    base = _one_group_file(tmp_path / "base.parquet", page_size=256, rows=600)
+    raw = base.read_bytes()
+    table = pages_walk(np.frombuffer(raw, np.uint8), *(np.array([x]) for x in (
+        _chunk_span(base, 0, 0)[0], _chunk_span(base, 0, 0)[2])))
+    header_bytes = []
+    for column in (0, 1):
+        start, _, end = _chunk_span(base, 0, column)
+        rows = pages_walk(np.frombuffer(raw, np.uint8), np.array([start]), np.array([end]))
+        heads = [start] + rows[:-1, 2].tolist()  # each header starts where the page before ends
+        for page in range(min(3, rows.shape[0])):
+            header_bytes += range(heads[page], int(rows[page, 1]))
+    assert table.shape[0] > 3 and len(header_bytes) > 40
+    compared = errors = 0
+    for at in header_bytes:
+        for mask in (0x01, 0x10, 0xFF):
+            damaged = bytearray(raw)
+            damaged[at] ^= mask
+            # A fresh file each time: a page of the last one may still be decoding on a thread
+            # from a mapping, which rewriting that file in place would cut (SIGBUS).
+            path = tmp_path / f"damaged-{at}-{mask}.parquet"
+            path.write_bytes(bytes(damaged))
+            _windows(monkeypatch, 32 << 10, 256 << 10)
+            windowed = _outcome(path)
+            _windows(monkeypatch, 0, 0)
+            alone = _outcome(path)
+            assert windowed == alone, f"byte {at} ^ {mask:#x}"
+            path.unlink()  # (a mapping outlives it)
+            compared += 1
+            errors += not windowed.startswith("rows")
+    assert errors > compared // 10  # the damage was seen, not only skipped
+
+
+def test_a_file_of_tiny_pages_is_handed_to_pyarrow_which_reads_them_faster(tmp_path, monkeypatch,
+                                                                          synthetic_parquet):
+    """Pages of fewer than TINY_PAGE_VALUES level entries on average over a column's first
+    TINY_PAGES data pages: the rest of the file is pyarrow's, from the row reached (equal rows,
+    equal shards); pages above it, and a mask column of few bytes but many values a page, stay
+    on the fast path."""
+    import json
+
+    from conftest import DEFAULT_TINY_PAGE_VALUES
+
+    from packer_cli import PackSpec, pack
+    from packer_cli.sources import parquet_lists
+    from packer_cli.sources._parquet_pages import NUM_VALUES, PAGE_TYPE
+
+    monkeypatch.setattr(parquet_lists, "TINY_PAGE_VALUES", DEFAULT_TINY_PAGE_VALUES)
+    fields = ["input_ids", "loss_mask"]
+    table = pq.read_table(synthetic_parquet)
+    tiny, usual = tmp_path / "tiny.parquet", tmp_path / "usual.parquet"
+    pq.write_table(table, tiny, data_page_size=1024, row_group_size=table.num_rows)
+    pq.write_table(table, usual, data_page_size=64 << 10, row_group_size=table.num_rows)
+    raw = np.fromfile(tiny, dtype=np.uint8)
+    start, _, end = _chunk_span(tiny, 0, 0)
+    walked = pages_walk(raw, np.array([start]), np.array([end]))
+    data_values = walked[walked[:, PAGE_TYPE] != 2][:, NUM_VALUES]  # data pages' value counts (2: the dictionary)
+    assert data_values.size > parquet_lists.TINY_PAGES and data_values.mean() < DEFAULT_TINY_PAGE_VALUES
+
+    reader, batches = read_with_packer(tiny, fields, 256)
+    assert_same_as_pyarrow(tiny, fields, batches)
+    assert "values on average, which pyarrow reads faster" in reader.fallback_reason
+    assert "'input_ids'" in reader.fallback_reason
+    assert 0 < reader.arrow_rows and reader.fast_rows + reader.arrow_rows == table.num_rows
+    reader, batches = read_with_packer(usual, fields, 256)
+    assert_same_as_pyarrow(usual, fields, batches)
+    assert (reader.fast_rows, reader.fallback_reason) == (table.num_rows, None)
+
+    digests = []
+    for path in (usual, tiny):
+        out = tmp_path / path.stem
+        pack([str(path)], str(out), PackSpec(pack_size=2048))
+        digests.append([s["xxh3_64"] for s in json.loads((out / "manifest.json").read_text())["shards"]])
+    assert digests[0] == digests[1]

@@ -301,6 +301,26 @@ def page_table(buf, chunk_lo, chunk_hi, table):
     return n
 
 
+@njit(cache=True, nogil=True)
+def complete_pages(buf, pos, hi, table):
+    """The pages that lie whole in ``buf[pos:hi]`` (a window of one chunk's bytes), one row of
+    ``table`` each as :func:`page_table` writes them, from ``pos`` up to the first page whose
+    header or payload runs past ``hi`` or whose header the walk does not read, or until
+    ``table`` is full. Returns their number (0: the caller reads the page at ``pos`` alone)."""
+    n = 0
+    while pos < hi and n < table.shape[0]:
+        row = table[n]
+        start = _page_header(buf, pos, hi, row)
+        if start < 0 or row[HI] > hi - start:
+            break
+        row[CHUNK] = 0
+        row[LO] = start
+        row[HI] += start
+        pos = row[HI]
+        n += 1
+    return n
+
+
 def walk(raw: np.ndarray, lo: np.ndarray, hi: np.ndarray, capacity: int = 0) -> np.ndarray | None:
     """The page table of the chunks ``raw[lo[c]:hi[c]]`` (int64, one row of :data:`FIELDS` per
     page), or None where :func:`page_table` declines them. The table starts with room for
