@@ -167,6 +167,30 @@ def _order_section(rows: list[dict], command: str) -> str:
     return "\n".join(out)
 
 
+def _inputs_section(rows: list[dict], command: str) -> str:
+    """Parquet layouts: pack and decoding with packer's decoder against pyarrow's."""
+    out = ["## Parquet layouts (bench_inputs.py)\n",
+           "The benchmark table's first samples written in the layouts writers produce. `pack`: `packer pack` "
+           "(a fresh process) against the same command with `PACKER_PARQUET_DECODER=arrow` (pyarrow decodes "
+           "every page). `decode`: both columns read in 2,048-row batches by packer's `ListColumnReader` "
+           "against pyarrow's `ParquetFile.iter_batches`, in one process. `packer decoded` is the share of rows "
+           "packer's decoder read itself; the rest it handed to pyarrow, for the reason given. Medians of "
+           "alternating rounds.\n"]
+    table = []
+    for r in _all(rows, "layout"):
+        table.append([r["layout"], f"{r['bytes'] / 1e6:,.0f} MB",
+                      f"{r['cli']:.2f} / {r['cli_arrow']:.2f} s", _fmt_ratio(_ratio(r["cli_arrow"], r["cli"])),
+                      f"{r['packer']:.3f} / {r['pyarrow']:.3f} s", _fmt_ratio(_ratio(r["pyarrow"], r["packer"])),
+                      f"{r['packer_rows'] * 100:.0f} %" + (f" ({r['handed_over']})" if r.get("handed_over") else "")])
+    out.append(_table(["layout", "file", "pack: packer / pyarrow decoding", "pack speed-up",
+                       "decode: packer / pyarrow", "decode speed-up", "packer decoded"], table) + "\n")
+    if table:
+        r0 = _all(rows, "layout")[0]
+        out.append(f"{r0['samples']:,} samples, {r0['tokens']:,} tokens a file.\n")
+    out.append(f"Command: `{command}`\n")
+    return "\n".join(out)
+
+
 def _spill_section(rows: list[dict], command: str) -> str:
     """How pass two read the spill back, at random or staged, with and without room for it."""
     parts = ["## Spill read back at random or staged (bench_spill.py)\n",
@@ -616,6 +640,11 @@ def render(res: dict, targets: dict) -> str:
                            "library tokens/s (median)", "library best s"], rows) + "\n")
         out.append("Command: `" + next(s["command"] for s in res["steps"] if s["step"] == "audit") + "`\n")
 
+    if res.get("inputs"):
+        out.append(_inputs_section(res["inputs"], next(s["command"] for s in res["steps"] if s["step"] == "inputs")))
+        if rerun := res.get("inputs_added"):  # a step the full run did not have yet, run on its own after it
+            out.append(f"This step was added after the full run and run on its own at commit `{rerun['commit'][:12]}` "
+                       f"({rerun['date']}).\n")
     if loader:
         out.append(_loader_section(res, loader))
     if res.get("order"):

@@ -22,10 +22,10 @@ from _util import HERE, PYTHON, REPO, code_state, machine, versions
 
 OUT = os.path.join(HERE, "_out")
 
-FULL = {"samples": 200_000, "jsonl_samples": 200_000, "plan_n": 1_000_000, "python_n": 100_000,
+FULL = {"inputs_samples": 100_000, "samples": 200_000, "jsonl_samples": 200_000, "plan_n": 1_000_000, "python_n": 100_000,
         "quality_n": 1_000_000, "disk_gb": 2.0, "memory_times": 10, "audit_tokens": 200e6, "runs": 5,
         "spill_times": 5, "spill_limit_mb": 1200, "balance_n": 200_000, "order_n": 200_000}
-QUICK = {"samples": 50_000, "jsonl_samples": 10_000, "plan_n": 200_000, "python_n": 20_000,
+QUICK = {"inputs_samples": 20_000, "samples": 50_000, "jsonl_samples": 10_000, "plan_n": 200_000, "python_n": 20_000,
          "quality_n": 200_000, "disk_gb": 0.5, "memory_times": 10, "audit_tokens": 20e6, "runs": 5,
          "spill_times": 10, "spill_limit_mb": 900, "balance_n": 50_000, "order_n": 50_000}
 
@@ -55,7 +55,7 @@ def last(rows: list[dict], what: str = "summary") -> dict:
 
 
 #: The steps ``--only`` may name (``data`` always runs: the others read its files).
-STEPS = ("plan", "quality", "order", "e2e", "jsonl", "memory", "spill", "audit", "loader", "balance")
+STEPS = ("plan", "quality", "order", "e2e", "inputs", "jsonl", "memory", "spill", "audit", "loader", "balance")
 
 
 def main() -> None:
@@ -93,6 +93,9 @@ def main() -> None:
         results["memory_bridge"] = step("memory_bridge", ["bench_memory.py", "--input", parquet, "--times",
                                                           str(cfg["memory_times"]), "--repeats", "1",
                                                           "--format", "megatron-bridge"], log)
+    if "inputs" in wanted:
+        results["inputs"] = step("inputs", ["bench_inputs.py", "--input", parquet, "--samples",
+                                            str(cfg["inputs_samples"]), "--runs", runs], log)
     if "spill" in wanted:
         results["spill"] = step("spill", ["bench_spill.py", "--input", parquet, "--times", str(cfg["spill_times"]),
                                           "--limit-mb", str(cfg["spill_limit_mb"]), "--rounds", "3"], log)
