@@ -28,6 +28,7 @@ from packer_cli.shards.bridge_writer import (
     BRIDGE_SCHEMA, PARQUET_ENCODINGS, bridge_schema, encode_parquet, writes_integer_byte_streams,
 )
 from packer_cli.sources.parquet_lists import ListColumnReader, RowGroupRuns
+from parquet_checks import count_run_paths
 
 ENCODINGS = [e for e in PARQUET_ENCODING_NAMES if e != "split-zstd" or writes_integer_byte_streams()]
 
@@ -189,12 +190,7 @@ def test_packers_decoders_read_it(encoding, tmp_path, monkeypatch):
              for g in range(pf.metadata.num_row_groups)]
     assert max(len(p) for p in pages) >= 2, "some chunk spans several pages"
 
-    taken = {"bulk": 0, "paged": 0}
-    bulk, paged = RowGroupRuns._read_bulk, RowGroupRuns._read_paged
-    monkeypatch.setattr(RowGroupRuns, "_read_bulk", lambda self, *a: (taken.__setitem__("bulk", taken["bulk"] + 1),
-                                                                      bulk(self, *a))[1])
-    monkeypatch.setattr(RowGroupRuns, "_read_paged", lambda self, *a: (taken.__setitem__("paged", taken["paged"] + 1),
-                                                                       paged(self, *a))[1])
+    taken = count_run_paths(monkeypatch)
     groups = pf.metadata.num_row_groups
     with RowGroupRuns(str(file), pf) as runs:
         for first, end in ((0, 4), (4, groups)):

@@ -18,6 +18,7 @@ from packer_cli._thrift import read_fields, write_fields
 from packer_cli.sources._parquet_kernels import TRUNCATED, UNUSUAL
 from packer_cli.sources._parquet_lz4 import BAD_OFFSET, OVERRUN, SHORT, lz4_block_decode
 from packer_cli.sources.parquet_lists import ListColumnReader, RowGroupRuns
+from parquet_checks import count_run_paths, flips_read_otherwise
 
 LZ4 = pa.Codec("lz4_raw")
 HARD_ERRORS = {TRUNCATED, BAD_OFFSET, OVERRUN}  # liblz4 refuses these streams whatever their place
@@ -371,12 +372,7 @@ def test_runs_of_small_lz4_row_groups_are_decoded_whole(tmp_path, monkeypatch):
     path = tmp_path / "runs.parquet"
     table = _token_table(pa.int64(), 400, seed=8)
     pq.write_table(table, path, row_group_size=20, compression="lz4", use_dictionary=False)
-    taken = {"bulk": 0, "paged": 0}
-    bulk, paged = RowGroupRuns._read_bulk, RowGroupRuns._read_paged
-    monkeypatch.setattr(RowGroupRuns, "_read_bulk", lambda self, *a: (taken.__setitem__("bulk", taken["bulk"] + 1),
-                                                                      bulk(self, *a))[1])
-    monkeypatch.setattr(RowGroupRuns, "_read_paged", lambda self, *a: (taken.__setitem__("paged", taken["paged"] + 1),
-                                                                       paged(self, *a))[1])
+    taken = count_run_paths(monkeypatch)
     pf = pq.ParquetFile(path)
     with RowGroupRuns(str(path), pf) as runs:
         for first, end in ((0, 7), (7, pf.metadata.num_row_groups)):
@@ -442,25 +438,7 @@ def test_a_damaged_page_is_an_error_or_pyarrow_s_reading_never_other_data(tmp_pa
     start, end = _page_span(path)
     assert 200 < end - start < 2000
     raw = path.read_bytes()
-    problems, read = [], 0
-    for at in range(start, end):
-        for mask in (0x01, 0x80, 0xFF):
-            damaged = bytearray(raw)
-            damaged[at] ^= mask
-            variant = tmp_path / "variant.parquet"
-            variant.write_bytes(bytes(damaged))
-            try:
-                want = pq.read_table(variant).column("input_ids")
-            except (pa.ArrowException, OSError, ValueError):
-                want = None
-            try:
-                got = pa.Table.from_batches(list(ListColumnReader(str(variant), ["input_ids"]))).column("input_ids")
-            except ValueError:
-                continue
-            read += 1
-            if want is None or not got.equals(want):
-                problems.append(f"byte {at - start} ^ {mask:#x}: packer read data "
-                                + ("pyarrow refuses" if want is None else "other than pyarrow's"))
+    problems, read = flips_read_otherwise(raw, start, end, tmp_path)
     assert not problems, problems[:10]
     assert read  # literal bytes changed: other data, which both read
 

@@ -218,9 +218,17 @@ def _first_fit(seq_lengths, capacity, tree):
     num_packs : int
     """
     m = seq_lengths.shape[0]
-    size = tree.shape[0] // 2
-    tree[:] = capacity
     pack_of_position = np.empty(m, np.int32)
+    num_packs = _first_fit_into(seq_lengths, m, capacity, tree, tree.shape[0] // 2, pack_of_position)
+    return pack_of_position, num_packs
+
+
+@njit(**NJIT_FLAGS)
+def _first_fit_into(seq_lengths, m, capacity, tree, size, pack_of_position):
+    """:func:`_first_fit` of ``seq_lengths[:m]`` into ``pack_of_position[:m]``, over the first
+    ``2 * size`` entries of ``tree`` (``size`` a power of two, at least ``m``); the number of
+    packs."""
+    tree[1:2 * size] = capacity
     num_packs = 0
     for k in range(m):
         length = seq_lengths[k]
@@ -229,7 +237,7 @@ def _first_fit(seq_lengths, capacity, tree):
         pack_of_position[k] = pack
         if pack >= num_packs:
             num_packs = pack + 1
-    return pack_of_position, num_packs
+    return num_packs
 
 
 @njit(**NJIT_FLAGS)
@@ -241,8 +249,15 @@ def _best_fit(seq_lengths, capacity):
     Returns ``(pack_of_position int32[M], num_packs)``.
     """
     m = seq_lengths.shape[0]
-    room = np.empty(m, np.int64)
     pack_of_position = np.empty(m, np.int32)
+    num_packs = _best_fit_into(seq_lengths, m, capacity, np.empty(m, np.int64), pack_of_position)
+    return pack_of_position, num_packs
+
+
+@njit(**NJIT_FLAGS)
+def _best_fit_into(seq_lengths, m, capacity, room, pack_of_position):
+    """:func:`_best_fit` of ``seq_lengths[:m]`` into ``pack_of_position[:m]``, with ``room``
+    (int64, at least ``m`` entries) as work space; the number of packs."""
     num_packs = 0
     for k in range(m):
         length = seq_lengths[k]
@@ -256,7 +271,7 @@ def _best_fit(seq_lengths, capacity):
             num_packs += 1
         room[best] -= length
         pack_of_position[k] = best
-    return pack_of_position, num_packs
+    return num_packs
 
 
 # ---------------------------------------------------------------------------
@@ -821,32 +836,13 @@ def _plan_small_windows(lengths, starts, w, stop, capacity, bfd, refine_ratio, r
             w += 1
             continue
         _sort_decreasing(lengths, a, b, idx, scratch_len)
-        num = 0
         if bfd:
-            for k in range(items):
-                length = scratch_len[k]
-                best = -1
-                for p in range(num):
-                    if room[p] >= length and (best < 0 or room[p] < room[best]):
-                        best = p
-                if best < 0:
-                    best = num
-                    room[best] = capacity
-                    num += 1
-                room[best] -= length
-                pack_of[k] = best
+            num = _best_fit_into(scratch_len, items, capacity, room, pack_of)
         else:
             size = 1
             while size < items:
                 size <<= 1
-            tree[1:2 * size] = capacity
-            for k in range(items):
-                length = scratch_len[k]
-                p = _tree_find_first(tree, size, 0, length)
-                _tree_set(tree, size, p, tree[size + p] - length)
-                pack_of[k] = p
-                if p >= num:
-                    num = p + 1
+            num = _first_fit_into(scratch_len, items, capacity, tree, size, pack_of)
         if refine and items * refine_ratio >= capacity and num > (total + capacity - 1) // capacity:
             return w, placed, packs
         # Group by pack (stable: placement order within a pack), straight into the output.
