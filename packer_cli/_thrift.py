@@ -95,6 +95,8 @@ class _Reader:
         return self.value(pos, kind, depth)
 
     def collection(self, pos: int, depth: int):
+        if depth > _MAX_DEPTH:  # lists of lists nest as deep as structs do (Python's own stack ran out)
+            self.fail("nests too deep")
         head, pos = self.take(pos, 1)
         size, kind = head[0] >> 4, head[0] & 0x0F
         if size == 15:
@@ -108,6 +110,8 @@ class _Reader:
         return (kind, items), pos
 
     def map(self, pos: int, depth: int):
+        if depth > _MAX_DEPTH:
+            self.fail("nests too deep")
         size, pos = self.varint(pos)
         if size == 0:
             return (0, 0, []), pos

@@ -110,6 +110,15 @@ def test_literals_only(size):
     check(stream, data)
 
 
+def test_an_empty_page_is_the_single_byte_0_and_pyarrow_judges_any_other_block():
+    """liblz4 reads only the byte 0 as an empty block; a token of no literals (0x01-0x0F) also
+    writes nothing, but packer leaves it to pyarrow rather than read what liblz4 refuses."""
+    assert decode(b"\x00", 0)[0] == 0
+    for token in range(1, 16):
+        assert decode(bytes([token]), 0)[0] == UNUSUAL
+    assert decode(b"\x00\x00", 0)[0] == TRUNCATED  # (as any byte after the last literals)
+
+
 @pytest.mark.parametrize("offset", range(1, 17))
 @pytest.mark.parametrize("length", [4, 5, 7, 8, 9, 13, 15, 16, 17, 18, 19, 24, 31, 33, 100, 1000])
 def test_overlapping_and_short_offset_matches(offset, length):

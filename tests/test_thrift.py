@@ -125,6 +125,11 @@ def test_damaged_bytes_are_refused():
         read_fields(b"\x1c" * 64 + b"\x00" * 65)
     with pytest.raises(Truncated):  # a list claiming more elements than there are bytes
         read_fields(b"\x19\xf5\xff\xff\x03")
+    # lists (and maps) of lists nested deep: a one-line error, where a review found Python's own
+    # stack running out (RecursionError) on a page header of 500 nested lists
+    for deep in (b"\x49" + b"\x19" * 499, b"\x1b\x01\x99" * 300):
+        with pytest.raises(ThriftError, match="nests too deep"):
+            read_fields(deep + b"\x00" * 10)
 
 
 def test_written_items_stand_for_the_items():

@@ -39,7 +39,8 @@ refuses or reads otherwise. Writers (liblz4's compressors, which pyarrow's and p
 use) never produce one. Bytes after the last literals are an error (TRUNCATED, or OVERRUN for
 a match past the full output), as for liblz4; so is an empty input (SHORT: liblz4 refuses it;
 the page reader passes on a v2 page's empty values section before decoding), while the single
-byte 0 is the empty block.
+byte 0 is the empty block (any other block that fills an empty page, which liblz4 refuses
+though a token of no literals writes nothing, returns UNUSUAL).
 
 Copies are 8 bytes wide where they fit: two for up to 16 literals or a match of up to 16 bytes
 at an offset of 8 or more (for most sequences), ``memcpy`` for longer runs and matches apart
@@ -149,6 +150,8 @@ def lz4_block_decode(buf, lo, hi, out):
             if ip == hi:  # the last sequence: literals only
                 if op != n:
                     return SHORT
+                if n == 0 and (hi - lo != 1 or buf[lo] != 0):  # liblz4's empty block is the byte 0 alone
+                    return UNUSUAL
                 return UNUSUAL if unusual else n
             if hi - ip < 2:
                 return TRUNCATED

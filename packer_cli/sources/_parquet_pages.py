@@ -247,7 +247,9 @@ def _page_header(buf, pos, hi, row):
             if pos < 0:
                 return -1
             row[_TOP_COLUMNS[fid - 1]] = value
-        elif (fid == 5 or fid == 7 or fid == 8) and kind == _STRUCT:
+        elif (fid == 5 or fid == 7 or fid == 8) and kind != _STRUCT:
+            return -1  # a page-type header of another wire type: the Python reader refuses it
+        elif fid == 5 or fid == 7 or fid == 8:
             if fid == 5:
                 pos = _sub_header(buf, pos, hi, row, _V1_FIELDS, _I32_KINDS, _V1_COLUMNS, -1, -1)
             elif fid == 8:

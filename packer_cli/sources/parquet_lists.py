@@ -453,6 +453,7 @@ class _ChunkPages:
             if page is not None:
                 return page
         header, start, size = self.skip()
+        self.rows = self.row = 0  # the window's pages are behind: the next window starts here
         self.alone = size >= ALONE_PAYLOAD
         if size >= _MAP_PAYLOAD:
             base = start - start % mmap.ALLOCATIONGRANULARITY
