@@ -50,3 +50,14 @@ def count_run_paths(monkeypatch) -> dict[str, int]:
 
         monkeypatch.setattr(RowGroupRuns, method, counted)
     return taken
+
+
+def packed_shard_digests(path: Path, out: Path, **spec) -> list[str]:
+    """The xxh3 checksums of the shards ``pack`` writes from one Parquet file (``PackSpec(**spec)``,
+    pack size 2048 by default): two files holding the same table must give the same ones."""
+    import json
+
+    from packer_cli import PackSpec, pack
+
+    pack([str(path)], str(out), PackSpec(**{"pack_size": 2048, **spec}))
+    return [shard["xxh3_64"] for shard in json.loads((out / "manifest.json").read_text())["shards"]]

@@ -2099,11 +2099,9 @@ def test_a_file_of_tiny_pages_is_handed_to_pyarrow_which_reads_them_faster(tmp_p
     TINY_PAGES data pages: the rest of the file is pyarrow's, from the row reached (equal rows,
     equal shards); pages above it, and a mask column of few bytes but many values a page, stay
     on the fast path."""
-    import json
-
     from conftest import DEFAULT_TINY_PAGE_VALUES
+    from parquet_checks import packed_shard_digests
 
-    from packer_cli import PackSpec, pack
     from packer_cli.sources import parquet_lists
     from packer_cli.sources._parquet_pages import NUM_VALUES, PAGE_TYPE
 
@@ -2128,12 +2126,7 @@ def test_a_file_of_tiny_pages_is_handed_to_pyarrow_which_reads_them_faster(tmp_p
     assert_same_as_pyarrow(usual, fields, batches)
     assert (reader.fast_rows, reader.fallback_reason) == (table.num_rows, None)
 
-    digests = []
-    for path in (usual, tiny):
-        out = tmp_path / path.stem
-        pack([str(path)], str(out), PackSpec(pack_size=2048))
-        digests.append([s["xxh3_64"] for s in json.loads((out / "manifest.json").read_text())["shards"]])
-    assert digests[0] == digests[1]
+    assert packed_shard_digests(usual, tmp_path / "usual") == packed_shard_digests(tiny, tmp_path / "tiny")
 
 
 @pytest.mark.parametrize("rows", [1045, 1046])

@@ -12,7 +12,7 @@ from packer_cli._arrow import numpy_dtype
 from packer_cli.sources._parquet_delta import delta_decode
 from packer_cli.sources._parquet_kernels import TRUNCATED, UNUSUAL
 from packer_cli.sources.parquet_lists import ListColumnReader
-from parquet_checks import flips_read_otherwise
+from parquet_checks import flips_read_otherwise, packed_shard_digests
 
 
 def uvarint(value: int) -> bytes:
@@ -165,21 +165,13 @@ def test_files_of_delta_pages_are_read_by_packer_equal_to_pyarrow(tmp_path, valu
 
 
 def test_pack_of_a_delta_file_writes_the_shards_of_the_same_table_dictionary_encoded(tmp_path, synthetic_parquet):
-    import json
-
-    from packer_cli import PackSpec, pack
-
     table = pq.read_table(synthetic_parquet)
     delta = tmp_path / "delta.parquet"
     pq.write_table(table, delta, use_dictionary=False, row_group_size=700,
                    column_encoding={"input_ids.list.element": "DELTA_BINARY_PACKED",
                                     "loss_mask.list.element": "DELTA_BINARY_PACKED"})
-    digests = []
-    for name, path in (("dict", synthetic_parquet), ("delta", delta)):
-        pack([str(path)], str(tmp_path / name), PackSpec(pack_size=2048, cp=2))
-        manifest = json.loads((tmp_path / name / "manifest.json").read_text())
-        digests.append([s["xxh3_64"] for s in manifest["shards"]])
-    assert digests[0] == digests[1]
+    assert packed_shard_digests(synthetic_parquet, tmp_path / "dict", cp=2) == \
+        packed_shard_digests(delta, tmp_path / "delta", cp=2)
 
 
 def _delta_file(path, value_type, rows: int, seed: int) -> tuple[int, int]:
