@@ -241,23 +241,12 @@ def _first_fit_into(seq_lengths, m, capacity, tree, size, pack_of_position):
 
 
 @njit(**NJIT_FLAGS)
-def _best_fit(seq_lengths, capacity):
-    """Plain best fit in the given order (least remaining room that fits, ties to the lowest
-    pack), by scanning the open packs: O(M * packs), for the few items of a small window, where
-    :func:`_bfd_positions`' tables over the capacity would cost more.
-
-    Returns ``(pack_of_position int32[M], num_packs)``.
-    """
-    m = seq_lengths.shape[0]
-    pack_of_position = np.empty(m, np.int32)
-    num_packs = _best_fit_into(seq_lengths, m, capacity, np.empty(m, np.int64), pack_of_position)
-    return pack_of_position, num_packs
-
-
-@njit(**NJIT_FLAGS)
 def _best_fit_into(seq_lengths, m, capacity, room, pack_of_position):
-    """:func:`_best_fit` of ``seq_lengths[:m]`` into ``pack_of_position[:m]``, with ``room``
-    (int64, at least ``m`` entries) as work space; the number of packs."""
+    """Plain best fit of ``seq_lengths[:m]`` in the given order (least remaining room that fits,
+    ties to the lowest pack), by scanning the open packs: O(M * packs), for the few items of a
+    small window, where :func:`_bfd_positions`' tables over the capacity would cost more. The
+    pack of each into ``pack_of_position[:m]``, with ``room`` (int64, at least ``m`` entries) as
+    work space; returns the number of packs."""
     num_packs = 0
     for k in range(m):
         length = seq_lengths[k]

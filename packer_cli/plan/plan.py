@@ -222,16 +222,14 @@ def _sorted_is_cheaper(items, top, capacity: int, algorithm: str):
 
 def _plan_sorted_window(part: np.ndarray, capacity: int, algorithm: str) -> PackPlan:
     """FFD/BFD of one window's items sorted by decreasing length (ties by index), in the grouped
-    layout ``_plan_decreasing`` gives."""
-    kept = np.flatnonzero(part)
-    order = kept[np.argsort(-part[kept], kind="stable")].astype(np.int32)
-    lengths = part[order]
-    if algorithm == "ffd":
-        pack_of, num_packs = K._first_fit(lengths, capacity, _tree(max(order.size, 1)))
-    else:
-        pack_of, num_packs = K._best_fit(lengths, capacity)
-    grouped, offsets, load = K._group_by_pack(order, pack_of, lengths, num_packs)
-    return _make_plan(grouped, offsets, load, part.shape[0], capacity, algorithm)
+    layout ``_plan_decreasing`` gives: the compiled loop's placement, on this window alone."""
+    n = int(np.count_nonzero(part))
+    order, offsets, load = np.empty(n, np.int32), np.zeros(n + 1, np.int64), np.empty(n, np.int32)
+    scratch = (np.empty(n, np.int32), np.empty(n, part.dtype), np.empty(n, np.int32), np.empty(n, np.int64),
+               _tree(max(n, 1)))
+    _, _, packs = K._plan_small_windows(part, np.zeros(1, np.int64), 0, 1, capacity, algorithm == "bfd",
+                                        REFINE_ITEMS_RATIO, False, order, offsets, load, 0, 0, *scratch)
+    return _make_plan(order, offsets[:packs + 1], load[:packs], part.shape[0], capacity, algorithm)
 
 
 def _plan_window(part: np.ndarray, capacity: int, algorithm: str, top: int) -> PackPlan:
