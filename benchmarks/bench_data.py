@@ -3,7 +3,8 @@
 * ``sft4k`` tokenized SFT table: lognormal lengths (median 400, sigma 0.9, clipped to
   [16, 4096] — the ``sft4k`` planner distribution), random ids below 100,000, a prompt of
   10–60 % of each sample with loss 0 and the response with loss 1. Written as Parquet
-  (snappy, 4,096 rows per row group, like the shared real files) and as JSON Lines.
+  (snappy, 4,096 rows per row group, like the shared real files) and as JSON Lines, plain and
+  gzipped (Python's gzip module at its default level 6, as ``gzip`` writes by default).
 * Length-only distributions for plan quality: ``sft4k``, ``gamma1k``, ``long8k`` (the same
   generator and seeds as ``bench_plan.py``) and the real files in ``../shared/data`` when present.
 
@@ -120,6 +121,21 @@ def sft_jsonl(samples: int, seed: int = 0) -> str:
     return path
 
 
+def sft_jsonl_gz(jsonl: str) -> str:
+    """``jsonl`` gzipped beside it (``.jsonl.gz``, level 6); returns its path."""
+    import gzip
+    import shutil
+
+    path = jsonl + ".gz"
+    if os.path.exists(path):
+        return path
+    tmp = path + ".tmp"
+    with open(jsonl, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    os.replace(tmp, path)
+    return path
+
+
 def length_distributions(n: int, seed: int = 0) -> dict[str, tuple[np.ndarray, int]]:
     """Item lengths and capacity of every quality distribution (synthetic + shared real data)."""
     from bench_plan import DISTRIBUTIONS, make_lengths
@@ -151,6 +167,9 @@ def main() -> None:
     path = sft_jsonl(args.jsonl_samples)
     emit({"what": "jsonl", "path": os.path.relpath(path, REPO), "samples": args.jsonl_samples,
           "bytes": os.path.getsize(path)})
+    gz = sft_jsonl_gz(path)
+    emit({"what": "jsonl_gz", "path": os.path.relpath(gz, REPO), "samples": args.jsonl_samples,
+          "bytes": os.path.getsize(gz)})
 
 
 if __name__ == "__main__":

@@ -27,7 +27,10 @@ Tools (``--tools``):
                  apart (``--serve trl_once``), the wall time from outside;
 * ``decode``     pyarrow ``ParquetFile.iter_batches`` over the input (2,048-row batches, both columns);
 * ``decode_packer`` packer's own Parquet decoder (``ListColumnReader``) over the same columns;
-* ``read_json``  ``pyarrow.json.read_json`` of a JSON Lines input, given the columns' types;
+* ``cli_zlib``   ``packer pack`` with ``PACKER_GZIP_DECODER=zlib``: a ``.jsonl.gz`` input
+                 decompressed by Python's gzip module instead of igzip (isal);
+* ``read_json``  ``pyarrow.json.read_json`` of a JSON Lines input, given the columns' types
+                 (a ``.gz`` one decompressed by pyarrow as it reads);
 * ``disk``       sequential write of ``--disk-gb`` GiB with ``np.tofile`` + ``fsync`` (through the
                  page cache: on this VM bounded by the kernel's page allocation, not the disk);
 * ``disk_direct`` the same bytes with ``O_DIRECT`` in 16 MiB writes + ``fsync``: the device's rate;
@@ -72,8 +75,10 @@ def _count_tokens(path: str) -> tuple[int, int]:
             samples += batch.num_rows
             tokens += len(batch.column(0).values)
         return samples, tokens
+    import gzip
+
     samples = tokens = 0
-    with open(path, "rb") as f:
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
         for line in f:
             samples += 1
             start = line.index(b"[")
@@ -359,6 +364,8 @@ def main() -> None:
                     row = run_cli(args)
                 elif tool == "cli_floor":
                     row = run_cli_floor(args)
+                elif tool == "cli_zlib":
+                    row = run_cli(args, env={"PACKER_GZIP_DECODER": "zlib"})
                 elif tool == "cli_bridge":
                     row = run_cli_bridge(args)
                 elif tool == "cli_bridge_arrow":

@@ -296,6 +296,13 @@ def render(res: dict, targets: dict) -> str:
             rows.append([f"JSONL → shards ({label}) vs `pyarrow.json.read_json` (parse only{given})", _mt(tps), _mt(rj),
                          _fmt_ratio(r), f"≥ {targets['jsonl_vs_read_json']:.0f}×",
                          _met(r, targets["jsonl_vs_read_json"])])
+    jg = _last(res.get("jsonl_gz"))
+    if jg:
+        rj = jg.get("read_json", {}).get("tokens_per_s")
+        for label, key in (("igzip", "cli"), ("Python's gzip module", "cli_zlib")):
+            tps = jg.get(key, {}).get("tokens_per_s")
+            rows.append([f"gzipped JSONL → shards (CLI, {label}) vs `pyarrow.json.read_json` of the same `.gz`",
+                         _mt(tps), _mt(rj), _fmt_ratio(_ratio(tps, rj)), "(report)", "–"])
     if mem:
         small, lg = mem["small"], mem["large"]
         rows.append([f"Peak RSS, 1× input ({small['records']:,} samples, {small['tokens'] / 1e6:,.0f} M tokens)",
@@ -500,6 +507,18 @@ def render(res: dict, targets: dict) -> str:
                                  ("read_json", "pyarrow.json.read_json")) if k in jl]
         out.append(_table(["tool", "median s", "min s", "tokens/s", "vs read_json"], rows) + "\n")
         out.append("Command: `" + next(s["command"] for s in res["steps"] if s["step"] == "jsonl") + "`\n")
+    jg = _last(res.get("jsonl_gz"))
+    if jg:
+        out.append(f"The same file gzipped (`{jg['input']}`, {jg['input_bytes'] / MB:,.0f} MB, level 6): packer "
+                   "decompresses it with igzip (ISA-L, the `gzip` extra) where installed, else with Python's gzip "
+                   "module (`PACKER_GZIP_DECODER=zlib`); `read_json` decompresses it as it reads.\n")
+        rj = jg.get("read_json", {}).get("tokens_per_s")
+        rows = [[label, f"{jg[k]['median_s']:.2f}", f"{jg[k]['min_s']:.2f}", _mt(jg[k]["tokens_per_s"]),
+                 _fmt_ratio(_ratio(jg[k]["tokens_per_s"], rj))]
+                for k, label in (("cli", "packer pack (CLI, igzip)"), ("cli_zlib", "packer pack (CLI, gzip module)"),
+                                 ("read_json", "pyarrow.json.read_json")) if k in jg]
+        out.append(_table(["tool", "median s", "min s", "tokens/s", "vs read_json"], rows) + "\n")
+        out.append("Command: `" + next(s["command"] for s in res["steps"] if s["step"] == "jsonl_gz") + "`\n")
 
     if mem:
         reps = mem.get("repeats", 1)

@@ -78,6 +78,7 @@ def main() -> None:
                          str(cfg["jsonl_samples"])], log)
     parquet = os.path.join(REPO, last(data, "parquet")["path"])
     jsonl = os.path.join(REPO, last(data, "jsonl")["path"])
+    jsonl_gz = os.path.join(REPO, last(data, "jsonl_gz")["path"])
     results["data"] = data
     runs = str(cfg["runs"])
     if "e2e" in wanted:
@@ -86,6 +87,9 @@ def main() -> None:
     if "jsonl" in wanted:
         results["jsonl"] = step("jsonl", ["bench_e2e.py", "--input", jsonl, "--runs", runs,
                                           "--tools", "cli,api,read_json", "--out", os.path.join(OUT, "jsonl")], log)
+        results["jsonl_gz"] = step("jsonl_gz", ["bench_e2e.py", "--input", jsonl_gz, "--runs", runs,
+                                                "--tools", "cli,cli_zlib,read_json", "--out",
+                                                os.path.join(OUT, "jsonl_gz")], log)
     if "memory" in wanted:
         results["memory"] = step("memory", ["bench_memory.py", "--input", parquet, "--times",
                                             str(cfg["memory_times"]), "--repeats", "5", "--verify-source"], log)

@@ -69,6 +69,7 @@ from packer_cli.shards.writer import ShardFile, pack_record_batch
 from packer_cli.sources import SampleStream, discover_inputs
 from packer_cli.sources.discover import glob_reaches, input_paths, path_argument
 from packer_cli.sources.parquet_lists import DECODERS, ENV_DECODER
+from packer_cli.sources.readers import ENV_GZIP, GZIP_DECODERS
 from packer_cli.spec import PackSpec, SourceSpec, is_bool, is_int
 
 DEFAULT_SHARD_BYTES = 256 << 20
@@ -764,6 +765,7 @@ def _checked_options(spec, source, output, *, overwrite, dry_run, progress, shar
     _check_arguments(spec, source, shard_bytes, spill_memory, output)
     env_choice(ENV_DECODER, DECODERS)  # checked here, whether or not this run decodes Parquet or writes it
     env_choice(ENV_ENCODER, ENCODERS)
+    env_choice(ENV_GZIP, GZIP_DECODERS)
     if spill_read not in SPILL_READ_MODES:
         raise ConfigError(f"spill read must be one of {', '.join(SPILL_READ_MODES)}, got {spill_read!r}")
     for name, flag in (("overwrite", overwrite), ("dry_run", dry_run), ("progress", progress)):
