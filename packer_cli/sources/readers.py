@@ -884,6 +884,8 @@ def _valued_column(path: str, names: tuple[str, ...], columns, row: int, row0: i
 def _parquet_valued_row(path: str, names: tuple[str, ...]) -> tuple[int, str] | None:
     """(row, column) of the first value in an ``absent`` column of a Parquet file, read before any
     row is used (the columns are not among those read), or None."""
+    if not names:  # nothing to look for: the file is not opened once more for it (0.1 ms a file)
+        return None
     found = None
     with pq.ParquetFile(path) as pf:
         for name in names:
