@@ -224,6 +224,16 @@ def _spill_section(rows: list[dict], command: str) -> str:
     return "\n".join(parts)
 
 
+def _vs_read_json(summary: dict, tools, res: dict, step_name: str) -> str:
+    """A JSON Lines step's table (each of packer's ``tools``, then ``read_json``) and its command."""
+    rj = summary.get("read_json", {}).get("tokens_per_s")
+    rows = [[label, f"{summary[k]['median_s']:.2f}", f"{summary[k]['min_s']:.2f}", _mt(summary[k]["tokens_per_s"]),
+             _fmt_ratio(_ratio(summary[k]["tokens_per_s"], rj))]
+            for k, label in (*tools, ("read_json", "pyarrow.json.read_json")) if k in summary]
+    command = next(s["command"] for s in res["steps"] if s["step"] == step_name)
+    return _table(["tool", "median s", "min s", "tokens/s", "vs read_json"], rows) + f"\n\nCommand: `{command}`\n"
+
+
 def render(res: dict, targets: dict) -> str:
     e2e, jl, mem = _last(res.get("e2e")), _last(res.get("jsonl")), _last(res.get("memory"))
     out: list[str] = []
@@ -500,25 +510,14 @@ def render(res: dict, targets: dict) -> str:
                    f"{jl['input_bytes'] / MB:,.0f} MB. `read_json` only parses the file into an Arrow table; packer "
                    "parses (compiled scanner, orjson for any record it cannot vouch for), validates, packs and "
                    "writes shards.\n")
-        rj = jl.get("read_json", {}).get("tokens_per_s")
-        rows = [[label, f"{jl[k]['median_s']:.2f}", f"{jl[k]['min_s']:.2f}", _mt(jl[k]["tokens_per_s"]),
-                 _fmt_ratio(_ratio(jl[k]["tokens_per_s"], rj))]
-                for k, label in (("cli", "packer pack (CLI)"), ("api", "packer pack() (API)"),
-                                 ("read_json", "pyarrow.json.read_json")) if k in jl]
-        out.append(_table(["tool", "median s", "min s", "tokens/s", "vs read_json"], rows) + "\n")
-        out.append("Command: `" + next(s["command"] for s in res["steps"] if s["step"] == "jsonl") + "`\n")
+        out.append(_vs_read_json(jl, (("cli", "packer pack (CLI)"), ("api", "packer pack() (API)")), res, "jsonl"))
     jg = _last(res.get("jsonl_gz"))
     if jg:
         out.append(f"The same file gzipped (`{jg['input']}`, {jg['input_bytes'] / MB:,.0f} MB, level 6): packer "
                    "decompresses it with igzip (ISA-L, the `gzip` extra) where installed, else with Python's gzip "
                    "module (`PACKER_GZIP_DECODER=zlib`); `read_json` decompresses it as it reads.\n")
-        rj = jg.get("read_json", {}).get("tokens_per_s")
-        rows = [[label, f"{jg[k]['median_s']:.2f}", f"{jg[k]['min_s']:.2f}", _mt(jg[k]["tokens_per_s"]),
-                 _fmt_ratio(_ratio(jg[k]["tokens_per_s"], rj))]
-                for k, label in (("cli", "packer pack (CLI, igzip)"), ("cli_zlib", "packer pack (CLI, gzip module)"),
-                                 ("read_json", "pyarrow.json.read_json")) if k in jg]
-        out.append(_table(["tool", "median s", "min s", "tokens/s", "vs read_json"], rows) + "\n")
-        out.append("Command: `" + next(s["command"] for s in res["steps"] if s["step"] == "jsonl_gz") + "`\n")
+        out.append(_vs_read_json(jg, (("cli", "packer pack (CLI, igzip)"),
+                                      ("cli_zlib", "packer pack (CLI, gzip module)")), res, "jsonl_gz"))
 
     if mem:
         reps = mem.get("repeats", 1)
