@@ -197,3 +197,16 @@ def test_a_misspelt_decoder_is_an_error_before_anything_is_read(tmp_path, monkey
     assert not (tmp_path / "out").exists()
     monkeypatch.setenv(ENV, " ZLIB ")  # any case, spaces around
     assert runner.invoke(app, ["pack", str(path), "-o", str(tmp_path / "out")]).exit_code == 0
+
+
+def test_verify_of_a_gzipped_source_with_a_misspelt_decoder_is_a_usage_error(tmp_path, monkeypatch):
+    """Not a finding against the output ("the source could not be read", exit 1): the command's own error."""
+    path = tmp_path / "d.jsonl.gz"
+    path.write_bytes(VALID["one member"])
+    pack([str(path)], str(tmp_path / "out"), PackSpec(pack_size=64))
+    monkeypatch.setenv(ENV, "gzip")
+    result = runner.invoke(app, ["verify", str(tmp_path / "out"), "--source", str(path)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: {ENV}='gzip': expected 'isal' or 'zlib' (or unset)"
+    monkeypatch.setenv(ENV, "zlib")
+    assert runner.invoke(app, ["verify", str(tmp_path / "out"), "--source", str(path)]).exit_code == 0

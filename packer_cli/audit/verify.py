@@ -34,7 +34,7 @@ from packer_cli.audit._pack_checks import Sequences, check_batch
 from packer_cli.audit.findings import ERROR, WARNING, Finding, FindingSink
 from packer_cli.audit.report import InspectReport
 from packer_cli.audit.store import ShardError
-from packer_cli.errors import ConfigError, PackerError, counted, interrupts_kept, reading_document
+from packer_cli.errors import ConfigError, PackerError, counted, env_choice, interrupts_kept, reading_document
 from packer_cli.sources.discover import input_paths, path_argument
 from packer_cli.spec import is_int
 from packer_cli.shards.format import METADATA_FILE
@@ -228,6 +228,9 @@ def verify_output(out: str, sources: list[str] | None = None, *, limit: int = 20
             files = discover_inputs(sources)
         except PackerError as exc:
             raise ConfigError(f"--source: {exc}") from None
+        from packer_cli.sources.readers import ENV_GZIP, GZIP_DECODERS
+
+        env_choice(ENV_GZIP, GZIP_DECODERS)  # as pack checks it: a misspelt switch is the command's error
     sink = FindingSink(limit)
     layout = check_layout(out, sink, split)
     store, meta, entries, lim = layout.store, layout.metadata, layout.entries, layout.limits
