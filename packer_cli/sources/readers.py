@@ -44,7 +44,7 @@ SPLIT_BYTES = 1 << 20
 #: it is installed (``pip install "packer-cli[gzip]"``), Python's gzip module where it is not;
 #: ``zlib`` with Python's gzip module always. Both read the same files the same way (members back
 #: to back, zero padding after the last; a cut or damaged one is an error); igzip decompresses
-#: about 3x as fast (see :func:`_open_gzip`).
+#: about 3x as fast (see :func:`_gzip_module`).
 ENV_GZIP = "PACKER_GZIP_DECODER"
 GZIP_DECODERS = ("isal", "zlib")
 #: What reading an input's bytes raises for bytes that are not what they should be; isal's own
