@@ -236,6 +236,7 @@ def _vs_read_json(summary: dict, tools, res: dict, step_name: str) -> str:
 
 def render(res: dict, targets: dict) -> str:
     e2e, jl, mem = _last(res.get("e2e")), _last(res.get("jsonl")), _last(res.get("memory"))
+    jg = _last(res.get("jsonl_gz"))
     out: list[str] = []
     cfg = res["config"]
     m, v = res["machine"], res["versions"]
@@ -306,7 +307,6 @@ def render(res: dict, targets: dict) -> str:
             rows.append([f"JSONL → shards ({label}) vs `pyarrow.json.read_json` (parse only{given})", _mt(tps), _mt(rj),
                          _fmt_ratio(r), f"≥ {targets['jsonl_vs_read_json']:.0f}×",
                          _met(r, targets["jsonl_vs_read_json"])])
-    jg = _last(res.get("jsonl_gz"))
     if jg:
         rj = jg.get("read_json", {}).get("tokens_per_s")
         for label, key in (("igzip", "cli"), ("Python's gzip module", "cli_zlib")):
@@ -511,7 +511,6 @@ def render(res: dict, targets: dict) -> str:
                    "parses (compiled scanner, orjson for any record it cannot vouch for), validates, packs and "
                    "writes shards.\n")
         out.append(_vs_read_json(jl, (("cli", "packer pack (CLI)"), ("api", "packer pack() (API)")), res, "jsonl"))
-    jg = _last(res.get("jsonl_gz"))
     if jg:
         out.append(f"The same file gzipped (`{jg['input']}`, {jg['input_bytes'] / MB:,.0f} MB, level 6): packer "
                    "decompresses it with igzip (ISA-L, the `gzip` extra) where installed, else with Python's gzip "
