@@ -191,6 +191,23 @@ def _inputs_section(rows: list[dict], command: str) -> str:
     return "\n".join(out)
 
 
+def _coldstart_section(rows: list[dict], command: str) -> str:
+    """Each command's first run after an install (kernels compiled) and its second (cached)."""
+    out = ["## Cold start: the first run after an install (bench_coldstart.py)\n",
+           "Every other step runs with packer's kernels already compiled and cached. This one copies the "
+           "package's sources without their `__pycache__` and runs each command twice, in the order a new "
+           "user would: the first run compiles what no earlier command compiled (the command says so on "
+           "stderr, and how long it took), the second loads everything from the cache.\n"]
+    table = [[f"packer {r['command']}", f"{r['first_s']:.1f}", str(r["kernels"]), f"{r['compile_s']:.1f}",
+              f"{r['second_s']:.2f}"] for r in _all(rows, "command")]
+    out.append(_table(["command", "first run s", "kernels compiled", "compiling s", "second run s"], table) + "\n")
+    if summary := _last(rows):
+        out.append(f"All {len(table)} commands on {summary['samples']:,} samples: {summary['first_s']:.1f} s the "
+                   f"first time, {summary['second_s']:.1f} s the second.\n")
+    out.append(f"Command: `{command}`\n")
+    return "\n".join(out)
+
+
 def _spill_section(rows: list[dict], command: str) -> str:
     """How pass two read the spill back, at random or staged, with and without room for it."""
     parts = ["## Spill read back at random or staged (bench_spill.py)\n",
@@ -675,6 +692,13 @@ def render(res: dict, targets: dict) -> str:
         if rerun:  # the step alone, run again after the full run (its figures are seeded, not timed but for one line)
             out.append(f"This section's step was run again on its own at commit `{rerun['commit'][:12]}` "
                        f"({rerun['date']}), after the full run.\n")
+
+    if res.get("coldstart"):
+        out.append(_coldstart_section(res["coldstart"], next(s["command"] for s in res["steps"]
+                                                              if s["step"] == "coldstart")))
+        if rerun := res.get("coldstart_added"):  # a step the full run did not have yet, run on its own after it
+            out.append(f"This step was added after the full run and run on its own at commit `{rerun['commit'][:12]}` "
+                       f"({rerun['date']}).\n")
 
     out.append("## Steps\n")
     out.append(_table(["step", "seconds", "exit", "command"],

@@ -24,10 +24,12 @@ OUT = os.path.join(HERE, "_out")
 
 FULL = {"inputs_samples": 100_000, "samples": 200_000, "jsonl_samples": 200_000, "plan_n": 1_000_000, "python_n": 100_000,
         "quality_n": 1_000_000, "disk_gb": 2.0, "memory_times": 10, "audit_tokens": 200e6, "runs": 5,
-        "spill_times": 5, "spill_limit_mb": 1200, "balance_n": 200_000, "order_n": 200_000}
+        "spill_times": 5, "spill_limit_mb": 1200, "balance_n": 200_000, "order_n": 200_000,
+        "coldstart_samples": 2_000}
 QUICK = {"inputs_samples": 20_000, "samples": 50_000, "jsonl_samples": 10_000, "plan_n": 200_000, "python_n": 20_000,
          "quality_n": 200_000, "disk_gb": 0.5, "memory_times": 10, "audit_tokens": 20e6, "runs": 5,
-         "spill_times": 10, "spill_limit_mb": 900, "balance_n": 50_000, "order_n": 50_000}
+         "spill_times": 10, "spill_limit_mb": 900, "balance_n": 50_000, "order_n": 50_000,
+         "coldstart_samples": 2_000}
 
 TARGETS = {"e2e_vs_trl": 5.0, "e2e_vs_disk": 0.5, "jsonl_vs_read_json": 2.0, "audit_tokens_per_s": 100e6}
 
@@ -55,7 +57,8 @@ def last(rows: list[dict], what: str = "summary") -> dict:
 
 
 #: The steps ``--only`` may name (``data`` always runs: the others read its files).
-STEPS = ("plan", "quality", "order", "e2e", "inputs", "jsonl", "memory", "spill", "audit", "loader", "balance")
+STEPS = ("plan", "quality", "order", "e2e", "inputs", "jsonl", "memory", "spill", "audit", "loader", "balance",
+         "coldstart")
 
 
 def main() -> None:
@@ -122,6 +125,9 @@ def main() -> None:
         results["loader"] = step("loader", ["bench_loader.py", "--input", parquet, "--runs", runs], log)
     if "balance" in wanted:
         results["balance"] = step("balance", ["bench_balance.py", "--n", str(cfg["balance_n"])], log)
+    if "coldstart" in wanted:
+        results["coldstart"] = step("coldstart", ["bench_coldstart.py", "--input", parquet, "--samples",
+                                                  str(cfg["coldstart_samples"])], log)
     results["total_seconds"] = time.perf_counter() - started
     results["load_avg_end"] = os.getloadavg()
     with open(os.path.join(OUT, "results.json"), "w") as f:

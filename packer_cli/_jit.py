@@ -18,6 +18,10 @@ when the process is packer's.
 """
 from __future__ import annotations
 
+import threading
+import time
+from typing import Callable
+
 from packer_cli.errors import interrupts_deferred, reraise_interrupt
 
 
@@ -52,3 +56,81 @@ def light_cache_loads() -> bool:
     load_overload.__doc__ = full.__doc__
     cache.load_overload = load_overload
     return True
+
+
+class CompileLog:
+    """packer's kernels that a process compiled rather than loaded from the cache, and the time
+    it took (see :func:`log_compiles`). A kernel compiled inside another's compilation (a
+    helper it calls) is part of that one: ``kernels`` counts the outermost, and ``seconds`` is
+    their wall time."""
+
+    def __init__(self, on_first: Callable[[], None]):
+        self.kernels = 0
+        self.seconds = 0.0
+        self._on_first = on_first
+        self._local = threading.local()  # depth and start of this thread's compilation
+
+    def started(self, dispatcher) -> None:
+        from packer_cli._kernel_cache import is_packer_function
+
+        depth = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
+        if depth:
+            return
+        self._local.ours = is_packer_function(getattr(dispatcher, "py_func", None))
+        self._local.start = time.perf_counter()
+        if self._local.ours and self.kernels == 0 and self._on_first is not None:
+            on_first, self._on_first = self._on_first, None  # once a process
+            on_first()
+
+    def ended(self) -> None:
+        self._local.depth -= 1
+        if self._local.depth == 0 and self._local.ours:
+            self.kernels += 1
+            self.seconds += time.perf_counter() - self._local.start
+
+
+_log: CompileLog | None = None
+
+
+def log_compiles(on_first: Callable[[], None]) -> CompileLog | None:
+    """Count packer's kernels that this process compiles (a cache miss: the first use after an
+    install or upgrade, or on another kind of CPU) and call ``on_first`` as the first one
+    starts, so that a command does not sit silent for the 10-30 s compiling takes. Loading a
+    cached kernel is not a compilation. The same log for every call in a process; None where
+    this numba has no compile events (the commands then just run)."""
+    global _log
+    if _log is None:
+        log = CompileLog(on_first)
+        if listen(log) is not None:
+            _log = log
+    return _log
+
+
+def listen(log: CompileLog):
+    """Register a listener feeding ``log`` with numba's compile events; returns it (for
+    ``numba.core.event.unregister``), or None where this numba has no such events."""
+    try:
+        from numba.core import event
+    except ImportError:
+        return None
+    if not all(hasattr(event, name) for name in ("Listener", "register")):
+        return None
+
+    class _Listener(event.Listener):
+        # A failure here must not fail the compilation it reports on.
+        def on_start(self, ev) -> None:
+            try:
+                log.started((getattr(ev, "data", None) or {}).get("dispatcher"))
+            except Exception as exc:  # noqa: BLE001
+                reraise_interrupt(exc)
+
+        def on_end(self, ev) -> None:
+            try:
+                log.ended()
+            except Exception as exc:  # noqa: BLE001
+                reraise_interrupt(exc)
+
+    listener = _Listener()
+    event.register("numba:compile", listener)
+    return listener

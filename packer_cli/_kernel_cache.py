@@ -75,7 +75,7 @@ def _import_numba():
 
 _numba_njit = _import_numba()
 
-__all__ = ["install", "njit", "reach_digest"]  # kernel modules take ``njit`` from here: see install()
+__all__ = ["install", "is_packer_function", "njit", "reach_digest"]  # kernel modules take ``njit`` from here: see install()
 
 #: Directories whose functions get the reaching locators (packer's package; tests add others).
 _ROOTS: list[str] = [os.path.dirname(os.path.abspath(__file__))]
@@ -189,6 +189,12 @@ def _code_objects(code: types.CodeType):
 def _under_roots(path: str) -> bool:
     path = os.path.abspath(path)
     return any(path.startswith(root + os.sep) for root in _ROOTS)
+
+
+def is_packer_function(py_func) -> bool:
+    """Whether ``py_func`` is defined in a file under packer's package (or a root tests added)."""
+    path = _source_file(py_func)
+    return path is not None and _under_roots(path)
 
 
 def _is_kernel(obj) -> bool:

@@ -25,7 +25,7 @@ from packer_cli._console import (Console, StdoutLost, guard_std_streams, quiet_s
 
 from packer_cli._allocator import keep_freed_memory
 from packer_cli._cycles import sweep_while_collector_off
-from packer_cli._jit import light_cache_loads
+from packer_cli._jit import CompileLog, light_cache_loads, log_compiles
 from packer_cli.errors import (ConfigError, Interrupted, PackerError, PackerWarning, check_interrupted,
                                exception_chain, first_line, handling_signals, interrupted, late_signal, raise_interrupted,
                                out_of_memory, record_arrival_order, signal_received, stop_raising_interrupts)
@@ -146,7 +146,7 @@ def pack_command(
                         also_mask_fields=tuple(mask_field[1:]) if mask_field else (), labels_field=labels_field,
                         all_targets=all_targets,
                         vocab_size=vocab_size, on_bad_record=on_bad_record)
-    light_cache_loads()
+    compiles = _kernels_ready()
     try:
         _no_empty_paths([("--out", out), ("--spill-dir", spill_dir)] + [("INPUTS", path) for path in inputs])
         output = _bridge_output(out_format, split, eos_id, row_group_size, parquet_encoding)
@@ -168,6 +168,7 @@ def pack_command(
             from packer_cli.shards.bridge import describe
 
             print(describe(summary.output))
+    _say_compiled(compiles)
 
 
 def _print_json(doc: dict) -> None:
@@ -254,7 +255,7 @@ def inspect_command(
     from packer_cli.audit import InconsistentOutput, inspect_output
 
     check_interrupted()
-    light_cache_loads()
+    compiles = _kernels_ready()
     try:
         _no_empty_paths([("OUT", out)])
         reports = {s: inspect_output(out, pack=pack, split=s) for s in _splits_to_audit(out, split)}
@@ -265,6 +266,36 @@ def inspect_command(
     except MemoryError as exc:  # pyarrow's ArrowMemoryError too
         _fail_audit(out_of_memory(out, exc), json_out, out)
     _print_reports(reports, json_out, Console(soft_wrap=True))  # OUT's path whole in the title
+    _say_compiled(compiles)
+
+
+#: Said on stderr, where it is a terminal, as the first of packer's kernels starts compiling (a cache miss).
+COMPILING_NOTICE = ("compiling packer's kernels for this machine: first use after an install or upgrade, up to "
+                    "about half a minute a command, once; later runs load them from the cache")
+
+
+def _kernels_ready() -> CompileLog | None:
+    """Load cached kernels the light way; on a terminal, say so when one must be compiled
+    instead: a first run otherwise sat at 'reading 0/?' for half a minute with no word why.
+    Not where stderr is a file or a pipe: what a script or a job reads there stays as it was (an
+    error is still its one line), and a log shows the time in the run's own figures."""
+    from packer_cli.progress import say_above_bars
+
+    light_cache_loads()
+    try:
+        terminal = sys.stderr.isatty()
+    except (AttributeError, ValueError):  # no stderr, or a closed one
+        terminal = False
+    if not terminal:
+        return None
+    return log_compiles(lambda: say_above_bars(COMPILING_NOTICE) or say(COMPILING_NOTICE, err))
+
+
+def _say_compiled(log: CompileLog | None) -> None:
+    """After a command that compiled kernels: how many, and what they cost (part of its run time)."""
+    if log is not None and log.kernels:
+        say(f"compiled {log.kernels} of packer's kernels in {log.seconds:.1f} s (included in this run's time; "
+            "cached for later runs)", err)
 
 
 def _no_empty_paths(given: list[tuple[str, Optional[str]]]) -> None:
@@ -304,7 +335,7 @@ def verify_command(
     if source and len(splits) > 1:
         _fail_audit(ConfigError(f"{out} holds the splits {', '.join(splits)}; with --source name the one it fed "
                                 "(--split)"), json_out, out)
-    light_cache_loads()
+    compiles = _kernels_ready()
     try:
         reports = {s: verify_output(out, sources=source, limit=limit, split=s) for s in splits}
     except PackerError as exc:
@@ -318,6 +349,7 @@ def verify_command(
         if exc.reader_gone or not verdict:
             raise
         # problems found stay exit 1 (main() says what stdout met): only a success becomes 74
+    _say_compiled(compiles)
     raise typer.Exit(verdict)
 
 

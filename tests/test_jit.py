@@ -3,6 +3,7 @@ numba's own loading whenever the light way fails."""
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import subprocess
 import sys
@@ -131,3 +132,201 @@ def test_reraise_interrupt_finds_the_interrupt_behind_an_error():
     except SystemError as exc:
         with pytest.raises(KeyboardInterrupt):
             reraise_interrupt(exc)
+
+
+# --- telling the user that kernels compile ------------------------------------------------------
+
+def _kernel_module(root: Path, name: str, monkeypatch):
+    """A module under ``root`` with a kernel ``outer`` calling a kernel ``inner`` and a third,
+    ``other``; none cached, so each compiles at its first call in every process."""
+    root.mkdir(exist_ok=True)
+    (root / f"{name}.py").write_text(textwrap.dedent("""
+        from numba import njit
+
+        @njit
+        def inner(x):
+            return x + 1
+
+        @njit
+        def outer(x):
+            return inner(x) * 2
+
+        @njit
+        def other(x):
+            return x - 1
+    """))
+    monkeypatch.syspath_prepend(str(root))
+    return importlib.import_module(name)
+
+
+@pytest.fixture
+def compile_log():
+    """A fresh CompileLog fed by numba's compile events for the test's length, and the notices
+    it gave."""
+    from numba.core import event
+
+    from packer_cli._jit import CompileLog, listen
+
+    notices = []
+    log = CompileLog(lambda: notices.append(1))
+    listener = listen(log)
+    assert listener is not None, "this numba has compile events"
+    yield log, notices
+    event.unregister("numba:compile", listener)
+
+
+def test_packers_compiled_kernels_are_counted_once_each_and_announced_once(tmp_path, monkeypatch, compile_log):
+    from packer_cli._kernel_cache import install
+
+    log, notices = compile_log
+    foreign = _kernel_module(tmp_path / "elsewhere", "compile_log_foreign", monkeypatch)
+    assert foreign.outer(np.int64(1)) == 4  # not packer's: neither counted nor announced
+    assert (log.kernels, notices) == (0, [])
+
+    install(str(tmp_path / "ours"))  # functions under this root count as packer's
+    ours = _kernel_module(tmp_path / "ours", "compile_log_ours", monkeypatch)
+    assert ours.outer(np.int64(3)) == 8  # outer's compilation compiles inner inside it: one kernel
+    assert (log.kernels, notices) == (1, [1])
+    first = log.seconds
+    assert first > 0
+    assert ours.other(np.int64(3)) == 2
+    assert ours.outer(np.int64(5)) == 12  # compiled already: nothing new
+    assert ours.outer(5.5) == 13.0  # a new signature is another compilation
+    assert (log.kernels, notices) == (3, [1])  # announced once a process, not once a kernel
+    assert log.seconds > first
+
+
+def test_a_failing_notice_does_not_fail_the_compilation(tmp_path, monkeypatch):
+    from numba.core import event
+
+    from packer_cli._jit import CompileLog, listen
+    from packer_cli._kernel_cache import install
+
+    def broken():
+        raise OSError("stderr is gone")
+
+    log = CompileLog(broken)
+    listener = listen(log)
+    try:
+        install(str(tmp_path / "ours"))
+        module = _kernel_module(tmp_path / "ours", "compile_log_broken", monkeypatch)
+        assert module.outer(np.int64(1)) == 4
+        assert module.other(np.int64(1)) == 0
+        assert log.kernels == 2
+    finally:
+        event.unregister("numba:compile", listener)
+
+
+def _package_copy_missing(tmp_path: Path, module_dir: str, stem: str) -> Path:
+    """A copy of packer's package, its cached kernels included, less those of ``stem``.py in
+    ``module_dir``: a pack run in it compiles those and loads the rest."""
+    import shutil
+
+    import packer_cli
+
+    copy = tmp_path / "pkg"
+    shutil.copytree(Path(packer_cli.__file__).parent, copy / "packer_cli")  # copy2: the stamps hold
+    removed = [p for p in (copy / "packer_cli" / module_dir / "__pycache__").glob(f"{stem}.*.nb[ic]")]
+    for path in removed:
+        path.unlink()
+    return copy
+
+
+def _run_on_a_terminal(args: list[str], env: dict, cwd: Path) -> tuple[int, str, str]:
+    """(exit status, stdout, what the terminal showed) of ``args`` run with stderr on a
+    pseudo-terminal (stdout a file): packer speaks of compiling only to a terminal."""
+    import os
+    import pty
+    import re
+    import tempfile
+
+    master, slave = pty.openpty()
+    with tempfile.TemporaryFile() as stdout:
+        child = subprocess.Popen(args, stdout=stdout, stderr=slave, env=env, cwd=cwd)
+        os.close(slave)
+        shown = bytearray()
+        while True:
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # EIO: the child closed its side
+                break
+            if not chunk:
+                break
+            shown += chunk
+        os.close(master)
+        status = child.wait(timeout=600)
+        stdout.seek(0)
+        out = stdout.read().decode()
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown.decode(errors="replace")).replace("\r", "\n")
+    return status, out, text
+
+
+def test_the_cli_says_on_a_terminal_when_it_compiles_packers_kernels_and_what_it_cost(tmp_path):
+    import os
+
+    from packer_cli.cli import COMPILING_NOTICE
+
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        pytest.skip("kernels are cached apart (NUMBA_CACHE_DIR): a copy of the package would compile all of them")
+    src = tmp_path / "demo.parquet"
+    pq.write_table(demo_table(300, seed=4), src)
+    copy = _package_copy_missing(tmp_path, "sources", "_kernels")
+    probe = subprocess.run([sys.executable, "-c", "import packer_cli; print(packer_cli.__file__)"], cwd=tmp_path,
+                           env={**os.environ, "PYTHONPATH": str(copy)}, capture_output=True, text=True, check=True)
+    if not probe.stdout.strip().startswith(str(copy)):
+        pytest.skip(f"the copy is not what Python imports here ({probe.stdout.strip()})")
+    # not the checkout as working directory: python -m puts it first on sys.path
+    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1", "COLUMNS": "400"}
+
+    def pack(out: str, *extra: str, terminal: bool = True) -> tuple[str, str]:
+        args = [sys.executable, "-m", "packer_cli", "pack", str(src), "-o", str(tmp_path / out), "-C", "2048", *extra]
+        if not terminal:
+            done = subprocess.run(args, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+            assert done.returncode == 0, done.stderr
+            return done.stdout, done.stderr
+        status, stdout, shown = _run_on_a_terminal(args, env, tmp_path)
+        assert status == 0, shown
+        return stdout, shown
+
+    stdout, shown = pack("first", "--json")
+    assert json.loads(stdout)["ok"] is True  # the notes go to the terminal, never into the document
+    assert shown.count(COMPILING_NOTICE) == 1, shown
+    compiled = [line for line in shown.splitlines() if line.startswith("compiled ")]
+    assert len(compiled) == 1 and "of packer's kernels in" in compiled[0], shown
+    assert int(compiled[0].split()[1]) >= 1  # at least the removed module's kernels
+
+    _, shown = pack("second")  # every kernel cached now: not a word about compiling
+    assert "compil" not in shown, shown
+    assert (tmp_path / "first" / "manifest.json").read_bytes() == (tmp_path / "second" / "manifest.json").read_bytes()
+
+    cached = copy / "packer_cli" / "sources" / "__pycache__"
+    for path in cached.glob("_kernels.*.nb[ic]"):
+        path.unlink()  # compiling again, stderr a pipe: what a script reads there is as it was
+    _, stderr = pack("third", terminal=False)
+    assert stderr == "", stderr
+    assert list(cached.glob("_kernels.*.nbi"))  # (it did compile them)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_notice_goes_above_live_progress_bars(monkeypatch):
+    # rich's consoles write past its stderr redirection, so the notice printed through packer's
+    # stderr console while bars were live landed at the end of the bar's line, to be drawn over.
+    from packer_cli.progress import Progress, say_above_bars
+
+    screen = _Terminal()
+    monkeypatch.setattr(sys, "stderr", screen)
+    assert not say_above_bars("nothing on screen")  # the caller prints it its own way
+    with Progress(enabled=True) as bar:
+        task = bar.task("reading", total=None, unit="samples")
+        bar.advance(task, 5)
+        assert say_above_bars("compiling, once")
+    assert not say_above_bars("gone again")
+    text = screen.getvalue()
+    assert "compiling, once" in text and "nothing on screen" not in text and "gone again" not in text
+    # printed by the bars' own console: the bar's line erased first, the bars redrawn below it
+    # (a stray console's line followed the bar's last character)
+    assert "\x1b[2Kcompiling, once\n" in text, repr(text)
