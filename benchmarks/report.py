@@ -196,8 +196,9 @@ def _coldstart_section(rows: list[dict], command: str) -> str:
     out = ["## Cold start: the first run after an install (bench_coldstart.py)\n",
            "Every other step runs with packer's kernels already compiled and cached. This one copies the "
            "package's sources without their `__pycache__` and runs each command twice, in the order a new "
-           "user would: the first run compiles what no earlier command compiled (the command says so on "
-           "stderr, and how long it took), the second loads everything from the cache.\n"]
+           "user would: the first run compiles what no earlier command compiled (on a terminal the command "
+           "says so, and after it how many kernels and how long; each run's stderr is a pseudo-terminal here), "
+           "the second loads everything from the cache.\n"]
     table = [[f"packer {r['command']}", f"{r['first_s']:.1f}", str(r["kernels"]), f"{r['compile_s']:.1f}",
               f"{r['second_s']:.2f}"] for r in _all(rows, "command")]
     out.append(_table(["command", "first run s", "kernels compiled", "compiling s", "second run s"], table) + "\n")

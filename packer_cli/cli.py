@@ -154,7 +154,7 @@ def pack_command(
                        shard_bytes=parse_size(shard_size, "--shard-size"), progress=not json_out,
                        warn=lambda msg: say(f"warning: {msg}", err), output=output,
                        spill_dir=spill_dir, spill_memory=None if spill_memory is None else parse_size(spill_memory, "--spill-memory"), direct_io=direct_io,
-                       spill_read=spill_read.value)
+                       spill_read=spill_read.value, compile_ahead=True)
     except PackerError as exc:
         _fail_audit(exc, json_out, out)
     check_interrupted()  # a run the user stopped prints no summary

@@ -41,6 +41,7 @@ from typing import Callable
 import numpy as np
 
 from packer_cli import __version__
+from packer_cli import _compile_ahead
 from packer_cli._background import background, ordered_map
 from packer_cli._kernel_cache import njit
 from packer_cli._sequences import Items, SampleLog, SourceMap, build_items
@@ -655,6 +656,7 @@ def pack(
     spill_memory: int | None = None,
     direct_io: bool | None = None,
     spill_read: str = "auto",
+    compile_ahead: bool = False,
 ) -> PackSummary:
     """Pack tokenized samples from ``inputs`` into ``out`` (nothing is written with ``dry_run``).
 
@@ -692,6 +694,10 @@ def pack(
     :mod:`packer_cli.shards._staged`), or ``auto`` (staged when the spill is larger than the
     page cache this process can count on). The bytes written are the same either way.
 
+    ``compile_ahead``: where packer's kernels are not compiled yet (the first run after an install
+    or upgrade), compile the plan's and pass two's in a second process while this one reads
+    (:mod:`packer_cli._compile_ahead`; the command line does; ``PACKER_COMPILE_AHEAD=0`` never).
+
     Raises :class:`ConfigError` for unusable options (or an ``out`` that cannot be created),
     :class:`DataError` for bad data and :class:`OutputError` when writing the output or the
     spill fails (disk full, I/O error); on any error nothing is left at ``out``.
@@ -699,7 +705,7 @@ def pack(
     check_interrupted()  # a Ctrl-C lost while this module's imports compiled (errors.check_interrupted)
     opts = _checked_options(spec, source, output, overwrite=overwrite, dry_run=dry_run, progress=progress,
                             shard_bytes=shard_bytes, spill_memory=spill_memory, direct_io=direct_io,
-                            spill_read=spill_read)
+                            spill_read=spill_read, compile_ahead=compile_ahead)
     if warn is not None and not callable(warn):  # it failed after the whole run, at the first warning
         raise ConfigError(f"warn must be a callable taking one line of text, or None, got {warn!r}")
     paths = input_paths(inputs)
@@ -757,18 +763,21 @@ class _Options:
     spill_memory_asked: bool  # False: the default budget, cut quietly to what can be reserved
     direct_io: bool | None
     spill_read: str
+    compile_ahead: bool
 
 
 def _checked_options(spec, source, output, *, overwrite, dry_run, progress, shard_bytes, spill_memory, direct_io,
-                     spill_read) -> _Options:
+                     spill_read, compile_ahead=False) -> _Options:
     """Raise :class:`ConfigError` for unusable arguments of :func:`pack`, before anything is read."""
     _check_arguments(spec, source, shard_bytes, spill_memory, output)
     env_choice(ENV_DECODER, DECODERS)  # checked here, whether or not this run decodes Parquet or writes it
     env_choice(ENV_ENCODER, ENCODERS)
     env_choice(ENV_GZIP, GZIP_DECODERS)
+    env_choice(_compile_ahead.ENV_COMPILE_AHEAD, _compile_ahead.CHOICES)
     if spill_read not in SPILL_READ_MODES:
         raise ConfigError(f"spill read must be one of {', '.join(SPILL_READ_MODES)}, got {spill_read!r}")
-    for name, flag in (("overwrite", overwrite), ("dry_run", dry_run), ("progress", progress)):
+    for name, flag in (("overwrite", overwrite), ("dry_run", dry_run), ("progress", progress),
+                       ("compile_ahead", compile_ahead)):
         if not is_bool(flag):  # overwrite="false" is truthy: it replaced the output
             raise ConfigError(f"{name} must be True or False, got {flag!r}")
     if direct_io is not None and not is_bool(direct_io):
@@ -777,7 +786,8 @@ def _checked_options(spec, source, output, *, overwrite, dry_run, progress, shar
                     shard_bytes=int(shard_bytes),
                     spill_memory=DEFAULT_SPILL_MEMORY if spill_memory is None else int(spill_memory),
                     spill_memory_asked=spill_memory is not None,
-                    direct_io=None if direct_io is None else bool(direct_io), spill_read=spill_read)
+                    direct_io=None if direct_io is None else bool(direct_io), spill_read=spill_read,
+                    compile_ahead=bool(compile_ahead))
 
 
 def _temporary_output(out: str, overwrite: bool, spec: PackSpec, files, output: BridgeOutput | None,
@@ -806,6 +816,7 @@ class _Run:
         self.tmp: str | None = None
         self.spill_dir: str | None = None
         self.memory = SpillMemory(0)
+        self.helper: _compile_ahead.Helper | None = None
 
     def execute(self, source: SourceSpec) -> PackSummary:
         clock = _PhaseClock()
@@ -820,11 +831,15 @@ class _Run:
             reservation = _reserve_spill_memory(self.opts.spill_memory, self.warn, self.opts.spill_memory_asked)
             dry_memory = reservation.budget
             reservation.release()
+        if self.tmp and self.opts.compile_ahead:
+            self.helper = _compile_ahead.start(self.spec, self.output)
         with Progress(enabled=self.opts.progress) as bar:
             stream = SampleStream(self.files, source)
             log, read_counts, bad_listed = _read_inputs(stream, self.spill_dir, self.spec.max_sequence_length, bar,
                                                         spill_named=self.spill_parent, memory=self.memory,
                                                         dry_memory=dry_memory)
+            if self.helper is not None:  # what it compiled is then loaded, not compiled a second time
+                self.helper.wait()
             clock.lap("read")
             check_interrupted()  # no input yields no records: the stream refuses an empty one
             planned = self._plan(log, stream, read_counts, bad_listed, bar)
@@ -986,6 +1001,8 @@ class _Run:
         """Release the spill's memory and remove what is left: the spill (when elsewhere than
         the temporary output) and the temporary output of a run that did not finish."""
         self.memory.release()
+        if self.helper is not None:  # a run that failed or was stopped in pass one
+            self.helper.stop()
         with interrupts_deferred():  # a signal's exception waits until both are removed
             if self.spill_dir and self.spill_parent:
                 remove_tree(self.spill_dir)

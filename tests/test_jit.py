@@ -16,6 +16,8 @@ import pytest
 
 from packer_cli.demo import demo_table
 
+from terminal import run_on_a_terminal
+
 # Runs `packer pack` in a fresh process the way the console script does (main() minus the
 # os._exit) and reports how often numba refreshed its context and how many kernels came
 # from its cache.
@@ -232,35 +234,6 @@ def _package_copy_missing(tmp_path: Path, module_dir: str, stem: str) -> Path:
     return copy
 
 
-def _run_on_a_terminal(args: list[str], env: dict, cwd: Path) -> tuple[int, str, str]:
-    """(exit status, stdout, what the terminal showed) of ``args`` run with stderr on a
-    pseudo-terminal (stdout a file): packer speaks of compiling only to a terminal."""
-    import os
-    import pty
-    import re
-    import tempfile
-
-    master, slave = pty.openpty()
-    with tempfile.TemporaryFile() as stdout:
-        child = subprocess.Popen(args, stdout=stdout, stderr=slave, env=env, cwd=cwd)
-        os.close(slave)
-        shown = bytearray()
-        while True:
-            try:
-                chunk = os.read(master, 1 << 16)
-            except OSError:  # EIO: the child closed its side
-                break
-            if not chunk:
-                break
-            shown += chunk
-        os.close(master)
-        status = child.wait(timeout=600)
-        stdout.seek(0)
-        out = stdout.read().decode()
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown.decode(errors="replace")).replace("\r", "\n")
-    return status, out, text
-
-
 def test_the_cli_says_on_a_terminal_when_it_compiles_packers_kernels_and_what_it_cost(tmp_path):
     import os
 
@@ -284,7 +257,7 @@ def test_the_cli_says_on_a_terminal_when_it_compiles_packers_kernels_and_what_it
             done = subprocess.run(args, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
             assert done.returncode == 0, done.stderr
             return done.stdout, done.stderr
-        status, stdout, shown = _run_on_a_terminal(args, env, tmp_path)
+        status, stdout, shown = run_on_a_terminal(args, env, tmp_path)
         assert status == 0, shown
         return stdout, shown
 
