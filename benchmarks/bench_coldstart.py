@@ -6,7 +6,10 @@ the package's sources (no ``__pycache__``, so no cached kernel and no bytecode) 
 temporary directory, puts it first on ``PYTHONPATH`` (``NUMBA_CACHE_DIR`` unset: the kernels go
 beside the copy's sources, as in a user's install) and runs the commands a new user would, in
 this order, each twice: the first run compiles what no earlier command compiled, the second
-loads everything from the cache. The input is the benchmark table's first ``--samples``
+loads everything from the cache. Alternating with that sequence, the first ``pack`` alone runs in
+another fresh copy with ``PACKER_COMPILE_AHEAD=0``: without the helper process that compiles the
+plan's and pass two's kernels while the run reads (``packer_cli/_compile_ahead.py``). Each
+variant runs ``--rounds`` times, every round from a fresh copy; the rows are medians. The input is the benchmark table's first ``--samples``
 samples, as Parquet and as JSON Lines, so the first run's time is mostly compiling.
 
 Each row has both wall times, the kernels the command said it compiled and the seconds it said
@@ -31,7 +34,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from _util import PYTHON, REPO, emit, user_env
+from _util import PYTHON, REPO, emit, median, user_env
 
 COMPILED = re.compile(r"^compiled (\d+) of packer's kernels in ([0-9.]+) s", re.M)
 
@@ -81,40 +84,69 @@ def run(args: list[str], env: dict, cwd: str) -> dict:
             "compile_s": float(said.group(2)) if said else 0.0}
 
 
+def fresh_copy(work: str, name: str) -> str:
+    """The package's sources, without ``__pycache__`` (no cached kernel, no bytecode), in ``work/name``."""
+    copy = os.path.join(work, name)
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(os.path.join(REPO, "packer_cli"), os.path.join(copy, "packer_cli"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def environment(copy: str, work: str, **extra: str) -> dict:
+    env = user_env()
+    env.pop("NUMBA_CACHE_DIR", None)
+    env.update(PYTHONPATH=copy, COLUMNS="400", **extra)  # COLUMNS: the terminal's lines unwrapped
+    # the working directory is not the checkout: ``python -m`` puts it first on sys.path
+    probe = subprocess.run([PYTHON, "-c", "import packer_cli; print(packer_cli.__file__)"], env=env, cwd=work,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    if not probe.startswith(copy):
+        sys.exit(f"the copy is not what Python imports ({probe})")
+    return env
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--input", required=True, help="tokenized Parquet file (its first samples are used)")
     ap.add_argument("--samples", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=3, help="fresh copies per variant, alternating (medians)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="packer-coldstart-") as work:
-        copy = os.path.join(work, "pkg")
-        shutil.copytree(os.path.join(REPO, "packer_cli"), os.path.join(copy, "packer_cli"),
-                        ignore=shutil.ignore_patterns("__pycache__"))
         table = pq.ParquetFile(args.input).iter_batches(batch_size=args.samples)
         first = pa.Table.from_batches([next(table)])
         pq.write_table(first, os.path.join(work, "in.parquet"))
         with open(os.path.join(work, "in.jsonl"), "wb") as f:
             for record in first.to_pylist():
                 f.write(orjson.dumps(record) + b"\n")
-        env = user_env()
-        env.pop("NUMBA_CACHE_DIR", None)
-        env["PYTHONPATH"] = copy
-        env["COLUMNS"] = "400"  # the terminal's lines unwrapped
-        # the working directory is not the checkout: ``python -m`` puts it first on sys.path
-        probe = subprocess.run([PYTHON, "-c", "import packer_cli; print(packer_cli.__file__)"], env=env, cwd=work,
-                               capture_output=True, text=True, check=True).stdout.strip()
-        if not probe.startswith(copy):
-            sys.exit(f"the copy is not what Python imports ({probe})")
+        runs: dict[str, list[tuple[dict, dict]]] = {}
+        alone: list[dict] = []
+        for k in range(args.rounds):
+            for variant in (("sequence", "no helper") if k % 2 == 0 else ("no helper", "sequence")):
+                if variant == "no helper":  # the first pack again, without the compile-ahead helper
+                    copy = fresh_copy(work, "pkg-alone")
+                    env = environment(copy, work, PACKER_COMPILE_AHEAD="0")
+                    alone.append(run(commands(work)[0][1], env, work))
+                    continue
+                copy = fresh_copy(work, "pkg")
+                env = environment(copy, work)
+                for name, cmd in commands(work):
+                    runs.setdefault(name, []).append((run(cmd, env, work), run(cmd, env, work)))
         total_cold = total_warm = 0.0
         for name, cmd in commands(work):
-            cold = run(cmd, env, work)
-            warm = run(cmd, env, work)
+            cold = sorted(runs[name], key=lambda r: r[0]["seconds"])[len(runs[name]) // 2][0]  # the median run
+            warm = median([r[1]["seconds"] for r in runs[name]])
             total_cold += cold["seconds"]
-            total_warm += warm["seconds"]
+            total_warm += warm
             emit({"what": "command", "command": name, "args": " ".join(cmd).replace(work, "WORK"),
-                  "first_s": cold["seconds"], "second_s": warm["seconds"], "kernels": cold["kernels"],
-                  "compile_s": cold["compile_s"], "second_kernels": warm["kernels"]})
-        emit({"what": "summary", "samples": first.num_rows, "first_s": total_cold, "second_s": total_warm})
+                  "first_s": cold["seconds"], "second_s": warm, "kernels": cold["kernels"],
+                  "compile_s": cold["compile_s"], "every_first_s": [r[0]["seconds"] for r in runs[name]],
+                  "second_kernels": max(r[1]["kernels"] for r in runs[name])})
+        middle = sorted(alone, key=lambda r: r["seconds"])[len(alone) // 2]
+        emit({"what": "no_helper", "command": commands(work)[0][0], "first_s": middle["seconds"],
+              "kernels": middle["kernels"], "compile_s": middle["compile_s"],
+              "every_first_s": [r["seconds"] for r in alone]})
+        emit({"what": "summary", "samples": first.num_rows, "first_s": total_cold, "second_s": total_warm,
+              "rounds": args.rounds})
 
 
 if __name__ == "__main__":

@@ -198,13 +198,28 @@ def _coldstart_section(rows: list[dict], command: str) -> str:
            "package's sources without their `__pycache__` and runs each command twice, in the order a new "
            "user would: the first run compiles what no earlier command compiled (on a terminal the command "
            "says so, and after it how many kernels and how long; each run's stderr is a pseudo-terminal here), "
-           "the second loads everything from the cache.\n"]
-    table = [[f"packer {r['command']}", f"{r['first_s']:.1f}", str(r["kernels"]), f"{r['compile_s']:.1f}",
-              f"{r['second_s']:.2f}"] for r in _all(rows, "command")]
-    out.append(_table(["command", "first run s", "kernels compiled", "compiling s", "second run s"], table) + "\n")
-    if summary := _last(rows):
-        out.append(f"All {len(table)} commands on {summary['samples']:,} samples: {summary['first_s']:.1f} s the "
-                   f"first time, {summary['second_s']:.1f} s the second.\n")
+           "the second loads everything from the cache. The first `pack` compiles the plan's and pass two's "
+           "kernels in a helper process while it reads; the last row is the same first run without it "
+           "(`PACKER_COMPILE_AHEAD=0`), alternating with the sequence, each from a fresh copy. Kernels and "
+           "seconds compiled are what the command itself compiled (not its helper).\n"]
+    summary = _last(rows)
+    table = [[f"packer {r['command']}", f"{r['first_s']:.1f}", ", ".join(f"{x:.1f}" for x in r["every_first_s"]),
+              str(r["kernels"]), f"{r['compile_s']:.1f}", f"{r['second_s']:.2f}"] for r in _all(rows, "command")]
+    alone = _last(rows, "no_helper")
+    if alone:
+        table.append([f"packer {alone['command']}, `PACKER_COMPILE_AHEAD=0`", f"{alone['first_s']:.1f}",
+                      ", ".join(f"{x:.1f}" for x in alone["every_first_s"]), str(alone["kernels"]),
+                      f"{alone['compile_s']:.1f}", "–"])
+    out.append(_table(["command", "first run s (median)", "every first run, s", "kernels compiled", "compiling s",
+                       "second run s"], table) + "\n")
+    if summary:
+        out.append(f"All {len(table) - bool(alone)} commands on {summary['samples']:,} samples, "
+                   f"{summary.get('rounds', 1)} rounds: {summary['first_s']:.1f} s the first time (medians), "
+                   f"{summary['second_s']:.1f} s the second.\n")
+    first = next(iter(_all(rows, "command")), None)
+    if alone and first:
+        out.append(f"The first `pack` took {first['first_s']:.1f} s with the helper and {alone['first_s']:.1f} s "
+                   f"without it ({_fmt_ratio(_ratio(alone['first_s'], first['first_s']))} faster).\n")
     out.append(f"Command: `{command}`\n")
     return "\n".join(out)
 
