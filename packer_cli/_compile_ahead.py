@@ -6,17 +6,21 @@ for a Parquet input, of which reading's kernels (the footer and page walks, the 
 about half and the spill, the plan and the gather (the largest kernel) the other half. Both
 halves can compile at once in two processes, since the cache on disk is shared::
 
-    pack        compiles reading's kernels ──── reads ── waits ── plans, writes (kernels loaded)
-    helper      packs a tiny generated input ─────────▶ (its kernels cached, then it exits)
+    pack        compiles reading's kernels ── reads ── plans ── waits ── writes (kernels loaded)
+    helper      packs a tiny generated input ──────────────▶ (its kernels cached, then it exits)
 
 :func:`start` launches the helper (``python -m packer_cli._compile_ahead``) where the gather
 kernel has nothing cached for this CPU, this numba and this source (a later run finds it and
 starts nothing). The helper packs a few generated samples from an Arrow IPC file, with the run's
 spec and output format, into a temporary directory: that compiles the same kernels, for the same
 argument types, as the run's spill, plan and pass two, whatever the run reads. The run waits for
-it before planning (:meth:`Helper.wait`), so that it loads what the helper compiled rather than
-compiling it a second time. Measured on the benchmark machine (2 cores), the first ``pack`` of a
-Parquet file took 29.0 s alone and about 17 s with the helper.
+it before pass two (:meth:`Helper.wait`), so that it loads what the helper compiled rather than
+compiling it a second time. The helper's samples plan without a gap to the L2 bound, so the
+improvement pass's kernels (about 10 s) are the run's own: it reaches them while the helper
+still compiles the gather, which is the better split of the work on two cores. Measured on the
+benchmark machine (2 cores), the first ``pack`` of 256 samples took 14.4-16.9 s against
+20.1-23.8 s without the helper, of 2,000 (whose plan runs the improvement pass) 23.1-27.9 s
+against 30.0-35.5 s.
 
 Anything that goes wrong in the helper only costs the run the time it would have spent anyway:
 the run compiles whatever it does not find cached. ``PACKER_COMPILE_AHEAD=0`` never starts one
@@ -74,7 +78,8 @@ class Helper:
         self._process = process
 
     def wait(self, limit: float = WAIT_S) -> None:
-        """Until the helper exits, at most ``limit`` seconds (then it is stopped)."""
+        """Until the helper exits, at most ``limit`` seconds (then it is stopped and the run
+        compiles what it still needs itself)."""
         try:
             self._process.wait(timeout=limit)
         except subprocess.TimeoutExpired:

@@ -75,7 +75,8 @@ def _import_numba():
 
 _numba_njit = _import_numba()
 
-__all__ = ["install", "is_packer_function", "njit", "reach_digest"]  # kernel modules take ``njit`` from here: see install()
+# kernel modules take ``njit`` from here: see install()
+__all__ = ["install", "is_packer_function", "njit", "reach_digest"]
 
 #: Directories whose functions get the reaching locators (packer's package; tests add others).
 _ROOTS: list[str] = [os.path.dirname(os.path.abspath(__file__))]

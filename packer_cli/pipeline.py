@@ -838,13 +838,13 @@ class _Run:
             log, read_counts, bad_listed = _read_inputs(stream, self.spill_dir, self.spec.max_sequence_length, bar,
                                                         spill_named=self.spill_parent, memory=self.memory,
                                                         dry_memory=dry_memory)
-            if self.helper is not None:  # what it compiled is then loaded, not compiled a second time
-                self.helper.wait()
             clock.lap("read")
             check_interrupted()  # no input yields no records: the stream refuses an empty one
             planned = self._plan(log, stream, read_counts, bad_listed, bar)
             clock.lap("plan")
             check_interrupted()
+            if self.helper is not None:  # pass two then loads what it compiled, not compiling it a second time
+                self.helper.wait()
             manifest = self._write(planned, bar, direct_io) if self.tmp else None
         summary = planned.summary
         if self.opts.dry_run:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,25 +18,7 @@ from packer_cli.demo import demo_table
 from packer_cli.errors import ConfigError
 from packer_cli.spec import PackSpec
 
-from terminal import run_on_a_terminal
-
-
-def _package_copy(tmp_path: Path, missing: str | None) -> Path:
-    """packer's package copied with its cached kernels (copy2 keeps the stamps valid), less those
-    of ``missing`` (``dir/stem``), which a run in the copy therefore compiles."""
-    import packer_cli
-
-    copy = tmp_path / "pkg"
-    shutil.copytree(Path(packer_cli.__file__).parent, copy / "packer_cli")
-    if missing:
-        directory, stem = missing.split("/")
-        for path in (copy / "packer_cli" / directory / "__pycache__").glob(f"{stem}.*.nb[ic]"):
-            path.unlink()
-    found = subprocess.run([sys.executable, "-c", "import packer_cli; print(packer_cli.__file__)"], cwd=tmp_path,
-                           env={**os.environ, "PYTHONPATH": str(copy)}, capture_output=True, text=True, check=True)
-    if not found.stdout.strip().startswith(str(copy)):
-        pytest.skip(f"the copy is not what Python imports here ({found.stdout.strip()})")
-    return copy
+from firstrun import package_copy, run_on_a_terminal
 
 
 @pytest.fixture
@@ -51,7 +32,7 @@ def test_needs_compiling_tells_a_cold_gather_kernel_from_a_cached_one(tmp_path, 
     if not missing:  # this checkout's own gather kernel may not be compiled yet (a fresh clone's suite)
         subprocess.run([sys.executable, "-m", "packer_cli", "pack", str(_demo(tmp_path)), "-o",
                         str(tmp_path / "warm-up")], capture_output=True, check=True)
-    copy = _package_copy(tmp_path, missing)
+    copy = package_copy(tmp_path, missing)
     said = subprocess.run([sys.executable, "-c", "from packer_cli._compile_ahead import needs_compiling as n; print(n())"],
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(copy)}, capture_output=True, text=True,
                           check=True)
@@ -73,7 +54,7 @@ def test_the_first_pack_loads_pass_twos_kernels_that_the_helper_compiled(tmp_pat
     for mode in ("1", "0"):
         here = tmp_path / f"mode{mode}"
         here.mkdir()
-        copy = _package_copy(here, "shards/_gather")
+        copy = package_copy(here, "shards/_gather")
         scratch = here / "tmp"
         scratch.mkdir()
         env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1", "COLUMNS": "400",

@@ -16,7 +16,7 @@ import pytest
 
 from packer_cli.demo import demo_table
 
-from terminal import run_on_a_terminal
+from firstrun import package_copy, run_on_a_terminal
 
 # Runs `packer pack` in a fresh process the way the console script does (main() minus the
 # os._exit) and reports how often numba refreshed its context and how many kernels came
@@ -219,21 +219,6 @@ def test_a_failing_notice_does_not_fail_the_compilation(tmp_path, monkeypatch):
         event.unregister("numba:compile", listener)
 
 
-def _package_copy_missing(tmp_path: Path, module_dir: str, stem: str) -> Path:
-    """A copy of packer's package, its cached kernels included, less those of ``stem``.py in
-    ``module_dir``: a pack run in it compiles those and loads the rest."""
-    import shutil
-
-    import packer_cli
-
-    copy = tmp_path / "pkg"
-    shutil.copytree(Path(packer_cli.__file__).parent, copy / "packer_cli")  # copy2: the stamps hold
-    removed = [p for p in (copy / "packer_cli" / module_dir / "__pycache__").glob(f"{stem}.*.nb[ic]")]
-    for path in removed:
-        path.unlink()
-    return copy
-
-
 def test_the_cli_says_on_a_terminal_when_it_compiles_packers_kernels_and_what_it_cost(tmp_path):
     import os
 
@@ -243,11 +228,7 @@ def test_the_cli_says_on_a_terminal_when_it_compiles_packers_kernels_and_what_it
         pytest.skip("kernels are cached apart (NUMBA_CACHE_DIR): a copy of the package would compile all of them")
     src = tmp_path / "demo.parquet"
     pq.write_table(demo_table(300, seed=4), src)
-    copy = _package_copy_missing(tmp_path, "sources", "_kernels")
-    probe = subprocess.run([sys.executable, "-c", "import packer_cli; print(packer_cli.__file__)"], cwd=tmp_path,
-                           env={**os.environ, "PYTHONPATH": str(copy)}, capture_output=True, text=True, check=True)
-    if not probe.stdout.strip().startswith(str(copy)):
-        pytest.skip(f"the copy is not what Python imports here ({probe.stdout.strip()})")
+    copy = package_copy(tmp_path, "sources/_kernels")
     # not the checkout as working directory: python -m puts it first on sys.path
     env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1", "COLUMNS": "400"}
 
