@@ -97,7 +97,8 @@ class Helper:
 def start(spec, output=None) -> Helper | None:
     """Start the helper for a run of ``spec`` (and a Bridge ``output``), where it pays (see the
     module docstring); None otherwise."""
-    if env_choice(ENV_COMPILE_AHEAD, CHOICES) == "0" or _cores() < 2 or not needs_compiling():
+    if (env_choice(ENV_COMPILE_AHEAD, CHOICES) == "0" or _cores() < 2 or not sys.executable
+            or not needs_compiling()):  # (an embedded interpreter may not know its executable)
         return None
     job = {"spec": dataclasses.asdict(spec),
            "output": None if output is None else {name: getattr(output, name) for name in _OUTPUT_OPTIONS}}

@@ -96,12 +96,14 @@ def test_start_hands_the_helper_the_runs_spec_and_bridge_options(tmp_path, monke
     assert job["output"] == {"split": "validation", "eos_id": 3, "row_group_size": 5, "parquet_encoding": "plain-snappy"}
 
 
-@pytest.mark.parametrize("case", ["switched off", "one core", "cached"])
+@pytest.mark.parametrize("case", ["switched off", "one core", "cached", "no executable"])
 def test_no_helper_where_it_cannot_pay(monkeypatch, case):
     monkeypatch.setattr(_compile_ahead, "needs_compiling", lambda: case != "cached")
     monkeypatch.setattr(_compile_ahead, "_cores", lambda: 1 if case == "one core" else 4)
     if case == "switched off":
         monkeypatch.setenv("PACKER_COMPILE_AHEAD", "0")
+    if case == "no executable":  # an embedded interpreter's sys.executable may be empty
+        monkeypatch.setattr(sys, "executable", "")
     started = []
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a))
     assert _compile_ahead.start(PackSpec(pack_size=64)) is None and not started
