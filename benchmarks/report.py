@@ -417,6 +417,14 @@ def render(res: dict, targets: dict) -> str:
             p = r["packer.ffd+refine"]
             rows.append([f"Quality, {r['dist']}: packs of `pack` (ffd + refine) vs L1 / L2", f"{p:,}",
                          f"{r['L1']:,} / {r['L2']:,}", f"+{p - r['L1']} / +{p - r['L2']}", "(report)", "–"])
+    alone = _last(res.get("coldstart"), "no_helper")
+    cold = next(iter(_all(res.get("coldstart"), "command")), None)
+    if cold and alone:
+        samples = _last(res.get("coldstart")).get("samples", 0)
+        rows.append([f"Cold start: the first `packer pack` of a Parquet file after an install (its kernels compiled, "
+                     f"{samples:,} samples) with the compile-ahead helper vs without it (`PACKER_COMPILE_AHEAD=0`)",
+                     f"{cold['first_s']:.1f} s", f"{alone['first_s']:.1f} s",
+                     f"{_fmt_ratio(_ratio(alone['first_s'], cold['first_s']))} faster", "(report)", "–"])
     out.append("## Targets\n")
     out.append(_table(["What", "packer", "peer / bound", "ratio", "target", "status"], rows) + "\n")
     if e2e and "trl" in e2e and "decode" in e2e:
