@@ -12,7 +12,8 @@ halves can compile at once in two processes, since the cache on disk is shared::
 :func:`start` launches the helper (``python -m packer_cli._compile_ahead``) where the gather
 kernel has nothing cached for this CPU, this numba and this source (a later run finds it and
 starts nothing). The helper packs a few generated samples from an Arrow IPC file, with the run's
-spec and output format, into a temporary directory: that compiles the same kernels, for the same
+spec and output format, in a temporary directory the run made for it and removes however the
+helper ends (a killed one cleans up nothing): that compiles the same kernels, for the same
 argument types, as the run's spill, plan and pass two, whatever the run reads. The run waits for
 it before pass two (:meth:`Helper.wait`), so that it loads what the helper compiled rather than
 compiling it a second time. The helper's samples plan without a gap to the L2 bound, so the
@@ -31,8 +32,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import orjson
 
@@ -72,10 +75,13 @@ def needs_compiling() -> bool:
 
 
 class Helper:
-    """A running helper process; :meth:`wait` for it, :meth:`stop` it in any case."""
+    """A running helper process and the directory it works in; :meth:`wait` for it, :meth:`stop`
+    it in any case. The run removes the directory itself: a helper stopped with SIGKILL (or by
+    a signal during a compilation, which Python cannot interrupt) never runs its own clean-up."""
 
-    def __init__(self, process: subprocess.Popen):
+    def __init__(self, process: subprocess.Popen, workdir: str):
         self._process = process
+        self.workdir = workdir
 
     def wait(self, limit: float = WAIT_S) -> None:
         """Until the helper exits, at most ``limit`` seconds (then it is stopped and the run
@@ -83,7 +89,8 @@ class Helper:
         try:
             self._process.wait(timeout=limit)
         except subprocess.TimeoutExpired:
-            self.stop()
+            pass
+        self.stop()
 
     def stop(self) -> None:
         if self._process.poll() is None:
@@ -91,7 +98,8 @@ class Helper:
         try:
             self._process.wait(timeout=10)
         except subprocess.TimeoutExpired:  # unkillable for now: the system reaps it later
-            pass
+            return  # (its directory too may still be written to: left for the temporary directory's cleaner)
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def start(spec, output=None) -> Helper | None:
@@ -106,12 +114,17 @@ def start(spec, output=None) -> Helper | None:
     env = dict(os.environ)  # the same cache, decoders and encoders; this package first on the path
     env["PYTHONPATH"] = os.pathsep.join([package_parent] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     try:
-        process = subprocess.Popen([sys.executable, "-m", "packer_cli._compile_ahead", orjson.dumps(job).decode()],
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   env=env, cwd=package_parent)
-    except OSError:  # no process to be had (a limit, no memory): compile as before
+        workdir = tempfile.mkdtemp(prefix="packer-compile-ahead-")
+    except OSError:  # no temporary directory to be had: compile as before
         return None
-    return Helper(process)
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "packer_cli._compile_ahead", orjson.dumps(job).decode(),
+                                    workdir], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, env=env, cwd=package_parent)
+    except OSError:  # no process to be had (a limit, no memory): compile as before
+        shutil.rmtree(workdir, ignore_errors=True)
+        return None
+    return Helper(process, workdir)
 
 
 def _tiny_input(path: str, spec) -> None:
@@ -131,10 +144,8 @@ def _tiny_input(path: str, spec) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """The helper: pack a tiny input the way the run will, then remove everything it wrote."""
-    import shutil
-    import tempfile
-
+    """The helper: pack a tiny input the way the run will (``argv``: the job, and the directory
+    to work in, which the run removes)."""
     from packer_cli.pipeline import pack
     from packer_cli.spec import PackSpec
 
@@ -142,20 +153,16 @@ def main(argv: list[str]) -> int:
         os.nice(5)  # the run's own work first
     except OSError:
         pass
-    job = orjson.loads(argv[0])
+    job, work = orjson.loads(argv[0]), argv[1]
     spec = PackSpec(**job["spec"])
     output = None
     if job["output"] is not None:
         from packer_cli.shards.bridge_output import BridgeOutput
 
         output = BridgeOutput(**job["output"])
-    work = tempfile.mkdtemp(prefix="packer-compile-ahead-")
-    try:
-        source = os.path.join(work, "tiny.arrow")
-        _tiny_input(source, spec)
-        pack([source], os.path.join(work, "out"), spec, output=output, warn=None)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    source = os.path.join(work, "tiny.arrow")
+    _tiny_input(source, spec)
+    pack([source], os.path.join(work, "out"), spec, output=output, warn=None)
     return 0
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import orjson
@@ -88,10 +89,16 @@ def test_start_hands_the_helper_the_runs_spec_and_bridge_options(tmp_path, monke
         return real_popen([sys.executable, str(fake), *args[3:]], **kwargs)
 
     monkeypatch.setattr(subprocess, "Popen", popen)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
     helper = _compile_ahead.start(spec, output)
     assert helper is not None
+    workdir = helper.workdir
+    assert os.path.isdir(workdir) and os.path.dirname(workdir) == str(tmp_path)
     helper.wait(60)
-    job = json.loads(json.loads(record.read_text())[0])
+    argv_job, given_dir = json.loads(record.read_text())
+    assert given_dir == workdir and not os.path.exists(workdir)  # the run removed its helper's directory
+    job = json.loads(argv_job)
     assert PackSpec(**job["spec"]) == spec
     assert job["output"] == {"split": "validation", "eos_id": 3, "row_group_size": 5, "parquet_encoding": "plain-snappy"}
 
@@ -109,23 +116,27 @@ def test_no_helper_where_it_cannot_pay(monkeypatch, case):
     assert _compile_ahead.start(PackSpec(pack_size=64)) is None and not started
 
 
-def test_a_helper_past_its_time_is_stopped():
-    helper = _compile_ahead.Helper(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+def test_a_helper_past_its_time_is_killed_and_its_directory_removed(tmp_path):
+    # a killed helper runs no clean-up of its own: the run removes what it left
+    work = tmp_path / "helper"
+    (work / "out.tmp-1").mkdir(parents=True)
+    (work / "out.tmp-1" / "spill.bin").write_bytes(b"x" * 100)
+    helper = _compile_ahead.Helper(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]), str(work))
     helper.wait(0.5)
     assert helper._process.poll() is not None  # killed, and reaped
+    assert not work.exists()
+    helper.stop()  # again, as the run's clean-up does: nothing left to do
 
 
-def test_the_helper_packs_a_tiny_input_and_leaves_nothing(tmp_path, monkeypatch):
-    # What the helper runs, in this process: the run's spec and a Bridge output, into a
-    # temporary directory it removes.
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+def test_the_helper_packs_a_tiny_input_the_runs_way(tmp_path):
+    # What the helper runs, in this process: the run's spec and a Bridge output, in the
+    # directory it is given.
     job = {"spec": json.loads(orjson.dumps(dataclasses.asdict(PackSpec(pack_size=96, cp=2, pad_to_max_length=True)))),
            "output": {"split": "training", "eos_id": None, "row_group_size": None, "parquet_encoding": "plain-zstd"}}
-    assert _compile_ahead.main([json.dumps(job)]) == 0
-    assert not list(tmp_path.iterdir())
+    assert _compile_ahead.main([json.dumps(job), str(tmp_path)]) == 0
+    metadata = json.loads((tmp_path / "out" / "training.metadata.json").read_text())
+    assert metadata["spec"]["cp"] == 2 and metadata["spec"]["pad_to_max_length"] is True
+    assert pq.read_table(tmp_path / "out" / "training_96.idx.parquet").num_rows > 0
 
 
 def test_a_misspelt_switch_is_a_usage_error(tmp_path, monkeypatch):
