@@ -234,17 +234,27 @@ def guard_std_streams() -> None:
         sys.stderr = _GuardedStream(sys.stderr, _stderr_failed)
 
 
+#: The rich live displays on stderr now (packer's progress bars, :mod:`packer_cli.progress`;
+#: the innermost last). rich's consoles write past its redirection of stderr, so a line another
+#: console printed while one was live landed at the end of the bar's line, to be drawn over:
+#: :func:`say` prints through the live display's own console, which puts the line above it.
+LIVE: list = []
+
+
 def say(line: "str | Text", console: _RichConsole | None = None) -> None:
     """One line on stderr, after what stdout holds (a --json document comes first, as it was
-    written first), unless stderr's reader has gone (then nothing, and nothing later). Through
-    ``console`` when given (a live progress display stays below the line; a ``Text`` keeps its
-    styles, and a string is printed as it is, never read as rich markup: messages hold paths)."""
+    written first), unless stderr's reader has gone (then nothing, and nothing later). Above
+    the progress bars while they are live (:data:`LIVE`), else through ``console`` when given
+    (a ``Text`` keeps its styles, and a string is printed as it is, never read as rich markup:
+    messages hold paths)."""
     try:
         sys.stdout.flush()
     except (OSError, ValueError, StdoutLost):  # stdout gone or failing: main() answers that
         pass
     try:
-        if console is None:
+        if LIVE:
+            LIVE[-1].console.print(line, markup=False, highlight=False, emoji=False)
+        elif console is None:
             print(line, file=sys.stderr, flush=True)
         else:
             console.print(line, markup=False)

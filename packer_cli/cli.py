@@ -279,8 +279,6 @@ def _kernels_ready() -> CompileLog | None:
     instead: a first run otherwise sat at 'reading 0/?' for half a minute with no word why.
     Not where stderr is a file or a pipe: what a script or a job reads there stays as it was (an
     error is still its one line), and a log shows the time in the run's own figures."""
-    from packer_cli.progress import say_above_bars
-
     light_cache_loads()
     try:
         terminal = sys.stderr.isatty()
@@ -288,7 +286,7 @@ def _kernels_ready() -> CompileLog | None:
         terminal = False
     if not terminal:
         return None
-    return log_compiles(lambda: say_above_bars(COMPILING_NOTICE) or say(COMPILING_NOTICE, err))
+    return log_compiles(lambda: say(COMPILING_NOTICE, err))  # above the progress bars, where they are live
 
 
 def _say_compiled(log: CompileLog | None) -> None:

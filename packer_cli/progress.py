@@ -7,23 +7,9 @@ from __future__ import annotations
 
 import sys
 
-from packer_cli._console import Console
+from packer_cli._console import LIVE, Console
 from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as _RichProgress
-
-
-#: The bars on screen now (rich displays; the innermost last).
-_ON_SCREEN: list = []
-
-
-def say_above_bars(line: str) -> bool:
-    """Print ``line`` above the progress bars on screen, if any, and say whether it did: a line
-    another console prints while bars are live lands at the end of the bar's line, to be drawn
-    over by the next refresh (rich's consoles write past its stderr redirection)."""
-    if not _ON_SCREEN:
-        return False
-    _ON_SCREEN[-1].console.print(line, markup=False, highlight=False, emoji=False)
-    return True
 
 
 class Progress:
@@ -41,13 +27,13 @@ class Progress:
                 console=Console(stderr=True), transient=False,
             )
             self._bar.__enter__()
-            _ON_SCREEN.append(self._bar)
+            LIVE.append(self._bar)  # say() prints above it meanwhile
         return self
 
     def __exit__(self, *exc) -> None:
         if self._bar is not None:
-            if self._bar in _ON_SCREEN:
-                _ON_SCREEN.remove(self._bar)
+            if self._bar in LIVE:
+                LIVE.remove(self._bar)
             self._bar.__exit__(*exc)
 
     def task(self, description: str, total: int | None, unit: str):

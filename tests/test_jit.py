@@ -266,21 +266,24 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_the_notice_goes_above_live_progress_bars(monkeypatch):
-    # rich's consoles write past its stderr redirection, so the notice printed through packer's
-    # stderr console while bars were live landed at the end of the bar's line, to be drawn over.
-    from packer_cli.progress import Progress, say_above_bars
+def test_a_line_said_while_progress_bars_are_live_goes_above_them(monkeypatch):
+    # rich's consoles write past its stderr redirection, so the compile notice printed through
+    # packer's stderr console while bars were live landed at the end of the bar's line, to be
+    # drawn over by the next refresh.
+    from packer_cli._console import Console, say
+    from packer_cli.progress import Progress
 
     screen = _Terminal()
     monkeypatch.setattr(sys, "stderr", screen)
-    assert not say_above_bars("nothing on screen")  # the caller prints it its own way
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    say("before the bars", err)
     with Progress(enabled=True) as bar:
         task = bar.task("reading", total=None, unit="samples")
         bar.advance(task, 5)
-        assert say_above_bars("compiling, once")
-    assert not say_above_bars("gone again")
+        say("compiling, once", err)
+    say("after the bars", err)
     text = screen.getvalue()
-    assert "compiling, once" in text and "nothing on screen" not in text and "gone again" not in text
-    # printed by the bars' own console: the bar's line erased first, the bars redrawn below it
-    # (a stray console's line followed the bar's last character)
+    # above them: the bar's line erased first, the bars redrawn below it (a stray console's
+    # line followed the bar's last character)
     assert "\x1b[2Kcompiling, once\n" in text, repr(text)
+    assert text.startswith("before the bars\n") and text.endswith("after the bars\n"), repr(text)
