@@ -79,7 +79,7 @@ class CompileLog:
             return
         self._local.ours = is_packer_function(getattr(dispatcher, "py_func", None))
         self._local.start = time.perf_counter()
-        if self._local.ours and self.kernels == 0 and self._on_first is not None:
+        if self._local.ours and self._on_first is not None:
             on_first, self._on_first = self._on_first, None  # once a process
             on_first()
 
