@@ -185,6 +185,8 @@ def test_concat_offsets_boundaries_and_rejects_cp():
         c.for_cp_rank(2, 0)
     d = THDBatch.concat([_batch([[1, 2, 3]]), _batch([[4, 5, 6, 7]])])
     assert d.cu_seqlens is d.cu_seqlens_padded and d.cu_seqlens.tolist() == [0, 2, 5]
+    with pytest.raises(ValueError, match=r"^concatenate at least one pack \(got an empty list\)$"):
+        THDBatch.concat([])  # was an IndexError from inside the concatenation
 
 
 def test_flash_attn_and_hf_kwargs():

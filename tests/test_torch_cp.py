@@ -82,6 +82,9 @@ def test_int64_input_and_device_of_output():
         ([0, 8], 8, 2.0, 0, "cp_size must be an integer"),
         ([0, 8], 8, 2, True, "cp_rank one of"),
         ([0, 8], 8.0, 2, 0, "total_tokens must be an integer"),
+        # float boundaries were sliced as if they were indices (TE asks for int32)
+        ([0.0, 8.0], 8, 2, 0, r"^cu_seqlens_padded must be int32 or int64, got torch.float32$"),
+        ([0.0, 8.0], 8, 1, 0, r"^cu_seqlens_padded must be int32 or int64, got torch.float32$"),
     ],
 )
 def test_bad_arguments(cu, total, cp, rank, match):

@@ -296,6 +296,8 @@ def concat_batches(batches: list[THDBatch]) -> THDBatch:
     (resp. real) length before it and its leading 0 dropped; ``seq_idx`` is offset by the
     number of boundary segments before it so it still indexes ``cu_seqlens``.
     """
+    if len(batches) == 0:
+        raise ValueError("concatenate at least one pack (got an empty list)")
     if len(batches) == 1:
         return batches[0]
     if any(b.cp_size != 1 for b in batches):

@@ -65,6 +65,8 @@ def cp_partition_indices(
     if not isinstance(cu_seqlens_padded, torch.Tensor) or cu_seqlens_padded.dim() != 1 \
             or cu_seqlens_padded.numel() < 2:
         raise ValueError("cu_seqlens_padded must be a 1-D tensor with at least 2 entries")
+    if cu_seqlens_padded.dtype not in (torch.int32, torch.int64):  # a dtype check reads no data
+        raise ValueError(f"cu_seqlens_padded must be int32 or int64, got {cu_seqlens_padded.dtype}")
     if cp_size == 1:
         return torch.arange(total_tokens, dtype=torch.int32, device=cu_seqlens_padded.device)
     two_cp = 2 * cp_size
