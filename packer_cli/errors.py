@@ -5,6 +5,7 @@ it into a one-line message and an exit code, never a traceback.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import signal
@@ -49,7 +50,28 @@ def out_of_memory(where, exc: BaseException) -> OutputError:
 def not_a_directory(path) -> str:
     """Why ``path`` (no directory) cannot be read as one, worded as ``pack`` words a missing
     input: a path that does not exist (a link to nothing included) is not "not a directory"."""
-    return f"{os.fspath(path)}: {'not a directory' if os.path.exists(path) else 'no such file or directory'}"
+    if os.path.exists(path):
+        return f"{os.fspath(path)}: not a directory"
+    return f"{os.fspath(path)}: {why_unreachable(path) or 'no such file or directory'}"
+
+
+def why_unreachable(path) -> str | None:
+    """Why ``path`` cannot be reached, where that is not its absence (``permission denied``,
+    ``too many levels of symbolic links``, ``not a directory``), else None: ``os.path.exists``
+    is False for each of these too, and they were reported as missing files."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return unless_missing(exc)
+    return None
+
+
+def unless_missing(exc: OSError) -> str | None:
+    """An ``OSError``'s reason in a message's words (``permission denied``), or None when it
+    says the path does not exist (which the caller words itself)."""
+    if exc.errno in (errno.ENOENT, None) or not exc.strerror:
+        return None
+    return exc.strerror[:1].lower() + exc.strerror[1:]
 
 
 def is_utf8(text: str) -> bool:

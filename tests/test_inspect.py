@@ -444,6 +444,10 @@ def test_a_missing_output_is_named_as_missing_not_as_no_directory(tmp_path, comm
     (tmp_path / "latest").symlink_to(tmp_path / "gone")
     dangling = runner.invoke(app, [command, str(tmp_path / "latest")])
     assert dangling.exit_code == 2 and dangling.output.strip() == f"error: {tmp_path / 'latest'}: no such file or directory"
+    # a loop of links is no missing output: its reason, as pack gives it of an input
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    loop = runner.invoke(app, [command, str(tmp_path / "loop")])
+    assert loop.exit_code == 2 and loop.output.strip() == f"error: {tmp_path / 'loop'}: too many levels of symbolic links"
 
 
 def test_verifys_verdict_gives_a_small_outputs_rate_in_thousands(tmp_path):

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import orjson
@@ -214,3 +218,56 @@ def test_a_program_that_turned_the_collector_off_has_nothing_frozen(tmp_path, mo
         pq.write_table(table, tmp_path / f"part-{k:04d}.parquet", row_group_size=2)
     _, frozen = _footers_left_by([tmp_path], collector_on=False)
     assert frozen == 0
+
+
+def test_an_unreachable_input_is_named_with_its_reason_not_as_missing(tmp_path, monkeypatch):
+    """``os.path.exists`` is False for a loop of links, a path through a file and a file below
+    a directory that may not be searched: each was reported as "no such file or directory",
+    and a glob below a directory that cannot be listed as matching nothing, without why."""
+    from packer_cli.errors import DataError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "f.jsonl").write_text('{"input_ids": [1, 2, 3]}\n')
+    os.symlink("loop", tmp_path / "loop")
+    for arg, says in (("loop", "loop: too many levels of symbolic links"),
+                      ("f.jsonl/x.jsonl", "f.jsonl/x.jsonl: not a directory"),
+                      ("f.jsonl/*.jsonl", "f.jsonl/*.jsonl: the pattern matches no files (f.jsonl: not a directory)"),
+                      ("gone/x.jsonl", "gone/x.jsonl: no such file or directory"),
+                      ("gone/*.jsonl", "gone/*.jsonl: the pattern matches no files")):
+        with pytest.raises(DataError) as caught:
+            discover_inputs([arg])
+        assert str(caught.value) == says
+
+
+def _without_root_access(command: list[str]) -> list[str] | None:
+    """``command`` run so that file permissions bind (root passes them unless its capabilities
+    to override them are dropped), or None where that cannot be arranged."""
+    if os.geteuid() != 0:
+        return command
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return None
+    caps = "-dac_override,-dac_read_search"
+    return [setpriv, f"--bounding-set={caps}", f"--inh-caps={caps}", *command]
+
+
+def test_a_file_below_a_directory_that_may_not_be_searched_is_named_unreadable(tmp_path):
+    for name, mode in (("nox", 0o600), ("noread", 0o311)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "f.jsonl").write_text('{"input_ids": [1, 2, 3]}\n')
+        (tmp_path / name).chmod(mode)
+    try:
+        for arg, says in (("nox/f.jsonl", "error: nox/f.jsonl: permission denied"),
+                          ("noread/*.jsonl", "error: noread/*.jsonl: the pattern matches no files "
+                                             "(noread: permission denied)")):
+            command = _without_root_access([sys.executable, "-m", "packer_cli", "pack", arg, "-o", "out"])
+            if command is None:
+                pytest.skip("runs as root without setpriv: permissions do not bind")
+            run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+            if run.returncode != 0 and "setpriv" in run.stderr:
+                pytest.skip(f"setpriv cannot drop the capabilities here: {run.stderr.strip()}")
+            assert (run.returncode, run.stderr.splitlines()) == (1, [says])
+            assert not (tmp_path / "out").exists()
+    finally:
+        for name in ("nox", "noread"):
+            (tmp_path / name).chmod(0o700)

@@ -16,7 +16,7 @@ import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from packer_cli.errors import ConfigError, DataError, is_utf8, shown
+from packer_cli.errors import ConfigError, DataError, is_utf8, shown, unless_missing, why_unreachable
 from packer_cli.shards._atomic import within
 from packer_cli.shards.bridge import is_bridge_dir, layout_files
 from packer_cli.shards.format import FORMAT_NAME, MANIFEST_FILE
@@ -338,7 +338,7 @@ def discover_inputs(inputs: list[str]) -> list[InputFile]:
         elif glob.has_magic(arg):
             found.extend(_once(_expand_glob(arg)))
         else:
-            raise DataError(f"{arg}: no such file or directory")
+            raise DataError(f"{arg}: {why_unreachable(arg) or 'no such file or directory'}")
     return found
 
 
@@ -353,7 +353,7 @@ def _expand_glob(pattern: str) -> list[InputFile]:
     by_entry = {_entry(m): _tidy(m) for m in sorted(found, reverse=True)}
     matches = sorted(by_entry.values())
     if not matches:
-        raise DataError(f"{pattern}: the pattern matches no files")
+        raise DataError(f"{pattern}: the pattern matches no files{_unlistable_base(pattern)}")
     whole = {_entry(m) for m in whole}
     base = _literal_base(pattern)  # once: with its realpath it was a third of a 20,000-match glob's time
     datasets_dirs: dict[tuple[str, bool], bool] = {}
@@ -461,6 +461,18 @@ def _literal_base(pattern: str) -> str:
     error, one above it no marker."""
     literal = _literal_parts(pattern.split(os.sep))
     return os.path.realpath(os.sep.join(literal) or (os.sep if pattern.startswith(os.sep) else os.curdir))
+
+
+def _unlistable_base(pattern: str) -> str:
+    """`` (DIR: permission denied)`` where the directory a glob's literal components name cannot
+    be listed (glob finds nothing there and says nothing), else ``''``."""
+    base = os.sep.join(_literal_parts(pattern.split(os.sep))) or (os.sep if pattern.startswith(os.sep) else os.curdir)
+    try:
+        with os.scandir(base):
+            return ""
+    except OSError as exc:
+        reason = unless_missing(exc)  # nothing there: "the pattern matches no files" says it
+        return f" ({base}: {reason})" if reason else ""
 
 
 def _literal_parts(parts: list[str]) -> list[str]:
