@@ -116,6 +116,11 @@ def test_a_global_plan_records_no_window_and_a_windowed_one_verifies(synthetic_p
 @pytest.mark.parametrize("kwargs,match", [
     ({"window": 0}, "window must be a positive number of records, got 0"),
     ({"window": 2.0}, "window must be an integer"),
+    # above an int64: 2**64 failed with a traceback once the finished run wrote its metadata,
+    # and 2**63 packed an output that verify could not check
+    ({"window": 2**63}, r"^window 9,223,372,036,854,775,808 is above the largest supported, "
+                        r"9,223,372,036,854,775,807 records \(a window of at least the input's number"),
+    ({"window": 2**64}, "window 18,446,744,073,709,551,616 is above the largest supported"),
     ({"window": 10, "algorithm": Algorithm.SEQUENTIAL}, "applies to ffd and bfd, not sequential"),
     ({"window": 10, "algorithm": Algorithm.FIRST_FIT_SHUFFLE}, "applies to ffd and bfd, not first-fit-shuffle"),
 ])
@@ -138,6 +143,21 @@ def test_the_command_line_takes_window_and_shows_it(synthetic_parquet, tmp_path)
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
         "error: --window applies to ffd and bfd, not sequential (which keeps the input order itself)"]
+    result = runner.invoke(app, ["pack", str(synthetic_parquet), "-o", str(tmp_path / "o3"), "--window", str(2**64)])
+    assert result.exit_code == 2 and not (tmp_path / "o3").exists()
+    assert result.output.strip().splitlines()[0].startswith("error: window 18,446,744,073,709,551,616 is above")
+
+
+def test_the_largest_window_packs_one_window_that_verifies(synthetic_parquet, tmp_path):
+    """2**63 - 1 is taken: one window (the global plan's packs) that verify checks."""
+    out = tmp_path / "w"
+    pack([str(synthetic_parquet)], str(out), PackSpec(pack_size=2048, window=2**63 - 1))
+    pack([str(synthetic_parquet)], str(tmp_path / "g"), PackSpec(pack_size=2048))
+    assert json.loads((out / "metadata.json").read_text())["spec"]["window"] == 2**63 - 1
+    report = verify_output(str(out), [str(synthetic_parquet)])
+    assert report.ok, report.findings
+    read = lambda d: [pa.ipc.open_file(str(p)).read_all() for p in sorted(d.glob("packs-*.arrow"))]  # noqa: E731
+    assert [t.column("tokens") for t in read(out)] == [t.column("tokens") for t in read(tmp_path / "g")]
     assert not (tmp_path / "o2").exists()
 
 

@@ -24,6 +24,9 @@ from enum import Enum
 from packer_cli.errors import ConfigError, is_utf8
 from packer_cli.plan._config import MAX_CAPACITY
 
+#: The largest ``window``: an int64, as the metadata and the checks keep it.
+MAX_WINDOW = 2**63 - 1
+
 
 class Algorithm(str, Enum):
     """How sequences are assigned to packs. All are global over the whole input."""
@@ -255,6 +258,11 @@ class PackSpec:
         if self.window is not None:
             if self.window < 1:
                 raise ConfigError(f"window must be a positive number of records, got {self.window}")
+            # the metadata and the checks keep it as an int64 (one of 2**64 failed only when the
+            # finished run's metadata was written, one of 2**63 in verify)
+            if self.window > MAX_WINDOW:
+                raise ConfigError(f"window {self.window:,} is above the largest supported, {MAX_WINDOW:,} records "
+                                  "(a window of at least the input's number of records is one window)")
             if self.algorithm not in (Algorithm.FFD, Algorithm.BFD):
                 raise ConfigError(f"--window applies to ffd and bfd, not {self.algorithm.value}"
                                   + (" (which keeps the input order itself)" if self.algorithm is Algorithm.SEQUENTIAL
