@@ -17,6 +17,7 @@ import codecs
 import errno
 import io
 import os
+import re
 import select
 import sys
 
@@ -241,12 +242,29 @@ def guard_std_streams() -> None:
 LIVE: list = []
 
 
+#: What would break a message's one line or reach the terminal as a control: C0 characters but
+#: tab, DEL, C1, and Unicode's line and paragraph separators. Only the data puts them there (a
+#: file or field name, a record's text), never packer's own words.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """``text`` with each character of :data:`_UNPRINTABLE` written as a Python string literal
+    writes it (``\\n``, ``\\x1b``): a file named ``a<newline>b.jsonl`` made its error two lines,
+    and an escape sequence in a name was sent to the terminal."""
+    return _UNPRINTABLE.sub(lambda found: repr(found.group())[1:-1], text)
+
+
 def say(line: "str | Text", console: _RichConsole | None = None) -> None:
     """One line on stderr, after what stdout holds (a --json document comes first, as it was
     written first), unless stderr's reader has gone (then nothing, and nothing later). Above
     the progress bars while they are live (:data:`LIVE`), else through ``console`` when given
     (a ``Text`` keeps its styles, and a string is printed as it is, never read as rich markup:
-    messages hold paths)."""
+    messages hold paths). Control characters are escaped (:func:`one_line`): one line it is."""
+    if isinstance(line, str):
+        line = one_line(line)
+    elif _UNPRINTABLE.search(line.plain):  # rare: the styles go, the line stays one
+        line = one_line(line.plain)
     try:
         sys.stdout.flush()
     except (OSError, ValueError, StdoutLost):  # stdout gone or failing: main() answers that

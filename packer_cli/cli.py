@@ -20,7 +20,7 @@ from typing import Annotated, Optional
 import orjson  # before any command installs its signal handlers: see main()
 import typer
 from rich.text import Text
-from packer_cli._console import (Console, StdoutLost, guard_std_streams, quiet_stream, say, stdout_failure,
+from packer_cli._console import (Console, StdoutLost, guard_std_streams, one_line, quiet_stream, say, stdout_failure,
                                  stdout_takes_utf8)
 
 from packer_cli._allocator import keep_freed_memory
@@ -61,7 +61,7 @@ def _group(
 
 def fail(exc: PackerError) -> None:
     if err.is_terminal:
-        say(Text.assemble(("error:", "bold red"), f" {exc}"), err)  # the message as text: it holds paths
+        say(Text.assemble(("error:", "bold red"), f" {one_line(str(exc))}"), err)  # the message as text: it holds paths
     else:
         say(f"error: {exc}")
     raise typer.Exit(exc.exit_code)

@@ -1377,6 +1377,48 @@ def test_an_error_on_a_terminal_names_a_bracketed_path_whole(tmp_path, monkeypat
         "error: train[v2].jsonl, nope[/x] and ckpt:fire:: no such file or directory\n")
 
 
+def test_control_characters_in_a_name_are_escaped_so_an_error_stays_one_line(tmp_path, monkeypatch):
+    """A file named ``a<newline>b.jsonl`` made its error two lines (a carriage return likewise)
+    and an escape sequence in a name reached the terminal as one; a field name the same."""
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "a\nb\r\x1b[31m.jsonl", [GOOD, {"input_ids": [1, 2, 3], "loss_mask": [0, 1]}])
+    result = subprocess.run([sys.executable, "-m", "packer_cli", "pack", "a\nb\r\x1b[31m.jsonl", "-o", "out"],
+                            capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stderr) == (
+        1, "error: a\\nb\\r\\x1b[31m.jsonl: line 2: loss_mask has 2 values but input_ids has 3\n")
+    write_jsonl(tmp_path / "f.jsonl", [GOOD])
+    result = run("pack", "f.jsonl", "-o", "out", "--tokens-field", "x\ny\u2028z")
+    assert result.exit_code == 1
+    assert result.output == "error: f.jsonl: line 1: missing field 'x\\ny\\u2028z'\n"
+    assert_nothing_written(tmp_path)
+
+
+def test_an_error_on_a_terminal_escapes_control_characters_too(monkeypatch):
+    import io
+
+    from packer_cli import cli
+    from packer_cli._console import Console
+    from packer_cli.errors import DataError
+
+    screen = io.StringIO()
+    monkeypatch.setattr(cli, "err", Console(file=screen, force_terminal=True, highlight=False, soft_wrap=True))
+    with pytest.raises(typer.Exit):
+        cli.fail(DataError("e\x1b[2Jx\n.jsonl: line 1: bad"))
+    assert "\x1b[2J" not in screen.getvalue()
+    assert re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue()) == "error: e\\x1b[2Jx\\n.jsonl: line 1: bad\n"
+
+
+@pytest.mark.parametrize("text,shown", [
+    ("plain: tab\tstays, ünïcode stays", "plain: tab\tstays, ünïcode stays"),
+    ("nul\x00 bel\x07 lf\n cr\r esc\x1b del\x7f", "nul\\x00 bel\\x07 lf\\n cr\\r esc\\x1b del\\x7f"),
+    ("nel\x85 csi\x9b ls\u2028 ps\u2029", "nel\\x85 csi\\x9b ls\\u2028 ps\\u2029"),
+])
+def test_one_line_escapes_what_breaks_a_line_or_drives_a_terminal(text, shown):
+    from packer_cli._console import one_line
+
+    assert one_line(text) == shown
+
+
 def test_a_thread_that_cannot_start_is_out_of_memory_not_a_traceback(tmp_path, monkeypatch):
     """Under ulimit -v a decoder thread's stack could not be mapped: "RuntimeError: can't start
     new thread" went to the traceback branch, exit 1, where other allocations failing are exit 3."""
