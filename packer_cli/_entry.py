@@ -9,12 +9,15 @@ handler that unwinds a running command (and a SIGINT the shell ignores stays ign
 """
 from __future__ import annotations
 
-import signal
+# The C module under ``signal``, built into the interpreter: importing ``signal`` itself (and
+# the enum module it builds its constants with) took about a millisecond, during which a
+# Ctrl-C still printed a traceback.
+import _signal
 
 
 def main() -> None:
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
+        _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
     from packer_cli.cli import main as run_command
 
     run_command()
