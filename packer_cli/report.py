@@ -1,7 +1,7 @@
 """Human-readable summaries (rich tables) of what the API returns."""
 from __future__ import annotations
 
-from packer_cli._console import Console
+from packer_cli._console import Console, one_line
 from packer_cli.errors import counted
 from packer_cli.plan.bounds import usable_capacity
 from rich.console import Group
@@ -115,13 +115,14 @@ class TitleLine:
     at the table's width, which broke a long path across lines padded with spaces where the
     console had room for it, so it no longer pasted back as one. Printed with soft wrapping (as
     the CLI prints) the line is whole and the terminal wraps it; otherwise it folds at the
-    console's width. OUT is text, never markup ("run[v2]" is no style)."""
+    console's width. OUT is text, never markup ("run[v2]" is no style), its control characters escaped (a newline
+    in OUT's name broke the line)."""
 
     def __init__(self, title: str):
         self.title = title
 
     def __rich_console__(self, console, options):
-        yield Text(self.title, style="table.title", overflow="ignore" if options.no_wrap else "fold")
+        yield Text(one_line(self.title), style="table.title", overflow="ignore" if options.no_wrap else "fold")
 
 
 def print_pack_summary(summary, console: Console | None = None) -> None:

@@ -746,3 +746,20 @@ def test_a_single_output_is_reported_without_a_split_heading(synth):
         assert result.exit_code == 0, result.output
         assert "split:" not in result.output, result.output
         assert result.output.splitlines()[0].startswith(first), result.output
+
+
+def test_reports_name_an_output_with_a_newline_in_one_line(tmp_path):
+    """OUT's name went into pack's and inspect's titles and verify's verdict as it was: a newline
+    in it broke the line, and a finding naming a file did the same."""
+    (tmp_path / "f.jsonl").write_text('{"input_ids": [1, 2, 3]}\n')
+    out = tmp_path / "o\nut"
+    packed = runner.invoke(app, ["pack", str(tmp_path / "f.jsonl"), "-o", str(out)])
+    assert packed.exit_code == 0 and f"packer pack → {tmp_path}/o\\nut\n" in packed.output
+    assert f"packer inspect → {tmp_path}/o\\nut\n" in runner.invoke(app, ["inspect", str(out)]).output
+    verified = runner.invoke(app, ["verify", str(out)])
+    assert verified.exit_code == 0 and verified.output.startswith(f"verify: OK: {tmp_path}/o\\nut (1 pack")
+    (out / "extra\x1b[2J\n").write_text("{}")  # a finding names it
+    damaged = runner.invoke(app, ["verify", str(out)])
+    assert damaged.exit_code == 1 and damaged.output.splitlines()[0] == (
+        "extra\\x1b[2J\\n: unexpected file, not listed in manifest.json [structure.files]")
+    assert len(damaged.output.splitlines()) == 2 and "\x1b" not in damaged.output

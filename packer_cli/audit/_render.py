@@ -6,6 +6,7 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from packer_cli._console import one_line
 from packer_cli.audit._histogram import buckets
 from packer_cli.errors import counted
 from packer_cli.report import TitleLine, lower_bound_label, window_label
@@ -177,6 +178,7 @@ def render_inspect(report) -> Group:
 
 
 def render_verify(report) -> Group:
-    lines = [Text(f.line(), style="yellow" if f.severity == "warning" else "red") for f in report.findings]
+    # one line each, whatever a name or a record's text holds (control characters escaped)
+    lines = [Text(one_line(f.line()), style="yellow" if f.severity == "warning" else "red") for f in report.findings]
     style = "bold green" if report.ok else "bold red"
-    return Group(*lines, Text(report.verdict(), style=style))
+    return Group(*lines, Text(one_line(report.verdict()), style=style))
