@@ -115,8 +115,8 @@ class TitleLine:
     at the table's width, which broke a long path across lines padded with spaces where the
     console had room for it, so it no longer pasted back as one. Printed with soft wrapping (as
     the CLI prints) the line is whole and the terminal wraps it; otherwise it folds at the
-    console's width. OUT is text, never markup ("run[v2]" is no style), its control characters escaped (a newline
-    in OUT's name broke the line)."""
+    console's width. OUT is text, never markup ("run[v2]" is no style), its control characters
+    escaped (a newline in OUT's name broke the line)."""
 
     def __init__(self, title: str):
         self.title = title

@@ -459,14 +459,19 @@ def _literal_base(pattern: str) -> str:
     """The directory a glob's literal components name (``ds`` of ``ds/**/*.jsonl``), resolved:
     what the pattern reads lies at or below it, so a marker there that cannot be read is an
     error, one above it no marker."""
+    return os.path.realpath(_literal_dir(pattern))
+
+
+def _literal_dir(pattern: str) -> str:
+    """The directory a glob's literal components name, as the pattern spells it."""
     literal = _literal_parts(pattern.split(os.sep))
-    return os.path.realpath(os.sep.join(literal) or (os.sep if pattern.startswith(os.sep) else os.curdir))
+    return os.sep.join(literal) or (os.sep if pattern.startswith(os.sep) else os.curdir)
 
 
 def _unlistable_base(pattern: str) -> str:
     """`` (DIR: permission denied)`` where the directory a glob's literal components name cannot
     be listed (glob finds nothing there and says nothing), else ``''``."""
-    base = os.sep.join(_literal_parts(pattern.split(os.sep))) or (os.sep if pattern.startswith(os.sep) else os.curdir)
+    base = _literal_dir(pattern)
     try:
         with os.scandir(base):
             return ""

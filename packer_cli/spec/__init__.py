@@ -119,16 +119,16 @@ def _check_types(spec, ints: tuple[str, ...], bools: tuple[str, ...], optional_i
 def bridge_pack_size_problem(spec: "PackSpec") -> str | None:
     """Why Megatron-Bridge's layout cannot take ``spec``'s pack size, or None. Bridge pads a row
     to the pack size (every row with ``pad_to_max_length``, which offline-packed SFT data takes
-    from ``dataset_kwargs``; otherwise its collate caps a row at the pack size), so under sequence parallelism the pack
-    size must be a multiple of CP·TP too, not only of the 2·CP every output needs: else such a
-    row reaches TP's sequence split unsplittable, at whatever step it comes up."""
+    from ``dataset_kwargs``; otherwise its collate caps a row at the pack size), so under
+    sequence parallelism the pack size must be a multiple of CP·TP too, not only of the 2·CP
+    every output needs: else such a row reaches TP's sequence split unsplittable, at whatever
+    step it comes up."""
     step = spec.layout_multiple
     if spec.pack_size % step == 0 or step == (2 * spec.cp if spec.cp > 1 else 1):
         return None  # the 2*CP rule says it, for every output
     return (f"pack-size {spec.pack_size} must be a multiple of {step} (the alignment CP={spec.cp}, TP={spec.tp}, "
             f"SP=on requires) for Megatron-Bridge's layout: Bridge pads rows to the pack size (with "
-            f"pad_to_max_length, and caps them at it otherwise), which the "
-            f"sequence-parallel split cannot divide")
+            f"pad_to_max_length, and caps them at it otherwise), which the sequence-parallel split cannot divide")
 
 
 def _size_advice(size: int, step: int) -> str:
