@@ -61,8 +61,8 @@ def pack_summary_table(summary) -> Table:
         t = summary.seconds
         rows.append(("time (read / plan / write)",
                      f"{t['total']:.2f} s ({t['read']:.2f} / {t['plan']:.2f} / {t['write']:.2f})"))
-    for row in rows:
-        table.add_row(*row)
+    for what, value in rows:  # field names are the user's: a newline in one broke its cell
+        table.add_row(one_line(what), one_line(value))
     return table
 
 

@@ -1393,6 +1393,19 @@ def test_control_characters_in_a_name_are_escaped_so_an_error_stays_one_line(tmp
     assert_nothing_written(tmp_path)
 
 
+def test_a_field_name_in_the_summary_table_is_escaped_one_line_a_cell(tmp_path):
+    """A mask field name holding a newline broke its cell over two rows of the summary, and an
+    escape sequence in one reached the terminal: it is escaped in its cell."""
+    mask = "m\nx\r\x1b[31m"
+    data = write_jsonl(tmp_path / "data.jsonl", [{"input_ids": [1, 2, 3, 4], mask: [0, 1, 1, 1]}] * 3)
+    result = run("pack", data, "-o", tmp_path / "out", "-C", "16", "--mask-field", mask)
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.output and "\r" not in result.output
+    table = result.output.splitlines()[1:]
+    assert table and all(line[0] in "┌│└" for line in table), result.output  # no row broken over lines
+    assert any("loss mask 'm\\nx\\r\\x1b[31m'" in line for line in table if "targets" in line), result.output
+
+
 def test_an_error_on_a_terminal_escapes_control_characters_too(monkeypatch):
     import io
 

@@ -509,6 +509,27 @@ def test_a_long_out_path_is_printed_whole_on_the_title_line(synth, tmp_path):
     assert head == f"packer inspect →{out}" and max(map(len, lines)) <= 60
 
 
+def test_a_recorded_string_in_the_summary_table_is_escaped_one_line_a_cell(tmp_path):
+    """inspect shows the metadata's over-long policy as recorded (verify judges it): a newline in
+    it broke its cell over two rows, and an escape sequence reached the terminal."""
+    from packer_cli.shards.format import metadata_checksum
+
+    (tmp_path / "f.jsonl").write_text('{"input_ids": [1, 2, 3]}\n')
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["pack", str(tmp_path / "f.jsonl"), "-o", str(out)]).exit_code == 0
+    meta = json.loads((out / "metadata.json").read_text())
+    meta["counts"]["overlong"]["policy"] = "x\ny\x1b[2J"
+    meta["checksum"]["xxh3_64"] = metadata_checksum(meta)  # an edit inspect does not refuse
+    (out / "metadata.json").write_text(json.dumps(meta))
+    result = runner.invoke(app, ["inspect", str(out)], terminal_width=140)
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.output
+    lines = result.output.splitlines()
+    table = lines[1:lines.index(next(line for line in lines if line.startswith("└"))) + 1]
+    assert all(line[0] in "┌│└" for line in table), result.output  # no row broken over lines
+    assert any(line.startswith("│ over-long (x\\ny\\x1b[2J)") for line in table), result.output
+
+
 def test_equal_reports_compare_equal(synth):
     """The generated == met the histograms' arrays: "truth value of an array is ambiguous"."""
     report = inspect_output(str(synth[1]))

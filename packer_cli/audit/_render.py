@@ -91,14 +91,14 @@ def summary_table(report, d: dict) -> Table:
         (lower_bound_label(s), gap(q["lower_bound"], q["gap_to_lower_bound"], q["gap_to_lower_bound_pct"])),
         ("Martello–Toth L2 / gap", gap(q["l2_bound"], q["gap_to_l2"], q["gap_to_l2_pct"])),
         ("sequences per pack min / median / max", " / ".join(_stat(spp, k) for k in ("min", "median", "max"))),
-        (Text(f"over-long ({over.get('policy', s.get('overlong'))})"),  # the policy as the metadata has it
+        (f"over-long ({over.get('policy', s.get('overlong'))})",  # the policy as the metadata has it
          f"{_count(over.get('samples'), 'sample')}, {_count(over.get('tokens_lost'), 'token')} lost, "
          f"{_count(over.get('extra_pieces'), 'extra piece')}"),
         ("dropped: too short / over-long", f"{_count(r.get('too_short_dropped'))} / {_count(over.get('dropped'))}"),
         ("bad records skipped", _count(r.get('bad_records'))),
     ]
-    for what, value in rows:
-        table.add_row(what, Text(value) if what == "spec" else value)
+    for what, value in rows:  # a damaged metadata.json's strings as text, escaped (one line a cell)
+        table.add_row(Text(one_line(what)), Text(one_line(value)))
     return table
 
 
@@ -123,7 +123,8 @@ _DETAIL_COLUMNS = ("seq", "source index", "offset", "start", "real", "padded", "
 
 
 def detail_table(detail) -> Table | Group:
-    title = Text(f"pack {detail.pack} ({detail.shard} row {detail.row}, T={detail.pack_len:,})", style="table.title")
+    title = Text(one_line(f"pack {detail.pack} ({detail.shard} row {detail.row}, T={detail.pack_len:,})"),
+                 style="table.title")
     columns = _detail_columns(detail)
     if len(detail.real_len) > DETAIL_TABLE_ROWS:
         widths = [max(len(name), *map(len, cells)) for name, cells in zip(_DETAIL_COLUMNS, columns)]
