@@ -196,7 +196,9 @@ def main(argv=None) -> int:
         }
         if lbp is not None:
             tools["list.tolist"] = lambda: lengths.tolist()  # the conversion LightBinPack's input needs
-            for name in ("obfd", "ffd", "bfd"):
+            # nf (next fit, no search at all) measures what any LightBinPack call pays to take a
+            # list and return a list of lists: the part of obfd's time that is not its algorithm
+            for name in ("obfd", "ffd", "bfd", "nf"):
                 tools[f"lightbinpack.{name}"] = (lambda fn: lambda: fn(as_list, capacity))(getattr(lbp, name))
         times, out = interleaved(tools, args.runs)
         for impl, result in out.items():
