@@ -211,6 +211,35 @@ def _first_arrived(signum: int) -> int:
     return next((s for s in arrived if signal.getsignal(s) is raise_interrupted), signum)
 
 
+#: Python code that C code calls back in the middle of its own work, where an exception left
+#: that work half done: numba boxes a kernel's returned arrays with
+#: ``numba.core.serialize._numba_unpickle`` (the array type), and a signal handled there made
+#: the kernel return a tuple holding a NULL item, which crashed the process as it was unpacked
+#: (SIGSEGV, 1 in about 300 pairs of Ctrl-C and SIGTERM sent during ``pack``), or made the call
+#: fail as a ``SystemError``.
+_CALLBACK_MODULES = frozenset({"numba.core.serialize"})
+
+
+def _inside_callback(frame) -> bool:
+    """Whether ``frame`` (the one a signal handler was called in) or any frame it was called
+    from runs the code of :data:`_CALLBACK_MODULES`."""
+    while frame is not None:
+        if frame.f_globals.get("__name__") in _CALLBACK_MODULES:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _send_again_soon(signum: int) -> None:
+    """Send ``signum`` to the main thread again in a millisecond, from another thread: handled
+    then, once the callback it landed in has returned. (Sent again from the handler itself, it
+    was handled at once inside the handler, and again inside that one, until Python's recursion
+    limit raised in the callback after all.)"""
+    timer = threading.Timer(0.001, signal.pthread_kill, (threading.main_thread().ident, signum))
+    timer.daemon = True
+    timer.start()
+
+
 def raise_interrupted(signum: int, frame=None) -> None:
     """The CLI's handler for SIGINT, SIGTERM and SIGHUP: remember the signal, then raise it, once.
 
@@ -219,11 +248,15 @@ def raise_interrupted(signum: int, frame=None) -> None:
     first one's exception have been lost, :func:`check_interrupted` raises it again at the
     next check (pass one checks at every batch, pass two at every shard). The first is the
     first to arrive, should Python run two pending handlers in another order
-    (:func:`record_arrival_order`)."""
+    (:func:`record_arrival_order`). Handled inside a callback of :data:`_CALLBACK_MODULES`, the
+    signal is not raised there but sent again a millisecond later (:func:`_send_again_soon`)."""
     global _signal_received, _raising
     if _signal_received is None:  # the first one is what stopped the run
         _signal_received = _first_arrived(signum)
     if _raising and not _deferred:
+        if _inside_callback(frame):
+            _send_again_soon(signum)
+            return
         _raising = False
         raise Interrupted(_signal_received)
 

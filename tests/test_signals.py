@@ -690,6 +690,51 @@ def test_a_signal_during_a_kernel_load_is_raised_once_the_load_is_done():
     assert result.stdout.strip() == "interrupted after ['signalled', 'loaded']"
 
 
+SIGNAL_WHILE_A_KERNEL_BOXES_ITS_RESULT = """
+import signal, sys, time
+import numpy as np
+from packer_cli import errors
+from packer_cli.plan import _kernels as K
+counts = np.zeros(9, np.int64)
+counts[8] = 4
+slots = np.array([0, 0, 1, 1], np.int64)
+K._positions_to_slots(slots.copy(), counts, 2)  # loaded before the signal handler is installed
+calls = [int(sys.argv[1])]
+
+def signal_in_the_nth_unpickle(frame, event, arg):  # numba boxes each returned array through it
+    if event == "call" and frame.f_code.co_name == "_numba_unpickle":
+        calls[0] -= 1
+        if calls[0] == 0:
+            signal.raise_signal(signal.SIGINT)  # the handler runs at the callback's next bytecode
+
+signal.signal(signal.SIGINT, errors.raise_interrupted)
+sys.setprofile(signal_in_the_nth_unpickle)
+try:
+    offsets, load = K._positions_to_slots(slots.copy(), counts, 2)
+    sys.setprofile(None)
+    print("returned", offsets.tolist(), load.tolist())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the signal comes back within a millisecond
+        time.sleep(0.001)
+    print("not interrupted")
+except BaseException as exc:
+    sys.setprofile(None)
+    print(type(exc).__name__)
+"""
+
+
+@pytest.mark.parametrize("nth", [1, 2])
+def test_a_signal_while_a_kernel_boxes_its_arrays_is_raised_after_it_returns(nth):
+    """numba boxes a kernel's returned arrays by calling back into Python
+    (``numba.core.serialize._numba_unpickle``): a Ctrl-C handled there made the call fail as a
+    ``SystemError`` or, in a run, return a tuple holding a NULL item, which crashed the process
+    (SIGSEGV) as it was unpacked. The kernel now returns whole and the signal is raised after."""
+    result = subprocess.run([sys.executable, "-c", SIGNAL_WHILE_A_KERNEL_BOXES_ITS_RESULT, str(nth)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["returned [0, 2, 4] [16, 16]", "Interrupted"], result.stdout
+
+
 def test_the_first_signal_is_the_one_recorded(monkeypatch):
     """SIGTERM, then Ctrl-C during the cleanup it set off: the run stopped for SIGTERM, so its
     exit status is 143, not 130."""
