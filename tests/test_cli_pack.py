@@ -111,6 +111,29 @@ def test_skip_bad_records_counts_and_lists_them(tmp_path):
     assert meta["bad_records"][0]["line"] == 3 and meta["bad_records"][0]["row"] == 2
 
 
+def test_a_bad_record_of_a_datasets_directory_names_its_data_file_and_row_there(tmp_path):
+    """FORMAT.md: a datasets directory's bad record names the data file holding it, its row
+    counted in that file; its source index is that row plus the records of the files before."""
+    datasets = pytest.importorskip("datasets", reason="the hf extra (datasets) is not installed")
+    import pyarrow as pa
+
+    ids = [[5, 6, 7, k] for k in range(300)]
+    ids[150] = None  # the second data file's first row, with two shards of 150
+    directory = tmp_path / "hf"
+    datasets.Dataset(pa.table({"input_ids": pa.array(ids, pa.list_(pa.int32()))})).save_to_disk(str(directory),
+                                                                                             num_shards=2)
+    out = tmp_path / "out"
+    assert run("pack", directory, "-o", out, "--on-bad-record", "skip").exit_code == 0
+    meta = json.loads((out / "metadata.json").read_text())
+    assert [i["path"] for i in meta["source"]["inputs"]] == [str(directory)]
+    (bad,) = meta["bad_records"]
+    assert (bad["path"], bad["row"], bad["line"]) == (str(directory / "data-00001-of-00002.arrow"), 0, None)
+    with pa.memory_map(str(directory / "data-00000-of-00002.arrow")) as source:
+        first_file_rows = pa.ipc.open_stream(source).read_all().num_rows
+    assert first_file_rows + bad["row"] == 150  # the documented rule gives the record's source index
+    assert run("verify", out, "--source", directory).exit_code == 0
+
+
 def test_bad_records_name_their_file_as_the_inputs_do(tmp_path, monkeypatch):
     """They were named as typed: 'data/a.jsonl' beside source.inputs' absolute path, and the
     same input packed from data/ recorded 'a.jsonl' (other metadata bytes for the same data)."""
