@@ -235,9 +235,19 @@ def _send_again_soon(signum: int) -> None:
     then, once the callback it landed in has returned. (Sent again from the handler itself, it
     was handled at once inside the handler, and again inside that one, until Python's recursion
     limit raised in the callback after all.)"""
-    timer = threading.Timer(0.001, signal.pthread_kill, (threading.main_thread().ident, signum))
+    timer = threading.Timer(0.001, _send_to, (threading.main_thread().ident, signum))
     timer.daemon = True
-    timer.start()
+    try:
+        timer.start()
+    except RuntimeError:  # no thread to be had (ulimit -u): the run's next check raises it
+        pass
+
+
+def _send_to(thread_id: int, signum: int) -> None:
+    try:
+        signal.pthread_kill(thread_id, signum)
+    except (OSError, ValueError):  # the main thread is gone: the process is ending anyway
+        pass
 
 
 def raise_interrupted(signum: int, frame=None) -> None:
