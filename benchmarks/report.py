@@ -509,7 +509,10 @@ def render(res: dict, targets: dict) -> str:
         out.append("## End to end: tokenized Parquet → shards on disk\n")
         out.append(f"Input `{e2e['input']}`: {e2e['samples']:,} samples, {e2e['tokens']:,} tokens "
                    f"({e2e['input_bytes'] / MB:,.0f} MB, snappy, 4,096-row groups), pack size {e2e['pack_size']}. "
-                   "TRL packs the same table already in memory (`datasets.Dataset` over an in-memory Arrow table); "
+                   "TRL packs the same table already loaded, two ways: held in memory (`datasets.Dataset` over an "
+                   "in-memory Arrow table) and as a TRL user loads the file (`datasets.load_dataset`: a memory-mapped "
+                   "Arrow cache file, `map` writing its result to one); the `vs TRL` column and the targets use the "
+                   "faster of the two; "
                    "packer reads the file, validates every record, plans globally and writes and hashes the shards, "
                    "each run into a fresh output directory (the previous run's output is removed before the clock starts). "
                    "`decode` is pyarrow's Parquet decode alone, `decode_packer` packer's own decoder (what `pack` "
