@@ -215,7 +215,7 @@ def _first_arrived(signum: int) -> int:
 #: that work half done: numba boxes a kernel's returned arrays with
 #: ``numba.core.serialize._numba_unpickle`` (the array type), and a signal handled there made
 #: the kernel return a tuple holding a NULL item, which crashed the process as it was unpacked
-#: (SIGSEGV, 1 in about 300 pairs of Ctrl-C and SIGTERM sent during ``pack``), or made the call
+#: (SIGSEGV, 2 in about 330 pairs of Ctrl-C and SIGTERM sent during ``pack``), or made the call
 #: fail as a ``SystemError``.
 _CALLBACK_MODULES = frozenset({"numba.core.serialize"})
 
