@@ -61,8 +61,8 @@ def pack_summary_table(summary) -> Table:
         t = summary.seconds
         rows.append(("time (read / plan / write)",
                      f"{t['total']:.2f} s ({t['read']:.2f} / {t['plan']:.2f} / {t['write']:.2f})"))
-    for what, value in rows:  # field names are the user's: a newline in one broke its cell
-        table.add_row(one_line(what), one_line(value))
+    for what, value in rows:  # field names are the user's: text, never markup, one line a cell
+        table.add_row(Text(one_line(what)), Text(one_line(value)))
     return table
 
 

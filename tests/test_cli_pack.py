@@ -1429,6 +1429,23 @@ def test_a_field_name_in_the_summary_table_is_escaped_one_line_a_cell(tmp_path):
     assert any("loss mask 'm\\nx\\r\\x1b[31m'" in line for line in table if "targets" in line), result.output
 
 
+def test_a_pack_summary_printed_by_any_console_shows_a_bracketed_field_name_as_it_is(tmp_path):
+    """The cells were strings: a plain rich Console (how the library's users print a summary)
+    read a mask field named "m[/]x" as markup and raised a MarkupError."""
+    import io
+
+    from rich.console import Console as RichConsole
+
+    from packer_cli import PackSpec, SourceSpec, pack
+    from packer_cli.report import print_pack_summary
+
+    data = write_jsonl(tmp_path / "data.jsonl", [{"input_ids": [1, 2, 3, 4], "m[/]x": [0, 1, 1, 1]}] * 3)
+    summary = pack([str(data)], str(tmp_path / "out"), PackSpec(pack_size=16), SourceSpec(mask_field="m[/]x"))
+    screen = io.StringIO()
+    print_pack_summary(summary, RichConsole(file=screen, width=200))
+    assert any("loss mask 'm[/]x'" in line for line in screen.getvalue().splitlines() if "targets" in line)
+
+
 def test_an_error_on_a_terminal_escapes_control_characters_too(monkeypatch):
     import io
 
